@@ -1,0 +1,67 @@
+"""The benchmark tasks: what each one is, which head it needs and how it is scored.
+
+One registry, read by the data loaders, the trainer, the evaluator and the workflow.
+Task keys are lower-case (``rte``, ``sst2``, ``stsb``, …); ``display`` is the paper's name.
+
+Normalised columns (every split's parquet file; see :mod:`istar.data`):
+
+- classification / regression: ``idx`` (int64), ``text_a`` (str), ``text_b`` (str, null for
+  single-sentence tasks), ``label`` (int64 class for classification, float32 score for STS-B);
+- qa (SQuAD v1.1): ``id`` (str), ``title`` (str), ``context`` (str), ``question`` (str),
+  ``answer_texts`` (list of str), ``answer_starts`` (list of int64, character offsets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Task", "TASKS", "get_task", "SPLITS"]
+
+SPLITS = ("train", "validation")
+"""The normalised split names: ``validation`` is the evaluation split (GLUE's dev set)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """A benchmark task.
+
+    key : registry key, e.g. ``"rte"``.
+    display : the paper's name, e.g. ``"RTE"``.
+    kind : ``"classification"``, ``"regression"`` or ``"qa"``.
+    num_labels : classes (1 for regression, 0 for extractive QA).
+    paired : whether examples have a second text (``text_b``).
+    metric : the headline metric used for model selection and Table 1.
+    metrics : every metric reported in ``metrics.json``.
+    """
+
+    key: str
+    display: str
+    kind: str
+    num_labels: int
+    paired: bool
+    metric: str
+    metrics: tuple[str, ...]
+
+
+TASKS: dict[str, Task] = {
+    task.key: task
+    for task in (
+        Task("sst2", "SST-2", "classification", 2, False, "accuracy", ("accuracy",)),
+        Task("qnli", "QNLI", "classification", 2, True, "accuracy", ("accuracy",)),
+        Task("rte", "RTE", "classification", 2, True, "accuracy", ("accuracy",)),
+        Task("mrpc", "MRPC", "classification", 2, True, "accuracy", ("accuracy", "f1")),
+        Task("qqp", "QQP", "classification", 2, True, "accuracy", ("accuracy", "f1")),
+        Task("cola", "CoLA", "classification", 2, False, "matthews", ("matthews", "accuracy")),
+        Task("stsb", "STS-B", "regression", 1, True, "pearson", ("pearson", "spearman")),
+        Task("sst5", "SST-5", "classification", 5, False, "accuracy", ("accuracy",)),
+        Task("squad", "SQuAD", "qa", 0, True, "f1", ("f1", "exact_match")),
+    )
+}
+
+
+def get_task(key: str) -> Task:
+    """Look a task up by key, with an error that lists the known tasks."""
+    try:
+        return TASKS[key]
+    except KeyError:
+        raise ValueError(f"unknown task {key!r}; known tasks: {', '.join(TASKS)}") from None
