@@ -19,7 +19,7 @@ import torch
 
 from .isotropy import isoscore_star
 
-__all__ = ["Penalty", "resolve_layers", "token_rows", "istar_penalty", "cosreg_penalty", "LayerSpec"]
+__all__ = ["Penalty", "resolve_layers", "parse_layer_spec", "token_rows", "istar_penalty", "cosreg_penalty", "LayerSpec"]
 
 LayerSpec = Union[str, int, Sequence[int]]
 """Which hidden states a penalty reads: ``"all"`` (layers 1..L, the paper's default),
@@ -68,6 +68,18 @@ def resolve_layers(layers: LayerSpec, num_hidden_states: int) -> list[int]:
             )
         resolved.append(index % num_hidden_states)
     return sorted(set(resolved))
+
+
+def parse_layer_spec(text: str) -> LayerSpec:
+    """Parse a command-line layer selection: ``all``, ``all+embeddings``, ``6`` or ``1,3,5``."""
+    text = str(text).strip()
+    if text in ("all", "all+embeddings"):
+        return text
+    try:
+        indices = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"cannot read layer selection {text!r}: use all, all+embeddings, an index or a list like 1,3,5") from None
+    return indices[0] if len(indices) == 1 else indices
 
 
 def token_rows(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, layers: LayerSpec = "all") -> torch.Tensor:
