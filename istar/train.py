@@ -238,7 +238,7 @@ def train(cfg: TrainConfig) -> dict:
     tokenizer = load_tokenizer(cfg.model)
     set_seed(cfg.seed)  # the new head's initialisation depends on the run seed only
     model = load_model(cfg.model, task)
-    num_hidden = model.config.num_hidden_layers + 1
+    num_hidden, hidden_size = model.config.num_hidden_layers + 1, model.config.hidden_size
     layer_indices = resolve_layers(cfg.layers if cfg.method == "istar" else -1, num_hidden)
     set_seed(cfg.seed, device_specific=True)
 
@@ -269,7 +269,7 @@ def train(cfg: TrainConfig) -> dict:
         _restore_log(log_path, state)
 
     if cfg.method == "istar" and progress.sigma_s is None and cfg.zeta > 0:
-        sigma, provenance = load_shrinkage(cfg.sigma_s, expected_layers=layer_indices, expected_dim=model.config.hidden_size)
+        sigma, provenance = load_shrinkage(cfg.sigma_s, expected_layers=layer_indices, expected_dim=hidden_size)
         progress.sigma_s, progress.sigma_epoch = sigma, 0
         if accelerator.is_main_process:
             io.torch_save(out / "sigma_epoch0.pt", {"sigma": sigma, "provenance": provenance})

@@ -1,0 +1,220 @@
+"""Tests of the training engine: every method × head, direction of λ, resume, two CPU ranks, errors."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from istar.activations import load_activations
+from istar.shrinkage import compute_shrinkage_file, load_shrinkage
+from istar.train import TrainConfig, train
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+REPO = Path(__file__).resolve().parents[1]
+
+
+def read_log(path):
+    with open(path) as handle:
+        return list(csv.DictReader(handle))
+
+
+def istar_cli(*args, launcher=(sys.executable, "-m", "istar"), **kwargs):
+    return subprocess.run([*launcher, *map(str, args)], env=ENV, cwd=REPO, capture_output=True, text=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def sigma(tiny_model_dir, prepared, tmp_path_factory):
+    """sigma(task) -> a Σ_S file of the tiny model on the task's (subsampled) training data."""
+    cache = {}
+
+    def make(task):
+        if task not in cache:
+            out = tmp_path_factory.mktemp("sigma") / f"{task}.pt"
+            compute_shrinkage_file(str(tiny_model_dir), prepared(task), out, max_rows=3000, doc_stride=32)
+            cache[task] = out
+        return cache[task]
+
+    return make
+
+
+@pytest.mark.parametrize("task", ["rte", "stsb", "squad"])
+@pytest.mark.parametrize("method", ["base", "cosreg", "istar"])
+def test_every_method_and_head_trains(task, method, tiny_model_dir, prepared, sigma, tmp_path):
+    cfg = TrainConfig(model=str(tiny_model_dir), data_dir=str(prepared(task)), output_dir=str(tmp_path / "run"),
+                      method=method, lam=-1.0, zeta=0.2, sigma_s=str(sigma(task)), epochs=2, batch_size=16,
+                      shrinkage_rows=2000, doc_stride=32, learning_rate=1e-4)
+    report = train(cfg)
+    out = tmp_path / "run"
+    assert json.loads((out / "metrics.json").read_text()) == json.loads(json.dumps(report))
+    assert [e["epoch"] for e in report["epochs"]] == [1, 2]
+    assert report["metric"] in report["final"]
+    assert (out / "model" / "config.json").is_file() and (out / "model" / "tokenizer.json").is_file()
+    assert not (out / "resume").exists()
+    log = read_log(out / "train_log.csv")
+    assert len(log) == report["final"]["step"]
+    assert all(float(row["task_loss"]) == float(row["task_loss"]) for row in log)  # finite, not NaN
+    if method == "istar":
+        assert all(0 <= float(row["isoscore_star"]) <= 1 for row in log)
+        assert (out / "sigma_epoch0.pt").is_file() and (out / "sigma_epoch1.pt").is_file()
+        sigma1, provenance = load_shrinkage(out / "sigma_epoch1.pt")
+        assert provenance["epoch"] == 1 and sigma1.shape == (32, 32)
+    if method == "cosreg":
+        assert all(-1 <= float(row["cosine_similarity"]) <= 1 for row in log)
+    if task == "squad":
+        assert report["standin"] is True and set(report["final"]) >= {"f1", "exact_match"}
+    config = json.loads((out / "run_config.json").read_text())
+    assert config["precision"] == {"requested": "no", "effective": "fp32"}
+
+
+@pytest.mark.parametrize("lam, direction", [(-5.0, -1), (5.0, +1)])
+def test_lambda_sign_moves_isoscore_the_right_way(lam, direction, tiny_model_dir, prepared, tmp_path):
+    cfg = TrainConfig(model=str(tiny_model_dir), data_dir=str(prepared("rte", 160, 16)), output_dir=str(tmp_path),
+                      method="istar", lam=lam, zeta=0.0, epochs=4, batch_size=16, learning_rate=1e-3,
+                      max_length=64, seed=1)
+    train(cfg)
+    scores = [float(row["isoscore_star"]) for row in read_log(tmp_path / "train_log.csv")]
+    assert len(scores) == 40
+    first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
+    assert direction * (last - first) > 0.05, (first, last)
+
+
+def test_fp16_on_cpu_is_logged_as_fp32_and_bf16_runs(tiny_model_dir, prepared, tmp_path):
+    for precision, effective in [("fp16", "fp32"), ("bf16", "bf16")]:
+        out = tmp_path / precision
+        result = istar_cli("train", "--model", tiny_model_dir, "--data", prepared("rte"), "--out", out, "--epochs", 1,
+                           "--batch-size", 16, "--mixed-precision", precision, "--method", "cosreg")
+        assert result.returncode == 0, result.stderr
+        config = json.loads((out / "run_config.json").read_text())
+        assert config["precision"] == {"requested": precision, "effective": effective}
+        assert f"precision {effective}" in result.stdout
+
+
+def train_command(model, data, out, sigma_s):
+    return ["train", "--model", model, "--data", data, "--out", out, "--method", "istar", "--lam", "-1",
+            "--zeta", "0.2", "--sigma-s", sigma_s, "--epochs", 2, "--batch-size", 8, "--checkpoint-every", 5,
+            "--shrinkage-rows", 2000, "--max-length", 64, "--learning-rate", 1e-4]
+
+
+def test_resume_after_kill_equals_uninterrupted_run(tiny_model_dir, prepared, sigma, tmp_path):
+    data, sigma_s = prepared("rte", 480, 24), sigma("rte")
+    reference = istar_cli(*train_command(tiny_model_dir, data, tmp_path / "reference", sigma_s))
+    assert reference.returncode == 0, reference.stderr
+
+    out = tmp_path / "interrupted"
+    process = subprocess.Popen([sys.executable, "-m", "istar", *map(str, train_command(tiny_model_dir, data, out, sigma_s))],
+                               env=ENV, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not list((out / "resume").glob("state-*/COMPLETE")) and time.time() < deadline and process.poll() is None:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (out / "metrics.json").exists(), "the run finished before it could be killed"
+    killed_at = int(next((out / "resume").glob("state-*/COMPLETE")).parent.name.split("-")[1])
+
+    resumed = istar_cli(*train_command(tiny_model_dir, data, out, sigma_s))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from" in resumed.stdout and killed_at < 120
+    expected = json.loads((tmp_path / "reference" / "metrics.json").read_text())
+    got = json.loads((out / "metrics.json").read_text())
+    assert got["epochs"] == expected["epochs"]
+    assert read_log(out / "train_log.csv") == read_log(tmp_path / "reference" / "train_log.csv")
+    a, _ = load_shrinkage(out / "sigma_epoch1.pt")
+    b, _ = load_shrinkage(tmp_path / "reference" / "sigma_epoch1.pt")
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+ACCELERATE_2_CPU = ("accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                    "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "istar")
+
+
+@pytest.mark.slow
+def test_two_cpu_ranks_agree_on_sigma_and_train_with_the_global_penalty(tiny_model_dir, prepared, tmp_path):
+    launcher = (str(Path(sys.executable).parent / ACCELERATE_2_CPU[0]), *ACCELERATE_2_CPU[1:])
+    env = {**ENV, "ACCELERATE_USE_CPU": "true"}
+    data = prepared("rte", 64, 24)
+    # Σ_S over all the data: two ranks (each a half, merged) must equal one process.
+    args = ("shrinkage", "--model", tiny_model_dir, "--data", data, "--rows", 10**9, "--max-length", 64)
+    two = subprocess.run([*launcher, *map(str, args), "--out", tmp_path / "two.pt"], env=env, cwd=REPO, capture_output=True, text=True)
+    assert two.returncode == 0, two.stderr
+    assert "from 2 process(es)" in two.stdout
+    one = istar_cli(*args, "--out", tmp_path / "one.pt")
+    assert one.returncode == 0, one.stderr
+    sigma_two, prov_two = load_shrinkage(tmp_path / "two.pt")
+    sigma_one, prov_one = load_shrinkage(tmp_path / "one.pt")
+    assert prov_two["rows"] == prov_one["rows"] and prov_two["num_processes"] == 2
+    torch.testing.assert_close(sigma_two, sigma_one, rtol=1e-9, atol=1e-12)
+
+    out = tmp_path / "run"
+    run = subprocess.run([*launcher, "train", "--model", str(tiny_model_dir), "--data", str(data), "--out", str(out),
+                          "--method", "istar", "--lam", "-1", "--zeta", "0.2", "--sigma-s", str(tmp_path / "one.pt"),
+                          "--global-penalty", "--epochs", "2", "--batch-size", "8", "--max-length", "64",
+                          "--shrinkage-rows", "2000"], env=env, cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    config = json.loads((out / "run_config.json").read_text())
+    assert config["num_processes"] == 2 and config["global_penalty"] is True
+    assert "Σ_S recomputed for epoch 2" in run.stdout  # merged and checked equal on both ranks
+    assert len(read_log(out / "train_log.csv")) == 2 * 4  # 64 examples / (8 per rank × 2 ranks) per epoch
+
+
+def test_nan_loss_stops_with_the_step(tiny_model_dir, prepared, tmp_path):
+    from transformers import BertForSequenceClassification
+
+    broken = tmp_path / "broken"
+    model = BertForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
+    with torch.no_grad():
+        model.classifier.weight.fill_(float("nan"))
+    model.save_pretrained(broken)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (broken / name).write_bytes((tiny_model_dir / name).read_bytes())
+    result = istar_cli("train", "--model", broken, "--data", prepared("rte"), "--out", tmp_path / "run", "--epochs", 1)
+    assert result.returncode != 0
+    assert "non-finite loss at epoch 1, batch 1, optimizer step 1" in result.stderr
+
+
+def test_clear_errors(tiny_model_dir, prepared, tmp_path):
+    result = istar_cli("train", "--model", tmp_path / "no-such-model", "--data", prepared("rte"), "--out", tmp_path / "run")
+    assert result.returncode == 2 and "does not exist" in result.stderr
+    result = istar_cli("train", "--model", tiny_model_dir, "--data", prepared("rte"), "--out", tmp_path / "run",
+                       "--method", "istar", "--lam", "-1")
+    assert result.returncode == 2 and "needs --sigma-s" in result.stderr
+    result = istar_cli("train", "--model", "package:no_such_package/model", "--data", prepared("rte"), "--out", tmp_path / "r")
+    assert result.returncode == 2 and "is not installed" in result.stderr
+    result = istar_cli("train", "--model", tiny_model_dir, "--data", tmp_path / "nothing", "--out", tmp_path / "r")
+    assert result.returncode == 2 and "prepare-data" in result.stderr
+
+
+def test_sigma_layer_mismatch_is_refused(tiny_model_dir, prepared, sigma, tmp_path):
+    cfg = TrainConfig(model=str(tiny_model_dir), data_dir=str(prepared("rte")), output_dir=str(tmp_path),
+                      method="istar", lam=-1.0, zeta=0.2, layers=2, sigma_s=str(sigma("rte")), epochs=1)
+    with pytest.raises(ValueError, match=r"computed over layers \[1, 2\] but the penalty uses layers \[2\]"):
+        train(cfg)
+
+
+def test_evaluate_and_activations_steps(tiny_model_dir, prepared, tmp_path):
+    data = prepared("rte")
+    result = istar_cli("evaluate", "--model", tiny_model_dir, "--data", data, "--out", tmp_path / "eval.json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert report["examples"] == 24 and 0 <= report["metrics"]["accuracy"] <= 1
+
+    result = istar_cli("activations", "--model", tiny_model_dir, "--data", data, "--out", tmp_path / "act.safetensors",
+                       "--token-sample", 100)
+    assert result.returncode == 0, result.stderr
+    tensors, meta = load_activations(tmp_path / "act.safetensors")
+    assert meta["num_hidden_states"] == "3" and meta["task"] == "rte"
+    tokens = int(meta["tokens"])
+    for layer in range(3):
+        assert tensors[f"cls.layer{layer}"].shape == (24, 32)
+        assert tensors[f"tokens.layer{layer}"].shape == (100, 32)
+        assert tensors[f"token_cov.layer{layer}"].shape == (32, 32)
+    assert tensors["last_layer_token_std"].shape == (32,)
+    torch.testing.assert_close(tensors["last_layer_token_mean"], tensors["token_mean.layer2"])
+    unit_sum = tensors["token_unit_sum.layer2"]
+    assert -1 / (tokens - 1) <= float((unit_sum @ unit_sum - tokens) / (tokens * (tokens - 1))) <= 1
