@@ -23,61 +23,77 @@ from .encoding import MODEL_INPUTS, EpochShuffleSampler, encode_split, make_load
 from .isotropy import CovarianceAccumulator
 from .regularizers import LayerSpec, parse_layer_spec, resolve_layers
 
-__all__ = ["accumulate_shrinkage", "merge_across_processes", "save_shrinkage", "load_shrinkage", "compute_shrinkage_file"]
+__all__ = ["accumulate_shrinkage", "merge_layers", "merge_across_processes", "save_shrinkage", "load_shrinkage", "load_layer_statistics", "compute_shrinkage_file"]
 
 DEFAULT_ROWS = 250_000
 
 
 @torch.no_grad()
 def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int = DEFAULT_ROWS, accelerator=None,
-                         description: str = "Σ_S") -> CovarianceAccumulator:
-    """Accumulate Σ_S over a loader's batches until ``max_rows`` rows (all processes together).
+                         description: str = "Σ_S") -> list[CovarianceAccumulator]:
+    """Accumulate per-layer token statistics until the selected layers gave ``max_rows`` rows.
+
+    Every hidden state (embeddings and each layer) gets its own accumulator, at no extra
+    forward cost; Σ_S of any layer selection is then the merge of those layers'
+    accumulators (:func:`merge_layers`), so one pass serves the global penalty, one-layer
+    penalties and the layer-wise analysis.
 
     Parameters
     ----------
     model : a Hugging Face model (unwrapped); run in eval mode here, its mode restored after.
     loader : batches with ``input_ids`` and ``attention_mask`` (B, T); targets are ignored.
-    layers : the layer selection (see :data:`istar.regularizers.LayerSpec`).
-    max_rows : stop once this many rows (tokens × selected layers) were added; fewer if the
-        data runs out.
+    layers : the selection whose rows (tokens × selected layers) are counted against
+        ``max_rows`` (see :data:`istar.regularizers.LayerSpec`).
+    max_rows : stop once the selected layers hold this many rows, all processes together;
+        fewer if the data runs out.
     accelerator : an ``accelerate.Accelerator`` for device, autocast and the merge across
         processes; None runs on the model's device in one process.
 
     Returns
     -------
-    CovarianceAccumulator holding the merged statistics (identical on every process).
+    list of L + 1 CovarianceAccumulator, index = hidden state (0 = embeddings); identical
+    on every process.
     """
     processes = accelerator.num_processes if accelerator is not None else 1
     target = math.ceil(max_rows / processes)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    accumulator = None
+    per_layer: list[CovarianceAccumulator] = []
+    selected: list[int] = []
     show = accelerator is None or accelerator.is_local_main_process
     with tqdm(total=target, unit="rows", unit_scale=True, desc=description, disable=not show, leave=False) as bar:
         for batch in loader:
             inputs = {k: v.to(device) for k, v in batch.items() if k in MODEL_INPUTS}
             if accelerator is not None:
                 with accelerator.autocast():
-                    outputs = model(**inputs, output_hidden_states=True)
+                    hidden_states = model(**inputs, output_hidden_states=True).hidden_states
             else:
-                outputs = model(**inputs, output_hidden_states=True)
-            indices = resolve_layers(layers, len(outputs.hidden_states))
-            stacked = torch.stack([outputs.hidden_states[i] for i in indices])
-            mask = inputs["attention_mask"].bool().expand(len(indices), -1, -1)
-            if accumulator is None:
-                accumulator = CovarianceAccumulator(stacked.shape[-1], device=device)
-            before = accumulator.count
-            accumulator.add(stacked, mask=mask)
-            bar.update(min(accumulator.count, target) - min(before, target))
-            if accumulator.count >= target:
+                hidden_states = model(**inputs, output_hidden_states=True).hidden_states
+            if not per_layer:
+                selected = resolve_layers(layers, len(hidden_states))
+                per_layer = [CovarianceAccumulator(hidden_states[0].shape[-1], device=device) for _ in hidden_states]
+            mask = inputs["attention_mask"].bool()
+            for accumulator, hidden in zip(per_layer, hidden_states):
+                accumulator.add(hidden, mask=mask)
+            rows = sum(per_layer[i].count for i in selected)
+            bar.update(min(rows, target) - bar.n)
+            if rows >= target:
                 break
     model.train(was_training)
-    if accumulator is None:
+    if not per_layer:
         raise ValueError("the data loader yielded no batches: cannot estimate Σ_S")
     if processes > 1:
-        accumulator = merge_across_processes(accumulator, accelerator)
-    return accumulator
+        per_layer = [merge_across_processes(accumulator, accelerator) for accumulator in per_layer]
+    return per_layer
+
+
+def merge_layers(per_layer: list[CovarianceAccumulator], indices: list[int]) -> CovarianceAccumulator:
+    """The statistics of the union of the rows of the given layers."""
+    merged = CovarianceAccumulator(per_layer[0].dim)
+    for index in indices:
+        merged.merge(per_layer[index])
+    return merged
 
 
 def merge_across_processes(accumulator: CovarianceAccumulator, accelerator) -> CovarianceAccumulator:
@@ -96,36 +112,64 @@ def merge_across_processes(accumulator: CovarianceAccumulator, accelerator) -> C
     return merged
 
 
-def save_shrinkage(path, accumulator: CovarianceAccumulator, provenance: dict) -> None:
-    """Write Σ_S with its mean, row count and provenance (atomically) to a ``.pt`` file."""
+def save_shrinkage(path, per_layer: list[CovarianceAccumulator], layers: list[int], provenance: dict) -> None:
+    """Write Σ_S of the layer selection ``layers`` and every layer's statistics (atomically).
+
+    File content (``torch.load``): ``sigma`` (d, d) float64, ``mean`` (d,), ``rows`` (int),
+    ``per_layer`` {``count`` (L+1,), ``mean`` (L+1, d), ``m2`` (L+1, d, d)}, ``provenance``.
+    """
+    selection = merge_layers(per_layer, layers)
     io.torch_save(path, {
-        "sigma": accumulator.covariance().cpu(),
-        "mean": accumulator.mean.cpu(),
-        "rows": accumulator.count,
-        "provenance": {**provenance, "rows": accumulator.count, "istar_version": __version__},
+        "sigma": selection.covariance().cpu(),
+        "mean": selection.mean.cpu(),
+        "rows": selection.count,
+        "per_layer": {
+            "count": torch.tensor([a.count for a in per_layer]),
+            "mean": torch.stack([a.mean.cpu() for a in per_layer]),
+            "m2": torch.stack([a.m2.cpu() for a in per_layer]),
+        },
+        "provenance": {**provenance, "layers": list(layers), "rows": selection.count, "istar_version": __version__},
     })
 
 
-def load_shrinkage(path, expected_layers: list[int] | None = None, expected_dim: int | None = None) -> tuple[torch.Tensor, dict]:
-    """Read a Σ_S file; check it was computed for the expected layers and dimension.
-
-    Returns
-    -------
-    (sigma (d, d) float64, provenance dict)
-    """
+def load_layer_statistics(path) -> tuple[list[CovarianceAccumulator], dict]:
+    """Every layer's accumulator (index = hidden state) and the provenance of a Σ_S file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"shrinkage matrix {path} does not exist: compute it with `istar shrinkage` first")
     data = torch.load(path, map_location="cpu", weights_only=True)
-    sigma, provenance = data["sigma"].to(torch.float64), data["provenance"]
-    if expected_dim is not None and sigma.shape != (expected_dim, expected_dim):
-        raise ValueError(f"{path} holds a {tuple(sigma.shape)} Σ_S but the model's hidden size is {expected_dim}")
-    if expected_layers is not None and list(provenance.get("layers", [])) != list(expected_layers):
-        raise ValueError(
-            f"{path} was computed over layers {provenance.get('layers')} but the penalty uses layers "
-            f"{expected_layers}: recompute it with the same --layers"
-        )
-    return sigma, provenance
+    if "per_layer" not in data:
+        raise ValueError(f"{path} is not a Σ_S file written by `istar shrinkage` (no per-layer statistics)")
+    stats = data["per_layer"]
+    per_layer = [CovarianceAccumulator.from_state_dict({"count": int(c), "mean": m, "m2": m2})
+                 for c, m, m2 in zip(stats["count"], stats["mean"], stats["m2"])]
+    return per_layer, dict(data["provenance"])
+
+
+def load_shrinkage(path, expected_layers: list[int] | None = None, expected_dim: int | None = None) -> tuple[torch.Tensor, dict]:
+    """Σ_S of a layer selection from a file written by :func:`save_shrinkage`.
+
+    Parameters
+    ----------
+    path : the ``.pt`` file.
+    expected_layers : hidden-state indices; Σ_S of their union is rebuilt from the per-layer
+        statistics (so the file of the global penalty also serves one-layer penalties).
+        None: the file's own selection.
+    expected_dim : the model's hidden size, checked against the file.
+
+    Returns
+    -------
+    (sigma (d, d) float64, provenance dict with ``layers`` and ``rows`` of the selection)
+    """
+    per_layer, provenance = load_layer_statistics(path)
+    dim = per_layer[0].dim
+    if expected_dim is not None and dim != expected_dim:
+        raise ValueError(f"{path} holds statistics of dimension {dim} but the model's hidden size is {expected_dim}")
+    layers = list(expected_layers) if expected_layers is not None else list(provenance["layers"])
+    if not all(0 <= i < len(per_layer) for i in layers):
+        raise ValueError(f"{path} has statistics for hidden states 0..{len(per_layer) - 1}, not for layers {layers}")
+    merged = merge_layers(per_layer, layers)
+    return merged.covariance(), {**provenance, "layers": layers, "rows": merged.count}
 
 
 def compute_shrinkage_file(model_source: str, data_dir, out, layers: LayerSpec = "all", max_rows: int = DEFAULT_ROWS,
@@ -156,21 +200,21 @@ def compute_shrinkage_file(model_source: str, data_dir, out, layers: LayerSpec =
                                  put_on_device=True)
     indices = resolve_layers(layers, model.config.num_hidden_layers + 1)
     start = time.perf_counter()
-    accumulator = accumulate_shrinkage(model, loader, layers, max_rows, accelerator,
-                                       description=f"Σ_S {task.key}")
+    per_layer = accumulate_shrinkage(model, loader, layers, max_rows, accelerator, description=f"Σ_S {task.key}")
+    rows = merge_layers(per_layer, indices).count
     provenance = {
         "model": model_source, "model_path": resolve_model_source(model_source), "task": task.key, "split": "train",
-        "standin": bool(meta.get("standin", False)), "layers": indices, "layer_spec": layers,
+        "standin": bool(meta.get("standin", False)), "layer_spec": layers,
         "requested_rows": max_rows, "max_length": max_length, "seed": seed, "num_processes": accelerator.num_processes,
         "seconds": round(time.perf_counter() - start, 2),
     }
     if accelerator.is_main_process:
-        save_shrinkage(out, accumulator, provenance)
+        save_shrinkage(out, per_layer, indices, provenance)
     accelerator.wait_for_everyone()
-    accelerator.print(f"Σ_S of {model_source} on {task.display} train: {accumulator.count:,} rows over layers "
+    accelerator.print(f"Σ_S of {model_source} on {task.display} train: {rows:,} rows over layers "
                       f"{indices} from {accelerator.num_processes} process(es) -> {out}")
-    if accumulator.count < max_rows:
-        accelerator.print(f"note: the training data gave only {accumulator.count:,} of the {max_rows:,} requested rows")
+    if rows < max_rows:
+        accelerator.print(f"note: the training data gave only {rows:,} of the {max_rows:,} requested rows")
     return provenance
 
 

@@ -41,7 +41,8 @@ from .encoding import EpochShuffleSampler, encode_split, make_loader
 from .evaluate import evaluate_model
 from .isotropy import isoscore_star_from_covariance
 from .regularizers import LayerSpec, Penalty, cosreg_penalty, istar_penalty, parse_layer_spec, resolve_layers, token_rows
-from .shrinkage import DEFAULT_ROWS, accumulate_shrinkage, load_shrinkage, save_shrinkage
+from .shrinkage import (DEFAULT_ROWS, accumulate_shrinkage, load_layer_statistics, load_shrinkage, merge_layers,
+                        save_shrinkage)
 
 __all__ = ["TrainConfig", "train", "METHODS"]
 
@@ -269,10 +270,11 @@ def train(cfg: TrainConfig) -> dict:
         _restore_log(log_path, state)
 
     if cfg.method == "istar" and progress.sigma_s is None and cfg.zeta > 0:
-        sigma, provenance = load_shrinkage(cfg.sigma_s, expected_layers=layer_indices, expected_dim=hidden_size)
-        progress.sigma_s, progress.sigma_epoch = sigma, 0
+        per_layer, provenance = load_layer_statistics(cfg.sigma_s)
+        progress.sigma_s, _ = load_shrinkage(cfg.sigma_s, expected_layers=layer_indices, expected_dim=hidden_size)
+        progress.sigma_epoch = 0
         if accelerator.is_main_process:
-            io.torch_save(out / "sigma_epoch0.pt", {"sigma": sigma, "provenance": provenance})
+            save_shrinkage(out / "sigma_epoch0.pt", per_layer, layer_indices, provenance)
     sigma_device = progress.sigma_s.to(accelerator.device) if progress.sigma_s is not None else None
 
     accelerator.print(
@@ -347,15 +349,16 @@ def _recompute_sigma(cfg, model, train_features, tokenizer, accelerator, epoch, 
                          sampler=EpochShuffleSampler(len(train_features), cfg.seed + 7919 * (epoch + 1)))
     loader = prepare_data_loader(loader, accelerator.device, accelerator.num_processes, accelerator.process_index,
                                  put_on_device=True)
-    accumulator = accumulate_shrinkage(model, loader, cfg.layers, cfg.shrinkage_rows, accelerator,
-                                       description=f"Σ_S epoch {epoch + 1}")
-    progress.sigma_s, progress.sigma_epoch = accumulator.covariance().cpu(), epoch
+    per_layer = accumulate_shrinkage(model, loader, cfg.layers, cfg.shrinkage_rows, accelerator,
+                                     description=f"Σ_S epoch {epoch + 1}")
+    indices = resolve_layers(cfg.layers, len(per_layer))
+    selection = merge_layers(per_layer, indices)
+    progress.sigma_s, progress.sigma_epoch = selection.covariance().cpu(), epoch
     if accelerator.is_main_process:
-        save_shrinkage(out / f"sigma_epoch{epoch}.pt", accumulator, {
-            "model": f"{cfg.model} fine-tuned for {epoch} epoch(s)", "layers": resolve_layers(cfg.layers, model.config.num_hidden_layers + 1),
-            "layer_spec": cfg.layers, "epoch": epoch, "requested_rows": cfg.shrinkage_rows,
-            "num_processes": accelerator.num_processes})
-    accelerator.print(f"Σ_S recomputed for epoch {epoch + 1}: {accumulator.count:,} rows")
+        save_shrinkage(out / f"sigma_epoch{epoch}.pt", per_layer, indices, {
+            "model": f"{cfg.model} fine-tuned for {epoch} epoch(s)", "layer_spec": cfg.layers, "epoch": epoch,
+            "requested_rows": cfg.shrinkage_rows, "num_processes": accelerator.num_processes})
+    accelerator.print(f"Σ_S recomputed for epoch {epoch + 1}: {selection.count:,} rows")
     return progress.sigma_s.to(accelerator.device)
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from istar.activations import load_activations
-from istar.shrinkage import compute_shrinkage_file, load_shrinkage
+from istar.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage
 from istar.train import TrainConfig, train
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -190,11 +190,16 @@ def test_clear_errors(tiny_model_dir, prepared, tmp_path):
     assert result.returncode == 2 and "prepare-data" in result.stderr
 
 
-def test_sigma_layer_mismatch_is_refused(tiny_model_dir, prepared, sigma, tmp_path):
+def test_one_layer_run_rebuilds_its_sigma_from_the_global_file(tiny_model_dir, prepared, sigma, tmp_path):
     cfg = TrainConfig(model=str(tiny_model_dir), data_dir=str(prepared("rte")), output_dir=str(tmp_path),
                       method="istar", lam=-1.0, zeta=0.2, layers=2, sigma_s=str(sigma("rte")), epochs=1)
-    with pytest.raises(ValueError, match=r"computed over layers \[1, 2\] but the penalty uses layers \[2\]"):
-        train(cfg)
+    train(cfg)
+    used, provenance = load_shrinkage(tmp_path / "sigma_epoch0.pt")
+    per_layer, _ = load_layer_statistics(sigma("rte"))
+    assert provenance["layers"] == [2] and provenance["rows"] == per_layer[2].count
+    torch.testing.assert_close(used, per_layer[2].covariance())
+    everything, _ = load_shrinkage(sigma("rte"))
+    assert not torch.allclose(used, everything)
 
 
 def test_evaluate_and_activations_steps(tiny_model_dir, prepared, tmp_path):
@@ -218,3 +223,25 @@ def test_evaluate_and_activations_steps(tiny_model_dir, prepared, tmp_path):
     torch.testing.assert_close(tensors["last_layer_token_mean"], tensors["token_mean.layer2"])
     unit_sum = tensors["token_unit_sum.layer2"]
     assert -1 / (tokens - 1) <= float((unit_sum @ unit_sum - tokens) / (tokens * (tokens - 1))) <= 1
+
+
+def test_shrinkage_equals_the_covariance_of_all_stacked_rows(tiny_model_dir, prepared, tmp_path):
+    from istar.data import read_split
+    from istar.models import load_model, load_tokenizer
+    from istar.tasks import get_task
+
+    data = prepared("rte")
+    compute_shrinkage_file(str(tiny_model_dir), data, tmp_path / "s.pt", layers="all+embeddings", max_rows=10**9)
+    frame = read_split(data, "train")
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    model = load_model(str(tiny_model_dir), get_task("rte")).eval()
+    batch = tokenizer(list(frame["text_a"]), list(frame["text_b"]), truncation=True, max_length=128,
+                      padding=True, return_tensors="pt")
+    with torch.no_grad():
+        states = model(**batch, output_hidden_states=True).hidden_states
+    mask = batch["attention_mask"].bool()
+    for layers in ([0, 1, 2], [1, 2], [2]):
+        rows = torch.cat([states[i][mask] for i in layers]).double()
+        sigma, provenance = load_shrinkage(tmp_path / "s.pt", expected_layers=layers)
+        assert provenance["rows"] == rows.shape[0]
+        torch.testing.assert_close(sigma, torch.cov(rows.T), rtol=1e-4, atol=1e-6)
