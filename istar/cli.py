@@ -5,6 +5,10 @@
     istar train          fine-tune with base / cosreg / istar (run under `accelerate launch` for several processes)
     istar evaluate       metrics of a saved model on a prepared split
     istar activations    [CLS] and token vectors of every layer on the evaluation split
+    istar analyze        IsoScore*, IsoScore, TwoNN and cosine similarity per layer of a run
+    istar aggregate      collect runs into the aggregate CSVs; istar select: best search setting
+    istar table          Table 1 / Table 2 as CSV, Markdown and LaTeX
+    istar figure         one of the paper's figures (PNG and PDF)
 
 Run ``istar SUBCOMMAND --help`` for the options. Multi-process:
 ``accelerate launch --multi_gpu --num_processes 2 -m istar train …``.
@@ -22,23 +26,33 @@ SUBCOMMANDS = {
     "train": ("istar.train", "fine-tune with base / cosreg / istar"),
     "evaluate": ("istar.evaluate", "metrics of a saved model on a prepared split"),
     "activations": ("istar.activations", "[CLS] and token vectors of every layer on the evaluation split"),
+    "analyze": ("istar.analysis", "isotropy and intrinsic dimension of a run's activations"),
+    "aggregate": ("istar.aggregate", "collect runs into the aggregate CSVs"),
+    "select": ("istar.selection", "pick the best search setting of a model and task"),
+    "table": ("istar.tables", "render Table 1 / Table 2 from the aggregate CSVs"),
+    "figure": ("istar.plots", "draw one of the paper's figures from the aggregate CSVs"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only the module of ``command`` is imported (so ``istar --help`` is instant)."""
     parser = argparse.ArgumentParser(prog="istar", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
     for name, (module, summary) in SUBCOMMANDS.items():
         sub = subparsers.add_parser(name, help=summary, description=summary)
         sub.set_defaults(module=module)
-        importlib.import_module(module).add_cli_arguments(sub)
+        if name == command:
+            importlib.import_module(module).add_cli_arguments(sub)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    args = build_parser(command if command in SUBCOMMANDS else None).parse_args(argv)
+    module = importlib.import_module(args.module)
     try:
-        return importlib.import_module(args.module).run_cli(args)
+        return module.run_cli(args)
     except (ValueError, FileNotFoundError) as error:
         print(f"istar {args.command}: error: {error}", file=sys.stderr)
         return 2
