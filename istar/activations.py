@@ -33,11 +33,13 @@ DEFAULT_TOKEN_SAMPLE = 2048
 
 
 @torch.no_grad()
-def collect(model, loader, num_tokens: int, sample_size: int, seed: int, device) -> dict[str, torch.Tensor]:
+def collect(model, loader, num_tokens: int, sample_size: int, seed: int, device,
+            autocast_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Run ``model`` over ``loader`` and gather the tensors listed in the module docstring.
 
     ``num_tokens`` is the number of non-padding tokens the loader holds; ``sample_size`` of
-    them (chosen with ``seed``) are kept in full.
+    them (chosen with ``seed``) are kept in full. ``autocast_dtype`` runs the forward passes
+    under autocast (statistics are still accumulated in float32/float64).
     """
     generator = torch.Generator().manual_seed(seed)
     chosen = torch.randperm(num_tokens, generator=generator)[:min(sample_size, num_tokens)].sort().values
@@ -46,7 +48,8 @@ def collect(model, loader, num_tokens: int, sample_size: int, seed: int, device)
     model.eval()
     for batch in tqdm(loader, desc="activations", leave=False):
         inputs = {k: v.to(device) for k, v in batch.items() if k in MODEL_INPUTS}
-        hidden = torch.stack(model(**inputs, output_hidden_states=True).hidden_states).float()  # (L+1, B, T, d)
+        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+            hidden = torch.stack(model(**inputs, output_hidden_states=True).hidden_states).float()  # (L+1, B, T, d)
         mask = inputs["attention_mask"].bool()
         tokens = hidden[:, mask]  # (L+1, M, d) in reading order
         if not accumulators:
@@ -78,7 +81,7 @@ def collect(model, loader, num_tokens: int, sample_size: int, seed: int, device)
 
 def extract_activations(model_source: str, data_dir, out, split: str = "validation", batch_size: int = 64,
                         max_length: int = 128, doc_stride: int = 128, token_sample: int = DEFAULT_TOKEN_SAMPLE,
-                        seed: int = 0) -> dict:
+                        seed: int = 0, mixed_precision: str = "no") -> dict:
     """The activations step: see the module docstring. Returns the file's metadata."""
     from safetensors.torch import save_file
 
@@ -96,7 +99,9 @@ def extract_activations(model_source: str, data_dir, out, split: str = "validati
     features = encode_split(frame, task, tokenizer, max_length, doc_stride, with_labels=False,
                             for_qa_eval=task.kind == "qa")
     num_tokens = features.num_tokens()
-    tensors = collect(model, make_loader(features, tokenizer, batch_size), num_tokens, token_sample, seed, device)
+    autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(mixed_precision) if device.type == "cuda" else None
+    tensors = collect(model, make_loader(features, tokenizer, batch_size), num_tokens, token_sample, seed, device,
+                      autocast_dtype)
     metadata = {
         "model": str(model_source), "task": task.key, "split": split, "num_hidden_states": str(model.config.num_hidden_layers + 1),
         "features": str(len(features)), "tokens": str(num_tokens), "token_sample": str(tensors["tokens.layer0"].shape[0]),
@@ -129,10 +134,12 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-sample", type=int, default=DEFAULT_TOKEN_SAMPLE,
                         help="non-padding token vectors kept per layer (same tokens in every layer)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default="no",
+                        help="autocast the forward passes on a GPU (default: fp32)")
 
 
 def run_cli(args) -> int:
     extract_activations(args.model, args.data, args.out, split=args.split, batch_size=args.batch_size,
                         max_length=args.max_length, doc_stride=args.doc_stride, token_sample=args.token_sample,
-                        seed=args.seed)
+                        seed=args.seed, mixed_precision=args.mixed_precision)
     return 0

@@ -5,6 +5,7 @@
     istar train          fine-tune with base / cosreg / istar (run under `accelerate launch` for several processes)
     istar evaluate       metrics of a saved model on a prepared split
     istar activations    [CLS] and token vectors of every layer on the evaluation split
+    istar launch         run a step on N GPUs (accelerate) or on the CPU: istar launch --gpus N -- train …
     istar analyze        IsoScore*, IsoScore, TwoNN and cosine similarity per layer of a run
     istar aggregate      collect runs into the aggregate CSVs; istar select: best search setting
     istar table          Table 1 / Table 2 as CSV, Markdown and LaTeX
@@ -26,6 +27,7 @@ SUBCOMMANDS = {
     "train": ("istar.train", "fine-tune with base / cosreg / istar"),
     "evaluate": ("istar.evaluate", "metrics of a saved model on a prepared split"),
     "activations": ("istar.activations", "[CLS] and token vectors of every layer on the evaluation split"),
+    "launch": ("istar.launch", "run a step with the processes and precision its granted GPUs allow"),
     "analyze": ("istar.analysis", "isotropy and intrinsic dimension of a run's activations"),
     "aggregate": ("istar.aggregate", "collect runs into the aggregate CSVs"),
     "select": ("istar.selection", "pick the best search setting of a model and task"),

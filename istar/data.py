@@ -71,6 +71,7 @@ __all__ = [
     "prepare_task",
     "read_split",
     "read_meta",
+    "missing_mirror_files",
     "add_cli_arguments",
     "run_cli",
 ]
@@ -174,6 +175,13 @@ def _mirror_file(task: str, split: str) -> str:
     if task == "squad":
         return f"squad/{stem}-v1.1.json"
     raise ValueError(f"no mirror layout for task {task!r}")
+
+
+def missing_mirror_files(task: str, mirror: str | Path) -> list[Path]:
+    """The release files of ``task`` (train and validation) that are not in the mirror folder."""
+    root = Path(mirror)
+    return [root / _mirror_file(get_task(task).key, split) for split in SPLITS
+            if not (root / _mirror_file(task, split)).is_file()]
 
 
 def _schema(task: Task) -> pa.Schema:

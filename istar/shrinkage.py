@@ -178,7 +178,8 @@ def compute_shrinkage_file(model_source: str, data_dir, out, layers: LayerSpec =
     """The shrinkage-matrix step: Σ_S of a (pretrained or fine-tuned) model on a task's training data.
 
     The training split is read in a random order fixed by ``seed``; the result and its
-    provenance (model, task, rows, layers, …) are written to ``out``. Returns the provenance.
+    provenance (model, task, rows, layers, …) are written to ``out``, the provenance also to ``out`` with
+    the suffix ``.json``. Returns the provenance.
     """
     from accelerate import Accelerator
     from accelerate.data_loader import prepare_data_loader
@@ -208,8 +209,10 @@ def compute_shrinkage_file(model_source: str, data_dir, out, layers: LayerSpec =
         "requested_rows": max_rows, "max_length": max_length, "seed": seed, "num_processes": accelerator.num_processes,
         "seconds": round(time.perf_counter() - start, 2),
     }
+    provenance["num_layers"] = len(per_layer) - 1
     if accelerator.is_main_process:
         save_shrinkage(out, per_layer, indices, provenance)
+        io.write_json(Path(out).with_suffix(".json"), {**provenance, "layers": indices, "rows": rows})
     accelerator.wait_for_everyone()
     accelerator.print(f"Σ_S of {model_source} on {task.display} train: {rows:,} rows over layers "
                       f"{indices} from {accelerator.num_processes} process(es) -> {out}")

@@ -1,0 +1,153 @@
+"""Validation of the workflow configuration against ``workflow/schemas/config.schema.yaml``.
+
+:func:`validate_config` fills in every default, checks the schema (JSON Schema 2020-12) and
+then what a schema cannot say (studies naming unknown models, a mirror that does not exist,
+tasks whose files the mirror lacks, SQuAD strides). Every problem raises
+:class:`ConfigError` naming the key and the allowed values, before any job runs.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+__all__ = ["ConfigError", "SCHEMA_PATH", "load_schema", "validate_config", "load_config", "STUDIES"]
+
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+STUDIES = ("lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep", "single_layer")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the key."""
+
+
+def load_schema(path=SCHEMA_PATH) -> dict:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def _resolve(schema: dict, root: dict) -> dict:
+    ref = schema.get("$ref")
+    if ref is None:
+        return schema
+    target = root
+    for part in ref.lstrip("#/").split("/"):
+        target = target[part]
+    return {**_resolve(target, root), **{k: v for k, v in schema.items() if k != "$ref"}}
+
+
+def _fill_defaults(instance: dict, schema: dict, root: dict) -> None:
+    for name, subschema in schema.get("properties", {}).items():
+        subschema = _resolve(subschema, root)
+        if name not in instance and "default" in subschema:
+            instance[name] = copy.deepcopy(subschema["default"])
+        if isinstance(instance.get(name), dict) and "properties" in subschema:
+            _fill_defaults(instance[name], subschema, root)
+
+
+def _key(path) -> str:
+    key = ""
+    for part in path:
+        key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else str(part))
+    return key or "(top level)"
+
+
+def _describe(error) -> str:
+    """One readable line for a jsonschema error: the key, the problem, what is allowed."""
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    if error.validator == "additionalProperties":
+        allowed = ", ".join(sorted(schema.get("properties", {})))
+        return f"config key '{_key(error.absolute_path)}': {error.message} (known keys: {allowed})"
+    if error.validator == "enum":
+        return f"config key '{_key(error.absolute_path)}': {error.instance!r} is not allowed; use one of {schema['enum']}"
+    if error.validator == "anyOf":
+        descriptions = schema.get("description", "see the schema")
+        return f"config key '{_key(error.absolute_path)}': {error.instance!r} is not allowed ({descriptions})"
+    hint = f" ({schema['description']})" if "description" in schema else ""
+    return f"config key '{_key(error.absolute_path)}': {error.message}{hint}"
+
+
+def validate_config(config: dict, schema: dict | None = None, check_paths: bool = True) -> dict:
+    """A validated copy of ``config`` with every default filled in.
+
+    Parameters
+    ----------
+    config : the configuration as loaded from YAML.
+    schema : the schema (default: ``workflow/schemas/config.schema.yaml``).
+    check_paths : also check what lies on disk (the mirror, its files, local models).
+
+    Raises
+    ------
+    ConfigError naming the first invalid key and the allowed values.
+    """
+    import jsonschema
+
+    schema = load_schema() if schema is None else schema
+    config = copy.deepcopy(config or {})
+    if not isinstance(config, dict):
+        raise ConfigError("the configuration must be a mapping of keys to values")
+    _fill_defaults(config, schema, schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        deepest = max(errors, key=lambda e: len(e.absolute_path))
+        raise ConfigError(_describe(deepest if deepest.absolute_path else errors[0]))
+    _check_semantics(config, check_paths)
+    return config
+
+
+def _check_semantics(config: dict, check_paths: bool) -> None:
+    models, tasks = config["models"], config["tasks"]
+    for study in STUDIES:
+        spec = config["studies"][study]
+        for model in spec["models"]:
+            if model not in models:
+                raise ConfigError(f"config key 'studies.{study}.models': {model!r} is not a configured model; use one of {list(models)}")
+        for task in spec["tasks"]:
+            if task not in tasks:
+                raise ConfigError(f"config key 'studies.{study}.tasks': {task!r} is not in 'tasks' ({tasks}); add it there first")
+    training = config["training"]
+    if "squad" in tasks and training["doc_stride"] >= training["max_length"] - 2:
+        raise ConfigError(f"config key 'training.doc_stride': {training['doc_stride']} must be smaller than "
+                          f"training.max_length − 2 = {training['max_length'] - 2} for squad windows")
+    if 0.0 in config["search"]["lambdas"]:
+        raise ConfigError("config key 'search.lambdas': λ = 0 is the baseline, which the final stage runs anyway; remove it")
+    if check_paths:
+        _check_models(models)
+        _check_data(config["data"], tasks)
+
+
+def _check_models(models: dict) -> None:
+    from .models import resolve_model_source
+
+    for name, source in models.items():
+        try:
+            resolve_model_source(source)
+        except ValueError as error:
+            raise ConfigError(f"config key 'models.{name}': {error}") from None
+
+
+def _check_data(data: dict, tasks: list[str]) -> None:
+    from .data import missing_mirror_files
+
+    mirror = Path(data["mirror"])
+    if data["source"] == "mirror" and not mirror.is_dir():
+        raise ConfigError(f"config key 'data.mirror': {mirror} does not exist (resolved from {Path.cwd()}) but "
+                          "data.source is mirror; point it at a folder in the GLUE release layout or use source: hub")
+    if data["source"] == "hub" or not mirror.is_dir() or data["allow_standin"]:
+        return
+    for task in tasks:
+        missing = missing_mirror_files(task, mirror)
+        if len(missing) == 2:
+            raise ConfigError(f"config key 'tasks': the mirror {mirror} has no file of {task} "
+                              f"({', '.join(map(str, missing))}); remove it or use data.source: hub")
+        if missing:
+            raise ConfigError(f"config key 'tasks': the mirror {mirror} lacks {missing[0]} for {task}; put the file there, "
+                              "use data.source: hub, or set data.allow_standin: true to split the available file into a "
+                              "flagged stand-in train/validation pair")
+
+
+def load_config(path, check_paths: bool = True) -> dict:
+    """Read a YAML config file and validate it."""
+    return validate_config(yaml.safe_load(Path(path).read_text()) or {}, check_paths=check_paths)

@@ -1,0 +1,174 @@
+"""Which runs a configuration asks for, and how their settings are spelled in paths.
+
+A *setting* is a fine-tuning method with its hyperparameters, spelled as a folder name
+(DESIGN.md): ``base``, ``cosreg_lam1``, ``istar_lam-1_zeta0.2``, ``istar_lam-1_zeta0.2_layer6``,
+plus ``_bs16_ep3_lr3e-05`` when the search grid covers batch size, epochs and learning rate.
+Hyperparameters in paths keep reruns right even without Snakemake's metadata and make every
+artifact self-describing. The Snakemake rules only call these functions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, replace
+
+__all__ = ["Setting", "format_number", "search_settings", "selected_setting", "final_settings", "study_runs",
+           "study_scope", "STUDY_FIGURES"]
+
+STUDY_FIGURES = {"lambda_sweep": "fig3", "cosreg_means": "fig4", "twonn": "fig5", "layerwise": "fig6",
+                 "zeta_sweep": "fig7", "single_layer": "fig8"}
+
+_NUMBER = r"-?[0-9][0-9.e+-]*"
+_PATTERN = re.compile(
+    rf"^(?P<method>base|cosreg|istar)(?:_lam(?P<lam>{_NUMBER}))?(?:_zeta(?P<zeta>{_NUMBER}))?"
+    rf"(?:_layer(?P<layer>[0-9]+))?(?:_bs(?P<bs>[0-9]+)_ep(?P<ep>[0-9]+)_lr(?P<lr>{_NUMBER}))?$")
+
+
+def format_number(value: float) -> str:
+    """Shortest exact spelling of a hyperparameter: 1.0 → '1', -0.5 → '-0.5', 3e-05 → '3e-05'."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A method and its hyperparameters; ``None`` means the configuration's training default."""
+
+    method: str
+    lam: float = 0.0
+    zeta: float | None = None
+    layer: int | None = None
+    batch_size: int | None = None
+    epochs: int | None = None
+    learning_rate: float | None = None
+
+    @property
+    def name(self) -> str:
+        parts = [self.method]
+        if self.method != "base":
+            parts.append(f"lam{format_number(self.lam)}")
+        if self.method == "istar":
+            parts.append(f"zeta{format_number(self.zeta)}")
+            if self.layer is not None:
+                parts.append(f"layer{self.layer}")
+        if self.batch_size is not None:
+            parts.append(f"bs{self.batch_size}_ep{self.epochs}_lr{format_number(self.learning_rate)}")
+        return "_".join(parts)
+
+    @classmethod
+    def parse(cls, name: str) -> "Setting":
+        match = _PATTERN.match(name)
+        if match is None:
+            raise ValueError(f"cannot read the setting {name!r}: expected e.g. base, cosreg_lam1, istar_lam-1_zeta0.2")
+        g = match.groupdict()
+        setting = cls(
+            method=g["method"], lam=float(g["lam"]) if g["lam"] else 0.0,
+            zeta=float(g["zeta"]) if g["zeta"] else None, layer=int(g["layer"]) if g["layer"] else None,
+            batch_size=int(g["bs"]) if g["bs"] else None, epochs=int(g["ep"]) if g["ep"] else None,
+            learning_rate=float(g["lr"]) if g["lr"] else None)
+        if setting.name != name:
+            raise ValueError(f"setting {name!r} is not in canonical form; write it as {setting.name!r}")
+        return setting
+
+    def with_training(self, other: "Setting") -> "Setting":
+        """This method with the batch size, epochs and learning rate of ``other``."""
+        return replace(self, batch_size=other.batch_size, epochs=other.epochs, learning_rate=other.learning_rate)
+
+    def train_arguments(self, training: dict) -> dict:
+        """The ``istar train`` hyperparameters of this setting, defaults from the ``training`` config."""
+        return {
+            "method": self.method, "lam": self.lam, "zeta": self.zeta if self.zeta is not None else 0.0,
+            "layers": self.layer,
+            "batch_size": self.batch_size or training["batch_size"], "epochs": self.epochs or training["epochs"],
+            "learning_rate": self.learning_rate or training["learning_rate"],
+        }
+
+
+def _training_grid(search: dict) -> list[tuple]:
+    grids = (search["batch_sizes"], search["epochs"], search["learning_rates"])
+    if not any(grids):
+        return [(None, None, None)]
+    if not all(grids):
+        raise ValueError("search.batch_sizes, search.epochs and search.learning_rates must be given together")
+    return list(itertools.product(*grids))
+
+
+def search_settings(config: dict) -> list[Setting]:
+    """Stage 1: I-STAR over λ × ζ (× batch size × epochs × learning rate when searched)."""
+    search = config["search"]
+    return [Setting("istar", lam=float(lam), zeta=float(zeta), batch_size=bs, epochs=ep, learning_rate=lr)
+            for lam, zeta, (bs, ep, lr) in itertools.product(search["lambdas"], search["zetas"], _training_grid(search))]
+
+
+def selected_setting(selection: dict, config: dict) -> Setting:
+    """The I-STAR setting a ``best.json`` (``istar select``) names; training values only if searched."""
+    searched = trains_training_grid(config)
+    return Setting("istar", lam=float(selection["lam"]), zeta=float(selection["zeta"]),
+                   batch_size=int(selection["batch_size"]) if searched else None,
+                   epochs=int(selection["epochs"]) if searched else None,
+                   learning_rate=float(selection["learning_rate"]) if searched else None)
+
+
+def trains_training_grid(config: dict) -> bool:
+    return _training_grid(config["search"]) != [(None, None, None)]
+
+
+def final_settings(config: dict, selection: Setting | None) -> list[Setting]:
+    """Stage 2: base, CosReg (λ = final.cosreg_lambda) and the chosen I-STAR setting.
+
+    ``selection`` None gives the runs that do not depend on the search (base and CosReg when
+    the training hyperparameters are not searched); with a selection all three.
+    """
+    base = Setting("base")
+    cosreg = Setting("cosreg", lam=float(config["final"]["cosreg_lambda"]))
+    if selection is None:
+        return [] if trains_training_grid(config) else [base, cosreg]
+    return [base.with_training(selection), cosreg.with_training(selection), selection]
+
+
+def study_scope(config: dict, study: str) -> tuple[list[str], list[str], list[int]]:
+    """(models, tasks, seeds) of a study; empty lists in the config mean all / the final seeds."""
+    spec = config["studies"][study]
+    return (spec["models"] or list(config["models"]), spec["tasks"] or list(config["tasks"]),
+            spec["seeds"] or list(config["final"]["seeds"]))
+
+
+def study_settings(config: dict, study: str, selection: Setting | None, num_layers: int | None = None) -> list[Setting] | None:
+    """The settings of a figure study for one model × task.
+
+    Returns None when the study needs the search's choice (``lam: selected``) and
+    ``selection`` is None; ``num_layers`` (L) is needed for ``single_layer`` with ``layers: all``.
+    """
+    spec = config["studies"][study]
+    if study in ("lambda_sweep", "twonn", "layerwise"):
+        settings = [Setting("istar", lam=float(lam), zeta=float(spec["zeta"])) for lam in spec["lambdas"]]
+        return settings + ([Setting("base")] if study != "lambda_sweep" else [])
+    if study == "cosreg_means":
+        return [Setting("cosreg", lam=float(lam)) for lam in spec["lambdas"]] + [Setting("base")]
+    if study == "zeta_sweep":
+        if spec["lam"] == "selected" and selection is None:
+            return None
+        lam = selection.lam if spec["lam"] == "selected" else float(spec["lam"])
+        return [Setting("istar", lam=lam, zeta=float(zeta)) for zeta in spec["zetas"]]
+    if study == "single_layer":
+        needs_selection = "selected" in (spec["lam"], spec["zeta"])
+        if (needs_selection and selection is None) or (spec["layers"] == "all" and num_layers is None):
+            return None
+        lam = selection.lam if spec["lam"] == "selected" else float(spec["lam"])
+        zeta = selection.zeta if spec["zeta"] == "selected" else float(spec["zeta"])
+        layers = list(range(1, num_layers + 1)) if spec["layers"] == "all" else list(spec["layers"])
+        return [Setting("istar", lam=lam, zeta=zeta, layer=k) for k in layers] + [Setting("istar", lam=lam, zeta=zeta)]
+    raise ValueError(f"unknown study {study!r}")
+
+
+def study_runs(config: dict, study: str, model: str, task: str, selection: Setting | None,
+               num_layers: int | None = None) -> list[tuple[Setting, int]] | None:
+    """(setting, seed) pairs of a study for one model × task (None: needs the search's choice)."""
+    models, tasks, seeds = study_scope(config, study)
+    if model not in models or task not in tasks or not config["studies"][study]["enabled"]:
+        return []
+    settings = study_settings(config, study, selection, num_layers)
+    if settings is None:
+        return None
+    return [(setting, seed) for setting in settings for seed in seeds]

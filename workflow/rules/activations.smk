@@ -1,0 +1,23 @@
+rule activations:
+    input:
+        data=data_files,
+        model=f"{RUN}/model",
+    output:
+        f"{RUN}/activations.safetensors",
+    params:
+        data=DATA,
+        token_sample=config["analysis"]["token_sample"],
+    threads: TRAINING["threads"]
+    resources:
+        gpu=min(GPUS, 1),
+    log:
+        "logs/activations/{model}/{task}/{setting}/seed{seed}.log",
+    benchmark:
+        "benchmarks/activations/{model}/{task}/{setting}/seed{seed}.tsv"
+    conda:
+        "../../envs/istar.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision no -- "
+        "activations --model {input.model} --data {params.data} --out {output} "
+        "--batch-size {TRAINING[eval_batch_size]} --max-length {TRAINING[max_length]} "
+        "--doc-stride {TRAINING[doc_stride]} --token-sample {params.token_sample} > {log} 2>&1"

@@ -1,0 +1,30 @@
+# Every run's metrics and analysis, tagged with the stages and studies that asked for it,
+# collected into results/aggregate/*.csv — the only inputs of the tables and figures.
+
+
+def aggregate_inputs(wildcards):
+    runs = [f"{run}/metrics.json" for _, run in all_run_specs()]
+    runs += [f"{run}/analysis.json" for study, run in all_run_specs() if study != "search"]
+    runs += [f"{run}/eval.json" for study, run in all_run_specs() if study == "final"]
+    selections = [SELECTION.format(model=model, task=task) for model in MODELS for task in TASKS]
+    return sorted(set(runs)) + selections
+
+
+rule aggregate:
+    input:
+        aggregate_inputs,
+    output:
+        AGGREGATES,
+    params:
+        specs=lambda wildcards: " ".join(f"{study}={run}" for study, run in all_run_specs()),
+        selections=lambda wildcards: " ".join(
+            SELECTION.format(model=model, task=task) for model in MODELS for task in TASKS
+        ),
+    log:
+        "logs/aggregate/aggregate.log",
+    benchmark:
+        "benchmarks/aggregate/aggregate.tsv"
+    conda:
+        "../../envs/istar.yaml"
+    shell:
+        "python -m istar aggregate --out-dir results/aggregate {params.specs} --selection {params.selections} > {log} 2>&1"

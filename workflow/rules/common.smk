@@ -1,0 +1,143 @@
+# Helpers shared by the rules: the validated config, paths, and which runs the config asks for.
+# The logic lives in istar.config and istar.plan; this file only maps it onto paths.
+
+import json
+
+from snakemake.exceptions import WorkflowError
+
+from istar.config import STUDIES, ConfigError, load_schema, validate_config
+from istar.plan import Setting, final_settings, search_settings, selected_setting, study_runs
+
+try:
+    _validated = validate_config(config, load_schema(workflow.source_path("../schemas/config.schema.yaml")))
+except ConfigError as error:
+    raise WorkflowError(f"invalid configuration: {error}") from None
+config.clear()
+config.update(_validated)
+
+MODELS = list(config["models"])
+TASKS = list(config["tasks"])
+TRAINING = config["training"]
+GPUS = TRAINING["gpus"]
+
+DATA = "resources/data/{task}"
+SIGMA = "resources/shrinkage/{model}/{task}/sigma0.pt"
+SEARCH_RUN = "results/search/{model}/{task}/{setting}/seed{seed}"
+RUN = "results/runs/{model}/{task}/{setting}/seed{seed}"
+SELECTION = "results/selection/{model}/{task}/best.json"
+AGGREGATES = expand("results/aggregate/{name}.csv", name=["runs", "layers", "dims", "selection"])
+
+
+wildcard_constraints:
+    model="[A-Za-z0-9][A-Za-z0-9.-]*",
+    task="|".join(TASKS),
+    setting="(base|cosreg|istar)[A-Za-z0-9.e_+-]*",
+    seed="[0-9]+",
+
+
+def data_files(wildcards):
+    return expand(f"{DATA}/{{name}}", task=wildcards.task, name=["train.parquet", "validation.parquet", "meta.json"])
+
+
+def model_source(wildcards):
+    return config["models"][wildcards.model]
+
+
+def needs_sigma(setting: Setting) -> bool:
+    return setting.method == "istar" and setting.zeta > 0
+
+
+def sigma_input(wildcards):
+    setting = Setting.parse(wildcards.setting)
+    return SIGMA.format(model=wildcards.model, task=wildcards.task) if needs_sigma(setting) else []
+
+
+def train_arguments(wildcards) -> str:
+    """The `istar train` options of a run: its setting plus the training defaults (rerun when they change)."""
+    setting = Setting.parse(wildcards.setting)
+    hp = setting.train_arguments(TRAINING)
+    options = {
+        "method": hp["method"], "learning-rate": hp["learning_rate"], "batch-size": hp["batch_size"],
+        "epochs": hp["epochs"], "seed": wildcards.seed,
+        "eval-batch-size": TRAINING["eval_batch_size"],
+        "gradient-accumulation-steps": TRAINING["gradient_accumulation_steps"],
+        "warmup-ratio": TRAINING["warmup_ratio"], "scheduler": TRAINING["scheduler"],
+        "weight-decay": TRAINING["weight_decay"], "max-grad-norm": TRAINING["max_grad_norm"],
+        "max-length": TRAINING["max_length"], "doc-stride": TRAINING["doc_stride"],
+        "checkpoint-every": TRAINING["checkpoint_every"],
+    }
+    if setting.method != "base":
+        options["lam"] = hp["lam"]
+    if setting.method == "istar":
+        options["zeta"] = hp["zeta"]
+        options["layers"] = setting.layer if setting.layer is not None else layer_spec(config["shrinkage"]["layers"])
+        options["shrinkage-rows"] = config["shrinkage"]["rows"]
+        if needs_sigma(setting):
+            options["sigma-s"] = SIGMA.format(model=wildcards.model, task=wildcards.task)
+    flags = " ".join(f"--{key} {value}" for key, value in options.items())
+    if setting.method == "istar" and not config["shrinkage"]["recompute_every_epoch"]:
+        flags += " --no-recompute-shrinkage"
+    if setting.method == "istar" and config["shrinkage"]["global_penalty"]:
+        flags += " --global-penalty"
+    return flags
+
+
+def layer_spec(layers) -> str:
+    return ",".join(map(str, layers)) if isinstance(layers, list) else str(layers)
+
+
+# ----------------------------------------------------------------------------- which runs
+
+
+def selection(model, task) -> Setting:
+    """The I-STAR setting the search chose (waits for the `select` checkpoint)."""
+    with open(checkpoints.select.get(model=model, task=task).output[0]) as handle:
+        return selected_setting(json.load(handle), config)
+
+
+def num_layers(model, task) -> int:
+    with open(SIGMA.format(model=model, task=task).replace(".pt", ".json")) as handle:
+        return json.load(handle)["num_layers"]
+
+
+def planned_runs(model, task, chosen: Setting | None) -> list[tuple[str, Setting, int]]:
+    """(study, setting, seed) of the final stage and the figure studies for a model × task.
+
+    With ``chosen`` None: only the runs that do not depend on the search's choice.
+    """
+    runs = [("final", s, seed) for s in final_settings(config, chosen) for seed in config["final"]["seeds"]]
+    for study in STUDIES:
+        layers = num_layers(model, task) if study == "single_layer" and chosen is not None else None
+        found = study_runs(config, study, model, task, chosen, layers)
+        runs += [(study, s, seed) for s, seed in (found or [])]
+    return runs
+
+
+def search_runs(model, task) -> list[str]:
+    return [SEARCH_RUN.format(model=model, task=task, setting=s.name, seed=seed)
+            for s in search_settings(config) for seed in config["search"]["seeds"]]
+
+
+def run_outputs(model, task, study, setting: Setting, seed) -> list[str]:
+    run = RUN.format(model=model, task=task, setting=setting.name, seed=seed)
+    outputs = [f"{run}/metrics.json", f"{run}/analysis.json"]
+    return outputs + ([f"{run}/eval.json"] if study == "final" else [])
+
+
+def known_run_outputs() -> list[str]:
+    """Outputs of the runs known before the search finishes (so a dry run shows them)."""
+    return sorted({path for model in MODELS for task in TASKS
+                   for study, setting, seed in planned_runs(model, task, None)
+                   for path in run_outputs(model, task, study, setting, seed)})
+
+
+def all_run_specs() -> list[tuple[str, str]]:
+    """(study, run folder) of every run, final and studies after the search's choice."""
+    specs = []
+    for model in MODELS:
+        for task in TASKS:
+            specs += [("search", run) for run in search_runs(model, task)]
+            chosen = selection(model, task)
+            specs += [(study, RUN.format(model=model, task=task, setting=s.name, seed=seed))
+                      for study, s, seed in planned_runs(model, task, chosen)]
+    return specs

@@ -1,0 +1,22 @@
+rule evaluate:
+    input:
+        data=data_files,
+        model=f"{RUN}/model",
+    output:
+        f"{RUN}/eval.json",
+    params:
+        data=DATA,
+    threads: TRAINING["threads"]
+    resources:
+        gpu=min(GPUS, 1),
+    log:
+        "logs/evaluate/{model}/{task}/{setting}/seed{seed}.log",
+    benchmark:
+        "benchmarks/evaluate/{model}/{task}/{setting}/seed{seed}.tsv"
+    conda:
+        "../../envs/istar.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision no -- "
+        "evaluate --model {input.model} --data {params.data} --out {output} "
+        "--batch-size {TRAINING[eval_batch_size]} --max-length {TRAINING[max_length]} "
+        "--doc-stride {TRAINING[doc_stride]} > {log} 2>&1"

@@ -1,0 +1,58 @@
+# Fine-tuning. Its accelerate arguments follow the *granted* GPUs (resources.gpu):
+# ≥ 1 → accelerate with that many processes in training.mixed_precision; 0 → one CPU process.
+# A run killed half-way resumes from RUN/resume/ when the job is started again.
+
+
+rule finetune:
+    input:
+        data=data_files,
+        sigma=sigma_input,
+    output:
+        metrics=f"{RUN}/metrics.json",
+        log=f"{RUN}/train_log.csv",
+        run_config=f"{RUN}/run_config.json",
+        model=directory(f"{RUN}/model"),
+    params:
+        model=model_source,
+        data=DATA,
+        out=RUN,
+        options=train_arguments,
+        precision=TRAINING["mixed_precision"],
+    threads: TRAINING["threads"]
+    resources:
+        gpu=GPUS,
+        mem_mb=TRAINING["mem_mb"],
+        runtime=TRAINING["runtime"],
+    log:
+        "logs/finetune/{model}/{task}/{setting}/seed{seed}.log",
+    benchmark:
+        "benchmarks/finetune/{model}/{task}/{setting}/seed{seed}.tsv"
+    conda:
+        "../../envs/istar.yaml"
+    shell:
+        "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision {params.precision} -- "
+        "train --model {params.model} --data {params.data} --out {params.out} {params.options} > {log} 2>&1"
+
+
+# The search stage trains the same way; its model folders are deleted once the metrics exist
+# unless search.keep_checkpoints is set.
+use rule finetune as finetune_search with:
+    output:
+        metrics=f"{SEARCH_RUN}/metrics.json",
+        log=f"{SEARCH_RUN}/train_log.csv",
+        run_config=f"{SEARCH_RUN}/run_config.json",
+        model=(
+            directory(f"{SEARCH_RUN}/model")
+            if config["search"]["keep_checkpoints"]
+            else temp(directory(f"{SEARCH_RUN}/model"))
+        ),
+    params:
+        model=model_source,
+        data=DATA,
+        out=SEARCH_RUN,
+        options=train_arguments,
+        precision=TRAINING["mixed_precision"],
+    log:
+        "logs/finetune_search/{model}/{task}/{setting}/seed{seed}.log",
+    benchmark:
+        "benchmarks/finetune_search/{model}/{task}/{setting}/seed{seed}.tsv"
