@@ -1,0 +1,270 @@
+"""Tests of the search-stage selection and of the aggregate CSVs, on real run folders."""
+
+import csv
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from istar.activations import extract_activations
+from istar.aggregate import (DIMS_COLUMNS, LAYERS_COLUMNS, RUNS_COLUMNS, SELECTION_COLUMNS, aggregate,
+                             parse_run_spec)
+from istar.analysis import analyze_run
+from istar.selection import select_best
+from istar.shrinkage import compute_shrinkage_file
+from istar.train import TrainConfig, train
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+EXPECTED_RUNS_COLUMNS = [
+    "study", "model", "task", "method", "setting", "lam", "zeta", "layer", "batch_size", "epochs", "learning_rate",
+    "seed", "metric", "score", "accuracy", "f1", "exact_match", "matthews", "pearson", "spearman", "eval_loss",
+    "standin", "isoscore_star", "isoscore", "cosine_similarity", "run_dir"]
+EXPECTED_LAYERS_COLUMNS = ["study", "model", "task", "method", "setting", "lam", "zeta", "layer", "seed",
+                           "hidden_state", "isoscore_star", "isoscore", "twonn_cls", "cosine_similarity", "standin"]
+EXPECTED_DIMS_COLUMNS = ["study", "model", "task", "method", "setting", "lam", "zeta", "layer", "seed", "dim", "mean",
+                         "std"]
+EXPECTED_SELECTION_COLUMNS = ["model", "task", "metric", "lam", "zeta", "batch_size", "epochs", "learning_rate",
+                              "score", "score_std", "seeds", "standin"]
+
+# (setting folder, method, λ, layers, seed, analysed)
+RUNS = [
+    ("base", "base", None, "all", 0, True),
+    ("cosreg_lam1", "cosreg", 1.0, "all", 0, True),
+    ("istar_lam-1_zeta0.2", "istar", -1.0, "all", 0, True),
+    ("istar_lam-1_zeta0.2", "istar", -1.0, "all", 1, False),
+    ("istar_lam-1_zeta0.2_layer2", "istar", -1.0, 2, 0, False),
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, prepared, tmp_path_factory):
+    """Real run folders in the workflow's layout results/runs/tiny/rte/{setting}/seed{seed}."""
+    root = tmp_path_factory.mktemp("aggregate")
+    data = prepared("rte")
+    sigma = root / "sigma0.pt"
+    compute_shrinkage_file(str(tiny_model_dir), data, sigma, max_rows=10**9)
+    folders = {}
+    for setting, method, lam, layers, seed, analysed in RUNS:
+        out = root / "results" / "runs" / "tiny" / "rte" / setting / f"seed{seed}"
+        train(TrainConfig(model=str(tiny_model_dir), data_dir=str(data), output_dir=str(out), method=method, lam=lam,
+                          zeta=0.2, layers=layers, sigma_s=str(sigma), epochs=1, batch_size=16, seed=seed))
+        if analysed:
+            extract_activations(str(out / "model"), data, out / "activations.safetensors", token_sample=64)
+            analyze_run(out / "activations.safetensors", sigma, 0.2, out=out / "analysis.json")
+        folders[(setting, seed)] = out
+    return {"root": root, "folders": folders}
+
+
+def fake_run(template: Path, out: Path, seed: int, score: float, lam: float = -1.0, zeta: float = 0.2,
+             task: str = "rte") -> Path:
+    """A run folder whose metrics.json is a real run's, edited by hand for a controlled score."""
+    out.mkdir(parents=True)
+    shutil.copy(template / "run_config.json", out / "run_config.json")
+    metrics = json.loads((template / "metrics.json").read_text())
+    metrics.update(seed=seed, lam=lam, zeta=zeta, task=task)
+    metrics["final"]["accuracy"] = score
+    (out / "metrics.json").write_text(json.dumps(metrics))
+    return out
+
+
+@pytest.fixture(scope="module")
+def search(runs):
+    """Search runs of tiny × rte with known scores; the setting λ = −3 wins on the mean over seeds."""
+    template = runs["folders"][("istar_lam-1_zeta0.2", 0)]
+    base = runs["root"] / "results" / "runs" / "tiny" / "rte" / "search"
+    return [
+        fake_run(template, base / "istar_lam-1_zeta0.2" / "seed0", 0, 0.9),  # best single run ...
+        fake_run(template, base / "istar_lam-1_zeta0.2" / "seed1", 1, 0.5),  # ... but mean 0.7
+        fake_run(template, base / "istar_lam-3_zeta0.4" / "seed0", 0, 0.75, lam=-3.0, zeta=0.4),
+        fake_run(template, base / "istar_lam-3_zeta0.4" / "seed1", 1, 0.85, lam=-3.0, zeta=0.4),  # mean 0.8
+        fake_run(template, base / "istar_lam-5_zeta0.2" / "seed0", 0, 0.6, lam=-5.0),
+    ]
+
+
+# ------------------------------------------------------------------------------------- selection
+
+
+def test_selection_averages_seeds_and_picks_the_best_mean(search, tmp_path):
+    best = select_best(search, out=tmp_path / "best.json")
+    assert json.loads((tmp_path / "best.json").read_text()) == json.loads(json.dumps(best))
+    assert (best["model"], best["task"], best["metric"]) == ("tiny", "rte", "accuracy")
+    assert (best["method"], best["lam"], best["zeta"], best["layers"]) == ("istar", -3.0, 0.4, "all")
+    assert (best["batch_size"], best["epochs"], best["learning_rate"]) == (16, 1, 3e-5)
+    assert best["score"] == pytest.approx(0.8) and best["score_std"] == pytest.approx(math.sqrt(0.005))
+    assert best["seeds"] == 2 and best["standin"] is False
+    assert [(c["lam"], c["seeds"]) for c in best["candidates"]] == [(-3.0, 2), (-1.0, 2), (-5.0, 1)]
+    assert best["candidates"][1]["score"] == pytest.approx(0.7) and best["candidates"][2]["score_std"] is None
+    assert best["candidates"][0]["runs"] == [str(search[2]), str(search[3])]
+
+
+def test_selection_ties_go_to_smaller_lambda_then_zeta_then_order(runs, tmp_path):
+    template = runs["folders"][("istar_lam-1_zeta0.2", 0)]
+    make = lambda name, **kw: fake_run(template, tmp_path / "runs" / "tiny" / "rte" / name / "seed0", 0, 0.5, **kw)
+    lam5 = make("a", lam=-5.0, zeta=0.2)
+    lam1_zeta6 = make("b", lam=-1.0, zeta=0.6)
+    lam1_zeta4 = make("c", lam=-1.0, zeta=0.4)
+    plus1_zeta4 = make("d", lam=1.0, zeta=0.4)
+    assert select_best([lam5, lam1_zeta6])["lam"] == -1.0
+    best = select_best([lam5, lam1_zeta6, plus1_zeta4, lam1_zeta4])
+    assert (best["lam"], best["zeta"]) == (1.0, 0.4)
+    best = select_best([lam1_zeta4, lam5, plus1_zeta4, lam1_zeta6])
+    assert (best["lam"], best["zeta"]) == (-1.0, 0.4)
+    assert [c["zeta"] for c in best["candidates"]] == [0.4, 0.4, 0.6, 0.2]
+
+
+def test_selection_metric_option_and_errors(runs, search, tmp_path):
+    assert select_best(search, metric="eval_loss")["metric"] == "eval_loss"
+    with pytest.raises(ValueError, match="no final 'f1'"):
+        select_best(search, metric="f1")
+    with pytest.raises(ValueError, match="no run folders"):
+        select_best([])
+    other = fake_run(search[0], tmp_path / "runs" / "tiny" / "sst2" / "x" / "seed0", 0, 0.5, task="sst2")
+    with pytest.raises(ValueError, match="mix model × task pairs tiny × rte, tiny × sst2"):
+        select_best([*search, other])
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    shutil.copy(search[0] / "run_config.json", unfinished)
+    with pytest.raises(ValueError, match=f"{unfinished} has no metrics.json: metrics.json is written last, so the run "
+                                         "did not finish"):
+        select_best([*search, unfinished])
+    with pytest.raises(ValueError, match="same setting and seed 0"):
+        select_best([search[0], search[0]])
+
+
+def test_select_cli(search, tmp_path):
+    out = tmp_path / "best.json"
+    done = subprocess.run([sys.executable, "-m", "istar", "select", "--task-metric", "accuracy", "--out", str(out),
+                           *map(str, search)], env=ENV, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["lam"] == -3.0 and "λ = -3" in done.stdout
+
+
+# ------------------------------------------------------------------------------------- aggregate
+
+
+@pytest.fixture(scope="module")
+def aggregated(runs, search, tmp_path_factory):
+    folders = runs["folders"]
+    out = tmp_path_factory.mktemp("aggregate-out")
+    best = select_best(search, out=out / "best.json")
+    specs = [("final", path) for (setting, _), path in folders.items() if not setting.endswith("layer2")]
+    specs += [("single_layer", folders[("istar_lam-1_zeta0.2_layer2", 0)]),
+              ("lambda_sweep", folders[("istar_lam-1_zeta0.2", 0)]), ("final", folders[("base", 0)])]  # a duplicate
+    specs += [("search", path) for path in search]
+    frames = aggregate(specs, [out / "best.json"], out / "csv")
+    return {"frames": frames, "out": out / "csv", "best": best, "folders": folders}
+
+
+def read_csv(path):
+    with open(path, newline="") as handle:
+        return list(csv.reader(handle))
+
+
+def test_exact_columns(aggregated):
+    assert list(RUNS_COLUMNS) == EXPECTED_RUNS_COLUMNS and list(LAYERS_COLUMNS) == EXPECTED_LAYERS_COLUMNS
+    assert list(DIMS_COLUMNS) == EXPECTED_DIMS_COLUMNS and list(SELECTION_COLUMNS) == EXPECTED_SELECTION_COLUMNS
+    for name, columns in [("runs", EXPECTED_RUNS_COLUMNS), ("layers", EXPECTED_LAYERS_COLUMNS),
+                          ("dims", EXPECTED_DIMS_COLUMNS), ("selection", EXPECTED_SELECTION_COLUMNS)]:
+        assert read_csv(aggregated["out"] / f"{name}.csv")[0] == columns
+        assert list(aggregated["frames"][name].columns) == columns
+
+
+def test_runs_csv_rows_values_and_nan(aggregated):
+    runs = pd.read_csv(aggregated["out"] / "runs.csv")
+    # 4 final + 1 single_layer + 1 lambda_sweep + 5 search; the duplicate counts once
+    assert len(runs) == 11
+    assert runs["study"].value_counts().to_dict() == {"search": 5, "final": 4, "single_layer": 1, "lambda_sweep": 1}
+    assert (runs["model"] == "tiny").all() and (runs["task"] == "rte").all() and (runs["metric"] == "accuracy").all()
+    final = runs[runs["study"] == "final"]
+    assert list(final["setting"]) == ["base", "cosreg_lam1", "istar_lam-1_zeta0.2", "istar_lam-1_zeta0.2"]
+    assert list(final["lam"]) == [0.0, 1.0, -1.0, -1.0] and list(final["seed"]) == [0, 0, 0, 1]
+    assert final["zeta"].isna().tolist() == [True, True, False, False] and final["layer"].isna().all()
+    for column in ("f1", "exact_match", "matthews", "pearson", "spearman"):
+        assert runs[column].isna().all()
+    assert runs["eval_loss"].notna().all() and (runs["score"] == runs["accuracy"]).all()
+    single = runs[runs["study"] == "single_layer"].iloc[0]
+    assert single["layer"] == 2 and single["setting"] == "istar_lam-1_zeta0.2_layer2" and single["zeta"] == 0.2
+    analysed = runs["isoscore_star"].notna()
+    assert analysed.sum() == 4  # base, cosreg, istar seed 0 under final and under lambda_sweep
+    assert runs.loc[analysed, "setting"].tolist() == ["base", "cosreg_lam1", "istar_lam-1_zeta0.2",
+                                                      "istar_lam-1_zeta0.2"]
+    assert runs["study"].tolist() == sorted(runs["study"])
+    base = final.iloc[0]
+    analysis = json.loads((aggregated["folders"][("base", 0)] / "analysis.json").read_text())
+    metrics = json.loads((aggregated["folders"][("base", 0)] / "metrics.json").read_text())
+    assert base["isoscore_star"] == pytest.approx(analysis["global"]["isoscore_star"], rel=1e-12)
+    assert base["isoscore"] == pytest.approx(analysis["global"]["isoscore"], rel=1e-12)
+    assert base["cosine_similarity"] == pytest.approx(analysis["layers"][-1]["cosine_similarity"], rel=1e-12)
+    assert base["score"] == pytest.approx(metrics["final"]["accuracy"]) and base["run_dir"].endswith("base/seed0")
+    search = runs[runs["study"] == "search"]
+    assert search["isoscore_star"].isna().all() and sorted(search["score"]) == [0.5, 0.6, 0.75, 0.85, 0.9]
+    assert list(search["lam"]) == [-5.0, -3.0, -3.0, -1.0, -1.0]  # sorted by λ, then ζ, layer, seed
+
+
+def test_layers_dims_and_selection_csv(aggregated):
+    layers = pd.read_csv(aggregated["out"] / "layers.csv")
+    assert len(layers) == 4 * 3 and list(layers["hidden_state"][:3]) == [0, 1, 2]
+    assert layers["twonn_cls"].isna().tolist() == [True, False, False] * 4  # constant [CLS] embedding
+    analysis = json.loads((aggregated["folders"][("cosreg_lam1", 0)] / "analysis.json").read_text())
+    cosreg = layers[(layers["study"] == "final") & (layers["method"] == "cosreg")]
+    assert cosreg["isoscore_star"].tolist() == pytest.approx([entry["isoscore_star"] for entry in analysis["layers"]])
+    assert cosreg["zeta"].isna().all() and (cosreg["lam"] == 1.0).all()
+    dims = pd.read_csv(aggregated["out"] / "dims.csv")
+    assert len(dims) == 4 * 32 and list(dims["dim"][:32]) == list(range(32))
+    cosreg_dims = dims[(dims["study"] == "final") & (dims["method"] == "cosreg")]
+    assert cosreg_dims["mean"].tolist() == pytest.approx(analysis["last_layer"]["mean"])
+    assert cosreg_dims["std"].tolist() == pytest.approx(analysis["last_layer"]["std"])
+    selection = pd.read_csv(aggregated["out"] / "selection.csv")
+    assert len(selection) == 1
+    row = selection.iloc[0]
+    assert (row["model"], row["task"], row["lam"], row["zeta"], row["seeds"]) == ("tiny", "rte", -3.0, 0.4, 2)
+    assert row["score"] == pytest.approx(0.8) and row["score_std"] == pytest.approx(math.sqrt(0.005))
+
+
+def test_empty_inputs_and_errors(runs, tmp_path):
+    frames = aggregate([], [], tmp_path / "empty")
+    for name, columns in [("runs", EXPECTED_RUNS_COLUMNS), ("layers", EXPECTED_LAYERS_COLUMNS),
+                          ("dims", EXPECTED_DIMS_COLUMNS), ("selection", EXPECTED_SELECTION_COLUMNS)]:
+        assert read_csv(tmp_path / "empty" / f"{name}.csv") == [columns] and frames[name].empty
+    unfinished = tmp_path / "runs" / "tiny" / "rte" / "base" / "seed9"
+    unfinished.mkdir(parents=True)
+    with pytest.raises(ValueError, match=f"study final: run folder {unfinished} has no metrics.json"):
+        aggregate([("final", runs["folders"][("base", 0)]), ("final", unfinished)], [], tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(ValueError, match="STUDY=RUN_DIR"):
+        parse_run_spec("results/runs/tiny/rte/base/seed0")
+    assert parse_run_spec("final=a/b=c") == ("final", Path("a/b=c"))
+
+
+def test_model_name_falls_back_to_run_config(runs, tmp_path):
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(runs["folders"][("base", 0)], outside, ignore=shutil.ignore_patterns("model", "*.safetensors"))
+    frames = aggregate([("final", outside)], [], tmp_path / "csv")
+    config = json.loads((outside / "run_config.json").read_text())
+    assert frames["runs"]["model"].tolist() == [config["model"]] and frames["runs"]["setting"].tolist() == ["elsewhere"]
+    assert len(frames["layers"]) == 3
+
+
+def test_aggregate_cli(aggregated, tmp_path):
+    folders = aggregated["folders"]
+    out = tmp_path / "cli"
+    command = [sys.executable, "-m", "istar", "aggregate", "--out-dir", str(out),
+               "--selection", str(aggregated["out"].parent / "best.json"),
+               f"final={folders[('base', 0)]}", f"single_layer={folders[('istar_lam-1_zeta0.2_layer2', 0)]}"]
+    done = subprocess.run(command, env=ENV, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "runs.csv: 2 rows" in done.stdout
+    runs = pd.read_csv(out / "runs.csv")
+    assert runs["study"].tolist() == ["final", "single_layer"] and len(pd.read_csv(out / "selection.csv")) == 1
+    assert len(pd.read_csv(out / "dims.csv")) == 32
+    missing = subprocess.run([*command[:-2], f"final={tmp_path / 'nothing'}"], env=ENV, cwd=REPO, capture_output=True,
+                             text=True)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
