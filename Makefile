@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup test bench
+.PHONY: setup test bench bench-train
 
 # torch 2.13.0 first: here it is a local CPU wheel; an unpinned torch would pull GBs of CUDA packages.
 setup:
@@ -17,3 +17,6 @@ test:
 
 bench:
 	$(BIN)/python -m bench.isoscore_star
+
+bench-train:
+	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.train_step

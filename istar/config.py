@@ -108,9 +108,9 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
             if task not in tasks:
                 raise ConfigError(f"config key 'studies.{study}.tasks': {task!r} is not in 'tasks' ({tasks}); add it there first")
     training = config["training"]
-    if "squad" in tasks and training["doc_stride"] >= training["max_length"] - 2:
-        raise ConfigError(f"config key 'training.doc_stride': {training['doc_stride']} must be smaller than "
-                          f"training.max_length − 2 = {training['max_length'] - 2} for squad windows")
+    if "squad" in tasks and training["doc_stride"] >= training["qa_max_length"] // 2:
+        raise ConfigError(f"config key 'training.doc_stride': {training['doc_stride']} must be smaller than half of "
+                          f"training.qa_max_length = {training['qa_max_length']}, so each window still holds the question")
     if 0.0 in config["search"]["lambdas"]:
         raise ConfigError("config key 'search.lambdas': λ = 0 is the baseline, which the final stage runs anyway; remove it")
     if check_paths:

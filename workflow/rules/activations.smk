@@ -5,6 +5,7 @@ rule activations:
     output:
         f"{RUN}/activations.safetensors",
     params:
+        max_length=max_length,
         data=DATA,
         token_sample=config["analysis"]["token_sample"],
     threads: TRAINING["threads"]
@@ -19,5 +20,5 @@ rule activations:
     shell:
         "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision no -- "
         "activations --model {input.model} --data {params.data} --out {output} "
-        "--batch-size {TRAINING[eval_batch_size]} --max-length {TRAINING[max_length]} "
+        "--batch-size {TRAINING[eval_batch_size]} --max-length {params.max_length} "
         "--doc-stride {TRAINING[doc_stride]} --token-sample {params.token_sample} > {log} 2>&1"

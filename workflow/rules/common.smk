@@ -39,6 +39,10 @@ def data_files(wildcards):
     return expand(f"{DATA}/{{name}}", task=wildcards.task, name=["train.parquet", "validation.parquet", "meta.json"])
 
 
+def max_length(wildcards) -> int:
+    return TRAINING["qa_max_length"] if wildcards.task == "squad" else TRAINING["max_length"]
+
+
 def model_source(wildcards):
     return config["models"][wildcards.model]
 
@@ -63,7 +67,7 @@ def train_arguments(wildcards) -> str:
         "gradient-accumulation-steps": TRAINING["gradient_accumulation_steps"],
         "warmup-ratio": TRAINING["warmup_ratio"], "scheduler": TRAINING["scheduler"],
         "weight-decay": TRAINING["weight_decay"], "max-grad-norm": TRAINING["max_grad_norm"],
-        "max-length": TRAINING["max_length"], "doc-stride": TRAINING["doc_stride"],
+        "max-length": max_length(wildcards), "doc-stride": TRAINING["doc_stride"],
         "checkpoint-every": TRAINING["checkpoint_every"],
     }
     if setting.method != "base":

@@ -5,6 +5,7 @@ rule evaluate:
     output:
         f"{RUN}/eval.json",
     params:
+        max_length=max_length,
         data=DATA,
     threads: TRAINING["threads"]
     resources:
@@ -18,5 +19,5 @@ rule evaluate:
     shell:
         "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision no -- "
         "evaluate --model {input.model} --data {params.data} --out {output} "
-        "--batch-size {TRAINING[eval_batch_size]} --max-length {TRAINING[max_length]} "
+        "--batch-size {TRAINING[eval_batch_size]} --max-length {params.max_length} "
         "--doc-stride {TRAINING[doc_stride]} > {log} 2>&1"

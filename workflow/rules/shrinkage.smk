@@ -5,6 +5,7 @@ rule shrinkage:
         sigma=SIGMA,
         provenance=SIGMA.replace(".pt", ".json"),
     params:
+        max_length=max_length,
         model=model_source,
         data=DATA,
         layers=layer_spec(config["shrinkage"]["layers"]),
@@ -23,5 +24,5 @@ rule shrinkage:
     shell:
         "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision no -- "
         "shrinkage --model {params.model} --data {params.data} --out {output.sigma} --layers {params.layers} "
-        "--rows {params.rows} --batch-size {TRAINING[eval_batch_size]} --max-length {TRAINING[max_length]} "
+        "--rows {params.rows} --batch-size {TRAINING[eval_batch_size]} --max-length {params.max_length} "
         "--doc-stride {TRAINING[doc_stride]} > {log} 2>&1"

