@@ -1,0 +1,247 @@
+"""Figures on synthetic aggregate data: files written, panels and series counted, clear errors."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from istar import plots
+
+MODELS = ("bert", "albert")
+SWEEP = (-5.0, -3.0, -1.0, 0.5, 1.0, 3.0, 5.0)
+SEEDS = (0, 1, 2)
+LAYERS = 6
+
+
+def _run(study, model, task, method, lam, seed, score, **extra):
+    zeta = extra.pop("zeta", 0.2 if method == "istar" else np.nan)
+    return dict(study=study, model=model, task=task, method=method, setting=f"{method}_lam{lam:g}", lam=lam,
+                zeta=zeta, layer=extra.pop("layer", np.nan), seed=seed, metric="accuracy", score=score,
+                standin=False, **extra)
+
+
+def make_runs(rng=None) -> pd.DataFrame:
+    """runs.csv rows of the λ sweep (RTE, STS-B), ζ sweep (RTE) and single-layer study (CoLA)."""
+    rng = rng or np.random.default_rng(0)
+    rows = []
+    for m, model in enumerate(MODELS):
+        for task, base_score in (("rte", 0.64 + 0.05 * m), ("stsb", 0.86)):
+            for lam in SWEEP:
+                for seed in SEEDS:
+                    iso = float(np.clip(0.25 + 0.05 * lam + rng.normal(0, 0.01), 0.01, 0.99))
+                    score = base_score - 0.006 * lam + rng.normal(0, 0.008)
+                    rows.append(_run("lambda_sweep", model, task, "istar", lam, seed, score, isoscore_star=iso))
+        for zeta in np.round(np.linspace(0, 1, 6), 1):
+            for seed in SEEDS:
+                score = 0.65 + 0.03 * m - 0.1 * (zeta - 0.4) ** 2 + rng.normal(0, 0.006)
+                rows.append(_run("zeta_sweep", model, "rte", "istar", -1.0, seed, score, zeta=zeta))
+        for layer in [np.nan, *range(1, LAYERS + 1)]:
+            for seed in SEEDS:
+                score = 0.55 + 0.01 * m + rng.normal(0, 0.01) + (0.004 if np.isnan(layer) else 0.0)
+                rows.append(_run("single_layer", model, "cola", "istar", -1.0, seed, score, layer=layer))
+    return pd.DataFrame(rows)
+
+
+def make_layers(rng=None) -> pd.DataFrame:
+    """layers.csv rows of the TwoNN study (SST-2) and the layer-wise study (QNLI)."""
+    rng = rng or np.random.default_rng(1)
+    rows = []
+    for model in MODELS:
+        for study, task, series in (("twonn", "sst2", [("base", 0.0), *(("istar", lam) for lam in (-5.0, -3.0, 3.0, 5.0))]),
+                                    ("layerwise", "qnli", [("base", 0.0), ("istar", -1.0), ("istar", 1.0)])):
+            for method, lam in series:
+                for seed in SEEDS:
+                    for h in range(LAYERS + 1):
+                        depth = h / LAYERS
+                        rows.append(dict(
+                            study=study, model=model, task=task, method=method, setting=f"{method}_lam{lam:g}",
+                            lam=lam, zeta=0.2 if method == "istar" else np.nan, layer=np.nan, seed=seed,
+                            hidden_state=h,
+                            isoscore_star=float(np.clip(0.3 - 0.2 * depth + 0.04 * lam * depth + rng.normal(0, 0.01), 0, 1)),
+                            isoscore=np.nan,
+                            twonn_cls=18 - 8 * depth + 1.2 * lam * depth + rng.normal(0, 0.5),
+                            cosine_similarity=np.nan, standin=False))
+    return pd.DataFrame(rows)
+
+
+def make_dims(rng=None, dim=384) -> pd.DataFrame:
+    """dims.csv rows of the CosReg means study (QNLI): one outlier dimension that CosReg moves."""
+    rng = rng or np.random.default_rng(2)
+    rows = []
+    for model in MODELS:
+        for method, lam, outlier in (("base", 0.0, -4.0), ("cosreg", -1.0, -9.0), ("cosreg", 1.0, -0.3)):
+            for seed in SEEDS:
+                means = rng.normal(0, 0.15, dim)
+                means[77] = outlier + rng.normal(0, 0.2)
+                rows += [dict(study="cosreg_means", model=model, task="qnli", method=method, setting=f"{method}_lam{lam:g}",
+                              lam=lam, zeta=np.nan, layer=np.nan, seed=seed, dim=i, mean=means[i], std=1.0)
+                         for i in range(dim)]
+    return pd.DataFrame(rows)
+
+
+def _check_saved(fig, tmp_path, name):
+    png, pdf = plots.save(fig, tmp_path / f"{name}.png")
+    assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 10_000
+    assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 1_000
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def _panels(fig: Figure):
+    return [ax for ax in fig.axes if ax.get_title()]
+
+
+def test_fig2_data_reaches_the_true_value_and_draws(tmp_path):
+    true_value = plots.fig2_true_value()
+    assert true_value == pytest.approx(0.8673, abs=1e-4)
+    df = plots.fig2_data(batch_sizes=[64, 131_072], zetas=[0.0], repeats=1)
+    assert list(df.columns) == ["batch_size", "zeta", "mean", "std"]
+    large = df[(df["batch_size"] >= 16_384) & (df["zeta"] == 0.0)]
+    assert not large.empty and (large["mean"] - true_value).abs().max() < 0.01
+    assert df.loc[df["batch_size"] == 64, "mean"].item() < 0.2  # the small-sample underestimate
+
+    df = plots.fig2_data(batch_sizes=[64, 256, 1024], zetas=[0.0, 0.4, 0.8], n_shrinkage=5_000, repeats=2)
+    assert len(df) == 9 and df["std"].notna().all()
+    means = df.pivot(index="batch_size", columns="zeta", values="mean")
+    assert (means[0.8] > means[0.4]).all() and (means[0.4] > means[0.0]).all()  # shrinkage repairs the estimate
+    fig = plots.fig2(df, true_value)
+    (ax,) = fig.axes
+    assert len(ax.containers) == 3  # one error-bar series per ζ
+    assert len(ax.lines) >= 3 + 2  # the series' lines plus the true-value and |X| = d lines
+    _check_saved(fig, tmp_path, "fig2")
+
+
+def test_fig3_points_per_lambda(tmp_path):
+    fig = plots.fig3(make_runs())
+    panels = _panels(fig)
+    assert len(panels) == 4 and {ax.get_title() for ax in panels} >= {"bert — RTE", "albert — STS-B"}
+    for ax in panels:
+        assert len(ax.containers) == len(SWEEP)
+        assert ax.get_xlabel() == "IsoScore* (ζ = 0.2)"
+    assert {ax.get_ylabel() for ax in panels} == {"Accuracy (%)", "Pearson correlation (×100)"}
+    assert len(fig.legends) == 1 and len(fig.legends[0].get_texts()) == len(SWEEP)
+    _check_saved(fig, tmp_path, "fig3")
+
+
+def test_fig3_performance_is_percent_with_std_over_seeds():
+    runs = make_runs()
+    fig = plots.fig3(runs)
+    ax = next(ax for ax in fig.axes if ax.get_title() == "bert — RTE")
+    rows = runs[(runs.study == "lambda_sweep") & (runs.model == "bert") & (runs.task == "rte") & (runs.lam == -5)]
+    container = next(c for c in ax.containers if c.get_label() == "I-STAR λ = −5")
+    x, y = container.lines[0].get_data()
+    assert y[0] == pytest.approx(100 * rows["score"].mean())
+    assert x[0] == pytest.approx(rows["isoscore_star"].mean())
+    segments = container.lines[2][1].get_segments()  # the vertical (y) error bars
+    assert segments[0][1][1] - segments[0][0][1] == pytest.approx(2 * 100 * rows["score"].std(ddof=1))
+
+
+def test_single_seed_has_no_error_bars():
+    runs = make_runs()
+    fig = plots.fig3(runs[runs.seed == 0])
+    for ax in _panels(fig):
+        for container in ax.containers:
+            assert container.has_xerr is False and container.has_yerr is False
+
+
+def test_fig4_lines(tmp_path):
+    dims = make_dims()
+    fig = plots.fig4(dims)
+    panels = _panels(fig)
+    assert len(panels) == 2
+    for ax in panels:
+        assert len(ax.lines) == 3
+        labels = {line.get_label() for line in ax.lines}
+        assert labels == {"Base", "CosReg λ = −1", "CosReg λ = +1"}
+    base = next(line for line in panels[0].lines if line.get_label() == "Base")
+    expected = dims[(dims.model == "bert") & (dims.method == "base")].groupby("dim")["mean"].mean()
+    np.testing.assert_allclose(base.get_ydata(), expected.to_numpy())
+    _check_saved(fig, tmp_path, "fig4")
+
+
+@pytest.mark.parametrize("name, series", [("fig5", 5), ("fig6", 3)])
+def test_layer_figures(tmp_path, name, series):
+    fig = getattr(plots, name)(make_layers())
+    panels = _panels(fig)
+    assert len(panels) == 2
+    for ax in panels:
+        assert len(ax.containers) == series
+        assert ax.get_xlabel() == "Layer (0 = embeddings)"
+        assert len(ax.containers[0].lines[0].get_xdata()) == LAYERS + 1
+    _check_saved(fig, tmp_path, name)
+
+
+def test_lambda_colours_diverge():
+    styles = plots._series_styles([("base", 0.0), ("istar", -5.0), ("istar", -1.0), ("istar", 5.0), ("cosreg", 1.0)])
+    assert styles[("base", 0.0)][1] == plots.METHOD_COLORS["base"]
+    assert styles[("cosreg", 1.0)][1] == plots.METHOD_COLORS["cosreg"]  # one λ: the method's colour
+    red, green, blue = (int(styles[("istar", -5.0)][1][i:i + 2], 16) for i in (1, 3, 5))
+    assert blue > red  # negative λ blue
+    red, green, blue = (int(styles[("istar", 5.0)][1][i:i + 2], 16) for i in (1, 3, 5))
+    assert red > blue  # positive λ red
+    assert len({colour for _, colour in styles.values()}) == len(styles)
+
+
+def test_fig7_best_zeta_line(tmp_path):
+    runs = make_runs()
+    fig = plots.fig7(runs)
+    panels = _panels(fig)
+    assert len(panels) == 2
+    for ax in panels:
+        assert len(ax.containers) == 1
+        (vline,) = [line for line in ax.lines if line.get_linestyle() == "--"]
+        model = ax.get_title().split(" — ")[0]
+        rows = runs[(runs.study == "zeta_sweep") & (runs.model == model)]
+        assert vline.get_xdata()[0] == pytest.approx(rows.groupby("zeta")["score"].mean().idxmax())
+        assert vline.get_color() == plots.HIGHLIGHT
+    _check_saved(fig, tmp_path, "fig7")
+
+
+def test_fig8_layers_and_global_line(tmp_path):
+    runs = make_runs()
+    fig = plots.fig8(runs)
+    panels = _panels(fig)
+    assert len(panels) == 2
+    for ax in panels:
+        (container,) = ax.containers
+        assert list(container.lines[0].get_xdata()) == list(range(1, LAYERS + 1))
+        (hline,) = [line for line in ax.lines if line.get_linestyle() == "--"]
+        model = ax.get_title().split(" — ")[0]
+        overall = runs[(runs.study == "single_layer") & (runs.model == model) & runs.layer.isna()]
+        assert hline.get_ydata()[0] == pytest.approx(100 * overall["score"].mean())
+        assert len(ax.patches) == 1  # the ± std band of the global penalty
+    _check_saved(fig, tmp_path, "fig8")
+
+
+@pytest.mark.parametrize("name, frame, study", [
+    ("fig3", make_runs, "lambda_sweep"), ("fig4", make_dims, "cosreg_means"), ("fig5", make_layers, "twonn"),
+    ("fig6", make_layers, "layerwise"), ("fig7", make_runs, "zeta_sweep"), ("fig8", make_runs, "single_layer"),
+])
+def test_missing_study_is_a_clear_error(name, frame, study):
+    df = frame()
+    with pytest.raises(ValueError, match=rf"no rows with study == '{study}' in \w+\.csv: enable studies\.{study} in the config"):
+        getattr(plots, name)(df[df.study != study])
+
+
+def test_missing_isoscore_and_columns_are_clear_errors():
+    runs = make_runs().assign(isoscore_star=np.nan)
+    with pytest.raises(ValueError, match="no 'isoscore_star' values.*istar analyze"):
+        plots.fig3(runs)
+    with pytest.raises(ValueError, match="lacks the column.*twonn_cls"):
+        plots.fig5(make_layers().drop(columns="twonn_cls"))
+
+
+def test_cli_writes_png_and_pdf(tmp_path):
+    aggregate = tmp_path / "aggregate"
+    aggregate.mkdir()
+    make_runs().to_csv(aggregate / "runs.csv", index=False)
+    out = tmp_path / "figures" / "fig7.png"
+    result = subprocess.run([sys.executable, "-m", "istar", "figure", "fig7", "--aggregate-dir", str(aggregate),
+                             "--out", str(out)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert out.stat().st_size > 10_000 and out.with_suffix(".pdf").stat().st_size > 1_000
+    result = subprocess.run([sys.executable, "-m", "istar", "figure", "fig5", "--aggregate-dir", str(aggregate)],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2 and "layers.csv does not exist" in result.stderr

@@ -1,0 +1,197 @@
+"""Table 1 and Table 2 from synthetic aggregate CSVs: numbers, marks, footnotes, the three formats."""
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from istar import tables
+
+SETTINGS = {"base": ("base", 0.0, np.nan), "cosreg": ("cosreg_lam1", 1.0, np.nan),
+            "istar": ("istar_lam-1_zeta0.2", -1.0, 0.2)}
+
+# model → method → task → per-seed headline scores (fractions; SQuAD: F1 in percent)
+SCORES = {
+    "bert": {
+        "base": {"rte": [0.70, 0.72, 0.74], "cola": [0.55, 0.57, 0.56], "squad": [87.0, 88.0, 89.0]},
+        "cosreg": {"rte": [0.66, 0.68, 0.64], "cola": [0.50, 0.52, 0.51], "squad": [86.0, 86.5, 87.0]},
+        "istar": {"rte": [0.73, 0.75, 0.71], "cola": [0.58, 0.60, 0.59], "squad": [88.0, 88.5, 88.6]},
+    },
+    "distil_bert": {  # one seed each, an underscore in the name
+        "base": {"rte": [0.60], "cola": [0.45], "squad": [80.0]},
+        "cosreg": {"rte": [0.61], "cola": [0.44], "squad": [80.4]},
+        "istar": {"rte": [0.61], "cola": [0.47], "squad": [79.0]},
+    },
+}
+
+
+def make_runs() -> pd.DataFrame:
+    rows = []
+    for model, methods in SCORES.items():
+        for method, by_task in methods.items():
+            setting, lam, zeta = SETTINGS[method]
+            for task, scores in by_task.items():
+                for seed, score in enumerate(scores):
+                    rows.append(dict(
+                        study="final", model=model, task=task, method=method, setting=setting, lam=lam, zeta=zeta,
+                        layer=np.nan, batch_size=32, epochs=3, learning_rate=3e-5, seed=seed,
+                        metric={"rte": "accuracy", "cola": "matthews", "squad": "f1"}[task], score=score,
+                        accuracy=score if task == "rte" else np.nan, f1=score if task == "squad" else np.nan,
+                        exact_match=score - 8.0 if task == "squad" else np.nan,
+                        matthews=score if task == "cola" else np.nan, pearson=np.nan, spearman=np.nan,
+                        eval_loss=0.5, standin=task == "rte", isoscore_star=0.1, isoscore=0.05,
+                        cosine_similarity=0.3, run_dir=f"results/runs/{model}/{task}/{setting}/seed{seed}"))
+    # a search row that must be ignored by Table 1
+    rows.append({**rows[0], "study": "search", "score": 0.99, "setting": "istar_lam-5_zeta0.8", "method": "istar"})
+    return pd.DataFrame(rows)
+
+
+def make_selection() -> pd.DataFrame:
+    return pd.DataFrame([
+        dict(model="bert", task="sst2", metric="accuracy", lam=-1.0, zeta=0.2, batch_size=32, epochs=3,
+             learning_rate=3e-5, score=0.92, score_std=0.003, seeds=3, standin=False),
+        dict(model="bert", task="rte", metric="accuracy", lam=-5.0, zeta=0.6, batch_size=16, epochs=4,
+             learning_rate=1e-5, score=0.7, score_std=0.01, seeds=3, standin=True),
+        dict(model="albert", task="sst2", metric="accuracy", lam=-3.0, zeta=0.4, batch_size=8, epochs=5,
+             learning_rate=5e-5, score=0.93, score_std=0.002, seeds=3, standin=False),
+        dict(model="albert", task="rte", metric="accuracy", lam=-1.0, zeta=0.8, batch_size=8, epochs=5,
+             learning_rate=5e-5, score=0.72, score_std=0.02, seeds=3, standin=True),
+    ])
+
+
+def _cell(table, model, method, column):
+    rows = [i for i, labels in enumerate(table.index) if labels == [model, method]]
+    (row,) = rows
+    j = table.columns.index(column)
+    return table.cells[row][j], table.best[row][j]
+
+
+def test_table1_numbers_and_layout():
+    table = tables.table1(make_runs())
+    assert table.index_names == ["Model", "Method"]
+    assert table.columns == ["RTE", "CoLA", "SQuAD"]  # registry order
+    assert [labels[1] for labels in table.index[:3]] == ["Base", "CosReg", "I-STAR"]
+    rte = 100 * np.array(SCORES["bert"]["istar"]["rte"])
+    assert _cell(table, "bert", "I-STAR", "RTE")[0] == f"{rte.mean():.1f} ± {rte.std(ddof=1):.1f}" == "73.0 ± 2.0"
+    assert _cell(table, "bert", "Base", "CoLA")[0] == "56.0 ± 1.0"
+    assert _cell(table, "bert", "Base", "SQuAD")[0] == "88.0/80.0"
+    assert _cell(table, "bert", "I-STAR", "SQuAD")[0] == f"{np.mean([88.0, 88.5, 88.6]):.1f}/{np.mean([80.0, 80.5, 80.6]):.1f}"
+    assert _cell(table, "distil_bert", "Base", "RTE")[0] == "60.0"  # one seed: no ± std
+
+
+def test_table1_best_marks():
+    table = tables.table1(make_runs())
+    assert _cell(table, "bert", "I-STAR", "RTE")[1] and not _cell(table, "bert", "Base", "RTE")[1]
+    assert _cell(table, "bert", "I-STAR", "CoLA")[1]
+    assert _cell(table, "bert", "I-STAR", "SQuAD")[1]  # 88.4 > 88.0 (F1 decides)
+    assert _cell(table, "distil_bert", "CosReg", "SQuAD")[1]
+    # a tie at the precision shown marks both
+    assert _cell(table, "distil_bert", "CosReg", "RTE")[1] and _cell(table, "distil_bert", "I-STAR", "RTE")[1]
+    assert sum(map(sum, table.best)) == 2 * 3 + 1  # one per model × task, plus the tie
+    csv_text = tables.render_csv(table)
+    assert "bert,I-STAR,73.0 ± 2.0*," in csv_text and "bert,Base,72.0 ± 2.0," in csv_text
+    assert "**73.0 ± 2.0**" in tables.render_markdown(table)
+    assert r"\textbf{73.0 $\pm$ 2.0}" in tables.render_latex(table)
+
+
+def test_table1_standin_dagger_and_footnote():
+    table = tables.table1(make_runs())
+    assert table.standin == [True, False, False]
+    markdown = tables.render_markdown(table)
+    assert "| RTE† | CoLA | SQuAD |" in markdown
+    assert any(note.startswith("† RTE:") and "stand-in split" in note and "dev set" in note for note in table.footnotes)
+    assert "RTE$^\\dagger$" in tables.render_latex(table)
+    assert tables.render_csv(table).splitlines()[0] == "Model,Method,RTE†,CoLA,SQuAD"
+
+
+@pytest.mark.parametrize("build", ["table1", "table2"])
+def test_latex_is_well_formed(build):
+    table = tables.table1(make_runs()) if build == "table1" else tables.table2(make_selection())
+    tex = tables.render_latex(table)
+    for command in (r"\toprule", r"\midrule", r"\bottomrule", r"\begin{tabular}", r"\end{tabular}"):
+        assert command in tex
+    assert tex.count("{") == tex.count("}")
+    depth = 0
+    for ch in tex.replace(r"\{", "").replace(r"\}", ""):
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        assert depth >= 0
+    n_columns = len(table.index_names) + len(table.columns)
+    assert len(re.search(r"\\begin\{tabular\}\{([lc]+)\}", tex).group(1)) == n_columns
+    rows = [line for line in tex.split(r"\toprule")[1].split(r"\bottomrule")[0].splitlines() if line.endswith(r"\\")]
+    assert len(rows) == 1 + len(table.index)
+    for line in rows:
+        assert line.replace(r"\&", "").count("&") == n_columns - 1
+    text_outside_math = re.sub(r"\$[^$]*\$", "", tex)
+    assert "±" not in tex and "†" not in tex and "λ" not in tex
+    assert not re.search(r"(?<!\\)[%_#]", "\n".join(line for line in text_outside_math.splitlines()
+                                                      if not line.startswith("%")))
+
+
+def test_latex_escapes_special_characters():
+    assert tables.latex_escape("a_b 5% #1 & {x} ~^\\") == (
+        r"a\_b 5\% \#1 \& \{x\} \textasciitilde{}\textasciicircum{}\textbackslash{}")
+    assert tables.latex_escape("71.3 ± 1.2") == r"71.3 $\pm$ 1.2"
+    assert tables.latex_escape("-1 | 0.2") == r"$-$1 $|$ 0.2"
+    assert tables.latex_escape("STS-B") == "STS-B"
+    tex = tables.render_latex(tables.table1(make_runs()))
+    assert r"distil\_bert" in tex and r"(\%" in tex
+
+
+@pytest.mark.parametrize("build", ["table1", "table2"])
+def test_markdown_column_count(build):
+    table = tables.table1(make_runs()) if build == "table1" else tables.table2(make_selection())
+    lines = [line for line in tables.render_markdown(table).splitlines() if line.startswith("|")]
+    assert len(lines) == 2 + len(table.index)
+    n_columns = len(table.index_names) + len(table.columns)
+    for line in lines:
+        cells = re.split(r"(?<!\\)\|", line)[1:-1]
+        assert len(cells) == n_columns, line
+
+
+def test_table2_cells_average_and_standin():
+    table = tables.table2(make_selection())
+    assert table.index == [["bert"], ["albert"]]
+    assert table.columns == ["SST-2", "RTE", "Average"]
+    assert table.cells[0] == ["-1 | 0.2", "-5 | 0.6", "-3.00 | 0.40"]
+    assert table.cells[1] == ["-3 | 0.4", "-1 | 0.8", "-2.00 | 0.60"]
+    assert table.standin == [False, True, False]
+    assert not any(map(any, table.best))
+    assert any(note.startswith("† RTE:") for note in table.footnotes)
+    assert r"-5 \| 0.6" in tables.render_markdown(table)
+    missing = tables.table2(make_selection().iloc[:3])
+    assert missing.cells[1] == ["-3 | 0.4", "–", "-3.00 | 0.40"]
+
+
+def test_empty_inputs_are_clear_errors():
+    runs = make_runs()
+    with pytest.raises(ValueError, match=r"no rows with study == 'final'.*studies\.final"):
+        tables.table1(runs[runs.study != "final"])
+    with pytest.raises(ValueError, match=r"selection\.csv has no rows.*istar select"):
+        tables.table2(make_selection().iloc[:0])
+    with pytest.raises(ValueError, match="lacks the column.*zeta"):
+        tables.table2(make_selection().drop(columns="zeta"))
+    doubled = runs.copy()
+    doubled.loc[(doubled.method == "istar") & (doubled.seed == 0), "setting"] = "istar_lam-3_zeta0.4"
+    with pytest.raises(ValueError, match="several settings of istar"):
+        tables.table1(doubled)
+
+
+def test_cli_writes_three_files(tmp_path):
+    runs, selection = tmp_path / "runs.csv", tmp_path / "selection.csv"
+    make_runs().to_csv(runs, index=False)
+    make_selection().to_csv(selection, index=False)
+    for which, option, path in (("table1", "--runs", runs), ("table2", "--selection", selection)):
+        prefix = tmp_path / "tables" / which
+        result = subprocess.run([sys.executable, "-m", "istar", "table", which, option, str(path),
+                                 "--out-prefix", str(prefix)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        for suffix in (".csv", ".md", ".tex"):
+            assert prefix.with_name(which + suffix).stat().st_size > 100
+    assert pd.read_csv(tmp_path / "tables" / "table1.csv").shape == (6, 5)
+    assert not list((tmp_path / "tables").glob(".*"))
+    result = subprocess.run([sys.executable, "-m", "istar", "table", "table1", "--runs", str(tmp_path / "nope.csv")],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "nope.csv does not exist" in result.stderr
