@@ -35,14 +35,13 @@ SETTING_KEYS = ("method", "lam", "zeta", "layers", "batch_size", "epochs", "lear
 
 
 def model_short_name(run_dir: Path, config_model: str) -> str:
-    """The model's short name: the path component after ``runs/``, else ``config_model``.
+    """The model's short name from the workflow's layout ``…/{model}/{task}/{setting}/seed{n}``.
 
-    The workflow's layout is ``results/runs/{model}/{task}/{setting}/seed{seed}``; the last
-    ``runs`` component followed by another one is used.
+    Both ``results/runs/…`` and ``results/search/…`` follow it; a folder outside that layout
+    falls back to ``config_model``.
     """
     parts = Path(run_dir).parts
-    after = [i + 1 for i, part in enumerate(parts[:-1]) if part == "runs"]
-    return parts[after[-1]] if after else str(config_model)
+    return parts[-4] if re.fullmatch(r"seed\d+", parts[-1]) and len(parts) >= 5 else str(config_model)
 
 
 def setting_name(run_dir: Path) -> str:

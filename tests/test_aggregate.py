@@ -79,7 +79,7 @@ def fake_run(template: Path, out: Path, seed: int, score: float, lam: float = -1
 def search(runs):
     """Search runs of tiny × rte with known scores; the setting λ = −3 wins on the mean over seeds."""
     template = runs["folders"][("istar_lam-1_zeta0.2", 0)]
-    base = runs["root"] / "results" / "runs" / "tiny" / "rte" / "search"
+    base = runs["root"] / "results" / "search" / "tiny" / "rte"
     return [
         fake_run(template, base / "istar_lam-1_zeta0.2" / "seed0", 0, 0.9),  # best single run ...
         fake_run(template, base / "istar_lam-1_zeta0.2" / "seed1", 1, 0.5),  # ... but mean 0.7
