@@ -1,5 +1,6 @@
 """The ``istar`` command: one subcommand per workflow step, files in, files out.
 
+    istar config         validate a workflow config (defaults filled in)
     istar prepare-data   normalise a task's splits to parquet (+ meta.json)
     istar shrinkage      Σ_S of a model on a task's training data
     istar train          fine-tune with base / cosreg / istar (run under `accelerate launch` for several processes)
@@ -22,6 +23,7 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
+    "config": ("istar.config", "validate a workflow config and print it with every default filled in"),
     "prepare-data": ("istar.data", "normalise a task's splits to parquet (+ meta.json)"),
     "shrinkage": ("istar.shrinkage", "Σ_S of a model on a task's training data"),
     "train": ("istar.train", "fine-tune with base / cosreg / istar"),

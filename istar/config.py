@@ -151,3 +151,33 @@ def _check_data(data: dict, tasks: list[str]) -> None:
 def load_config(path, check_paths: bool = True) -> dict:
     """Read a YAML config file and validate it."""
     return validate_config(yaml.safe_load(Path(path).read_text()) or {}, check_paths=check_paths)
+
+
+def add_cli_arguments(parser) -> None:
+    parser.add_argument("configfiles", nargs="+", help="YAML config file(s); later ones update earlier ones")
+    parser.add_argument("--out", help="write the validated configuration, every default filled in, to this YAML file")
+    parser.add_argument("--no-path-checks", dest="check_paths", action="store_false",
+                        help="skip the checks of the mirror, its files and local models")
+
+
+def _merge(base: dict, update: dict) -> dict:
+    for key, value in update.items():
+        base[key] = _merge(base.get(key, {}), value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return base
+
+
+def run_cli(args) -> int:
+    """``istar config``: validate config file(s) (merged in order, as Snakemake does) and print or write the result."""
+    merged: dict = {}
+    for path in args.configfiles:
+        merged = _merge(merged, yaml.safe_load(Path(path).read_text()) or {})
+    config = validate_config(merged, check_paths=args.check_paths)
+    text = yaml.safe_dump(config, sort_keys=False)
+    if args.out:
+        from . import io
+
+        io.write_text(args.out, text)
+        print(f"valid: {', '.join(args.configfiles)} -> {args.out}")
+    else:
+        print(text, end="")
+    return 0

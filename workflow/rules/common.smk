@@ -6,7 +6,7 @@ import json
 from snakemake.exceptions import WorkflowError
 
 from istar.config import STUDIES, ConfigError, load_schema, validate_config
-from istar.plan import Setting, final_settings, search_settings, selected_setting, study_runs
+from istar.plan import STUDY_FIGURES, Setting, final_settings, search_settings, selected_setting, study_runs
 
 try:
     _validated = validate_config(config, load_schema(workflow.source_path("../schemas/config.schema.yaml")))

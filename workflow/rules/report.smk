@@ -1,0 +1,101 @@
+# Tables, figures and the HTML report. Every rule here reads only the aggregate CSVs, so
+# restyling a table or figure never reruns training.
+
+FIGURE_INPUTS = {"fig3": "runs", "fig4": "dims", "fig5": "layers", "fig6": "layers", "fig7": "runs", "fig8": "runs"}
+
+
+def enabled_figures() -> list[str]:
+    figures = ["fig2"] if config["studies"]["stability"]["enabled"] else []
+    return figures + [STUDY_FIGURES[study] for study in STUDIES if config["studies"][study]["enabled"]]
+
+
+TABLES = expand("results/tables/{table}.{ext}", table=["table1", "table2"], ext=["csv", "md", "tex"])
+FIGURES = expand("results/figures/{figure}.{ext}", figure=enabled_figures(), ext=["png", "pdf"])
+
+
+rule table:
+    input:
+        runs="results/aggregate/runs.csv",
+        selection="results/aggregate/selection.csv",
+    output:
+        csv=report("results/tables/{table}.csv", caption="../report/table.rst", category="Tables"),
+        md="results/tables/{table}.md",
+        tex="results/tables/{table}.tex",
+    wildcard_constraints:
+        table="table1|table2",
+    log:
+        "logs/table/{table}.log",
+    benchmark:
+        "benchmarks/table/{table}.tsv"
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "python -m istar table {wildcards.table} --runs {input.runs} --selection {input.selection} "
+        "--out-prefix results/tables/{wildcards.table} > {log} 2>&1"
+
+
+rule figure:
+    input:
+        lambda wildcards: f"results/aggregate/{FIGURE_INPUTS[wildcards.figure]}.csv",
+    output:
+        png=report("results/figures/{figure}.png", caption="../report/figure.rst", category="Figures"),
+        pdf="results/figures/{figure}.pdf",
+    wildcard_constraints:
+        figure="fig[3-8]",
+    params:
+        zeta=config["analysis"]["zeta"],
+    log:
+        "logs/figure/{figure}.log",
+    benchmark:
+        "benchmarks/figure/{figure}.tsv"
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "python -m istar figure {wildcards.figure} --aggregate-dir results/aggregate --out {output.png} "
+        "--analysis-zeta {params.zeta} > {log} 2>&1"
+
+
+rule figure_stability:
+    output:
+        png=report("results/figures/fig2.png", caption="../report/fig2.rst", category="Figures"),
+        pdf="results/figures/fig2.pdf",
+    params:
+        repeats=config["studies"]["stability"]["repeats"],
+    log:
+        "logs/figure/fig2.log",
+    benchmark:
+        "benchmarks/figure/fig2.tsv"
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "python -m istar figure fig2 --repeats {params.repeats} --out {output.png} > {log} 2>&1"
+
+
+rule run_config:
+    input:
+        workflow.overwrite_configfiles or ["config/config.yaml"],
+    output:
+        report("results/config.yaml", caption="../report/config.rst", category="Configuration"),
+    log:
+        "logs/run_config.log",
+    conda:
+        "../../envs/report.yaml"
+    shell:
+        "python -m istar config {input} --out {output} > {log} 2>&1"
+
+
+rule report:
+    input:
+        TABLES,
+        FIGURES,
+        "results/config.yaml",
+    output:
+        "results/report.html",
+    params:
+        configfiles=" ".join(f"--configfile {path}" for path in workflow.overwrite_configfiles),
+        snakefile=workflow.main_snakefile,
+    log:
+        "logs/report.log",
+    shell:
+        "snakemake --snakefile {params.snakefile} --directory . {params.configfiles} --nolock "
+        "--report {output} > {log} 2>&1"
