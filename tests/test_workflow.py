@@ -1,0 +1,107 @@
+"""End-to-end tests of the Snakemake workflow: the paper's DAG, a tiny full run, incremental
+reruns after a λ change, and the default demo."""
+
+import json
+import time
+
+import pandas as pd
+import pytest
+import yaml
+
+from workflow_helpers import MIRROR, REPO, planned_jobs, save_tiny_model, snakemake, tiny_config, write_project
+
+pytestmark = pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is not there")
+
+PAPER_JOBS = {
+    "prepare_data": 9, "shrinkage": 27, "finetune_search": 648, "select": 27,
+    # final base + CosReg: 27 × 2 × 5 seeds; Fig. 3 λ sweep: 27 × 7 λ × 5; Fig. 4 CosReg λ = −1 on QNLI: 3 × 5
+    # (Figs. 5 and 6 reuse runs of the λ sweep; the final I-STAR runs and Figs. 7 and 8 wait for the selection)
+    "finetune": 270 + 945 + 15, "activations": 1230, "analyze": 1230, "evaluate": 270,
+    "figure_stability": 1, "run_config": 1, "aggregate": 1, "all": 1,
+}
+
+
+def test_paper_config_dry_run_shows_the_full_study(tmp_path):
+    start = time.perf_counter()
+    result = snakemake(tmp_path, "-n", configfile=REPO / "config" / "paper.yaml")
+    seconds = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = planned_jobs(result.stdout)
+    assert {rule: jobs.get(rule, 0) for rule in PAPER_JOBS} == PAPER_JOBS
+    assert "checkpoint" in result.stdout  # the rest of the DAG appears once the selections exist
+    print(f"paper.yaml dry run: {sum(jobs.values())} jobs planned in {seconds:.1f} s")
+
+
+@pytest.fixture(scope="module")
+def tiny_project(tmp_path_factory):
+    """A tiny workflow project run to completion once (a few minutes on 2 cores)."""
+    workdir = tmp_path_factory.mktemp("tiny-project")
+    model = save_tiny_model(workdir / "tiny-bert")
+    write_project(workdir, model)
+    result = snakemake(workdir, "--cores", "2")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    return workdir
+
+
+def test_tiny_workflow_produces_every_output(tiny_project):
+    results = tiny_project / "results"
+    runs = pd.read_csv(results / "aggregate" / "runs.csv")
+    assert set(runs["study"]) == {"search", "final", "lambda_sweep", "cosreg_means", "twonn", "layerwise",
+                                  "zeta_sweep", "single_layer"}
+    assert runs["score"].between(0, 1).all()
+    analysed = runs[runs["study"] != "search"]
+    assert analysed["isoscore_star"].between(0, 1).all() and analysed["cosine_similarity"].between(-1, 1).all()
+    assert sorted(runs.loc[runs["study"] == "single_layer", "layer"].dropna().astype(int)) == [1, 2]
+    best = json.loads((results / "selection" / "tiny" / "rte" / "best.json").read_text())
+    assert best["lam"] in (-1.0, 1.0) and best["zeta"] == 0.2
+    final = runs[runs["study"] == "final"]
+    assert sorted(final["setting"]) == sorted(["base", "cosreg_lam1", f"istar_lam{best['lam']:g}_zeta0.2"])
+    for run in final["run_dir"]:
+        for name in ("metrics.json", "eval.json", "train_log.csv", "run_config.json", "activations.safetensors",
+                     "analysis.json", "model/config.json"):
+            assert (tiny_project / run / name).is_file(), f"{run}/{name}"
+        assert not (tiny_project / run / "resume").exists()
+    layers = pd.read_csv(results / "aggregate" / "layers.csv")
+    assert set(layers["hidden_state"]) == {0, 1, 2}
+    for name in ("table1", "table2"):
+        for ext in ("csv", "md", "tex"):
+            assert (results / "tables" / f"{name}.{ext}").stat().st_size > 0
+    for figure in ("fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8"):
+        for ext in ("png", "pdf"):
+            assert (results / "figures" / f"{figure}.{ext}").stat().st_size > 1000
+    report = (results / "report.html").read_text(errors="replace")
+    assert "table1.csv" in report and "fig8.png" in report
+    # search model folders are temporary; final ones are kept
+    assert not list((results / "search").glob("*/*/*/seed*/model"))
+    assert planned_jobs(snakemake(tiny_project, "-n").stdout) == {}
+
+
+def test_changing_one_lambda_plans_only_what_depends_on_it(tiny_project, tmp_path):
+    config = yaml.safe_load((tiny_project / "config.yaml").read_text())
+    config["studies"]["lambda_sweep"]["lambdas"] = [-1, 3]
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(config))
+    result = snakemake(tiny_project, "-n", configfile=changed)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert planned_jobs(result.stdout) == {
+        "finetune": 1, "activations": 1, "analyze": 1, "aggregate": 1, "table": 2, "figure": 6,
+        "run_config": 1, "report": 1, "all": 1}
+    assert "results/runs/tiny/rte/istar_lam3_zeta0.2/seed0/metrics.json" in result.stdout
+
+
+@pytest.mark.slow
+def test_default_demo_config_runs_to_the_report(tmp_path):
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["data"]["mirror"] = str(MIRROR)
+    write_project(tmp_path, None, config)
+    start = time.perf_counter()
+    result = snakemake(tmp_path, "--cores", "2", timeout=1800)
+    minutes = (time.perf_counter() - start) / 60
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    print(f"default demo: {minutes:.1f} min")
+    results = tmp_path / "results"
+    assert len(pd.read_csv(results / "aggregate" / "runs.csv")) > 0
+    assert (results / "report.html").is_file()
+    for figure in ("fig2", "fig3", "fig4", "fig5", "fig6"):
+        assert (results / "figures" / f"{figure}.png").is_file()
+    assert not (results / "figures" / "fig7.png").exists()  # its study is off in the demo
