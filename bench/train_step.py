@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -79,14 +78,18 @@ def step_times(repeats: int) -> dict[str, float]:
 
 
 def peak_rss_mb(args: list[str]) -> float:
-    """Peak resident memory (MB) of a child process running ``python -m istar ARGS``."""
-    code = "import sys, resource; from istar.cli import main; rc = main(sys.argv[1:]); " \
-           "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    """Peak resident memory (MB) of a child process running ``python -m istar ARGS``.
+
+    Read from the child's own VmHWM, which starts afresh at exec (ru_maxrss would inherit
+    the parent's high-water mark across fork and exec).
+    """
+    code = ("import sys; from istar.cli import main; main(sys.argv[1:]); "
+            "print(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')))")
     result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if result.returncode != 0:
         raise RuntimeError(result.stderr[-2000:])
-    line = next(line for line in result.stdout.splitlines() if line.startswith("PEAK_RSS_KB"))
+    line = next(line for line in result.stdout.splitlines() if line.startswith("VmHWM"))
     return int(line.split()[1]) / 1024
 
 
