@@ -1,7 +1,10 @@
 """I-STAR: IsoScore*-based stable anisotropic regularisation (Rudman & Eickhoff, ICLR 2024).
 
-Modules: ``isotropy`` (IsoScore, IsoScore*, streaming covariance, TwoNN and comparison
+Library: ``isotropy`` (IsoScore, IsoScore*, streaming covariance, TwoNN and comparison
 measures) and ``regularizers`` (the I-STAR and CosReg penalties on model hidden states).
+Engine and workflow steps, each behind a subcommand of the ``istar`` command (``istar.cli``):
+``data``, ``shrinkage``, ``train``, ``evaluate``, ``activations``, ``analysis``, ``selection``,
+``aggregate``, ``tables``, ``plots``; ``config`` and ``plan`` serve the Snakemake workflow.
 """
 
 from .isotropy import (

@@ -141,11 +141,12 @@ def global_isoscore_star(rows: torch.Tensor, zeta: float, sigma_s: torch.Tensor 
     """
     from torch.distributed.nn.functional import all_reduce
 
-    x = rows.float()
-    count = all_reduce(torch.tensor([float(x.shape[0])], device=x.device, dtype=torch.float64))
-    mean = all_reduce(x.sum(dim=0, dtype=torch.float64)) / count
-    centred = x - mean.to(x.dtype)
-    second_moment = all_reduce((centred.T @ centred).double())
+    x = rows.double() if rows.dtype == torch.float64 else rows.float()
+    with torch.autocast(device_type=x.device.type, enabled=False):  # the product must not run in fp16
+        count = all_reduce(torch.tensor([float(x.shape[0])], device=x.device, dtype=torch.float64))
+        mean = all_reduce(x.sum(dim=0, dtype=torch.float64)) / count
+        centred = x - mean.to(x.dtype)
+        second_moment = all_reduce((centred.T @ centred).double())
     return isoscore_star_from_covariance(second_moment / (count - 1), zeta, sigma_s)
 
 

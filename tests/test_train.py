@@ -245,3 +245,15 @@ def test_shrinkage_equals_the_covariance_of_all_stacked_rows(tiny_model_dir, pre
         sigma, provenance = load_shrinkage(tmp_path / "s.pt", expected_layers=layers)
         assert provenance["rows"] == rows.shape[0]
         torch.testing.assert_close(sigma, torch.cov(rows.T), rtol=1e-4, atol=1e-6)
+
+
+def test_global_penalty_over_two_ranks_equals_the_union(tmp_path):
+    out = tmp_path / "global.json"
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    result = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29517",
+                             str(Path(__file__).parent / "distributed_global_penalty.py"), str(out)],
+                            env=ENV, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(out.read_text())
+    assert found["global"] == pytest.approx(found["reference"], abs=1e-12)
+    assert found["max_grad_error"] < 1e-6 * found["max_grad"]
