@@ -2,14 +2,6 @@
 # collected into results/aggregate/*.csv — the only inputs of the tables and figures.
 
 
-def aggregate_inputs(wildcards):
-    runs = [f"{run}/metrics.json" for _, run in all_run_specs()]
-    runs += [f"{run}/analysis.json" for study, run in all_run_specs() if study != "search"]
-    runs += [f"{run}/eval.json" for study, run in all_run_specs() if study == "final"]
-    selections = [SELECTION.format(model=model, task=task) for model in MODELS for task in TASKS]
-    return sorted(set(runs)) + selections
-
-
 rule aggregate:
     input:
         aggregate_inputs,

@@ -145,3 +145,23 @@ def all_run_specs() -> list[tuple[str, str]]:
             specs += [(study, RUN.format(model=model, task=task, setting=s.name, seed=seed))
                       for study, s, seed in planned_runs(model, task, chosen)]
     return specs
+
+
+def aggregate_inputs(wildcards):
+    runs = [f"{run}/metrics.json" for _, run in all_run_specs()]
+    runs += [f"{run}/analysis.json" for study, run in all_run_specs() if study != "search"]
+    runs += [f"{run}/eval.json" for study, run in all_run_specs() if study == "final"]
+    selections = [SELECTION.format(model=model, task=task) for model in MODELS for task in TASKS]
+    return sorted(set(runs)) + selections
+
+
+FIGURE_INPUTS = {"fig3": "runs", "fig4": "dims", "fig5": "layers", "fig6": "layers", "fig7": "runs", "fig8": "runs"}
+
+
+def enabled_figures() -> list[str]:
+    figures = ["fig2"] if config["studies"]["stability"]["enabled"] else []
+    return figures + [STUDY_FIGURES[study] for study in STUDIES if config["studies"][study]["enabled"]]
+
+
+TABLES = expand("results/tables/{table}.{ext}", table=["table1", "table2"], ext=["csv", "md", "tex"])
+FIGURES = expand("results/figures/{figure}.{ext}", figure=enabled_figures(), ext=["png", "pdf"])

@@ -5,6 +5,8 @@ rule evaluate:
     output:
         f"{RUN}/eval.json",
     params:
+        batch_size=TRAINING["eval_batch_size"],
+        doc_stride=TRAINING["doc_stride"],
         max_length=max_length,
         data=DATA,
     threads: TRAINING["threads"]
@@ -19,5 +21,5 @@ rule evaluate:
     shell:
         "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision no -- "
         "evaluate --model {input.model} --data {params.data} --out {output} "
-        "--batch-size {TRAINING[eval_batch_size]} --max-length {params.max_length} "
-        "--doc-stride {TRAINING[doc_stride]} > {log} 2>&1"
+        "--batch-size {params.batch_size} --max-length {params.max_length} "
+        "--doc-stride {params.doc_stride} > {log} 2>&1"

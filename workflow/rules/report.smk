@@ -1,18 +1,6 @@
 # Tables, figures and the HTML report. Every rule here reads only the aggregate CSVs, so
 # restyling a table or figure never reruns training.
 
-FIGURE_INPUTS = {"fig3": "runs", "fig4": "dims", "fig5": "layers", "fig6": "layers", "fig7": "runs", "fig8": "runs"}
-
-
-def enabled_figures() -> list[str]:
-    figures = ["fig2"] if config["studies"]["stability"]["enabled"] else []
-    return figures + [STUDY_FIGURES[study] for study in STUDIES if config["studies"][study]["enabled"]]
-
-
-TABLES = expand("results/tables/{table}.{ext}", table=["table1", "table2"], ext=["csv", "md", "tex"])
-FIGURES = expand("results/figures/{figure}.{ext}", figure=enabled_figures(), ext=["png", "pdf"])
-
-
 rule table:
     input:
         runs="results/aggregate/runs.csv",
@@ -96,6 +84,8 @@ rule report:
         snakefile=workflow.main_snakefile,
     log:
         "logs/report.log",
+    conda:
+        "../../envs/snakemake.yaml"
     shell:
         "snakemake --snakefile {params.snakefile} --directory . {params.configfiles} --nolock "
         "--report {output} > {log} 2>&1"

@@ -5,6 +5,8 @@ rule shrinkage:
         sigma=SIGMA,
         provenance=SIGMA.replace(".pt", ".json"),
     params:
+        batch_size=TRAINING["eval_batch_size"],
+        doc_stride=TRAINING["doc_stride"],
         max_length=max_length,
         model=model_source,
         data=DATA,
@@ -24,5 +26,5 @@ rule shrinkage:
     shell:
         "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision no -- "
         "shrinkage --model {params.model} --data {params.data} --out {output.sigma} --layers {params.layers} "
-        "--rows {params.rows} --batch-size {TRAINING[eval_batch_size]} --max-length {params.max_length} "
-        "--doc-stride {TRAINING[doc_stride]} > {log} 2>&1"
+        "--rows {params.rows} --batch-size {params.batch_size} --max-length {params.max_length} "
+        "--doc-stride {params.doc_stride} > {log} 2>&1"
