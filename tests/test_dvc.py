@@ -146,6 +146,22 @@ def test_changing_one_lambda_in_the_clone_plans_only_what_depends_on_it(pulled, 
     assert "results/runs/tiny/rte/istar_lam3_zeta0.2/seed0/metrics.json" in result.stdout
 
 
+def test_clone_reruns_what_a_data_option_change_affects(pulled):
+    """Provenance in the clone: dvc-pull's `snakemake --touch --forceall` records every job's
+    params, so a change that shows in no path (here the training subsample) still reruns."""
+    config = yaml.safe_load((pulled.repo / "config" / "tiny.yaml").read_text())
+    config["data"]["max_train_samples"] = 30
+    changed = pulled.repo / "config" / "changed.yaml"
+    changed.write_text(yaml.safe_dump(config, sort_keys=False))
+    try:
+        result = dry_run(pulled.repo, changed)
+    finally:
+        changed.unlink()
+    jobs = planned_jobs(result.stdout)
+    assert {rule: jobs.get(rule) for rule in ("prepare_data", "shrinkage", "finetune_search", "finetune")} == {
+        "prepare_data": 1, "shrinkage": 1, "finetune_search": 2, "finetune": 5}, result.stdout[-3000:]
+
+
 def aggregate_objects(origin) -> dict[str, str]:
     """results/aggregate/<name> → its object's md5, from the directory listing in the remote."""
     lock = yaml.safe_load((origin.repo / "dvc.lock").read_text())
