@@ -49,7 +49,6 @@ import logging
 import os
 import re
 import sys
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -60,7 +59,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import __version__
+from . import __version__, io
 from .tasks import SPLITS, TASKS, Task, get_task
 
 __all__ = [
@@ -752,23 +751,6 @@ def _label_summary(frame: pd.DataFrame, task: Task) -> dict:
     return {"articles": int(frame["title"].nunique())}
 
 
-def _atomic_write(path: Path, write: Callable) -> None:
-    """Write ``path`` through a temporary file in its folder and ``os.replace``.
-
-    ``write`` receives a binary file object. A failure or a kill leaves ``path`` as it was
-    (a killed process may leave a hidden ``.NAME.*.tmp`` file behind, never a half ``path``).
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "xb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def prepare_task(
     task: str,
     out_dir: str | Path,
@@ -833,9 +815,10 @@ def prepare_task(
     schema = _schema(spec)
     for split in SPLITS:
         table = pa.Table.from_pandas(kept[split], schema=schema, preserve_index=False)
-        _atomic_write(out / f"{split}.parquet", lambda handle, t=table: pq.write_table(t, handle))
+        with io.atomic_path(out / f"{split}.parquet") as tmp, open(tmp, "wb") as handle:
+            pq.write_table(table, handle)
     text = json.dumps(meta, indent=2) + "\n"
-    _atomic_write(out / "meta.json", lambda handle: handle.write(text.encode("utf-8")))
+    io.write_text(out / "meta.json", text)
     return meta
 
 

@@ -28,6 +28,8 @@ def atomic_path(path):
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs should be as readable as any file
     try:
         yield Path(tmp)
+        with open(tmp, "rb+") as handle:  # on disk before the rename, so a crash cannot leave it empty
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
