@@ -37,6 +37,7 @@ def main(out: str) -> None:
             json.dump({"global": score.item(), "reference": reference.item(),
                        "max_grad_error": float((averaged - everything.grad).abs().max()),
                        "max_grad": float(everything.grad.abs().max())}, handle)
+    dist.barrier()  # tear gloo down together: a rank leaving while the other still works aborts
     dist.destroy_process_group()
 
 

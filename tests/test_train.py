@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from istar.activations import load_activations
+from istar.launch import free_port
 from istar.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage
 from istar.train import TrainConfig, train
 
@@ -250,7 +251,7 @@ def test_shrinkage_equals_the_covariance_of_all_stacked_rows(tiny_model_dir, pre
 def test_global_penalty_over_two_ranks_equals_the_union(tmp_path):
     out = tmp_path / "global.json"
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    result = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29517",
+    result = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", str(free_port()),
                              str(Path(__file__).parent / "distributed_global_penalty.py"), str(out)],
                             env=ENV, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
