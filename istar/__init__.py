@@ -5,29 +5,35 @@ measures) and ``regularizers`` (the I-STAR and CosReg penalties on model hidden 
 Engine and workflow steps, each behind a subcommand of the ``istar`` command (``istar.cli``):
 ``data``, ``shrinkage``, ``train``, ``evaluate``, ``activations``, ``analysis``, ``selection``,
 ``aggregate``, ``tables``, ``plots``; ``config`` and ``plan`` serve the Snakemake workflow.
-"""
 
-from .isotropy import (
-    CovarianceAccumulator,
-    average_cosine_similarity,
-    isoscore,
-    isoscore_star,
-    isoscore_star_from_covariance,
-    partition_isotropy,
-    twonn_dimension,
-)
-from .regularizers import cosreg_penalty, istar_penalty
+The library names below are imported on first use, so that ``import istar.config`` (which
+Snakemake does while it builds the DAG) does not pull in torch.
+"""
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CovarianceAccumulator",
-    "average_cosine_similarity",
-    "cosreg_penalty",
-    "isoscore",
-    "isoscore_star",
-    "isoscore_star_from_covariance",
-    "istar_penalty",
-    "partition_isotropy",
-    "twonn_dimension",
-]
+_LIBRARY = {
+    "CovarianceAccumulator": "isotropy",
+    "average_cosine_similarity": "isotropy",
+    "isoscore": "isotropy",
+    "isoscore_star": "isotropy",
+    "isoscore_star_from_covariance": "isotropy",
+    "partition_isotropy": "isotropy",
+    "twonn_dimension": "isotropy",
+    "cosreg_penalty": "regularizers",
+    "istar_penalty": "regularizers",
+}
+
+__all__ = sorted(_LIBRARY)
+
+
+def __getattr__(name: str):
+    if name not in _LIBRARY:
+        raise AttributeError(f"module 'istar' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f".{_LIBRARY[name]}", __name__), name)
+
+
+def __dir__():
+    return sorted([*globals(), *_LIBRARY])

@@ -23,7 +23,7 @@ import json
 import torch
 from tqdm.auto import tqdm
 
-from . import __version__, io
+from . import __version__, artifacts
 from .encoding import MODEL_INPUTS, encode_split, make_loader
 from .isotropy import CovarianceAccumulator
 
@@ -108,7 +108,7 @@ def extract_activations(model_source: str, data_dir, out, split: str = "validati
         "max_length": str(max_length), "seed": str(seed), "standin": json.dumps(bool(meta.get("standin", False))),
         "istar_version": __version__,
     }
-    with io.atomic_path(out) as tmp:
+    with artifacts.atomic_path(out) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
     print(f"activations of {model_source} on {task.display} {split}: {len(features):,} features, {num_tokens:,} tokens, "
           f"{model.config.num_hidden_layers + 1} hidden states -> {out}")

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import io
+from . import artifacts
 from .selection import read_run
 
 __all__ = ["aggregate", "parse_run_spec", "RUNS_COLUMNS", "LAYERS_COLUMNS", "DIMS_COLUMNS", "SELECTION_COLUMNS"]
@@ -194,7 +194,7 @@ def aggregate(run_specs, selection_files, out_dir) -> dict[str, pd.DataFrame]:
     }
     out_dir = Path(out_dir)
     for name, frame in frames.items():
-        with io.atomic_path(out_dir / f"{name}.csv") as tmp:
+        with artifacts.atomic_path(out_dir / f"{name}.csv") as tmp:
             frame.to_csv(tmp, index=False)
     return frames
 

@@ -18,7 +18,7 @@ Definitions (N = non-padding evaluation tokens, the same tokens in every hidden 
   covariance Σ_X is merged exactly from the per-layer (count, mean, covariance); IsoScore*
   uses Σ_ζ = (1 − ζ)·Σ_X + ζ·Σ_S with Σ_S of the same layer selection, IsoScore is ζ = 0.
 - per hidden state l: IsoScore* with that layer's own Σ_S, IsoScore (ζ = 0) of its tokens'
-  covariance, TwoNN dimension of its [CLS] vectors (METHOD.md §5; ``null`` with an entry in
+  covariance, TwoNN dimension of its [CLS] vectors (docs/method.md §5; ``null`` with an entry in
   ``warnings`` when it is undefined, e.g. fewer than 3 distinct vectors), and the exact
   average cosine similarity over all pairs of distinct tokens,
   (‖Σ_i x̂_i‖² − N) / (N(N − 1)), x̂ = x/‖x‖.
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from . import io
+from . import artifacts
 from .activations import load_activations
 from .isotropy import CovarianceAccumulator, isoscore_star_from_covariance, twonn_dimension
 from .regularizers import LayerSpec, parse_layer_spec, resolve_layers
@@ -169,7 +169,7 @@ def analyze_run(activations_path, sigma_path, zeta: float, out=None, twonn_disca
         "warnings": warnings,
     }
     if out is not None:
-        io.write_json(out, result)
+        artifacts.write_json(out, result)
     return result
 
 

@@ -174,9 +174,9 @@ def run_cli(args) -> int:
     config = validate_config(merged, check_paths=args.check_paths)
     text = yaml.safe_dump(config, sort_keys=False)
     if args.out:
-        from . import io
+        from . import artifacts
 
-        io.write_text(args.out, text)
+        artifacts.write_text(args.out, text)
         print(f"valid: {', '.join(args.configfiles)} -> {args.out}")
     else:
         print(text, end="")

@@ -59,7 +59,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import __version__, io
+from . import __version__, artifacts
 from .tasks import SPLITS, TASKS, Task, get_task
 
 __all__ = [
@@ -815,10 +815,10 @@ def prepare_task(
     schema = _schema(spec)
     for split in SPLITS:
         table = pa.Table.from_pandas(kept[split], schema=schema, preserve_index=False)
-        with io.atomic_path(out / f"{split}.parquet") as tmp, open(tmp, "wb") as handle:
+        with artifacts.atomic_path(out / f"{split}.parquet") as tmp, open(tmp, "wb") as handle:
             pq.write_table(table, handle)
     text = json.dumps(meta, indent=2) + "\n"
-    io.write_text(out / "meta.json", text)
+    artifacts.write_text(out / "meta.json", text)
     return meta
 
 

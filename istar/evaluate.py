@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import io, metrics, qa
+from . import artifacts, metrics, qa
 from .encoding import MODEL_INPUTS, Features, encode_split, make_loader
 from .tasks import Task
 
@@ -91,7 +91,7 @@ def evaluate_checkpoint(model_source: str, data_dir, out=None, split: str = "val
     report = {"task": task.key, "split": split, "model": model_source, "standin": bool(meta.get("standin", False)),
               "metric": task.metric, "metrics": result, "examples": len(frame)}
     if out is not None and accelerator.is_main_process:
-        io.write_json(out, report)
+        artifacts.write_json(out, report)
     accelerator.print(f"{task.display} {split}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
     return report
 

@@ -8,7 +8,7 @@ All functions accept ``torch.Tensor`` or anything ``torch.as_tensor`` understand
 (NumPy arrays, nested lists).
 
 Equations refer to Rudman & Eickhoff, "Stable Anisotropic Regularization", ICLR 2024
-(Algorithm 1 = IsoScore*, Algorithm 2 = IsoScore) and to ``METHOD.md`` §2, whose closed form
+(Algorithm 1 = IsoScore*, Algorithm 2 = IsoScore) and to docs/method.md §2, whose closed form
 
     IsoScore*(Σ) = ((tr Σ)² / ‖Σ‖_F² − 1) / (d − 1)
 
@@ -91,7 +91,7 @@ def _check_zeta(zeta: float, sigma_s, d: int, device) -> torch.Tensor | None:
 
 
 def _score_from_moments(trace: torch.Tensor, frobenius_sq: torch.Tensor, d: int) -> torch.Tensor:
-    """IsoScore from tr Σ and ‖Σ‖_F² (METHOD.md §2), after checking they make sense."""
+    """IsoScore from tr Σ and ‖Σ‖_F² (docs/method.md §2), after checking they make sense."""
     if not (torch.isfinite(trace) and torch.isfinite(frobenius_sq)):
         raise ValueError("the covariance is not finite: the input contains NaN or inf (or overflows)")
     if frobenius_sq <= 0:
@@ -180,7 +180,7 @@ def isoscore_star_from_covariance(cov_x, zeta: float = 0.0, sigma_s=None) -> tor
 
     Uses ``((tr Σ_ζ)² / ‖Σ_ζ‖_F² − 1) / (d − 1)`` with
     ``tr Σ_ζ = (1 − ζ) tr Σ_X + ζ tr Σ_S`` and
-    ``‖Σ_ζ‖_F² = (1 − ζ)²‖Σ_X‖_F² + 2ζ(1 − ζ)⟨Σ_X, Σ_S⟩ + ζ²‖Σ_S‖_F²`` (METHOD.md §2),
+    ``‖Σ_ζ‖_F² = (1 − ζ)²‖Σ_X‖_F² + 2ζ(1 − ζ)⟨Σ_X, Σ_S⟩ + ζ²‖Σ_S‖_F²`` (docs/method.md §2),
     all reductions in float64. Gradients flow into ``cov_x`` by ordinary autograd; this is
     the entry point when the covariance comes from all-reduced sufficient statistics.
 
@@ -252,7 +252,7 @@ def isoscore_star(X, zeta: float = 0.0, sigma_s=None) -> torch.Tensor:
     """IsoScore* of a point cloud (Algorithm 1), differentiable with respect to ``X``.
 
     Σ_X is the unbiased covariance of ``X``; Σ_ζ = (1 − ζ)·Σ_X + ζ·Σ_S; the score is
-    ``((tr Σ_ζ)² / ‖Σ_ζ‖_F² − 1) / (d − 1)`` (METHOD.md §2), which equals steps 5–9 of
+    ``((tr Σ_ζ)² / ‖Σ_ζ‖_F² − 1) / (d − 1)`` (docs/method.md §2), which equals steps 5–9 of
     Algorithm 1 exactly without an eigendecomposition. ``zeta = 0`` gives vanilla
     :func:`isoscore`.
 
@@ -448,7 +448,7 @@ def _two_nearest_distances(X: torch.Tensor, chunk_size: int, candidates: int = 4
 
 
 def twonn_dimension(X, discard_fraction: float = 0.1, chunk_size: int = 1024) -> float:
-    """TwoNN intrinsic dimension of a point cloud (Facco et al., 2017; METHOD.md §5).
+    """TwoNN intrinsic dimension of a point cloud (Facco et al., 2017; docs/method.md §5).
 
     For each point, μ = r₂/r₁ (distances to its second and first nearest neighbours).
     The μ are sorted, the largest ``discard_fraction`` dropped, and the slope of the

@@ -1,7 +1,7 @@
 """Which runs a configuration asks for, and how their settings are spelled in paths.
 
 A *setting* is a fine-tuning method with its hyperparameters, spelled as a folder name
-(DESIGN.md): ``base``, ``cosreg_lam1``, ``istar_lam-1_zeta0.2``, ``istar_lam-1_zeta0.2_layer6``,
+(docs/architecture.md): ``base``, ``cosreg_lam1``, ``istar_lam-1_zeta0.2``, ``istar_lam-1_zeta0.2_layer6``,
 plus ``_bs16_ep3_lr3e-05`` when the search grid covers batch size, epochs and learning rate.
 Hyperparameters in paths keep reruns right even without Snakemake's metadata and make every
 artifact self-describing. The Snakemake rules only call these functions.

@@ -34,7 +34,7 @@ from matplotlib.container import ErrorbarContainer
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from istar.io import atomic_path
+from istar.artifacts import atomic_path
 from istar.isotropy import isoscore_star_from_covariance
 from istar.tasks import TASKS, get_task
 
@@ -91,7 +91,7 @@ _PANEL_SIZE = (3.6, 2.9)
 
 
 def fig2_variances(dim: int = 768) -> torch.Tensor:
-    """Variances of the synthetic Gaussian of Fig. 2: diag(10, 6, 4, 4, 1, …, 1) (METHOD.md §2)."""
+    """Variances of the synthetic Gaussian of Fig. 2: diag(10, 6, 4, 4, 1, …, 1) (docs/method.md §2)."""
     if dim < 5:
         raise ValueError(f"the Fig. 2 Gaussian needs dim ≥ 5; got {dim}")
     variances = torch.ones(dim, dtype=torch.float64)

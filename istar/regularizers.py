@@ -4,7 +4,7 @@ Both take the ``hidden_states`` of a Hugging Face model called with
 ``output_hidden_states=True`` — a tuple of L + 1 tensors of shape (B, T, d): index 0 is the
 embedding output, index l the output of transformer layer l — and the batch's
 ``attention_mask`` of shape (B, T) (1 = real token, 0 = padding). Padding positions never
-enter a penalty (the public reference code includes them: METHOD.md §7).
+enter a penalty (the public reference code includes them: docs/method.md §7).
 
 Each penalty returns a :class:`Penalty`: the term to add to the task loss and detached
 values to log.
@@ -17,9 +17,10 @@ from typing import Sequence, Union
 
 import torch
 
-from .isotropy import isoscore_star
+from .isotropy import isoscore_star, isoscore_star_from_covariance
 
-__all__ = ["Penalty", "resolve_layers", "parse_layer_spec", "token_rows", "istar_penalty", "cosreg_penalty", "LayerSpec"]
+__all__ = ["Penalty", "resolve_layers", "parse_layer_spec", "token_rows", "istar_penalty", "global_istar_penalty",
+           "global_isoscore_star", "cosreg_penalty", "LayerSpec"]
 
 LayerSpec = Union[str, int, Sequence[int]]
 """Which hidden states a penalty reads: ``"all"`` (layers 1..L, the paper's default),
@@ -115,7 +116,7 @@ def istar_penalty(
     sigma_s: torch.Tensor | None,
     layers: LayerSpec = "all",
 ) -> Penalty:
-    """The I-STAR term λ·(1 − IsoScore*(X̃, ζ, Σ_S)) of the paper's Eq. (2) / METHOD.md §3.
+    """The I-STAR term λ·(1 − IsoScore*(X̃, ζ, Σ_S)) of the paper's Eq. (2) / docs/method.md §3.
 
     Parameters
     ----------
@@ -136,8 +137,78 @@ def istar_penalty(
     return Penalty(term=term, logs={"isoscore_star": score.detach()})
 
 
+class _SumOverProcesses(torch.autograd.Function):
+    """Differentiable sum of a tensor over all processes (a blocking ``all_reduce``).
+
+    Written here rather than taken from ``torch.distributed.nn.functional.all_reduce``
+    (deprecated in torch 2.13) or ``torch.distributed._functional_collectives`` (private, and
+    its ``all_reduce`` has no autograd formula): the gradient of y = Σ_p x_p with respect to
+    this process's x is Σ_p ∂L_p/∂y, so the backward is the same sum over processes. Both
+    directions are plain synchronous collectives, completed before they return, so no
+    collective is ever left in flight when a process group is torn down.
+    """
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        total = tensor.clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total
+
+
+def global_isoscore_star(rows: torch.Tensor, zeta: float, sigma_s: torch.Tensor | None) -> torch.Tensor:
+    """IsoScore* of the union of every process's rows, differentiable on every process.
+
+    Parameters
+    ----------
+    rows : (n_p, d) this process's token rows (n_p may differ between processes).
+    zeta, sigma_s : as in :func:`istar.isotropy.isoscore_star`.
+
+    The global row count, mean and centred second moment are summed over processes, so the
+    score equals IsoScore* of all rows stacked. Every process adds the same score to its
+    loss; data-parallel training averages parameter gradients over processes, and the
+    backward sum in :class:`_SumOverProcesses` makes that average the exact gradient of the
+    global penalty (docs/method.md §3).
+    """
+    x = rows.double() if rows.dtype == torch.float64 else rows.float()
+    with torch.autocast(device_type=x.device.type, enabled=False):  # the product must not run in fp16
+        count = _SumOverProcesses.apply(torch.tensor([float(x.shape[0])], device=x.device, dtype=torch.float64))
+        mean = _SumOverProcesses.apply(x.sum(dim=0, dtype=torch.float64)) / count
+        centred = x - mean.to(x.dtype)
+        second_moment = _SumOverProcesses.apply((centred.T @ centred).double())
+    return isoscore_star_from_covariance(second_moment / (count - 1), zeta, sigma_s)
+
+
+def global_istar_penalty(
+    hidden_states: Sequence[torch.Tensor],
+    attention_mask: torch.Tensor,
+    *,
+    lam: float,
+    zeta: float,
+    sigma_s: torch.Tensor | None,
+    layers: LayerSpec = "all",
+) -> Penalty:
+    """:func:`istar_penalty` on the global batch of all data-parallel processes.
+
+    Same arguments and result as :func:`istar_penalty`; needs an initialised
+    ``torch.distributed`` process group. The public reference code penalises each
+    process's local batch instead.
+    """
+    score = global_isoscore_star(token_rows(hidden_states, attention_mask, layers), zeta, sigma_s)
+    return Penalty(term=(lam * (1.0 - score)).to(torch.float32), logs={"isoscore_star": score.detach()})
+
+
 def cosreg_penalty(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, *, lam: float = 1.0) -> Penalty:
-    """The CosReg term of Gao et al. (2019) as adapted by the paper (METHOD.md §4).
+    """The CosReg term of Gao et al. (2019) as adapted by the paper (docs/method.md §4).
 
     λ · (1/M²) Σ_i Σ_{j≠i} x̂_iᵀx̂_j over the M real tokens of the last layer,
     x̂ = x/‖x‖, computed in O(M·d) as λ·(‖Σ_i x̂_i‖² − M)/M². Reductions in float32.

@@ -26,7 +26,7 @@ import math
 import re
 from pathlib import Path
 
-from . import io
+from . import artifacts
 
 __all__ = ["read_run", "model_short_name", "setting_name", "select_best", "SETTING_KEYS"]
 
@@ -150,7 +150,7 @@ def select_best(run_dirs, out=None, metric: str | None = None) -> dict:
               "score": best["score"], "score_std": best["score_std"], "seeds": best["seeds"],
               "standin": any(run["standin"] for run in runs), "candidates": candidates}
     if out is not None:
-        io.write_json(out, result)
+        artifacts.write_json(out, result)
     return result
 
 

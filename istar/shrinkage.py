@@ -1,4 +1,4 @@
-"""The shrinkage covariance Σ_S: streaming covariance of a model's token vectors (METHOD.md §3).
+"""The shrinkage covariance Σ_S: streaming covariance of a model's token vectors (docs/method.md §3).
 
 Rows are the non-padding token vectors of the selected layers (the same selection as the
 I-STAR penalty), from forward passes without gradients over a task's training data, until
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from . import __version__, io
+from . import __version__, artifacts
 from .encoding import MODEL_INPUTS, EpochShuffleSampler, encode_split, make_loader
 from .isotropy import CovarianceAccumulator
 from .regularizers import LayerSpec, parse_layer_spec, resolve_layers
@@ -119,7 +119,7 @@ def save_shrinkage(path, per_layer: list[CovarianceAccumulator], layers: list[in
     ``per_layer`` {``count`` (L+1,), ``mean`` (L+1, d), ``m2`` (L+1, d, d)}, ``provenance``.
     """
     selection = merge_layers(per_layer, layers)
-    io.torch_save(path, {
+    artifacts.torch_save(path, {
         "sigma": selection.covariance().cpu(),
         "mean": selection.mean.cpu(),
         "rows": selection.count,
@@ -212,7 +212,7 @@ def compute_shrinkage_file(model_source: str, data_dir, out, layers: LayerSpec =
     provenance["num_layers"] = len(per_layer) - 1
     if accelerator.is_main_process:
         save_shrinkage(out, per_layer, indices, provenance)
-        io.write_json(Path(out).with_suffix(".json"), {**provenance, "layers": indices, "rows": rows})
+        artifacts.write_json(Path(out).with_suffix(".json"), {**provenance, "layers": indices, "rows": rows})
     accelerator.wait_for_everyone()
     accelerator.print(f"Σ_S of {model_source} on {task.display} train: {rows:,} rows over layers "
                       f"{indices} from {accelerator.num_processes} process(es) -> {out}")

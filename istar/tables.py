@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from istar.io import write_text
+from istar.artifacts import write_text
 from istar.tasks import TASKS, get_task
 
 __all__ = ["Table", "table1", "table2", "write_table", "render_csv", "render_markdown", "render_latex", "latex_escape"]

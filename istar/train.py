@@ -1,8 +1,8 @@
 """Fine-tuning with a baseline, CosReg or I-STAR loss, on accelerate (one readable loop).
 
     loss = task loss                                       method "base"
-    loss = task loss + λ·(1/M²)·Σ_{i≠j} x̂_iᵀx̂_j           method "cosreg" (METHOD.md §4)
-    loss = task loss + λ·(1 − IsoScore*(X̃, ζ, Σ_S))        method "istar"  (METHOD.md §3)
+    loss = task loss + λ·(1/M²)·Σ_{i≠j} x̂_iᵀx̂_j           method "cosreg" (docs/method.md §4)
+    loss = task loss + λ·(1 − IsoScore*(X̃, ζ, Σ_S))        method "istar"  (docs/method.md §3)
 
 I-STAR starts from a Σ_S computed beforehand (``istar shrinkage``) and recomputes it from
 the current model at the start of every later epoch, as in the paper; all processes use
@@ -36,11 +36,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from . import __version__, io
+from . import __version__, artifacts
 from .encoding import EpochShuffleSampler, encode_split, make_loader
 from .evaluate import evaluate_model
-from .isotropy import isoscore_star_from_covariance
-from .regularizers import LayerSpec, Penalty, cosreg_penalty, istar_penalty, parse_layer_spec, resolve_layers, token_rows
+from .regularizers import (LayerSpec, Penalty, cosreg_penalty, global_istar_penalty, istar_penalty, parse_layer_spec,
+                           resolve_layers)
 from .shrinkage import (DEFAULT_ROWS, accumulate_shrinkage, load_layer_statistics, load_shrinkage, merge_layers,
                         save_shrinkage)
 
@@ -131,32 +131,13 @@ class Progress:
 # ------------------------------------------------------------------------------------- penalty
 
 
-def global_isoscore_star(rows: torch.Tensor, zeta: float, sigma_s: torch.Tensor | None) -> torch.Tensor:
-    """IsoScore* of the union of every process's rows, differentiable on every process.
-
-    The global mean and the global centred second moment are all-reduced with
-    ``torch.distributed.nn.functional.all_reduce``, whose backward all-reduces the
-    gradients: each process adds the same global score to its loss, and data-parallel
-    gradient averaging then applies the global penalty's gradient exactly once.
-    """
-    from torch.distributed.nn.functional import all_reduce
-
-    x = rows.double() if rows.dtype == torch.float64 else rows.float()
-    with torch.autocast(device_type=x.device.type, enabled=False):  # the product must not run in fp16
-        count = all_reduce(torch.tensor([float(x.shape[0])], device=x.device, dtype=torch.float64))
-        mean = all_reduce(x.sum(dim=0, dtype=torch.float64)) / count
-        centred = x - mean.to(x.dtype)
-        second_moment = all_reduce((centred.T @ centred).double())
-    return isoscore_star_from_covariance(second_moment / (count - 1), zeta, sigma_s)
-
-
 def compute_penalty(cfg: TrainConfig, hidden_states, attention_mask, sigma_s, distributed: bool) -> Penalty | None:
     if cfg.method == "cosreg":
         return cosreg_penalty(hidden_states, attention_mask, lam=cfg.lam)
     if cfg.method == "istar":
         if cfg.global_penalty and distributed:
-            score = global_isoscore_star(token_rows(hidden_states, attention_mask, cfg.layers), cfg.zeta, sigma_s)
-            return Penalty(term=(cfg.lam * (1.0 - score)).float(), logs={"isoscore_star": score.detach()})
+            return global_istar_penalty(hidden_states, attention_mask, lam=cfg.lam, zeta=cfg.zeta, sigma_s=sigma_s,
+                                        layers=cfg.layers)
         return istar_penalty(hidden_states, attention_mask, lam=cfg.lam, zeta=cfg.zeta, sigma_s=sigma_s, layers=cfg.layers)
     return None
 
@@ -184,7 +165,7 @@ def save_state(accelerator, resume_dir: Path, step: int, log_path: Path) -> None
         if log_path.exists():
             shutil.copy2(log_path, staging / "train_log.csv")
         (staging / "COMPLETE").write_text(f"step {step}\n")
-        io.replace_directory(staging, final)
+        artifacts.replace_directory(staging, final)
         for old in resume_dir.glob("state-*"):
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)
@@ -418,17 +399,17 @@ def _finish(cfg, accelerator, model, tokenizer, task, meta, progress, precision,
         shutil.rmtree(staging, ignore_errors=True)
         model.save_pretrained(staging, save_function=accelerator.save)
         tokenizer.save_pretrained(staging)
-        io.replace_directory(staging, out / "model")
-        with io.atomic_path(out / "train_log.csv") as tmp:
+        artifacts.replace_directory(staging, out / "model")
+        with artifacts.atomic_path(out / "train_log.csv") as tmp:
             shutil.copy2(log_path, tmp) if log_path.exists() else tmp.write_text(",".join(LOG_COLUMNS) + "\n")
-        io.write_json(out / "run_config.json", {
+        artifacts.write_json(out / "run_config.json", {
             **dataclasses.asdict(cfg), "model_path": model_path, "task": task.key,
             "precision": {"requested": cfg.mixed_precision, "effective": precision},
             "num_processes": accelerator.num_processes, "device": accelerator.device.type,
             "total_optimizer_steps": total_steps, "train_seconds": round(seconds, 2),
             "data_meta": meta, "istar_version": __version__, "torch_version": torch.__version__,
         })
-        io.write_json(out / "metrics.json", report)
+        artifacts.write_json(out / "metrics.json", report)
         shutil.rmtree(out / "resume", ignore_errors=True)
     accelerator.wait_for_everyone()
     accelerator.print(f"done: {task.metric} = {final.get(task.metric, float('nan')):.4f} -> {out}")

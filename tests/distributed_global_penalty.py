@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from istar.isotropy import isoscore_star
-from istar.train import global_isoscore_star
+from istar.regularizers import global_isoscore_star
 
 
 def main(out: str) -> None:

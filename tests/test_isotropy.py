@@ -51,7 +51,7 @@ def test_rank_one_data_scores_zero():
 
 
 def test_paper_gaussian_true_value_and_small_sample_underestimate():
-    # METHOD.md §2: diag(10, 6, 4, 4, 1, ..., 1) in 768-d has IsoScore* ≈ 0.86.
+    # docs/method.md §2: diag(10, 6, 4, 4, 1, ..., 1) in 768-d has IsoScore* ≈ 0.86.
     variances = torch.ones(768, dtype=torch.float64)
     variances[:4] = torch.tensor([10.0, 6.0, 4.0, 4.0])
     true_value = float(isoscore_star_from_covariance(torch.diag(variances)))
