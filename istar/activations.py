@@ -24,31 +24,30 @@ import torch
 from tqdm.auto import tqdm
 
 from . import __version__, artifacts
-from .encoding import MODEL_INPUTS, encode_split, make_loader
+from .encoding import MODEL_INPUTS
 from .isotropy import CovarianceAccumulator
+from .specs import ActivationsSpec, add_spec_arguments, spec_from_cli
 
 __all__ = ["extract_activations", "load_activations"]
 
-DEFAULT_TOKEN_SAMPLE = 2048
-
 
 @torch.no_grad()
-def collect(model, loader, num_tokens: int, sample_size: int, seed: int, device,
-            autocast_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+def collect(model, loader, num_tokens: int, sample_size: int, seed: int, accelerator) -> dict[str, torch.Tensor]:
     """Run ``model`` over ``loader`` and gather the tensors listed in the module docstring.
 
     ``num_tokens`` is the number of non-padding tokens the loader holds; ``sample_size`` of
-    them (chosen with ``seed``) are kept in full. ``autocast_dtype`` runs the forward passes
-    under autocast (statistics are still accumulated in float32/float64).
+    them (chosen with ``seed``) are kept in full. The forward passes run on the
+    accelerator's device in its precision (``accelerator.autocast``); statistics are
+    accumulated in float32/float64.
     """
     generator = torch.Generator().manual_seed(seed)
     chosen = torch.randperm(num_tokens, generator=generator)[:min(sample_size, num_tokens)].sort().values
     cls, sampled, accumulators, unit_sums = [], [], [], []
     seen = 0
     model.eval()
-    for batch in tqdm(loader, desc="activations", leave=False):
-        inputs = {k: v.to(device) for k, v in batch.items() if k in MODEL_INPUTS}
-        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+    for batch in tqdm(loader, desc="activations", leave=False, disable=not accelerator.is_local_main_process):
+        inputs = {k: v.to(accelerator.device) for k, v in batch.items() if k in MODEL_INPUTS}
+        with accelerator.autocast():
             hidden = torch.stack(model(**inputs, output_hidden_states=True).hidden_states).float()  # (L+1, B, T, d)
         mask = inputs["attention_mask"].bool()
         tokens = hidden[:, mask]  # (L+1, M, d) in reading order
@@ -79,39 +78,30 @@ def collect(model, loader, num_tokens: int, sample_size: int, seed: int, device,
     return tensors
 
 
-def extract_activations(model_source: str, data_dir, out, split: str = "validation", batch_size: int = 64,
-                        max_length: int = 128, doc_stride: int = 128, token_sample: int = DEFAULT_TOKEN_SAMPLE,
-                        seed: int = 0, mixed_precision: str = "no") -> dict:
+def extract_activations(spec: ActivationsSpec) -> dict:
     """The activations step: see the module docstring. Returns the file's metadata."""
     from safetensors.torch import save_file
 
-    from .data import read_meta, read_split
-    from .models import load_model, load_tokenizer
-    from .tasks import get_task
+    from .steps import open_step
 
-    meta = read_meta(data_dir)
-    task = get_task(meta["task"])
-    frame = read_split(data_dir, split)
-    tokenizer = load_tokenizer(model_source)
-    model = load_model(model_source, task)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device)
-    features = encode_split(frame, task, tokenizer, max_length, doc_stride, with_labels=False,
-                            for_qa_eval=task.kind == "qa")
+    spec.validate()
+    step = open_step(spec)
+    model = step.accelerator.prepare(step.model)
+    features = step.features(spec.split, with_labels=False, for_qa_eval=True)
     num_tokens = features.num_tokens()
-    autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(mixed_precision) if device.type == "cuda" else None
-    tensors = collect(model, make_loader(features, tokenizer, batch_size), num_tokens, token_sample, seed, device,
-                      autocast_dtype)
+    tensors = collect(model, step.loader(features, spec.batch_size), num_tokens, spec.token_sample, spec.seed,
+                      step.accelerator)
+    num_hidden_states = step.model.config.num_hidden_layers + 1
     metadata = {
-        "model": str(model_source), "task": task.key, "split": split, "num_hidden_states": str(model.config.num_hidden_layers + 1),
+        "model": str(spec.model), "task": step.task.key, "split": spec.split, "num_hidden_states": str(num_hidden_states),
         "features": str(len(features)), "tokens": str(num_tokens), "token_sample": str(tensors["tokens.layer0"].shape[0]),
-        "max_length": str(max_length), "seed": str(seed), "standin": json.dumps(bool(meta.get("standin", False))),
+        "max_length": str(spec.max_length), "seed": str(spec.seed), "standin": json.dumps(step.standin),
         "istar_version": __version__,
     }
-    with artifacts.atomic_path(out) as tmp:
+    with artifacts.atomic_path(spec.out) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
-    print(f"activations of {model_source} on {task.display} {split}: {len(features):,} features, {num_tokens:,} tokens, "
-          f"{model.config.num_hidden_layers + 1} hidden states -> {out}")
+    print(f"activations of {spec.model} on {step.task.display} {spec.split}: {len(features):,} features, "
+          f"{num_tokens:,} tokens, {num_hidden_states} hidden states -> {spec.out}")
     return metadata
 
 
@@ -124,22 +114,9 @@ def load_activations(path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="a saved model folder, HF id or package:NAME/SUBFOLDER")
-    parser.add_argument("--data", required=True, help="prepared task folder")
-    parser.add_argument("--out", required=True, help="output .safetensors file")
-    parser.add_argument("--split", default="validation", choices=["train", "validation"])
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--doc-stride", type=int, default=128)
-    parser.add_argument("--token-sample", type=int, default=DEFAULT_TOKEN_SAMPLE,
-                        help="non-padding token vectors kept per layer (same tokens in every layer)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default="no",
-                        help="autocast the forward passes on a GPU (default: fp32)")
+    add_spec_arguments(parser, ActivationsSpec)
 
 
 def run_cli(args) -> int:
-    extract_activations(args.model, args.data, args.out, split=args.split, batch_size=args.batch_size,
-                        max_length=args.max_length, doc_stride=args.doc_stride, token_sample=args.token_sample,
-                        seed=args.seed, mixed_precision=args.mixed_precision)
+    extract_activations(spec_from_cli(args))
     return 0

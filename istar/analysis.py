@@ -36,8 +36,9 @@ import torch
 from . import artifacts
 from .activations import load_activations
 from .isotropy import CovarianceAccumulator, isoscore_star_from_covariance, twonn_dimension
-from .regularizers import LayerSpec, parse_layer_spec, resolve_layers
+from .regularizers import LayerSpec, resolve_layers
 from .shrinkage import load_layer_statistics, merge_layers
+from .specs import AnalyzeSpec, add_spec_arguments, spec_from_cli
 
 __all__ = ["analyze_run"]
 
@@ -174,25 +175,17 @@ def analyze_run(activations_path, sigma_path, zeta: float, out=None, twonn_disca
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--activations", required=True, help="the run's activations .safetensors file")
-    parser.add_argument("--sigma-s", dest="sigma_s", required=True,
-                        help="pretrained Σ_S .pt file of the same model and task (`istar shrinkage`)")
-    parser.add_argument("--zeta", type=float, required=True, help="ζ ∈ [0, 1], weight of Σ_S in IsoScore*")
-    parser.add_argument("--out", required=True, help="output analysis.json")
-    parser.add_argument("--twonn-discard", type=float, default=0.1,
-                        help="fraction of the largest neighbour-distance ratios left out of the TwoNN fit")
-    parser.add_argument("--layers", type=parse_layer_spec, default="all",
-                        help="hidden states of the global point cloud: all (layers 1..L, default), all+embeddings, "
-                             "an index or a list like 1,3,5")
+    add_spec_arguments(parser, AnalyzeSpec)
 
 
 def run_cli(args) -> int:
-    result = analyze_run(args.activations, args.sigma_s, args.zeta, out=args.out, twonn_discard=args.twonn_discard,
-                         layers=args.layers)
+    spec = spec_from_cli(args)
+    result = analyze_run(spec.activations, spec.sigma_s, spec.zeta, out=spec.out, twonn_discard=spec.twonn_discard,
+                         layers=spec.layers)
     top = result["layers"][-1]
     print(f"{result['model']} on {result['task']} {result['split']} ({result['tokens']:,} tokens): global IsoScore* "
           f"(ζ = {result['zeta']}) {result['global']['isoscore_star']:.4f}, IsoScore {result['global']['isoscore']:.4f}; "
-          f"last layer cosine similarity {top['cosine_similarity']:.4f} -> {args.out}")
+          f"last layer cosine similarity {top['cosine_similarity']:.4f} -> {spec.out}")
     for warning in result["warnings"]:
         print(f"warning: {warning}")
     return 0

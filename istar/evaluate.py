@@ -15,7 +15,8 @@ import torch
 from tqdm.auto import tqdm
 
 from . import artifacts, metrics, qa
-from .encoding import MODEL_INPUTS, Features, encode_split, make_loader
+from .encoding import MODEL_INPUTS, Features
+from .specs import EvaluateSpec, add_spec_arguments, spec_from_cli
 from .tasks import Task
 
 __all__ = ["evaluate_model", "evaluate_checkpoint"]
@@ -70,44 +71,28 @@ def evaluate_model(model, loader, task: Task, accelerator, features: Features | 
     return result
 
 
-def evaluate_checkpoint(model_source: str, data_dir, out=None, split: str = "validation", batch_size: int = 64,
-                        max_length: int = 128, doc_stride: int = 128, mixed_precision: str = "no") -> dict:
-    """The evaluation step: metrics of a saved model on a prepared split, written as JSON to ``out``."""
-    from accelerate import Accelerator
+def evaluate_checkpoint(spec: EvaluateSpec) -> dict:
+    """The evaluation step: metrics of a saved model on a prepared split, written as JSON to ``spec.out``."""
+    from .steps import open_step
 
-    from .data import read_meta, read_split
-    from .models import load_model, load_tokenizer
-    from .tasks import get_task
-
-    accelerator = Accelerator(mixed_precision=mixed_precision)
-    meta = read_meta(data_dir)
-    task = get_task(meta["task"])
-    frame = read_split(data_dir, split)
-    tokenizer = load_tokenizer(model_source)
-    model = load_model(model_source, task)
-    features = encode_split(frame, task, tokenizer, max_length, doc_stride, for_qa_eval=task.kind == "qa")
-    model, loader = accelerator.prepare(model, make_loader(features, tokenizer, batch_size))
-    result = evaluate_model(model, loader, task, accelerator, features=features, frame=frame)
-    report = {"task": task.key, "split": split, "model": model_source, "standin": bool(meta.get("standin", False)),
-              "metric": task.metric, "metrics": result, "examples": len(frame)}
-    if out is not None and accelerator.is_main_process:
-        artifacts.write_json(out, report)
-    accelerator.print(f"{task.display} {split}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
+    spec.validate()
+    step = open_step(spec)
+    frame = step.frame(spec.split)
+    features = step.features(spec.split, frame=frame, for_qa_eval=True)
+    model, loader = step.accelerator.prepare(step.model, step.loader(features, spec.batch_size))
+    result = evaluate_model(model, loader, step.task, step.accelerator, features=features, frame=frame)
+    report = {"task": step.task.key, "split": spec.split, "model": spec.model, "standin": step.standin,
+              "metric": step.task.metric, "metrics": result, "examples": len(frame)}
+    if step.accelerator.is_main_process:
+        artifacts.write_json(spec.out, report)
+    step.accelerator.print(f"{step.task.display} {spec.split}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
     return report
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="a saved model folder (or HF id / package:…)")
-    parser.add_argument("--data", required=True, help="prepared task folder")
-    parser.add_argument("--out", required=True, help="output JSON file")
-    parser.add_argument("--split", default="validation", choices=["train", "validation"])
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--doc-stride", type=int, default=128)
-    parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default="no")
+    add_spec_arguments(parser, EvaluateSpec)
 
 
 def run_cli(args) -> int:
-    evaluate_checkpoint(args.model, args.data, args.out, split=args.split, batch_size=args.batch_size,
-                        max_length=args.max_length, doc_stride=args.doc_stride, mixed_precision=args.mixed_precision)
+    evaluate_checkpoint(spec_from_cli(args))
     return 0

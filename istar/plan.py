@@ -4,7 +4,11 @@ A *setting* is a fine-tuning method with its hyperparameters, spelled as a folde
 (docs/architecture.md): ``base``, ``cosreg_lam1``, ``istar_lam-1_zeta0.2``, ``istar_lam-1_zeta0.2_layer6``,
 plus ``_bs16_ep3_lr3e-05`` when the search grid covers batch size, epochs and learning rate.
 Hyperparameters in paths keep reruns right even without Snakemake's metadata and make every
-artifact self-describing. The Snakemake rules only call these functions.
+artifact self-describing.
+
+Each step's spec (:mod:`istar.specs`) is built here from the validated config: every default,
+the QA window length and what λ means per method are decided in these functions and nowhere
+else. The Snakemake rules only call them, with the paths of their inputs and outputs.
 """
 
 from __future__ import annotations
@@ -13,8 +17,11 @@ import itertools
 import re
 from dataclasses import dataclass, replace
 
+from .specs import ActivationsSpec, AnalyzeSpec, EvaluateSpec, ShrinkageSpec, TrainSpec
+
 __all__ = ["Setting", "format_number", "search_settings", "selected_setting", "final_settings", "study_runs",
-           "study_scope", "STUDY_FIGURES"]
+           "study_scope", "STUDY_FIGURES", "needs_sigma", "task_max_length", "train_spec", "shrinkage_spec",
+           "evaluate_spec", "activations_spec", "analyze_spec"]
 
 STUDY_FIGURES = {"lambda_sweep": "fig3", "cosreg_means": "fig4", "twonn": "fig5", "layerwise": "fig6",
                  "zeta_sweep": "fig7", "single_layer": "fig8"}
@@ -74,16 +81,6 @@ class Setting:
     def with_training(self, other: "Setting") -> "Setting":
         """This method with the batch size, epochs and learning rate of ``other``."""
         return replace(self, batch_size=other.batch_size, epochs=other.epochs, learning_rate=other.learning_rate)
-
-    def train_arguments(self, training: dict) -> dict:
-        """The ``istar train`` hyperparameters of this setting, defaults from the ``training`` config."""
-        return {
-            "method": self.method, "lam": self.lam, "zeta": self.zeta if self.zeta is not None else 0.0,
-            "layers": self.layer,
-            "batch_size": self.batch_size or training["batch_size"], "epochs": self.epochs or training["epochs"],
-            "learning_rate": self.learning_rate or training["learning_rate"],
-        }
-
 
 def _training_grid(search: dict) -> list[tuple]:
     grids = (search["batch_sizes"], search["epochs"], search["learning_rates"])
@@ -172,3 +169,75 @@ def study_runs(config: dict, study: str, model: str, task: str, selection: Setti
     if settings is None:
         return None
     return [(setting, seed) for setting in settings for seed in seeds]
+
+
+# ------------------------------------------------------------------------------------- specs
+
+
+def needs_sigma(setting: Setting) -> bool:
+    """Whether a run reads the pretrained Σ_S (I-STAR with ζ > 0)."""
+    return setting.method == "istar" and setting.zeta > 0
+
+
+def task_max_length(config: dict, task: str) -> int:
+    """Tokens per example: SQuAD's windows are longer (question + a slice of the context)."""
+    training = config["training"]
+    return training["qa_max_length"] if task == "squad" else training["max_length"]
+
+
+def _model_data(config: dict, model: str, task: str, data_dir: str) -> dict:
+    training = config["training"]
+    return {"model": model, "data_dir": data_dir, "max_length": task_max_length(config, task),
+            "doc_stride": training["doc_stride"]}
+
+
+def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: int, data_dir: str, output_dir: str,
+               sigma_s: str | None) -> TrainSpec:
+    """The fine-tuning spec of one run: its setting, the rest from ``training`` and ``shrinkage``.
+
+    A setting's batch size, epochs and learning rate override the training defaults when
+    the search covers them; λ is the setting's (0 for the baseline, which has none); the
+    I-STAR options are set for I-STAR runs only; ``sigma_s`` is read when ζ > 0.
+    """
+    training, shrinkage = config["training"], config["shrinkage"]
+    hyperparameters = {}
+    if setting.method == "istar":
+        hyperparameters = {
+            "zeta": setting.zeta, "layers": setting.layer if setting.layer is not None else shrinkage["layers"],
+            "shrinkage_rows": shrinkage["rows"], "recompute_shrinkage": shrinkage["recompute_every_epoch"],
+            "global_penalty": shrinkage["global_penalty"], "sigma_s": sigma_s if needs_sigma(setting) else None,
+        }
+    return TrainSpec(
+        **_model_data(config, model, task, data_dir), output_dir=output_dir, method=setting.method,
+        lam=float(setting.lam), seed=int(seed), mixed_precision=training["mixed_precision"],
+        learning_rate=setting.learning_rate or training["learning_rate"],
+        batch_size=setting.batch_size or training["batch_size"], epochs=setting.epochs or training["epochs"],
+        eval_batch_size=training["eval_batch_size"], gradient_accumulation_steps=training["gradient_accumulation_steps"],
+        warmup_ratio=training["warmup_ratio"], scheduler=training["scheduler"], weight_decay=training["weight_decay"],
+        max_grad_norm=training["max_grad_norm"], checkpoint_every=training["checkpoint_every"], **hyperparameters)
+
+
+def shrinkage_spec(config: dict, *, model: str, task: str, data_dir: str, out: str) -> ShrinkageSpec:
+    """Σ_S of the pretrained model on the task's training data (fp32, the evaluation batch size)."""
+    return ShrinkageSpec(**_model_data(config, model, task, data_dir), out=out, layers=config["shrinkage"]["layers"],
+                         rows=config["shrinkage"]["rows"], batch_size=config["training"]["eval_batch_size"])
+
+
+def evaluate_spec(config: dict, *, model: str, task: str, data_dir: str, out: str) -> EvaluateSpec:
+    """The final evaluation of a run's model on the validation split (fp32)."""
+    return EvaluateSpec(**_model_data(config, model, task, data_dir), out=out,
+                        batch_size=config["training"]["eval_batch_size"])
+
+
+def activations_spec(config: dict, *, model: str, task: str, data_dir: str, out: str) -> ActivationsSpec:
+    """A run's representations of the validation split (fp32), for the analysis."""
+    return ActivationsSpec(**_model_data(config, model, task, data_dir), out=out,
+                           batch_size=config["training"]["eval_batch_size"],
+                           token_sample=config["analysis"]["token_sample"])
+
+
+def analyze_spec(config: dict, *, activations: str, sigma_s: str, out: str) -> AnalyzeSpec:
+    """Isotropy and TwoNN of a run's activations, against the pretrained Σ_S."""
+    analysis = config["analysis"]
+    return AnalyzeSpec(activations=activations, sigma_s=sigma_s, out=out, zeta=analysis["zeta"],
+                       twonn_discard=analysis["twonn_discard"], layers=config["shrinkage"]["layers"])

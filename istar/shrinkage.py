@@ -19,17 +19,15 @@ import torch
 from tqdm.auto import tqdm
 
 from . import __version__, artifacts
-from .encoding import MODEL_INPUTS, EpochShuffleSampler, encode_split, make_loader
+from .encoding import MODEL_INPUTS, EpochShuffleSampler
 from .isotropy import CovarianceAccumulator
-from .regularizers import LayerSpec, parse_layer_spec, resolve_layers
+from .regularizers import LayerSpec, resolve_layers
+from .specs import ShrinkageSpec, add_spec_arguments, spec_from_cli
 
 __all__ = ["accumulate_shrinkage", "merge_layers", "merge_across_processes", "save_shrinkage", "load_shrinkage", "load_layer_statistics", "compute_shrinkage_file"]
 
-DEFAULT_ROWS = 250_000
-
-
 @torch.no_grad()
-def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int = DEFAULT_ROWS, accelerator=None,
+def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int, accelerator=None,
                          description: str = "Σ_S") -> list[CovarianceAccumulator]:
     """Accumulate per-layer token statistics until the selected layers gave ``max_rows`` rows.
 
@@ -172,71 +170,51 @@ def load_shrinkage(path, expected_layers: list[int] | None = None, expected_dim:
     return merged.covariance(), {**provenance, "layers": layers, "rows": merged.count}
 
 
-def compute_shrinkage_file(model_source: str, data_dir, out, layers: LayerSpec = "all", max_rows: int = DEFAULT_ROWS,
-                           batch_size: int = 32, max_length: int = 128, doc_stride: int = 128, seed: int = 0,
-                           mixed_precision: str = "no") -> dict:
+def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
     """The shrinkage-matrix step: Σ_S of a (pretrained or fine-tuned) model on a task's training data.
 
-    The training split is read in a random order fixed by ``seed``; the result and its
-    provenance (model, task, rows, layers, …) are written to ``out``, the provenance also to ``out`` with
-    the suffix ``.json``. Returns the provenance.
+    The training split is read in a random order fixed by ``spec.seed``; the result and its
+    provenance (model, task, rows, layers, …) are written to ``spec.out``, the provenance also
+    to ``spec.out`` with the suffix ``.json``. Returns the provenance.
     """
-    from accelerate import Accelerator
     from accelerate.data_loader import prepare_data_loader
-    from accelerate.utils import set_seed
 
-    from .data import read_meta, read_split
-    from .models import load_model, load_tokenizer, resolve_model_source
-    from .tasks import get_task
+    from .steps import open_step
 
-    accelerator = Accelerator(mixed_precision=mixed_precision)
-    set_seed(seed)
-    meta = read_meta(data_dir)
-    task = get_task(meta["task"])
-    tokenizer = load_tokenizer(model_source)
-    model = load_model(model_source, task).to(accelerator.device)
-    features = encode_split(read_split(data_dir, "train"), task, tokenizer, max_length, doc_stride, with_labels=False)
-    loader = make_loader(features, tokenizer, batch_size, sampler=EpochShuffleSampler(len(features), seed))
+    spec.validate()
+    step = open_step(spec, model_seed=spec.seed)
+    accelerator, task = step.accelerator, step.task
+    model = step.model.to(accelerator.device)
+    features = step.features("train", with_labels=False)
+    loader = step.loader(features, spec.batch_size, sampler=EpochShuffleSampler(len(features), spec.seed))
     loader = prepare_data_loader(loader, accelerator.device, accelerator.num_processes, accelerator.process_index,
                                  put_on_device=True)
-    indices = resolve_layers(layers, model.config.num_hidden_layers + 1)
+    indices = resolve_layers(spec.layers, model.config.num_hidden_layers + 1)
     start = time.perf_counter()
-    per_layer = accumulate_shrinkage(model, loader, layers, max_rows, accelerator, description=f"Σ_S {task.key}")
+    per_layer = accumulate_shrinkage(model, loader, spec.layers, spec.rows, accelerator, description=f"Σ_S {task.key}")
     rows = merge_layers(per_layer, indices).count
     provenance = {
-        "model": model_source, "model_path": resolve_model_source(model_source), "task": task.key, "split": "train",
-        "standin": bool(meta.get("standin", False)), "layer_spec": layers,
-        "requested_rows": max_rows, "max_length": max_length, "seed": seed, "num_processes": accelerator.num_processes,
-        "seconds": round(time.perf_counter() - start, 2),
+        "model": spec.model, "model_path": step.model_path, "task": task.key, "split": "train",
+        "standin": step.standin, "layer_spec": spec.layers,
+        "requested_rows": spec.rows, "max_length": spec.max_length, "seed": spec.seed,
+        "num_processes": accelerator.num_processes, "seconds": round(time.perf_counter() - start, 2),
     }
     provenance["num_layers"] = len(per_layer) - 1
     if accelerator.is_main_process:
-        save_shrinkage(out, per_layer, indices, provenance)
-        artifacts.write_json(Path(out).with_suffix(".json"), {**provenance, "layers": indices, "rows": rows})
+        save_shrinkage(spec.out, per_layer, indices, provenance)
+        artifacts.write_json(Path(spec.out).with_suffix(".json"), {**provenance, "layers": indices, "rows": rows})
     accelerator.wait_for_everyone()
-    accelerator.print(f"Σ_S of {model_source} on {task.display} train: {rows:,} rows over layers "
-                      f"{indices} from {accelerator.num_processes} process(es) -> {out}")
-    if rows < max_rows:
-        accelerator.print(f"note: the training data gave only {rows:,} of the {max_rows:,} requested rows")
+    accelerator.print(f"Σ_S of {spec.model} on {task.display} train: {rows:,} rows over layers "
+                      f"{indices} from {accelerator.num_processes} process(es) -> {spec.out}")
+    if rows < spec.rows:
+        accelerator.print(f"note: the training data gave only {rows:,} of the {spec.rows:,} requested rows")
     return provenance
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="HF id, local folder or package:NAME/SUBFOLDER")
-    parser.add_argument("--data", required=True, help="prepared task folder (train.parquet, meta.json)")
-    parser.add_argument("--out", required=True, help="output .pt file")
-    parser.add_argument("--layers", default="all", type=parse_layer_spec,
-                        help="all (layers 1..L, default), all+embeddings, an index, or a list like 1,3,5")
-    parser.add_argument("--rows", type=int, default=DEFAULT_ROWS, help="token rows to accumulate (default 250,000)")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--doc-stride", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default="no")
+    add_spec_arguments(parser, ShrinkageSpec)
 
 
 def run_cli(args) -> int:
-    compute_shrinkage_file(args.model, args.data, args.out, layers=args.layers, max_rows=args.rows,
-                           batch_size=args.batch_size, max_length=args.max_length, doc_stride=args.doc_stride,
-                           seed=args.seed, mixed_precision=args.mixed_precision)
+    compute_shrinkage_file(spec_from_cli(args))
     return 0

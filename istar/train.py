@@ -13,7 +13,10 @@ code penalises each process's local batch).
 Nothing is lost when a job dies: the accelerate state (model, optimizer, scheduler, RNGs,
 progress, current Σ_S, training log) is saved atomically at every epoch end and every
 ``checkpoint_every`` optimizer steps under ``OUT/resume/``; the same command resumes from
-the newest one. Outputs appear atomically when the run is done:
+the newest one — but only when the run's fingerprint (:func:`run_fingerprint`: every setting,
+the data, Σ_S and the model it starts from) is unchanged. A state of a run whose settings
+changed is discarded with one line naming what changed, and the run starts afresh.
+Outputs appear atomically when the run is done:
 
     OUT/metrics.json        per-epoch and final metrics (the last file written)
     OUT/train_log.csv       step, loss, task_loss, penalty, isoscore_star, cosine_similarity, lr
@@ -27,6 +30,8 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import hashlib
+import json
 import math
 import shutil
 import time
@@ -37,76 +42,15 @@ import torch
 from tqdm.auto import tqdm
 
 from . import __version__, artifacts
-from .encoding import EpochShuffleSampler, encode_split, make_loader
+from .encoding import EpochShuffleSampler
 from .evaluate import evaluate_model
-from .regularizers import (LayerSpec, Penalty, cosreg_penalty, global_istar_penalty, istar_penalty, parse_layer_spec,
-                           resolve_layers)
-from .shrinkage import (DEFAULT_ROWS, accumulate_shrinkage, load_layer_statistics, load_shrinkage, merge_layers,
-                        save_shrinkage)
+from .regularizers import Penalty, cosreg_penalty, global_istar_penalty, istar_penalty, resolve_layers
+from .shrinkage import accumulate_shrinkage, load_layer_statistics, load_shrinkage, merge_layers, save_shrinkage
+from .specs import TrainSpec, add_spec_arguments, spec_from_cli
 
-__all__ = ["TrainConfig", "train", "METHODS"]
+__all__ = ["TrainSpec", "train", "run_fingerprint"]
 
-METHODS = ("base", "cosreg", "istar")
 LOG_COLUMNS = ("step", "epoch", "loss", "task_loss", "penalty", "isoscore_star", "cosine_similarity", "lr")
-
-
-@dataclass
-class TrainConfig:
-    """Everything a fine-tuning run depends on. Saved as ``run_config.json``."""
-
-    model: str
-    data_dir: str
-    output_dir: str
-    method: str = "base"
-    lam: float | None = None
-    zeta: float = 0.2
-    layers: LayerSpec = "all"
-    sigma_s: str | None = None
-    shrinkage_rows: int = DEFAULT_ROWS
-    recompute_shrinkage: bool = True
-    global_penalty: bool = False
-    learning_rate: float = 3e-5
-    batch_size: int = 32
-    eval_batch_size: int = 64
-    epochs: int = 3
-    gradient_accumulation_steps: int = 1
-    warmup_ratio: float = 0.0
-    scheduler: str = "linear"
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    max_length: int = 128
-    doc_stride: int = 128
-    seed: int = 0
-    mixed_precision: str = "no"
-    checkpoint_every: int = 0
-    log_every: int = 1
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad setting."""
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
-        if self.method == "cosreg" and self.lam is None:
-            self.lam = 1.0
-        if self.method == "istar":
-            if self.lam is None:
-                raise ValueError("method istar needs lam (λ), e.g. --lam -1")
-            if not 0.0 <= self.zeta <= 1.0:
-                raise ValueError(f"zeta must lie in [0, 1]; got {self.zeta}")
-            if self.zeta > 0 and not self.sigma_s:
-                raise ValueError("method istar with zeta > 0 needs --sigma-s, the file written by `istar shrinkage`")
-        if self.method == "base":
-            self.lam = 0.0
-        for name in ("batch_size", "eval_batch_size", "epochs", "gradient_accumulation_steps", "max_length", "shrinkage_rows"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)}")
-        if self.learning_rate <= 0:
-            raise ValueError(f"learning_rate must be positive; got {self.learning_rate}")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ValueError(f"warmup_ratio must lie in [0, 1); got {self.warmup_ratio}")
-        if self.mixed_precision not in ("no", "fp16", "bf16"):
-            raise ValueError(f"mixed_precision must be no, fp16 or bf16; got {self.mixed_precision!r}")
-        if self.checkpoint_every < 0 or self.log_every < 1:
-            raise ValueError("checkpoint_every must be ≥ 0 and log_every ≥ 1")
 
 
 @dataclass
@@ -131,18 +75,58 @@ class Progress:
 # ------------------------------------------------------------------------------------- penalty
 
 
-def compute_penalty(cfg: TrainConfig, hidden_states, attention_mask, sigma_s, distributed: bool) -> Penalty | None:
-    if cfg.method == "cosreg":
-        return cosreg_penalty(hidden_states, attention_mask, lam=cfg.lam)
-    if cfg.method == "istar":
-        if cfg.global_penalty and distributed:
-            return global_istar_penalty(hidden_states, attention_mask, lam=cfg.lam, zeta=cfg.zeta, sigma_s=sigma_s,
-                                        layers=cfg.layers)
-        return istar_penalty(hidden_states, attention_mask, lam=cfg.lam, zeta=cfg.zeta, sigma_s=sigma_s, layers=cfg.layers)
+def compute_penalty(spec: TrainSpec, hidden_states, attention_mask, sigma_s, distributed: bool) -> Penalty | None:
+    """The regulariser's term for one batch (None for the baseline)."""
+    if spec.method == "cosreg":
+        return cosreg_penalty(hidden_states, attention_mask, lam=spec.lam)
+    if spec.method == "istar":
+        penalty = global_istar_penalty if spec.global_penalty and distributed else istar_penalty
+        return penalty(hidden_states, attention_mask, lam=spec.lam, zeta=spec.zeta, sigma_s=sigma_s, layers=spec.layers)
     return None
 
 
 # ------------------------------------------------------------------------------------- resume
+
+# Settings that change neither the arithmetic nor the data order of a run: a state saved under
+# other values of these is still the same run.
+NOT_IN_FINGERPRINT = ("output_dir", "checkpoint_every")
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def run_fingerprint(spec: TrainSpec, meta: dict, model_path: str, num_processes: int, precision: str) -> dict:
+    """Everything that defines a run's result, as a flat dict (its hash is the run's fingerprint).
+
+    The resolved settings, the prepared data (``meta.json``, which holds the splits' checksums),
+    the Σ_S file's content, the model it starts from (the content of a local folder's files, or
+    the hub id and revision), the process count (it sets the data order) and the effective precision.
+    """
+    model_dir = Path(model_path)
+    model_files = ({p.name: _file_digest(p) for p in sorted(model_dir.iterdir()) if p.is_file()}
+                   if model_dir.is_dir() else {"hub": model_path})
+    settings = {k: v for k, v in dataclasses.asdict(spec).items() if k not in NOT_IN_FINGERPRINT}
+    return {
+        **{f"setting.{k}": v for k, v in settings.items()},
+        "data": hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest(),
+        "sigma_s": _file_digest(Path(spec.sigma_s)) if spec.sigma_s and spec.method == "istar" else None,
+        **{f"model.{name}": digest for name, digest in model_files.items()},
+        "num_processes": num_processes, "precision": precision, "istar_version": __version__,
+    }
+
+
+def fingerprint_hash(fingerprint: dict) -> str:
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def changed_settings(saved: dict, current: dict) -> list[str]:
+    """Names of the fingerprint entries that differ (``setting.learning_rate``, ``data``, …)."""
+    return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
 
 
 def latest_state(resume_dir: Path) -> Path | None:
@@ -153,8 +137,29 @@ def latest_state(resume_dir: Path) -> Path | None:
     return max(complete, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
-def save_state(accelerator, resume_dir: Path, step: int, log_path: Path) -> None:
-    """Save the accelerate state atomically as ``state-{step}``; drop older states."""
+def matching_state(resume_dir: Path, fingerprint: dict, print_fn=print) -> Path | None:
+    """The newest saved state of this very run; states of a run with other settings are discarded.
+
+    A state whose ``fingerprint.json`` differs from ``fingerprint`` (or has none) cannot be
+    resumed without mixing two runs: it is removed, with one line naming what changed.
+    """
+    state = latest_state(resume_dir)
+    if state is None:
+        return None
+    saved_path = state / "fingerprint.json"
+    saved = json.loads(saved_path.read_text()) if saved_path.is_file() else {}
+    if saved == fingerprint:
+        return state
+    changed = changed_settings(saved, fingerprint) if saved else ["(the state has no fingerprint)"]
+    shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+    print_fn(f"discarding the saved state in {resume_dir}: the run changed since it was saved ({shown}); starting afresh")
+    for old in resume_dir.glob("state-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    return None
+
+
+def save_state(accelerator, resume_dir: Path, step: int, log_path: Path, fingerprint: dict) -> None:
+    """Save the accelerate state atomically as ``state-{step}`` with the run's fingerprint; drop older states."""
     final = resume_dir / f"state-{step:08d}"
     staging = resume_dir / f".staging-{step:08d}"
     if accelerator.is_main_process:
@@ -164,12 +169,19 @@ def save_state(accelerator, resume_dir: Path, step: int, log_path: Path) -> None
     if accelerator.is_main_process:
         if log_path.exists():
             shutil.copy2(log_path, staging / "train_log.csv")
+        (staging / "fingerprint.json").write_text(json.dumps(fingerprint, sort_keys=True, indent=1))
         (staging / "COMPLETE").write_text(f"step {step}\n")
         artifacts.replace_directory(staging, final)
         for old in resume_dir.glob("state-*"):
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
+
+
+def _discard_partial_outputs(out: Path) -> None:
+    """Before a fresh start: Σ_S files of an earlier attempt would be mistaken for this run's."""
+    for stale in out.glob("sigma_epoch*.pt"):
+        stale.unlink()
 
 
 # ------------------------------------------------------------------------------------- training
@@ -182,111 +194,138 @@ def effective_precision(accelerator, requested: str) -> str:
     return {"no": "fp32"}.get(requested, requested)
 
 
-def _optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
+def _optimizer(model, spec: TrainSpec) -> torch.optim.Optimizer:
     no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
     decay = [p for n, p in model.named_parameters() if p.requires_grad and not n.endswith(no_decay)]
     rest = [p for n, p in model.named_parameters() if p.requires_grad and n.endswith(no_decay)]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate)
+    groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=spec.learning_rate)
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Fine-tune ``cfg.model`` on the prepared task in ``cfg.data_dir``; see the module docstring.
+@dataclass
+class Run:
+    """What the loop and the final write share about one run (no settings: those are in ``spec``)."""
+
+    spec: TrainSpec
+    step: object  # istar.steps.Step
+    out: Path
+    resume_dir: Path
+    log_path: Path
+    precision: str
+    fingerprint: dict
+    total_steps: int = 0
+
+
+def train(spec: TrainSpec, restart: bool = False) -> dict:
+    """Fine-tune ``spec.model`` on the prepared task in ``spec.data_dir``; see the module docstring.
+
+    ``restart`` discards any saved state and starts from scratch.
 
     Returns
     -------
     The content of ``metrics.json``.
     """
-    from accelerate import Accelerator
+    spec.validate()
+    out = Path(spec.output_dir)
+    resume_dir = out / "resume"
+    created_resume_dir = not resume_dir.exists()
+    try:
+        return _train(spec, out, resume_dir, restart)
+    except BaseException:
+        # A run that failed before saving any state leaves no empty folder behind.
+        if created_resume_dir and resume_dir.is_dir() and not any(resume_dir.iterdir()):
+            resume_dir.rmdir()
+        raise
+
+
+def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
     from accelerate.utils import set_seed
     from transformers import get_scheduler
 
-    from .data import read_meta, read_split
-    from .models import load_model, load_tokenizer, resolve_model_source
-    from .tasks import get_task
+    from .steps import open_step
 
-    cfg.validate()
-    out = Path(cfg.output_dir)
-    resume_dir = out / "resume"
-    accelerator = Accelerator(mixed_precision=cfg.mixed_precision, gradient_accumulation_steps=cfg.gradient_accumulation_steps)
-    precision = effective_precision(accelerator, cfg.mixed_precision)
+    step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps)
+    accelerator, task, model, tokenizer = step.accelerator, step.task, step.model, step.tokenizer
+    precision = effective_precision(accelerator, spec.mixed_precision)
     distributed = accelerator.num_processes > 1
     if accelerator.is_main_process:
+        if restart:
+            shutil.rmtree(resume_dir, ignore_errors=True)
         resume_dir.mkdir(parents=True, exist_ok=True)
-    set_seed(cfg.seed, device_specific=True)
-
-    meta = read_meta(cfg.data_dir)
-    task = get_task(meta["task"])
-    train_frame, eval_frame = read_split(cfg.data_dir, "train"), read_split(cfg.data_dir, "validation")
-    tokenizer = load_tokenizer(cfg.model)
-    set_seed(cfg.seed)  # the new head's initialisation depends on the run seed only
-    model = load_model(cfg.model, task)
+    accelerator.wait_for_everyone()
     num_hidden, hidden_size = model.config.num_hidden_layers + 1, model.config.hidden_size
-    layer_indices = resolve_layers(cfg.layers if cfg.method == "istar" else -1, num_hidden)
-    set_seed(cfg.seed, device_specific=True)
+    layer_indices = resolve_layers(spec.penalty_layers, num_hidden)
+    set_seed(spec.seed, device_specific=True)
 
     pad_multiple = 8 if precision in ("fp16", "bf16") else None
-    train_features = encode_split(train_frame, task, tokenizer, cfg.max_length, cfg.doc_stride)
-    eval_features = encode_split(eval_frame, task, tokenizer, cfg.max_length, cfg.doc_stride,
-                                 for_qa_eval=task.kind == "qa")
-    sampler = EpochShuffleSampler(len(train_features), cfg.seed)
-    train_loader = make_loader(train_features, tokenizer, cfg.batch_size, sampler=sampler, pad_to_multiple_of=pad_multiple)
-    eval_loader = make_loader(eval_features, tokenizer, cfg.eval_batch_size, pad_to_multiple_of=pad_multiple)
+    eval_frame = step.frame("validation")
+    train_features = step.features("train")
+    eval_features = step.features("validation", frame=eval_frame, for_qa_eval=True)
+    sampler = EpochShuffleSampler(len(train_features), spec.seed)
+    train_loader = step.loader(train_features, spec.batch_size, sampler=sampler, pad_to_multiple_of=pad_multiple)
+    eval_loader = step.loader(eval_features, spec.eval_batch_size, pad_to_multiple_of=pad_multiple)
 
-    steps_per_epoch = math.ceil(len(train_loader) / cfg.gradient_accumulation_steps)
-    total_steps = steps_per_epoch * cfg.epochs
-    optimizer = _optimizer(model, cfg)
-    scheduler = get_scheduler(cfg.scheduler, optimizer, num_warmup_steps=int(cfg.warmup_ratio * total_steps),
+    steps_per_epoch = math.ceil(len(train_loader) / spec.gradient_accumulation_steps)
+    total_steps = steps_per_epoch * spec.epochs
+    optimizer = _optimizer(model, spec)
+    scheduler = get_scheduler(spec.scheduler, optimizer, num_warmup_steps=int(spec.warmup_ratio * total_steps),
                               num_training_steps=total_steps)
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, eval_loader, scheduler)
     progress = Progress()
     accelerator.register_for_checkpointing(progress)
 
-    state = latest_state(resume_dir)
+    fingerprint = run_fingerprint(spec, step.meta, step.model_path, accelerator.num_processes, precision)
+    run = Run(spec=spec, step=step, out=out, resume_dir=resume_dir, log_path=resume_dir / "train_log.csv",
+              precision=precision, fingerprint=fingerprint, total_steps=total_steps)
+    state = matching_state(resume_dir, fingerprint, accelerator.print) if accelerator.is_main_process else None
+    accelerator.wait_for_everyone()
+    state = latest_state(resume_dir)  # every process sees what the main process kept
     if state is not None:
         accelerator.load_state(str(state))
         accelerator.print(f"resuming from {state} (epoch {progress.epoch + 1}, batch {progress.batches_in_epoch}, step {progress.step})")
-    log_path = resume_dir / "train_log.csv"
+    elif accelerator.is_main_process:
+        _discard_partial_outputs(out)
     if accelerator.is_main_process:
-        _restore_log(log_path, state)
+        _restore_log(run.log_path, state)
 
-    if cfg.method == "istar" and progress.sigma_s is None and cfg.zeta > 0:
-        per_layer, provenance = load_layer_statistics(cfg.sigma_s)
-        progress.sigma_s, _ = load_shrinkage(cfg.sigma_s, expected_layers=layer_indices, expected_dim=hidden_size)
+    if spec.method == "istar" and progress.sigma_s is None and spec.zeta > 0:
+        per_layer, provenance = load_layer_statistics(spec.sigma_s)
+        progress.sigma_s, _ = load_shrinkage(spec.sigma_s, expected_layers=layer_indices, expected_dim=hidden_size)
         progress.sigma_epoch = 0
         if accelerator.is_main_process:
             save_shrinkage(out / "sigma_epoch0.pt", per_layer, layer_indices, provenance)
     sigma_device = progress.sigma_s.to(accelerator.device) if progress.sigma_s is not None else None
 
+    requested = {"no": "fp32"}.get(spec.mixed_precision, spec.mixed_precision)
     accelerator.print(
-        f"{cfg.method} on {task.display} ({len(train_features):,} train features, {len(eval_features):,} eval) | "
+        f"{spec.method} on {task.display} ({len(train_features):,} train features, {len(eval_features):,} eval) | "
         f"{accelerator.num_processes} process(es) on {accelerator.device.type} | precision {precision}"
-        + (f" (asked for {cfg.mixed_precision})" if precision != {"no": "fp32"}.get(cfg.mixed_precision, cfg.mixed_precision) else "")
+        + (f" (asked for {spec.mixed_precision})" if precision != requested else "")
         + f" | {total_steps} optimizer steps")
     start_time = time.perf_counter()
     unwrapped = accelerator.unwrap_model(model)
 
-    for epoch in range(progress.epoch, cfg.epochs):
-        if cfg.method == "istar" and cfg.zeta > 0 and cfg.recompute_shrinkage and epoch > 0 and progress.sigma_epoch < epoch:
-            sigma_device = _recompute_sigma(cfg, unwrapped, train_features, tokenizer, accelerator, epoch, out, progress)
+    for epoch in range(progress.epoch, spec.epochs):
+        if spec.method == "istar" and spec.zeta > 0 and spec.recompute_shrinkage and epoch > 0 and progress.sigma_epoch < epoch:
+            sigma_device = _recompute_sigma(run, unwrapped, train_features, epoch, progress)
         loader = train_loader
         if progress.batches_in_epoch:
             loader = accelerator.skip_first_batches(train_loader, progress.batches_in_epoch)
         loader.set_epoch(epoch)  # accelerate passes it on to the sampler: the order is fixed by (seed, epoch)
         model.train()
         sums: dict[str, float] = {}
-        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not accelerator.is_local_main_process,
+        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{spec.epochs}", disable=not accelerator.is_local_main_process,
                    initial=progress.batches_in_epoch, total=len(train_loader))
         for batch in bar:
             with accelerator.accumulate(model):
-                outputs = model(**batch, output_hidden_states=cfg.method != "base")
-                penalty = compute_penalty(cfg, outputs.hidden_states, batch["attention_mask"], sigma_device, distributed) \
-                    if cfg.method != "base" else None
+                outputs = model(**batch, output_hidden_states=spec.method != "base")
+                penalty = compute_penalty(spec, outputs.hidden_states, batch["attention_mask"], sigma_device, distributed) \
+                    if spec.method != "base" else None
                 loss = outputs.loss if penalty is None else outputs.loss + penalty.term
                 accelerator.backward(loss)
-                if accelerator.sync_gradients and cfg.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                if accelerator.sync_gradients and spec.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(model.parameters(), spec.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
@@ -297,49 +336,49 @@ def train(cfg: TrainConfig) -> dict:
                     f"non-finite loss at epoch {epoch + 1}, batch {progress.batches_in_epoch}, optimizer step "
                     f"{progress.step + 1} (task loss {float(outputs.loss):.4g}"
                     + (f", penalty {float(penalty.term):.4g}" if penalty is not None else "")
-                    + "): lower the learning rate or |λ|, or use fp32/bf16; the last saved state is kept in "
-                    f"{resume_dir}")
+                    + "): lower the learning rate or |λ|, or use fp32/bf16. The last saved state is kept in "
+                    f"{resume_dir}; a run with a changed setting starts afresh by itself, and `--restart` "
+                    "(or removing that folder) starts the same settings from scratch")
             if not accelerator.sync_gradients:
                 continue
             progress.step += 1
-            if progress.step % cfg.log_every == 0:
+            if progress.step % spec.log_every == 0:
                 row = _log_row(accelerator, sums, progress.step, epoch + 1, scheduler.get_last_lr()[0])
                 if accelerator.is_main_process:
-                    _append_log(log_path, row)
+                    _append_log(run.log_path, row)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", **({"iso*": f"{row['isoscore_star']:.3f}"} if row["isoscore_star"] != "" else {}))
             sums = {}
-            if cfg.checkpoint_every and progress.step % cfg.checkpoint_every == 0:
-                save_state(accelerator, resume_dir, progress.step, log_path)
+            if spec.checkpoint_every and progress.step % spec.checkpoint_every == 0:
+                save_state(accelerator, resume_dir, progress.step, run.log_path, fingerprint)
         bar.close()
 
         result = evaluate_model(model, eval_loader, task, accelerator, features=eval_features, frame=eval_frame)
         progress.history.append({"epoch": epoch + 1, "step": progress.step, **result})
         accelerator.print(f"epoch {epoch + 1}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
         progress.epoch, progress.batches_in_epoch = epoch + 1, 0
-        save_state(accelerator, resume_dir, progress.step, log_path)
+        save_state(accelerator, resume_dir, progress.step, run.log_path, fingerprint)
 
-    report = _finish(cfg, accelerator, unwrapped, tokenizer, task, meta, progress, precision, out, log_path,
-                     resolve_model_source(cfg.model), time.perf_counter() - start_time, total_steps)
-    return report
+    return _finish(run, unwrapped, progress, time.perf_counter() - start_time)
 
 
-def _recompute_sigma(cfg, model, train_features, tokenizer, accelerator, epoch, out, progress) -> torch.Tensor:
+def _recompute_sigma(run: Run, model, train_features, epoch: int, progress: Progress) -> torch.Tensor:
     """Σ_S of the current model at the start of ``epoch`` (identical on all processes); saved per epoch."""
     from accelerate.data_loader import prepare_data_loader
 
-    loader = make_loader(train_features, tokenizer, cfg.eval_batch_size,
-                         sampler=EpochShuffleSampler(len(train_features), cfg.seed + 7919 * (epoch + 1)))
+    spec, accelerator = run.spec, run.step.accelerator
+    loader = run.step.loader(train_features, spec.eval_batch_size,
+                             sampler=EpochShuffleSampler(len(train_features), spec.seed + 7919 * (epoch + 1)))
     loader = prepare_data_loader(loader, accelerator.device, accelerator.num_processes, accelerator.process_index,
                                  put_on_device=True)
-    per_layer = accumulate_shrinkage(model, loader, cfg.layers, cfg.shrinkage_rows, accelerator,
+    per_layer = accumulate_shrinkage(model, loader, spec.layers, spec.shrinkage_rows, accelerator,
                                      description=f"Σ_S epoch {epoch + 1}")
-    indices = resolve_layers(cfg.layers, len(per_layer))
+    indices = resolve_layers(spec.layers, len(per_layer))
     selection = merge_layers(per_layer, indices)
     progress.sigma_s, progress.sigma_epoch = selection.covariance().cpu(), epoch
     if accelerator.is_main_process:
-        save_shrinkage(out / f"sigma_epoch{epoch}.pt", per_layer, indices, {
-            "model": f"{cfg.model} fine-tuned for {epoch} epoch(s)", "layer_spec": cfg.layers, "epoch": epoch,
-            "requested_rows": cfg.shrinkage_rows, "num_processes": accelerator.num_processes})
+        save_shrinkage(run.out / f"sigma_epoch{epoch}.pt", per_layer, indices, {
+            "model": f"{spec.model} fine-tuned for {epoch} epoch(s)", "layer_spec": spec.layers, "epoch": epoch,
+            "requested_rows": spec.shrinkage_rows, "num_processes": accelerator.num_processes})
     accelerator.print(f"Σ_S recomputed for epoch {epoch + 1}: {selection.count:,} rows")
     return progress.sigma_s.to(accelerator.device)
 
@@ -383,34 +422,37 @@ def _restore_log(log_path: Path, state: Path | None) -> None:
         log_path.unlink(missing_ok=True)
 
 
-def _finish(cfg, accelerator, model, tokenizer, task, meta, progress, precision, out: Path, log_path: Path,
-            model_path: str, seconds: float, total_steps: int) -> dict:
+def _finish(run: Run, model, progress: Progress, seconds: float) -> dict:
     """Write the final outputs atomically; metrics.json last, as the run's completion mark."""
+    spec, step, out = run.spec, run.step, run.out
+    accelerator, task, meta = step.accelerator, step.task, step.meta
     final = progress.history[-1] if progress.history else {}
+    fingerprint = fingerprint_hash(run.fingerprint)
     report = {
-        "task": task.key, "model": cfg.model, "method": cfg.method, "lam": cfg.lam,
-        "zeta": cfg.zeta if cfg.method == "istar" else None,
-        "layers": cfg.layers if cfg.method == "istar" else None, "seed": cfg.seed,
-        "standin": bool(meta.get("standin", False)), "standin_note": meta.get("standin_note"),
-        "metric": task.metric, "final": final, "epochs": progress.history,
+        "task": task.key, "model": spec.model, "method": spec.method, "lam": spec.lam,
+        "zeta": spec.zeta if spec.method == "istar" else None,
+        "layers": spec.layers if spec.method == "istar" else None, "seed": spec.seed,
+        "standin": step.standin, "standin_note": meta.get("standin_note"),
+        "metric": task.metric, "final": final, "epochs": progress.history, "fingerprint": fingerprint,
     }
     if accelerator.is_main_process:
         staging = out / ".model-staging"
         shutil.rmtree(staging, ignore_errors=True)
         model.save_pretrained(staging, save_function=accelerator.save)
-        tokenizer.save_pretrained(staging)
+        step.tokenizer.save_pretrained(staging)
         artifacts.replace_directory(staging, out / "model")
         with artifacts.atomic_path(out / "train_log.csv") as tmp:
-            shutil.copy2(log_path, tmp) if log_path.exists() else tmp.write_text(",".join(LOG_COLUMNS) + "\n")
+            shutil.copy2(run.log_path, tmp) if run.log_path.exists() else tmp.write_text(",".join(LOG_COLUMNS) + "\n")
         artifacts.write_json(out / "run_config.json", {
-            **dataclasses.asdict(cfg), "model_path": model_path, "task": task.key,
-            "precision": {"requested": cfg.mixed_precision, "effective": precision},
+            **dataclasses.asdict(spec), "model_path": step.model_path, "task": task.key,
+            "precision": {"requested": spec.mixed_precision, "effective": run.precision},
             "num_processes": accelerator.num_processes, "device": accelerator.device.type,
-            "total_optimizer_steps": total_steps, "train_seconds": round(seconds, 2),
-            "data_meta": meta, "istar_version": __version__, "torch_version": torch.__version__,
+            "total_optimizer_steps": run.total_steps, "train_seconds": round(seconds, 2),
+            "data_meta": meta, "fingerprint": fingerprint, "fingerprint_inputs": run.fingerprint,
+            "istar_version": __version__, "torch_version": torch.__version__,
         })
         artifacts.write_json(out / "metrics.json", report)
-        shutil.rmtree(out / "resume", ignore_errors=True)
+        shutil.rmtree(run.resume_dir, ignore_errors=True)
     accelerator.wait_for_everyone()
     accelerator.print(f"done: {task.metric} = {final.get(task.metric, float('nan')):.4f} -> {out}")
     return report
@@ -420,40 +462,11 @@ def _finish(cfg, accelerator, model, tokenizer, task, meta, progress, precision,
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    d = TrainConfig(model="", data_dir="", output_dir="")
-    parser.add_argument("--model", required=True, help="HF id, local folder or package:NAME/SUBFOLDER")
-    parser.add_argument("--data", required=True, dest="data_dir", help="prepared task folder")
-    parser.add_argument("--out", required=True, dest="output_dir", help="run folder")
-    parser.add_argument("--method", choices=METHODS, default="base")
-    parser.add_argument("--lam", type=float, default=None, help="λ (istar: required; cosreg: default 1)")
-    parser.add_argument("--zeta", type=float, default=d.zeta, help="ζ ∈ [0, 1], weight of Σ_S (istar)")
-    parser.add_argument("--layers", type=parse_layer_spec, default=d.layers, help="all | all+embeddings | 6 | 1,3,5 (istar)")
-    parser.add_argument("--sigma-s", dest="sigma_s", default=None, help="initial Σ_S file from `istar shrinkage` (istar)")
-    parser.add_argument("--shrinkage-rows", type=int, default=d.shrinkage_rows, help="rows for the per-epoch Σ_S")
-    parser.add_argument("--no-recompute-shrinkage", dest="recompute_shrinkage", action="store_false",
-                        help="keep the initial Σ_S for all epochs")
-    parser.add_argument("--global-penalty", action="store_true",
-                        help="penalise the IsoScore* of the global batch across processes")
-    parser.add_argument("--learning-rate", type=float, default=d.learning_rate)
-    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="per process")
-    parser.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size)
-    parser.add_argument("--epochs", type=int, default=d.epochs)
-    parser.add_argument("--gradient-accumulation-steps", type=int, default=d.gradient_accumulation_steps)
-    parser.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio)
-    parser.add_argument("--scheduler", default=d.scheduler, help="linear, cosine, constant, constant_with_warmup, …")
-    parser.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    parser.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm)
-    parser.add_argument("--max-length", type=int, default=d.max_length)
-    parser.add_argument("--doc-stride", type=int, default=d.doc_stride)
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default=d.mixed_precision)
-    parser.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
-                        help="also save a resumable state every K optimizer steps (0: epoch ends only)")
-    parser.add_argument("--log-every", type=int, default=d.log_every)
+    add_spec_arguments(parser, TrainSpec)
+    parser.add_argument("--restart", action="store_true",
+                        help="discard any saved state of this run and start from scratch")
 
 
 def run_cli(args) -> int:
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    train(TrainConfig(**{k: v for k, v in vars(args).items() if k in fields}))
+    train(spec_from_cli(args), restart=args.restart)
     return 0
-

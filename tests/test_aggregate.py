@@ -13,12 +13,13 @@ import pandas as pd
 import pytest
 
 from istar.activations import extract_activations
+from istar.specs import ActivationsSpec, ShrinkageSpec, TrainSpec
 from istar.aggregate import (DIMS_COLUMNS, LAYERS_COLUMNS, RUNS_COLUMNS, SELECTION_COLUMNS, aggregate,
                              parse_run_spec)
 from istar.analysis import analyze_run
 from istar.selection import select_best
 from istar.shrinkage import compute_shrinkage_file
-from istar.train import TrainConfig, train
+from istar.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -36,7 +37,7 @@ EXPECTED_SELECTION_COLUMNS = ["model", "task", "metric", "lam", "zeta", "batch_s
 
 # (setting folder, method, λ, layers, seed, analysed)
 RUNS = [
-    ("base", "base", None, "all", 0, True),
+    ("base", "base", 0.0, "all", 0, True),
     ("cosreg_lam1", "cosreg", 1.0, "all", 0, True),
     ("istar_lam-1_zeta0.2", "istar", -1.0, "all", 0, True),
     ("istar_lam-1_zeta0.2", "istar", -1.0, "all", 1, False),
@@ -50,14 +51,16 @@ def runs(tiny_model_dir, prepared, tmp_path_factory):
     root = tmp_path_factory.mktemp("aggregate")
     data = prepared("rte")
     sigma = root / "sigma0.pt"
-    compute_shrinkage_file(str(tiny_model_dir), data, sigma, max_rows=10**9)
+    compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(data), out=str(sigma), rows=10**9,
+                                         batch_size=32))
     folders = {}
     for setting, method, lam, layers, seed, analysed in RUNS:
         out = root / "results" / "runs" / "tiny" / "rte" / setting / f"seed{seed}"
-        train(TrainConfig(model=str(tiny_model_dir), data_dir=str(data), output_dir=str(out), method=method, lam=lam,
-                          zeta=0.2, layers=layers, sigma_s=str(sigma), epochs=1, batch_size=16, seed=seed))
+        train(TrainSpec(model=str(tiny_model_dir), data_dir=str(data), output_dir=str(out), method=method, lam=lam,
+                        zeta=0.2, layers=layers, sigma_s=str(sigma), epochs=1, batch_size=16, seed=seed))
         if analysed:
-            extract_activations(str(out / "model"), data, out / "activations.safetensors", token_sample=64)
+            extract_activations(ActivationsSpec(model=str(out / "model"), data_dir=str(data),
+                                                out=str(out / "activations.safetensors"), token_sample=64))
             analyze_run(out / "activations.safetensors", sigma, 0.2, out=out / "analysis.json")
         folders[(setting, seed)] = out
     return {"root": root, "folders": folders}

@@ -15,7 +15,8 @@ from istar.analysis import analyze_run
 from istar.isotropy import (CovarianceAccumulator, average_cosine_similarity, isoscore, isoscore_star_from_covariance,
                             twonn_dimension)
 from istar.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage, save_shrinkage
-from istar.train import TrainConfig, train
+from istar.specs import ActivationsSpec, ShrinkageSpec, TrainSpec
+from istar.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -32,12 +33,13 @@ def run(tiny_model_dir, prepared, tmp_path_factory):
     root = tmp_path_factory.mktemp("analysis")
     data = prepared("rte")
     sigma = root / "sigma0.pt"
-    compute_shrinkage_file(str(tiny_model_dir), data, sigma, max_rows=10**9)
+    compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(data), out=str(sigma), rows=10**9,
+                                         batch_size=32))
     out = root / "run"
-    train(TrainConfig(model=str(tiny_model_dir), data_dir=str(data), output_dir=str(out), method="istar", lam=-1.0,
-                      zeta=ZETA, sigma_s=str(sigma), epochs=1, batch_size=16, learning_rate=1e-3))
+    train(TrainSpec(model=str(tiny_model_dir), data_dir=str(data), output_dir=str(out), method="istar", lam=-1.0,
+                    zeta=ZETA, sigma_s=str(sigma), epochs=1, batch_size=16, learning_rate=1e-3))
     activations = out / "activations.safetensors"
-    extract_activations(str(out / "model"), data, activations)
+    extract_activations(ActivationsSpec(model=str(out / "model"), data_dir=str(data), out=str(activations)))
 
     frame = read_split(data, "validation")
     tokenizer = load_tokenizer(str(out / "model"))

@@ -15,7 +15,8 @@ import torch
 from istar.activations import load_activations
 from istar.launch import free_port
 from istar.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage
-from istar.train import TrainConfig, train
+from istar.specs import ShrinkageSpec, TrainSpec
+from istar.train import train
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +39,8 @@ def sigma(tiny_model_dir, prepared, tmp_path_factory):
     def make(task):
         if task not in cache:
             out = tmp_path_factory.mktemp("sigma") / f"{task}.pt"
-            compute_shrinkage_file(str(tiny_model_dir), prepared(task), out, max_rows=3000, doc_stride=32)
+            compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(prepared(task)), out=str(out),
+                                                 rows=3000, doc_stride=32, batch_size=32))
             cache[task] = out
         return cache[task]
 
@@ -48,9 +50,10 @@ def sigma(tiny_model_dir, prepared, tmp_path_factory):
 @pytest.mark.parametrize("task", ["rte", "stsb", "squad"])
 @pytest.mark.parametrize("method", ["base", "cosreg", "istar"])
 def test_every_method_and_head_trains(task, method, tiny_model_dir, prepared, sigma, tmp_path):
-    cfg = TrainConfig(model=str(tiny_model_dir), data_dir=str(prepared(task)), output_dir=str(tmp_path / "run"),
-                      method=method, lam=-1.0, zeta=0.2, sigma_s=str(sigma(task)), epochs=2, batch_size=16,
-                      shrinkage_rows=2000, doc_stride=32, learning_rate=1e-4)
+    cfg = TrainSpec(model=str(tiny_model_dir), data_dir=str(prepared(task)), output_dir=str(tmp_path / "run"),
+                    method=method, lam=0.0 if method == "base" else -1.0,
+                    zeta=0.2, sigma_s=str(sigma(task)), epochs=2, batch_size=16,
+                    shrinkage_rows=2000, doc_stride=32, learning_rate=1e-4)
     report = train(cfg)
     out = tmp_path / "run"
     assert json.loads((out / "metrics.json").read_text()) == json.loads(json.dumps(report))
@@ -76,9 +79,9 @@ def test_every_method_and_head_trains(task, method, tiny_model_dir, prepared, si
 
 @pytest.mark.parametrize("lam, direction", [(-5.0, -1), (5.0, +1)])
 def test_lambda_sign_moves_isoscore_the_right_way(lam, direction, tiny_model_dir, prepared, tmp_path):
-    cfg = TrainConfig(model=str(tiny_model_dir), data_dir=str(prepared("rte", 160, 16)), output_dir=str(tmp_path),
-                      method="istar", lam=lam, zeta=0.0, epochs=4, batch_size=16, learning_rate=1e-3,
-                      max_length=64, seed=1)
+    cfg = TrainSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte", 160, 16)), output_dir=str(tmp_path),
+                    method="istar", lam=lam, zeta=0.0, epochs=4, batch_size=16, learning_rate=1e-3,
+                    max_length=64, seed=1)
     train(cfg)
     scores = [float(row["isoscore_star"]) for row in read_log(tmp_path / "train_log.csv")]
     assert len(scores) == 40
@@ -192,8 +195,8 @@ def test_clear_errors(tiny_model_dir, prepared, tmp_path):
 
 
 def test_one_layer_run_rebuilds_its_sigma_from_the_global_file(tiny_model_dir, prepared, sigma, tmp_path):
-    cfg = TrainConfig(model=str(tiny_model_dir), data_dir=str(prepared("rte")), output_dir=str(tmp_path),
-                      method="istar", lam=-1.0, zeta=0.2, layers=2, sigma_s=str(sigma("rte")), epochs=1)
+    cfg = TrainSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte")), output_dir=str(tmp_path),
+                    method="istar", lam=-1.0, zeta=0.2, layers=2, sigma_s=str(sigma("rte")), epochs=1)
     train(cfg)
     used, provenance = load_shrinkage(tmp_path / "sigma_epoch0.pt")
     per_layer, _ = load_layer_statistics(sigma("rte"))
@@ -232,7 +235,8 @@ def test_shrinkage_equals_the_covariance_of_all_stacked_rows(tiny_model_dir, pre
     from istar.tasks import get_task
 
     data = prepared("rte")
-    compute_shrinkage_file(str(tiny_model_dir), data, tmp_path / "s.pt", layers="all+embeddings", max_rows=10**9)
+    compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(data), out=str(tmp_path / "s.pt"),
+                                         layers="all+embeddings", rows=10**9, batch_size=32))
     frame = read_split(data, "train")
     tokenizer = load_tokenizer(str(tiny_model_dir))
     model = load_model(str(tiny_model_dir), get_task("rte")).eval()

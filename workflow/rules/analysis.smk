@@ -5,9 +5,7 @@ rule analyze:
     output:
         f"{RUN}/analysis.json",
     params:
-        zeta=config["analysis"]["zeta"],
-        discard=config["analysis"]["twonn_discard"],
-        layers=layer_spec(config["shrinkage"]["layers"]),
+        spec=analyze_spec_json,
     log:
         "logs/analyze/{model}/{task}/{setting}/seed{seed}.log",
     benchmark:
@@ -15,5 +13,4 @@ rule analyze:
     conda:
         "../../envs/istar.yaml"
     shell:
-        "python -m istar analyze --activations {input.activations} --sigma-s {input.sigma} --zeta {params.zeta} "
-        "--twonn-discard {params.discard} --layers {params.layers} --out {output} > {log} 2>&1"
+        "python -m istar analyze --spec {params.spec:q} > {log} 2>&1"

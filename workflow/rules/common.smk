@@ -6,7 +6,20 @@ import json
 from snakemake.exceptions import WorkflowError
 
 from istar.config import STUDIES, ConfigError, load_schema, validate_config
-from istar.plan import STUDY_FIGURES, Setting, final_settings, search_settings, selected_setting, study_runs
+from istar.plan import (
+    STUDY_FIGURES,
+    Setting,
+    activations_spec,
+    analyze_spec,
+    evaluate_spec,
+    final_settings,
+    needs_sigma,
+    search_settings,
+    selected_setting,
+    shrinkage_spec,
+    study_runs,
+    train_spec,
+)
 
 try:
     _validated = validate_config(config, load_schema(workflow.source_path("../schemas/config.schema.yaml")))
@@ -39,16 +52,8 @@ def data_files(wildcards):
     return expand(f"{DATA}/{{name}}", task=wildcards.task, name=["train.parquet", "validation.parquet", "meta.json"])
 
 
-def max_length(wildcards) -> int:
-    return TRAINING["qa_max_length"] if wildcards.task == "squad" else TRAINING["max_length"]
-
-
 def model_source(wildcards):
     return config["models"][wildcards.model]
-
-
-def needs_sigma(setting: Setting) -> bool:
-    return setting.method == "istar" and setting.zeta > 0
 
 
 def sigma_input(wildcards):
@@ -56,38 +61,51 @@ def sigma_input(wildcards):
     return SIGMA.format(model=wildcards.model, task=wildcards.task) if needs_sigma(setting) else []
 
 
-def train_arguments(wildcards) -> str:
-    """The `istar train` options of a run: its setting plus the training defaults (rerun when they change)."""
-    setting = Setting.parse(wildcards.setting)
-    hp = setting.train_arguments(TRAINING)
-    options = {
-        "method": hp["method"], "learning-rate": hp["learning_rate"], "batch-size": hp["batch_size"],
-        "epochs": hp["epochs"], "seed": wildcards.seed,
-        "eval-batch-size": TRAINING["eval_batch_size"],
-        "gradient-accumulation-steps": TRAINING["gradient_accumulation_steps"],
-        "warmup-ratio": TRAINING["warmup_ratio"], "scheduler": TRAINING["scheduler"],
-        "weight-decay": TRAINING["weight_decay"], "max-grad-norm": TRAINING["max_grad_norm"],
-        "max-length": max_length(wildcards), "doc-stride": TRAINING["doc_stride"],
-        "checkpoint-every": TRAINING["checkpoint_every"],
-    }
-    if setting.method != "base":
-        options["lam"] = hp["lam"]
-    if setting.method == "istar":
-        options["zeta"] = hp["zeta"]
-        options["layers"] = setting.layer if setting.layer is not None else layer_spec(config["shrinkage"]["layers"])
-        options["shrinkage-rows"] = config["shrinkage"]["rows"]
-        if needs_sigma(setting):
-            options["sigma-s"] = SIGMA.format(model=wildcards.model, task=wildcards.task)
-    flags = " ".join(f"--{key} {value}" for key, value in options.items())
-    if setting.method == "istar" and not config["shrinkage"]["recompute_every_epoch"]:
-        flags += " --no-recompute-shrinkage"
-    if setting.method == "istar" and config["shrinkage"]["global_penalty"]:
-        flags += " --global-penalty"
-    return flags
+# Each step gets its whole spec as one JSON argument (istar.plan builds it from the config);
+# a changed spec is a changed param, so Snakemake reruns exactly the jobs whose spec changed.
 
 
-def layer_spec(layers) -> str:
-    return ",".join(map(str, layers)) if isinstance(layers, list) else str(layers)
+def train_spec_json(run_pattern):
+    def spec(wildcards):
+        sigma = SIGMA.format(model=wildcards.model, task=wildcards.task)
+        return train_spec(
+            config,
+            model=model_source(wildcards),
+            task=wildcards.task,
+            setting=Setting.parse(wildcards.setting),
+            seed=int(wildcards.seed),
+            data_dir=DATA.format(task=wildcards.task),
+            output_dir=run_pattern.format(**wildcards),
+            sigma_s=sigma,
+        ).to_json()
+
+    return spec
+
+
+def shrinkage_spec_json(wildcards, output):
+    return shrinkage_spec(
+        config,
+        model=model_source(wildcards),
+        task=wildcards.task,
+        data_dir=DATA.format(task=wildcards.task),
+        out=output.sigma,
+    ).to_json()
+
+
+def evaluate_spec_json(wildcards, input, output):
+    return evaluate_spec(
+        config, model=input.model, task=wildcards.task, data_dir=DATA.format(task=wildcards.task), out=output[0]
+    ).to_json()
+
+
+def activations_spec_json(wildcards, input, output):
+    return activations_spec(
+        config, model=input.model, task=wildcards.task, data_dir=DATA.format(task=wildcards.task), out=output[0]
+    ).to_json()
+
+
+def analyze_spec_json(wildcards, input, output):
+    return analyze_spec(config, activations=input.activations, sigma_s=input.sigma, out=output[0]).to_json()
 
 
 # ----------------------------------------------------------------------------- which runs

@@ -5,10 +5,7 @@ rule evaluate:
     output:
         f"{RUN}/eval.json",
     params:
-        batch_size=TRAINING["eval_batch_size"],
-        doc_stride=TRAINING["doc_stride"],
-        max_length=max_length,
-        data=DATA,
+        spec=evaluate_spec_json,
     threads: TRAINING["threads"]
     resources:
         gpu=min(GPUS, 1),
@@ -20,6 +17,4 @@ rule evaluate:
         "../../envs/istar.yaml"
     shell:
         "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision no -- "
-        "evaluate --model {input.model} --data {params.data} --out {output} "
-        "--batch-size {params.batch_size} --max-length {params.max_length} "
-        "--doc-stride {params.doc_stride} > {log} 2>&1"
+        "evaluate --spec {params.spec:q} > {log} 2>&1"

@@ -13,10 +13,7 @@ rule finetune:
         run_config=f"{RUN}/run_config.json",
         model=directory(f"{RUN}/model"),
     params:
-        model=model_source,
-        data=DATA,
-        out=RUN,
-        options=train_arguments,
+        spec=train_spec_json(RUN),
         precision=TRAINING["mixed_precision"],
     threads: TRAINING["threads"]
     resources:
@@ -31,7 +28,7 @@ rule finetune:
         "../../envs/istar.yaml"
     shell:
         "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision {params.precision} -- "
-        "train --model {params.model} --data {params.data} --out {params.out} {params.options} > {log} 2>&1"
+        "train --spec {params.spec:q} > {log} 2>&1"
 
 
 # The search stage trains the same way; its model folders are deleted once the metrics exist
@@ -47,10 +44,7 @@ use rule finetune as finetune_search with:
             else temp(directory(f"{SEARCH_RUN}/model"))
         ),
     params:
-        model=model_source,
-        data=DATA,
-        out=SEARCH_RUN,
-        options=train_arguments,
+        spec=train_spec_json(SEARCH_RUN),
         precision=TRAINING["mixed_precision"],
     log:
         "logs/finetune_search/{model}/{task}/{setting}/seed{seed}.log",

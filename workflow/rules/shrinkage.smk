@@ -5,13 +5,7 @@ rule shrinkage:
         sigma=SIGMA,
         provenance=SIGMA.replace(".pt", ".json"),
     params:
-        batch_size=TRAINING["eval_batch_size"],
-        doc_stride=TRAINING["doc_stride"],
-        max_length=max_length,
-        model=model_source,
-        data=DATA,
-        layers=layer_spec(config["shrinkage"]["layers"]),
-        rows=config["shrinkage"]["rows"],
+        spec=shrinkage_spec_json,
     threads: TRAINING["threads"]
     resources:
         gpu=min(GPUS, 1),
@@ -25,6 +19,4 @@ rule shrinkage:
         "../../envs/istar.yaml"
     shell:
         "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision no -- "
-        "shrinkage --model {params.model} --data {params.data} --out {output.sigma} --layers {params.layers} "
-        "--rows {params.rows} --batch-size {params.batch_size} --max-length {params.max_length} "
-        "--doc-stride {params.doc_stride} > {log} 2>&1"
+        "shrinkage --spec {params.spec:q} > {log} 2>&1"

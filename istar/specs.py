@@ -1,0 +1,273 @@
+"""One specification per step: every setting a step depends on, decided once.
+
+The workflow builds each spec from the validated configuration (:mod:`istar.plan`), the rule
+passes it to the step as one JSON argument (``istar train --spec '{…}'``), and the step reads
+nothing else. For manual use the same dataclass generates the command-line options
+(``istar train --model … --data … --method istar --lam -1``), so the two cannot drift.
+
+Defaults have one home: a field that mirrors a workflow config key takes its default and
+help text from ``workflow/schemas/config.schema.yaml`` (``metadata["config"]`` names the key).
+The other fields are step-level settings the config does not expose; their defaults live here.
+
+``validate()`` checks a spec and never changes it; what a value *means* (λ of a method that
+was not given one, the QA window length, which precision a job gets) is decided where the
+spec is built: :func:`istar.plan` for the workflow, :func:`spec_from_cli` for the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import typing
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+__all__ = ["ModelData", "TrainSpec", "EvaluateSpec", "ActivationsSpec", "ShrinkageSpec", "AnalyzeSpec",
+           "add_spec_arguments", "spec_from_cli", "PRECISIONS"]
+
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+PRECISIONS = ("no", "fp16", "bf16")
+
+
+@lru_cache(maxsize=1)
+def _schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _schema_entry(key: str) -> dict:
+    """The schema node of a dotted config key, e.g. ``training.learning_rate``."""
+    node = _schema()
+    for part in key.split("."):
+        node = node["properties"][part]
+    if "$ref" in node:
+        target = _schema()
+        for part in node["$ref"].lstrip("#/").split("/"):
+            target = target[part]
+        node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+    return node
+
+
+def config_field(key: str, **metadata):
+    """A spec field whose default and help come from the workflow schema's ``key``."""
+    entry = _schema_entry(key)
+    return field(default=entry["default"], metadata={"help": entry.get("description", ""), "config": key, **metadata})
+
+
+def option(default=dataclasses.MISSING, help: str = "", **metadata):
+    """A spec field with its own default (a step-level setting the workflow config does not expose)."""
+    return field(default=default, metadata={"help": help, **metadata})
+
+
+class SpecError(ValueError):
+    """An invalid step setting; the message names the option."""
+
+
+def _parse_layers(text):
+    from .regularizers import parse_layer_spec
+
+    return parse_layer_spec(text)
+
+
+def _finite(name: str, value) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(f"{name} must be a finite number; got {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    """Shared behaviour: JSON round trip and checks common to every step."""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str):
+        values = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise SpecError(f"{cls.__name__} has no setting(s) {', '.join(unknown)}")
+        return cls(**values)
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            _finite(f.name, getattr(self, f.name))
+        for f in dataclasses.fields(self):
+            if f.metadata.get("positive") and int(getattr(self, f.name)) < 1:
+                raise SpecError(f"{f.name} must be a positive integer; got {getattr(self, f.name)}")
+        if getattr(self, "mixed_precision", "no") not in PRECISIONS:
+            raise SpecError(f"mixed_precision must be no, fp16 or bf16; got {self.mixed_precision!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelData(Spec):
+    """The model-and-data part every model step shares (see :func:`istar.steps.open_step`)."""
+
+    model: str = option(help="HF id (optionally @revision), local folder or package:NAME/SUBFOLDER", flag="--model")
+    data_dir: str = option(help="prepared task folder (train/validation parquet + meta.json)", flag="--data")
+    max_length: int = config_field("training.max_length", positive=True)
+    doc_stride: int = config_field("training.doc_stride", positive=True)
+    # Direct calls run in fp32; workflow jobs get the precision their granted GPUs allow (istar launch).
+    mixed_precision: str = option("no", help="autocast precision: no (fp32), fp16 or bf16", choices=PRECISIONS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSpec(ModelData):
+    """Everything a fine-tuning run depends on (:func:`istar.train.train`); saved in ``run_config.json``."""
+
+    output_dir: str = option(help="run folder", flag="--out")
+    method: str = option("base", help="base, cosreg or istar", choices=("base", "cosreg", "istar"))
+    lam: float = option(0.0, help="λ, the penalty weight (istar: required; cosreg: default 1)")
+    zeta: float = option(0.2, help="ζ ∈ [0, 1], weight of Σ_S in IsoScore* (istar)")
+    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+    sigma_s: typing.Optional[str] = option(None, help="initial Σ_S file from `istar shrinkage` (istar with ζ > 0)")
+    shrinkage_rows: int = config_field("shrinkage.rows", positive=True)
+    recompute_shrinkage: bool = config_field("shrinkage.recompute_every_epoch")
+    global_penalty: bool = config_field("shrinkage.global_penalty")
+    learning_rate: float = config_field("training.learning_rate")
+    batch_size: int = config_field("training.batch_size", positive=True)
+    eval_batch_size: int = config_field("training.eval_batch_size", positive=True)
+    epochs: int = config_field("training.epochs", positive=True)
+    gradient_accumulation_steps: int = config_field("training.gradient_accumulation_steps", positive=True)
+    warmup_ratio: float = config_field("training.warmup_ratio")
+    scheduler: str = config_field("training.scheduler")
+    weight_decay: float = config_field("training.weight_decay")
+    max_grad_norm: float = config_field("training.max_grad_norm")
+    seed: int = option(0, help="run seed (Python, NumPy, torch, data order)")
+    checkpoint_every: int = config_field("training.checkpoint_every")
+    log_every: int = option(1, help="write a train_log.csv row every K optimizer steps", positive=True)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.method not in ("base", "cosreg", "istar"):
+            raise SpecError(f"method must be one of base, cosreg, istar; got {self.method!r}")
+        if self.method == "base" and self.lam != 0.0:
+            raise SpecError(f"method base takes no λ; got lam = {self.lam}")
+        if self.method == "istar":
+            if not 0.0 <= self.zeta <= 1.0:
+                raise SpecError(f"zeta must lie in [0, 1]; got {self.zeta}")
+            if self.zeta > 0 and not self.sigma_s:
+                raise SpecError("method istar with zeta > 0 needs --sigma-s, the file written by `istar shrinkage`")
+        if self.learning_rate <= 0:
+            raise SpecError(f"learning_rate must be positive; got {self.learning_rate}")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise SpecError(f"warmup_ratio must lie in [0, 1); got {self.warmup_ratio}")
+        if self.checkpoint_every < 0:
+            raise SpecError(f"checkpoint_every must be ≥ 0; got {self.checkpoint_every}")
+
+    @property
+    def penalty_layers(self):
+        """The hidden states the penalty reads: the I-STAR selection, the last layer for CosReg."""
+        return self.layers if self.method == "istar" else -1
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluateSpec(ModelData):
+    """The evaluation step (:func:`istar.evaluate.evaluate_checkpoint`)."""
+
+    out: str = option(help="output JSON file", flag="--out")
+    split: str = option("validation", help="which prepared split", choices=("train", "validation"))
+    batch_size: int = config_field("training.eval_batch_size", positive=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActivationsSpec(ModelData):
+    """The activations step (:func:`istar.activations.extract_activations`)."""
+
+    out: str = option(help="output .safetensors file", flag="--out")
+    split: str = option("validation", help="which prepared split", choices=("train", "validation"))
+    batch_size: int = config_field("training.eval_batch_size", positive=True)
+    token_sample: int = config_field("analysis.token_sample", positive=True)
+    seed: int = option(0, help="seed of the token sample")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShrinkageSpec(ModelData):
+    """The Σ_S step (:func:`istar.shrinkage.compute_shrinkage_file`)."""
+
+    out: str = option(help="output Σ_S file", flag="--out")
+    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+    rows: int = config_field("shrinkage.rows", positive=True)
+    batch_size: int = config_field("training.eval_batch_size", positive=True)
+    seed: int = option(0, help="seed of the order in which the training split is read")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalyzeSpec(Spec):
+    """The analysis step (:func:`istar.analysis.analyze_run`)."""
+
+    activations: str = option(help="the run's activations .safetensors file", flag="--activations")
+    sigma_s: str = option(help="the Σ_S file of the pretrained model on the task", flag="--sigma-s")
+    out: str = option(help="output analysis.json", flag="--out")
+    zeta: float = config_field("analysis.zeta")
+    twonn_discard: float = config_field("analysis.twonn_discard")
+    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+
+
+# ------------------------------------------------------------------------------------- CLI
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser, spec_class: type) -> None:
+    """Options for every field of ``spec_class``, plus ``--spec JSON`` (the workflow's form).
+
+    Fields without a default are required unless ``--spec`` is given. Booleans become
+    ``--name`` / ``--no-name`` switches.
+    """
+    hints = typing.get_type_hints(spec_class)
+    parser.set_defaults(spec_class=spec_class)
+    parser.add_argument("--spec", help="the whole step specification as JSON (written by the workflow); "
+                                       "the other options are then not allowed, except --mixed-precision")
+    for f in dataclasses.fields(spec_class):
+        flag, dest = _flag(f), f.name
+        required = f.default is dataclasses.MISSING
+        help_text = f.metadata.get("help", "") + ("" if required else f" (default: {f.default})")
+        if hints[f.name] is bool:
+            parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            continue
+        kind = f.metadata.get("parse") or next(
+            (c for c in (int, float, str) if hints[f.name] is c or c in typing.get_args(hints[f.name])), str)
+        parser.add_argument(flag, dest=dest, type=kind, default=None, choices=f.metadata.get("choices"),
+                            help=help_text + (" (required)" if required else ""))
+
+
+def spec_from_cli(args: argparse.Namespace):
+    """Build and validate the spec of a parsed command line (see :func:`add_spec_arguments`).
+
+    Decisions made here and nowhere else for manual use: a CosReg run without ``--lam``
+    gets the method's usual λ = 1, an I-STAR run must name its λ.
+    """
+    spec_class = args.spec_class
+    names = [f.name for f in dataclasses.fields(spec_class)]
+    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if args.spec is not None:
+        extra = sorted(set(given) - {"mixed_precision"})
+        if extra:
+            flags = ", ".join(_flag_of(spec_class, name) for name in extra)
+            raise SpecError(f"--spec holds the whole specification; do not also give {flags}")
+        spec = dataclasses.replace(spec_class.from_json(args.spec), **given)
+    else:
+        missing = [_flag_of(spec_class, f.name) for f in dataclasses.fields(spec_class)
+                   if f.default is dataclasses.MISSING and f.name not in given]
+        if missing:
+            raise SpecError(f"missing {', '.join(missing)} (or give the whole specification with --spec)")
+        if spec_class is TrainSpec and "lam" not in given:
+            method = given.get("method", "base")
+            if method == "istar":
+                raise SpecError("method istar needs --lam (λ), e.g. --lam -1")
+            given["lam"] = _schema_entry("final.cosreg_lambda")["default"] if method == "cosreg" else 0.0
+        spec = spec_class(**given)
+    spec.validate()
+    return spec
+
+
+def _flag_of(spec_class: type, name: str) -> str:
+    return _flag(next(f for f in dataclasses.fields(spec_class) if f.name == name))
