@@ -81,7 +81,7 @@ class Scale:
 
 GPU = Scale("gpu", torch.float16, ((24_576, 768), (12_288, 384)), 10, {}, "BERT-base config, random weights",
             (32, 128), 250_000, 1)
-CPU_SMOKE = Scale("cpu-smoke", torch.bfloat16, ((1_024, 64), (512, 32)), 2,
+CPU_SMOKE = Scale("cpu-smoke", torch.bfloat16, ((1_024, 64), (512, 32)), 1,
                   dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128),
                   "2-layer d = 64 config, random weights", (4, 32), 1_000, 0,
                   {"batch_size": 8, "eval_batch_size": 16, "max_length": 32})
@@ -448,7 +448,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rte-data", required=True, type=Path, help="RTE folder from `istar prepare-data --task rte`")
     parser.add_argument("--out", required=True, type=Path, help="results JSON")
     parser.add_argument("--cpu-smoke", action="store_true", help="the reduced CPU form, even where CUDA is present")
-    parser.add_argument("--repeats", type=int, default=None, help="timed rounds per measurement (default: 10 on GPU, 2 on CPU)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds per measurement (default: 10 on GPU, 1 on CPU)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep Σ_S and the launched run here (default: a temporary folder)")
     args = parser.parse_args(argv)
     from istar.artifacts import write_json

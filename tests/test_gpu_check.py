@@ -30,7 +30,7 @@ def finite(value) -> bool:
 
 def test_cpu_form_runs_every_section_and_writes_sane_json(tiny_model_dir, prepared, tmp_path):
     out = tmp_path / "results.json"
-    done = run_check("--model", str(tiny_model_dir), "--rte-data", str(prepared("rte")), "--out", str(out),
+    done = run_check("--model", str(tiny_model_dir), "--rte-data", str(prepared("rte", 24, 8)), "--out", str(out),
                      "--cpu-smoke", "--workdir", str(tmp_path / "work"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads(out.read_text())
@@ -68,7 +68,7 @@ def test_cpu_form_runs_every_section_and_writes_sane_json(tiny_model_dir, prepar
     assert launch["command"][1:6] == ["-m", "istar", "launch", "--gpus", "0"]
     assert launch["precision"]["effective"] == launch["expected_precision"] == "fp32"
     assert launch["losses_finite"] and finite(launch["final_loss"]) and 0 <= launch["score"] <= 1
-    assert launch["steps_taken"] == launch["optimizer_steps"] == launch["logged_steps"] == 6  # 48 examples / 8
+    assert launch["steps_taken"] == launch["optimizer_steps"] == launch["logged_steps"] == 3  # 24 examples / 8
     assert (tmp_path / "work" / "run" / "model" / "config.json").is_file()
     assert set(results["targets"]) == {"svd_over_closed_form", "closed_form_over_floor", "istar_over_base"}
 
