@@ -37,6 +37,7 @@ every step, the precision is not the expected one); missed speed targets are rep
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import platform
@@ -171,7 +172,7 @@ def step_benchmark(accelerator, model, batch: dict, repeats: int) -> dict:
     configs = {method: method_config(method) for method in METHODS}
     model, optimizer = accelerator.prepare(model.train(), build_optimizer(model, configs["base"]))
     batch = {key: value.to(device) for key, value in batch.items()}
-    d = model.config.hidden_size
+    d = accelerator.unwrap_model(model).config.hidden_size
     sigma_s = torch.cov(torch.randn(4 * d, d, generator=torch.Generator().manual_seed(1)).T).double().to(device)
     peaks = {method: 0.0 for method in METHODS}
     skipped = {method: 0 for method in METHODS}
@@ -192,14 +193,22 @@ def step_benchmark(accelerator, model, batch: dict, repeats: int) -> dict:
     medians = median_times({m: (lambda m=m: step(m)) for m in METHODS}, repeats, device, before, after)
     tokens = int(batch["attention_mask"].sum())
     result = {
-        "layers": model.config.num_hidden_layers, "hidden_size": d, "real_tokens": tokens,
+        "layers": accelerator.unwrap_model(model).config.num_hidden_layers, "hidden_size": d, "real_tokens": tokens,
         "methods": {m: {"median_s": medians[m], "peak_memory_mb": peaks[m] if device.type == "cuda" else None,
                         "skipped_steps": skipped[m], "steps": repeats + 1, "losses": losses[m]} for m in METHODS},
         "istar_over_base": medians["istar"] / medians["base"],
         "cosreg_over_base": medians["cosreg"] / medians["base"],
     }
-    accelerator.free_memory()  # drop the prepared model and optimizer before the next encoder
     return result
+
+
+def release(accelerator) -> None:
+    """Free the prepared model and optimizer (held by the accelerator and by reference cycles
+    of its patched forward) so the next encoder's peak memory starts from an empty device."""
+    accelerator.free_memory()
+    gc.collect()
+    if accelerator.device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def train_step_section(scale: Scale, accelerator, model_source: str, rte_data: Path) -> list[dict]:
@@ -215,6 +224,7 @@ def train_step_section(scale: Scale, accelerator, model_source: str, rte_data: P
     for name, build in encoders.items():
         torch.manual_seed(0)
         result = step_benchmark(accelerator, build(), batch, scale.repeats)
+        release(accelerator)
         rows.append({"encoder": name, "batch": list(scale.batch), "precision": f"{scale.precision} autocast", **result})
     print_table(["encoder", "method", "median step (ms)", "ratio to base", "peak GPU memory (MB)", "skipped"],
                 [[r["encoder"], m, f"{v['median_s'] * 1e3:.1f}",

@@ -6,7 +6,7 @@ reported with the ratio to the floor:
 
 - closed form: :func:`istar.isotropy.isoscore_star` (value and gradient with respect to X),
   whose hand-written backward costs one (n, d)×(d, d) product;
-- closed form, plain autograd: the same formula on ``torch.cov(X.T)``, autograd through it;
+- closed form, plain autograd: the same formula on the sample covariance, autograd through it;
 - eigh / svd: the same score through the eigenvalues (``eigvalsh``) or singular values
   (``svdvals``, as the public reference code does) of Σ_ζ, autograd all the way;
 - floor: one product XᵀX forward and backward, which every implementation pays.
@@ -39,11 +39,15 @@ def score_from_spectrum(eigenvalues: torch.Tensor) -> torch.Tensor:
     return (d * phi - 1) / (d - 1)
 
 
-def shrunk_covariance(X: torch.Tensor, sigma_s: torch.Tensor) -> torch.Tensor:
+def sample_covariance(X: torch.Tensor) -> torch.Tensor:
     # Scaled before the product, so the sums stay near the variances: under fp16 autocast
-    # an unscaled XᵀX of 24,576 rows would overflow fp16's range (65,504).
+    # an unscaled XᵀX of 24,576 rows would overflow fp16's range (65,504), as torch.cov does.
     Xs = (X - X.mean(dim=0)) / math.sqrt(X.shape[0] - 1)
-    return (1 - ZETA) * (Xs.T @ Xs) + ZETA * sigma_s
+    return Xs.T @ Xs
+
+
+def shrunk_covariance(X: torch.Tensor, sigma_s: torch.Tensor) -> torch.Tensor:
+    return (1 - ZETA) * sample_covariance(X) + ZETA * sigma_s
 
 
 def closed_form(X, sigma_s):
@@ -53,7 +57,7 @@ def closed_form(X, sigma_s):
 
 
 def closed_form_autograd(X, sigma_s):
-    score = isoscore_star_from_covariance(torch.cov(X.T), ZETA, sigma_s)
+    score = isoscore_star_from_covariance(sample_covariance(X), ZETA, sigma_s)
     score.backward()
     return score
 
@@ -105,7 +109,7 @@ def time_methods(n: int, d: int, repeats: int, device: torch.device | str = "cpu
             return METHODS[name](X, sigma_s64 if name.startswith("closed form") else sigma_s)
 
     medians = median_times({name: (lambda name=name: call(name)) for name in METHODS}, repeats, device)
-    scores = {name: float(score) for name in METHODS if (score := call(name)) is not None}
+    scores = {name: float(score.detach()) for name in METHODS if (score := call(name)) is not None}
     return medians, scores
 
 
