@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -466,7 +466,9 @@ def main(argv=None) -> int:
     cpu_only = args.cpu_smoke or not torch.cuda.is_available()
     scale = CPU_SMOKE if cpu_only else GPU
     if args.repeats is not None:
-        scale = Scale(**{**scale.__dict__, "repeats": args.repeats})
+        if args.repeats < 1:
+            parser.error(f"--repeats must be ≥ 1; got {args.repeats}")
+        scale = replace(scale, repeats=args.repeats)
     try:
         check_inputs(args.model, args.rte_data)
     except (ValueError, FileNotFoundError) as error:
