@@ -253,7 +253,8 @@ def shrinkage_section(scale: Scale, model_source: str, rte_data: Path, out: Path
     measured = measured_istar(["shrinkage", "--model", model_source, "--data", str(rte_data), "--out", str(out),
                                "--layers", str(shrinkage["layers"]), "--rows", str(rows),
                                "--batch-size", str(training["eval_batch_size"]),
-                               "--max-length", str(training["max_length"])], cpu_only=cpu_only)
+                               "--max-length", str(training["max_length"]), "--doc-stride", str(training["doc_stride"]),
+                               "--mixed-precision", "no"], cpu_only=cpu_only)  # as the `shrinkage` rule runs it
     provenance = json.loads(out.with_suffix(".json").read_text())
     result = {"requested_rows": rows, "rows": provenance["rows"], "accumulation_seconds": provenance["seconds"],
               "process_seconds": measured["seconds"], "peak_gpu_memory_mb": measured["peak_cuda_mb"],
