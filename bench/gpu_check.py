@@ -50,6 +50,8 @@ from pathlib import Path
 
 import torch
 
+from istar.shrinkage import load_shrinkage
+
 from .isoscore_star import time_methods
 from .measure import REPO, child_env, make_batch, measured_istar, median_times
 
@@ -95,33 +97,27 @@ CPU_SMOKE = Scale("cpu-smoke", torch.bfloat16, ((1_024, 64), (512, 32)), 1,
 # =============================================================================================
 
 
-def method_config(method: str):
-    """The training configuration of one method, as ``istar train`` would build it."""
-    from istar.train import TrainConfig
+def method_spec(method: str, **settings):
+    """The training spec of one method, as the workflow builds it (istar.specs.TrainSpec)."""
+    from istar.specs import TrainSpec
 
-    return TrainConfig(model="", data_dir="", output_dir="", method=method, lam=LAM[method], zeta=ZETA)
+    return TrainSpec(**{"model": "", "data_dir": "", "output_dir": "", "method": method, "lam": LAM[method],
+                        "zeta": ZETA, **settings})
 
 
-def build_optimizer(model, cfg):
+def build_optimizer(model, spec):
     """The optimizer ``istar train`` builds (AdamW, weight decay off for biases and norms)."""
-    from istar.train import _optimizer
+    from istar.train import build_optimizer as istar_optimizer
 
-    return _optimizer(model, cfg)
+    return istar_optimizer(model, spec)
 
 
-def training_step(accelerator, model, optimizer, batch: dict, cfg, sigma_s) -> torch.Tensor:
-    """One optimizer step as the loop of ``istar.train.train`` takes it; returns the detached loss."""
-    from istar.train import compute_penalty
+def training_step(accelerator, model, optimizer, batch: dict, spec, sigma_s) -> torch.Tensor:
+    """One optimizer step through the training loop's own step (istar.train.optimization_step)."""
+    from istar.train import optimization_step
 
-    outputs = model(**batch, output_hidden_states=cfg.method != "base")
-    penalty = compute_penalty(cfg, outputs.hidden_states, batch["attention_mask"], sigma_s, distributed=False) \
-        if cfg.method != "base" else None
-    loss = outputs.loss if penalty is None else outputs.loss + penalty.term
-    accelerator.backward(loss)
-    if accelerator.sync_gradients and cfg.max_grad_norm > 0:
-        accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-    optimizer.step()
-    optimizer.zero_grad()
+    constant = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # timing only: the schedule is irrelevant
+    loss, _, _ = optimization_step(spec, accelerator, model, optimizer, constant, batch, sigma_s, distributed=False)
     return loss.detach()
 
 
@@ -169,7 +165,7 @@ def random_encoder(scale: Scale, vocab_size: int):
 def step_benchmark(accelerator, model, batch: dict, repeats: int) -> dict:
     """Median step time, peak GPU memory and scaler skips of each method on one encoder."""
     device = accelerator.device
-    configs = {method: method_config(method) for method in METHODS}
+    configs = {method: method_spec(method) for method in METHODS}
     model, optimizer = accelerator.prepare(model.train(), build_optimizer(model, configs["base"]))
     batch = {key: value.to(device) for key, value in batch.items()}
     d = accelerator.unwrap_model(model).config.hidden_size
@@ -250,16 +246,17 @@ def study_training(scale: Scale) -> tuple[dict, dict]:
 def shrinkage_section(scale: Scale, model_source: str, rte_data: Path, out: Path, cpu_only: bool) -> dict:
     training, shrinkage = study_training(scale)
     rows = min(scale.shrinkage_rows, shrinkage["rows"])
-    measured = measured_istar(["shrinkage", "--model", model_source, "--data", str(rte_data), "--out", str(out),
-                               "--layers", str(shrinkage["layers"]), "--rows", str(rows),
-                               "--batch-size", str(training["eval_batch_size"]),
-                               "--max-length", str(training["max_length"]), "--doc-stride", str(training["doc_stride"]),
-                               "--mixed-precision", "no"], cpu_only=cpu_only)  # as the `shrinkage` rule runs it
+    from istar.specs import ShrinkageSpec
+
+    spec = ShrinkageSpec(model=model_source, data_dir=str(rte_data), out=str(out), layers=shrinkage["layers"], rows=rows,
+                         batch_size=training["eval_batch_size"], max_length=training["max_length"],
+                         doc_stride=training["doc_stride"])  # fp32, as the `shrinkage` rule runs it
+    measured = measured_istar(["shrinkage", "--spec", spec.to_json()], cpu_only=cpu_only)
     provenance = json.loads(out.with_suffix(".json").read_text())
     result = {"requested_rows": rows, "rows": provenance["rows"], "accumulation_seconds": provenance["seconds"],
               "process_seconds": measured["seconds"], "peak_gpu_memory_mb": measured["peak_cuda_mb"],
               "peak_rss_mb": measured["peak_rss_mb"],
-              "hidden_size": int(torch.load(out, weights_only=True)["sigma"].shape[0])}
+              "hidden_size": int(load_shrinkage(out)[0].shape[0])}
     gpu = "n/a" if result["peak_gpu_memory_mb"] is None else f"{result['peak_gpu_memory_mb']:,.0f}"
     print_table(["rows", "accumulation (s)", "process (s)", "peak GPU memory (MB)", "peak RSS (MB)"],
                 [[f"{result['rows']:,}", f"{result['accumulation_seconds']:.2f}", f"{result['process_seconds']:.1f}",
@@ -267,20 +264,14 @@ def shrinkage_section(scale: Scale, model_source: str, rte_data: Path, out: Path
     return result
 
 
-def train_options(training: dict, rows: int, sigma_s: Path) -> list[str]:
-    """The ``istar train`` options the ``finetune`` rule passes (workflow/rules/common.smk,
-    ``train_arguments``) for I-STAR λ = −1, ζ = 0.2 on all layers, seed 0, one epoch."""
-    options = {
-        "method": "istar", "learning-rate": training["learning_rate"], "batch-size": training["batch_size"],
-        "epochs": 1, "seed": 0, "eval-batch-size": training["eval_batch_size"],
-        "gradient-accumulation-steps": training["gradient_accumulation_steps"],
-        "warmup-ratio": training["warmup_ratio"], "scheduler": training["scheduler"],
-        "weight-decay": training["weight_decay"], "max-grad-norm": training["max_grad_norm"],
-        "max-length": training["max_length"], "doc-stride": training["doc_stride"],
-        "checkpoint-every": training["checkpoint_every"],
-        "lam": LAM["istar"], "zeta": ZETA, "layers": "all", "shrinkage-rows": rows, "sigma-s": sigma_s,
-    }
-    return [item for key, value in options.items() for item in (f"--{key}", str(value))]
+def launch_spec(training: dict, model_source: str, rte_data: Path, run: Path, rows: int, sigma_s: Path) -> str:
+    """The spec the ``finetune`` rule would pass for I-STAR λ = −1, ζ = 0.2 on all layers, seed 0, one epoch."""
+    from istar.specs import TrainSpec
+
+    settings = {key: value for key, value in training.items() if key in TrainSpec.__dataclass_fields__}
+    return method_spec("istar", **{**settings, "model": model_source, "data_dir": str(rte_data), "output_dir": str(run),
+                                   "epochs": 1, "seed": 0, "layers": "all", "shrinkage_rows": rows,
+                                   "sigma_s": str(sigma_s)}).to_json()
 
 
 def steps_taken(lrs: list[float], initial_lr: float) -> int:
@@ -303,8 +294,8 @@ def launch_section(scale: Scale, model_source: str, rte_data: Path, sigma_s: Pat
 
     training, shrinkage = study_training(scale)
     command = [sys.executable, "-m", "istar", "launch", "--gpus", str(scale.gpus), "--mixed-precision", "fp16", "--",
-               "train", "--model", model_source, "--data", str(rte_data), "--out", str(run),
-               *train_options(training, min(scale.shrinkage_rows, shrinkage["rows"]), sigma_s)]
+               "train", "--spec", launch_spec(training, model_source, rte_data, run,
+                                             min(scale.shrinkage_rows, shrinkage["rows"]), sigma_s)]
     print("$ python", " ".join(command[1:]), flush=True)
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=child_env(cpu_only), cwd=REPO)

@@ -48,7 +48,7 @@ from .regularizers import Penalty, cosreg_penalty, global_istar_penalty, istar_p
 from .shrinkage import accumulate_shrinkage, load_layer_statistics, load_shrinkage, merge_layers, save_shrinkage
 from .specs import TrainSpec, add_spec_arguments, spec_from_cli
 
-__all__ = ["TrainSpec", "train", "run_fingerprint"]
+__all__ = ["TrainSpec", "train", "optimization_step", "build_optimizer", "run_fingerprint"]
 
 LOG_COLUMNS = ("step", "epoch", "loss", "task_loss", "penalty", "isoscore_star", "cosine_similarity", "lr")
 
@@ -194,12 +194,34 @@ def effective_precision(accelerator, requested: str) -> str:
     return {"no": "fp32"}.get(requested, requested)
 
 
-def _optimizer(model, spec: TrainSpec) -> torch.optim.Optimizer:
+def build_optimizer(model, spec: TrainSpec) -> torch.optim.Optimizer:
+    """AdamW with ``spec.weight_decay`` on every weight but biases and normalisation gains."""
     no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
     decay = [p for n, p in model.named_parameters() if p.requires_grad and not n.endswith(no_decay)]
     rest = [p for n, p in model.named_parameters() if p.requires_grad and n.endswith(no_decay)]
     groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=spec.learning_rate)
+
+
+def optimization_step(spec: TrainSpec, accelerator, model, optimizer, scheduler, batch: dict, sigma_s,
+                      distributed: bool):
+    """One micro-batch of training: forward, task loss + penalty, backward, and (when the
+    accumulated gradients are synchronised) clipping and the optimizer and scheduler steps.
+
+    Returns (loss, model outputs, Penalty or None); ``loss`` still carries the graph.
+    """
+    with accelerator.accumulate(model):
+        outputs = model(**batch, output_hidden_states=spec.method != "base")
+        penalty = compute_penalty(spec, outputs.hidden_states, batch["attention_mask"], sigma_s, distributed) \
+            if spec.method != "base" else None
+        loss = outputs.loss if penalty is None else outputs.loss + penalty.term
+        accelerator.backward(loss)
+        if accelerator.sync_gradients and spec.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(model.parameters(), spec.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    return loss, outputs, penalty
 
 
 @dataclass
@@ -267,7 +289,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
 
     steps_per_epoch = math.ceil(len(train_loader) / spec.gradient_accumulation_steps)
     total_steps = steps_per_epoch * spec.epochs
-    optimizer = _optimizer(model, spec)
+    optimizer = build_optimizer(model, spec)
     scheduler = get_scheduler(spec.scheduler, optimizer, num_warmup_steps=int(spec.warmup_ratio * total_steps),
                               num_training_steps=total_steps)
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
@@ -318,17 +340,8 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{spec.epochs}", disable=not accelerator.is_local_main_process,
                    initial=progress.batches_in_epoch, total=len(train_loader))
         for batch in bar:
-            with accelerator.accumulate(model):
-                outputs = model(**batch, output_hidden_states=spec.method != "base")
-                penalty = compute_penalty(spec, outputs.hidden_states, batch["attention_mask"], sigma_device, distributed) \
-                    if spec.method != "base" else None
-                loss = outputs.loss if penalty is None else outputs.loss + penalty.term
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and spec.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), spec.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
+            loss, outputs, penalty = optimization_step(spec, accelerator, model, optimizer, scheduler, batch,
+                                                       sigma_device, distributed)
             progress.batches_in_epoch += 1
             _add_to_sums(sums, loss, outputs.loss, penalty)
             if not math.isfinite(sums["loss"]):

@@ -262,3 +262,67 @@ def test_global_penalty_over_two_ranks_equals_the_union(tmp_path):
     found = json.loads(out.read_text())
     assert found["global"] == pytest.approx(found["reference"], abs=1e-12)
     assert found["max_grad_error"] < 1e-6 * found["max_grad"]
+
+
+def kill_after_first_state(command, out):
+    """Start ``istar COMMAND…`` and SIGKILL it as soon as it has saved a resumable state."""
+    process = subprocess.Popen([sys.executable, "-m", "istar", *map(str, command)], env=ENV, cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not list((out / "resume").glob("state-*/COMPLETE")) and time.time() < deadline and process.poll() is None:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (out / "metrics.json").exists(), "the run finished before it could be killed"
+
+
+def test_resume_after_a_setting_change_starts_afresh(tiny_model_dir, prepared, sigma, tmp_path):
+    data, sigma_s = prepared("rte", 480, 24), sigma("rte")
+    changed = [*train_command(tiny_model_dir, data, tmp_path / "reference", sigma_s)][:-1] + [2e-4]
+    reference = istar_cli(*changed)
+    assert reference.returncode == 0, reference.stderr
+
+    out = tmp_path / "run"
+    kill_after_first_state(train_command(tiny_model_dir, data, out, sigma_s), out)  # learning rate 1e-4
+    assert list(out.glob("sigma_epoch*.pt"))
+    rerun = istar_cli(*[out if part == tmp_path / "reference" else part for part in changed])
+    assert rerun.returncode == 0, rerun.stderr
+    assert "resuming from" not in rerun.stdout
+    assert "the run changed since it was saved (setting.learning_rate); starting afresh" in rerun.stdout
+    expected = json.loads((tmp_path / "reference" / "metrics.json").read_text())
+    got = json.loads((out / "metrics.json").read_text())
+    assert got["epochs"] == expected["epochs"] and got["fingerprint"] == expected["fingerprint"]
+    assert read_log(out / "train_log.csv") == read_log(tmp_path / "reference" / "train_log.csv")
+    assert json.loads((out / "run_config.json").read_text())["fingerprint"] == got["fingerprint"]
+
+
+def test_restart_discards_the_saved_state(tiny_model_dir, prepared, sigma, tmp_path):
+    data, sigma_s = prepared("rte", 480, 24), sigma("rte")
+    out = tmp_path / "run"
+    kill_after_first_state(train_command(tiny_model_dir, data, out, sigma_s), out)
+    rerun = istar_cli(*train_command(tiny_model_dir, data, out, sigma_s), "--restart")
+    assert rerun.returncode == 0, rerun.stderr
+    assert "resuming from" not in rerun.stdout and (out / "metrics.json").is_file()
+
+
+def test_non_finite_loss_explains_how_to_restart_and_leaves_no_empty_folder(tiny_model_dir, prepared, tmp_path):
+    from transformers import BertForSequenceClassification
+
+    broken = tmp_path / "broken"
+    model = BertForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
+    with torch.no_grad():
+        model.classifier.weight.fill_(float("nan"))
+    model.save_pretrained(broken)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (broken / name).write_bytes((tiny_model_dir / name).read_bytes())
+    result = istar_cli("train", "--model", broken, "--data", prepared("rte"), "--out", tmp_path / "run", "--epochs", 1)
+    assert result.returncode != 0
+    assert "starts afresh by itself, and `--restart`" in result.stderr
+    assert not (tmp_path / "run" / "resume").exists()
+
+
+def test_non_finite_settings_are_rejected(tiny_model_dir, prepared, tmp_path):
+    for option, value in (("--lam", "nan"), ("--learning-rate", "inf"), ("--zeta", "nan")):
+        result = istar_cli("train", "--model", tiny_model_dir, "--data", prepared("rte"), "--out", tmp_path / "run",
+                           "--method", "cosreg", option, value)
+        assert result.returncode == 2 and "must be a finite number" in result.stderr, (option, result.stderr[-500:])
