@@ -13,7 +13,6 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from istar import data
 from istar.data import (
     HubUnavailableError,
     MissingSplitError,
@@ -410,7 +409,7 @@ def test_failed_write_leaves_no_partial_file(tiny_mirror, tmp_path, monkeypatch)
         handle.write(b"PAR1 half a file")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(data.pq, "write_table", crash)
+    monkeypatch.setattr(pq, "write_table", crash)
     with pytest.raises(KeyboardInterrupt):
         prepare_task("qqp", out, source="mirror", mirror=tiny_mirror, max_train_samples=3)
     assert sorted(p.name for p in out.iterdir()) == ["train.parquet", "validation.parquet"]
@@ -421,7 +420,10 @@ def test_failed_write_leaves_no_partial_file(tiny_mirror, tmp_path, monkeypatch)
 # ------------------------------------------------------------------ sources and arguments
 
 
-def test_bad_arguments_raise_clear_errors(tiny_mirror, tmp_path):
+def test_bad_arguments_raise_clear_errors(tiny_mirror, tmp_path, monkeypatch):
+    monkeypatch.delenv("ISTAR_DATA_MIRROR", raising=False)
+    with pytest.raises(ValueError, match=r"data source 'mirror' needs a mirror folder .*--mirror DIR"):
+        load_task("qqp", source="mirror")  # no default folder outside the repository
     with pytest.raises(ValueError, match="unknown task 'mnli'; known tasks: sst2"):
         load_task("mnli", mirror=tiny_mirror)
     with pytest.raises(ValueError, match="use one of: auto, hub, mirror"):
@@ -454,7 +456,6 @@ def test_auto_uses_env_mirror_else_hub(tiny_mirror, tmp_path, monkeypatch):
     assert provenance["source"] == "mirror" and provenance["source_requested"] == "auto"
     assert provenance["mirror"] == str(tiny_mirror.resolve())
     monkeypatch.delenv("ISTAR_DATA_MIRROR")
-    monkeypatch.chdir(tmp_path)  # no ../shared/data from here: auto falls back to the hub
     calls = fake_hub(monkeypatch, {})
     with pytest.raises(HubUnavailableError, match="use source 'mirror' with a path") as info:
         load_task("qnli")
@@ -506,7 +507,7 @@ def test_hub_splits_are_normalised_like_the_mirror(monkeypatch):
 def test_module_cli_runs_as_a_subprocess(tmp_path):
     out = tmp_path / "rte"
     result = subprocess.run(
-        [sys.executable, "-m", "istar.data", "--task", "rte", "--out", str(out),
+        [sys.executable, "-m", "istar", "prepare-data", "--task", "rte", "--out", str(out),
          "--mirror", str(MIRROR), "--max-train-samples", "50"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(REPO)},
