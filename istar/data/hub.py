@@ -1,9 +1,11 @@
-"""Tasks from the Hugging Face hub through the ``datasets`` library.
+"""Tasks from the Hugging Face hub through the ``datasets`` library, at a pinned commit.
 
 The datasets and their columns are those of the hub repos (``nyu-mll/glue`` configs sst2, qnli,
 rte, mrpc, qqp, cola, stsb; ``SetFit/sst5``; ``rajpurkar/squad``): GLUE's ``label`` is a class
 label (RTE/QNLI: entailment = 0), STS-B's a float score, SST-5's an int 0-4, SQuAD's answers a
-struct of lists ``answers.text`` / ``answers.answer_start``.
+struct of lists ``answers.text`` / ``answers.answer_start``. The requested revision (a branch,
+tag or commit; default ``main``) is resolved to its commit first (:mod:`istar.revisions`), the
+data are loaded at that commit, and the commit goes into the provenance (``meta.json``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 
 import pandas as pd
 
+from ..revisions import RevisionUnavailableError, resolve_revision
 from ..tasks import SPLITS, Task
 from .normalise import check_split, conform
 
@@ -62,11 +65,11 @@ def _frame(task: Task, columns: dict, n_rows: int) -> pd.DataFrame:
     })
 
 
-def load_hub(task: Task) -> tuple[dict[str, pd.DataFrame], dict]:
-    """The task's train and validation splits from the hub.
+def load_hub(task: Task, revision: str | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
+    """The task's train and validation splits from the hub at ``revision`` (None = ``main``).
 
     Returns the normalised splits and the provenance (``hub_id``, ``hub_config``,
-    ``dropped_rows``). Raises
+    ``hub_revision`` as asked, ``hub_commit`` as loaded, ``dropped_rows``). Raises
     :class:`HubUnavailableError` when the hub (or the cache, offline) cannot provide them.
     """
     hub_id, config = HUB_DATASETS[task.key]
@@ -78,9 +81,13 @@ def load_hub(task: Task) -> tuple[dict[str, pd.DataFrame], dict]:
         import datasets
     except ImportError as exc:
         raise HubUnavailableError(f"source 'hub' needs the `datasets` package ({exc}). {advice}") from exc
-    logger.info("loading %s from the Hugging Face hub", name)
     try:
-        loaded = datasets.load_dataset(hub_id, config)
+        commit = resolve_revision(hub_id, revision, repo_type="dataset")
+    except RevisionUnavailableError as exc:
+        raise HubUnavailableError(f"{exc}. {advice}") from None
+    logger.info("loading %s at commit %s from the Hugging Face hub", name, commit)
+    try:
+        loaded = datasets.load_dataset(hub_id, config, revision=commit)
     except Exception as exc:  # offline, unknown dataset, auth: the advice is the same
         raise HubUnavailableError(
             f"could not load {name} from the Hugging Face hub: {type(exc).__name__}: {exc}. {advice}"
@@ -99,6 +106,8 @@ def load_hub(task: Task) -> tuple[dict[str, pd.DataFrame], dict]:
         "mirror": None,
         "hub_id": hub_id,
         "hub_config": config,
+        "hub_revision": revision or "main",
+        "hub_commit": commit,
         "files": {},
         "standin": False,
         "standin_note": None,

@@ -32,6 +32,7 @@ def load_task(
     allow_standin: bool = False,
     standin_fraction: float = 0.2,
     seed: int = 0,
+    revision: str | None = None,
 ) -> tuple[dict[str, pd.DataFrame], dict]:
     """Load a task's train and validation splits, normalised.
 
@@ -52,6 +53,9 @@ def load_task(
         Share of the available split that becomes the stand-in validation part.
     seed : int >= 0, default=0
         Seed of the stand-in split.
+    revision : str, optional
+        The hub dataset's revision (branch, tag or 40-hex commit; default ``main``), resolved
+        to its commit before loading. Hub sources only.
 
     Returns
     -------
@@ -60,8 +64,8 @@ def load_task(
         ``idx, text_a, text_b, label`` (n_rows rows), or for SQuAD ``id, title, context,
         question, answer_texts, answer_starts`` (one row per question).
     provenance : dict
-        ``source`` ("mirror" or "hub"), ``mirror`` (absolute path or None), ``hub_id`` and
-        ``hub_config`` (or None), ``files`` (mirror file -> sha256), ``standin`` (bool),
+        ``source`` ("mirror" or "hub"), ``mirror`` (absolute path or None), ``hub_id``,
+        ``hub_config``, ``hub_revision`` (as asked) and ``hub_commit`` (as loaded; or None), ``files`` (mirror file -> sha256), ``standin`` (bool),
         ``standin_note`` (str or None), ``dropped_rows`` (split read -> locations of rows
         dropped for an empty text; QQP only), ``source_requested`` (the ``source`` argument).
 
@@ -98,9 +102,13 @@ def load_task(
         if source == "auto":
             logger.warning("data source auto: no mirror folder (%s: %s), so %s comes from the hub",
                            origin, root, spec.key)
-        splits, provenance = load_hub(spec)
+        splits, provenance = load_hub(spec, revision)
     else:
+        if revision is not None:
+            raise ValueError(f"a dataset revision ({revision!r}) applies to the hub only, but {spec.key} comes "
+                             f"from the mirror {root}; drop the revision or use source 'hub'")
         splits, provenance = load_mirror(spec, root, allow_standin, standin_fraction, seed)
+        provenance.update(hub_revision=None, hub_commit=None)
     provenance["source_requested"] = source
     return splits, provenance
 
@@ -144,12 +152,13 @@ def prepare_task(
     max_eval_samples: int | None = None,
     seed: int = 0,
     standin_fraction: float = 0.2,
+    revision: str | None = None,
 ) -> dict:
     """Load a task, subsample it and write ``train.parquet``, ``validation.parquet``, ``meta.json``.
 
     Parameters
     ----------
-    task, source, mirror, allow_standin, standin_fraction, seed
+    task, source, mirror, allow_standin, standin_fraction, seed, revision
         As in :func:`load_task`; ``seed`` also drives the subsampling.
     out_dir : str or Path
         Folder to write to (created if needed). A ``meta.json`` already there is removed
@@ -162,7 +171,7 @@ def prepare_task(
     -------
     meta : dict
         What ``meta.json`` holds: ``task``, ``source``, ``source_requested``, ``mirror``,
-        ``hub_id``, ``hub_config``, ``files`` (mirror file -> sha256), ``standin``,
+        ``hub_id``, ``hub_config``, ``hub_revision``, ``hub_commit``, ``files`` (mirror file -> sha256), ``standin``,
         ``standin_note``, ``standin_fraction`` (None unless a stand-in), ``dropped_rows``,
         ``rows_before_subsampling`` and ``rows`` (split -> count), ``max_train_samples``,
         ``max_eval_samples``, ``seed``, ``labels`` (split -> label counts, score range or,
@@ -175,7 +184,7 @@ def prepare_task(
             _check_count(name, value, minimum=1)
     splits, provenance = load_task(task, source=source, mirror=mirror,
                                    allow_standin=allow_standin,
-                                   standin_fraction=standin_fraction, seed=seed)
+                                   standin_fraction=standin_fraction, seed=seed, revision=revision)
     caps = {"train": max_train_samples, "validation": max_eval_samples}
     kept = {split: _subsample(splits[split], caps[split], seed, stream)
             for stream, split in enumerate(SPLITS, start=1)}
@@ -207,6 +216,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
                              "exists, else the hub); default: auto")
     parser.add_argument("--mirror", type=Path, default=None,
                         help=f"mirror folder (default: ${MIRROR_ENV}; needed for --source mirror)")
+    parser.add_argument("--revision", default=None,
+                        help="hub dataset revision: a branch, tag or 40-hex commit (default: main); "
+                             "resolved to its commit, which meta.json records")
     parser.add_argument("--allow-standin", action="store_true",
                         help="if a split is missing from the mirror, split the other one into "
                              "a stand-in train and validation pair (flagged in meta.json; "
@@ -229,13 +241,13 @@ def run_cli(args: argparse.Namespace) -> int:
             args.task, args.out, source=args.source, mirror=args.mirror,
             allow_standin=args.allow_standin, max_train_samples=args.max_train_samples,
             max_eval_samples=args.max_eval_samples, seed=args.seed,
-            standin_fraction=args.standin_fraction,
+            standin_fraction=args.standin_fraction, revision=args.revision,
         )
     except (ValueError, OSError, HubUnavailableError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     origin = meta["mirror"] if meta["source"] == "mirror" else (
-        meta["hub_id"] + (f" ({meta['hub_config']})" if meta["hub_config"] else "")
+        meta["hub_id"] + (f" ({meta['hub_config']})" if meta["hub_config"] else "") + f" @ {meta['hub_commit']}"
     )
     standin = " STAND-IN" if meta["standin"] else ""
     for split in SPLITS:

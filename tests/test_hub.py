@@ -1,0 +1,140 @@
+"""Models and datasets through a real Hugging Face-compatible server (olah on 127.0.0.1, see conftest.hub).
+
+The same ``huggingface_hub`` / ``datasets`` / ``transformers`` calls a user with internet makes
+run here against repos in the real repos' layout and schemas (tests/hub_repos.py).
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from istar.data import prepare_task, read_meta, read_split
+from istar.models import check_model_available, load_model, load_tokenizer, parse_model_source, pin_model
+from istar.revisions import RevisionUnavailableError, resolve_revision
+from istar.tasks import SPLITS, TASKS, get_task
+
+REPO = Path(__file__).parents[1]
+HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@pytest.fixture
+def online(hub, tmp_path, monkeypatch):
+    """Clients pointed at the test hub, with a fresh cache; returns the cache folder."""
+    for name, value in hub.env(tmp_path / "hf").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("ISTAR_DATA_MIRROR", raising=False)
+    _reload_hub_constants(monkeypatch)
+    return tmp_path / "hf"
+
+
+def _reload_hub_constants(monkeypatch):
+    """huggingface_hub reads HF_ENDPOINT / HF_HOME / offline at import: set its constants as a new process would."""
+    import huggingface_hub.constants as constants
+    import os
+
+    home = Path(os.environ["HF_HOME"])
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") in ("1", "true")
+    for name, value in {"ENDPOINT": os.environ["HF_ENDPOINT"], "HF_HOME": str(home),
+                        "HF_HUB_CACHE": str(home / "hub"), "HF_HUB_OFFLINE": offline}.items():
+        monkeypatch.setattr(constants, name, value)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        os.environ["HF_ENDPOINT"] + "/{repo_id}/resolve/{revision}/{filename}")
+
+
+# ------------------------------------------------------------------ datasets: nine tasks
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_prepare_data_from_the_hub_equals_the_mirror(hub, online, tmp_path, task):
+    """`istar prepare-data --source hub` gives the mirror's rows, labels and answers (a subprocess, as the workflow runs it)."""
+    out = tmp_path / "hub" / task
+    result = subprocess.run([sys.executable, "-m", "istar", "prepare-data", "--task", task, "--source", "hub",
+                             "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    mirrored = tmp_path / "mirror" / task
+    prepare_task(task, mirrored, source="mirror", mirror=hub.small_mirror)
+    for split in SPLITS:
+        from_hub, from_mirror = read_split(out, split), read_split(mirrored, split)
+        assert len(from_hub) > 0
+        pd.testing.assert_frame_equal(from_hub, from_mirror)
+    meta = read_meta(out)
+    hub_id = {"sst5": "SetFit/sst5", "squad": "rajpurkar/squad"}.get(task, "nyu-mll/glue")
+    assert meta["hub_id"] == hub_id
+    assert meta["hub_config"] == (None if task in ("sst5", "squad") else task)
+    assert meta["hub_revision"] == "main" and meta["hub_commit"] == hub.dataset_commits[hub_id]
+    if task == "qqp":
+        assert meta["dropped_rows"]["train"] == ["nyu-mll/glue (qqp) split train, row 3"]
+
+
+# ------------------------------------------------------------------ models: revisions, pinned
+
+
+def test_model_revisions_resolve_to_commits_and_load_by_commit(hub, online):
+    commits = hub.model_commits
+    assert resolve_revision(HUB_MODEL, "v2") == commits["v2"]
+    assert pin_model(HUB_MODEL)["pinned"] == f"{HUB_MODEL}@{commits['main']}"
+    pin = pin_model(f"{HUB_MODEL}@v2")
+    assert pin == {"source": f"{HUB_MODEL}@v2", "kind": "hub", "hub_id": HUB_MODEL, "revision": "v2",
+                   "commit": commits["v2"], "pinned": f"{HUB_MODEL}@{commits['v2']}"}
+    # A branch name alone fails in transformers against this server (optional files answer 401),
+    # so loading always goes by commit: both forms load.
+    model = load_model(f"{HUB_MODEL}@v2", get_task("rte"))
+    assert model.config.hidden_size == 384 and model.num_labels == 2
+    assert load_tokenizer(HUB_MODEL).is_fast
+    snapshots = sorted(p.name for p in (online / "hub" / f"models--{HUB_MODEL.replace('/', '--')}" / "snapshots").iterdir())
+    assert snapshots == sorted({commits["v2"], commits["main"]})
+    with pytest.raises(ValueError, match="'no-such-branch': the hub has no such (repository or revision|branch)"):
+        pin_model(f"{HUB_MODEL}@no-such-branch")
+
+
+def test_pin_model_cli_writes_the_commit_steps_load(hub, online, tmp_path):
+    out = tmp_path / "models" / "minilm.json"
+    result = subprocess.run([sys.executable, "-m", "istar", "pin-model", "--source", f"{HUB_MODEL}@v2", "--out", str(out)],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["commit"] == hub.model_commits["v2"]
+    assert parse_model_source(str(out)).revision == hub.model_commits["v2"]  # the pin file is a model source
+
+
+def test_offline_missing_model_is_one_clear_line(hub, online, monkeypatch, tmp_path):
+    pin_model(HUB_MODEL)  # nothing downloaded yet: the cache knows no ref
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _reload_hub_constants(monkeypatch)
+    message = check_model_available(f"{HUB_MODEL}@v2")
+    assert message == (f"model '{HUB_MODEL}' at revision 'v2' is not in the local Hugging Face cache and "
+                       "HF_HUB_OFFLINE is set; fix: run once with internet (HF_HUB_OFFLINE unset) so the hub "
+                       "cache holds it, or point the source at a local folder with config.json or a "
+                       "package:NAME/SUBFOLDER")
+    with pytest.raises(RevisionUnavailableError) as info:
+        pin_model(f"{HUB_MODEL}@v2")
+    assert "\n" not in str(info.value) and "'v2'" in str(info.value)
+    out = tmp_path / "pin.json"
+    result = subprocess.run([sys.executable, "-m", "istar", "pin-model", "--source", f"{HUB_MODEL}@v2", "--out", str(out)],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "HF_HUB_OFFLINE" in result.stderr and not out.exists()
+
+
+def test_offline_after_one_online_load_uses_the_cached_commit(hub, online, monkeypatch):
+    load_tokenizer(f"{HUB_MODEL}@v2")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _reload_hub_constants(monkeypatch)
+    assert check_model_available(f"{HUB_MODEL}@v2") is None
+    assert pin_model(f"{HUB_MODEL}@v2")["commit"] == hub.model_commits["v2"]
+
+
+def test_paper_config_sources_parse_through_the_same_code():
+    """config/paper.yaml's models and tasks go through parse_model_source and the hub dataset table."""
+    from istar.data import HUB_DATASETS
+
+    config = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+    parsed = {name: parse_model_source(source) for name, source in config["models"].items()}
+    assert {p.kind for p in parsed.values()} == {"hub"}
+    assert {p.location for p in parsed.values()} == {"bert-base-uncased", "albert-base-v2", "distilbert-base-uncased"}
+    assert config["data"]["source"] == "hub"
+    assert set(config["tasks"]) <= set(HUB_DATASETS)
