@@ -37,12 +37,13 @@ def _offline() -> bool:
 
 
 def cached_commit(repo_id: str, revision: str, repo_type: str = "model") -> str | None:
-    """The commit the local hub cache records for ``revision`` of a repo, or None if it has none."""
-    if COMMIT.fullmatch(revision):
-        return revision if _cache_folder(repo_id, repo_type).joinpath("snapshots", revision).is_dir() else None
-    ref = _cache_folder(repo_id, repo_type) / "refs" / revision
-    commit = ref.read_text().strip() if ref.is_file() else ""
-    return commit if COMMIT.fullmatch(commit) else None
+    """The commit of ``revision`` of a repo when the local hub cache holds files of it, else None."""
+    folder = _cache_folder(repo_id, repo_type)
+    commit = revision
+    if not COMMIT.fullmatch(revision):
+        ref = folder / "refs" / revision
+        commit = ref.read_text().strip() if ref.is_file() else ""
+    return commit if COMMIT.fullmatch(commit) and (folder / "snapshots" / commit).is_dir() else None
 
 
 def _cache_folder(repo_id: str, repo_type: str) -> Path:
@@ -51,11 +52,22 @@ def _cache_folder(repo_id: str, repo_type: str) -> Path:
     return Path(constants.HF_HUB_CACHE) / f"{repo_type}s--{repo_id.replace('/', '--')}"
 
 
+def _remember_ref(repo_id: str, repo_type: str, revision: str, commit: str) -> None:
+    """Record ``revision -> commit`` in the cache as huggingface_hub does when it downloads by branch.
+
+    Loads go by commit, which leaves no ref behind; this record lets a later offline run
+    resolve the same revision to the same commit.
+    """
+    ref = _cache_folder(repo_id, repo_type) / "refs" / revision
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    ref.write_text(commit)
+
+
 def resolve_revision(repo_id: str, revision: str | None = None, repo_type: str = "model") -> str:
     """The 40-hex commit of ``revision`` (a branch, tag or commit; None = ``main``) of a hub repo.
 
-    A full commit is returned as it is. Otherwise the hub is asked; when it cannot be reached
-    (or ``HF_HUB_OFFLINE`` is set) the cache's ref is used. Raises
+    A full commit is returned as it is. Otherwise the hub is asked (and the answer recorded in
+    the cache); when it cannot be reached (or ``HF_HUB_OFFLINE`` is set) the cache's ref is used. Raises
     :class:`RevisionUnavailableError` with one line naming the repo, the revision and the fix
     when neither knows it, and ``ValueError`` when the hub answers that it does not exist.
     """
@@ -69,7 +81,7 @@ def resolve_revision(repo_id: str, revision: str | None = None, repo_type: str =
         from huggingface_hub.utils import RepositoryNotFoundError, RevisionNotFoundError
 
         try:
-            return HfApi().repo_info(repo_id, repo_type=repo_type, revision=revision).sha
+            commit = HfApi().repo_info(repo_id, repo_type=repo_type, revision=revision).sha
         except RevisionNotFoundError:
             raise ValueError(f"{what}: the hub has no such branch, tag or commit") from None
         except RepositoryNotFoundError:
@@ -77,6 +89,9 @@ def resolve_revision(repo_id: str, revision: str | None = None, repo_type: str =
             raise ValueError(f"{what}: the hub has no such repository or revision (or it needs a login)") from None
         except Exception as error:  # connection refused, DNS, timeouts: all mean "not reachable"
             reason = f"the hub is not reachable ({type(error).__name__})"
+        else:
+            _remember_ref(repo_id, repo_type, revision, commit)
+            return commit
     commit = cached_commit(repo_id, revision, repo_type)
     if commit is None:
         raise RevisionUnavailableError(f"{what} is not in the local Hugging Face cache and {reason}; {OFFLINE_FIX}")
