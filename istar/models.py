@@ -155,7 +155,7 @@ def check_model_available(source: str) -> str | None:
     revision = parsed.revision or DEFAULT_REVISION
     if cached_commit(parsed.location, revision, "model") is None:
         return (f"model {parsed.location!r} at revision {revision!r} is not in the local Hugging Face cache "
-                f"and HF_HUB_OFFLINE is set; {OFFLINE_FIX}")
+                f"and HF_HUB_OFFLINE is set; {OFFLINE_FIX['model']}")
     return None
 
 

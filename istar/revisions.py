@@ -22,10 +22,12 @@ COMMIT = re.compile(r"[0-9a-f]{40}")
 
 DEFAULT_REVISION = "main"
 
-OFFLINE_FIX = (
-    "fix: run once with internet (HF_HUB_OFFLINE unset) so the hub cache holds it, "
-    "or point the source at a local folder with config.json or a package:NAME/SUBFOLDER"
-)
+OFFLINE_FIX = {
+    "model": "fix: run once with internet (HF_HUB_OFFLINE unset) so the hub cache holds it, "
+             "or point the source at a local folder with config.json or a package:NAME/SUBFOLDER",
+    "dataset": "fix: run once with internet (HF_HUB_OFFLINE unset) so the hub cache holds it",
+}
+"""The remedy named in the one-line error, per repo type."""
 
 
 class RevisionUnavailableError(RuntimeError):
@@ -94,5 +96,5 @@ def resolve_revision(repo_id: str, revision: str | None = None, repo_type: str =
             return commit
     commit = cached_commit(repo_id, revision, repo_type)
     if commit is None:
-        raise RevisionUnavailableError(f"{what} is not in the local Hugging Face cache and {reason}; {OFFLINE_FIX}")
+        raise RevisionUnavailableError(f"{what} is not in the local Hugging Face cache and {reason}; {OFFLINE_FIX[repo_type]}")
     return commit
