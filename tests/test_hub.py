@@ -5,6 +5,7 @@ run here against repos in the real repos' layout and schemas (tests/hub_repos.py
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +36,6 @@ def online(hub, tmp_path, monkeypatch):
 def _reload_hub_constants(monkeypatch):
     """huggingface_hub reads HF_ENDPOINT / HF_HOME / offline at import: set its constants as a new process would."""
     import huggingface_hub.constants as constants
-    import os
 
     home = Path(os.environ["HF_HOME"])
     offline = os.environ.get("HF_HUB_OFFLINE", "0") in ("1", "true")
@@ -138,3 +138,40 @@ def test_paper_config_sources_parse_through_the_same_code():
     assert {p.location for p in parsed.values()} == {"bert-base-uncased", "albert-base-v2", "distilbert-base-uncased"}
     assert config["data"]["source"] == "hub"
     assert set(config["tasks"]) <= set(HUB_DATASETS)
+
+
+# ------------------------------------------------------------------ the workflow through the hub
+
+
+def _snakemake(workdir, hub, hf_home, *args):
+    command = [str(Path(sys.executable).parent / "snakemake"), "-s", str(REPO / "workflow" / "Snakefile"),
+               "--configfile", str(workdir / "config.yaml"), "--directory", str(workdir), "--cores", "2", *args]
+    env = {**os.environ, **hub.env(hf_home), "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("ISTAR_DATA_MIRROR", None)
+    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.mark.slow
+def test_workflow_pins_the_model_and_takes_data_from_the_hub(hub, tmp_path):
+    """data.source hub + a hub model at a branch: prepare_data, pin_model and Σ_S run against the server;
+    changing the revision reruns the model's jobs and not the data's."""
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    config = {"models": {"minilm": f"{HUB_MODEL}@v2"}, "tasks": ["rte"],
+              "data": {"source": "hub", "max_train_samples": 8, "max_eval_samples": 8},
+              "training": {"gpus": 0, "threads": 1, "max_length": 32}, "shrinkage": {"rows": 1000}}
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+    targets = ["resources/data/rte/meta.json", "resources/models/minilm.json", "resources/shrinkage/minilm/rte/sigma0.pt"]
+    result = _snakemake(workdir, hub, tmp_path / "hf", *targets)
+    assert result.returncode == 0, result.stderr[-4000:]
+    pin = json.loads((workdir / "resources/models/minilm.json").read_text())
+    assert pin["commit"] == hub.model_commits["v2"] and pin["revision"] == "v2"
+    meta = read_meta(workdir / "resources/data/rte")
+    assert meta["hub_commit"] == hub.dataset_commits["nyu-mll/glue"] and meta["rows"] == {"train": 8, "validation": 8}
+    config["models"]["minilm"] = f"{HUB_MODEL}@main"
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
+    dry = _snakemake(workdir, hub, tmp_path / "hf", "-n", *targets)
+    assert dry.returncode == 0, dry.stderr[-4000:]
+    reruns = {line.split()[0] for line in (dry.stdout + dry.stderr).split("Job stats:")[1].splitlines()[3:]
+              if line.strip() and not line.startswith(("total", "-", "Reasons", "This was"))}
+    assert {"pin_model", "shrinkage"} <= reruns and "prepare_data" not in reruns, dry.stdout + dry.stderr
