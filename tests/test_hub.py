@@ -49,13 +49,25 @@ def _reload_hub_constants(monkeypatch):
 # ------------------------------------------------------------------ datasets: nine tasks
 
 
-@pytest.mark.parametrize("task", list(TASKS))
-def test_prepare_data_from_the_hub_equals_the_mirror(hub, online, tmp_path, task):
-    """`istar prepare-data --source hub` gives the mirror's rows, labels and answers (a subprocess, as the workflow runs it)."""
-    out = tmp_path / "hub" / task
-    result = subprocess.run([sys.executable, "-m", "istar", "prepare-data", "--task", task, "--source", "hub",
-                             "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope="module")
+def hub_prepared(hub, tmp_path_factory):
+    """``istar prepare-data --source hub`` for all nine tasks in one new process (as a job runs it,
+    with the clients reading HF_ENDPOINT at import); returns the output root."""
+    root = tmp_path_factory.mktemp("hub-prepared")
+    script = ("import sys\nfrom istar.cli import main\n"
+              "codes = [main(['prepare-data', '--task', t, '--source', 'hub', '--out', sys.argv[1] + '/' + t])"
+              " for t in sys.argv[2:]]\nsys.exit(max(codes))")
+    env = {key: value for key, value in os.environ.items() if key != "ISTAR_DATA_MIRROR"}
+    result = subprocess.run([sys.executable, "-c", script, str(root), *TASKS], cwd=REPO, capture_output=True,
+                            text=True, timeout=600, env={**env, **hub.env(root / "hf")})
     assert result.returncode == 0, result.stderr[-3000:]
+    return root
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_prepare_data_from_the_hub_equals_the_mirror(hub, hub_prepared, tmp_path, task):
+    """The hub's rows, labels and answers equal the mirror's: same frames, dtypes included."""
+    out = hub_prepared / task
     mirrored = tmp_path / "mirror" / task
     prepare_task(task, mirrored, source="mirror", mirror=hub.small_mirror)
     for split in SPLITS:
