@@ -212,3 +212,24 @@ def test_workflow_pins_the_model_and_takes_data_from_the_hub(hub, tmp_path):
     reruns = {line.split()[0] for line in (dry.stdout + dry.stderr).split("Job stats:")[1].splitlines()[3:]
               if line.strip() and not line.startswith(("total", "-", "Reasons", "This was"))}
     assert {"pin_model", "shrinkage"} <= reruns and "prepare_data" not in reruns, dry.stdout + dry.stderr
+
+
+def test_offline_dataset_from_the_cache_same_commit_else_one_line(hub, hub_prepared, tmp_path):
+    """After one online prepare, HF_HUB_OFFLINE=1 with the hub unreachable loads the cached commit;
+    a revision the cache does not hold is one clear line."""
+    env = {**os.environ, **hub.env(hub_prepared / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_ENDPOINT": "http://127.0.0.1:9"}
+    env.pop("ISTAR_DATA_MIRROR", None)
+
+    def prepare(out, *extra):
+        return subprocess.run([sys.executable, "-m", "istar", "prepare-data", "--task", "rte", "--source", "hub",
+                               "--out", str(out), *extra], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+
+    result = prepare(tmp_path / "offline")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert read_meta(tmp_path / "offline")["hub_commit"] == hub.dataset_commits["nyu-mll/glue"]
+    pd.testing.assert_frame_equal(read_split(tmp_path / "offline", "train"), read_split(hub_prepared / "rte", "train"))
+    result = prepare(tmp_path / "missing", "--revision", "v9")
+    assert result.returncode == 1 and not (tmp_path / "missing" / "meta.json").exists()
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: dataset 'nyu-mll/glue' at revision 'v9' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set")
