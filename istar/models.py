@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .revisions import COMMIT, DEFAULT_REVISION, OFFLINE_FIX, RevisionUnavailableError, cached_commit, resolve_revision
+from .revisions import DEFAULT_REVISION, OFFLINE_FIX, RevisionUnavailableError, cached_commit, offline, resolve_revision
 from .tasks import Task
 
 __all__ = ["ModelSource", "parse_model_source", "resolve_model_source", "pin_model", "check_model_available",
@@ -35,7 +34,6 @@ __all__ = ["ModelSource", "parse_model_source", "resolve_model_source", "pin_mod
 
 PACKAGE_PREFIX = "package:"
 REVISION_MARK = "@"
-PIN_KEYS = ("source", "kind", "hub_id", "revision", "commit", "pinned")
 
 
 @dataclass(frozen=True)
@@ -50,11 +48,6 @@ class ModelSource:
     kind: str
     location: str
     revision: str | None = None
-
-    @property
-    def is_pinned(self) -> bool:
-        """Whether loading it can never change: a folder, or a hub id at a full commit."""
-        return self.kind != "hub" or bool(self.revision and COMMIT.fullmatch(self.revision))
 
 
 def _read_pin(path: Path) -> str:
@@ -150,7 +143,7 @@ def check_model_available(source: str) -> str | None:
         parsed = parse_model_source(source)
     except ValueError as error:
         return str(error)
-    if parsed.kind != "hub" or os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in {"1", "true", "yes", "on"}:
+    if parsed.kind != "hub" or not offline():
         return None
     revision = parsed.revision or DEFAULT_REVISION
     if cached_commit(parsed.location, revision, "model") is None:

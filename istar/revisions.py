@@ -15,7 +15,7 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["COMMIT", "DEFAULT_REVISION", "RevisionUnavailableError", "resolve_revision", "cached_commit"]
+__all__ = ["COMMIT", "DEFAULT_REVISION", "RevisionUnavailableError", "resolve_revision", "cached_commit", "offline"]
 
 COMMIT = re.compile(r"[0-9a-f]{40}")
 """A full commit hash: the only revision form that cannot move."""
@@ -34,7 +34,8 @@ class RevisionUnavailableError(RuntimeError):
     """A hub revision cannot be resolved: the hub is unreachable and the cache does not hold it."""
 
 
-def _offline() -> bool:
+def offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` forbids asking the hub (the values huggingface_hub accepts as true)."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
@@ -78,7 +79,7 @@ def resolve_revision(repo_id: str, revision: str | None = None, repo_type: str =
         return revision
     what = f"{repo_type} {repo_id!r} at revision {revision!r}"
     reason = "HF_HUB_OFFLINE is set"
-    if not _offline():
+    if not offline():
         from huggingface_hub import HfApi
         from huggingface_hub.utils import RepositoryNotFoundError, RevisionNotFoundError
 

@@ -80,13 +80,11 @@ class HubServer:
             _git(repo, "init", "-q", "-b", "main")
         commits = {}
         for branch, files in branches.items():
-            existing = _git(repo, "branch", "--list", branch)
-            has_main = bool(_git(repo, "branch", "--list", "main")) and _git(repo, "rev-list", "--all")
-            if existing:
+            if _git(repo, "branch", "--list", branch):
                 _git(repo, "checkout", "-q", branch)
-            elif has_main:
+            elif _git(repo, "branch", "--list", "main"):
                 _git(repo, "checkout", "-q", "-b", branch, "main")
-            else:
+            else:  # an empty repo: the first branch starts from an empty tree
                 _git(repo, "checkout", "-q", "--orphan", branch)
             for name, content in files.items():
                 target = repo / name
