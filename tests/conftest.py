@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny randomly initialised models built from a config (no download)."""
+"""Shared fixtures: tiny randomly initialised models built from a config (no download), and a local hub server."""
 
 from pathlib import Path
 
