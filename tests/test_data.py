@@ -13,7 +13,6 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from istar import data
 from istar.data import (
     HubUnavailableError,
     MissingSplitError,
@@ -381,7 +380,8 @@ def test_prepare_task_writes_three_files_read_back_equal(mirror_load, tmp_path):
     for split, frame in mirror_load("cola")[0].items():  # text_b: all null, still str
         pd.testing.assert_frame_equal(read_split(tmp_path / "cola", split), frame)
     expected_keys = {
-        "task", "source", "source_requested", "mirror", "hub_id", "hub_config", "files",
+        "task", "source", "source_requested", "mirror", "hub_id", "hub_config", "hub_revision",
+        "hub_commit", "files",
         "standin", "standin_note", "standin_fraction", "dropped_rows",
         "rows_before_subsampling", "rows", "max_train_samples", "max_eval_samples", "seed",
         "labels", "created", "istar_version",
@@ -410,7 +410,7 @@ def test_failed_write_leaves_no_partial_file(tiny_mirror, tmp_path, monkeypatch)
         handle.write(b"PAR1 half a file")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(data.pq, "write_table", crash)
+    monkeypatch.setattr(pq, "write_table", crash)
     with pytest.raises(KeyboardInterrupt):
         prepare_task("qqp", out, source="mirror", mirror=tiny_mirror, max_train_samples=3)
     assert sorted(p.name for p in out.iterdir()) == ["train.parquet", "validation.parquet"]
@@ -421,7 +421,10 @@ def test_failed_write_leaves_no_partial_file(tiny_mirror, tmp_path, monkeypatch)
 # ------------------------------------------------------------------ sources and arguments
 
 
-def test_bad_arguments_raise_clear_errors(tiny_mirror, tmp_path):
+def test_bad_arguments_raise_clear_errors(tiny_mirror, tmp_path, monkeypatch):
+    monkeypatch.delenv("ISTAR_DATA_MIRROR", raising=False)
+    with pytest.raises(ValueError, match=r"data source 'mirror' needs a mirror folder .*--mirror DIR"):
+        load_task("qqp", source="mirror")  # no default folder outside the repository
     with pytest.raises(ValueError, match="unknown task 'mnli'; known tasks: sst2"):
         load_task("mnli", mirror=tiny_mirror)
     with pytest.raises(ValueError, match="use one of: auto, hub, mirror"):
@@ -432,71 +435,28 @@ def test_bad_arguments_raise_clear_errors(tiny_mirror, tmp_path):
         load_task("qqp", mirror=tiny_mirror, standin_fraction=1.0)
 
 
-def fake_hub(monkeypatch, tables):
-    """Replace datasets.load_dataset by one serving in-memory tables (hub id, config) -> splits."""
-    datasets = pytest.importorskip("datasets")
-    calls = []
-
-    def load_dataset(hub_id, config=None):
-        calls.append((hub_id, config))
-        if (hub_id, config) not in tables:
-            raise ConnectionError("Couldn't reach the Hugging Face Hub (offline)")
-        return datasets.DatasetDict({split: datasets.Dataset.from_dict(columns)
-                                     for split, columns in tables[(hub_id, config)].items()})
-
-    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    return calls
-
-
-def test_auto_uses_env_mirror_else_hub(tiny_mirror, tmp_path, monkeypatch):
+def test_auto_uses_env_mirror_else_hub(tiny_mirror, hub, tmp_path, monkeypatch):
+    """auto: the mirror named by $ISTAR_DATA_MIRROR; with none named, the hub (the test server)."""
     monkeypatch.setenv("ISTAR_DATA_MIRROR", str(tiny_mirror))
     splits, provenance = load_task("qnli")
     assert provenance["source"] == "mirror" and provenance["source_requested"] == "auto"
     assert provenance["mirror"] == str(tiny_mirror.resolve())
     monkeypatch.delenv("ISTAR_DATA_MIRROR")
-    monkeypatch.chdir(tmp_path)  # no ../shared/data from here: auto falls back to the hub
-    calls = fake_hub(monkeypatch, {})
-    with pytest.raises(HubUnavailableError, match="use source 'mirror' with a path") as info:
-        load_task("qnli")
-    assert calls == [("nyu-mll/glue", "qnli")]
-    assert "Couldn't reach the Hugging Face Hub" in str(info.value)
 
+    def prepare(out, **env):  # a new process, as a workflow job: the hub clients read their environment at import
+        return subprocess.run([sys.executable, "-m", "istar", "prepare-data", "--task", "qnli", "--out", str(out)],
+                              cwd=REPO, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, **hub.env(tmp_path / "hf"), **env})
 
-def test_hub_splits_are_normalised_like_the_mirror(monkeypatch):
-    glue_rows = lambda n: {"sentence1": [f"a {i}" for i in range(n)],  # noqa: E731
-                           "sentence2": [f"b {i}" for i in range(n)],
-                           "label": [i % 2 for i in range(n)], "idx": list(range(n))}
-    squad = {"id": ["q1", "q2"], "title": ["T", "U"], "context": ["the cat sat", "a dog"],
-             "question": ["who sat?", "what?"],
-             "answers": [{"text": ["cat"], "answer_start": [4]},
-                         {"text": ["dog", "a dog"], "answer_start": [2, 0]}]}
-    calls = fake_hub(monkeypatch, {
-        ("nyu-mll/glue", "rte"): {"train": glue_rows(6), "validation": glue_rows(4),
-                                  "test": glue_rows(3)},
-        ("nyu-mll/glue", "stsb"): {"train": {**glue_rows(3), "label": [0.0, 2.5, 5.0]},
-                                   "validation": {**glue_rows(2), "label": [1.0, 4.2]}},
-        ("SetFit/sst5", None): {split: {"text": ["good", "bad", "ok", "meh", "great"],
-                                        "label": [3, 1, 2, 0, 4], "label_text": ["x"] * 5}
-                                for split in ("train", "validation")},
-        ("rajpurkar/squad", None): {"train": squad, "validation": squad},
-    })
-    rte, provenance = load_task("rte", source="hub")
-    assert provenance == {"source": "hub", "mirror": None, "hub_id": "nyu-mll/glue",
-                          "hub_config": "rte", "files": {}, "standin": False,
-                          "standin_note": None, "dropped_rows": {"train": [], "validation": []},
-                          "source_requested": "hub"}
-    assert len(rte["train"]) == 6 and len(rte["validation"]) == 4
-    stsb, _ = load_task("stsb", source="hub")
-    sst5, _ = load_task("sst5", source="hub")
-    squad_splits, _ = load_task("squad", source="hub")
-    for task, splits in (("rte", rte), ("stsb", stsb), ("sst5", sst5), ("squad", squad_splits)):
-        for frame in splits.values():
-            assert_normalised(frame, task)
-    assert stsb["validation"]["label"].tolist() == pytest.approx([1.0, 4.2])
-    assert sst5["train"]["idx"].tolist() == [0, 1, 2, 3, 4]
-    assert squad_splits["train"].loc[1, "answer_texts"] == ["dog", "a dog"]
-    assert squad_splits["train"].loc[1, "answer_starts"] == [2, 0]
-    assert calls[0] == ("nyu-mll/glue", "rte")
+    result = prepare(tmp_path / "from-hub")
+    assert result.returncode == 0, result.stderr[-2000:]
+    meta = read_meta(tmp_path / "from-hub")
+    assert meta["source"] == "hub" and meta["hub_commit"] == hub.dataset_commits["nyu-mll/glue"]
+    result = prepare(tmp_path / "unreachable", HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "empty"))
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1].startswith("error: dataset 'nyu-mll/glue' at revision 'main' is not in the local Hugging Face "
+                                    "cache and the hub is not reachable"), result.stderr[-2000:]
+    assert "use source 'mirror' with a path" in result.stderr
 
 
 # ------------------------------------------------------------------ command line
@@ -506,7 +466,7 @@ def test_hub_splits_are_normalised_like_the_mirror(monkeypatch):
 def test_module_cli_runs_as_a_subprocess(tmp_path):
     out = tmp_path / "rte"
     result = subprocess.run(
-        [sys.executable, "-m", "istar.data", "--task", "rte", "--out", str(out),
+        [sys.executable, "-m", "istar", "prepare-data", "--task", "rte", "--out", str(out),
          "--mirror", str(MIRROR), "--max-train-samples", "50"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(REPO)},

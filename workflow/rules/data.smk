@@ -12,6 +12,9 @@ rule prepare_data:
                 "--allow-standin" if config["data"]["allow_standin"] else "",
                 f"--max-train-samples {config['data']['max_train_samples']}" if config["data"]["max_train_samples"] else "",
                 f"--max-eval-samples {config['data']['max_eval_samples']}" if config["data"]["max_eval_samples"] else "",
+                f"--revision {config['data']['hub_revisions'][wildcards.task]}"
+                if wildcards.task in config["data"]["hub_revisions"]
+                else "",
             ]
         ),
     log:

@@ -1,0 +1,127 @@
+"""The normalised form of a split: its Arrow schema, dtypes, and the checks every split passes.
+
+Whatever the source (:mod:`istar.data.mirror` or :mod:`istar.data.hub`), a split ends as a
+``pandas.DataFrame`` with the columns of :mod:`istar.tasks` and the dtypes of
+:func:`split_schema`, checked by :func:`check_split` (docs/method.md §6).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from ..qa import answer_problem
+from ..tasks import Task
+
+__all__ = ["STSB_MAX_SCORE", "split_schema", "table_to_frame", "conform", "check_split"]
+
+logger = logging.getLogger(__name__)
+
+STSB_MAX_SCORE = 5.0
+
+# The official QQP train split has two pairs with an empty question2 (idx 310137 and 362246
+# on the hub); for this task rows with an empty text are dropped and counted in meta.json.
+# Every other task treats an empty text as malformed data.
+_DROP_EMPTY_TEXT = frozenset({"qqp"})
+
+
+def split_schema(task: Task) -> pa.Schema:
+    """The Arrow schema of a normalised split (also fixes the pandas dtypes)."""
+    if task.kind == "qa":
+        return pa.schema([
+            ("id", pa.string()),
+            ("title", pa.string()),
+            ("context", pa.string()),
+            ("question", pa.string()),
+            ("answer_texts", pa.list_(pa.string())),
+            ("answer_starts", pa.list_(pa.int64())),
+        ])
+    label_type = pa.float32() if task.kind == "regression" else pa.int64()
+    return pa.schema([
+        ("idx", pa.int64()),
+        ("text_a", pa.string()),
+        ("text_b", pa.string()),
+        ("label", label_type),
+    ])
+
+
+def table_to_frame(table: pa.Table) -> pd.DataFrame:
+    """Arrow table to DataFrame, with list columns as Python lists (not numpy arrays)."""
+    frame = table.to_pandas()
+    for field in table.schema:
+        if pa.types.is_list(field.type):
+            frame[field.name] = pd.Series(table.column(field.name).to_pylist(), dtype=object)
+    return frame
+
+
+def conform(frame: pd.DataFrame, task: Task) -> pd.DataFrame:
+    """Cast a split to the task's schema, so it has the dtypes :func:`istar.data.read_split` returns."""
+    table = pa.Table.from_pandas(frame, schema=split_schema(task), preserve_index=False)
+    return table_to_frame(table)
+
+
+def check_split(
+    frame: pd.DataFrame, task: Task, locate: Callable[[int], str]
+) -> tuple[pd.DataFrame, list[str]]:
+    """Check a normalised split; drop empty-text rows where the task allows it.
+
+    Parameters
+    ----------
+    frame : the split, with the task's columns.
+    task : the task (sets the label range and the text columns).
+    locate : row position -> where the row came from (``"FILE, line N"``), for messages.
+
+    Returns
+    -------
+    frame : the split, without the dropped rows, index reset.
+    dropped : the locations of the dropped rows (empty for every task but QQP).
+
+    Raises ValueError naming the row for a label out of range, an empty text, or (SQuAD) a
+    duplicate id, a question without answers or an answer not at its offset.
+    """
+    if task.kind == "qa":
+        _check_answers(frame, locate)
+        text_columns = ["context", "question"]
+    else:
+        if task.kind == "classification":
+            labels = frame["label"].to_numpy()
+            bad = (labels < 0) | (labels >= task.num_labels)
+            expected = f"a class in 0..{task.num_labels - 1}"
+        else:
+            labels = frame["label"].to_numpy(dtype=np.float64)
+            bad = ~np.isfinite(labels) | (labels < 0) | (labels > STSB_MAX_SCORE)
+            expected = f"a score in [0, {STSB_MAX_SCORE:g}]"
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{locate(first)}: label {labels[first].item()!r} is not {expected}")
+        text_columns = ["text_a", "text_b"] if task.paired else ["text_a"]
+    empty = np.zeros(len(frame), dtype=bool)
+    for column in text_columns:
+        values = frame[column]
+        empty |= (values.isna() | (values.astype(str).str.strip() == "")).to_numpy()
+    if not empty.any():
+        return frame, []
+    if task.key not in _DROP_EMPTY_TEXT:
+        first = int(np.flatnonzero(empty)[0])
+        raise ValueError(f"{locate(first)}: empty text (in {' or '.join(text_columns)})")
+    dropped = [locate(int(i)) for i in np.flatnonzero(empty)]
+    logger.warning("%s: dropping %d row(s) with an empty text: %s",
+                   task.display, len(dropped), "; ".join(dropped))
+    return frame.loc[~empty].reset_index(drop=True), dropped
+
+
+def _check_answers(frame: pd.DataFrame, locate: Callable[[int], str]) -> None:
+    """SQuAD: unique ids, and every row's answers as :func:`istar.qa.answer_problem` requires."""
+    duplicated = frame["id"].duplicated().to_numpy()
+    if duplicated.any():
+        first = int(np.flatnonzero(duplicated)[0])
+        raise ValueError(f"{locate(first)}: duplicate question id {frame['id'].iloc[first]!r}")
+    rows = zip(frame["context"], frame["answer_texts"], frame["answer_starts"])
+    for i, (context, texts, starts) in enumerate(rows):
+        problem = answer_problem(context, texts, starts)
+        if problem:
+            raise ValueError(f"{locate(i)}: {problem}")

@@ -1,0 +1,259 @@
+"""Loading a task from its source, subsampling it, and the ``istar prepare-data`` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import __version__
+from ..tasks import SPLITS, TASKS, Task, get_task
+from .hub import HubUnavailableError, load_hub
+from .mirror import MIRROR_ENV, load_mirror, resolve_mirror
+from .storage import write_prepared
+
+__all__ = ["SOURCES", "load_task", "prepare_task", "add_cli_arguments", "run_cli"]
+
+logger = logging.getLogger(__name__)
+
+SOURCES = ("auto", "hub", "mirror")
+"""Accepted values of ``source``."""
+
+
+def load_task(
+    task: str,
+    source: str = "auto",
+    mirror: str | Path | None = None,
+    allow_standin: bool = False,
+    standin_fraction: float = 0.2,
+    seed: int = 0,
+    revision: str | None = None,
+) -> tuple[dict[str, pd.DataFrame], dict]:
+    """Load a task's train and validation splits, normalised.
+
+    Parameters
+    ----------
+    task : str
+        Task key of :data:`istar.tasks.TASKS` (``"rte"``, ``"sst2"``, ``"squad"``, ...).
+    source : {"auto", "hub", "mirror"}, default="auto"
+        Where to read from; ``"auto"`` uses the mirror when one is named and its folder
+        exists, else the hub.
+    mirror : str or Path, optional
+        The mirror folder; default ``$ISTAR_DATA_MIRROR``. There is no default folder:
+        ``source="mirror"`` without either is an error.
+    allow_standin : bool, default=False
+        When one split is missing from the mirror, split the other one into a stand-in
+        train part and a stand-in validation part instead of raising.
+    standin_fraction : float in (0, 1), default=0.2
+        Share of the available split that becomes the stand-in validation part.
+    seed : int >= 0, default=0
+        Seed of the stand-in split.
+    revision : str, optional
+        The hub dataset's revision (branch, tag or 40-hex commit; default ``main``), resolved
+        to its commit before loading. Hub sources only.
+
+    Returns
+    -------
+    splits : dict
+        ``{"train": DataFrame, "validation": DataFrame}``, columns as in :mod:`istar.tasks`:
+        ``idx, text_a, text_b, label`` (n_rows rows), or for SQuAD ``id, title, context,
+        question, answer_texts, answer_starts`` (one row per question).
+    provenance : dict
+        ``source`` ("mirror" or "hub"), ``mirror`` (absolute path or None), ``hub_id``,
+        ``hub_config``, ``hub_revision`` (as asked) and ``hub_commit`` (as loaded; or None), ``files`` (mirror file -> sha256), ``standin`` (bool),
+        ``standin_note`` (str or None), ``dropped_rows`` (split read -> locations of rows
+        dropped for an empty text; QQP only), ``source_requested`` (the ``source`` argument).
+
+    Raises
+    ------
+    MissingSplitError
+        A split is missing from the mirror and no stand-in was allowed or possible.
+    HubUnavailableError
+        The hub could not be reached (the message suggests the mirror).
+    FileNotFoundError
+        ``source="mirror"`` and the mirror folder does not exist.
+    ValueError
+        Unknown task or source, bad arguments, or malformed data (naming file and line).
+    """
+    spec = get_task(task)
+    if source not in SOURCES:
+        raise ValueError(f"unknown data source {source!r}; use one of: {', '.join(SOURCES)}")
+    if not 0 < standin_fraction < 1:
+        raise ValueError(f"standin_fraction must be in (0, 1), got {standin_fraction!r}")
+    _check_count("seed", seed, minimum=0)
+    root, origin = resolve_mirror(mirror)
+    if source == "mirror" and root is None:
+        raise ValueError(
+            f"data source 'mirror' needs a mirror folder ({origin}): pass --mirror DIR (the "
+            f"config's data.mirror) or set ${MIRROR_ENV} to a folder in the GLUE release layout"
+        )
+    if source == "mirror" and not root.is_dir():
+        raise FileNotFoundError(
+            f"mirror folder {root.absolute()} does not exist (from {origin}). Pass --mirror "
+            f"(or set ${MIRROR_ENV}) to a folder in the GLUE release layout, or use "
+            f"--source hub on a machine with internet."
+        )
+    if source == "hub" or (source == "auto" and (root is None or not root.is_dir())):
+        if source == "auto":
+            logger.warning("data source auto: no mirror folder (%s: %s), so %s comes from the hub",
+                           origin, root, spec.key)
+        splits, provenance = load_hub(spec, revision)
+    else:
+        if revision is not None:
+            raise ValueError(f"a dataset revision ({revision!r}) applies to the hub only, but {spec.key} comes "
+                             f"from the mirror {root}; drop the revision or use source 'hub'")
+        splits, provenance = load_mirror(spec, root, allow_standin, standin_fraction, seed)
+        provenance.update(hub_revision=None, hub_commit=None)
+    provenance["source_requested"] = source
+    return splits, provenance
+
+
+def _check_count(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _subsample(frame: pd.DataFrame, max_samples: int | None, seed: int,
+               stream: int) -> pd.DataFrame:
+    """At most ``max_samples`` rows drawn without replacement (seeded), in their order."""
+    if max_samples is None or max_samples >= len(frame):
+        return frame
+    rng = np.random.default_rng((seed, stream))
+    keep = np.sort(rng.choice(len(frame), size=max_samples, replace=False))
+    return frame.iloc[keep].reset_index(drop=True)
+
+
+def _label_summary(frame: pd.DataFrame, task: Task) -> dict:
+    """Label counts (classification), score range (regression) or article count (qa)."""
+    if task.kind == "classification":
+        counts = np.bincount(frame["label"].to_numpy(), minlength=task.num_labels)
+        return {"counts": {str(k): int(n) for k, n in enumerate(counts)}}
+    if task.kind == "regression":
+        scores = frame["label"].to_numpy(dtype=np.float64)
+        if len(scores) == 0:
+            return {"min": None, "max": None, "mean": None}
+        return {"min": float(scores.min()), "max": float(scores.max()),
+                "mean": round(float(scores.mean()), 6)}
+    return {"articles": int(frame["title"].nunique())}
+
+
+def prepare_task(
+    task: str,
+    out_dir: str | Path,
+    source: str = "auto",
+    mirror: str | Path | None = None,
+    allow_standin: bool = False,
+    max_train_samples: int | None = None,
+    max_eval_samples: int | None = None,
+    seed: int = 0,
+    standin_fraction: float = 0.2,
+    revision: str | None = None,
+) -> dict:
+    """Load a task, subsample it and write ``train.parquet``, ``validation.parquet``, ``meta.json``.
+
+    Parameters
+    ----------
+    task, source, mirror, allow_standin, standin_fraction, seed, revision
+        As in :func:`load_task`; ``seed`` also drives the subsampling.
+    out_dir : str or Path
+        Folder to write to (created if needed). A ``meta.json`` already there is removed
+        first and written last, so its presence means the folder is complete.
+    max_train_samples, max_eval_samples : int >= 1, optional
+        Keep at most this many train / validation rows (SQuAD: questions), drawn at random
+        without replacement with ``seed`` and kept in their original order. None keeps all.
+
+    Returns
+    -------
+    meta : dict
+        What ``meta.json`` holds: ``task``, ``source``, ``source_requested``, ``mirror``,
+        ``hub_id``, ``hub_config``, ``hub_revision``, ``hub_commit``, ``files`` (mirror file -> sha256), ``standin``,
+        ``standin_note``, ``standin_fraction`` (None unless a stand-in), ``dropped_rows``,
+        ``rows_before_subsampling`` and ``rows`` (split -> count), ``max_train_samples``,
+        ``max_eval_samples``, ``seed``, ``labels`` (split -> label counts, score range or,
+        for SQuAD, article count), ``created`` (UTC, ISO 8601), ``istar_version``.
+    """
+    spec = get_task(task)
+    for name, value in (("max_train_samples", max_train_samples),
+                        ("max_eval_samples", max_eval_samples)):
+        if value is not None:
+            _check_count(name, value, minimum=1)
+    splits, provenance = load_task(task, source=source, mirror=mirror,
+                                   allow_standin=allow_standin,
+                                   standin_fraction=standin_fraction, seed=seed, revision=revision)
+    caps = {"train": max_train_samples, "validation": max_eval_samples}
+    kept = {split: _subsample(splits[split], caps[split], seed, stream)
+            for stream, split in enumerate(SPLITS, start=1)}
+    meta = {
+        "task": spec.key,
+        **provenance,
+        "standin_fraction": standin_fraction if provenance["standin"] else None,
+        "rows_before_subsampling": {split: len(splits[split]) for split in SPLITS},
+        "rows": {split: len(kept[split]) for split in SPLITS},
+        "max_train_samples": max_train_samples,
+        "max_eval_samples": max_eval_samples,
+        "seed": seed,
+        "labels": {split: _label_summary(kept[split], spec) for split in SPLITS},
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "istar_version": __version__,
+    }
+    write_prepared(out_dir, spec, kept, meta)
+    return meta
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``prepare-data`` options (``--task``, ``--out``, ...) to ``parser``."""
+    parser.add_argument("--task", required=True, choices=list(TASKS), help="task key")
+    parser.add_argument("--out", required=True, type=Path,
+                        help="folder for train.parquet, validation.parquet and meta.json")
+    parser.add_argument("--source", choices=SOURCES, default="auto",
+                        help="hub (needs internet), mirror (a local folder in the GLUE "
+                             "release layout) or auto (the mirror if one is named and its folder "
+                             "exists, else the hub); default: auto")
+    parser.add_argument("--mirror", type=Path, default=None,
+                        help=f"mirror folder (default: ${MIRROR_ENV}; needed for --source mirror)")
+    parser.add_argument("--revision", default=None,
+                        help="hub dataset revision: a branch, tag or 40-hex commit (default: main); "
+                             "resolved to its commit, which meta.json records")
+    parser.add_argument("--allow-standin", action="store_true",
+                        help="if a split is missing from the mirror, split the other one into "
+                             "a stand-in train and validation pair (flagged in meta.json; "
+                             "scores are then not comparable with published ones)")
+    parser.add_argument("--standin-fraction", type=float, default=0.2,
+                        help="share of the available split that becomes the stand-in "
+                             "validation part (default: 0.2)")
+    parser.add_argument("--max-train-samples", type=int, default=None,
+                        help="keep at most N train rows, drawn with --seed (default: all)")
+    parser.add_argument("--max-eval-samples", type=int, default=None,
+                        help="keep at most N validation rows, drawn with --seed (default: all)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the subsampling and the stand-in split (default: 0)")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Run ``prepare-data`` with parsed arguments; print a line per split. Returns the exit code."""
+    try:
+        meta = prepare_task(
+            args.task, args.out, source=args.source, mirror=args.mirror,
+            allow_standin=args.allow_standin, max_train_samples=args.max_train_samples,
+            max_eval_samples=args.max_eval_samples, seed=args.seed,
+            standin_fraction=args.standin_fraction, revision=args.revision,
+        )
+    except (ValueError, OSError, HubUnavailableError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    origin = meta["mirror"] if meta["source"] == "mirror" else (
+        meta["hub_id"] + (f" ({meta['hub_config']})" if meta["hub_config"] else "") + f" @ {meta['hub_commit']}"
+    )
+    standin = " STAND-IN" if meta["standin"] else ""
+    for split in SPLITS:
+        print(f"{meta['task']} {split}{standin}: {meta['rows'][split]:,} rows (of "
+              f"{meta['rows_before_subsampling'][split]:,}) -> {Path(args.out) / split}.parquet")
+    print(f"source: {meta['source']} {origin}")
+    if meta["standin"]:
+        print(meta["standin_note"])
+    return 0

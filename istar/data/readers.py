@@ -1,0 +1,218 @@
+"""Parsers of the public release files a mirror holds: GLUE TSV, SST-5 trees, SQuAD v1.1 json.
+
+Each parser returns the rows in the normalised columns of :mod:`istar.tasks` (not yet checked or
+cast: :mod:`istar.data.normalise` does that) and, where the file has lines, each row's line
+number, so that every error names file and line. TSV files are read with quoting disabled
+(GLUE sentences contain quote characters).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..tasks import TASKS, Task
+from .normalise import split_schema
+
+__all__ = ["GLUE_TSV", "read_glue_tsv", "parse_tree", "read_sst5", "read_squad_json"]
+
+
+@dataclass(frozen=True)
+class TsvLayout:
+    """Where a GLUE task's columns are in its release TSV files.
+
+    folder : path of the task's folder inside the mirror, e.g. ``"glue/RTE"``.
+    header : the expected header row, or None when the files have none (CoLA).
+    n_fields : number of tab-separated fields per row.
+    text_a, text_b, label : field positions (``text_b`` None for single-sentence tasks).
+    label_names : string labels in class order (``label_names[k]`` is class k), or None for
+        numeric labels.
+    """
+
+    folder: str
+    header: tuple[str, ...] | None
+    n_fields: int
+    text_a: int
+    text_b: int | None
+    label: int
+    label_names: tuple[str, ...] | None = None
+
+
+_NLI_LABELS = ("entailment", "not_entailment")  # the hub's GLUE: entailment = 0
+
+GLUE_TSV: dict[str, TsvLayout] = {
+    "cola": TsvLayout("glue/CoLA", None, 4, 3, None, 1),
+    "sst2": TsvLayout("glue/SST-2", ("sentence", "label"), 2, 0, None, 1),
+    "mrpc": TsvLayout(
+        "glue/MRPC", ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"), 5, 3, 4, 0
+    ),
+    "rte": TsvLayout("glue/RTE", ("index", "sentence1", "sentence2", "label"), 4, 1, 2, 3,
+                     _NLI_LABELS),
+    "qnli": TsvLayout("glue/QNLI", ("index", "question", "sentence", "label"), 4, 1, 2, 3,
+                      _NLI_LABELS),
+    "qqp": TsvLayout(
+        "glue/QQP", ("id", "qid1", "qid2", "question1", "question2", "is_duplicate"), 6, 3, 4, 5
+    ),
+    "stsb": TsvLayout(
+        "glue/STS-B",
+        ("index", "genre", "filename", "year", "old_index", "source1", "source2",
+         "sentence1", "sentence2", "score"),
+        10, 7, 8, 9,
+    ),
+}
+
+
+def read_glue_tsv(path: Path, layout: TsvLayout, task: Task) -> tuple[pd.DataFrame, list[int]]:
+    """Parse a GLUE release TSV file.
+
+    Returns the split (columns ``idx``, ``text_a``, ``text_b``, ``label``) and, per row, its
+    line number in the file. Raises ValueError naming the file and line for a wrong header,
+    a wrong number of fields or an unreadable label.
+    """
+    label_index = {name: k for k, name in enumerate(layout.label_names or ())}
+    texts_a, texts_b, labels, lines = [], [], [], []
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+        header_pending = layout.header is not None
+        for row in reader:
+            if not row:
+                continue
+            where = f"{path}, line {reader.line_num}"
+            if header_pending:
+                if tuple(row) != layout.header:
+                    raise ValueError(
+                        f"{where}: expected the header {list(layout.header)}, found {row}"
+                    )
+                header_pending = False
+                continue
+            if len(row) != layout.n_fields:
+                raise ValueError(
+                    f"{where}: expected {layout.n_fields} tab-separated fields, found "
+                    f"{len(row)}: {row!r:.300}"
+                )
+            raw = row[layout.label]
+            try:
+                if layout.label_names is not None:
+                    label = label_index[raw]
+                elif task.kind == "regression":
+                    label = float(raw)
+                else:
+                    label = int(raw)
+            except (KeyError, ValueError):
+                expected = (
+                    f"one of {list(layout.label_names)}" if layout.label_names
+                    else "a number" if task.kind == "regression" else "an integer class"
+                )
+                raise ValueError(f"{where}: label {raw!r} is not {expected}") from None
+            texts_a.append(row[layout.text_a])
+            texts_b.append(None if layout.text_b is None else row[layout.text_b])
+            labels.append(label)
+            lines.append(reader.line_num)
+    if header_pending:
+        raise ValueError(f"{path}: the file is empty (expected the header {list(layout.header)})")
+    frame = pd.DataFrame({
+        "idx": np.arange(len(labels), dtype=np.int64),
+        "text_a": texts_a,
+        "text_b": texts_b,
+        "label": labels,
+    })
+    return frame, lines
+
+
+_TREE_TOKEN = re.compile(r"\(|\)|[^\s()]+")
+
+
+def parse_tree(line: str) -> tuple[int, str]:
+    """Root label and sentence of one Penn-treebank tree such as ``(3 (2 It) (4 works))``.
+
+    The sentence is the tree's leaves joined by single spaces. Raises ValueError (without a
+    location) when the tree is malformed.
+    """
+    tokens = _TREE_TOKEN.findall(line)
+    if not tokens or tokens[0] != "(":
+        raise ValueError("a tree must start with '('")
+    depth, expect_label, root, leaves = 0, False, None, []
+    for position, token in enumerate(tokens):
+        if token == "(":
+            if expect_label:
+                raise ValueError("'(' where a node label was expected")
+            depth += 1
+            expect_label = True
+        elif token == ")":
+            if expect_label:
+                raise ValueError("')' where a node label was expected")
+            depth -= 1
+            if depth == 0 and position != len(tokens) - 1:
+                raise ValueError("text after the end of the tree")
+        elif expect_label:
+            if not token.isdigit():
+                raise ValueError(f"node label {token!r} is not a number")
+            if root is None:
+                root = int(token)
+            expect_label = False
+        else:
+            leaves.append(token)
+    if depth != 0:
+        raise ValueError("unbalanced parentheses")
+    if not leaves:
+        raise ValueError("the tree has no words")
+    return root, " ".join(leaves)
+
+
+def read_sst5(path: Path) -> tuple[pd.DataFrame, list[int]]:
+    """Parse an SST-5 tree file (one tree a line); rows and their line numbers."""
+    texts, labels, lines = [], [], []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                label, text = parse_tree(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}, line {number}: malformed tree: {exc}") from None
+            texts.append(text)
+            labels.append(label)
+            lines.append(number)
+    frame = pd.DataFrame({
+        "idx": np.arange(len(labels), dtype=np.int64),
+        "text_a": texts,
+        "text_b": [None] * len(labels),
+        "label": labels,
+    })
+    return frame, lines
+
+
+def read_squad_json(path: Path) -> pd.DataFrame:
+    """Parse a SQuAD v1.1 json file into one row per question."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid json ({exc})") from None
+    rows, where = [], "the top level"
+    try:
+        for a, article in enumerate(document["data"]):
+            where = f"data[{a}]"
+            for p, paragraph in enumerate(article["paragraphs"]):
+                where = f"data[{a}].paragraphs[{p}]"
+                for q, qa in enumerate(paragraph["qas"]):
+                    where = f"data[{a}].paragraphs[{p}].qas[{q}]"
+                    rows.append({
+                        "id": qa["id"],
+                        "title": article["title"],
+                        "context": paragraph["context"],
+                        "question": qa["question"],
+                        "answer_texts": [answer["text"] for answer in qa["answers"]],
+                        "answer_starts": [answer["answer_start"] for answer in qa["answers"]],
+                    })
+    except (KeyError, TypeError, IndexError) as exc:
+        raise ValueError(
+            f"{path}: not in the SQuAD v1.1 layout at {where} (missing or wrong field: {exc!r})"
+        ) from None
+    return pd.DataFrame(rows, columns=list(split_schema(TASKS["squad"]).names))

@@ -1,0 +1,73 @@
+"""A prepared task folder: ``train.parquet``, ``validation.parquet`` and ``meta.json``.
+
+Each file is written atomically; ``meta.json`` is removed first and written last, so its
+presence means the folder is complete.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import artifacts
+from ..tasks import SPLITS, TASKS, Task
+from .normalise import split_schema, table_to_frame
+
+__all__ = ["write_prepared", "read_split", "read_meta"]
+
+
+def write_prepared(out_dir: str | Path, task: Task, splits: dict[str, pd.DataFrame], meta: dict) -> None:
+    """Write the splits (normalised frames, see :mod:`istar.tasks`) and ``meta`` to ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "meta.json").unlink(missing_ok=True)
+    schema = split_schema(task)
+    for split in SPLITS:
+        table = pa.Table.from_pandas(splits[split], schema=schema, preserve_index=False)
+        with artifacts.atomic_path(out / f"{split}.parquet") as tmp, open(tmp, "wb") as handle:
+            pq.write_table(table, handle)
+    artifacts.write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
+
+
+def _prepare_hint(data_dir: Path) -> str:
+    task = data_dir.name if data_dir.name in TASKS else "TASK"
+    return f"run `istar prepare-data --task {task} --out {data_dir}` first"
+
+
+def read_split(data_dir: str | Path, split: str) -> pd.DataFrame:
+    """Read a split written by :func:`istar.data.prepare_task`.
+
+    Parameters
+    ----------
+    data_dir : str or Path
+        The folder given to :func:`istar.data.prepare_task` as ``out_dir``.
+    split : {"train", "validation"}
+
+    Returns
+    -------
+    frame : DataFrame
+        The normalised columns (see :mod:`istar.tasks`); SQuAD's ``answer_texts`` and
+        ``answer_starts`` hold Python lists.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; use one of: {', '.join(SPLITS)}")
+    path = Path(data_dir) / f"{split}.parquet"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: {_prepare_hint(Path(data_dir))}")
+    return table_to_frame(pq.read_table(path))
+
+
+def read_meta(data_dir: str | Path) -> dict:
+    """The ``meta.json`` written by :func:`istar.data.prepare_task` (see its Returns for the keys)."""
+    path = Path(data_dir) / "meta.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: {_prepare_hint(Path(data_dir))}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid json ({exc}); "
+                         f"{_prepare_hint(Path(data_dir)).replace(' first', ' again')}") from None
