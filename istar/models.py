@@ -29,7 +29,7 @@ from pathlib import Path
 from .revisions import DEFAULT_REVISION, OFFLINE_FIX, RevisionUnavailableError, cached_commit, offline, resolve_revision
 from .tasks import Task
 
-__all__ = ["ModelSource", "parse_model_source", "resolve_model_source", "pin_model", "check_model_available",
+__all__ = ["ModelSource", "parse_model_source", "resolve_model_source", "pin_model", "check_model_available", "configured_source",
            "load_tokenizer", "load_model", "add_cli_arguments", "run_cli"]
 
 PACKAGE_PREFIX = "package:"
@@ -97,6 +97,15 @@ def _checked_local_path(path: Path, source: str) -> str:
     if not (path / "config.json").is_file():
         raise ValueError(f"model source {source!r}: {path} has no config.json, so it is not a saved model")
     return str(path.resolve())
+
+
+def configured_source(source: str) -> str:
+    """The source as the configuration names it: a pin file's ``source``, else ``source`` itself."""
+    source = str(source)
+    if source.endswith(".json") and Path(source).is_file():
+        pin = json.loads(Path(source).read_text(encoding="utf-8"))
+        return str(pin.get("source", source))
+    return source
 
 
 def resolve_model_source(source: str) -> str:

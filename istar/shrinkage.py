@@ -194,7 +194,7 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
     per_layer = accumulate_shrinkage(model, loader, spec.layers, spec.rows, accelerator, description=f"Σ_S {task.key}")
     rows = merge_layers(per_layer, indices).count
     provenance = {
-        "model": spec.model, "model_path": step.model_path, "task": task.key, "split": "train",
+        "model": step.model_name, "model_path": step.model_path, "task": task.key, "split": "train",
         "standin": step.standin, "layer_spec": spec.layers,
         "requested_rows": spec.rows, "max_length": spec.max_length, "seed": spec.seed,
         "num_processes": accelerator.num_processes, "seconds": round(time.perf_counter() - start, 2),
@@ -204,7 +204,7 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
         save_shrinkage(spec.out, per_layer, indices, provenance)
         artifacts.write_json(Path(spec.out).with_suffix(".json"), {**provenance, "layers": indices, "rows": rows})
     accelerator.wait_for_everyone()
-    accelerator.print(f"Σ_S of {spec.model} on {task.display} train: {rows:,} rows over layers "
+    accelerator.print(f"Σ_S of {step.model_name} on {task.display} train: {rows:,} rows over layers "
                       f"{indices} from {accelerator.num_processes} process(es) -> {spec.out}")
     if rows < spec.rows:
         accelerator.print(f"note: the training data gave only {rows:,} of the {spec.rows:,} requested rows")

@@ -38,6 +38,13 @@ class Step:
 
         return resolve_model_source(self.spec.model)
 
+    @cached_property
+    def model_name(self) -> str:
+        """The model as the configuration names it (a pin file stands for the source it pins)."""
+        from .models import configured_source
+
+        return configured_source(self.spec.model)
+
     @property
     def standin(self) -> bool:
         return bool(self.meta.get("standin", False))

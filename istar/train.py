@@ -390,7 +390,7 @@ def _recompute_sigma(run: Run, model, train_features, epoch: int, progress: Prog
     progress.sigma_s, progress.sigma_epoch = selection.covariance().cpu(), epoch
     if accelerator.is_main_process:
         save_shrinkage(run.out / f"sigma_epoch{epoch}.pt", per_layer, indices, {
-            "model": f"{spec.model} fine-tuned for {epoch} epoch(s)", "layer_spec": spec.layers, "epoch": epoch,
+            "model": f"{run.step.model_name} fine-tuned for {epoch} epoch(s)", "layer_spec": spec.layers, "epoch": epoch,
             "requested_rows": spec.shrinkage_rows, "num_processes": accelerator.num_processes})
     accelerator.print(f"Σ_S recomputed for epoch {epoch + 1}: {selection.count:,} rows")
     return progress.sigma_s.to(accelerator.device)
@@ -442,7 +442,7 @@ def _finish(run: Run, model, progress: Progress, seconds: float) -> dict:
     final = progress.history[-1] if progress.history else {}
     fingerprint = fingerprint_hash(run.fingerprint)
     report = {
-        "task": task.key, "model": spec.model, "method": spec.method, "lam": spec.lam,
+        "task": task.key, "model": step.model_name, "method": spec.method, "lam": spec.lam,
         "zeta": spec.zeta if spec.method == "istar" else None,
         "layers": spec.layers if spec.method == "istar" else None, "seed": spec.seed,
         "standin": step.standin, "standin_note": meta.get("standin_note"),
@@ -461,7 +461,7 @@ def _finish(run: Run, model, progress: Progress, seconds: float) -> dict:
             "precision": {"requested": spec.mixed_precision, "effective": run.precision},
             "num_processes": accelerator.num_processes, "device": accelerator.device.type,
             "total_optimizer_steps": run.total_steps, "train_seconds": round(seconds, 2),
-            "data_meta": meta, "fingerprint": fingerprint, "fingerprint_inputs": run.fingerprint,
+            "model_source": step.model_name, "data_meta": meta, "fingerprint": fingerprint, "fingerprint_inputs": run.fingerprint,
             "istar_version": __version__, "torch_version": torch.__version__,
         })
         artifacts.write_json(out / "metrics.json", report)

@@ -34,6 +34,7 @@ TRAINING = config["training"]
 GPUS = TRAINING["gpus"]
 
 DATA = "resources/data/{task}"
+MODEL_PIN = "resources/models/{model}.json"
 SIGMA = "resources/shrinkage/{model}/{task}/sigma0.pt"
 SEARCH_RUN = "results/search/{model}/{task}/{setting}/seed{seed}"
 RUN = "results/runs/{model}/{task}/{setting}/seed{seed}"
@@ -53,7 +54,8 @@ def data_files(wildcards):
 
 
 def model_source(wildcards):
-    return config["models"][wildcards.model]
+    """The pretrained model's pin file (rule pin_model): every step loads the same commit."""
+    return MODEL_PIN.format(model=wildcards.model)
 
 
 def sigma_input(wildcards):

@@ -6,6 +6,7 @@
 rule finetune:
     input:
         data=data_files,
+        model=model_source,
         sigma=sigma_input,
     output:
         metrics=f"{RUN}/metrics.json",

@@ -4,9 +4,6 @@
 # so changing the revision in the config reruns this job and, through its output, exactly the
 # jobs of that model.
 
-MODEL_PIN = "resources/models/{model}.json"
-
-
 rule pin_model:
     output:
         MODEL_PIN,

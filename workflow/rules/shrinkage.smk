@@ -1,6 +1,7 @@
 rule shrinkage:
     input:
-        data_files,
+        data=data_files,
+        model=model_source,
     output:
         sigma=SIGMA,
         provenance=SIGMA.replace(".pt", ".json"),
