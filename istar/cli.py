@@ -61,6 +61,22 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as error:
         print(f"istar {args.command}: error: {error}", file=sys.stderr)
         return 2
+    finally:
+        end_process_group()
+
+
+def end_process_group() -> None:
+    """Tear a multi-process run's process group down while every rank is still here.
+
+    Left to interpreter shutdown, the process group's backend threads are destroyed in no
+    particular order and a rank can abort ("terminate called without an active exception")
+    after its work is done. All ranks meet first, so none leaves while another still talks.
+    """
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
+        return
+    distributed.barrier()
+    distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

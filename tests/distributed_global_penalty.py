@@ -8,6 +8,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from istar.cli import end_process_group
 from istar.isotropy import isoscore_star
 from istar.regularizers import global_isoscore_star
 
@@ -37,8 +38,11 @@ def main(out: str) -> None:
             json.dump({"global": score.item(), "reference": reference.item(),
                        "max_grad_error": float((averaged - everything.grad).abs().max()),
                        "max_grad": float(everything.grad.abs().max())}, handle)
-    dist.barrier()  # tear gloo down together: a rank leaving while the other still works aborts
-    dist.destroy_process_group()
+    # End cleanly: drop the autograd graphs first (an autograd context that holds the process
+    # group would keep it alive past destroy_process_group, to be torn down at interpreter exit),
+    # then meet and tear the group down together, as `istar` does after every step.
+    del score, local
+    end_process_group()
 
 
 if __name__ == "__main__":
