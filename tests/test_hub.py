@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from hub_repos import tiny_model_files
+from workflow_helpers import planned_jobs
 
 from istar.data import prepare_task, read_meta, read_split
 from istar.models import check_model_available, load_model, load_tokenizer, parse_model_source, pin_model
@@ -174,29 +175,40 @@ def _snakemake(workdir, hub, hf_home, *args):
 
 
 @pytest.mark.slow
-def test_workflow_pins_the_model_and_takes_data_from_the_hub(hub, tmp_path):
-    """data.source hub + a hub model at a branch: prepare_data, pin_model and Σ_S run against the server;
-    changing the revision reruns the model's jobs and not the data's."""
+def test_workflow_runs_to_the_report_through_the_hub_and_pins_the_model(hub, tmp_path):
+    """data.source hub + a hub model at a branch, to the report: the data and the pinned commit come
+    from the server and are recorded; changing the revision reruns exactly the jobs that use the model."""
     workdir = tmp_path / "project"
     workdir.mkdir()
+    off = {"enabled": False}
     config = {"models": {"minilm": f"{HUB_MODEL}@v2"}, "tasks": ["rte"],
-              "data": {"source": "hub", "max_train_samples": 8, "max_eval_samples": 8},
-              "training": {"gpus": 0, "threads": 1, "max_length": 32}, "shrinkage": {"rows": 1000}}
+              "data": {"source": "hub", "max_train_samples": 16, "max_eval_samples": 8},
+              "training": {"gpus": 0, "threads": 1, "max_length": 32, "batch_size": 8, "epochs": 1},
+              "shrinkage": {"rows": 1000}, "search": {"lambdas": [-1], "zetas": [0.2]}, "final": {"seeds": [0]},
+              "studies": {name: off for name in ("stability", "lambda_sweep", "cosreg_means", "twonn", "layerwise",
+                                                 "zeta_sweep", "single_layer")},
+              "analysis": {"token_sample": 32}}
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
-    targets = ["resources/data/rte/meta.json", "resources/models/minilm.json", "resources/shrinkage/minilm/rte/sigma0.pt"]
-    result = _snakemake(workdir, hub, tmp_path / "hf", *targets)
+    result = _snakemake(workdir, hub, tmp_path / "hf")
     assert result.returncode == 0, result.stderr[-4000:]
+    assert (workdir / "results" / "report.html").is_file()
     pin = json.loads((workdir / "resources/models/minilm.json").read_text())
     assert pin["commit"] == hub.model_commits["v2"] and pin["revision"] == "v2"
     meta = read_meta(workdir / "resources/data/rte")
-    assert meta["hub_commit"] == hub.dataset_commits["nyu-mll/glue"] and meta["rows"] == {"train": 8, "validation": 8}
+    assert meta["hub_commit"] == hub.dataset_commits["nyu-mll/glue"] and meta["rows"] == {"train": 16, "validation": 8}
+    run_config = json.loads((workdir / "results/runs/minilm/rte/base/seed0/run_config.json").read_text())
+    assert run_config["model_path"] == f"{HUB_MODEL}@{hub.model_commits['v2']}"
+    assert run_config["model_source"] == f"{HUB_MODEL}@v2"
+
     config["models"]["minilm"] = f"{HUB_MODEL}@main"
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
-    dry = _snakemake(workdir, hub, tmp_path / "hf", "-n", *targets)
+    dry = _snakemake(workdir, hub, tmp_path / "hf", "-n")
     assert dry.returncode == 0, dry.stderr[-4000:]
-    reruns = {line.split()[0] for line in (dry.stdout + dry.stderr).split("Job stats:")[1].splitlines()[3:]
-              if line.strip() and not line.startswith(("total", "-", "Reasons", "This was"))}
-    assert {"pin_model", "shrinkage"} <= reruns and "prepare_data" not in reruns, dry.stdout + dry.stderr
+    planned = planned_jobs(dry.stdout)
+    assert "prepare_data" not in planned, dry.stdout
+    assert planned == {"pin_model": 1, "shrinkage": 1, "finetune_search": 1, "select": 1, "finetune": 3, "evaluate": 3,
+                       "activations": 3, "analyze": 3, "aggregate": 1, "table": 2, "run_config": 1, "report": 1,
+                       "all": 1}, dry.stdout
 
 
 def test_offline_dataset_from_the_cache_same_commit_else_one_line(hub, hub_prepared, tmp_path):
