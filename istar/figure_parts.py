@@ -32,7 +32,8 @@ from istar.methods import METHOD_NAMES, METHODS
 from istar.tasks import TASKS, get_task, ordered_tasks
 
 __all__ = ["LAMBDA_CMAP", "PERFORMANCE_LABELS", "HIGHLIGHT", "PANEL_SIZE", "study_rows", "with_performance",
-           "summary", "yerr", "series_styles", "panels", "legend_entries", "figure_legend", "save"]
+           "summary", "yerr", "series_styles", "panels", "panel_series", "error_line", "legend_entries",
+           "figure_legend", "save"]
 
 LAMBDA_CMAP = "RdBu_r"
 """Diverging colour map of λ sweeps: negative λ from its blue half, positive λ from its red half."""
@@ -142,6 +143,29 @@ def panels(df: pd.DataFrame, panel_size: tuple[float, float] = PANEL_SIZE) -> tu
             ax.grid(alpha=0.3)
             axes[(model, task)] = ax
     return fig, axes
+
+
+def panel_series(summary: pd.DataFrame, axes: dict):
+    """Per panel of :func:`panels`: ((model, task), axes, the panel's rows of ``summary``, its series).
+
+    The series are (label, colour, rows) per (method, λ) of ``summary`` that has rows in the
+    panel, in the order and style of :func:`series_styles`.
+    """
+    styles = series_styles(zip(summary["method"], summary["lam"]))
+    for (model, task), ax in axes.items():
+        panel = summary[(summary["model"] == model) & (summary["task"] == task)]
+        series = []
+        for (method, lam), (label, colour) in styles.items():
+            rows = panel[(panel["method"] == method) & (panel["lam"] == lam)]
+            if not rows.empty:
+                series.append((label, colour, rows))
+        yield (model, task), ax, panel, series
+
+
+def error_line(ax, rows: pd.DataFrame, x: str, value: str, colour: str, label: str, markersize: float = 4) -> None:
+    """One line of ``{value}_mean`` against column ``x`` of ``rows``, error bars ``{value}_std`` (see :func:`yerr`)."""
+    ax.errorbar(rows[x], rows[f"{value}_mean"], yerr=yerr(rows[f"{value}_std"]), marker="o", markersize=markersize,
+                capsize=2, linewidth=1.4, color=colour, label=label)
 
 
 def legend_entries(axes) -> dict[str, object]:

@@ -82,16 +82,10 @@ def _layer_lines(layers: pd.DataFrame, study: str, value: str, ylabel: str) -> F
     """Fig. 5 / Fig. 6: ``value`` per hidden state, one line per (method, λ), panel per model × task."""
     rows = parts.study_rows(layers, study, "layers.csv", value, ("hidden_state",))
     summary = parts.summary(rows, ["model", "task", "method", "lam", "hidden_state"], [value])
-    styles = parts.series_styles(zip(summary["method"], summary["lam"]))
     fig, axes = parts.panels(rows)
-    for (model, task), ax in axes.items():
-        panel = summary[(summary["model"] == model) & (summary["task"] == task)]
-        for key, (label, colour) in styles.items():
-            line = panel[(panel["method"] == key[0]) & (panel["lam"] == key[1])]
-            if line.empty:
-                continue
-            ax.errorbar(line["hidden_state"], line[f"{value}_mean"], yerr=parts.yerr(line[f"{value}_std"]), marker="o",
-                        markersize=3.5, capsize=2, linewidth=1.4, color=colour, label=label)
+    for (_, task), ax, _, series in parts.panel_series(summary, axes):
+        for label, colour, line in series:
+            parts.error_line(ax, line, "hidden_state", value, colour, label, markersize=3.5)
         ax.set_xlabel("Layer (0 = embeddings)")
         ax.set_ylabel(ylabel)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -117,14 +111,9 @@ def fig3(runs: pd.DataFrame, analysis_zeta: float = 0.2) -> Figure:
     """
     rows = parts.with_performance(parts.study_rows(runs, "lambda_sweep", "runs.csv", "isoscore_star", ("score",)))
     summary = parts.summary(rows, ["model", "task", "method", "lam"], ["isoscore_star", "performance"])
-    styles = parts.series_styles(zip(summary["method"], summary["lam"]))
     fig, axes = parts.panels(rows)
-    for (model, task), ax in axes.items():
-        panel = summary[(summary["model"] == model) & (summary["task"] == task)]
-        for key, (label, colour) in styles.items():
-            point = panel[(panel["method"] == key[0]) & (panel["lam"] == key[1])]
-            if point.empty:
-                continue
+    for (_, task), ax, _, series in parts.panel_series(summary, axes):
+        for label, colour, point in series:
             ax.errorbar(point["isoscore_star_mean"], point["performance_mean"], xerr=parts.yerr(point["isoscore_star_std"]),
                         yerr=parts.yerr(point["performance_std"]), fmt="o", markersize=5, capsize=2, color=colour,
                         label=label)
@@ -151,15 +140,11 @@ def fig4(dims: pd.DataFrame) -> Figure:
     """
     rows = parts.study_rows(dims, "cosreg_means", "dims.csv", "mean", ("dim",))
     means = rows.groupby(["model", "task", "method", "lam", "dim"])["mean"].mean().reset_index()
-    styles = parts.series_styles(zip(means["method"], means["lam"]))
     fig, axes = parts.panels(rows, panel_size=(5.2, 3.4))
-    for (model, task), ax in axes.items():
-        panel = means[(means["model"] == model) & (means["task"] == task)]
-        for key, (label, colour) in styles.items():
-            line = panel[(panel["method"] == key[0]) & (panel["lam"] == key[1])]
-            if not line.empty:
-                ax.plot(line["dim"], line["mean"], linestyle="none", marker="o", markersize=2.2, alpha=0.8,
-                        color=colour, label=label)
+    for (_, task), ax, _, series in parts.panel_series(means, axes):
+        for label, colour, line in series:
+            ax.plot(line["dim"], line["mean"], linestyle="none", marker="o", markersize=2.2, alpha=0.8,
+                    color=colour, label=label)
         ax.set_xlabel("Dimension index")
         ax.set_ylabel("Mean activation (last layer)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -219,15 +204,10 @@ def fig7(runs: pd.DataFrame) -> Figure:
     if rows.empty:
         raise ValueError("the rows with study == 'zeta_sweep' in runs.csv have no zeta values (no I-STAR runs)")
     summary = parts.summary(rows, ["model", "task", "method", "lam", "zeta"], ["performance"])
-    styles = parts.series_styles(zip(summary["method"], summary["lam"]))
     fig, axes = parts.panels(rows)
-    for (model, task), ax in axes.items():
-        panel = summary[(summary["model"] == model) & (summary["task"] == task)]
-        for key, (label, colour) in styles.items():
-            line = panel[(panel["method"] == key[0]) & (panel["lam"] == key[1])]
-            if not line.empty:
-                ax.errorbar(line["zeta"], line["performance_mean"], yerr=parts.yerr(line["performance_std"]), marker="o",
-                            markersize=4, capsize=2, linewidth=1.4, color=colour, label=label)
+    for (_, task), ax, panel, series in parts.panel_series(summary, axes):
+        for label, colour, line in series:
+            parts.error_line(ax, line, "zeta", "performance", colour, label)
         best = float(panel.loc[panel["performance_mean"].idxmax(), "zeta"])
         ax.axvline(best, color=parts.HIGHLIGHT, linestyle="--", linewidth=1.2, label="best ζ")
         ax.text(best, 0.02, f" ζ = {best:g}", color=parts.HIGHLIGHT, fontsize="small", ha="left", va="bottom",
@@ -263,15 +243,10 @@ def fig8(runs: pd.DataFrame) -> Figure:
         )
     summary = parts.summary(single, ["model", "task", "method", "lam", "layer"], ["performance"])
     overall = parts.summary(rows[rows["layer"].isna()], ["model", "task"], ["performance"])
-    styles = parts.series_styles(zip(summary["method"], summary["lam"]))
     fig, axes = parts.panels(single)
-    for (model, task), ax in axes.items():
-        panel = summary[(summary["model"] == model) & (summary["task"] == task)]
-        for key, (label, colour) in styles.items():
-            line = panel[(panel["method"] == key[0]) & (panel["lam"] == key[1])]
-            if not line.empty:
-                ax.errorbar(line["layer"], line["performance_mean"], yerr=parts.yerr(line["performance_std"]), marker="o",
-                            markersize=4, capsize=2, linewidth=1.4, color=colour, label=f"{label} on one layer")
+    for (model, task), ax, _, series in parts.panel_series(summary, axes):
+        for label, colour, line in series:
+            parts.error_line(ax, line, "layer", "performance", colour, f"{label} on one layer")
         reference = overall[(overall["model"] == model) & (overall["task"] == task)]
         if not reference.empty:
             mean, std = float(reference["performance_mean"].iloc[0]), float(reference["performance_std"].iloc[0])
