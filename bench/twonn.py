@@ -12,15 +12,22 @@ isotropic noise in 20, 384 and 768 dimensions (the hidden sizes of MiniLM and BE
 
 from __future__ import annotations
 
-import argparse
-import math
-import statistics
-import time
+import os
 
-import numpy as np
-import torch
+# Both libraries keep thread pools; left spinning after a call, one library's threads take the
+# cores from the other's next call when the two are timed interleaved. Set before numpy and torch
+# load (the OpenMP runtimes read it once).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from istar.isotropy import KDTREE_MAX_DIM, twonn_dimension
+import argparse  # noqa: E402  (after the environment is set)
+import math  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from istar.isotropy import KDTREE_MAX_DIM, twonn_dimension  # noqa: E402
 
 CASES = [("swiss roll", 5_000, 3), ("10-d subspace + noise", 5_000, 20), ("10-d subspace + noise", 10_000, 384),
          ("10-d subspace + noise", 10_000, 768)]
@@ -69,7 +76,8 @@ def main(argv=None) -> None:
     import skdim
 
     print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), scikit-dimension {skdim.__version__}, "
-          f"k-d tree for d ≤ {KDTREE_MAX_DIM}, median of {args.repeats} rounds\n")
+          f"k-d tree for d ≤ {KDTREE_MAX_DIM}, median of {args.repeats} rounds, "
+          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}\n")
     print("| data | n × d | istar (s) | skdim (s) | istar / skdim | istar ID | skdim ID |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for kind, n, d in CASES:
