@@ -10,6 +10,7 @@
     istar analyze        IsoScore*, IsoScore, TwoNN and cosine similarity per layer of a run
     istar aggregate      collect runs into the aggregate CSVs; istar select: best search setting
     istar table          Table 1 / Table 2 as CSV, Markdown and LaTeX
+    istar stability      Fig. 2's simulation (IsoScore* of mini-batches vs batch size) as CSV
     istar figure         one of the paper's figures (PNG and PDF)
 
 Run ``istar SUBCOMMAND --help`` for the options. Multi-process:
@@ -35,7 +36,8 @@ SUBCOMMANDS = {
     "aggregate": ("istar.aggregate", "collect runs into the aggregate CSVs"),
     "select": ("istar.selection", "pick the best search setting of a model and task"),
     "table": ("istar.tables", "render Table 1 / Table 2 from the aggregate CSVs"),
-    "figure": ("istar.plots", "draw one of the paper's figures from the aggregate CSVs"),
+    "stability": ("istar.stability", "simulate Fig. 2's data: IsoScore* of mini-batches vs batch size"),
+    "figure": ("istar.figures", "draw one of the paper's figures from the aggregate CSVs"),
 }
 
 

@@ -1,44 +1,37 @@
 """The paper's tables from the aggregate CSVs: Table 1 (performance) and Table 2 (chosen λ | ζ).
 
 Each table is written three ways next to each other, ``{out_prefix}.csv``, ``.md`` and ``.tex``,
-each file atomically (temporary file, then rename).
+each file atomically (temporary file, then rename); how each format marks best cells,
+stand-in columns and footnotes is described in :mod:`istar.table_render`.
 
-Formatting decisions
---------------------
+What the cells hold
+-------------------
 - Scores are shown ×100 with one decimal (accuracy, Matthews and Pearson correlation are
   fractions in the aggregate CSV); SQuAD's F1 and exact match are already percentages.
 - A cell is ``mean ± std`` over seeds, the std with ddof = 1. A cell from a single seed has
   no std: it is shown as the mean alone (``71.3``), never as ``± 0.0``, and a footnote says so.
 - SQuAD cells are ``F1/EM``, each the mean over seeds (no std, as in the brief of Table 1).
 - Best method per model and task: the highest mean *at the precision shown* (SQuAD: F1);
-  ties are all marked. Markdown ``**…**``, LaTeX ``\\textbf{…}``, CSV: a ``*`` appended to
-  the cell (``71.3 ± 1.2*``).
+  ties are all marked.
 - Tasks trained/evaluated on a stand-in split (made from the dev set because the real
-  training file was unavailable offline) get a dagger on the column header (``RTE†``; LaTeX
-  ``RTE$^\\dagger$``) and a footnote. Footnotes appear in Markdown and LaTeX; the CSV holds
-  the grid only.
-- Markdown and LaTeX print a model's name on the first of its rows only; LaTeX separates
-  models by ``\\midrule``. The CSV repeats it on every row.
+  training file was unavailable offline) are flagged (a dagger on the header) with a footnote.
+- Methods appear in the order and with the labels of :data:`istar.methods.METHODS`.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from istar.artifacts import write_text
-from istar.tasks import TASKS, get_task
+from istar.aggregate_csv import read_aggregate, require_columns
+from istar.methods import METHOD_NAMES, METHODS
+from istar.table_render import Table, latex_escape, render_csv, render_latex, render_markdown, write_table
+from istar.tasks import get_task, ordered_tasks
 
 __all__ = ["Table", "table1", "table2", "write_table", "render_csv", "render_markdown", "render_latex", "latex_escape"]
-
-METHOD_NAMES = {"base": "Base", "cosreg": "CosReg", "istar": "I-STAR"}
-"""Method key → the name shown in the tables, in the order rows appear."""
 
 METRIC_NOTES = {
     "accuracy": "accuracy (%)",
@@ -57,47 +50,6 @@ RUNS_COLUMNS = ("study", "model", "task", "method", "setting", "seed", "score", 
 SELECTION_COLUMNS = ("model", "task", "lam", "zeta", "standin")
 
 
-@dataclass
-class Table:
-    """A rendered table: every cell already a string, plus what marks and notes go with it.
-
-    Attributes
-    ----------
-    name : str
-        Short name, e.g. ``"table1"`` (used for the LaTeX label).
-    caption : str
-        One-sentence description (LaTeX caption, Markdown heading).
-    index_names : list of str
-        Headers of the leading label columns, e.g. ``["Model", "Method"]``.
-    index : list of list of str
-        Per row, the labels under ``index_names``.
-    columns : list of str
-        Task display names of the data columns (without the stand-in dagger).
-    standin : list of bool
-        Per data column, whether it gets the stand-in dagger.
-    cells : list of list of str
-        Per row, one string per data column.
-    best : list of list of bool
-        Per row and data column, whether the cell is marked best.
-    footnotes : list of str
-        Lines printed under the table in Markdown and LaTeX.
-    """
-
-    name: str
-    caption: str
-    index_names: list[str]
-    index: list[list[str]]
-    columns: list[str]
-    standin: list[bool]
-    cells: list[list[str]]
-    best: list[list[bool]]
-    footnotes: list[str]
-
-    def headers(self, dagger: str) -> list[str]:
-        """All column headers, stand-in columns suffixed with ``dagger``."""
-        return self.index_names + [c + (dagger if s else "") for c, s in zip(self.columns, self.standin)]
-
-
 # --------------------------------------------------------------------------------------
 # building the tables
 # --------------------------------------------------------------------------------------
@@ -108,20 +60,6 @@ def _as_bool(values: pd.Series) -> pd.Series:
     if values.dtype == bool:
         return values
     return values.map(lambda v: str(v).strip().lower() in {"true", "1", "1.0", "yes"})
-
-
-def _check_columns(df: pd.DataFrame, required, source: str) -> None:
-    missing = [c for c in required if c not in df.columns]
-    if missing:
-        raise ValueError(f"{source} lacks the column(s) {', '.join(missing)}; was it written by `istar aggregate`?")
-
-
-def _ordered_tasks(keys) -> list[str]:
-    """The task keys present, in registry order (unknown keys raise ``ValueError``)."""
-    present = set(keys)
-    for key in present:
-        get_task(key)
-    return [key for key in TASKS if key in present]
 
 
 def _mean_std(values: pd.Series) -> tuple[float, float, int]:
@@ -160,7 +98,7 @@ def table1(runs: pd.DataFrame) -> Table:
     ValueError
         No final-study rows, missing columns, or several settings of one method.
     """
-    _check_columns(runs, RUNS_COLUMNS, "runs.csv")
+    require_columns(runs, RUNS_COLUMNS, "runs.csv")
     final = runs[runs["study"] == "final"].copy()
     if final.empty:
         raise ValueError(
@@ -179,7 +117,7 @@ def table1(runs: pd.DataFrame) -> Table:
             "the final study must hold one chosen setting per method"
         )
     final["standin"] = _as_bool(final["standin"])
-    tasks = _ordered_tasks(final["task"])
+    tasks = ordered_tasks(final["task"])
     models = list(dict.fromkeys(final["model"]))
     groups = {key: group for key, group in final.groupby(["model", "method", "task"])}
 
@@ -190,7 +128,7 @@ def table1(runs: pd.DataFrame) -> Table:
                  for method in methods]
         tops = [max((row[j][1] for row in block if row[j][1] is not None), default=None) for j in range(len(tasks))]
         for method, row in zip(methods, block):
-            index.append([model, METHOD_NAMES[method]])
+            index.append([model, METHODS[method].label])
             cells.append([text for text, _, _ in row])
             best.append([key is not None and key == top for (_, key, _), top in zip(row, tops)])
             seed_counts.update(n for _, _, n in row if n)
@@ -207,7 +145,8 @@ def table1(runs: pd.DataFrame) -> Table:
     ] + _standin_footnote([get_task(t).display for t in tasks], standin)
     return Table(
         name="table1",
-        caption=f"Performance of Base, CosReg and I-STAR per model and task ({seeds} seeds).",
+        caption=f"Performance of {_listing([method.label for method in METHODS.values()])} per model and task "
+        f"({seeds} seeds).",
         index_names=["Model", "Method"],
         index=index,
         columns=[get_task(t).display for t in tasks],
@@ -256,7 +195,7 @@ def table2(selection: pd.DataFrame) -> Table:
     ValueError
         No rows, missing columns, or several rows for one model × task.
     """
-    _check_columns(selection, SELECTION_COLUMNS, "selection.csv")
+    require_columns(selection, SELECTION_COLUMNS, "selection.csv")
     if selection.empty:
         raise ValueError(
             "selection.csv has no rows (Table 2 needs them): enable studies.search in the config, "
@@ -267,7 +206,7 @@ def table2(selection: pd.DataFrame) -> Table:
         model, task = selection.loc[duplicated, ["model", "task"]].iloc[0]
         raise ValueError(f"selection.csv has several rows for {model} on {task}; it must hold one per model × task")
     selection = selection.assign(standin=_as_bool(selection["standin"]))
-    tasks = _ordered_tasks(selection["task"])
+    tasks = ordered_tasks(selection["task"])
     models = list(dict.fromkeys(selection["model"]))
     rows = selection.set_index(["model", "task"])
 
@@ -301,6 +240,11 @@ def table2(selection: pd.DataFrame) -> Table:
     )
 
 
+def _listing(names: list[str]) -> str:
+    """``["a", "b", "c"]`` → ``"a, b and c"``."""
+    return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
+
+
 def _nanmean(values: list[float]) -> float:
     values = [v for v in values if not math.isnan(v)]
     return math.fsum(values) / len(values) if values else math.nan
@@ -312,145 +256,6 @@ def _g(value: float) -> str:
 
 def _fixed(value: float) -> str:
     return "–" if math.isnan(value) else f"{value:.2f}"
-
-
-# --------------------------------------------------------------------------------------
-# rendering
-# --------------------------------------------------------------------------------------
-
-
-def render_csv(table: Table) -> str:
-    """The grid as CSV (UTF-8 text): headers with ``†``, best cells with a trailing ``*``."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(table.headers("†"))
-    for labels, cells, best in zip(table.index, table.cells, table.best):
-        writer.writerow(labels + [cell + ("*" if b else "") for cell, b in zip(cells, best)])
-    return buffer.getvalue()
-
-
-_MARKDOWN_SPECIAL = "\\|*_`"
-
-
-def _markdown_escape(text: str) -> str:
-    return "".join("\\" + ch if ch in _MARKDOWN_SPECIAL else ch for ch in text)
-
-
-def _grouped_index(table: Table) -> list[list[str]]:
-    """Row labels with a repeated first label blanked (for Markdown and LaTeX)."""
-    if len(table.index_names) < 2:
-        return table.index
-    return [
-        ([""] if i and labels[0] == table.index[i - 1][0] else [labels[0]]) + labels[1:]
-        for i, labels in enumerate(table.index)
-    ]
-
-
-def render_markdown(table: Table) -> str:
-    """The table as GitHub Markdown: caption in bold, ``**best**`` cells, footnotes below."""
-    lines = [f"**{_markdown_escape(table.caption)}**", ""]
-    headers = table.headers("†")
-    lines.append("| " + " | ".join(_markdown_escape(h) for h in headers) + " |")
-    lines.append("|" + "|".join([" --- "] * len(table.index_names) + [" :---: "] * len(table.columns)) + "|")
-    for labels, cells, best in zip(_grouped_index(table), table.cells, table.best):
-        shown = [f"**{_markdown_escape(c)}**" if b else _markdown_escape(c) for c, b in zip(cells, best)]
-        lines.append("| " + " | ".join([_markdown_escape(x) for x in labels] + shown) + " |")
-    if table.footnotes:
-        lines.append("")
-        lines.extend(_markdown_escape(note) + "  " for note in table.footnotes)
-    return "\n".join(lines) + "\n"
-
-
-_LATEX_REPLACEMENTS = {
-    "\\": r"\textbackslash{}",
-    "&": r"\&",
-    "%": r"\%",
-    "$": r"\$",
-    "#": r"\#",
-    "_": r"\_",
-    "{": r"\{",
-    "}": r"\}",
-    "~": r"\textasciitilde{}",
-    "^": r"\textasciicircum{}",
-    "|": r"$|$",
-    "±": r"$\pm$",
-    "†": r"$^\dagger$",
-    "×": r"$\times$",
-    "λ": r"$\lambda$",
-    "ζ": r"$\zeta$",
-    "—": "---",
-    "–": "--",
-    "≥": r"$\geq$",
-    "≤": r"$\leq$",
-}
-
-
-def latex_escape(text: str) -> str:
-    """Escape LaTeX's special characters and spell the Unicode symbols the tables use.
-
-    A hyphen directly before a digit at the start of a number becomes a math minus ``$-$``.
-    """
-    out = []
-    for i, ch in enumerate(text):
-        if ch == "-" and i + 1 < len(text) and text[i + 1].isdigit() and (i == 0 or not text[i - 1].isalnum()):
-            out.append("$-$")
-        else:
-            out.append(_LATEX_REPLACEMENTS.get(ch, ch))
-    return "".join(out)
-
-
-def render_latex(table: Table) -> str:
-    """The table as a LaTeX ``table`` float with a booktabs ``tabular``; needs ``\\usepackage{booktabs}``."""
-    n_index = len(table.index_names)
-    spec = "l" * n_index + "c" * len(table.columns)
-    headers = table.index_names + [
-        latex_escape(c) + (r"$^\dagger$" if s else "") for c, s in zip(table.columns, table.standin)
-    ]
-    lines = [
-        f"% {table.name}: generated by `istar table {table.name}`; needs \\usepackage{{booktabs}}",
-        r"\begin{table}[htbp]",
-        r"\centering",
-        f"\\caption{{{latex_escape(table.caption)}}}",
-        f"\\label{{tab:{table.name}}}",
-        f"\\begin{{tabular}}{{{spec}}}",
-        r"\toprule",
-        " & ".join(latex_escape(h) if i < n_index else h for i, h in enumerate(headers)) + r" \\",
-        r"\midrule",
-    ]
-    for i, (labels, cells, best) in enumerate(zip(_grouped_index(table), table.cells, table.best)):
-        if i and n_index > 1 and labels[0]:
-            lines.append(r"\midrule")
-        shown = [f"\\textbf{{{latex_escape(c)}}}" if b else latex_escape(c) for c, b in zip(cells, best)]
-        lines.append(" & ".join([latex_escape(x) for x in labels] + shown) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
-    if table.footnotes:
-        lines.append(r"\par\smallskip")
-        lines.extend(f"{{\\footnotesize {latex_escape(note)}\\par}}" for note in table.footnotes)
-    lines.append(r"\end{table}")
-    return "\n".join(lines) + "\n"
-
-
-def write_table(table: Table, out_prefix) -> list[Path]:
-    """Write ``{out_prefix}.csv``, ``.md`` and ``.tex``, each atomically.
-
-    Parameters
-    ----------
-    table : Table
-    out_prefix : str or Path
-        Path without suffix, e.g. ``results/tables/table1``; folders are created.
-
-    Returns
-    -------
-    list of Path
-        The three files written.
-    """
-    prefix = Path(out_prefix)
-    paths = []
-    for suffix, render in ((".csv", render_csv), (".md", render_markdown), (".tex", render_latex)):
-        path = prefix.with_name(prefix.name + suffix)
-        write_text(path, render(table))
-        paths.append(path)
-    return paths
 
 
 # --------------------------------------------------------------------------------------
@@ -469,15 +274,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output path without suffix; writes .csv, .md and .tex (default: results/tables/WHICH)")
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: run `istar aggregate` first (or pass its path)")
-    return pd.read_csv(path)
-
-
 def run_cli(args: argparse.Namespace) -> int:
     """Build the chosen table from its CSV and write it; print the files written."""
-    table = table1(_read_csv(args.runs)) if args.which == "table1" else table2(_read_csv(args.selection))
+    table = table1(read_aggregate(args.runs)) if args.which == "table1" else table2(read_aggregate(args.selection))
     for path in write_table(table, args.out_prefix or Path("results/tables") / args.which):
         print(path)
     return 0

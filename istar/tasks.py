@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Task", "TASKS", "get_task", "SPLITS"]
+__all__ = ["Task", "TASKS", "get_task", "ordered_tasks", "SPLITS"]
 
 SPLITS = ("train", "validation")
 """The normalised split names: ``validation`` is the evaluation split (GLUE's dev set)."""
@@ -65,3 +65,11 @@ def get_task(key: str) -> Task:
         return TASKS[key]
     except KeyError:
         raise ValueError(f"unknown task {key!r}; known tasks: {', '.join(TASKS)}") from None
+
+
+def ordered_tasks(keys) -> list[str]:
+    """The distinct task keys among ``keys`` in registry order; an unknown key raises ``ValueError``."""
+    present = set(keys)
+    for key in present:
+        get_task(key)
+    return [key for key in TASKS if key in present]

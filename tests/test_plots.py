@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from istar import plots
+from istar import figure_parts, plots, stability
+from istar.methods import METHODS
 
 MODELS = ("bert", "albert")
 SWEEP = (-5.0, -3.0, -1.0, 0.5, 1.0, 3.0, 5.0)
@@ -83,7 +84,7 @@ def make_dims(rng=None, dim=384) -> pd.DataFrame:
 
 
 def _check_saved(fig, tmp_path, name):
-    png, pdf = plots.save(fig, tmp_path / f"{name}.png")
+    png, pdf = figure_parts.save(fig, tmp_path / f"{name}.png")
     assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 10_000
     assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 1_000
     assert not list(tmp_path.glob(".*.tmp"))
@@ -94,15 +95,15 @@ def _panels(fig: Figure):
 
 
 def test_fig2_data_reaches_the_true_value_and_draws(tmp_path):
-    true_value = plots.fig2_true_value()
+    true_value = stability.fig2_true_value()
     assert true_value == pytest.approx(0.8673, abs=1e-4)
-    df = plots.fig2_data(batch_sizes=[64, 131_072], zetas=[0.0], repeats=1)
+    df = stability.fig2_data(batch_sizes=[64, 131_072], zetas=[0.0], repeats=1)
     assert list(df.columns) == ["batch_size", "zeta", "mean", "std"]
     large = df[(df["batch_size"] >= 16_384) & (df["zeta"] == 0.0)]
     assert not large.empty and (large["mean"] - true_value).abs().max() < 0.01
     assert df.loc[df["batch_size"] == 64, "mean"].item() < 0.2  # the small-sample underestimate
 
-    df = plots.fig2_data(batch_sizes=[64, 256, 1024], zetas=[0.0, 0.4, 0.8], n_shrinkage=5_000, repeats=2)
+    df = stability.fig2_data(batch_sizes=[64, 256, 1024], zetas=[0.0, 0.4, 0.8], n_shrinkage=5_000, repeats=2)
     assert len(df) == 9 and df["std"].notna().all()
     means = df.pivot(index="batch_size", columns="zeta", values="mean")
     assert (means[0.8] > means[0.4]).all() and (means[0.4] > means[0.0]).all()  # shrinkage repairs the estimate
@@ -174,9 +175,9 @@ def test_layer_figures(tmp_path, name, series):
 
 
 def test_lambda_colours_diverge():
-    styles = plots._series_styles([("base", 0.0), ("istar", -5.0), ("istar", -1.0), ("istar", 5.0), ("cosreg", 1.0)])
-    assert styles[("base", 0.0)][1] == plots.METHOD_COLORS["base"]
-    assert styles[("cosreg", 1.0)][1] == plots.METHOD_COLORS["cosreg"]  # one λ: the method's colour
+    styles = figure_parts.series_styles([("base", 0.0), ("istar", -5.0), ("istar", -1.0), ("istar", 5.0), ("cosreg", 1.0)])
+    assert styles[("base", 0.0)][1] == METHODS["base"].colour
+    assert styles[("cosreg", 1.0)][1] == METHODS["cosreg"].colour  # one λ: the method's colour
     red, green, blue = (int(styles[("istar", -5.0)][1][i:i + 2], 16) for i in (1, 3, 5))
     assert blue > red  # negative λ blue
     red, green, blue = (int(styles[("istar", 5.0)][1][i:i + 2], 16) for i in (1, 3, 5))
@@ -195,7 +196,7 @@ def test_fig7_best_zeta_line(tmp_path):
         model = ax.get_title().split(" — ")[0]
         rows = runs[(runs.study == "zeta_sweep") & (runs.model == model)]
         assert vline.get_xdata()[0] == pytest.approx(rows.groupby("zeta")["score"].mean().idxmax())
-        assert vline.get_color() == plots.HIGHLIGHT
+        assert vline.get_color() == figure_parts.HIGHLIGHT
     _check_saved(fig, tmp_path, "fig7")
 
 

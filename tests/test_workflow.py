@@ -17,7 +17,7 @@ PAPER_JOBS = {
     # final base + CosReg: 27 × 2 × 5 seeds; Fig. 3 λ sweep: 27 × 7 λ × 5; Fig. 4 CosReg λ = −1 on QNLI: 3 × 5
     # (Figs. 5 and 6 reuse runs of the λ sweep; the final I-STAR runs and Figs. 7 and 8 wait for the selection)
     "finetune": 270 + 945 + 15, "activations": 1230, "analyze": 1230, "evaluate": 270,
-    "figure_stability": 1, "run_config": 1, "aggregate": 1, "all": 1,
+    "stability": 1, "run_config": 1, "aggregate": 1, "all": 1,
 }
 
 

@@ -1,0 +1,84 @@
+"""The registries of methods, tasks and figures against the places that must agree with them."""
+
+import re
+
+import pandas as pd
+import pytest
+import yaml
+from matplotlib.figure import Figure
+
+from istar import plots
+from istar.config import SCHEMA_PATH, STUDIES
+from istar.figures import FIGURE_NAMES, FIGURES, STUDY_FIGURES, draw, enabled_figures, figure_csv, get_figure
+from istar.methods import HYPERPARAMETERS, METHOD_NAMES, METHOD_PATTERN, METHODS, get_method
+from istar.stability import STABILITY_COLUMNS, fig2_data, write_stability
+from istar.tasks import TASKS, get_task, ordered_tasks
+
+
+def _schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _task_enums(node, path=""):
+    """(path, enum) of every enum in the schema that lists task keys."""
+    if isinstance(node, dict):
+        if "enum" in node and "rte" in node["enum"]:
+            yield path, node["enum"]
+        for key, value in node.items():
+            yield from _task_enums(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _task_enums(value, f"{path}/{i}")
+
+
+def test_schema_task_enums_are_the_task_registry():
+    enums = list(_task_enums(_schema()))
+    assert len(enums) >= 2  # `tasks` and the studies' task lists
+    for path, enum in enums:
+        assert enum == list(TASKS), f"the task enum at {path} differs from istar.tasks.TASKS"
+
+
+def test_ordered_tasks_follows_the_registry_and_rejects_unknown_keys():
+    assert ordered_tasks(["squad", "rte", "sst2", "rte"]) == ["sst2", "rte", "squad"]
+    with pytest.raises(ValueError, match="unknown task 'glue'; known tasks: sst2"):
+        ordered_tasks(["rte", "glue"])
+    assert get_task("stsb").display == "STS-B"
+
+
+def test_method_registry():
+    assert METHOD_NAMES == ("base", "cosreg", "istar")
+    assert [method.label for method in METHODS.values()] == ["Base", "CosReg", "I-STAR"]
+    pattern = re.compile(rf"^(?:{METHOD_PATTERN})$")
+    assert all(pattern.match(name) for name in METHOD_NAMES) and not pattern.match("istarx")
+    assert not any(get_method("base").takes(name) for name in HYPERPARAMETERS)
+    assert get_method("cosreg").takes("lam") and not get_method("cosreg").takes("zeta")
+    assert all(get_method("istar").takes(name) for name in HYPERPARAMETERS)
+    assert get_method("cosreg").default_lam == 1.0 and get_method("istar").default_lam is None
+    assert len({method.colour for method in METHODS.values()}) == len(METHODS)
+    with pytest.raises(ValueError, match="unknown method 'l2'; known methods: base, cosreg, istar"):
+        get_method("l2")
+    with pytest.raises(ValueError, match="unknown hyperparameter 'beta'"):
+        get_method("istar").takes("beta")
+
+
+def test_figure_registry_covers_every_study_of_the_schema():
+    studies = _schema()["properties"]["studies"]["properties"]
+    assert set(STUDY_FIGURES) == set(studies) == {"stability", *STUDIES}
+    assert FIGURE_NAMES == tuple(f"fig{i}" for i in range(2, 9))
+    for spec in FIGURES.values():
+        assert callable(getattr(plots, spec.name)), spec.name
+    assert figure_csv("fig4", "agg").as_posix() == "agg/dims.csv"
+    config = {"studies": {study: {"enabled": study in ("twonn", "stability")} for study in studies}}
+    assert enabled_figures(config) == ["fig2", "fig5"]
+    with pytest.raises(ValueError, match="unknown figure 'fig9'"):
+        get_figure("fig9")
+
+
+def test_stability_csv_round_trips_exactly_and_draws(tmp_path):
+    frame = fig2_data(batch_sizes=[64, 256], zetas=[0.0, 0.4], n_shrinkage=2_000, repeats=2, dim=16)
+    path = write_stability(frame, tmp_path / "fig2_stability.csv")
+    read = pd.read_csv(path)
+    assert list(read.columns) == list(STABILITY_COLUMNS)
+    pd.testing.assert_frame_equal(read, frame, check_exact=True)
+    fig = draw("fig2", read)
+    assert isinstance(fig, Figure) and len(fig.axes[0].containers) == 2
