@@ -43,6 +43,9 @@ def _fill_defaults(instance: dict, schema: dict, root: dict) -> None:
         if name not in instance and "default" in subschema:
             instance[name] = copy.deepcopy(subschema["default"])
         if isinstance(instance.get(name), dict) and "properties" in subschema:
+            # A copy per key: YAML aliases (&a … *a) share one dict, which must not collect
+            # the defaults of every section it stands in.
+            instance[name] = dict(instance[name])
             _fill_defaults(instance[name], subschema, root)
 
 

@@ -17,18 +17,17 @@ import itertools
 import re
 from dataclasses import dataclass, replace
 
+from .methods import METHOD_PATTERN, get_method
 from .specs import ActivationsSpec, AnalyzeSpec, EvaluateSpec, ShrinkageSpec, TrainSpec
 
 __all__ = ["Setting", "format_number", "search_settings", "selected_setting", "final_settings", "study_runs",
-           "study_scope", "STUDY_FIGURES", "needs_sigma", "task_max_length", "train_spec", "shrinkage_spec",
+           "study_scope", "needs_sigma", "task_max_length", "train_spec", "shrinkage_spec",
            "evaluate_spec", "activations_spec", "analyze_spec"]
 
-STUDY_FIGURES = {"lambda_sweep": "fig3", "cosreg_means": "fig4", "twonn": "fig5", "layerwise": "fig6",
-                 "zeta_sweep": "fig7", "single_layer": "fig8"}
 
 _NUMBER = r"-?[0-9][0-9.e+-]*"
 _PATTERN = re.compile(
-    rf"^(?P<method>base|cosreg|istar)(?:_lam(?P<lam>{_NUMBER}))?(?:_zeta(?P<zeta>{_NUMBER}))?"
+    rf"^(?P<method>{METHOD_PATTERN})(?:_lam(?P<lam>{_NUMBER}))?(?:_zeta(?P<zeta>{_NUMBER}))?"
     rf"(?:_layer(?P<layer>[0-9]+))?(?:_bs(?P<bs>[0-9]+)_ep(?P<ep>[0-9]+)_lr(?P<lr>{_NUMBER}))?$")
 
 
@@ -53,9 +52,10 @@ class Setting:
     @property
     def name(self) -> str:
         parts = [self.method]
-        if self.method != "base":
+        method = get_method(self.method)
+        if method.takes("lam"):
             parts.append(f"lam{format_number(self.lam)}")
-        if self.method == "istar":
+        if method.takes("zeta"):
             parts.append(f"zeta{format_number(self.zeta)}")
             if self.layer is not None:
                 parts.append(f"layer{self.layer}")

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import yaml
 
+from .methods import METHOD_NAMES, get_method
+
 __all__ = ["ModelData", "TrainSpec", "EvaluateSpec", "ActivationsSpec", "ShrinkageSpec", "AnalyzeSpec",
            "add_spec_arguments", "spec_from_cli", "PRECISIONS"]
 
@@ -121,7 +123,7 @@ class TrainSpec(ModelData):
     """Everything a fine-tuning run depends on (:func:`istar.train.train`); saved in ``run_config.json``."""
 
     output_dir: str = option(help="run folder", flag="--out")
-    method: str = option("base", help="base, cosreg or istar", choices=("base", "cosreg", "istar"))
+    method: str = option("base", help="the fine-tuning method (istar.methods)", choices=METHOD_NAMES)
     lam: float = option(0.0, help="λ, the penalty weight (istar: required; cosreg: default 1)")
     zeta: float = option(0.2, help="ζ ∈ [0, 1], weight of Σ_S in IsoScore* (istar)")
     layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
@@ -144,10 +146,9 @@ class TrainSpec(ModelData):
 
     def validate(self) -> None:
         super().validate()
-        if self.method not in ("base", "cosreg", "istar"):
-            raise SpecError(f"method must be one of base, cosreg, istar; got {self.method!r}")
-        if self.method == "base" and self.lam != 0.0:
-            raise SpecError(f"method base takes no λ; got lam = {self.lam}")
+        method = get_method(self.method)
+        if not method.takes("lam") and self.lam != 0.0:
+            raise SpecError(f"method {self.method} takes no λ; got lam = {self.lam}")
         if self.method == "istar":
             if not 0.0 <= self.zeta <= 1.0:
                 raise SpecError(f"zeta must lie in [0, 1]; got {self.zeta}")
@@ -242,8 +243,8 @@ def add_spec_arguments(parser: argparse.ArgumentParser, spec_class: type) -> Non
 def spec_from_cli(args: argparse.Namespace):
     """Build and validate the spec of a parsed command line (see :func:`add_spec_arguments`).
 
-    Decisions made here and nowhere else for manual use: a CosReg run without ``--lam``
-    gets the method's usual λ = 1, an I-STAR run must name its λ.
+    Decisions made here and nowhere else for manual use: a run without ``--lam`` gets its
+    method's default λ (:mod:`istar.methods`: CosReg 1); a method without one (I-STAR) must be given λ.
     """
     spec_class = args.spec_class
     names = [f.name for f in dataclasses.fields(spec_class)]
@@ -260,10 +261,10 @@ def spec_from_cli(args: argparse.Namespace):
         if missing:
             raise SpecError(f"missing {', '.join(missing)} (or give the whole specification with --spec)")
         if spec_class is TrainSpec and "lam" not in given:
-            method = given.get("method", "base")
-            if method == "istar":
-                raise SpecError("method istar needs --lam (λ), e.g. --lam -1")
-            given["lam"] = _schema_entry("final.cosreg_lambda")["default"] if method == "cosreg" else 0.0
+            method = get_method(given.get("method", "base"))
+            if method.takes("lam") and method.default_lam is None:
+                raise SpecError(f"method {method.key} needs --lam (λ), e.g. --lam -1")
+            given["lam"] = method.default_lam if method.takes("lam") else 0.0
         spec = spec_class(**given)
     spec.validate()
     return spec

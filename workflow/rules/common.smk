@@ -6,8 +6,9 @@ import json
 from snakemake.exceptions import WorkflowError
 
 from istar.config import STUDIES, ConfigError, load_schema, validate_config
+from istar.figures import enabled_figures
+from istar.methods import METHOD_PATTERN
 from istar.plan import (
-    STUDY_FIGURES,
     Setting,
     activations_spec,
     analyze_spec,
@@ -45,7 +46,7 @@ AGGREGATES = expand("results/aggregate/{name}.csv", name=["runs", "layers", "dim
 wildcard_constraints:
     model="[A-Za-z0-9][A-Za-z0-9.-]*",
     task="|".join(TASKS),
-    setting="(base|cosreg|istar)[A-Za-z0-9.e_+-]*",
+    setting=f"({METHOD_PATTERN})[A-Za-z0-9.e_+-]*",
     seed="[0-9]+",
 
 
@@ -175,13 +176,5 @@ def aggregate_inputs(wildcards):
     return sorted(set(runs)) + selections
 
 
-FIGURE_INPUTS = {"fig3": "runs", "fig4": "dims", "fig5": "layers", "fig6": "layers", "fig7": "runs", "fig8": "runs"}
-
-
-def enabled_figures() -> list[str]:
-    figures = ["fig2"] if config["studies"]["stability"]["enabled"] else []
-    return figures + [STUDY_FIGURES[study] for study in STUDIES if config["studies"][study]["enabled"]]
-
-
 TABLES = expand("results/tables/{table}.{ext}", table=["table1", "table2"], ext=["csv", "md", "tex"])
-FIGURES = expand("results/figures/{figure}.{ext}", figure=enabled_figures(), ext=["png", "pdf"])
+FIGURES = expand("results/figures/{figure}.{ext}", figure=enabled_figures(config), ext=["png", "pdf"])
