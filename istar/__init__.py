@@ -19,7 +19,7 @@ _LIBRARY = {
     "isoscore_star": "isotropy",
     "isoscore_star_from_covariance": "isotropy",
     "partition_isotropy": "isotropy",
-    "twonn_dimension": "isotropy",
+    "twonn_dimension": "twonn",
     "cosreg_penalty": "regularizers",
     "istar_penalty": "regularizers",
 }

@@ -35,7 +35,8 @@ import torch
 
 from . import artifacts
 from .activations import load_activations
-from .isotropy import CovarianceAccumulator, isoscore_star_from_covariance, twonn_dimension
+from .isotropy import CovarianceAccumulator, isoscore_star_from_covariance
+from .twonn import twonn_dimension
 from .regularizers import LayerSpec, resolve_layers
 from .shrinkage import load_layer_statistics, merge_layers
 from .specs import AnalyzeSpec, add_spec_arguments, spec_from_cli

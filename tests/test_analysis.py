@@ -12,11 +12,11 @@ from safetensors.torch import save_file
 
 from istar.activations import extract_activations, load_activations
 from istar.analysis import analyze_run
-from istar.isotropy import (CovarianceAccumulator, average_cosine_similarity, isoscore, isoscore_star_from_covariance,
-                            twonn_dimension)
+from istar.isotropy import CovarianceAccumulator, average_cosine_similarity, isoscore, isoscore_star_from_covariance
 from istar.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage, save_shrinkage
 from istar.specs import ActivationsSpec, ShrinkageSpec, TrainSpec
 from istar.train import train
+from istar.twonn import twonn_dimension
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -8,17 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from istar.isotropy import (
-    CovarianceAccumulator,
-    average_cosine_similarity,
-    isoscore,
-    isoscore_from_eigenvalues,
-    isoscore_star,
-    isoscore_star_from_covariance,
-    partition_isotropy,
-    shrink_covariance,
-    twonn_dimension,
-)
+from istar.isotropy import (CovarianceAccumulator, average_cosine_similarity, isoscore, isoscore_from_eigenvalues,
+                            isoscore_star, isoscore_star_from_covariance, partition_isotropy, shrink_covariance)
+from istar.twonn import twonn_dimension
 
 
 def random_orthogonal(d, generator):
