@@ -57,8 +57,10 @@ def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int, accele
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    per_layer: list[CovarianceAccumulator] = []
-    selected: list[int] = []
+    # Accumulators exist before the first batch: a process whose shard is empty still joins the merge.
+    per_layer = [CovarianceAccumulator(model.config.hidden_size, device=device)
+                 for _ in range(model.config.num_hidden_layers + 1)]
+    selected = resolve_layers(layers, len(per_layer))
     show = accelerator is None or accelerator.is_local_main_process
     with tqdm(total=target, unit="rows", unit_scale=True, desc=description, disable=not show, leave=False) as bar:
         for batch in loader:
@@ -68,9 +70,6 @@ def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int, accele
                     hidden_states = model(**inputs, output_hidden_states=True).hidden_states
             else:
                 hidden_states = model(**inputs, output_hidden_states=True).hidden_states
-            if not per_layer:
-                selected = resolve_layers(layers, len(hidden_states))
-                per_layer = [CovarianceAccumulator(hidden_states[0].shape[-1], device=device) for _ in hidden_states]
             mask = inputs["attention_mask"].bool()
             for accumulator, hidden in zip(per_layer, hidden_states):
                 accumulator.add(hidden, mask=mask)
@@ -79,10 +78,10 @@ def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int, accele
             if rows >= target:
                 break
     model.train(was_training)
-    if not per_layer:
-        raise ValueError("the data loader yielded no batches: cannot estimate Σ_S")
     if processes > 1:
         per_layer = [merge_across_processes(accumulator, accelerator) for accumulator in per_layer]
+    if per_layer[0].count == 0:
+        raise ValueError("the data loader yielded no batches: cannot estimate Σ_S")
     return per_layer
 
 
@@ -187,8 +186,10 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
     model = step.model.to(accelerator.device)
     features = step.features("train", with_labels=False)
     loader = step.loader(features, spec.batch_size, sampler=EpochShuffleSampler(len(features), spec.seed))
+    # even_batches=False: accelerate would otherwise repeat rows to even out the shards, and Σ_S
+    # would count them twice.
     loader = prepare_data_loader(loader, accelerator.device, accelerator.num_processes, accelerator.process_index,
-                                 put_on_device=True)
+                                 put_on_device=True, even_batches=False)
     indices = resolve_layers(spec.layers, model.config.num_hidden_layers + 1)
     start = time.perf_counter()
     per_layer = accumulate_shrinkage(model, loader, spec.layers, spec.rows, accelerator, description=f"Σ_S {task.key}")

@@ -381,8 +381,10 @@ def _recompute_sigma(run: Run, model, train_features, epoch: int, progress: Prog
     spec, accelerator = run.spec, run.step.accelerator
     loader = run.step.loader(train_features, spec.eval_batch_size,
                              sampler=EpochShuffleSampler(len(train_features), spec.seed + 7919 * (epoch + 1)))
+    # even_batches=False: accelerate would otherwise repeat rows to even out the shards, and Σ_S
+    # would count them twice.
     loader = prepare_data_loader(loader, accelerator.device, accelerator.num_processes, accelerator.process_index,
-                                 put_on_device=True)
+                                 put_on_device=True, even_batches=False)
     per_layer = accumulate_shrinkage(model, loader, spec.layers, spec.shrinkage_rows, accelerator,
                                      description=f"Σ_S epoch {epoch + 1}")
     indices = resolve_layers(spec.layers, len(per_layer))

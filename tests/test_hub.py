@@ -182,7 +182,7 @@ def test_workflow_runs_to_the_report_through_the_hub_and_pins_the_model(hub, tmp
     workdir.mkdir()
     off = {"enabled": False}
     config = {"models": {"minilm": f"{HUB_MODEL}@v2"}, "tasks": ["rte"],
-              "data": {"source": "hub", "max_train_samples": 16, "max_eval_samples": 8},
+              "data": {"source": "hub", "max_train_samples": 12, "max_eval_samples": 8},
               "training": {"gpus": 0, "threads": 1, "max_length": 32, "batch_size": 8, "epochs": 1},
               "shrinkage": {"rows": 1000}, "search": {"lambdas": [-1], "zetas": [0.2]}, "final": {"seeds": [0]},
               "studies": {name: off for name in ("stability", "lambda_sweep", "cosreg_means", "twonn", "layerwise",
@@ -195,7 +195,7 @@ def test_workflow_runs_to_the_report_through_the_hub_and_pins_the_model(hub, tmp
     pin = json.loads((workdir / "resources/models/minilm.json").read_text())
     assert pin["commit"] == hub.model_commits["v2"] and pin["revision"] == "v2"
     meta = read_meta(workdir / "resources/data/rte")
-    assert meta["hub_commit"] == hub.dataset_commits["nyu-mll/glue"] and meta["rows"] == {"train": 16, "validation": 8}
+    assert meta["hub_commit"] == hub.dataset_commits["nyu-mll/glue"] and meta["rows"] == {"train": 12, "validation": 8}
     run_config = json.loads((workdir / "results/runs/minilm/rte/base/seed0/run_config.json").read_text())
     assert run_config["model_path"] == f"{HUB_MODEL}@{hub.model_commits['v2']}"
     assert run_config["model_source"] == f"{HUB_MODEL}@v2"
