@@ -12,8 +12,6 @@ import math
 import numpy as np
 import torch
 
-from .isotropy import _as_points
-
 __all__ = ["twonn_dimension", "KDTREE_MAX_DIM"]
 
 
