@@ -134,6 +134,12 @@ def _check_models(models: dict) -> None:
 def _check_data(data: dict, tasks: list[str]) -> None:
     from .data import missing_mirror_files
 
+    if data["mirror"] is None:
+        if data["source"] == "mirror":
+            raise ConfigError("config key 'data.mirror': data.source is mirror but no mirror folder is named; set "
+                              "data.mirror to a folder in the GLUE release layout (config/demo-data holds the demo's "
+                              "rows) or use source: hub")
+        return
     mirror = Path(data["mirror"])
     if data["source"] == "mirror" and not mirror.is_dir():
         raise ConfigError(f"config key 'data.mirror': {mirror} does not exist (resolved from {Path.cwd()}) but "

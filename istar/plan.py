@@ -18,10 +18,10 @@ import re
 from dataclasses import dataclass, replace
 
 from .methods import METHOD_PATTERN, get_method
-from .specs import ActivationsSpec, AnalyzeSpec, EvaluateSpec, ShrinkageSpec, TrainSpec
+from .specs import ActivationsSpec, AnalyzeSpec, EvaluateSpec, PrepareDataSpec, ShrinkageSpec, TrainSpec
 
 __all__ = ["Setting", "format_number", "search_settings", "selected_setting", "final_settings", "study_runs",
-           "study_scope", "needs_sigma", "task_max_length", "train_spec", "shrinkage_spec",
+           "study_scope", "needs_sigma", "task_max_length", "prepare_data_spec", "train_spec", "shrinkage_spec",
            "evaluate_spec", "activations_spec", "analyze_spec"]
 
 
@@ -183,6 +183,15 @@ def task_max_length(config: dict, task: str) -> int:
     """Tokens per example: SQuAD's windows are longer (question + a slice of the context)."""
     training = config["training"]
     return training["qa_max_length"] if task == "squad" else training["max_length"]
+
+
+def prepare_data_spec(config: dict, *, task: str, out: str) -> PrepareDataSpec:
+    """One task's data as the ``data`` section asks (a hub revision only where one is pinned)."""
+    data = config["data"]
+    return PrepareDataSpec(task=task, out=out, source=data["source"], mirror=data["mirror"],
+                           revision=data["hub_revisions"].get(task), allow_standin=data["allow_standin"],
+                           standin_fraction=data["standin_fraction"], max_train_samples=data["max_train_samples"],
+                           max_eval_samples=data["max_eval_samples"], seed=data["seed"])
 
 
 def _model_data(config: dict, model: str, task: str, data_dir: str) -> dict:

@@ -28,8 +28,9 @@ from pathlib import Path
 import yaml
 
 from .methods import METHOD_NAMES, get_method
+from .tasks import TASKS
 
-__all__ = ["ModelData", "TrainSpec", "EvaluateSpec", "ActivationsSpec", "ShrinkageSpec", "AnalyzeSpec",
+__all__ = ["PrepareDataSpec", "ModelData", "TrainSpec", "EvaluateSpec", "ActivationsSpec", "ShrinkageSpec", "AnalyzeSpec",
            "add_spec_arguments", "spec_from_cli", "PRECISIONS"]
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
@@ -104,6 +105,23 @@ class Spec:
                 raise SpecError(f"{f.name} must be a positive integer; got {getattr(self, f.name)}")
         if getattr(self, "mixed_precision", "no") not in PRECISIONS:
             raise SpecError(f"mixed_precision must be no, fp16 or bf16; got {self.mixed_precision!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrepareDataSpec(Spec):
+    """The data step (:func:`istar.data.prepare_task`): one task's splits, normalised, as parquet."""
+
+    task: str = option(help="task key", flag="--task", choices=tuple(TASKS))
+    out: str = option(help="folder for train.parquet, validation.parquet and meta.json", flag="--out")
+    source: str = config_field("data.source", choices=("auto", "mirror", "hub"))
+    mirror: typing.Optional[str] = config_field("data.mirror")
+    revision: typing.Optional[str] = option(None, help="hub dataset revision: a branch, tag or 40-hex commit "
+                                                       "(default: main); meta.json records its commit")
+    allow_standin: bool = config_field("data.allow_standin")
+    standin_fraction: float = config_field("data.standin_fraction")
+    max_train_samples: typing.Optional[int] = config_field("data.max_train_samples")
+    max_eval_samples: typing.Optional[int] = config_field("data.max_eval_samples")
+    seed: int = config_field("data.seed")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .. import __version__
-from ..tasks import SPLITS, TASKS, Task, get_task
+from ..tasks import SPLITS, Task, get_task
 from .hub import HubUnavailableError, load_hub
 from .mirror import MIRROR_ENV, load_mirror, resolve_mirror
 from .storage import write_prepared
@@ -206,42 +206,23 @@ def prepare_task(
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``prepare-data`` options (``--task``, ``--out``, ...) to ``parser``."""
-    parser.add_argument("--task", required=True, choices=list(TASKS), help="task key")
-    parser.add_argument("--out", required=True, type=Path,
-                        help="folder for train.parquet, validation.parquet and meta.json")
-    parser.add_argument("--source", choices=SOURCES, default="auto",
-                        help="hub (needs internet), mirror (a local folder in the GLUE "
-                             "release layout) or auto (the mirror if one is named and its folder "
-                             "exists, else the hub); default: auto")
-    parser.add_argument("--mirror", type=Path, default=None,
-                        help=f"mirror folder (default: ${MIRROR_ENV}; needed for --source mirror)")
-    parser.add_argument("--revision", default=None,
-                        help="hub dataset revision: a branch, tag or 40-hex commit (default: main); "
-                             "resolved to its commit, which meta.json records")
-    parser.add_argument("--allow-standin", action="store_true",
-                        help="if a split is missing from the mirror, split the other one into "
-                             "a stand-in train and validation pair (flagged in meta.json; "
-                             "scores are then not comparable with published ones)")
-    parser.add_argument("--standin-fraction", type=float, default=0.2,
-                        help="share of the available split that becomes the stand-in "
-                             "validation part (default: 0.2)")
-    parser.add_argument("--max-train-samples", type=int, default=None,
-                        help="keep at most N train rows, drawn with --seed (default: all)")
-    parser.add_argument("--max-eval-samples", type=int, default=None,
-                        help="keep at most N validation rows, drawn with --seed (default: all)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the subsampling and the stand-in split (default: 0)")
+    """The ``prepare-data`` options, generated from :class:`istar.specs.PrepareDataSpec`."""
+    from ..specs import PrepareDataSpec, add_spec_arguments
+
+    add_spec_arguments(parser, PrepareDataSpec)
 
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run ``prepare-data`` with parsed arguments; print a line per split. Returns the exit code."""
+    from ..specs import spec_from_cli
+
+    spec = spec_from_cli(args)
     try:
         meta = prepare_task(
-            args.task, args.out, source=args.source, mirror=args.mirror,
-            allow_standin=args.allow_standin, max_train_samples=args.max_train_samples,
-            max_eval_samples=args.max_eval_samples, seed=args.seed,
-            standin_fraction=args.standin_fraction, revision=args.revision,
+            spec.task, spec.out, source=spec.source, mirror=spec.mirror,
+            allow_standin=spec.allow_standin, max_train_samples=spec.max_train_samples,
+            max_eval_samples=spec.max_eval_samples, seed=spec.seed,
+            standin_fraction=spec.standin_fraction, revision=spec.revision,
         )
     except (ValueError, OSError, HubUnavailableError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -252,7 +233,7 @@ def run_cli(args: argparse.Namespace) -> int:
     standin = " STAND-IN" if meta["standin"] else ""
     for split in SPLITS:
         print(f"{meta['task']} {split}{standin}: {meta['rows'][split]:,} rows (of "
-              f"{meta['rows_before_subsampling'][split]:,}) -> {Path(args.out) / split}.parquet")
+              f"{meta['rows_before_subsampling'][split]:,}) -> {Path(spec.out) / split}.parquet")
     print(f"source: {meta['source']} {origin}")
     if meta["standin"]:
         print(meta["standin_note"])

@@ -13,6 +13,7 @@ from istar.plan import (
     activations_spec,
     analyze_spec,
     evaluate_spec,
+    prepare_data_spec,
     final_settings,
     needs_sigma,
     search_settings,
@@ -83,6 +84,10 @@ def train_spec_json(run_pattern):
         ).to_json()
 
     return spec
+
+
+def prepare_data_spec_json(wildcards):
+    return prepare_data_spec(config, task=wildcards.task, out=DATA.format(task=wildcards.task)).to_json()
 
 
 def shrinkage_spec_json(wildcards, output):

@@ -1,0 +1,68 @@
+"""Benchmark: how long Snakemake takes to build the paper's DAG (a dry run), side by side with
+the cost of starting Python and of importing torch, measured in one run.
+
+    python -m bench.dag_build [--repeats 3]
+
+Building the DAG imports ``istar.config``, ``istar.plan`` (and the step specs, registries and
+data-layout helpers they read) but never torch or transformers: each probe below runs in a
+fresh process, and the dry run's own imports are checked for torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+
+PROBES = {
+    "python -c pass": [sys.executable, "-c", "pass"],
+    "python -c 'import torch'": [sys.executable, "-c", "import torch"],
+    "snakemake -n (config/paper.yaml)": [SNAKEMAKE, "-n", "--quiet", "all", "--cores", "2", "--configfile",
+                                         "config/paper.yaml"],
+}
+
+
+def seconds(command: list[str], env: dict) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed: {done.stderr[-2000:]}")
+    return time.perf_counter() - start
+
+
+def heavy_imports_of_dry_run(env: dict) -> list[str]:
+    """torch / transformers modules the dry run imported (from -X importtime), expected none."""
+    done = subprocess.run(PROBES["snakemake -n (config/paper.yaml)"], cwd=REPO, capture_output=True, text=True,
+                          env={**env, "PYTHONPROFILEIMPORTTIME": "1"})
+    names = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    return sorted(name for name in names if name.split(".")[0] in ("torch", "transformers"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each probe (median reported)")
+    args = parser.parse_args()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    seconds(PROBES["snakemake -n (config/paper.yaml)"], env)  # warm the file cache and .snakemake/
+    times = {name: [] for name in PROBES}
+    for _ in range(args.repeats):  # interleaved, so a busy moment hits every probe alike
+        for name, command in PROBES.items():
+            times[name].append(seconds(command, env))
+    base = statistics.median(times["python -c pass"])
+    print(f"{'probe':36} {'median (s)':>10} {'vs python':>10}")
+    for name, values in times.items():
+        median = statistics.median(values)
+        print(f"{name:36} {median:10.2f} {median / base:10.1f}")
+    heavy = heavy_imports_of_dry_run(env)
+    print("torch/transformers imported while building the DAG:", ", ".join(heavy) if heavy else "none")
+
+
+if __name__ == "__main__":
+    main()
