@@ -83,8 +83,6 @@ def extract_activations(model_source: str, data_dir, out, split: str = "validati
                         max_length: int = 128, doc_stride: int = 128, token_sample: int = DEFAULT_TOKEN_SAMPLE,
                         seed: int = 0, mixed_precision: str = "no") -> dict:
     """The activations step: see the module docstring. Returns the file's metadata."""
-    from safetensors.torch import save_file
-
     from .data import read_meta, read_split
     from .models import load_model, load_tokenizer
     from .tasks import get_task
@@ -108,19 +106,16 @@ def extract_activations(model_source: str, data_dir, out, split: str = "validati
         "max_length": str(max_length), "seed": str(seed), "standin": json.dumps(bool(meta.get("standin", False))),
         "istar_version": __version__,
     }
-    with artifacts.atomic_path(out) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
+    artifacts.save_tensors(out, tensors, metadata)
     print(f"activations of {model_source} on {task.display} {split}: {len(features):,} features, {num_tokens:,} tokens, "
           f"{model.config.num_hidden_layers + 1} hidden states -> {out}")
     return metadata
 
 
 def load_activations(path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Read an activations file: (tensors, metadata)."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as handle:
-        return {key: handle.get_tensor(key) for key in handle.keys()}, handle.metadata()
+    """Read an activations file: (tensors, metadata), its content hash checked
+    (:class:`istar.artifacts.DamagedArtifactError` names a damaged file)."""
+    return artifacts.load_tensors(path)
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:

@@ -781,7 +781,8 @@ def prepare_task(
         What ``meta.json`` holds: ``task``, ``source``, ``source_requested``, ``mirror``,
         ``hub_id``, ``hub_config``, ``files`` (mirror file -> sha256), ``standin``,
         ``standin_note``, ``standin_fraction`` (None unless a stand-in), ``dropped_rows``,
-        ``rows_before_subsampling`` and ``rows`` (split -> count), ``max_train_samples``,
+        ``rows_before_subsampling`` and ``rows`` (split -> count), ``sha256`` (parquet file ->
+        sha256, checked by :func:`read_split`), ``max_train_samples``,
         ``max_eval_samples``, ``seed``, ``labels`` (split -> label counts, score range or,
         for SQuAD, article count), ``created`` (UTC, ISO 8601), ``istar_version``.
     """
@@ -817,6 +818,7 @@ def prepare_task(
         table = pa.Table.from_pandas(kept[split], schema=schema, preserve_index=False)
         with artifacts.atomic_path(out / f"{split}.parquet") as tmp, open(tmp, "wb") as handle:
             pq.write_table(table, handle)
+    meta["sha256"] = {f"{split}.parquet": artifacts.file_digest(out / f"{split}.parquet") for split in SPLITS}
     text = json.dumps(meta, indent=2) + "\n"
     artifacts.write_text(out / "meta.json", text)
     return meta
@@ -847,6 +849,8 @@ def read_split(data_dir: str | Path, split: str) -> pd.DataFrame:
     path = Path(data_dir) / f"{split}.parquet"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: {_prepare_hint(Path(data_dir))}")
+    if (path.parent / "meta.json").is_file():
+        artifacts.verify_file(path, read_meta(data_dir).get("sha256", {}).get(path.name))
     return _table_to_frame(pq.read_table(path))
 
 
