@@ -36,7 +36,7 @@ from pathlib import Path
 
 __all__ = ["atomic_path", "write_json", "write_text", "replace_directory", "DamagedArtifactError",
            "file_digest", "verify_file", "record_digests", "verify_digests", "DIGESTS", "tensor_digest",
-           "save_tensors", "load_tensors", "read_json"]
+           "save_tensors", "load_tensors", "read_json", "verify_artifact"]
 
 DIGESTS = "digests.json"
 _CHUNK = 1 << 20
@@ -221,3 +221,21 @@ def load_tensors(path, target=None):
     if expected is not None and tensor_digest(tensors) != expected:
         raise DamagedArtifactError(path, "its tensors differ from the sha256 recorded when it was written", target)
     return tensors, metadata
+
+
+def verify_artifact(path, target=None) -> None:
+    """Check one existing artifact by its kind (a missing path or an unknown kind is not checked).
+
+    A folder: its ``digests.json``; ``*.parquet``: the hash in the ``meta.json`` beside it;
+    ``*.safetensors`` and Σ_S ``*.pt``: the tensors' hash; ``*.json``: its syntax and
+    ``sha256`` if it has one. Raises :class:`DamagedArtifactError`.
+    """
+    path = Path(path)
+    if path.is_dir():
+        verify_digests(path, target)
+    elif path.suffix == ".parquet" and (path.parent / "meta.json").is_file():
+        verify_file(path, read_json(path.parent / "meta.json").get("sha256", {}).get(path.name), target)
+    elif path.suffix in (".safetensors", ".pt") and path.is_file():
+        load_tensors(path, target)
+    elif path.suffix == ".json" and path.is_file():
+        read_json(path, target)
