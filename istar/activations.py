@@ -80,8 +80,6 @@ def collect(model, loader, num_tokens: int, sample_size: int, seed: int, acceler
 
 def extract_activations(spec: ActivationsSpec) -> dict:
     """The activations step: see the module docstring. Returns the file's metadata."""
-    from safetensors.torch import save_file
-
     from .steps import open_step
 
     spec.validate()
@@ -98,19 +96,16 @@ def extract_activations(spec: ActivationsSpec) -> dict:
         "max_length": str(spec.max_length), "seed": str(spec.seed), "standin": json.dumps(step.standin),
         "istar_version": __version__,
     }
-    with artifacts.atomic_path(spec.out) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
+    artifacts.save_tensors(spec.out, tensors, metadata)
     print(f"activations of {spec.model} on {step.task.display} {spec.split}: {len(features):,} features, "
           f"{num_tokens:,} tokens, {num_hidden_states} hidden states -> {spec.out}")
     return metadata
 
 
 def load_activations(path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Read an activations file: (tensors, metadata)."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as handle:
-        return {key: handle.get_tensor(key) for key in handle.keys()}, handle.metadata()
+    """Read an activations file: (tensors, metadata), its content hash checked
+    (:class:`istar.artifacts.DamagedArtifactError` names a damaged file)."""
+    return artifacts.load_tensors(path)
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:

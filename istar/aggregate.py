@@ -85,10 +85,7 @@ def _read_analysis(path: Path) -> dict | None:
     """A run's analysis.json (None if absent), checked for the keys the CSVs need."""
     if not path.is_file():
         return None
-    try:
-        analysis = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error}): rerun `istar analyze`") from None
+    analysis = artifacts.read_json(path)
     missing = [key for key in ("global", "layers", "last_layer") if key not in analysis]
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}: it was not written by `istar analyze`")

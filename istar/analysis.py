@@ -73,15 +73,9 @@ def _layer_accumulators(tensors: dict[str, torch.Tensor], count: int, num_hidden
 
 def _read_activations(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str], int, int]:
     """Tensors, metadata, L + 1 and N of an activations file, after checking it is complete."""
-    from safetensors import SafetensorError
-
     if not path.is_file():
         raise FileNotFoundError(f"activations file {path} does not exist: run `istar activations` first")
-    try:
-        tensors, metadata = load_activations(path)
-    except SafetensorError as error:
-        raise ValueError(f"{path} is not a readable safetensors file: {error}") from None
-    metadata = metadata or {}
+    tensors, metadata = load_activations(path)
     missing = [key for key in ("model", "task", "split", "num_hidden_states", "tokens") if key not in metadata]
     if missing:
         raise ValueError(f"{path} lacks the metadata {', '.join(missing)}: it was not written by `istar activations`")
@@ -171,7 +165,7 @@ def analyze_run(activations_path, sigma_path, zeta: float, out=None, twonn_disca
         "warnings": warnings,
     }
     if out is not None:
-        artifacts.write_json(out, result)
+        artifacts.write_json(out, result, digest=True)
     return result
 
 

@@ -1,11 +1,32 @@
-"""Atomic file output: write to a temporary name in the same folder, then rename.
+"""Artifacts on disk: one atomic writer, and content hashes recorded at write time, checked at read time.
 
-A job killed half-way leaves either the old file or none, never a truncated one, so
-Snakemake and DVC never mistake a partial output for a finished one.
+Atomic writes: write to a temporary name in the same folder, then rename. A job killed
+half-way leaves either the old file or none, never a truncated one, so Snakemake and DVC
+never mistake a partial output for a finished one; every file ends with the mode the umask
+gives an ordinary new file (not ``mkstemp``'s 0600).
+
+Integrity: every artifact the project writes and later reads carries the sha256 of its
+content, recorded where the artifact's provenance lives:
+
+- safetensors files (Σ_S, activations): :func:`save_tensors` stores the hash of the tensors
+  in the file's own metadata (``sha256``); :func:`load_tensors` recomputes it;
+- a folder written by another library (a model from ``save_pretrained``):
+  :func:`record_digests` writes ``digests.json`` (file → sha256) into it,
+  :func:`verify_digests` checks every file it lists;
+- files whose provenance is a JSON written after them (parquet splits → ``meta.json``):
+  :func:`file_digest` at write time, :func:`verify_file` at read time;
+- JSON results (``analysis.json``): :func:`write_json` with ``digest=True`` adds the hash of
+  the rest of the object as key ``sha256``; :func:`read_json` checks it and turns an
+  unreadable file into the same error.
+
+A mismatch raises :class:`DamagedArtifactError`, one line naming the file, saying it is
+damaged and giving the command that rebuilds it. Timestamps play no part: a damaged file
+with its old modification time is caught too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -13,21 +34,41 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "write_json", "write_text", "torch_save", "replace_directory"]
+__all__ = ["atomic_path", "write_json", "write_text", "replace_directory", "DamagedArtifactError",
+           "file_digest", "verify_file", "record_digests", "verify_digests", "DIGESTS", "tensor_digest",
+           "save_tensors", "load_tensors", "read_json", "verify_artifact"]
+
+DIGESTS = "digests.json"
+_CHUNK = 1 << 20
+
+
+class DamagedArtifactError(ValueError):
+    """A file whose content is not what was written; the message says how to rebuild it."""
+
+    def __init__(self, path, problem: str, target=None):
+        self.path = Path(path)
+        target = target if target is not None else path
+        super().__init__(f"{path} is damaged ({problem}): rebuild it with `snakemake --forcerun {target}` "
+                         f"(or delete it and run the step that wrote it again)")
+
+
+def _normal_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 @contextmanager
 def atomic_path(path):
-    """Yield a temporary path next to ``path``; on success rename it to ``path``."""
+    """Yield a temporary path next to ``path``; on success rename it to ``path`` (umask's normal mode)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; outputs should be as readable as any file
     try:
         yield Path(tmp)
+        # Set after the writer ran: some writers (safetensors) recreate the file with their own mode.
+        os.chmod(tmp, _normal_mode())
         with open(tmp, "rb+") as handle:  # on disk before the rename, so a crash cannot leave it empty
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -41,15 +82,35 @@ def write_text(path, text: str) -> None:
         tmp.write_text(text)
 
 
-def write_json(path, data) -> None:
+def _json_digest(data: dict) -> str:
+    """sha256 of a JSON object's canonical form (sorted keys, no spaces), without its own ``sha256`` key."""
+    body = {key: value for key, value in data.items() if key != "sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def write_json(path, data, digest: bool = False) -> None:
+    """Write ``data`` as indented JSON (atomically); ``digest``: add its content hash as key ``sha256``."""
+    if digest:
+        data = {**json.loads(json.dumps(data, default=str)), "sha256": None}
+        data["sha256"] = _json_digest(data)
     write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def torch_save(path, obj) -> None:
-    import torch
+def read_json(path, target=None):
+    """A JSON file the project wrote, its ``sha256`` checked if it has one.
 
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    Unreadable, truncated or changed content → :class:`DamagedArtifactError`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: run the step that writes it first")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DamagedArtifactError(path, f"not valid JSON: {error}", target) from None
+    if isinstance(data, dict) and "sha256" in data and _json_digest(data) != data["sha256"]:
+        raise DamagedArtifactError(path, "its content differs from the sha256 recorded when it was written", target)
+    return data
 
 
 def replace_directory(staging, final) -> None:
@@ -63,3 +124,118 @@ def replace_directory(staging, final) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(staging, final)
+
+
+# ----------------------------------------------------------------------------- file digests
+
+
+def file_digest(path) -> str:
+    """The sha256 (hex) of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_file(path, expected: str | None, target=None) -> None:
+    """Raise :class:`DamagedArtifactError` unless ``path`` hashes to ``expected`` (None: nothing recorded, no check)."""
+    if expected is None:
+        return
+    actual = file_digest(path)
+    if actual != expected:
+        raise DamagedArtifactError(path, f"sha256 {actual[:12]}… differs from the {expected[:12]}… recorded when it "
+                                         "was written", target)
+
+
+def record_digests(folder) -> dict[str, str]:
+    """Write ``folder/digests.json``: the sha256 of every file under ``folder`` (relative path → hex).
+
+    Call it once the folder is complete (e.g. after ``save_pretrained``); returns the mapping.
+    """
+    folder = Path(folder)
+    digests = {str(p.relative_to(folder)): file_digest(p) for p in sorted(folder.rglob("*"))
+               if p.is_file() and p.name != DIGESTS}
+    write_json(folder / DIGESTS, digests)
+    return digests
+
+
+def verify_digests(folder, target=None) -> None:
+    """Check every file listed in ``folder/digests.json``; a missing or changed one raises
+    :class:`DamagedArtifactError` naming it (the rebuild target is the folder). A folder
+    without ``digests.json`` (a pretrained model from the hub or a package) is not checked."""
+    folder = Path(folder)
+    target = target if target is not None else folder
+    if not (folder / DIGESTS).is_file():
+        return
+    for name, expected in read_json(folder / DIGESTS, target).items():
+        path = folder / name
+        if not path.is_file():
+            raise DamagedArtifactError(path, f"missing from {folder}, whose {DIGESTS} lists it", target)
+        verify_file(path, expected, target)
+
+
+# ----------------------------------------------------------------------------- safetensors
+
+
+def tensor_digest(tensors) -> str:
+    """sha256 (hex) of named tensors: names in sorted order, each with dtype, shape and raw bytes."""
+    import torch
+
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def save_tensors(path, tensors, metadata: dict[str, str] | None = None) -> None:
+    """Write named tensors to a safetensors file atomically, their :func:`tensor_digest` in the metadata (``sha256``)."""
+    from safetensors.torch import save_file
+
+    tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
+    metadata = {**(metadata or {}), "sha256": tensor_digest(tensors)}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+
+
+def load_tensors(path, target=None):
+    """(tensors, metadata) of a file written by :func:`save_tensors`, after checking its content hash.
+
+    An unreadable file, or tensors whose hash differs from the recorded one, raise
+    :class:`DamagedArtifactError`; a file without a recorded hash is returned unchecked.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: run the step that writes it first")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+            metadata = handle.metadata() or {}
+    except (SafetensorError, OSError, RuntimeError, ValueError) as error:
+        raise DamagedArtifactError(path, f"not a readable safetensors file: {error}", target) from None
+    expected = metadata.get("sha256")
+    if expected is not None and tensor_digest(tensors) != expected:
+        raise DamagedArtifactError(path, "its tensors differ from the sha256 recorded when it was written", target)
+    return tensors, metadata
+
+
+def verify_artifact(path, target=None) -> None:
+    """Check one existing artifact by its kind (a missing path or an unknown kind is not checked).
+
+    A folder: its ``digests.json``; ``*.parquet``: the hash in the ``meta.json`` beside it;
+    ``*.safetensors`` and Σ_S ``*.pt``: the tensors' hash; ``*.json``: its syntax and
+    ``sha256`` if it has one. Raises :class:`DamagedArtifactError`.
+    """
+    path = Path(path)
+    if path.is_dir():
+        verify_digests(path, target)
+    elif path.suffix == ".parquet" and (path.parent / "meta.json").is_file():
+        verify_file(path, read_json(path.parent / "meta.json").get("sha256", {}).get(path.name), target)
+    elif path.suffix in (".safetensors", ".pt") and path.is_file():
+        load_tensors(path, target)
+    elif path.suffix == ".json" and path.is_file():
+        read_json(path, target)

@@ -2,18 +2,23 @@
 
 :func:`validate_config` fills in every default, checks the schema (JSON Schema 2020-12) and
 then what a schema cannot say (studies naming unknown models, a mirror that does not exist,
-tasks whose files the mirror lacks, SQuAD strides). Every problem raises
-:class:`ConfigError` naming the key and the allowed values, before any job runs.
+tasks whose files the mirror lacks, SQuAD strides, layer indices beyond a local model's
+depth as read from its ``config.json``, NaN or infinite numbers). Every problem raises
+:class:`ConfigError` naming the key and the allowed values, before any job runs;
+:func:`load_yaml` reports a YAML syntax error as ``FILE:LINE:COLUMN`` on one line.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import math
 from pathlib import Path
 
 import yaml
 
-__all__ = ["ConfigError", "SCHEMA_PATH", "load_schema", "validate_config", "load_config", "STUDIES"]
+__all__ = ["ConfigError", "SCHEMA_PATH", "load_schema", "load_yaml", "validate_config", "load_config", "STUDIES",
+           "model_depth"]
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
 STUDIES = ("lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep", "single_layer")
@@ -25,6 +30,22 @@ class ConfigError(ValueError):
 
 def load_schema(path=SCHEMA_PATH) -> dict:
     return yaml.safe_load(Path(path).read_text())
+
+
+def load_yaml(path) -> dict:
+    """A YAML config file as a dict ({} if empty); a syntax error → one-line ConfigError ``FILE:LINE:COLUMN: …``."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = "; ".join(part for part in (error.context, error.problem) if part)
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: invalid YAML: {' '.join(str(error).split())}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{path}: the configuration must be a mapping of keys to values, not {type(data).__name__}")
+    return data or {}
 
 
 def _resolve(schema: dict, root: dict) -> dict:
@@ -56,9 +77,24 @@ def _key(path) -> str:
     return key or "(top level)"
 
 
+def _number_hint(value) -> str:
+    """For a string YAML did not read as a number although it looks like one (``3e-5``): how to write it."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    return (f"; YAML reads {value} as text (a number in exponent form needs a decimal point): "
+            f"write {number:.1e}".replace("e-0", "e-").replace("e+0", "e+"))
+
+
 def _describe(error) -> str:
     """One readable line for a jsonschema error: the key, the problem, what is allowed."""
     schema = error.schema if isinstance(error.schema, dict) else {}
+    hint = _number_hint(error.instance)
+    if hint and error.validator in ("type", "anyOf"):
+        return f"config key '{_key(error.absolute_path)}': {error.instance!r} is not a number{hint}"
     if error.validator == "additionalProperties":
         allowed = ", ".join(sorted(schema.get("properties", {})))
         return f"config key '{_key(error.absolute_path)}': {error.message} (known keys: {allowed})"
@@ -90,6 +126,7 @@ def validate_config(config: dict, schema: dict | None = None, check_paths: bool 
     config = copy.deepcopy(config or {})
     if not isinstance(config, dict):
         raise ConfigError("the configuration must be a mapping of keys to values")
+    _check_finite(config, [])
     _fill_defaults(config, schema, schema)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
@@ -98,6 +135,18 @@ def validate_config(config: dict, schema: dict | None = None, check_paths: bool 
         raise ConfigError(_describe(deepest if deepest.absolute_path else errors[0]))
     _check_semantics(config, check_paths)
     return config
+
+
+def _check_finite(value, path: list) -> None:
+    """Reject NaN and ±infinity anywhere (YAML's ``.nan``, ``.inf``): range checks let NaN through."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"config key '{_key(path)}': {value} is not a finite number")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, [*path, key])
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_finite(item, [*path, index])
 
 
 def _check_semantics(config: dict, check_paths: bool) -> None:
@@ -117,18 +166,63 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
     if 0.0 in config["search"]["lambdas"]:
         raise ConfigError("config key 'search.lambdas': λ = 0 is the baseline, which the final stage runs anyway; remove it")
     if check_paths:
-        _check_models(models)
+        _check_layers(config, _check_models(models))
         _check_data(config["data"], tasks)
 
 
-def _check_models(models: dict) -> None:
+def model_depth(folder) -> int:
+    """L, the number of transformer layers of a saved model, from ``folder/config.json``.
+
+    Raises ValueError when the file is not a usable Hugging Face config (no ``model_type``
+    or no layer count), so a broken folder is caught before any job loads it.
+    """
+    path = Path(folder) / "config.json"
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not readable JSON ({error})") from None
+    if not isinstance(settings, dict) or not settings.get("model_type"):
+        raise ValueError(f"{path} names no model_type, so transformers cannot build the model: save the model "
+                         "again with save_pretrained or point the key at a complete model folder")
+    # BERT, ALBERT, RoBERTa: num_hidden_layers; DistilBERT: n_layers; T5-style encoders: num_layers.
+    depth = next((settings[key] for key in ("num_hidden_layers", "n_layers", "num_layers") if key in settings), None)
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+        raise ValueError(f"{path} gives no layer count (num_hidden_layers): not a usable encoder")
+    return depth
+
+
+def _check_models(models: dict) -> dict[str, int]:
+    """Resolve every model source; the depth L of each local one (model name → L)."""
     from .models import resolve_model_source
 
+    depths = {}
     for name, source in models.items():
         try:
-            resolve_model_source(source)
+            resolved = Path(resolve_model_source(source))
+            if resolved.is_dir():
+                depths[name] = model_depth(resolved)
         except ValueError as error:
             raise ConfigError(f"config key 'models.{name}': {error}") from None
+    return depths
+
+
+def _check_layers(config: dict, depths: dict[str, int]) -> None:
+    """Layer indices within the depth of every local model that uses them (hub models are checked in the job)."""
+    chosen = config["shrinkage"]["layers"]
+    if not isinstance(chosen, str):
+        for name, depth in depths.items():
+            too_deep = [i for i in ([chosen] if isinstance(chosen, int) else chosen) if i > depth]
+            if too_deep:
+                raise ConfigError(f"config key 'shrinkage.layers': layer {too_deep[0]} does not exist in model "
+                                  f"{name!r}, which has layers 0 (embeddings) to {depth}")
+    single = config["studies"]["single_layer"]
+    if single["enabled"] and isinstance(single["layers"], list):
+        for name in single["models"] or list(config["models"]):
+            depth = depths.get(name)
+            too_deep = [i for i in single["layers"] if depth is not None and i > depth]
+            if too_deep:
+                raise ConfigError(f"config key 'studies.single_layer.layers': layer {too_deep[0]} does not exist in "
+                                  f"model {name!r}, which has layers 1 to {depth}")
 
 
 def _check_data(data: dict, tasks: list[str]) -> None:
@@ -159,7 +253,7 @@ def _check_data(data: dict, tasks: list[str]) -> None:
 
 def load_config(path, check_paths: bool = True) -> dict:
     """Read a YAML config file and validate it."""
-    return validate_config(yaml.safe_load(Path(path).read_text()) or {}, check_paths=check_paths)
+    return validate_config(load_yaml(path), check_paths=check_paths)
 
 
 def add_cli_arguments(parser) -> None:
@@ -179,7 +273,7 @@ def run_cli(args) -> int:
     """``istar config``: validate config file(s) (merged in order, as Snakemake does) and print or write the result."""
     merged: dict = {}
     for path in args.configfiles:
-        merged = _merge(merged, yaml.safe_load(Path(path).read_text()) or {})
+        merged = _merge(merged, load_yaml(path))
     config = validate_config(merged, check_paths=args.check_paths)
     text = yaml.safe_dump(config, sort_keys=False)
     if args.out:

@@ -25,14 +25,6 @@ __all__ = ["run_fingerprint", "fingerprint_hash", "changed_settings", "latest_st
 NOT_IN_FINGERPRINT = ("output_dir", "checkpoint_every")
 
 
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def run_fingerprint(spec: TrainSpec, meta: dict, model_path: str, num_processes: int, precision: str) -> dict:
     """Everything that defines a run's result, as a flat dict (its hash is the run's fingerprint).
 
@@ -41,13 +33,13 @@ def run_fingerprint(spec: TrainSpec, meta: dict, model_path: str, num_processes:
     the hub id and revision), the process count (it sets the data order) and the effective precision.
     """
     model_dir = Path(model_path)
-    model_files = ({p.name: _file_digest(p) for p in sorted(model_dir.iterdir()) if p.is_file()}
+    model_files = ({p.name: artifacts.file_digest(p) for p in sorted(model_dir.iterdir()) if p.is_file()}
                    if model_dir.is_dir() else {"hub": model_path})
     settings = {k: v for k, v in dataclasses.asdict(spec).items() if k not in NOT_IN_FINGERPRINT}
     return {
         **{f"setting.{k}": v for k, v in settings.items()},
         "data": hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest(),
-        "sigma_s": _file_digest(Path(spec.sigma_s)) if spec.sigma_s and spec.method == "istar" else None,
+        "sigma_s": artifacts.file_digest(Path(spec.sigma_s)) if spec.sigma_s and spec.method == "istar" else None,
         **{f"model.{name}": digest for name, digest in model_files.items()},
         "num_processes": num_processes, "precision": precision, "istar_version": __version__,
     }

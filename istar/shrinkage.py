@@ -11,6 +11,7 @@ order, so all processes hold the identical Σ_S.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
 from pathlib import Path
@@ -112,35 +113,40 @@ def merge_across_processes(accumulator: CovarianceAccumulator, accelerator) -> C
 def save_shrinkage(path, per_layer: list[CovarianceAccumulator], layers: list[int], provenance: dict) -> None:
     """Write Σ_S of the layer selection ``layers`` and every layer's statistics (atomically).
 
-    File content (``torch.load``): ``sigma`` (d, d) float64, ``mean`` (d,), ``rows`` (int),
-    ``per_layer`` {``count`` (L+1,), ``mean`` (L+1, d), ``m2`` (L+1, d, d)}, ``provenance``.
+    The file is safetensors (no pickle; see :func:`istar.artifacts.save_tensors`): tensors
+    ``sigma`` (d, d) float64, ``mean`` (d,), ``per_layer.count`` (L+1,) int64,
+    ``per_layer.mean`` (L+1, d), ``per_layer.m2`` (L+1, d, d); metadata ``provenance`` (JSON,
+    with ``layers`` and ``rows`` of the selection) and ``sha256`` of the tensors.
     """
     selection = merge_layers(per_layer, layers)
-    artifacts.torch_save(path, {
-        "sigma": selection.covariance().cpu(),
-        "mean": selection.mean.cpu(),
-        "rows": selection.count,
-        "per_layer": {
-            "count": torch.tensor([a.count for a in per_layer]),
-            "mean": torch.stack([a.mean.cpu() for a in per_layer]),
-            "m2": torch.stack([a.m2.cpu() for a in per_layer]),
-        },
-        "provenance": {**provenance, "layers": list(layers), "rows": selection.count, "istar_version": __version__},
-    })
+    tensors = {
+        "sigma": selection.covariance(),
+        "mean": selection.mean,
+        "per_layer.count": torch.tensor([a.count for a in per_layer], dtype=torch.int64),
+        "per_layer.mean": torch.stack([a.mean.cpu() for a in per_layer]),
+        "per_layer.m2": torch.stack([a.m2.cpu() for a in per_layer]),
+    }
+    provenance = {**provenance, "layers": list(layers), "rows": selection.count, "istar_version": __version__}
+    artifacts.save_tensors(path, tensors, {"provenance": json.dumps(provenance, default=str)})
 
 
 def load_layer_statistics(path) -> tuple[list[CovarianceAccumulator], dict]:
-    """Every layer's accumulator (index = hidden state) and the provenance of a Σ_S file."""
+    """Every layer's accumulator (index = hidden state) and the provenance of a Σ_S file.
+
+    A damaged file (unreadable, or tensors that differ from the hash recorded at write time)
+    raises :class:`istar.artifacts.DamagedArtifactError` naming it and the rebuild command.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"shrinkage matrix {path} does not exist: compute it with `istar shrinkage` first")
-    data = torch.load(path, map_location="cpu", weights_only=True)
-    if "per_layer" not in data:
-        raise ValueError(f"{path} is not a Σ_S file written by `istar shrinkage` (no per-layer statistics)")
-    stats = data["per_layer"]
+    tensors, metadata = artifacts.load_tensors(path)
+    needed = ("per_layer.count", "per_layer.mean", "per_layer.m2")
+    if "provenance" not in metadata or any(name not in tensors for name in needed):
+        raise artifacts.DamagedArtifactError(path, "not a Σ_S file written by `istar shrinkage` (no per-layer "
+                                                   "statistics or provenance)")
     per_layer = [CovarianceAccumulator.from_state_dict({"count": int(c), "mean": m, "m2": m2})
-                 for c, m, m2 in zip(stats["count"], stats["mean"], stats["m2"])]
-    return per_layer, dict(data["provenance"])
+                 for c, m, m2 in zip(tensors["per_layer.count"], tensors["per_layer.mean"], tensors["per_layer.m2"])]
+    return per_layer, json.loads(metadata["provenance"])
 
 
 def load_shrinkage(path, expected_layers: list[int] | None = None, expected_dim: int | None = None) -> tuple[torch.Tensor, dict]:

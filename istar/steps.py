@@ -82,13 +82,19 @@ def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumu
     from accelerate import Accelerator
     from accelerate.utils import set_seed
 
+    from pathlib import Path
+
+    from .artifacts import verify_digests
     from .data import read_meta
-    from .models import load_model, load_tokenizer
+    from .models import load_model, load_tokenizer, resolve_model_source
     from .tasks import get_task
 
     accelerator = Accelerator(mixed_precision=spec.mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps)
     meta = read_meta(spec.data_dir)
     task = get_task(meta["task"])
+    model_path = Path(resolve_model_source(spec.model))
+    if model_path.is_dir():
+        verify_digests(model_path)  # a fine-tuned model's files against the hashes recorded when it was saved
     tokenizer = load_tokenizer(spec.model)
     if model_seed is not None:
         set_seed(model_seed)

