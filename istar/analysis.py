@@ -165,7 +165,7 @@ def analyze_run(activations_path, sigma_path, zeta: float, out=None, twonn_disca
         "warnings": warnings,
     }
     if out is not None:
-        artifacts.write_json(out, result, digest=True)
+        result = artifacts.write_json(out, result, digest=True)
     return result
 
 

@@ -88,12 +88,15 @@ def _json_digest(data: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
-def write_json(path, data, digest: bool = False) -> None:
-    """Write ``data`` as indented JSON (atomically); ``digest``: add its content hash as key ``sha256``."""
+def write_json(path, data, digest: bool = False):
+    """Write ``data`` as indented JSON (atomically); ``digest``: add its content hash as key ``sha256``.
+
+    Returns what was written (``data``, with ``sha256`` when ``digest``)."""
     if digest:
         data = {**json.loads(json.dumps(data, default=str)), "sha256": None}
         data["sha256"] = _json_digest(data)
     write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    return data
 
 
 def read_json(path, target=None):
