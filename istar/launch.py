@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import fcntl
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -97,8 +98,30 @@ def run_cli(args) -> int:
     env = dict(os.environ)
     if args.gpus == 0 or "CUDA_VISIBLE_DEVICES" in env:
         print("launching:", " ".join(command), flush=True)
-        return subprocess.call(command, env=env)
+        return exit_status(subprocess.call(command, env=env), step[0])
     with claim_gpus(args.gpus, visible_gpu_count()) as gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         print(f"launching on GPU(s) {env['CUDA_VISIBLE_DEVICES']}:", " ".join(command), flush=True)
-        return subprocess.call(command, env=env)
+        return exit_status(subprocess.call(command, env=env), step[0])
+
+
+def exit_status(returncode: int, step: str) -> int:
+    """The launcher's exit status for a child's ``returncode``; a child killed by a signal is explained.
+
+    ``subprocess`` reports a signal as a negative code, which ``sys.exit`` would turn into
+    256 − signal (SIGKILL: the bare "exit status 247"); the shell convention 128 + signal is
+    returned instead, after one line on stderr saying what happened and that rerunning resumes.
+    """
+    if returncode >= 0:
+        return returncode
+    number = -returncode
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    resumes = ("run the same command again: it resumes from the last state saved under OUT/resume/ "
+               "(every epoch end and every --checkpoint-every steps)") if step == "train" else \
+        "run the same command again to redo it"
+    print(f"istar launch: `istar {step}` was killed by {name} (out of memory, a time limit or a kill by hand); "
+          f"{resumes}", file=sys.stderr, flush=True)
+    return 128 + number

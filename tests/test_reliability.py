@@ -147,3 +147,12 @@ def test_analysis_json_content_is_checked(tmp_path):
     path.write_text('{"global": {"isoscore')
     with pytest.raises(DamagedArtifactError, match="not valid JSON"):
         artifacts.read_json(path)
+
+
+def test_a_killed_step_is_explained_and_exits_128_plus_the_signal(capsys):
+    from istar.launch import exit_status
+
+    assert exit_status(0, "train") == 0 and exit_status(3, "train") == 3
+    assert exit_status(-9, "train") == 137  # not Python's 256 - 9 = 247
+    message = capsys.readouterr().err
+    assert "`istar train` was killed by SIGKILL" in message and "resumes from the last state" in message
