@@ -11,6 +11,7 @@
     istar aggregate      collect runs into the aggregate CSVs; istar select: best search setting
     istar table          Table 1 / Table 2 as CSV, Markdown and LaTeX
     istar figure         one of the paper's figures (PNG and PDF)
+    istar profile        isotropy of a pretrained model: static embeddings and every layer, one revision
 
 Run ``istar SUBCOMMAND --help`` for the options. Multi-process:
 ``accelerate launch --multi_gpu --num_processes 2 -m istar train …``.
@@ -35,6 +36,7 @@ SUBCOMMANDS = {
     "select": ("istar.selection", "pick the best search setting of a model and task"),
     "table": ("istar.tables", "render Table 1 / Table 2 from the aggregate CSVs"),
     "figure": ("istar.plots", "draw one of the paper's figures from the aggregate CSVs"),
+    "profile": ("istar.profile", "isotropy of a pretrained model's static embeddings and every layer (one revision)"),
 }
 
 
