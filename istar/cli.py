@@ -12,6 +12,7 @@
     istar table          Table 1 / Table 2 as CSV, Markdown and LaTeX
     istar stability      Fig. 2's simulation (IsoScore* of mini-batches vs batch size) as CSV
     istar figure         one of the paper's figures (PNG and PDF)
+    istar profile        isotropy of a pretrained model: static embeddings and every layer, one revision
 
 Run ``istar SUBCOMMAND --help`` for the options. Multi-process:
 ``accelerate launch --multi_gpu --num_processes 2 -m istar train …``.
@@ -38,6 +39,7 @@ SUBCOMMANDS = {
     "table": ("istar.tables", "render Table 1 / Table 2 from the aggregate CSVs"),
     "stability": ("istar.stability", "simulate Fig. 2's data: IsoScore* of mini-batches vs batch size"),
     "figure": ("istar.figures", "draw one of the paper's figures from the aggregate CSVs"),
+    "profile": ("istar.profile", "isotropy of a pretrained model's static embeddings and every layer (one revision)"),
 }
 
 

@@ -396,14 +396,21 @@ def average_cosine_similarity(X) -> float:
 
 
 def partition_isotropy(X) -> float:
-    """Partition isotropy score of Mu et al. (2017), as in the paper's §2.1.
+    """Partition isotropy score I(X) of Mu et al. (2017), as in the paper's §2.1.
 
     I(X) = min_c Z(c) / max_c Z(c) with Z(c) = Σ_x exp(cᵀx), c ranging over the unit
-    eigenvectors of XᵀX (uncentred, as in Mu et al.). Computed in log-space for stability.
+    eigenvectors of XᵀX (uncentred, as in Mu et al.) **and their negatives**.
+
+    Departure (docs/method.md §7): an eigenvector is defined only up to its sign, and
+    Z(c) ≠ Z(−c) in general (Z(−c) sums exp(−cᵀx)), so the score of the published recipe
+    depends on which sign the eigen-solver happens to return (LAPACK versions, GPU vs
+    CPU, a transposed input). Taking the min and max over all 2d vectors ±c makes the
+    score a function of X alone; it can only be lower than (or equal to) the one-sign
+    score. Computed in log-space for stability, in float64.
 
     Parameters
     ----------
-    X : array of shape (n, d).
+    X : array of shape (n, d), n ≥ 1 (the rows are the points, e.g. a vocabulary × d matrix).
 
     Returns
     -------
@@ -415,5 +422,6 @@ def partition_isotropy(X) -> float:
     if not torch.isfinite(X).all():
         raise ValueError("X contains NaN or inf")
     _, eigenvectors = torch.linalg.eigh(X.T @ X)
-    log_z = torch.logsumexp(X @ eigenvectors, dim=0)
+    projections = X @ eigenvectors  # (n, d): cᵀx for every point and eigenvector
+    log_z = torch.cat([torch.logsumexp(projections, dim=0), torch.logsumexp(-projections, dim=0)])
     return float(torch.exp(log_z.min() - log_z.max()))

@@ -260,7 +260,7 @@ def test_partition_isotropy_matches_definition_and_is_mean_sensitive():
     g = torch.Generator().manual_seed(13)
     X = torch.randn(2000, 5, dtype=torch.float64, generator=g)
     _, vectors = torch.linalg.eigh(X.T @ X)
-    z = torch.exp(X @ vectors).sum(0)
+    z = torch.cat([torch.exp(X @ vectors).sum(0), torch.exp(-X @ vectors).sum(0)])  # both signs of each c
     assert partition_isotropy(X) == pytest.approx(float(z.min() / z.max()), rel=1e-10)
     assert 0.8 < partition_isotropy(X) <= 1.0
     assert partition_isotropy(X + 3.0) < 0.1  # a mean shift changes it; IsoScore is unmoved
