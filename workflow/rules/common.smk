@@ -24,7 +24,9 @@ from istar.plan import (
 )
 
 try:
-    _validated = validate_config(config, load_schema(workflow.source_path("../schemas/config.schema.yaml")))
+    _validated = validate_config(
+        config, load_schema(workflow.source_path("../schemas/config.schema.yaml"))
+    )
 except ConfigError as error:
     raise WorkflowError(f"invalid configuration: {error}") from None
 config.clear()
@@ -41,7 +43,9 @@ SIGMA = "resources/shrinkage/{model}/{task}/sigma0.pt"
 SEARCH_RUN = "results/search/{model}/{task}/{setting}/seed{seed}"
 RUN = "results/runs/{model}/{task}/{setting}/seed{seed}"
 SELECTION = "results/selection/{model}/{task}/best.json"
-AGGREGATES = expand("results/aggregate/{name}.csv", name=["runs", "layers", "dims", "selection"])
+AGGREGATES = expand(
+    "results/aggregate/{name}.csv", name=["runs", "layers", "dims", "selection"]
+)
 
 
 wildcard_constraints:
@@ -52,7 +56,11 @@ wildcard_constraints:
 
 
 def data_files(wildcards):
-    return expand(f"{DATA}/{{name}}", task=wildcards.task, name=["train.parquet", "validation.parquet", "meta.json"])
+    return expand(
+        f"{DATA}/{{name}}",
+        task=wildcards.task,
+        name=["train.parquet", "validation.parquet", "meta.json"],
+    )
 
 
 def model_source(wildcards):
@@ -62,7 +70,11 @@ def model_source(wildcards):
 
 def sigma_input(wildcards):
     setting = Setting.parse(wildcards.setting)
-    return SIGMA.format(model=wildcards.model, task=wildcards.task) if needs_sigma(setting) else []
+    return (
+        SIGMA.format(model=wildcards.model, task=wildcards.task)
+        if needs_sigma(setting)
+        else []
+    )
 
 
 # Each step gets its whole spec as one JSON argument (istar.plan builds it from the config);
@@ -87,7 +99,9 @@ def train_spec_json(run_pattern):
 
 
 def prepare_data_spec_json(wildcards):
-    return prepare_data_spec(config, task=wildcards.task, out=DATA.format(task=wildcards.task)).to_json()
+    return prepare_data_spec(
+        config, task=wildcards.task, out=DATA.format(task=wildcards.task)
+    ).to_json()
 
 
 def shrinkage_spec_json(wildcards, output):
@@ -102,18 +116,28 @@ def shrinkage_spec_json(wildcards, output):
 
 def evaluate_spec_json(wildcards, input, output):
     return evaluate_spec(
-        config, model=input.model, task=wildcards.task, data_dir=DATA.format(task=wildcards.task), out=output[0]
+        config,
+        model=input.model,
+        task=wildcards.task,
+        data_dir=DATA.format(task=wildcards.task),
+        out=output[0],
     ).to_json()
 
 
 def activations_spec_json(wildcards, input, output):
     return activations_spec(
-        config, model=input.model, task=wildcards.task, data_dir=DATA.format(task=wildcards.task), out=output[0]
+        config,
+        model=input.model,
+        task=wildcards.task,
+        data_dir=DATA.format(task=wildcards.task),
+        out=output[0],
     ).to_json()
 
 
 def analyze_spec_json(wildcards, input, output):
-    return analyze_spec(config, activations=input.activations, sigma_s=input.sigma, out=output[0]).to_json()
+    return analyze_spec(
+        config, activations=input.activations, sigma_s=input.sigma, out=output[0]
+    ).to_json()
 
 
 # ----------------------------------------------------------------------------- which runs
@@ -135,17 +159,28 @@ def planned_runs(model, task, chosen: Setting | None) -> list[tuple[str, Setting
 
     With ``chosen`` None: only the runs that do not depend on the search's choice.
     """
-    runs = [("final", s, seed) for s in final_settings(config, chosen) for seed in config["final"]["seeds"]]
+    runs = [
+        ("final", s, seed)
+        for s in final_settings(config, chosen)
+        for seed in config["final"]["seeds"]
+    ]
     for study in STUDIES:
-        layers = num_layers(model, task) if study == "single_layer" and chosen is not None else None
+        layers = (
+            num_layers(model, task)
+            if study == "single_layer" and chosen is not None
+            else None
+        )
         found = study_runs(config, study, model, task, chosen, layers)
         runs += [(study, s, seed) for s, seed in (found or [])]
     return runs
 
 
 def search_runs(model, task) -> list[str]:
-    return [SEARCH_RUN.format(model=model, task=task, setting=s.name, seed=seed)
-            for s in search_settings(config) for seed in config["search"]["seeds"]]
+    return [
+        SEARCH_RUN.format(model=model, task=task, setting=s.name, seed=seed)
+        for s in search_settings(config)
+        for seed in config["search"]["seeds"]
+    ]
 
 
 def run_outputs(model, task, study, setting: Setting, seed) -> list[str]:
@@ -156,9 +191,15 @@ def run_outputs(model, task, study, setting: Setting, seed) -> list[str]:
 
 def known_run_outputs() -> list[str]:
     """Outputs of the runs known before the search finishes (so a dry run shows them)."""
-    return sorted({path for model in MODELS for task in TASKS
-                   for study, setting, seed in planned_runs(model, task, None)
-                   for path in run_outputs(model, task, study, setting, seed)})
+    return sorted(
+        {
+            path
+            for model in MODELS
+            for task in TASKS
+            for study, setting, seed in planned_runs(model, task, None)
+            for path in run_outputs(model, task, study, setting, seed)
+        }
+    )
 
 
 def all_run_specs() -> list[tuple[str, str]]:
@@ -168,18 +209,28 @@ def all_run_specs() -> list[tuple[str, str]]:
         for task in TASKS:
             specs += [("search", run) for run in search_runs(model, task)]
             chosen = selection(model, task)
-            specs += [(study, RUN.format(model=model, task=task, setting=s.name, seed=seed))
-                      for study, s, seed in planned_runs(model, task, chosen)]
+            specs += [
+                (study, RUN.format(model=model, task=task, setting=s.name, seed=seed))
+                for study, s, seed in planned_runs(model, task, chosen)
+            ]
     return specs
 
 
 def aggregate_inputs(wildcards):
     runs = [f"{run}/metrics.json" for _, run in all_run_specs()]
-    runs += [f"{run}/analysis.json" for study, run in all_run_specs() if study != "search"]
+    runs += [
+        f"{run}/analysis.json" for study, run in all_run_specs() if study != "search"
+    ]
     runs += [f"{run}/eval.json" for study, run in all_run_specs() if study == "final"]
-    selections = [SELECTION.format(model=model, task=task) for model in MODELS for task in TASKS]
+    selections = [
+        SELECTION.format(model=model, task=task) for model in MODELS for task in TASKS
+    ]
     return sorted(set(runs)) + selections
 
 
-TABLES = expand("results/tables/{table}.{ext}", table=["table1", "table2"], ext=["csv", "md", "tex"])
-FIGURES = expand("results/figures/{figure}.{ext}", figure=enabled_figures(config), ext=["png", "pdf"])
+TABLES = expand(
+    "results/tables/{table}.{ext}", table=["table1", "table2"], ext=["csv", "md", "tex"]
+)
+FIGURES = expand(
+    "results/figures/{figure}.{ext}", figure=enabled_figures(config), ext=["png", "pdf"]
+)

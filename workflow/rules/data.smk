@@ -3,13 +3,13 @@ rule prepare_data:
         train=f"{DATA}/train.parquet",
         validation=f"{DATA}/validation.parquet",
         meta=f"{DATA}/meta.json",
-    params:
-        spec=prepare_data_spec_json,
     log:
         "logs/prepare_data/{task}.log",
     benchmark:
         "benchmarks/prepare_data/{task}.tsv"
     conda:
         "../../envs/istar.yaml"
+    params:
+        spec=prepare_data_spec_json,
     shell:
         "python -m istar prepare-data --spec {params.spec:q} > {log} 2>&1"

@@ -13,20 +13,20 @@ rule finetune:
         log=f"{RUN}/train_log.csv",
         run_config=f"{RUN}/run_config.json",
         model=directory(f"{RUN}/model"),
-    params:
-        spec=train_spec_json(RUN),
-        precision=TRAINING["mixed_precision"],
-    threads: TRAINING["threads"]
-    resources:
-        gpu=GPUS,
-        mem_mb=TRAINING["mem_mb"],
-        runtime=TRAINING["runtime"],
     log:
         "logs/finetune/{model}/{task}/{setting}/seed{seed}.log",
     benchmark:
         "benchmarks/finetune/{model}/{task}/{setting}/seed{seed}.tsv"
     conda:
         "../../envs/istar.yaml"
+    threads: TRAINING["threads"]
+    resources:
+        gpu=GPUS,
+        mem_mb=TRAINING["mem_mb"],
+        runtime=TRAINING["runtime"],
+    params:
+        spec=train_spec_json(RUN),
+        precision=TRAINING["mixed_precision"],
     shell:
         "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision {params.precision} -- "
         "train --spec {params.spec:q} > {log} 2>&1"
@@ -44,10 +44,10 @@ use rule finetune as finetune_search with:
             if config["search"]["keep_checkpoints"]
             else temp(directory(f"{SEARCH_RUN}/model"))
         ),
-    params:
-        spec=train_spec_json(SEARCH_RUN),
-        precision=TRAINING["mixed_precision"],
     log:
         "logs/finetune_search/{model}/{task}/{setting}/seed{seed}.log",
     benchmark:
         "benchmarks/finetune_search/{model}/{task}/{setting}/seed{seed}.tsv"
+    params:
+        spec=train_spec_json(SEARCH_RUN),
+        precision=TRAINING["mixed_precision"],

@@ -4,14 +4,15 @@
 # so changing the revision in the config reruns this job and, through its output, exactly the
 # jobs of that model.
 
+
 rule pin_model:
     output:
         MODEL_PIN,
-    params:
-        source=lambda wildcards: config["models"][wildcards.model],
     log:
         "logs/pin_model/{model}.log",
     conda:
         "../../envs/istar.yaml"
+    params:
+        source=lambda wildcards: config["models"][wildcards.model],
     shell:
         "python -m istar pin-model --source '{params.source}' --out {output} > {log} 2>&1"

@@ -4,20 +4,25 @@
 
 from istar.figures import FIGURE_NAMES, STABILITY_CSV, figure_csv
 
+
 rule table:
     input:
         runs="results/aggregate/runs.csv",
         selection="results/aggregate/selection.csv",
     output:
-        csv=report("results/tables/{table}.csv", caption="../report/table.rst", category="Tables"),
+        csv=report(
+            "results/tables/{table}.csv",
+            caption="../report/table.rst",
+            category="Tables",
+        ),
         md="results/tables/{table}.md",
         tex="results/tables/{table}.tex",
-    wildcard_constraints:
-        table="table1|table2",
     log:
         "logs/table/{table}.log",
     benchmark:
         "benchmarks/table/{table}.tsv"
+    wildcard_constraints:
+        table="table1|table2",
     conda:
         "../../envs/report.yaml"
     shell:
@@ -28,14 +33,14 @@ rule table:
 rule stability:
     output:
         f"results/aggregate/{STABILITY_CSV}.csv",
-    params:
-        repeats=config["studies"]["stability"]["repeats"],
     log:
         "logs/stability.log",
     benchmark:
         "benchmarks/stability.tsv"
     conda:
         "../../envs/report.yaml"
+    params:
+        repeats=config["studies"]["stability"]["repeats"],
     shell:
         "python -m istar stability --repeats {params.repeats} --out {output} > {log} 2>&1"
 
@@ -44,18 +49,22 @@ rule figure:
     input:
         lambda wildcards: str(figure_csv(wildcards.figure)),
     output:
-        png=report("results/figures/{figure}.png", caption="../report/figure.rst", category="Figures"),
+        png=report(
+            "results/figures/{figure}.png",
+            caption="../report/figure.rst",
+            category="Figures",
+        ),
         pdf="results/figures/{figure}.pdf",
-    wildcard_constraints:
-        figure="|".join(FIGURE_NAMES),
-    params:
-        zeta=config["analysis"]["zeta"],
     log:
         "logs/figure/{figure}.log",
     benchmark:
         "benchmarks/figure/{figure}.tsv"
+    wildcard_constraints:
+        figure="|".join(FIGURE_NAMES),
     conda:
         "../../envs/report.yaml"
+    params:
+        zeta=config["analysis"]["zeta"],
     shell:
         "python -m istar figure {wildcards.figure} --aggregate-dir results/aggregate --out {output.png} "
         "--analysis-zeta {params.zeta} > {log} 2>&1"
@@ -65,7 +74,11 @@ rule run_config:
     input:
         workflow.overwrite_configfiles or ["config/config.yaml"],
     output:
-        report("results/config.yaml", caption="../report/config.rst", category="Configuration"),
+        report(
+            "results/config.yaml",
+            caption="../report/config.rst",
+            category="Configuration",
+        ),
     log:
         "logs/run_config.log",
     conda:
@@ -81,13 +94,15 @@ rule report:
         "results/config.yaml",
     output:
         "results/report.html",
-    params:
-        configfiles=" ".join(f"--configfile {path}" for path in workflow.overwrite_configfiles),
-        snakefile=workflow.main_snakefile,
     log:
         "logs/report.log",
     conda:
         "../../envs/snakemake.yaml"
+    params:
+        configfiles=" ".join(
+            f"--configfile {path}" for path in workflow.overwrite_configfiles
+        ),
+        snakefile=workflow.main_snakefile,
     shell:
         "snakemake --snakefile {params.snakefile} --directory . {params.configfiles} --nolock "
         "--report {output} > {log} 2>&1"

@@ -4,16 +4,19 @@
 
 checkpoint select:
     input:
-        lambda wildcards: [f"{run}/metrics.json" for run in search_runs(wildcards.model, wildcards.task)],
+        lambda wildcards: [
+            f"{run}/metrics.json"
+            for run in search_runs(wildcards.model, wildcards.task)
+        ],
     output:
         SELECTION,
-    params:
-        runs=lambda wildcards: search_runs(wildcards.model, wildcards.task),
     log:
         "logs/select/{model}/{task}.log",
     benchmark:
         "benchmarks/select/{model}/{task}.tsv"
     conda:
         "../../envs/istar.yaml"
+    params:
+        runs=lambda wildcards: search_runs(wildcards.model, wildcards.task),
     shell:
         "python -m istar select --out {output} {params.runs} > {log} 2>&1"
