@@ -92,7 +92,7 @@ def test_bad_rte_data_gets_a_one_line_error(problem, tiny_model_dir, prepared, t
 GPU_STUDY_JOBS = {
     # per task (5): 2 search runs (λ = ±1, ζ = 0.2, seed 0); before the selection, base + CosReg
     # over 3 seeds (Table 1) and I-STAR λ = ±1 over 3 seeds (Fig. 3's sweep, reused by Fig. 6)
-    "prepare_data": 5, "shrinkage": 5, "finetune_search": 10, "select": 5,
+    "prepare_data": 5, "pin_model": 1, "shrinkage": 5, "finetune_search": 10, "select": 5,
     "finetune": 5 * 12, "activations": 5 * 12, "analyze": 5 * 12, "evaluate": 5 * 6,
     "run_config": 1, "aggregate": 1, "table": 2, "figure": 2, "report": 1, "all": 1,  # figures: Figs. 3 and 6 only
 }
@@ -104,7 +104,7 @@ def test_gpu_study_config_dry_run(tmp_path):
 
     config = yaml.safe_load((REPO / "config" / "gpu-study.yaml").read_text())
     assert config["training"]["gpus"] == 1 and config["training"]["mixed_precision"] == "fp16"
-    config["data"]["mirror"] = str(MIRROR)
+    config["data"].update(source="mirror", mirror=str(MIRROR))  # offline: the full mirror beside the repository
     configfile = tmp_path / "gpu-study.yaml"
     configfile.write_text(yaml.safe_dump(config))
     result = snakemake(tmp_path, "-n", "--resources", "gpu=1", configfile=configfile)
