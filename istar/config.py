@@ -192,11 +192,17 @@ def model_depth(folder) -> int:
 
 
 def _check_models(models: dict) -> dict[str, int]:
-    """Resolve every model source; the depth L of each local one (model name → L)."""
-    from .models import resolve_model_source
+    """Resolve every model source; the depth L of each local one (model name → L).
+
+    A hub id is judged only offline (``HF_HUB_OFFLINE``): then it must be in the local cache.
+    """
+    from .models import check_model_available, resolve_model_source
 
     depths = {}
     for name, source in models.items():
+        problem = check_model_available(source)
+        if problem is not None:
+            raise ConfigError(f"config key 'models.{name}': {problem}")
         try:
             resolved = Path(resolve_model_source(source))
             if resolved.is_dir():

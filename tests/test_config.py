@@ -1,6 +1,7 @@
 """Tests of the workflow configuration: schema, defaults, clear errors, and the run plan."""
 
 import copy
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -230,3 +231,12 @@ def test_doc_stride_description_agrees_with_its_check():
         validate_config(config, check_paths=False)
     config["training"]["doc_stride"] = 31
     validate_config(config, check_paths=False)
+
+
+def test_offline_hub_model_missing_from_the_cache_is_one_line_before_any_job(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-cache")}
+    result = subprocess.run([sys.executable, "-m", "istar", "config", str(REPO / "config" / "paper.yaml")], env=env,
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "config key 'models.bert'" in lines[0] and "HF_HUB_OFFLINE" in lines[0], result.stderr

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from workflow_helpers import MIRROR, REPO, planned_jobs, save_tiny_model, snakemake, tiny_config, write_project
+from workflow_helpers import ENV, MIRROR, REPO, planned_jobs, save_tiny_model, snakemake, tiny_config, write_project
 
 pytestmark = pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is not there")
 
@@ -22,8 +22,10 @@ PAPER_JOBS = {
 
 
 def test_paper_config_dry_run_shows_the_full_study(tmp_path):
+    # As on a machine with internet and an empty cache: building the DAG must not reach the hub.
+    online = {**{k: v for k, v in ENV.items() if k != "HF_HUB_OFFLINE"}, "HF_HOME": str(tmp_path / "hf")}
     start = time.perf_counter()
-    result = snakemake(tmp_path, "-n", configfile=REPO / "config" / "paper.yaml")
+    result = snakemake(tmp_path, "-n", configfile=REPO / "config" / "paper.yaml", env=online)
     seconds = time.perf_counter() - start
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = planned_jobs(result.stdout)

@@ -60,11 +60,12 @@ def write_project(workdir: Path, model_dir: Path, config: dict | None = None) ->
     return path
 
 
-def snakemake(workdir: Path, *args: str, configfile: Path | None = None, timeout: int = 1200, snakefile: Path | None = None):
-    """Run Snakemake on the project's workflow with ``workdir`` as working directory."""
+def snakemake(workdir: Path, *args: str, configfile: Path | None = None, timeout: int = 1200, snakefile: Path | None = None,
+              env: dict | None = None):
+    """Run Snakemake on the project's workflow with ``workdir`` as working directory (``env``: default ENV)."""
     command = [SNAKEMAKE, "--snakefile", str(snakefile or REPO / "workflow" / "Snakefile"),
                "--directory", str(workdir), "--configfile", str(configfile or workdir / "config.yaml"), *args]
-    return subprocess.run(command, cwd=workdir, env=ENV, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, cwd=workdir, env=env or ENV, capture_output=True, text=True, timeout=timeout)
 
 
 def planned_jobs(output: str) -> dict[str, int]:
