@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from workflow_helpers import ENV, MIRROR, REPO, planned_jobs, save_tiny_model, snakemake, tiny_config, write_project
+from workflow_helpers import ENV, MIRROR, REPO, clean_clone, planned_jobs, save_tiny_model, snakemake, tiny_config, write_project
 
 pytestmark = pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is not there")
 
@@ -91,17 +91,34 @@ def test_changing_one_lambda_plans_only_what_depends_on_it(tiny_project, tmp_pat
     assert "results/runs/tiny/rte/istar_lam3_zeta0.2/seed0/metrics.json" in result.stdout
 
 
+def run_in_clone(clone: Path, *args: str, timeout: int = 1800):
+    """The README's command in a clean clone: its own Snakefile and default config, offline."""
+    return snakemake(clone, *args, configfile=clone / "config" / "config.yaml", snakefile=clone / "workflow" / "Snakefile",
+                     timeout=timeout)
+
+
+def test_a_clean_clone_plans_the_demo_and_prepares_its_data_offline(tmp_path):
+    clone = clean_clone(tmp_path / "alone")
+    dry = run_in_clone(clone, "-n")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert planned_jobs(dry.stdout)["finetune"] > 0
+    targets = ["resources/data/rte/meta.json", "resources/shrinkage/minilm/rte/sigma0.pt"]
+    done = run_in_clone(clone, "--cores", "2", *targets)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    meta = json.loads((clone / "resources" / "data" / "rte" / "meta.json").read_text())
+    assert meta["source"] == "mirror" and meta["rows"] == {"train": 64, "validation": 64}
+    assert (clone / targets[1]).is_file()
+
+
 @pytest.mark.slow
 def test_default_demo_config_runs_to_the_report(tmp_path):
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    config["data"]["mirror"] = str(MIRROR)
-    write_project(tmp_path, None, config)
+    clone = clean_clone(tmp_path / "alone")
     start = time.perf_counter()
-    result = snakemake(tmp_path, "--cores", "2", timeout=1800)
+    result = run_in_clone(clone, "--cores", "2")
     minutes = (time.perf_counter() - start) / 60
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     print(f"default demo: {minutes:.1f} min")
-    results = tmp_path / "results"
+    results = clone / "results"
     assert len(pd.read_csv(results / "aggregate" / "runs.csv")) > 0
     assert (results / "report.html").is_file()
     for figure in ("fig2", "fig3", "fig4", "fig5", "fig6"):

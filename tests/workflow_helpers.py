@@ -68,6 +68,14 @@ def snakemake(workdir: Path, *args: str, configfile: Path | None = None, timeout
     return subprocess.run(command, cwd=workdir, env=env or ENV, capture_output=True, text=True, timeout=timeout)
 
 
+def clean_clone(parent: Path) -> Path:
+    """A fresh clone of this repository's committed state in ``parent``, with nothing beside it."""
+    parent.mkdir(parents=True, exist_ok=True)
+    clone = parent / "istar"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True, capture_output=True, text=True)
+    return clone
+
+
 def planned_jobs(output: str) -> dict[str, int]:
     """Rule → job count from the 'Job stats' table of a Snakemake (dry) run; {} if nothing to do."""
     if "Job stats:" not in output:
