@@ -3,12 +3,13 @@ reruns after a λ change, and the default demo."""
 
 import json
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-from workflow_helpers import ENV, MIRROR, REPO, clean_clone, planned_jobs, save_tiny_model, snakemake, tiny_config, write_project
+from workflow_helpers import ENV, MIRROR, REPO, clean_clone, planned_jobs, save_tiny_model, snakemake, write_project
 
 pytestmark = pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is not there")
 
