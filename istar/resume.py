@@ -22,7 +22,8 @@ __all__ = ["run_fingerprint", "fingerprint_hash", "changed_settings", "latest_st
 
 # Settings that change neither the arithmetic nor the data order of a run: a state saved under
 # other values of these is still the same run.
-NOT_IN_FINGERPRINT = ("output_dir", "checkpoint_every")
+NOT_IN_FINGERPRINT = ("output_dir", "checkpoint_every", "mixed_precision")
+# (mixed_precision is the precision asked for; the one that actually runs enters as "precision".)
 
 
 def run_fingerprint(spec: TrainSpec, meta: dict, model_path: str, num_processes: int, precision: str) -> dict:
