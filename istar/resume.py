@@ -39,7 +39,9 @@ def run_fingerprint(spec: TrainSpec, meta: dict, model_path: str, num_processes:
     settings = {k: v for k, v in dataclasses.asdict(spec).items() if k not in NOT_IN_FINGERPRINT}
     return {
         **{f"setting.{k}": v for k, v in settings.items()},
-        "data": hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest(),
+        # meta.json without its creation time: the same data prepared twice is the same data.
+        "data": hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != "created"},
+                                          sort_keys=True).encode()).hexdigest(),
         "sigma_s": artifacts.file_digest(Path(spec.sigma_s)) if spec.sigma_s and spec.method == "istar" else None,
         **{f"model.{name}": digest for name, digest in model_files.items()},
         "num_processes": num_processes, "precision": precision, "istar_version": __version__,
