@@ -237,7 +237,7 @@ def verify_artifact(path, target=None) -> None:
     if path.is_dir():
         verify_digests(path, target)
     elif path.suffix == ".parquet" and (path.parent / "meta.json").is_file():
-        verify_file(path, read_json(path.parent / "meta.json").get("sha256", {}).get(path.name), target)
+        verify_file(path, read_json(path.parent / "meta.json").get("split_sha256", {}).get(path.name), target)
     elif path.suffix in (".safetensors", ".pt") and path.is_file():
         load_tensors(path, target)
     elif path.suffix == ".json" and path.is_file():

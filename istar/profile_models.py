@@ -15,12 +15,13 @@ Everything else (hub ids, local folders, ``package:`` folders) is resolved by
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from . import artifacts
 
 __all__ = ["LoadedModel", "load_for_profile", "find_final_norm", "parameter_count", "is_causal"]
 
@@ -96,14 +97,6 @@ def _gguf_location(source: str) -> tuple[Path, str] | None:
     return path.parent, path.name
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -126,7 +119,7 @@ def load_for_profile(spec) -> LoadedModel:
         folder, name = gguf
         location, kwargs = str(folder), {"gguf_file": name, "local_files_only": True}
         provenance = {"model": spec.model, "revision": None, "model_path": str(folder / name),
-                      "commit": None, "file_sha256": _sha256(folder / name), "format": "gguf (dequantised)"}
+                      "commit": None, "file_sha256": artifacts.file_digest(folder / name), "format": "gguf (dequantised)"}
     else:
         from .models import resolve_model_source
 

@@ -30,7 +30,7 @@ def run_fingerprint(spec: TrainSpec, meta: dict, model_path: str, num_processes:
     """Everything that defines a run's result, as a flat dict (its hash is the run's fingerprint).
 
     The resolved settings, the prepared data (``meta.json``, which holds the splits' checksums),
-    the Σ_S file's content, the model it starts from (the content of a local folder's files, or
+    the Σ_S tensors, the model it starts from (the content of a local folder's files, or
     the hub id and revision), the process count (it sets the data order) and the effective precision.
     """
     model_dir = Path(model_path)
@@ -42,7 +42,9 @@ def run_fingerprint(spec: TrainSpec, meta: dict, model_path: str, num_processes:
         # meta.json without its creation time: the same data prepared twice is the same data.
         "data": hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != "created"},
                                           sort_keys=True).encode()).hexdigest(),
-        "sigma_s": artifacts.file_digest(Path(spec.sigma_s)) if spec.sigma_s and spec.method == "istar" else None,
+        # Σ_S by its tensors, not its file: the file's metadata also holds how long the step took.
+        "sigma_s": (artifacts.tensor_digest(artifacts.load_tensors(spec.sigma_s)[0])
+                    if spec.sigma_s and spec.method == "istar" else None),
         **{f"model.{name}": digest for name, digest in model_files.items()},
         "num_processes": num_processes, "precision": precision, "istar_version": __version__,
     }

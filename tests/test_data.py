@@ -383,7 +383,7 @@ def test_prepare_task_writes_three_files_read_back_equal(mirror_load, tmp_path):
         "task", "source", "source_requested", "mirror", "hub_id", "hub_config", "hub_revision",
         "hub_commit", "files",
         "standin", "standin_note", "standin_fraction", "dropped_rows",
-        "rows_before_subsampling", "rows", "sha256", "max_train_samples", "max_eval_samples", "seed",
+        "rows_before_subsampling", "rows", "split_sha256", "max_train_samples", "max_eval_samples", "seed",
         "labels", "created", "istar_version",
     }
     assert set(meta) == expected_keys

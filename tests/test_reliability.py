@@ -124,6 +124,14 @@ def test_damaged_parquet_names_the_file(prepared, tmp_path, damage):
     assert len(read_split(folder, "validation")) == 24  # the other split is untouched and still reads
 
 
+def test_an_intact_prepared_folder_passes_the_check_before_jobs_start(prepared):
+    # what the workflow's onstart runs on every existing input: meta.json's split hashes must not
+    # be mistaken for a hash of meta.json itself
+    folder = prepared("rte", 48, 24)
+    for name in ("meta.json", "train.parquet", "validation.parquet"):
+        artifacts.verify_artifact(folder / name)
+
+
 def test_damaged_model_folder_names_the_file(tiny_model_dir, tmp_path):
     folder = tmp_path / "model"
     shutil.copytree(tiny_model_dir, folder)

@@ -79,7 +79,7 @@ def test_tiny_workflow_produces_every_output(tiny_project):
     assert planned_jobs(snakemake(tiny_project, "-n").stdout) == {}
 
 
-def test_changing_one_lambda_plans_only_what_depends_on_it(tiny_project, tmp_path):
+def test_changing_one_lambda_reruns_only_what_depends_on_it(tiny_project, tmp_path):
     config = yaml.safe_load((tiny_project / "config.yaml").read_text())
     config["studies"]["lambda_sweep"]["lambdas"] = [-1, 3]
     changed = tmp_path / "changed.yaml"
@@ -90,6 +90,11 @@ def test_changing_one_lambda_plans_only_what_depends_on_it(tiny_project, tmp_pat
         "finetune": 1, "activations": 1, "analyze": 1, "aggregate": 1, "table": 2, "figure": 6,
         "run_config": 1, "report": 1, "all": 1}
     assert "results/runs/tiny/rte/istar_lam3_zeta0.2/seed0/metrics.json" in result.stdout
+    # and really run them: the inputs the finished jobs left (prepared data, Σ_S, pins) pass the
+    # integrity check that runs before any job starts
+    rerun = snakemake(tiny_project, "--cores", "2", configfile=changed)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert planned_jobs(snakemake(tiny_project, "-n", configfile=changed).stdout) == {}
 
 
 def run_in_clone(clone: Path, *args: str, timeout: int = 1800):

@@ -173,7 +173,7 @@ def prepare_task(
         What ``meta.json`` holds: ``task``, ``source``, ``source_requested``, ``mirror``,
         ``hub_id``, ``hub_config``, ``hub_revision``, ``hub_commit``, ``files`` (mirror file -> sha256), ``standin``,
         ``standin_note``, ``standin_fraction`` (None unless a stand-in), ``dropped_rows``,
-        ``rows_before_subsampling`` and ``rows`` (split -> count), ``sha256`` (parquet file -> hash,
+        ``rows_before_subsampling`` and ``rows`` (split -> count), ``split_sha256`` (parquet file -> hash,
         checked by :func:`istar.data.read_split`), ``max_train_samples``,
         ``max_eval_samples``, ``seed``, ``labels`` (split -> label counts, score range or,
         for SQuAD, article count), ``created`` (UTC, ISO 8601), ``istar_version``.

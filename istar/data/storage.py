@@ -31,7 +31,7 @@ def write_prepared(out_dir: str | Path, task: Task, splits: dict[str, pd.DataFra
         with artifacts.atomic_path(out / f"{split}.parquet") as tmp, open(tmp, "wb") as handle:
             pq.write_table(table, handle)
     # The splits' content hashes, checked by read_split: a damaged parquet file is named, not misread.
-    meta["sha256"] = {f"{split}.parquet": artifacts.file_digest(out / f"{split}.parquet") for split in SPLITS}
+    meta["split_sha256"] = {f"{split}.parquet": artifacts.file_digest(out / f"{split}.parquet") for split in SPLITS}
     artifacts.write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
 
 
@@ -61,7 +61,7 @@ def read_split(data_dir: str | Path, split: str) -> pd.DataFrame:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: {_prepare_hint(Path(data_dir))}")
     if (path.parent / "meta.json").is_file():
-        artifacts.verify_file(path, read_meta(data_dir).get("sha256", {}).get(path.name))
+        artifacts.verify_file(path, read_meta(data_dir).get("split_sha256", {}).get(path.name))
     return table_to_frame(pq.read_table(path))
 
 
