@@ -13,6 +13,7 @@
     istar stability      Fig. 2's simulation (IsoScore* of mini-batches vs batch size) as CSV
     istar figure         one of the paper's figures (PNG and PDF)
     istar profile        isotropy of a pretrained model: static embeddings and every layer, one revision
+    istar profile-aggregate   the profiles as one CSV (results/aggregate/profiles.csv)
 
 Run ``istar SUBCOMMAND --help`` for the options. Multi-process:
 ``accelerate launch --multi_gpu --num_processes 2 -m istar train …``.
@@ -23,6 +24,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from .revisions import RevisionUnavailableError
 
 SUBCOMMANDS = {
     "config": ("istar.config", "validate a workflow config and print it with every default filled in"),
@@ -40,6 +43,7 @@ SUBCOMMANDS = {
     "stability": ("istar.stability", "simulate Fig. 2's data: IsoScore* of mini-batches vs batch size"),
     "figure": ("istar.figures", "draw one of the paper's figures from the aggregate CSVs"),
     "profile": ("istar.profile", "isotropy of a pretrained model's static embeddings and every layer (one revision)"),
+    "profile-aggregate": ("istar.profile_aggregate", "collect isotropy profiles into one CSV"),
 }
 
 
@@ -62,7 +66,7 @@ def main(argv=None) -> int:
     module = importlib.import_module(args.module)
     try:
         return module.run_cli(args)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, RevisionUnavailableError) as error:
         print(f"istar {args.command}: error: {error}", file=sys.stderr)
         return 2
     finally:

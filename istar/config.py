@@ -168,6 +168,7 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
     if check_paths:
         _check_layers(config, _check_models(models))
         _check_data(config["data"], tasks)
+        _check_profile(config)
 
 
 def model_depth(folder) -> int:
@@ -255,6 +256,37 @@ def _check_data(data: dict, tasks: list[str]) -> None:
             raise ConfigError(f"config key 'tasks': the mirror {mirror} lacks {missing[0]} for {task}; put the file there, "
                               "use data.source: hub, or set data.allow_standin: true to split the available file into a "
                               "flagged stand-in train/validation pair")
+
+
+def _check_profile(config: dict) -> None:
+    """Every profiled model × revision loadable here (the hub only judged offline), the text sample there."""
+    from .models import check_model_available, gguf_location
+    from .tasks import TASKS
+
+    profile = config["profile"]
+    for name, entry in profile["models"].items():
+        key, source, revisions = f"profile.models.{name}", entry["source"], entry.get("revisions") or []
+        try:
+            gguf = gguf_location(source)
+        except ValueError as error:
+            raise ConfigError(f"config key '{key}.source': {error}") from None
+        if gguf is not None or "@" in source:
+            if revisions:
+                raise ConfigError(f"config key '{key}.revisions': {source!r} has no hub revisions; "
+                                  "list revisions only for a Hugging Face id")
+            if "@" in source:
+                raise ConfigError(f"config key '{key}.source': give revisions under '{key}.revisions', not as @REVISION")
+            continue
+        for revision in revisions or [None]:
+            problem = check_model_available(f"{source}@{revision}" if revision else source)
+            if problem is not None:
+                raise ConfigError(f"config key '{key}': {problem}")
+    text = profile["text"]
+    if profile["models"] and text not in TASKS and not Path(text).is_file():
+        raise ConfigError(f"config key 'profile.text': {text!r} is neither a task key ({', '.join(TASKS)}) nor an "
+                          f"existing text file (resolved from {Path.cwd()})")
+    if text in TASKS and profile["models"]:
+        _check_data(config["data"], [text])
 
 
 def load_config(path, check_paths: bool = True) -> dict:

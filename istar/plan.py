@@ -18,11 +18,13 @@ import re
 from dataclasses import dataclass, replace
 
 from .methods import METHOD_PATTERN, get_method
-from .specs import ActivationsSpec, AnalyzeSpec, EvaluateSpec, PrepareDataSpec, ShrinkageSpec, TrainSpec
+from .specs import ActivationsSpec, AnalyzeSpec, EvaluateSpec, PrepareDataSpec, ProfileSpec, ShrinkageSpec, TrainSpec
+from .tasks import TASKS
 
 __all__ = ["Setting", "format_number", "search_settings", "selected_setting", "final_settings", "study_runs",
            "study_scope", "needs_sigma", "task_max_length", "prepare_data_spec", "train_spec", "shrinkage_spec",
-           "evaluate_spec", "activations_spec", "analyze_spec"]
+           "evaluate_spec", "activations_spec", "analyze_spec", "AS_GIVEN", "profile_targets", "profile_text_task",
+           "profile_spec"]
 
 
 _NUMBER = r"-?[0-9][0-9.e+-]*"
@@ -250,3 +252,32 @@ def analyze_spec(config: dict, *, activations: str, sigma_s: str, out: str) -> A
     analysis = config["analysis"]
     return AnalyzeSpec(activations=activations, sigma_s=sigma_s, out=out, zeta=analysis["zeta"],
                        twonn_discard=analysis["twonn_discard"], layers=config["shrinkage"]["layers"])
+
+
+# ----------------------------------------------------------------------------- isotropy profiles
+
+AS_GIVEN = "as-given"
+"""The revision label of a profile of the source as it is (no revision listed: a hub id's main, a folder)."""
+
+
+def profile_targets(config: dict) -> list[tuple[str, str]]:
+    """(model short name, revision label) of every profile the ``profile`` section asks for."""
+    return [(name, revision) for name, entry in config["profile"]["models"].items()
+            for revision in (entry.get("revisions") or [AS_GIVEN])]
+
+
+def profile_text_task(config: dict) -> str | None:
+    """The task whose prepared split is the profiles' text sample, or None when ``profile.text`` is a file."""
+    text = config["profile"]["text"]
+    return text if text in TASKS else None
+
+
+def profile_spec(config: dict, *, model: str, revision: str, text: str, out: str) -> ProfileSpec:
+    """One model × revision profile; ``text``: the prepared task folder or the text file."""
+    profile = config["profile"]
+    return ProfileSpec(model=profile["models"][model]["source"], revision=None if revision == AS_GIVEN else revision,
+                       text=text, out=out, split=profile["split"], tokens=profile["tokens"],
+                       sigma_tokens=profile["sigma_tokens"], zeta=profile["zeta"], batch_size=profile["batch_size"],
+                       max_length=profile["max_length"], dtype=profile["dtype"],
+                       # a job granted no GPU stays on the CPU even on a machine that has one
+                       device="auto" if profile["gpus"] else "cpu")

@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import random
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,64 +37,13 @@ import torch
 from . import __version__, artifacts
 from .isotropy import (CovarianceAccumulator, average_cosine_similarity, isoscore_from_eigenvalues,
                        isoscore_star_from_covariance, partition_isotropy)
+from .specs import ProfileSpec, add_spec_arguments, spec_from_cli
 
-__all__ = ["ProfileSpec", "OUTLIER_FACTOR", "static_measures", "layer_measures", "read_texts", "profile_model",
+__all__ = ["OUTLIER_FACTOR", "static_measures", "layer_measures", "read_texts", "profile_model",
            "run_profile"]
 
 OUTLIER_FACTOR = 5.0
 """A coordinate is an outlier dimension when its variance exceeds this multiple of the mean coordinate variance."""
-
-DTYPES = ("float32", "bfloat16", "float16")
-
-
-def _option(help: str, **extra) -> dict:
-    return {"help": help, **extra}
-
-
-@dataclass(frozen=True)
-class ProfileSpec:
-    """Every setting of one profile; the CLI options are generated from these fields."""
-
-    model: str = field(metadata=_option("model source: hub id, local folder, package:NAME/SUBFOLDER, or a .gguf file "
-                                        "(path or package:NAME/FILE.gguf)"))
-    text: str = field(metadata=_option("text sample: a prepared task folder (istar prepare-data) or a UTF-8 text "
-                                       "file, one document per line"))
-    revision: str | None = field(default=None, metadata=_option("hub revision: branch, tag or commit (hub ids only)"))
-    split: str = field(default="validation", metadata=_option("split of a task folder", choices=("train", "validation")))
-    tokens: int = field(default=20_000, metadata=_option("non-padding tokens measured per hidden state"))
-    sigma_tokens: int = field(default=20_000, metadata=_option(
-        "further tokens, from other documents, for Σ_S of IsoScore* (0: no IsoScore*)"))
-    zeta: float = field(default=0.2, metadata=_option("ζ of IsoScore*: weight of Σ_S"))
-    batch_size: int = field(default=16, metadata=_option("documents per forward pass"))
-    max_length: int = field(default=128, metadata=_option("tokens per document (longer ones are truncated)"))
-    dtype: str = field(default="float32", metadata=_option("weights' dtype (bf16/fp16 for large models on a GPU)",
-                                                           choices=DTYPES))
-    device: str = field(default="auto", metadata=_option("auto (cuda if available), cpu, cuda, cuda:N"))
-    seed: int = field(default=0, metadata=_option("seed of the document order"))
-
-    def __post_init__(self):
-        for name in ("tokens", "batch_size", "max_length"):
-            if int(getattr(self, name)) < 2:
-                raise ValueError(f"profile setting {name} must be an integer ≥ 2; got {getattr(self, name)}")
-        if self.sigma_tokens != 0 and self.sigma_tokens < 2:
-            raise ValueError(f"profile setting sigma_tokens must be 0 (no IsoScore*) or ≥ 2; got {self.sigma_tokens}")
-        if not 0.0 <= self.zeta <= 1.0:
-            raise ValueError(f"profile setting zeta must lie in [0, 1]; got {self.zeta}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"profile setting dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> "ProfileSpec":
-        values = json.loads(text)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown profile setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return cls(**values)
-
 
 # ------------------------------------------------------------------------------ measures
 
@@ -345,14 +292,14 @@ def _peak_memory(device: torch.device) -> dict:
             "peak_memory_of": "cpu (max RSS of the process)"}
 
 
-def run_profile(spec: ProfileSpec, out) -> dict:
-    """The profile step: measure and write ``out`` (JSON) atomically. Returns the profile."""
+def run_profile(spec: ProfileSpec) -> dict:
+    """The profile step: measure and write ``spec.out`` (JSON) atomically. Returns the profile."""
     result = profile_model(spec)
-    artifacts.write_json(out, result)
+    artifacts.write_json(spec.out, result)
     provenance, cost = result["provenance"], result["cost"]
     print(f"profile of {spec.model}" + (f"@{spec.revision}" if spec.revision else "")
           + f": {provenance['num_layers']} layers, {provenance['tokens']:,} tokens, "
-          f"{cost['tokens_per_second']} tokens/s, peak {cost['peak_memory_mib']} MiB -> {out}")
+          f"{cost['tokens_per_second']} tokens/s, peak {cost['peak_memory_mib']} MiB -> {spec.out}")
     if provenance["tokens"] < spec.tokens or provenance["sigma_tokens"] < spec.sigma_tokens:
         print(f"note: the text gave {provenance['sigma_tokens']:,} of {spec.sigma_tokens:,} Σ_S tokens and "
               f"{provenance['tokens']:,} of {spec.tokens:,} measured tokens")
@@ -363,25 +310,9 @@ def run_profile(spec: ProfileSpec, out) -> dict:
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    """One option per :class:`ProfileSpec` field (so options and settings cannot drift), plus ``--out``."""
-    for spec_field in dataclasses.fields(ProfileSpec):
-        meta = dict(spec_field.metadata)
-        option = "--" + spec_field.name.replace("_", "-")
-        kwargs = {"dest": spec_field.name, "help": meta.pop("help")}
-        if spec_field.default is dataclasses.MISSING:
-            kwargs.update(required=True, type=str)
-        else:
-            default = spec_field.default
-            kwargs.update(default=default, type=type(default) if default is not None else str)
-            kwargs["help"] += f" (default: {default})"
-        parser.add_argument(option, **kwargs, **meta)
-    parser.add_argument("--out", required=True, help="output JSON file")
-
-
-def spec_from_args(args) -> ProfileSpec:
-    return ProfileSpec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ProfileSpec)})
+    add_spec_arguments(parser, ProfileSpec)
 
 
 def run_cli(args) -> int:
-    run_profile(spec_from_args(args), args.out)
+    run_profile(spec_from_cli(args))
     return 0

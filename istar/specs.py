@@ -31,10 +31,11 @@ from .methods import METHOD_NAMES, get_method
 from .tasks import TASKS
 
 __all__ = ["PrepareDataSpec", "ModelData", "TrainSpec", "EvaluateSpec", "ActivationsSpec", "ShrinkageSpec", "AnalyzeSpec",
-           "add_spec_arguments", "spec_from_cli", "PRECISIONS"]
+           "ProfileSpec", "add_spec_arguments", "spec_from_cli", "PRECISIONS", "PROFILE_DTYPES"]
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
 PRECISIONS = ("no", "fp16", "bf16")
+PROFILE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @lru_cache(maxsize=1)
@@ -226,6 +227,39 @@ class AnalyzeSpec(Spec):
     zeta: float = config_field("analysis.zeta")
     twonn_discard: float = config_field("analysis.twonn_discard")
     layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileSpec(Spec):
+    """The profile step (:func:`istar.profile.run_profile`): isotropy of one pretrained model at one revision."""
+
+    model: str = option(help="hub id, local folder, package:NAME/SUBFOLDER, or a .gguf file "
+                             "(path or package:NAME/FILE.gguf)", flag="--model")
+    text: str = option(help="text sample: a prepared task folder (istar prepare-data) or a UTF-8 text file, "
+                            "one document per line", flag="--text")
+    out: str = option(help="output JSON file", flag="--out")
+    revision: typing.Optional[str] = option(None, help="hub revision: branch, tag or commit (hub ids only)")
+    split: str = config_field("profile.split", choices=("train", "validation"))
+    tokens: int = config_field("profile.tokens", positive=True)
+    sigma_tokens: int = config_field("profile.sigma_tokens")
+    zeta: float = config_field("profile.zeta")
+    batch_size: int = config_field("profile.batch_size", positive=True)
+    max_length: int = config_field("profile.max_length", positive=True)
+    dtype: str = config_field("profile.dtype", choices=PROFILE_DTYPES)
+    device: str = option("auto", help="auto (cuda if available), cpu, cuda or cuda:N")
+    seed: int = option(0, help="seed of the document order")
+
+    def validate(self) -> None:
+        super().validate()
+        for name in ("tokens", "max_length"):
+            if getattr(self, name) < 2:
+                raise SpecError(f"{name} must be at least 2; got {getattr(self, name)}")
+        if self.sigma_tokens == 1 or self.sigma_tokens < 0:
+            raise SpecError(f"sigma_tokens must be 0 (no IsoScore*) or at least 2; got {self.sigma_tokens}")
+        if not 0.0 <= self.zeta <= 1.0:
+            raise SpecError(f"zeta must lie in [0, 1]; got {self.zeta}")
+        if self.dtype not in PROFILE_DTYPES:
+            raise SpecError(f"dtype must be one of {', '.join(PROFILE_DTYPES)}; got {self.dtype!r}")
 
 
 # ------------------------------------------------------------------------------------- CLI

@@ -59,6 +59,7 @@ def prepared(tmp_path_factory):
 
 
 HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+HUB_DECODER = "istar-test/tiny-neox"
 
 
 @pytest.fixture(scope="session")
@@ -66,12 +67,13 @@ def hub(tmp_path_factory):
     """A Hugging Face-compatible hub on 127.0.0.1 (olah, see tests/hub_server.py) for this session.
 
     Serves ``sentence-transformers/all-MiniLM-L6-v2`` (the packaged MiniLM's files; branches
-    ``main`` and ``v2``, which differs in its README) and the dataset repos of
+    ``main`` and ``v2``, which differs in its README), a tiny GPT-NeoX ``istar-test/tiny-neox`` at
+    branches ``step0`` and ``step1000`` (other weights; ``decoder_commits``) and the dataset repos of
     tests/hub_repos.py built from the data mirror. Yields the server with ``small_mirror`` (the
     mirror rows the datasets were built from), ``model_commits`` and ``dataset_commits``; use
     ``monkeypatch.setenv`` with ``hub.env(tmp_path / "hf")`` to point clients at it.
     """
-    from hub_repos import dataset_repos, small_mirror
+    from hub_repos import dataset_repos, small_mirror, tiny_model_files
     from hub_server import HubServer, olah_command
 
     from istar.models import resolve_model_source
@@ -86,6 +88,10 @@ def hub(tmp_path_factory):
     files = {str(p.relative_to(minilm)): p for p in minilm.rglob("*") if p.is_file()}
     server.model_commits = server.add_repo("models", HUB_MODEL, {
         "main": files, "v2": {"README.md": b"MiniLM, second revision (test copy)\n"}})
+    # a tiny GPT-NeoX at two "training checkpoints", as Pythia's revisions step0 … step143000
+    server.decoder_commits = {
+        step: server.add_repo("models", HUB_DECODER, {step: tiny_model_files("gpt_neox", root / step, seed)})[step]
+        for seed, step in enumerate(("step0", "step1000"))}
     server.small_mirror = small_mirror(MIRROR, root / "small-mirror")
     server.dataset_commits = {repo_id: server.add_repo("datasets", repo_id, {"main": content})["main"]
                               for repo_id, content in dataset_repos(server.small_mirror).items()}

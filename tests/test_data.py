@@ -14,7 +14,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from istar.data import (
-    HubUnavailableError,
     MissingSplitError,
     add_cli_arguments,
     load_task,

@@ -1,6 +1,5 @@
 """Tests of istar.isotropy: IsoScore, IsoScore*, the streaming covariance, TwoNN and the comparison measures."""
 
-import math
 
 import numpy as np
 import pytest

