@@ -1,4 +1,4 @@
-"""The aggregate step: every study's run folders and selections collected into four CSV files.
+"""The aggregate step: every study's run folders and selections collected into five CSV files.
 
 Each run enters under a *study* name (free text; the workflow uses ``search``, ``final``,
 ``lambda_sweep``, ``cosreg_means``, ``twonn``, ``layerwise``, ``zeta_sweep``,
@@ -20,6 +20,10 @@ these files, whose columns are fixed:
     columns :data:`LAYERS_COLUMNS` (``hidden_state`` 0 = embeddings … L).
 ``dims.csv`` — one row per (study, run, dimension) of runs with ``analysis.json``, columns
     :data:`DIMS_COLUMNS`: per-dimension ``mean`` and ``std`` of the last layer's tokens.
+``epochs.csv`` — one row per (study, run, epochs trained) of the final runs, columns
+    :data:`EPOCHS_COLUMNS`: ``sigma_s_isoscore``, IsoScore of Σ_S of the model after ``epoch``
+    epochs (0 = the pretrained model), and ``score``, the headline metric after that epoch
+    (empty for epoch 0).
 ``selection.csv`` — one row per selection file (:mod:`istar.selection`), columns
     :data:`SELECTION_COLUMNS` (``score_std`` empty for a single seed).
 
@@ -37,12 +41,11 @@ import json
 import math
 from pathlib import Path
 
-import pandas as pd
-
 from . import artifacts
 from .selection import read_run
 
-__all__ = ["aggregate", "parse_run_spec", "RUNS_COLUMNS", "LAYERS_COLUMNS", "DIMS_COLUMNS", "SELECTION_COLUMNS"]
+__all__ = ["aggregate", "parse_run_spec", "RUNS_COLUMNS", "LAYERS_COLUMNS", "DIMS_COLUMNS", "EPOCHS_COLUMNS",
+           "SELECTION_COLUMNS", "AGGREGATE_NAMES"]
 
 METRIC_COLUMNS = ("accuracy", "f1", "exact_match", "matthews", "pearson", "spearman", "eval_loss")
 RUN_KEYS = ("study", "model", "task", "method", "setting", "lam", "zeta", "layer")
@@ -51,9 +54,12 @@ RUNS_COLUMNS = (*RUN_KEYS, "batch_size", "epochs", "learning_rate", "seed", "met
 LAYERS_COLUMNS = (*RUN_KEYS, "seed", "hidden_state", "isoscore_star", "isoscore", "twonn_cls", "cosine_similarity",
                   "standin")
 DIMS_COLUMNS = (*RUN_KEYS, "seed", "dim", "mean", "std")
+EPOCHS_COLUMNS = (*RUN_KEYS, "seed", "epoch", "sigma_s_isoscore", "score")
+AGGREGATE_NAMES = ("runs", "layers", "dims", "epochs", "selection")
+"""The CSV files of the aggregate step (stems), in the order they are written."""
 SELECTION_COLUMNS = ("model", "task", "metric", "lam", "zeta", "batch_size", "epochs", "learning_rate", "score",
                      "score_std", "seeds", "standin")
-INTEGER_COLUMNS = ("layer", "batch_size", "epochs", "seed", "hidden_state", "dim", "seeds")
+INTEGER_COLUMNS = ("layer", "batch_size", "epochs", "seed", "hidden_state", "dim", "seeds", "epoch")
 SORT_KEYS = ("study", "model", "task", "method", "lam", "zeta", "layer", "seed", "setting", "batch_size", "epochs",
              "learning_rate", "run_dir")
 NAN = float("nan")
@@ -120,7 +126,9 @@ def _sort_key(row: dict) -> tuple:
     return tuple(key)
 
 
-def _frame(rows: list[dict], columns: tuple[str, ...]) -> pd.DataFrame:
+def _frame(rows: list[dict], columns: tuple[str, ...]):
+    import pandas as pd  # here, not at the top: the workflow imports this module to build its DAG
+
     frame = pd.DataFrame(rows, columns=list(columns))
     return frame.astype({name: "Int64" for name in INTEGER_COLUMNS if name in columns})
 
@@ -140,19 +148,19 @@ def _selection_row(path: Path) -> dict:
     return row
 
 
-def aggregate(run_specs, selection_files, out_dir) -> dict[str, pd.DataFrame]:
-    """Collect runs and selections into ``runs.csv``, ``layers.csv``, ``dims.csv`` and ``selection.csv``.
+def aggregate(run_specs, selection_files, out_dir) -> dict:
+    """Collect runs and selections into ``runs.csv``, ``layers.csv``, ``dims.csv``, ``epochs.csv`` and ``selection.csv``.
 
     Parameters
     ----------
     run_specs : sequence of (study, run folder); every folder must hold metrics.json and
         run_config.json (a finished run) and may hold analysis.json.
     selection_files : sequence of ``best.json`` files written by :func:`istar.selection.select_best`.
-    out_dir : folder for the four CSV files (created; each written atomically).
+    out_dir : folder for the five CSV files (created; each written atomically).
 
     Returns
     -------
-    dict with keys ``runs``, ``layers``, ``dims``, ``selection``: the DataFrames written, with
+    dict with keys ``runs``, ``layers``, ``dims``, ``epochs``, ``selection``: the DataFrames written, with
     the columns of the module docstring (integer columns as nullable ``Int64``).
     """
     seen, entries = set(), []
@@ -166,11 +174,16 @@ def aggregate(run_specs, selection_files, out_dir) -> dict[str, pd.DataFrame]:
         except (ValueError, FileNotFoundError) as error:
             raise type(error)(f"study {study}: {error}") from None
         analysis = _read_analysis(run_dir / "analysis.json")
-        entries.append((_run_row(study, run, analysis), analysis))
+        entries.append((_run_row(study, run, analysis), analysis, run))
     entries.sort(key=lambda entry: _sort_key(entry[0]))
-    run_rows, layer_rows, dim_rows = [], [], []
-    for row, analysis in entries:
+    run_rows, layer_rows, dim_rows, epoch_rows = [], [], [], []
+    for row, analysis, run in entries:
         run_rows.append(row)
+        if row["study"] == "final":
+            scores = [NAN] + [_number(entry.get(run["metric"])) for entry in run["history"]]
+            epoch_rows.extend({**{name: row[name] for name in (*RUN_KEYS, "seed")}, "epoch": epoch,
+                               "sigma_s_isoscore": float(value), "score": scores[epoch] if epoch < len(scores) else NAN}
+                              for epoch, value in enumerate(run["sigma_s_isoscore"]))
         if analysis is None:
             continue
         keys = {name: row[name] for name in (*RUN_KEYS, "seed")}
@@ -183,12 +196,9 @@ def aggregate(run_specs, selection_files, out_dir) -> dict[str, pd.DataFrame]:
                         for dim, (mean, std) in enumerate(zip(last["mean"], last["std"], strict=True)))
     selection_rows = sorted((_selection_row(Path(path)) for path in selection_files),
                             key=lambda row: (row["model"], row["task"]))
-    frames = {
-        "runs": _frame(run_rows, RUNS_COLUMNS),
-        "layers": _frame(layer_rows, LAYERS_COLUMNS),
-        "dims": _frame(dim_rows, DIMS_COLUMNS),
-        "selection": _frame(selection_rows, SELECTION_COLUMNS),
-    }
+    frames = dict(zip(AGGREGATE_NAMES, (
+        _frame(run_rows, RUNS_COLUMNS), _frame(layer_rows, LAYERS_COLUMNS), _frame(dim_rows, DIMS_COLUMNS),
+        _frame(epoch_rows, EPOCHS_COLUMNS), _frame(selection_rows, SELECTION_COLUMNS)), strict=True))
     out_dir = Path(out_dir)
     for name, frame in frames.items():
         with artifacts.atomic_path(out_dir / f"{name}.csv") as tmp:
@@ -197,7 +207,7 @@ def aggregate(run_specs, selection_files, out_dir) -> dict[str, pd.DataFrame]:
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out-dir", required=True, help="folder for runs.csv, layers.csv, dims.csv, selection.csv")
+    parser.add_argument("--out-dir", required=True, help="folder for runs.csv, layers.csv, dims.csv, epochs.csv, selection.csv")
     parser.add_argument("--selection", action="extend", nargs="*", default=[], metavar="BEST_JSON",
                         help="selection files written by `istar select`")
     parser.add_argument("runs", nargs="*", metavar="STUDY=RUN_DIR", help="a finished run folder and its study")

@@ -32,7 +32,8 @@ class FigureSpec:
 
     name : ``"fig2"`` … ``"fig8"``, ``"profile_layers"`` …; also the stem of the PNG and PDF and the
         name of the drawing function in ``module``.
-    switch : the config section whose ``enabled`` key draws the figure (``studies.lambda_sweep``, ``profile``).
+    switch : the config section whose ``enabled`` key draws the figure (``studies.lambda_sweep``,
+        ``profile``); None: always drawn (its data comes from the final runs every config has).
     data : stem of the CSV in the aggregate folder that the figure reads (``runs`` → ``runs.csv``).
     step : the command that writes that CSV.
     caption : one sentence saying what the figure shows.
@@ -41,7 +42,7 @@ class FigureSpec:
     """
 
     name: str
-    switch: str
+    switch: str | None
     data: str
     step: str
     caption: str
@@ -50,6 +51,8 @@ class FigureSpec:
 
     def enabled(self, config: dict) -> bool:
         """Whether a validated config asks for this figure."""
+        if self.switch is None:
+            return True
         section = config
         for key in self.switch.split("."):
             section = section[key]
@@ -73,6 +76,8 @@ FIGURES: dict[str, FigureSpec] = {
                    "Performance against the shrinkage parameter ζ, the best ζ marked."),
         FigureSpec("fig8", "studies.single_layer", "runs", "istar aggregate",
                    "Performance with I-STAR on one layer at a time against the global penalty."),
+        FigureSpec("sigma_epochs", None, "epochs", "istar aggregate",
+                   "IsoScore of Σ_S after each epoch of fine-tuning, base, CosReg and I-STAR."),
         FigureSpec("profile_layers", "profile", PROFILES_CSV, "istar profile-aggregate",
                    "IsoScore, IsoScore* and average cosine similarity of every hidden state of the pretrained "
                    "models, against relative depth.", module="istar.profile_plots"),
@@ -92,7 +97,7 @@ FIGURE_NAMES: tuple[str, ...] = tuple(FIGURES)
 """The figure names in registry order."""
 
 STUDY_FIGURES: dict[str, str] = {spec.switch.removeprefix("studies."): spec.name for spec in FIGURES.values()
-                                  if spec.switch.startswith("studies.")}
+                                  if spec.switch and spec.switch.startswith("studies.")}
 """Config study → the figure it draws."""
 
 PROFILE_FIGURES: tuple[str, ...] = tuple(spec.name for spec in FIGURES.values() if spec.switch == "profile")

@@ -1,4 +1,5 @@
-"""The paper's figures: Fig. 2 from the stability simulation's CSV, Fig. 3–8 from the aggregate CSVs.
+"""The paper's figures: Fig. 2 from the stability simulation's CSV, Fig. 3–8 (and Σ_S across
+fine-tuning) from the aggregate CSVs.
 
 Every figure function takes DataFrames and returns a :class:`matplotlib.figure.Figure`
 (built without pyplot, so no display and no global state are needed);
@@ -21,7 +22,7 @@ from istar.aggregate_csv import require_columns
 from istar.stability import STABILITY_COLUMNS, fig2_true_value
 from istar.tasks import get_task
 
-__all__ = ["fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8"]
+__all__ = ["fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8", "sigma_epochs"]
 
 
 # --------------------------------------------------------------------------------------
@@ -256,6 +257,38 @@ def fig8(runs: pd.DataFrame) -> Figure:
                            label="global penalty ± std over seeds")
         ax.set_xlabel("Penalised layer")
         ax.set_ylabel(parts.PERFORMANCE_LABELS[get_task(task).metric])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    parts.figure_legend(fig, axes.values())
+    return fig
+
+
+# --------------------------------------------------------------------------------------
+# Σ_S across fine-tuning
+# --------------------------------------------------------------------------------------
+
+
+def sigma_epochs(epochs: pd.DataFrame) -> Figure:
+    """IsoScore of Σ_S (the training data's token cloud, docs/method.md §3) after each epoch of fine-tuning.
+
+    Parameters
+    ----------
+    epochs : DataFrame
+        ``epochs.csv``: the final runs' ``sigma_s_isoscore`` per ``epoch`` (0 = the pretrained model).
+
+    Returns
+    -------
+    Figure
+        One panel per model × task; per panel one line per (method, λ): the mean over
+        seeds, error bars the std.
+    """
+    rows = parts.study_rows(epochs, "final", "epochs.csv", "sigma_s_isoscore", ("epoch",))
+    summary = parts.summary(rows, ["model", "task", "method", "lam", "epoch"], ["sigma_s_isoscore"])
+    fig, axes = parts.panels(rows)
+    for _, ax, _, series in parts.panel_series(summary, axes):
+        for label, colour, line in series:
+            parts.error_line(ax, line, "epoch", "sigma_s_isoscore", colour, label)
+        ax.set_xlabel("Epochs of fine-tuning (0 = pretrained)")
+        ax.set_ylabel("IsoScore of Σ_S")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     parts.figure_legend(fig, axes.values())
     return fig

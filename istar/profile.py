@@ -264,7 +264,9 @@ def profile_model(spec: ProfileSpec) -> dict:
         name = "pre_final_norm" if index == num_states else index
         layers.append({"layer": name, **layer_measures(stats, sigma_s, spec.zeta)})
     tokens = measured[0].covariance.count
-    cost.update(tokens_per_second=round(tokens / cost["seconds"], 1) if cost["seconds"] else None,
+    # every token the pass read: the measured ones and those of Σ_S
+    read = tokens + (sigma[0].count if sigma else 0)
+    cost.update(tokens_per_second=round(read / cost["seconds"], 1) if cost["seconds"] else None,
                 total_seconds=round(time.perf_counter() - started, 3), **_peak_memory(loaded.device))
     return {
         "spec": dataclasses.asdict(spec),

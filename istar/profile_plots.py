@@ -159,10 +159,11 @@ def profile_final_norm(df: pd.DataFrame) -> Figure:
             _note(ax, "no profiled model has a final norm\n(decoders and pre-LN encoders do)")
             continue
         positions = range(len(models))
-        ax.bar([p - 0.2 for p in positions], [before.loc[m, value] for m in models], width=0.4,
-               color="0.65", label="before the final norm")
-        ax.bar([p + 0.2 for p in positions], [after.loc[m, value] for m in models], width=0.4,
-               color="#1b7837", label="after (the model's last hidden state)")
+        for offset, rows, colour, label in ((-0.2, before, "0.65", "before the final norm"),
+                                            (0.2, after, "#1b7837", "after (the model's last hidden state)")):
+            bars = ax.bar([p + offset for p in positions], [rows.loc[m, value] for m in models], width=0.4,
+                          color=colour, label=label)
+            ax.bar_label(bars, fmt="%.3g", fontsize=7)  # a near-zero bar is otherwise invisible
         ax.set_xticks(list(positions), models, rotation=30, ha="right")
         ax.set_ylabel(LABELS[value] + " (last layer)")
         ax.grid(alpha=0.3, axis="y")

@@ -68,7 +68,9 @@ def read_run(run_dir) -> dict:
     -------
     dict with ``run_dir`` (str), ``model`` (short name), ``task``, ``setting`` (folder name),
     the :data:`SETTING_KEYS`, ``seed``, ``metric`` (the task's headline metric), ``final``
-    (the final evaluation's metrics, dict) and ``standin`` (bool).
+    (the final evaluation's metrics, dict), ``standin`` (bool), ``history`` (the evaluation
+    after each epoch) and ``sigma_s_isoscore`` (IsoScore of Σ_S after 0, 1, … epochs; empty
+    for runs written before it was recorded).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -92,6 +94,7 @@ def read_run(run_dir) -> dict:
         "batch_size": int(config["batch_size"]), "epochs": int(config["epochs"]),
         "learning_rate": float(config["learning_rate"]), "seed": int(metrics["seed"]), "metric": metrics["metric"],
         "final": dict(metrics["final"]), "standin": bool(metrics.get("standin", False)),
+        "history": list(metrics.get("epochs", [])), "sigma_s_isoscore": list(metrics.get("sigma_s_isoscore", [])),
     }
 
 

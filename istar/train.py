@@ -23,6 +23,12 @@ Outputs appear atomically when the run is done:
     OUT/run_config.json     the resolved configuration, precision and environment
     OUT/model/              the final model and tokenizer (save_pretrained)
     OUT/sigma_epoch{e}.pt   the Σ_S used in epoch e (I-STAR)
+
+Every run, whatever its method, also measures Σ_S of its current model before training and
+after every epoch (the same statistic I-STAR recomputes, on ``shrinkage_rows`` rows of the
+training data) and records its IsoScore per epoch in metrics.json (``sigma_s_isoscore``,
+index = epochs trained): how isotropy moves during fine-tuning, at the cost of one
+inference pass over those rows per epoch.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from tqdm.auto import tqdm
 from . import __version__, artifacts
 from .encoding import EpochShuffleSampler
 from .evaluate import evaluate_model
+from .isotropy import isoscore_star_from_covariance
 from .resume import (discard_partial_outputs, fingerprint_hash, latest_state, matching_state, restore_log,
                      run_fingerprint, save_state)
 from .regularizers import Penalty, cosreg_penalty, global_istar_penalty, istar_penalty, resolve_layers
@@ -63,6 +70,7 @@ class Progress:
     sigma_epoch: int = -1
     sigma_s: torch.Tensor | None = None
     history: list = field(default_factory=list)
+    sigma_isoscore: list = field(default_factory=list)  # IsoScore(Σ_S) after 0, 1, … epochs
 
     def state_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -212,12 +220,18 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
     if accelerator.is_main_process:
         restore_log(run.log_path, state)
 
+    unwrapped = accelerator.unwrap_model(model)
     if spec.method == "istar" and progress.sigma_s is None and spec.zeta > 0:
         per_layer, provenance = load_layer_statistics(spec.sigma_s)
         progress.sigma_s, _ = load_shrinkage(spec.sigma_s, expected_layers=layer_indices, expected_dim=hidden_size)
         progress.sigma_epoch = 0
         if accelerator.is_main_process:
             save_shrinkage(out / "sigma_epoch0.pt", per_layer, layer_indices, provenance)
+    if not progress.sigma_isoscore:
+        # I-STAR's Σ_S before training is the file it was given; the other runs measure their own.
+        sigma = (progress.sigma_s if progress.sigma_s is not None
+                 else _sigma_pass(run, unwrapped, train_features, 0)[1].covariance().cpu())
+        progress.sigma_isoscore.append(_isoscore(sigma))
     sigma_device = progress.sigma_s.to(accelerator.device) if progress.sigma_s is not None else None
 
     requested = {"no": "fp32"}.get(spec.mixed_precision, spec.mixed_precision)
@@ -227,11 +241,8 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         + (f" (asked for {spec.mixed_precision})" if precision != requested else "")
         + f" | {total_steps} optimizer steps")
     start_time = time.perf_counter()
-    unwrapped = accelerator.unwrap_model(model)
 
     for epoch in range(progress.epoch, spec.epochs):
-        if spec.method == "istar" and spec.zeta > 0 and spec.recompute_shrinkage and epoch > 0 and progress.sigma_epoch < epoch:
-            sigma_device = _recompute_sigma(run, unwrapped, train_features, epoch, progress)
         loader = train_loader
         if progress.batches_in_epoch:
             loader = accelerator.skip_first_batches(train_loader, progress.batches_in_epoch)
@@ -270,13 +281,18 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         progress.history.append({"epoch": epoch + 1, "step": progress.step, **result})
         accelerator.print(f"epoch {epoch + 1}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
         progress.epoch, progress.batches_in_epoch = epoch + 1, 0
+        sigma_device = _track_sigma(run, unwrapped, train_features, epoch + 1, progress, sigma_device)
         save_state(accelerator, resume_dir, progress.step, run.log_path, fingerprint)
 
     return _finish(run, unwrapped, progress, time.perf_counter() - start_time)
 
 
-def _recompute_sigma(run: Run, model, train_features, epoch: int, progress: Progress) -> torch.Tensor:
-    """Σ_S of the current model at the start of ``epoch`` (identical on all processes); saved per epoch."""
+def _sigma_pass(run: Run, model, train_features, epoch: int):
+    """Σ_S statistics of the current model: (per-layer accumulators, their merge over the selected layers, indices).
+
+    The rows (``shrinkage_rows`` of the training split) come in an order fixed by the run's
+    seed and ``epoch``; the result is identical on all processes.
+    """
     from accelerate.data_loader import prepare_data_loader
 
     spec, accelerator = run.spec, run.step.accelerator
@@ -287,16 +303,35 @@ def _recompute_sigma(run: Run, model, train_features, epoch: int, progress: Prog
     loader = prepare_data_loader(loader, accelerator.device, accelerator.num_processes, accelerator.process_index,
                                  put_on_device=True, even_batches=False)
     per_layer = accumulate_shrinkage(model, loader, spec.layers, spec.shrinkage_rows, accelerator,
-                                     description=f"Σ_S epoch {epoch + 1}")
+                                     description=f"Σ_S after {epoch} epoch(s)")
     indices = resolve_layers(spec.layers, len(per_layer))
-    selection = merge_layers(per_layer, indices)
-    progress.sigma_s, progress.sigma_epoch = selection.covariance().cpu(), epoch
+    return per_layer, merge_layers(per_layer, indices), indices
+
+
+def _isoscore(sigma: torch.Tensor) -> float:
+    """IsoScore of a covariance (d, d): IsoScore* with ζ = 0 (docs/method.md §2)."""
+    return float(isoscore_star_from_covariance(sigma, 0.0))
+
+
+def _track_sigma(run: Run, model, train_features, epochs_done: int, progress: Progress, sigma_device):
+    """Σ_S of the model after ``epochs_done`` epochs: its IsoScore is recorded, and I-STAR with
+    ``recompute_shrinkage`` trains the next epoch with it (saved as ``sigma_epoch{e}.pt``).
+
+    Returns the Σ_S the next epoch's penalty uses (on the device), unchanged for the other runs.
+    """
+    spec, accelerator = run.spec, run.step.accelerator
+    per_layer, selection, indices = _sigma_pass(run, model, train_features, epochs_done)
+    sigma = selection.covariance().cpu()
+    progress.sigma_isoscore.append(_isoscore(sigma))
+    if not (spec.method == "istar" and spec.zeta > 0 and spec.recompute_shrinkage and epochs_done < spec.epochs):
+        return sigma_device
+    progress.sigma_s, progress.sigma_epoch = sigma, epochs_done
     if accelerator.is_main_process:
-        save_shrinkage(run.out / f"sigma_epoch{epoch}.pt", per_layer, indices, {
-            "model": f"{run.step.model_name} fine-tuned for {epoch} epoch(s)", "layer_spec": spec.layers, "epoch": epoch,
-            "requested_rows": spec.shrinkage_rows, "num_processes": accelerator.num_processes})
-    accelerator.print(f"Σ_S recomputed for epoch {epoch + 1}: {selection.count:,} rows")
-    return progress.sigma_s.to(accelerator.device)
+        save_shrinkage(run.out / f"sigma_epoch{epochs_done}.pt", per_layer, indices, {
+            "model": f"{run.step.model_name} fine-tuned for {epochs_done} epoch(s)", "layer_spec": spec.layers,
+            "epoch": epochs_done, "requested_rows": spec.shrinkage_rows, "num_processes": accelerator.num_processes})
+    accelerator.print(f"Σ_S recomputed for epoch {epochs_done + 1}: {selection.count:,} rows")
+    return sigma.to(accelerator.device)
 
 
 def _add_to_sums(sums: dict, loss, task_loss, penalty: Penalty | None) -> None:
@@ -340,7 +375,8 @@ def _finish(run: Run, model, progress: Progress, seconds: float) -> dict:
         "zeta": spec.zeta if spec.method == "istar" else None,
         "layers": spec.layers if spec.method == "istar" else None, "seed": spec.seed,
         "standin": step.standin, "standin_note": meta.get("standin_note"),
-        "metric": task.metric, "final": final, "epochs": progress.history, "fingerprint": fingerprint,
+        "metric": task.metric, "final": final, "epochs": progress.history,
+        "sigma_s_isoscore": progress.sigma_isoscore, "fingerprint": fingerprint,
     }
     if accelerator.is_main_process:
         staging = out / ".model-staging"

@@ -232,6 +232,25 @@ def test_layers_dims_and_selection_csv(aggregated):
     assert row["score"] == pytest.approx(0.8) and row["score_std"] == pytest.approx(math.sqrt(0.005))
 
 
+def test_epochs_csv_has_the_final_runs_sigma_isoscore_per_epoch(aggregated):
+    epochs = pd.read_csv(aggregated["out"] / "epochs.csv")
+    assert list(epochs.columns) == [*EXPECTED_DIMS_COLUMNS[:9], "epoch", "sigma_s_isoscore", "score"]
+    assert set(epochs["study"]) == {"final"}  # neither search nor figure-study runs
+    # four final runs (base, CosReg, I-STAR × 2 seeds), each before training and after its one epoch
+    assert len(epochs) == 4 * 2 and list(epochs["epoch"][:2]) == [0, 1]
+    for (setting, seed), folder in aggregated["folders"].items():
+        if setting.endswith("layer2"):
+            continue
+        metrics = json.loads((folder / "metrics.json").read_text())
+        rows = epochs[(epochs["setting"] == setting) & (epochs["seed"] == seed)].sort_values("epoch")
+        assert rows["sigma_s_isoscore"].tolist() == pytest.approx(metrics["sigma_s_isoscore"])
+        assert math.isnan(rows["score"].iloc[0]) and rows["score"].iloc[1] == pytest.approx(metrics["final"]["accuracy"])
+    from istar.figures import draw
+
+    fig = draw("sigma_epochs", epochs)  # one line per (method, λ): base, CosReg λ = 1, I-STAR λ = −1
+    assert len(fig.axes) == 1 and len(fig.axes[0].containers) == 3
+
+
 def test_empty_inputs_and_errors(runs, tmp_path):
     frames = aggregate([], [], tmp_path / "empty")
     for name, columns in [("runs", EXPECTED_RUNS_COLUMNS), ("layers", EXPECTED_LAYERS_COLUMNS),

@@ -64,16 +64,16 @@ def test_method_registry():
 def test_figure_registry_covers_every_study_of_the_schema():
     studies = _schema()["properties"]["studies"]["properties"]
     assert set(STUDY_FIGURES) == set(studies) == {"stability", *STUDIES}
-    assert FIGURE_NAMES == (*(f"fig{i}" for i in range(2, 9)), *PROFILE_FIGURES)
+    assert FIGURE_NAMES == (*(f"fig{i}" for i in range(2, 9)), "sigma_epochs", *PROFILE_FIGURES)
     for spec in FIGURES.values():
         assert callable(getattr(importlib.import_module(spec.module), spec.name)), spec.name
     assert figure_csv("fig4", "agg").as_posix() == "agg/dims.csv"
     assert figure_csv("profile_steps", "agg").as_posix() == "agg/profiles.csv"
     config = {"studies": {study: {"enabled": study in ("twonn", "stability")} for study in studies},
               "profile": {"enabled": False}}
-    assert enabled_figures(config) == ["fig2", "fig5"]
+    assert enabled_figures(config) == ["fig2", "fig5", "sigma_epochs"]  # the last one needs only the final runs
     config["profile"]["enabled"] = True
-    assert enabled_figures(config) == ["fig2", "fig5", *PROFILE_FIGURES] and len(PROFILE_FIGURES) == 4
+    assert enabled_figures(config) == ["fig2", "fig5", "sigma_epochs", *PROFILE_FIGURES] and len(PROFILE_FIGURES) == 4
     with pytest.raises(ValueError, match="unknown figure 'fig9'"):
         get_figure("fig9")
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from istar.activations import load_activations
+from istar.isotropy import isoscore_star_from_covariance
 from istar.launch import free_port
 from istar.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage
 from istar.specs import ShrinkageSpec, TrainSpec
@@ -64,11 +65,19 @@ def test_every_method_and_head_trains(task, method, tiny_model_dir, prepared, si
     log = read_log(out / "train_log.csv")
     assert len(log) == report["final"]["step"]
     assert all(float(row["task_loss"]) == float(row["task_loss"]) for row in log)  # finite, not NaN
+    # IsoScore of Σ_S before training and after each epoch, for every method
+    assert len(report["sigma_s_isoscore"]) == 3 and all(0 < v < 1 for v in report["sigma_s_isoscore"])
     if method == "istar":
         assert all(0 <= float(row["isoscore_star"]) <= 1 for row in log)
         assert (out / "sigma_epoch0.pt").is_file() and (out / "sigma_epoch1.pt").is_file()
+        assert not (out / "sigma_epoch2.pt").exists()  # no epoch trains with it
         sigma1, provenance = load_shrinkage(out / "sigma_epoch1.pt")
         assert provenance["epoch"] == 1 and sigma1.shape == (32, 32)
+        for epoch in (0, 1):  # the Σ_S each epoch trained with is the one whose IsoScore is recorded
+            assert report["sigma_s_isoscore"][epoch] == pytest.approx(
+                float(isoscore_star_from_covariance(load_shrinkage(out / f"sigma_epoch{epoch}.pt")[0], 0.0)), abs=1e-9)
+    else:
+        assert not list(out.glob("sigma_epoch*.pt"))
     if method == "cosreg":
         assert all(-1 <= float(row["cosine_similarity"]) <= 1 for row in log)
     if task == "squad":

@@ -69,7 +69,10 @@ def test_tiny_workflow_produces_every_output(tiny_project):
     for name in ("table1", "table2"):
         for ext in ("csv", "md", "tex"):
             assert (results / "tables" / f"{name}.{ext}").stat().st_size > 0
-    for figure in ("fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8"):
+    epochs = pd.read_csv(results / "aggregate" / "epochs.csv")
+    assert sorted(epochs["setting"].unique()) == sorted(final["setting"]) and set(epochs["epoch"]) == {0, 1, 2}
+    assert epochs["sigma_s_isoscore"].between(0, 1).all()
+    for figure in ("fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8", "sigma_epochs"):
         for ext in ("png", "pdf"):
             assert (results / "figures" / f"{figure}.{ext}").stat().st_size > 1000
     report = (results / "report.html").read_text(errors="replace")

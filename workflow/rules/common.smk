@@ -5,6 +5,7 @@ import json
 
 from snakemake.exceptions import WorkflowError
 
+from istar.aggregate import AGGREGATE_NAMES
 from istar.config import STUDIES, ConfigError, load_schema, validate_config
 from istar.figures import PROFILE_FIGURES, PROFILES_CSV, enabled_figures
 from istar.methods import METHOD_PATTERN
@@ -55,9 +56,7 @@ PROFILES = [
     for name, revision in profile_targets(config)
 ]
 PROFILES_TABLE = f"results/aggregate/{PROFILES_CSV}.csv"
-AGGREGATES = expand(
-    "results/aggregate/{name}.csv", name=["runs", "layers", "dims", "selection"]
-)
+AGGREGATES = expand("results/aggregate/{name}.csv", name=AGGREGATE_NAMES)
 
 
 wildcard_constraints:
