@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# Tests and test configs may name the larger data mirror that sits beside a checkout.
-ALLOWED = ("tests/",)
+# Tests and test configs (.test/) may name the larger data mirror that sits beside a checkout.
+ALLOWED = ("tests/", ".test/")
 
 
 def tracked_files() -> list[str]:

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from services import Daemons, ensure_debian_packages, free_port, program, wait_for_port
-from workflow_helpers import ENV, MIRROR, REPO, planned_jobs, save_tiny_model, snakemake, tiny_config
+from workflow_helpers import ENV, MIRROR, REPO, load_test_config, planned_jobs, save_tiny_model, snakemake
 
 pytestmark = [
     pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is not there"),
@@ -75,7 +75,8 @@ def origin(tmp_path_factory):
                            "scripts/dvc-pull") if not (repo / p).exists()]
     assert not missing, f"{missing} not in the committed HEAD (the test clones it): commit them first"
     model = save_tiny_model(root / "tiny-bert")
-    (repo / "config" / "tiny.yaml").write_text(yaml.safe_dump(tiny_config(model), sort_keys=False))
+    # .test/config/tiny.yaml, its model the folder beside the clone (an untracked one inside would show in git status)
+    (repo / "config" / "tiny.yaml").write_text(yaml.safe_dump(load_test_config("tiny", model_dir=model), sort_keys=False))
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["snakemake"] = {"configfile": "config/tiny.yaml", "args": "--cores 2 --rerun-incomplete"}
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

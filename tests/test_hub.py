@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from hub_repos import tiny_model_files
-from workflow_helpers import planned_jobs
+from workflow_helpers import load_test_config, planned_jobs
 
 from istar.data import prepare_task, read_meta, read_split
 from istar.models import check_model_available, load_model, load_tokenizer, parse_model_source, pin_model
@@ -180,14 +180,8 @@ def test_workflow_runs_to_the_report_through_the_hub_and_pins_the_model(hub, tmp
     from the server and are recorded; changing the revision reruns exactly the jobs that use the model."""
     workdir = tmp_path / "project"
     workdir.mkdir()
-    off = {"enabled": False}
-    config = {"models": {"minilm": f"{HUB_MODEL}@v2"}, "tasks": ["rte"],
-              "data": {"source": "hub", "max_train_samples": 12, "max_eval_samples": 8},
-              "training": {"gpus": 0, "threads": 1, "max_length": 32, "batch_size": 8, "epochs": 1},
-              "shrinkage": {"rows": 1000}, "search": {"lambdas": [-1], "zetas": [0.2]}, "final": {"seeds": [0]},
-              "studies": {name: off for name in ("stability", "lambda_sweep", "cosreg_means", "twonn", "layerwise",
-                                                 "zeta_sweep", "single_layer")},
-              "analysis": {"token_sample": 32}}
+    config = load_test_config("hub")  # MiniLM at the server's branch v2, RTE from the hub, no study
+    assert config["models"]["minilm"] == f"{HUB_MODEL}@v2"
     (workdir / "config.yaml").write_text(yaml.safe_dump(config))
     result = _snakemake(workdir, hub, tmp_path / "hf")
     assert result.returncode == 0, result.stderr[-4000:]

@@ -14,23 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from workflow_helpers import ENV, MIRROR, REPO, SNAKEMAKE, planned_jobs, save_tiny_model, snakemake, tiny_config, \
+from workflow_helpers import ENV, MIRROR, REPO, SNAKEMAKE, load_test_config, planned_jobs, save_tiny_model, snakemake, \
     write_project
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is missing")]
 
 ISTAR_RUN = "results/runs/tiny/rte/istar_lam{lam}_zeta0.2/seed0"
-
-
-def small_config(model_dir):
-    """The tiny config cut to one search setting and no figure study: about 15 jobs."""
-    config = tiny_config(model_dir)
-    config["training"]["epochs"] = 1
-    config["search"]["lambdas"] = [-1]
-    config["studies"] = {name: {"enabled": False} for name in
-                         ("stability", "lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep",
-                          "single_layer")}
-    return config
 
 
 def incomplete_marks(workdir: Path) -> set[str]:
@@ -50,8 +39,9 @@ def snapshot(workdir: Path) -> dict[str, int]:
 
 
 def test_interrupted_post_checkpoint_run_and_damaged_input(tmp_path):
-    model = save_tiny_model(tmp_path / "tiny-bert")
-    write_project(tmp_path, model, small_config(model))
+    # .test/config/reliability.yaml: the tiny config cut to one search setting and no study (about 15 jobs)
+    save_tiny_model(tmp_path / "tiny-bert")
+    write_project(tmp_path, load_test_config("reliability"))
     istar_run = ISTAR_RUN.format(lam=-1)
 
     # 1. SIGINT to Snakemake alone while the post-checkpoint I-STAR run trains.

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from services import Daemons, ensure_debian_packages, free_port, program
-from workflow_helpers import ENV, MIRROR, REPO, SNAKEMAKE, save_tiny_model, tiny_config, write_project
+from workflow_helpers import ENV, MIRROR, REPO, SNAKEMAKE, load_test_config, save_tiny_model, write_project
 
 pytestmark = pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is not there")
 
@@ -34,17 +34,6 @@ PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 # Rules whose jobs go to SLURM (the others are localrules) and whether they ask for a GPU.
 CLUSTER_RULES = {"shrinkage": True, "finetune_search": True, "finetune": True, "evaluate": True,
                  "activations": True, "analyze": False}
-
-
-def slurm_config(model_dir: Path) -> dict:
-    """The tiny config cut to one search run and the three final runs (no studies), on 1 GPU."""
-    config = tiny_config(model_dir)
-    config["training"]["gpus"] = 1
-    config["search"]["lambdas"] = [-1]
-    config["studies"] = {study: {"enabled": False} for study in
-                         ["stability", "lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep",
-                          "single_layer"]}
-    return config
 
 
 class Cluster:
@@ -207,11 +196,13 @@ def run_files(workdir: Path) -> set[str]:
 def test_tiny_workflow_through_slurm_matches_a_local_run(slurm, tmp_path):
     start = time.perf_counter()
     model = save_tiny_model(tmp_path / "tiny-bert")
-    config = slurm_config(model)
+    # .test/config/slurm.yaml: the tiny config cut to one search run and the three final runs (no
+    # study), on 1 GPU; both projects load the one model folder by its absolute path
+    config = load_test_config("slurm", model_dir=model)
     on_slurm = tmp_path / "slurm"
     local = tmp_path / "local"
-    write_project(on_slurm, model, config)
-    write_project(local, model, config)
+    write_project(on_slurm, config)
+    write_project(local, config)
 
     # The reference: a plain local run on the CPU (gpu capped at 0, as the workflow's default
     # profile does), side by side with the cluster run.

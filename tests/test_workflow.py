@@ -39,8 +39,8 @@ def test_paper_config_dry_run_shows_the_full_study(tmp_path):
 def tiny_project(tmp_path_factory):
     """A tiny workflow project run to completion once (a few minutes on 2 cores)."""
     workdir = tmp_path_factory.mktemp("tiny-project")
-    model = save_tiny_model(workdir / "tiny-bert")
-    write_project(workdir, model)
+    save_tiny_model(workdir / "tiny-bert")  # .test/config/tiny.yaml's model folder
+    write_project(workdir)
     result = snakemake(workdir, "--cores", "2")
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     return workdir

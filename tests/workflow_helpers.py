@@ -1,5 +1,5 @@
-"""A tiny, complete workflow project for tests: a tiny BERT saved to disk and a config that
-runs every stage (search, selection, final runs, all six studies) on a few dozen examples."""
+"""A tiny, complete workflow project for tests: a tiny BERT saved to disk and the workflow configs
+of .test/config/ (tiny.yaml runs every stage, all six studies, on a few dozen examples)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from transformers import BertConfig, BertModel
 
 REPO = Path(__file__).resolve().parents[1]
 MIRROR = REPO.parent / "shared" / "data"
+TEST_CONFIGS = REPO / ".test" / "config"
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -30,33 +31,26 @@ def save_tiny_model(path: Path) -> Path:
     return path
 
 
-def tiny_config(model_dir: Path) -> dict:
-    return {
-        "models": {"tiny": str(model_dir)},
-        "tasks": ["rte"],
-        "data": {"source": "mirror", "mirror": str(MIRROR), "max_train_samples": 32, "max_eval_samples": 24},
-        "training": {"learning_rate": 1e-4, "batch_size": 16, "eval_batch_size": 32, "epochs": 2,
-                     "max_length": 32, "gpus": 0, "threads": 1, "mem_mb": 1000, "runtime": 10},
-        "shrinkage": {"rows": 1000},
-        "search": {"seeds": [0], "lambdas": [-1, 1], "zetas": [0.2]},
-        "final": {"seeds": [0]},
-        "studies": {
-            "lambda_sweep": {"enabled": True, "lambdas": [-1, 1], "zeta": 0.2},
-            "cosreg_means": {"enabled": True, "lambdas": [-1, 1]},
-            "twonn": {"enabled": True, "lambdas": [-1, 1], "zeta": 0.2},
-            "layerwise": {"enabled": True, "lambdas": [-1, 1], "zeta": 0.2},
-            "zeta_sweep": {"enabled": True, "zetas": [0.0, 1.0]},
-            "single_layer": {"enabled": True},
-        },
-        "analysis": {"zeta": 0.2, "token_sample": 64},
-    }
+def load_test_config(name: str, model_dir: Path | None = None) -> dict:
+    """The workflow config ``.test/config/{name}.yaml`` with this machine's values filled in.
+
+    ``data.mirror`` (of a mirror source) becomes the absolute path of MIRROR. The models stay as
+    written (``./tiny-bert``: a folder in the Snakemake working directory, which
+    :func:`save_tiny_model` writes) unless ``model_dir`` is given: then every model is that folder.
+    """
+    config = yaml.safe_load((TEST_CONFIGS / f"{name}.yaml").read_text(encoding="utf-8"))
+    if config["data"].get("source") == "mirror":
+        config["data"]["mirror"] = str(MIRROR)
+    if model_dir is not None:
+        config["models"] = {model: str(model_dir) for model in config["models"]}
+    return config
 
 
-def write_project(workdir: Path, model_dir: Path, config: dict | None = None) -> Path:
-    """Write ``workdir/config.yaml`` (the tiny config unless given); returns its path."""
+def write_project(workdir: Path, config: dict | None = None) -> Path:
+    """Write ``workdir/config.yaml`` (by default the tiny config, its model in ``workdir/tiny-bert``); returns its path."""
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "config.yaml"
-    path.write_text(yaml.safe_dump(config or tiny_config(model_dir), sort_keys=False))
+    path.write_text(yaml.safe_dump(config or load_test_config("tiny"), sort_keys=False))
     return path
 
 
