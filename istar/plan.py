@@ -208,14 +208,15 @@ def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: i
 
     A setting's batch size, epochs and learning rate override the training defaults when
     the search covers them; λ is the setting's (0 for the baseline, which has none); the
-    I-STAR options are set for I-STAR runs only; ``sigma_s`` is read when ζ > 0.
+    I-STAR options are set for I-STAR runs only; ``sigma_s`` is read when ζ > 0. Every run
+    measures Σ_S after each epoch (istar.train), over the ``shrinkage`` section's layers and rows.
     """
     training, shrinkage = config["training"], config["shrinkage"]
-    hyperparameters = {}
+    hyperparameters = {"layers": setting.layer if setting.layer is not None else shrinkage["layers"],
+                       "shrinkage_rows": shrinkage["rows"]}
     if setting.method == "istar":
-        hyperparameters = {
-            "zeta": setting.zeta, "layers": setting.layer if setting.layer is not None else shrinkage["layers"],
-            "shrinkage_rows": shrinkage["rows"], "recompute_shrinkage": shrinkage["recompute_every_epoch"],
+        hyperparameters |= {
+            "zeta": setting.zeta, "recompute_shrinkage": shrinkage["recompute_every_epoch"],
             "global_penalty": shrinkage["global_penalty"], "sigma_s": sigma_s if needs_sigma(setting) else None,
         }
     return TrainSpec(
