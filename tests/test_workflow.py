@@ -35,6 +35,23 @@ def test_paper_config_dry_run_shows_the_full_study(tmp_path):
     print(f"paper.yaml dry run: {sum(jobs.values())} jobs planned in {seconds:.1f} s")
 
 
+def test_anisotropy_config_dry_run_plans_the_model_by_checkpoint_grid(tmp_path):
+    """config/anisotropy.yaml: Pythia's 8 sizes × 21 checkpoints and 5 more models, without reaching the hub."""
+    online = {**{k: v for k, v in ENV.items() if k != "HF_HUB_OFFLINE"}, "HF_HOME": str(tmp_path / "hf")}
+    result = snakemake(tmp_path, "-n", "profiles", configfile=REPO / "config" / "anisotropy.yaml", env=online)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert planned_jobs(result.stdout) == {"prepare_data": 1, "profile": 8 * 21 + 5, "profile_aggregate": 1,
+                                           "figure": 4, "profiles": 1}
+    config = yaml.safe_load((REPO / "config" / "anisotropy.yaml").read_text())
+    pythia = {name: entry for name, entry in config["profile"]["models"].items() if name.startswith("pythia-")}
+    assert sorted(entry["source"] for entry in pythia.values()) == sorted(
+        f"EleutherAI/pythia-{size}" for size in ("70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b", "12b"))
+    for entry in pythia.values():
+        steps = [int(revision.removeprefix("step")) for revision in entry["revisions"]]
+        assert steps[0] == 0 and steps[-1] == 143000 and len(steps) == 21 and steps == sorted(steps)
+    assert "results/profile/pythia-12b/step143000.json" in result.stdout
+
+
 @pytest.fixture(scope="module")
 def tiny_project(tmp_path_factory):
     """A tiny workflow project run to completion once (a few minutes on 2 cores)."""
