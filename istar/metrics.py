@@ -26,7 +26,6 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from scipy.stats import rankdata
 
 from istar.tasks import get_task
 
@@ -168,6 +167,9 @@ def spearman(predictions, labels) -> float:
     -------
     float in [-1, 1]; 0.0 when either vector is constant (the coefficient is undefined).
     """
+    # here, not at the top: scipy.stats takes about 1 s to import, and only STS-B needs it
+    from scipy.stats import rankdata
+
     predictions, labels = _as_pair(predictions, labels)
     return pearson(rankdata(predictions, method="average"), rankdata(labels, method="average"))
 
