@@ -71,7 +71,10 @@ wildcard_constraints:
 def prepared_files(task):
     # (a plain list: Snakemake's expand costs about 1 s over the paper's 3,400 jobs)
     folder = DATA.format(task=task)
-    return [f"{folder}/{name}" for name in ("train.parquet", "validation.parquet", "meta.json")]
+    return [
+        f"{folder}/{name}"
+        for name in ("train.parquet", "validation.parquet", "meta.json")
+    ]
 
 
 def data_files(wildcards):
