@@ -94,7 +94,7 @@ GPU_STUDY_JOBS = {
     # over 3 seeds (Table 1) and I-STAR λ = ±1 over 3 seeds (Fig. 3's sweep, reused by Fig. 6)
     "prepare_data": 5, "pin_model": 1, "shrinkage": 5, "finetune_search": 10, "select": 5,
     "finetune": 5 * 12, "activations": 5 * 12, "analyze": 5 * 12, "evaluate": 5 * 6,
-    "run_config": 1, "aggregate": 1, "table": 2, "figure": 2, "report": 1, "all": 1,  # figures: Figs. 3 and 6 only
+    "run_config": 1, "aggregate": 1, "table": 2, "figure": 3, "report": 1, "all": 1,  # figures: Figs. 3 and 6, Σ_S across epochs
 }
 
 

@@ -107,7 +107,7 @@ def test_changing_one_lambda_reruns_only_what_depends_on_it(tiny_project, tmp_pa
     result = snakemake(tiny_project, "-n", configfile=changed)
     assert result.returncode == 0, result.stderr[-3000:]
     assert planned_jobs(result.stdout) == {
-        "finetune": 1, "activations": 1, "analyze": 1, "aggregate": 1, "table": 2, "figure": 6,
+        "finetune": 1, "activations": 1, "analyze": 1, "aggregate": 1, "table": 2, "figure": 7,
         "run_config": 1, "report": 1, "all": 1}
     assert "results/runs/tiny/rte/istar_lam3_zeta0.2/seed0/metrics.json" in result.stdout
     # and really run them: the inputs the finished jobs left (prepared data, Σ_S, pins) pass the
