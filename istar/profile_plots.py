@@ -73,6 +73,13 @@ def _last_layer(df: pd.DataFrame) -> pd.DataFrame:
     return layers[layers["layer"] == layers["num_layers"]]
 
 
+def _label_summary_panel(ax, xlabel: str, value: str) -> None:
+    """Axis labels of a panel that shows the static I(W) or a last-layer measure, one point per model."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(LABELS[value] + ("" if value == "partition_isotropy" else " (last layer)"))
+    ax.grid(alpha=0.3)
+
+
 def profile_layers(df: pd.DataFrame) -> Figure:
     """IsoScore, IsoScore* and average cosine per hidden state, against depth, one line per model."""
     latest = _latest(_checked(df))
@@ -116,9 +123,7 @@ def profile_steps(df: pd.DataFrame) -> Figure:
             line = rows[rows["model"] == model].sort_values("step").dropna(subset=[value])
             if not line.empty:
                 ax.plot(line["step"], line[value], marker="o", markersize=3, color=colours[model], label=model)
-        ax.set_xlabel("training step")
-        ax.set_ylabel(LABELS[value] + ("" if value == "partition_isotropy" else " (last layer)"))
-        ax.grid(alpha=0.3)
+        _label_summary_panel(ax, "training step", value)
     axes[0].legend(fontsize=8)
     fig.suptitle("Isotropy across training checkpoints")
     return fig
@@ -138,9 +143,7 @@ def profile_sizes(df: pd.DataFrame) -> Figure:
         for _, row in rows.iterrows():
             ax.scatter(row["parameters"], row[value], color=colours[row["model"]], zorder=2, label=row["model"])
         ax.set_xscale("log")
-        ax.set_xlabel("parameters")
-        ax.set_ylabel(LABELS[value] + ("" if value == "partition_isotropy" else " (last layer)"))
-        ax.grid(alpha=0.3)
+        _label_summary_panel(ax, "parameters", value)
     axes[0].legend(fontsize=8)
     fig.suptitle("Isotropy against model size")
     return fig

@@ -29,6 +29,9 @@ after every epoch (the same statistic I-STAR recomputes, on ``shrinkage_rows`` r
 training data) and records its IsoScore per epoch in metrics.json (``sigma_s_isoscore``,
 index = epochs trained): how isotropy moves during fine-tuning, at the cost of one
 inference pass over those rows per epoch.
+
+The module runs a little past 400 lines because the loop and the Σ_S passes and saves it
+interleaves read best in one file; resume states and fingerprints live in :mod:`istar.resume`.
 """
 
 from __future__ import annotations
