@@ -53,11 +53,16 @@ def main() -> None:
     # As on a machine with internet and an empty hub cache (the paper's models are hub ids; with
     # HF_HUB_OFFLINE set, config validation rightly refuses ids that are not cached). Building the
     # DAG never reaches the hub: the model pins are jobs.
-    hub_cache = tempfile.mkdtemp(prefix="dag-build-hf-")
-    env = {**{k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}, "HF_HOME": hub_cache}
+    with tempfile.TemporaryDirectory(prefix="dag-build-hf-") as hub_cache:
+        env = {**{k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}, "HF_HOME": hub_cache}
+        measure(args.repeats, env)
+
+
+def measure(repeats: int, env: dict) -> None:
+    """Time every probe REPEATS times, interleaved, and print the medians and the dry run's heavy imports."""
     seconds(PROBES["snakemake -n (config/paper.yaml)"], env)  # warm the file cache and .snakemake/
     times = {name: [] for name in PROBES}
-    for _ in range(args.repeats):  # interleaved, so a busy moment hits every probe alike
+    for _ in range(repeats):  # interleaved, so a busy moment hits every probe alike
         for name, command in PROBES.items():
             times[name].append(seconds(command, env))
     base = statistics.median(times["python -c pass"])

@@ -318,6 +318,12 @@ def test_profiles_csv_rows_steps_and_kinds(tmp_path):
     assert set(enc["kind"]) == {"input_embeddings", "layer"} and enc["step"].isna().all()
 
 
+def notes_in(figure) -> list[str]:
+    """The figure's texts other than the bars' value labels: the notes saying why a panel is empty."""
+    return [text.get_text() for ax in figure.axes for text in ax.texts
+            if not re.fullmatch(r"-?[\d.e+-]+", text.get_text())]
+
+
 @pytest.mark.parametrize("name", ["profile_layers", "profile_steps", "profile_sizes", "profile_final_norm"])
 def test_profile_figures_draw_and_say_what_they_cannot_show(name, tmp_path):
     from matplotlib.figure import Figure
@@ -339,10 +345,6 @@ def test_profile_figures_draw_and_say_what_they_cannot_show(name, tmp_path):
                   ("p160m", "step1000", 160, True), ("minilm", "as-given", 22, False)])
     fig = draw(name, full)
     assert isinstance(fig, Figure)
-    def notes_in(figure):  # texts other than the bars' value labels
-        return [text.get_text() for ax in figure.axes for text in ax.texts
-                if not re.fullmatch(r"-?[\d.e+-]+", text.get_text())]
-
     drawn = sum(len(ax.lines) + len(ax.collections) + len(ax.patches) for ax in fig.axes)
     assert drawn > 0 and not notes_in(fig)
     # one encoder without revisions or final norm: the steps and final-norm figures say why they are empty

@@ -28,8 +28,8 @@ def read_log(path):
         return list(csv.DictReader(handle))
 
 
-def istar_cli(*args, launcher=(sys.executable, "-m", "istar"), **kwargs):
-    return subprocess.run([*launcher, *map(str, args)], env=ENV, cwd=REPO, capture_output=True, text=True, **kwargs)
+def istar_cli(*args, launcher=(sys.executable, "-m", "istar"), env=ENV, **kwargs):
+    return subprocess.run([*launcher, *map(str, args)], env=env, cwd=REPO, capture_output=True, text=True, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -157,11 +157,10 @@ def test_two_cpu_ranks_agree_on_sigma_and_train_with_the_global_penalty(tiny_mod
     data = prepared("rte", 64, 24)
     # Σ_S over all the data: two ranks (each a half, merged) must equal one process.
     args = ("shrinkage", "--model", tiny_model_dir, "--data", data, "--rows", 10**9, "--max-length", 64)
-    two = subprocess.run([*launcher, *map(str, args), "--out", tmp_path / "two.pt"], env=env, cwd=REPO, capture_output=True, text=True)
+    two = istar_cli(*args, "--out", tmp_path / "two.pt", launcher=launcher, env=env)
     assert two.returncode == 0, two.stderr
     assert "from 2 process(es)" in two.stdout
-    one = subprocess.run([sys.executable, "-m", "istar", *map(str, args), "--out", tmp_path / "one.pt"],
-                         env=env, cwd=REPO, capture_output=True, text=True)
+    one = istar_cli(*args, "--out", tmp_path / "one.pt", env=env)
     assert one.returncode == 0, one.stderr
     sigma_two, prov_two = load_shrinkage(tmp_path / "two.pt")
     sigma_one, prov_one = load_shrinkage(tmp_path / "one.pt")
@@ -169,10 +168,9 @@ def test_two_cpu_ranks_agree_on_sigma_and_train_with_the_global_penalty(tiny_mod
     torch.testing.assert_close(sigma_two, sigma_one, rtol=1e-9, atol=1e-12)
 
     out = tmp_path / "run"
-    run = subprocess.run([*launcher, "train", "--model", str(tiny_model_dir), "--data", str(data), "--out", str(out),
-                          "--method", "istar", "--lam", "-1", "--zeta", "0.2", "--sigma-s", str(tmp_path / "one.pt"),
-                          "--global-penalty", "--epochs", "2", "--batch-size", "8", "--max-length", "64",
-                          "--shrinkage-rows", "2000"], env=env, cwd=REPO, capture_output=True, text=True)
+    run = istar_cli("train", "--model", tiny_model_dir, "--data", data, "--out", out, "--method", "istar",
+                    "--lam", -1, "--zeta", 0.2, "--sigma-s", tmp_path / "one.pt", "--global-penalty", "--epochs", 2,
+                    "--batch-size", 8, "--max-length", 64, "--shrinkage-rows", 2000, launcher=launcher, env=env)
     assert run.returncode == 0, run.stderr
     assert "FutureWarning" not in run.stderr, run.stderr[-3000:]  # no deprecated collective in the penalty
     config = json.loads((out / "run_config.json").read_text())
