@@ -22,11 +22,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
+DRY_RUN = [SNAKEMAKE, "-n", "--quiet", "all", "--cores", "2", "--configfile", "config/paper.yaml"]
 PROBES = {
     "python -c pass": [sys.executable, "-c", "pass"],
     "python -c 'import torch'": [sys.executable, "-c", "import torch"],
-    "snakemake -n (config/paper.yaml)": [SNAKEMAKE, "-n", "--quiet", "all", "--cores", "2", "--configfile",
-                                         "config/paper.yaml"],
+    "snakemake -n (config/paper.yaml)": DRY_RUN,
+    # the floor: the same DAG cut after the fine-tuning jobs (one job per run, which stay)
+    "  … --until finetune finetune_search": [*DRY_RUN, "--until", "finetune", "finetune_search"],
 }
 
 
@@ -40,7 +42,7 @@ def seconds(command: list[str], env: dict) -> float:
 
 def heavy_imports_of_dry_run(env: dict) -> list[str]:
     """torch / transformers modules the dry run imported (from -X importtime), expected none."""
-    done = subprocess.run(PROBES["snakemake -n (config/paper.yaml)"], cwd=REPO, capture_output=True, text=True,
+    done = subprocess.run(DRY_RUN, cwd=REPO, capture_output=True, text=True,
                           env={**env, "PYTHONPROFILEIMPORTTIME": "1"})
     names = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
     return sorted(name for name in names if name.split(".")[0] in ("torch", "transformers"))
@@ -60,7 +62,7 @@ def main() -> None:
 
 def measure(repeats: int, env: dict) -> None:
     """Time every probe REPEATS times, interleaved, and print the medians and the dry run's heavy imports."""
-    seconds(PROBES["snakemake -n (config/paper.yaml)"], env)  # warm the file cache and .snakemake/
+    seconds(DRY_RUN, env)  # warm the file cache and .snakemake/
     times = {name: [] for name in PROBES}
     for _ in range(repeats):  # interleaved, so a busy moment hits every probe alike
         for name, command in PROBES.items():

@@ -3,8 +3,8 @@
 Library: ``isotropy`` (IsoScore, IsoScore*, streaming covariance, TwoNN and comparison
 measures) and ``regularizers`` (the I-STAR and CosReg penalties on model hidden states).
 Engine and workflow steps, each behind a subcommand of the ``istar`` command (``istar.cli``):
-``data``, ``shrinkage``, ``train``, ``evaluate``, ``activations``, ``analysis``, ``selection``,
-``aggregate``, ``tables``, ``plots``; ``config`` and ``plan`` serve the Snakemake workflow.
+``data``, ``shrinkage``, ``train``, ``evaluate``, ``activations``, ``analysis``, ``measure``,
+``selection``, ``aggregate``, ``tables``, ``plots``; ``config`` and ``plan`` serve the Snakemake workflow.
 
 The library names below are imported on first use, so that ``import istar.config`` (which
 Snakemake does while it builds the DAG) does not pull in torch.

@@ -28,7 +28,7 @@ from .encoding import MODEL_INPUTS
 from .isotropy import CovarianceAccumulator
 from .specs import ActivationsSpec, add_spec_arguments, spec_from_cli
 
-__all__ = ["extract_activations", "load_activations"]
+__all__ = ["activation_statistics", "extract_activations", "load_activations"]
 
 
 @torch.no_grad()
@@ -78,27 +78,33 @@ def collect(model, loader, num_tokens: int, sample_size: int, seed: int, acceler
     return tensors
 
 
+def activation_statistics(step, split: str, batch_size: int, token_sample: int, seed: int):
+    """The tensors of the module docstring for an opened step's model (:func:`istar.steps.open_step`)
+    on a prepared split, and their string metadata. Returns (tensors, metadata)."""
+    model = step.accelerator.prepare(step.model)
+    features = step.features(split, with_labels=False, for_qa_eval=True)
+    num_tokens = features.num_tokens()
+    tensors = collect(model, step.loader(features, batch_size), num_tokens, token_sample, seed, step.accelerator)
+    num_hidden_states = step.model.config.num_hidden_layers + 1
+    metadata = {
+        "model": str(step.spec.model), "task": step.task.key, "split": split, "num_hidden_states": str(num_hidden_states),
+        "features": str(len(features)), "tokens": str(num_tokens), "token_sample": str(tensors["tokens.layer0"].shape[0]),
+        "max_length": str(step.spec.max_length), "seed": str(seed), "standin": json.dumps(step.standin),
+        "istar_version": __version__,
+    }
+    return tensors, metadata
+
+
 def extract_activations(spec: ActivationsSpec) -> dict:
-    """The activations step: see the module docstring. Returns the file's metadata."""
+    """The activations step: :func:`activation_statistics` written to ``spec.out``. Returns the file's metadata."""
     from .steps import open_step
 
     spec.validate()
     step = open_step(spec)
-    model = step.accelerator.prepare(step.model)
-    features = step.features(spec.split, with_labels=False, for_qa_eval=True)
-    num_tokens = features.num_tokens()
-    tensors = collect(model, step.loader(features, spec.batch_size), num_tokens, spec.token_sample, spec.seed,
-                      step.accelerator)
-    num_hidden_states = step.model.config.num_hidden_layers + 1
-    metadata = {
-        "model": str(spec.model), "task": step.task.key, "split": spec.split, "num_hidden_states": str(num_hidden_states),
-        "features": str(len(features)), "tokens": str(num_tokens), "token_sample": str(tensors["tokens.layer0"].shape[0]),
-        "max_length": str(spec.max_length), "seed": str(spec.seed), "standin": json.dumps(step.standin),
-        "istar_version": __version__,
-    }
+    tensors, metadata = activation_statistics(step, spec.split, spec.batch_size, spec.token_sample, spec.seed)
     artifacts.save_tensors(spec.out, tensors, metadata)
-    print(f"activations of {spec.model} on {step.task.display} {spec.split}: {len(features):,} features, "
-          f"{num_tokens:,} tokens, {num_hidden_states} hidden states -> {spec.out}")
+    print(f"activations of {spec.model} on {step.task.display} {spec.split}: {metadata['features']} features, "
+          f"{metadata['tokens']} tokens, {metadata['num_hidden_states']} hidden states -> {spec.out}")
     return metadata
 
 

@@ -1,4 +1,4 @@
-"""The aggregate step: every study's run folders and selections collected into five CSV files.
+"""The aggregate step: every study's run folders, measurements and selections collected into five CSV files.
 
 Each run enters under a *study* name (free text; the workflow uses ``search``, ``final``,
 ``lambda_sweep``, ``cosreg_means``, ``twonn``, ``layerwise``, ``zeta_sweep``,
@@ -15,10 +15,11 @@ these files, whose columns are fixed:
     headline metric and ``score`` its final value; ``accuracy`` … ``eval_loss`` the final
     evaluation's metrics (empty where the task has none); ``isoscore_star`` and ``isoscore``
     of the global point cloud and ``cosine_similarity`` of the last layer from the run's
-    ``analysis.json`` (empty when the run has none, e.g. search runs).
-``layers.csv`` — one row per (study, run, hidden state) of runs with ``analysis.json``,
+    analysis in a measurement file (:mod:`istar.measure`; empty when no file given measures
+    the run, e.g. search runs).
+``layers.csv`` — one row per (study, run, hidden state) of measured runs,
     columns :data:`LAYERS_COLUMNS` (``hidden_state`` 0 = embeddings … L).
-``dims.csv`` — one row per (study, run, dimension) of runs with ``analysis.json``, columns
+``dims.csv`` — one row per (study, run, dimension) of measured runs, columns
     :data:`DIMS_COLUMNS`: per-dimension ``mean`` and ``std`` of the last layer's tokens.
 ``epochs.csv`` — one row per (study, run, epochs trained) of the final runs, columns
     :data:`EPOCHS_COLUMNS`: ``sigma_s_isoscore``, IsoScore of Σ_S of the model after ``epoch``
@@ -42,6 +43,7 @@ import math
 from pathlib import Path
 
 from . import artifacts
+from .measure import read_measures
 from .selection import read_run
 
 __all__ = ["aggregate", "parse_run_spec", "RUNS_COLUMNS", "LAYERS_COLUMNS", "DIMS_COLUMNS", "EPOCHS_COLUMNS",
@@ -87,15 +89,18 @@ def _single_layer(run: dict) -> float:
     return float(layers[0]) if len(layers) == 1 else NAN
 
 
-def _read_analysis(path: Path) -> dict | None:
-    """A run's analysis.json (None if absent), checked for the keys the CSVs need."""
-    if not path.is_file():
-        return None
-    analysis = artifacts.read_json(path)
-    missing = [key for key in ("global", "layers", "last_layer") if key not in analysis]
-    if missing:
-        raise ValueError(f"{path} lacks {', '.join(missing)}: it was not written by `istar analyze`")
-    return analysis
+def _analyses(measure_files) -> dict[Path, dict]:
+    """Each measured run's analysis, keyed by its resolved folder, checked for the keys the CSVs need."""
+    analyses = {}
+    for path in measure_files:
+        for run_dir, entry in read_measures(path).items():
+            analysis = entry["analysis"]
+            missing = [key for key in ("global", "layers", "last_layer") if key not in analysis]
+            if missing:
+                raise ValueError(f"{path}: the analysis of {run_dir} lacks {', '.join(missing)}: "
+                                 "it was not written by `istar measure`")
+            analyses[Path(run_dir).resolve()] = analysis
+    return analyses
 
 
 def _run_row(study: str, run: dict, analysis: dict | None) -> dict:
@@ -148,21 +153,24 @@ def _selection_row(path: Path) -> dict:
     return row
 
 
-def aggregate(run_specs, selection_files, out_dir) -> dict:
+def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
     """Collect runs and selections into ``runs.csv``, ``layers.csv``, ``dims.csv``, ``epochs.csv`` and ``selection.csv``.
 
     Parameters
     ----------
     run_specs : sequence of (study, run folder); every folder must hold metrics.json and
-        run_config.json (a finished run) and may hold analysis.json.
+        run_config.json (a finished run).
     selection_files : sequence of ``best.json`` files written by :func:`istar.selection.select_best`.
     out_dir : folder for the five CSV files (created; each written atomically).
+    measure_files : files written by :func:`istar.measure.measure_runs`; a run found in one
+        of them gets its analysis (a run measured under several studies: any of them, they agree).
 
     Returns
     -------
     dict with keys ``runs``, ``layers``, ``dims``, ``epochs``, ``selection``: the DataFrames written, with
     the columns of the module docstring (integer columns as nullable ``Int64``).
     """
+    analyses = _analyses(measure_files)
     seen, entries = set(), []
     for study, run_dir in run_specs:
         run_dir = Path(run_dir)
@@ -173,7 +181,7 @@ def aggregate(run_specs, selection_files, out_dir) -> dict:
             run = read_run(run_dir)
         except (ValueError, FileNotFoundError) as error:
             raise type(error)(f"study {study}: {error}") from None
-        analysis = _read_analysis(run_dir / "analysis.json")
+        analysis = analyses.get(run_dir.resolve())
         entries.append((_run_row(study, run, analysis), analysis, run))
     entries.sort(key=lambda entry: _sort_key(entry[0]))
     run_rows, layer_rows, dim_rows, epoch_rows = [], [], [], []
@@ -210,13 +218,18 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", required=True, help="folder for runs.csv, layers.csv, dims.csv, epochs.csv, selection.csv")
     parser.add_argument("--selection", action="extend", nargs="*", default=[], metavar="BEST_JSON",
                         help="selection files written by `istar select`")
+    parser.add_argument("--measures", action="extend", nargs="*", default=[], metavar="MEASURES_JSON",
+                        help="measurement files written by `istar measure` (the runs' analyses)")
     parser.add_argument("runs", nargs="*", metavar="STUDY=RUN_DIR", help="a finished run folder and its study")
 
 
 def run_cli(args) -> int:
-    # `--selection a.json b.json final=DIR` hands the run specs to --selection: move them back.
-    selection = [item for item in args.selection if "=" not in item or Path(item).is_file()]
-    specs = [item for item in args.selection if item not in selection] + list(args.runs)
-    frames = aggregate([parse_run_spec(spec) for spec in specs], selection, args.out_dir)
+    # `--selection a.json final=DIR` hands the run specs to the option before them: move them back.
+    def files(items):
+        return [item for item in items if "=" not in item or Path(item).is_file()]
+
+    selection, measures = files(args.selection), files(args.measures)
+    specs = [item for item in args.selection + args.measures if item not in selection + measures] + list(args.runs)
+    frames = aggregate([parse_run_spec(spec) for spec in specs], selection, args.out_dir, measures)
     print(", ".join(f"{name}.csv: {len(frame):,} rows" for name, frame in frames.items()) + f" -> {args.out_dir}")
     return 0

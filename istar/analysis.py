@@ -1,7 +1,8 @@
 """The analysis step: isotropy and intrinsic dimension of one run's representations.
 
-Inputs are the run's activations file (:mod:`istar.activations`: streaming statistics of
-*all* non-padding evaluation tokens per hidden state, the [CLS] vectors, a token sample)
+Inputs are the run's activation statistics (:mod:`istar.activations`: streaming statistics of
+*all* non-padding evaluation tokens per hidden state, the [CLS] vectors, a token sample), from
+an activations file (``istar analyze``) or in memory (:mod:`istar.measure`, the workflow's way),
 and the pretrained Σ_S file of the same model × task (:mod:`istar.shrinkage`: every hidden
 state's training-data statistics). Output ``analysis.json``::
 
@@ -41,7 +42,7 @@ from .regularizers import LayerSpec, resolve_layers
 from .shrinkage import load_layer_statistics, merge_layers
 from .specs import AnalyzeSpec, add_spec_arguments, spec_from_cli
 
-__all__ = ["analyze_run"]
+__all__ = ["analyze_run", "analyze_statistics"]
 
 
 def _layer_accumulators(tensors: dict[str, torch.Tensor], count: int, num_hidden_states: int,
@@ -71,23 +72,20 @@ def _layer_accumulators(tensors: dict[str, torch.Tensor], count: int, num_hidden
     return accumulators
 
 
-def _read_activations(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str], int, int]:
-    """Tensors, metadata, L + 1 and N of an activations file, after checking it is complete."""
-    if not path.is_file():
-        raise FileNotFoundError(f"activations file {path} does not exist: run `istar activations` first")
-    tensors, metadata = load_activations(path)
+def _checked(tensors: dict[str, torch.Tensor], metadata: dict[str, str], source: str) -> tuple[int, int]:
+    """L + 1 and N of activation statistics (:mod:`istar.activations`), after checking they are complete."""
     missing = [key for key in ("model", "task", "split", "num_hidden_states", "tokens") if key not in metadata]
     if missing:
-        raise ValueError(f"{path} lacks the metadata {', '.join(missing)}: it was not written by `istar activations`")
+        raise ValueError(f"{source} lacks the metadata {', '.join(missing)}: it was not written by `istar activations`")
     hidden_states, count = int(metadata["num_hidden_states"]), int(metadata["tokens"])
     expected = [f"{kind}.layer{layer}" for layer in range(hidden_states)
                 for kind in ("cls", "token_mean", "token_cov", "token_unit_sum")]
     expected += ["last_layer_token_mean", "last_layer_token_std"]
     absent = [key for key in expected if key not in tensors]
     if absent:
-        raise ValueError(f"{path} lacks the tensors {', '.join(absent[:5])}{' …' if len(absent) > 5 else ''} "
+        raise ValueError(f"{source} lacks the tensors {', '.join(absent[:5])}{' …' if len(absent) > 5 else ''} "
                          f"for its {hidden_states} hidden states")
-    return tensors, metadata, hidden_states, count
+    return hidden_states, count
 
 
 def _cosine_similarity(unit_sum: torch.Tensor, count: int) -> float:
@@ -103,38 +101,63 @@ def analyze_run(activations_path, sigma_path, zeta: float, out=None, twonn_disca
     Parameters
     ----------
     activations_path : the run's ``activations.safetensors`` (see :mod:`istar.activations`).
-    sigma_path : the Σ_S ``.pt`` file of the same model × task (see :mod:`istar.shrinkage`);
-        it must hold statistics of the same dimension d and number of hidden states L + 1.
-    zeta : float in [0, 1], the shrinkage weight ζ of IsoScore* (0 = vanilla IsoScore).
+    sigma_path, zeta, twonn_discard, layers : see :func:`analyze_statistics`.
     out : where to write the result as JSON (atomically); None writes nothing.
-    twonn_discard : fraction in [0, 1) of the largest μ = r₂/r₁ left out of the TwoNN fit.
-    layers : the hidden states whose union forms the ``global`` point cloud ("all" =
-        layers 1..L, "all+embeddings", an index or a list; see
-        :data:`istar.regularizers.LayerSpec`).
 
     Returns
     -------
     dict in the format of the module docstring (also written to ``out``).
     """
-    activations_path, sigma_path = Path(activations_path), Path(sigma_path)
+    activations_path = Path(activations_path)
+    if not activations_path.is_file():
+        raise FileNotFoundError(f"activations file {activations_path} does not exist: run `istar activations` first")
+    tensors, metadata = load_activations(activations_path)
+    result = analyze_statistics(tensors, metadata, sigma_path, zeta, twonn_discard=twonn_discard, layers=layers,
+                                source=f"the activations file {activations_path}")
+    if out is not None:
+        result = artifacts.write_json(out, result, digest=True)
+    return result
+
+
+def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str], sigma_path, zeta: float,
+                       twonn_discard: float = 0.1, layers: LayerSpec = "all", source: str = "the activations") -> dict:
+    """The analysis of activation statistics, in memory or read from a file.
+
+    Parameters
+    ----------
+    tensors, metadata : what :func:`istar.activations.activation_statistics` returns (or
+        :func:`istar.activations.load_activations` reads).
+    sigma_path : the Σ_S ``.pt`` file of the same model × task (see :mod:`istar.shrinkage`);
+        it must hold statistics of the same dimension d and number of hidden states L + 1.
+    zeta : float in [0, 1], the shrinkage weight ζ of IsoScore* (0 = vanilla IsoScore).
+    twonn_discard : fraction in [0, 1) of the largest μ = r₂/r₁ left out of the TwoNN fit.
+    layers : the hidden states whose union forms the ``global`` point cloud ("all" =
+        layers 1..L, "all+embeddings", an index or a list; see
+        :data:`istar.regularizers.LayerSpec`).
+    source : how to name the statistics in error messages.
+
+    Returns
+    -------
+    dict in the format of the module docstring.
+    """
+    sigma_path = Path(sigma_path)
     zeta = float(zeta)
     if not 0.0 <= zeta <= 1.0:
         raise ValueError(f"zeta must lie in [0, 1] (0 = no shrinkage, 1 = Σ_S alone); got {zeta}")
     if not 0.0 <= twonn_discard < 1.0:
         raise ValueError(f"twonn_discard must lie in [0, 1); got {twonn_discard}")
-    tensors, metadata, hidden_states, count = _read_activations(activations_path)
+    hidden_states, count = _checked(tensors, metadata, source)
     sigma_layers, provenance = load_layer_statistics(sigma_path)
     dim = tensors["token_mean.layer0"].numel()
     if sigma_layers[0].dim != dim or len(sigma_layers) != hidden_states:
         raise ValueError(
             f"the Σ_S file {sigma_path} ({len(sigma_layers)} hidden states of dimension {sigma_layers[0].dim}) does "
-            f"not match the activations file {activations_path} ({hidden_states} hidden states of dimension {dim}): "
-            "use the Σ_S of the same model")
+            f"not match {source} ({hidden_states} hidden states of dimension {dim}): use the Σ_S of the same model")
     if provenance.get("task") not in (None, metadata["task"]):
-        raise ValueError(f"the Σ_S file {sigma_path} was computed on task {provenance['task']!r} but the activations "
-                         f"file {activations_path} is of task {metadata['task']!r}")
+        raise ValueError(f"the Σ_S file {sigma_path} was computed on task {provenance['task']!r} but {source} "
+                         f"is of task {metadata['task']!r}")
     selection = resolve_layers(layers, hidden_states)
-    eval_layers = _layer_accumulators(tensors, count, hidden_states, source=str(activations_path))
+    eval_layers = _layer_accumulators(tensors, count, hidden_states, source=source)
 
     def scores(cov_x: torch.Tensor, sigma_s: torch.Tensor) -> tuple[float, float]:
         return (float(isoscore_star_from_covariance(cov_x, zeta, sigma_s)),
@@ -154,7 +177,7 @@ def analyze_run(activations_path, sigma_path, zeta: float, out=None, twonn_disca
         per_layer.append({"layer": layer, "isoscore_star": star, "isoscore": iso, "twonn_cls": twonn,
                           "cosine_similarity": _cosine_similarity(tensors[f"token_unit_sum.layer{layer}"], count),
                           "tokens": count})
-    result = {
+    return {
         "model": metadata["model"], "task": metadata["task"], "split": metadata["split"],
         "standin": bool(json.loads(metadata.get("standin", "false"))), "zeta": zeta, "sigma_s": str(sigma_path),
         "tokens": count,
@@ -164,9 +187,6 @@ def analyze_run(activations_path, sigma_path, zeta: float, out=None, twonn_disca
                        "std": tensors["last_layer_token_std"].double().tolist()},
         "warnings": warnings,
     }
-    if out is not None:
-        result = artifacts.write_json(out, result, digest=True)
-    return result
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:

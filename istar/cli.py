@@ -8,6 +8,7 @@
     istar activations    [CLS] and token vectors of every layer on the evaluation split
     istar launch         run a step on N GPUs (accelerate) or on the CPU: istar launch --gpus N -- train …
     istar analyze        IsoScore*, IsoScore, TwoNN and cosine similarity per layer of a run
+    istar measure        evaluation, activations and analysis of several runs in one process (the workflow's)
     istar aggregate      collect runs into the aggregate CSVs; istar select: best search setting
     istar table          Table 1 / Table 2 as CSV, Markdown and LaTeX
     istar stability      Fig. 2's simulation (IsoScore* of mini-batches vs batch size) as CSV
@@ -37,6 +38,7 @@ SUBCOMMANDS = {
     "activations": ("istar.activations", "[CLS] and token vectors of every layer on the evaluation split"),
     "launch": ("istar.launch", "run a step with the processes and precision its granted GPUs allow"),
     "analyze": ("istar.analysis", "isotropy and intrinsic dimension of a run's activations"),
+    "measure": ("istar.measure", "evaluation, activations and analysis of several fine-tuned runs in one process"),
     "aggregate": ("istar.aggregate", "collect runs into the aggregate CSVs"),
     "select": ("istar.selection", "pick the best search setting of a model and task"),
     "table": ("istar.tables", "render Table 1 / Table 2 from the aggregate CSVs"),

@@ -29,7 +29,8 @@ class ConfigError(ValueError):
 
 
 def load_schema(path=SCHEMA_PATH) -> dict:
-    return yaml.safe_load(Path(path).read_text())
+    # libyaml's parser where PyYAML has it: the workflow reads the schema each time it builds a DAG
+    return yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def load_yaml(path) -> dict:

@@ -19,7 +19,7 @@ from .encoding import MODEL_INPUTS, Features
 from .specs import EvaluateSpec, add_spec_arguments, spec_from_cli
 from .tasks import Task
 
-__all__ = ["evaluate_model", "evaluate_checkpoint"]
+__all__ = ["evaluate_model", "evaluation_report", "evaluate_checkpoint"]
 
 
 @torch.no_grad()
@@ -71,21 +71,27 @@ def evaluate_model(model, loader, task: Task, accelerator, features: Features | 
     return result
 
 
+def evaluation_report(step, split: str, batch_size: int) -> dict:
+    """The evaluation of an opened step's model (:func:`istar.steps.open_step`) on a prepared split:
+    task, split, model, standin, headline metric, ``metrics`` (see :func:`evaluate_model`) and examples."""
+    frame = step.frame(split)
+    features = step.features(split, frame=frame, for_qa_eval=True)
+    model, loader = step.accelerator.prepare(step.model, step.loader(features, batch_size))
+    result = evaluate_model(model, loader, step.task, step.accelerator, features=features, frame=frame)
+    step.accelerator.print(f"{step.task.display} {split}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
+    return {"task": step.task.key, "split": split, "model": step.spec.model, "standin": step.standin,
+            "metric": step.task.metric, "metrics": result, "examples": len(frame)}
+
+
 def evaluate_checkpoint(spec: EvaluateSpec) -> dict:
-    """The evaluation step: metrics of a saved model on a prepared split, written as JSON to ``spec.out``."""
+    """The evaluation step: :func:`evaluation_report` of a saved model, written as JSON to ``spec.out``."""
     from .steps import open_step
 
     spec.validate()
     step = open_step(spec)
-    frame = step.frame(spec.split)
-    features = step.features(spec.split, frame=frame, for_qa_eval=True)
-    model, loader = step.accelerator.prepare(step.model, step.loader(features, spec.batch_size))
-    result = evaluate_model(model, loader, step.task, step.accelerator, features=features, frame=frame)
-    report = {"task": step.task.key, "split": spec.split, "model": spec.model, "standin": step.standin,
-              "metric": step.task.metric, "metrics": result, "examples": len(frame)}
+    report = evaluation_report(step, spec.split, spec.batch_size)
     if step.accelerator.is_main_process:
         artifacts.write_json(spec.out, report)
-    step.accelerator.print(f"{step.task.display} {spec.split}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
     return report
 
 

@@ -18,12 +18,12 @@ import re
 from dataclasses import dataclass, replace
 
 from .methods import METHOD_PATTERN, get_method
-from .specs import ActivationsSpec, AnalyzeSpec, EvaluateSpec, PrepareDataSpec, ProfileSpec, ShrinkageSpec, TrainSpec
+from .specs import MeasureSpec, PrepareDataSpec, ProfileSpec, ShrinkageSpec, TrainSpec
 from .tasks import TASKS
 
 __all__ = ["Setting", "format_number", "search_settings", "selected_setting", "final_settings", "study_runs",
            "study_scope", "needs_sigma", "task_max_length", "prepare_data_spec", "train_spec", "shrinkage_spec",
-           "evaluate_spec", "activations_spec", "analyze_spec", "AS_GIVEN", "profile_targets", "profile_text_task",
+           "measure_spec", "AS_GIVEN", "profile_targets", "profile_text_task",
            "profile_spec"]
 
 
@@ -235,24 +235,15 @@ def shrinkage_spec(config: dict, *, model: str, task: str, data_dir: str, out: s
                          rows=config["shrinkage"]["rows"], batch_size=config["training"]["eval_batch_size"])
 
 
-def evaluate_spec(config: dict, *, model: str, task: str, data_dir: str, out: str) -> EvaluateSpec:
-    """The final evaluation of a run's model on the validation split (fp32)."""
-    return EvaluateSpec(**_model_data(config, model, task, data_dir), out=out,
-                        batch_size=config["training"]["eval_batch_size"])
-
-
-def activations_spec(config: dict, *, model: str, task: str, data_dir: str, out: str) -> ActivationsSpec:
-    """A run's representations of the validation split (fp32), for the analysis."""
-    return ActivationsSpec(**_model_data(config, model, task, data_dir), out=out,
-                           batch_size=config["training"]["eval_batch_size"],
-                           token_sample=config["analysis"]["token_sample"])
-
-
-def analyze_spec(config: dict, *, activations: str, sigma_s: str, out: str) -> AnalyzeSpec:
-    """Isotropy and TwoNN of a run's activations, against the pretrained Σ_S."""
-    analysis = config["analysis"]
-    return AnalyzeSpec(activations=activations, sigma_s=sigma_s, out=out, zeta=analysis["zeta"],
-                       twonn_discard=analysis["twonn_discard"], layers=config["shrinkage"]["layers"])
+def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sigma_s: str, out: str,
+                 evaluate: bool) -> MeasureSpec:
+    """Evaluation (``evaluate``: the final runs), activations and analysis of a setting's runs (fp32)."""
+    training, analysis = config["training"], config["analysis"]
+    return MeasureSpec(runs=list(runs), data_dir=data_dir, sigma_s=sigma_s, out=out, evaluate=evaluate,
+                       max_length=task_max_length(config, task), doc_stride=training["doc_stride"],
+                       batch_size=training["eval_batch_size"], token_sample=analysis["token_sample"],
+                       zeta=analysis["zeta"], twonn_discard=analysis["twonn_discard"],
+                       layers=config["shrinkage"]["layers"])
 
 
 # ----------------------------------------------------------------------------- isotropy profiles

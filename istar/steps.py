@@ -1,7 +1,7 @@
 """The opening every model step shares: accelerator, prepared task, tokenizer, model, features.
 
-``train``, ``evaluate``, ``shrinkage`` and ``activations`` all start the same way from the
-model-and-data part of their spec (:class:`istar.specs.ModelData`)::
+``train``, ``evaluate``, ``shrinkage``, ``activations`` and ``measure`` (once per run) all start
+the same way from the model-and-data part of their spec (:class:`istar.specs.ModelData`)::
 
     step = open_step(spec)                      # accelerator, meta.json, task, tokenizer, model
     features = step.features("train")           # the split, tokenised for the task's head

@@ -12,11 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from istar.activations import extract_activations
-from istar.specs import ActivationsSpec, ShrinkageSpec, TrainSpec
+from istar.specs import MeasureSpec, ShrinkageSpec, TrainSpec
 from istar.aggregate import (DIMS_COLUMNS, LAYERS_COLUMNS, RUNS_COLUMNS, SELECTION_COLUMNS, aggregate,
                              parse_run_spec)
-from istar.analysis import analyze_run
+from istar.measure import measure_runs
 from istar.selection import select_best
 from istar.shrinkage import compute_shrinkage_file
 from istar.train import train
@@ -47,23 +46,30 @@ RUNS = [
 
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, prepared, tmp_path_factory):
-    """Real run folders in the workflow's layout results/runs/tiny/rte/{setting}/seed{seed}."""
+    """Real run folders in the workflow's layout results/runs/tiny/rte/{setting}/seed{seed}, the
+    analysed ones measured into one file."""
     root = tmp_path_factory.mktemp("aggregate")
     data = prepared("rte")
     sigma = root / "sigma0.pt"
     compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(data), out=str(sigma), rows=10**9,
                                          batch_size=32))
-    folders = {}
+    folders, analysed_runs = {}, []
     for setting, method, lam, layers, seed, analysed in RUNS:
         out = root / "results" / "runs" / "tiny" / "rte" / setting / f"seed{seed}"
         train(TrainSpec(model=str(tiny_model_dir), data_dir=str(data), output_dir=str(out), method=method, lam=lam,
                         zeta=0.2, layers=layers, sigma_s=str(sigma), epochs=1, batch_size=16, seed=seed))
         if analysed:
-            extract_activations(ActivationsSpec(model=str(out / "model"), data_dir=str(data),
-                                                out=str(out / "activations.safetensors"), token_sample=64))
-            analyze_run(out / "activations.safetensors", sigma, 0.2, out=out / "analysis.json")
+            analysed_runs.append(str(out))
         folders[(setting, seed)] = out
-    return {"root": root, "folders": folders}
+    measures = root / "measures.json"
+    measure_runs(MeasureSpec(runs=analysed_runs, data_dir=str(data), sigma_s=str(sigma), out=str(measures),
+                             token_sample=64))
+    return {"root": root, "folders": folders, "measures": measures}
+
+
+def analysis_of(runs, folder: Path) -> dict:
+    """A measured run's analysis, as the measurement file holds it."""
+    return json.loads(runs["measures"].read_text())["runs"][str(folder)]["analysis"]
 
 
 def fake_run(template: Path, out: Path, seed: int, score: float, lam: float = -1.0, zeta: float = 0.2,
@@ -162,8 +168,8 @@ def aggregated(runs, search, tmp_path_factory):
     specs += [("single_layer", folders[("istar_lam-1_zeta0.2_layer2", 0)]),
               ("lambda_sweep", folders[("istar_lam-1_zeta0.2", 0)]), ("final", folders[("base", 0)])]  # a duplicate
     specs += [("search", path) for path in search]
-    frames = aggregate(specs, [out / "best.json"], out / "csv")
-    return {"frames": frames, "out": out / "csv", "best": best, "folders": folders}
+    frames = aggregate(specs, [out / "best.json"], out / "csv", [runs["measures"]])
+    return {"frames": frames, "out": out / "csv", "best": best, "folders": folders, "runs": runs}
 
 
 def read_csv(path):
@@ -201,7 +207,7 @@ def test_runs_csv_rows_values_and_nan(aggregated):
                                                       "istar_lam-1_zeta0.2"]
     assert runs["study"].tolist() == sorted(runs["study"])
     base = final.iloc[0]
-    analysis = json.loads((aggregated["folders"][("base", 0)] / "analysis.json").read_text())
+    analysis = analysis_of(aggregated["runs"], aggregated["folders"][("base", 0)])
     metrics = json.loads((aggregated["folders"][("base", 0)] / "metrics.json").read_text())
     assert base["isoscore_star"] == pytest.approx(analysis["global"]["isoscore_star"], rel=1e-12)
     assert base["isoscore"] == pytest.approx(analysis["global"]["isoscore"], rel=1e-12)
@@ -216,7 +222,7 @@ def test_layers_dims_and_selection_csv(aggregated):
     layers = pd.read_csv(aggregated["out"] / "layers.csv")
     assert len(layers) == 4 * 3 and list(layers["hidden_state"][:3]) == [0, 1, 2]
     assert layers["twonn_cls"].isna().tolist() == [True, False, False] * 4  # constant [CLS] embedding
-    analysis = json.loads((aggregated["folders"][("cosreg_lam1", 0)] / "analysis.json").read_text())
+    analysis = analysis_of(aggregated["runs"], aggregated["folders"][("cosreg_lam1", 0)])
     cosreg = layers[(layers["study"] == "final") & (layers["method"] == "cosreg")]
     assert cosreg["isoscore_star"].tolist() == pytest.approx([entry["isoscore_star"] for entry in analysis["layers"]])
     assert cosreg["zeta"].isna().all() and (cosreg["lam"] == 1.0).all()
@@ -268,18 +274,18 @@ def test_empty_inputs_and_errors(runs, tmp_path):
 
 def test_model_name_falls_back_to_run_config(runs, tmp_path):
     outside = tmp_path / "elsewhere"
-    shutil.copytree(runs["folders"][("base", 0)], outside, ignore=shutil.ignore_patterns("model", "*.safetensors"))
-    frames = aggregate([("final", outside)], [], tmp_path / "csv")
+    shutil.copytree(runs["folders"][("base", 0)], outside, ignore=shutil.ignore_patterns("model"))
+    frames = aggregate([("final", outside)], [], tmp_path / "csv", [runs["measures"]])
     config = json.loads((outside / "run_config.json").read_text())
     assert frames["runs"]["model"].tolist() == [config["model"]] and frames["runs"]["setting"].tolist() == ["elsewhere"]
-    assert len(frames["layers"]) == 3
+    assert frames["layers"].empty  # a copy is not the measured folder
 
 
 def test_aggregate_cli(aggregated, tmp_path):
     folders = aggregated["folders"]
     out = tmp_path / "cli"
     command = [sys.executable, "-m", "istar", "aggregate", "--out-dir", str(out),
-               "--selection", str(aggregated["out"].parent / "best.json"),
+               "--selection", str(aggregated["out"].parent / "best.json"), "--measures", str(aggregated["runs"]["measures"]),
                f"final={folders[('base', 0)]}", f"single_layer={folders[('istar_lam-1_zeta0.2_layer2', 0)]}"]
     done = subprocess.run(command, env=ENV, cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

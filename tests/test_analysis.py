@@ -49,7 +49,7 @@ def run(tiny_model_dir, prepared, tmp_path_factory):
     with torch.no_grad():
         states = model(**batch, output_hidden_states=True).hidden_states
     mask = batch["attention_mask"].bool()
-    return {"sigma": sigma, "activations": activations, "root": root,
+    return {"sigma": sigma, "activations": activations, "root": root, "run": out, "data": data,
             "tokens": [s[mask].double() for s in states], "cls": [s[:, 0].double() for s in states]}
 
 
@@ -169,3 +169,27 @@ def test_cli(run, result, tmp_path):
     done = subprocess.run(command[:-4] + ["--zeta", "2", "--out", str(out)], env=ENV, cwd=REPO, capture_output=True,
                           text=True)
     assert done.returncode == 2 and "zeta must lie in [0, 1]" in done.stderr
+
+
+def test_measure_equals_the_separate_steps(run, result, tmp_path):
+    """`istar measure` (the workflow's one process per setting) writes what `istar evaluate`,
+    `istar activations` and `istar analyze` write one by one."""
+    from istar.evaluate import evaluate_checkpoint
+    from istar.specs import EvaluateSpec
+
+    out = tmp_path / "measures.json"
+    command = [sys.executable, "-m", "istar", "measure", "--runs", str(run["run"]), "--data", str(run["data"]),
+               "--sigma-s", str(run["sigma"]), "--zeta", str(ZETA), "--evaluate", "--out", str(out)]
+    done = subprocess.run(command, env=ENV, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "1 run(s) measured" in done.stdout
+    measures = json.loads(out.read_text())
+    assert list(measures["runs"]) == [str(run["run"])] and measures["evaluated"] is True
+    entry = measures["runs"][str(run["run"])]
+    assert entry["analysis"] == {key: value for key, value in json.loads(json.dumps(result)).items() if key != "sha256"}
+    evaluation = evaluate_checkpoint(EvaluateSpec(model=str(run["run"] / "model"), data_dir=str(run["data"]),
+                                                  out=str(tmp_path / "eval.json")))
+    assert entry["evaluation"] == json.loads(json.dumps(evaluation))
+    missing = subprocess.run([*command[:5], str(tmp_path / "untrained"), *command[6:]], env=ENV, cwd=REPO,
+                             capture_output=True, text=True)
+    assert missing.returncode != 0 and "train these runs first" in missing.stderr

@@ -93,6 +93,9 @@ def test_defaults_are_filled_and_every_key_is_described():
                 target = schema["$defs"][sub["$ref"].split("/")[-1]]
                 sub_resolved = {**target, **sub}
             assert "description" in sub_resolved, f"{path}{name} has no description"
+            # a comma in an unquoted flow-style description splits it into a stray key
+            stray = {key for key, value in sub.items() if value is None and key != "default"}
+            assert not stray, f"{path}{name}: {stray} (quote the description)"
             assert "default" in sub_resolved, f"{path}{name} has no default"
             walk(sub_resolved, f"{path}{name}.")
 

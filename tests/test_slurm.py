@@ -32,8 +32,7 @@ pytestmark = pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {M
 PROGRAMS = ["slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "srun", "scancel", "munged"]
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 # Rules whose jobs go to SLURM (the others are localrules) and whether they ask for a GPU.
-CLUSTER_RULES = {"shrinkage": True, "finetune_search": True, "finetune": True, "evaluate": True,
-                 "activations": True, "analyze": False}
+CLUSTER_RULES = {"shrinkage": True, "finetune_search": True, "finetune": True, "measure": True}
 
 
 class Cluster:
@@ -227,8 +226,7 @@ def test_tiny_workflow_through_slurm_matches_a_local_run(slurm, tmp_path):
     submitted = re.findall(r"Job \d+ has been submitted with SLURM jobid (\d+) "
                            r"\(log: \S+/slurm_logs/rule_(\w+)/", output)
     rules = sorted(rule for _, rule in submitted)
-    assert rules == sorted(["shrinkage", "finetune_search"] + ["finetune"] * 3 + ["evaluate"] * 3
-                           + ["activations"] * 3 + ["analyze"] * 3), output[-6000:]
+    assert rules == sorted(["shrinkage", "finetune_search"] + ["finetune"] * 3 + ["measure"] * 3), output[-6000:]
     jobs, completed = slurm.jobs(), slurm.completed()
     for jobid, rule in submitted:
         job = jobs.get(jobid)
@@ -237,7 +235,7 @@ def test_tiny_workflow_through_slurm_matches_a_local_run(slurm, tmp_path):
         # what SLURM granted: --gpus=1 for the GPU rules, nothing for the others
         gpus = re.search(r"gres[:/]gpu[:=](\d+)", job.get("TresPerJob", ""))
         assert (gpus.group(1) if gpus else "0") == ("1" if CLUSTER_RULES[rule] else "0"), (rule, job)
-        assert int(re.search(r"mem=(\d+)M", job["TRES"]).group(1)) == (1000 if rule in ("finetune", "finetune_search", "shrinkage") else 2000), (rule, job)
+        assert int(re.search(r"mem=(\d+)M", job["TRES"]).group(1)) == 1000, (rule, job)  # training.mem_mb
         log = on_slurm / ".snakemake" / "slurm_logs" / f"rule_{rule}"
         assert list(log.rglob(f"{jobid}.log")), f"no SLURM log of job {jobid} under {log}"
     # Local rules stayed on this host: nothing else was submitted.
@@ -247,8 +245,14 @@ def test_tiny_workflow_through_slurm_matches_a_local_run(slurm, tmp_path):
     assert run_files(on_slurm) == run_files(local)
     metrics = sorted(p.relative_to(local) for p in (local / "results").rglob("metrics.json"))
     assert len(metrics) == 4
-    for name in metrics + sorted(p.relative_to(local) for p in (local / "results").rglob("eval.json")):
+    for name in metrics:
         assert json.loads((on_slurm / name).read_text()) == json.loads((local / name).read_text()), name
+    measures = sorted(p.relative_to(local) for p in (local / "results" / "measures").rglob("*.json"))
+    assert len(measures) == 3
+    for name in measures:
+        evaluations = [{run: entry["evaluation"] for run, entry in json.loads((root / name).read_text())["runs"].items()}
+                       for root in (on_slurm, local)]
+        assert evaluations[0] == evaluations[1], name
     assert ((on_slurm / "results/selection/tiny/rte/best.json").read_text()
             == (local / "results/selection/tiny/rte/best.json").read_text())
     # The cluster jobs took the GPU path (accelerate, fp16 asked for, fp32 on a CPU-only torch);

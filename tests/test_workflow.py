@@ -17,7 +17,9 @@ PAPER_JOBS = {
     "prepare_data": 9, "shrinkage": 27, "finetune_search": 648, "select": 27,
     # final base + CosReg: 27 × 2 × 5 seeds; Fig. 3 λ sweep: 27 × 7 λ × 5; Fig. 4 CosReg λ = −1 on QNLI: 3 × 5
     # (Figs. 5 and 6 reuse runs of the λ sweep; the final I-STAR runs and Figs. 7 and 8 wait for the selection)
-    "finetune": 270 + 945 + 15, "activations": 1230, "analyze": 1230, "evaluate": 270,
+    "finetune": 270 + 945 + 15,
+    # one measure job per study × setting: final 27 × 2, λ sweep 27 × 7, Fig. 4 3 × 3, Fig. 5 3 × 5, Fig. 6 3 × 3
+    "measure": 54 + 189 + 9 + 15 + 9,
     "stability": 1, "run_config": 1, "aggregate": 1, "all": 1,
 }
 
@@ -77,10 +79,18 @@ def test_tiny_workflow_produces_every_output(tiny_project):
     final = runs[runs["study"] == "final"]
     assert sorted(final["setting"]) == sorted(["base", "cosreg_lam1", f"istar_lam{best['lam']:g}_zeta0.2"])
     for run in final["run_dir"]:
-        for name in ("metrics.json", "eval.json", "train_log.csv", "run_config.json", "activations.safetensors",
-                     "analysis.json", "model/config.json"):
+        for name in ("metrics.json", "train_log.csv", "run_config.json", "model/config.json"):
             assert (tiny_project / run / name).is_file(), f"{run}/{name}"
         assert not (tiny_project / run / "resume").exists()
+        measures = json.loads((results / "measures" / "final" / "tiny" / "rte" / f"{Path(run).parent.name}.json")
+                              .read_text())
+        evaluation = measures["runs"][run]["evaluation"]
+        assert evaluation["metrics"]["accuracy"] == pytest.approx(final.loc[final["run_dir"] == run, "accuracy"].item(),
+                                                                  abs=0.02)
+    # the studies' measurements analyse without evaluating; no activations file is kept per run
+    sweep = json.loads(next((results / "measures" / "lambda_sweep").rglob("*.json")).read_text())
+    assert all(entry["evaluation"] is None for entry in sweep["runs"].values())
+    assert not list(results.rglob("activations*.safetensors"))
     layers = pd.read_csv(results / "aggregate" / "layers.csv")
     assert set(layers["hidden_state"]) == {0, 1, 2}
     for name in ("table1", "table2"):
@@ -107,7 +117,7 @@ def test_changing_one_lambda_reruns_only_what_depends_on_it(tiny_project, tmp_pa
     result = snakemake(tiny_project, "-n", configfile=changed)
     assert result.returncode == 0, result.stderr[-3000:]
     assert planned_jobs(result.stdout) == {
-        "finetune": 1, "activations": 1, "analyze": 1, "aggregate": 1, "table": 2, "figure": 7,
+        "finetune": 1, "measure": 1, "aggregate": 1, "table": 2, "figure": 7,
         "run_config": 1, "report": 1, "all": 1}
     assert "results/runs/tiny/rte/istar_lam3_zeta0.2/seed0/metrics.json" in result.stdout
     # and really run them: the inputs the finished jobs left (prepared data, Σ_S, pins) pass the

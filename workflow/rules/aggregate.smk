@@ -1,4 +1,4 @@
-# Every run's metrics and analysis, tagged with the stages and studies that asked for it,
+# Every run's metrics and measurements, tagged with the stages and studies that asked for it,
 # collected into results/aggregate/*.csv — the only inputs of the tables and figures.
 
 
@@ -17,10 +17,8 @@ rule aggregate:
         specs=lambda wildcards: " ".join(
             f"{study}={run}" for study, run in all_run_specs()
         ),
-        selections=lambda wildcards: " ".join(
-            SELECTION.format(model=model, task=task)
-            for model in MODELS
-            for task in TASKS
-        ),
+        selections=" ".join(SELECTIONS),
+        measures=lambda wildcards: " ".join(all_measures()),
     shell:
-        "python -m istar aggregate --out-dir results/aggregate {params.specs} --selection {params.selections} > {log} 2>&1"
+        "python -m istar aggregate --out-dir results/aggregate {params.specs} --selection {params.selections} "
+        "--measures {params.measures} > {log} 2>&1"

@@ -11,12 +11,10 @@ from istar.figures import PROFILE_FIGURES, PROFILES_CSV, enabled_figures
 from istar.methods import METHOD_PATTERN
 from istar.plan import (
     Setting,
-    activations_spec,
-    analyze_spec,
-    evaluate_spec,
-    prepare_data_spec,
     final_settings,
+    measure_spec,
     needs_sigma,
+    prepare_data_spec,
     profile_spec,
     profile_targets,
     profile_text_task,
@@ -24,6 +22,7 @@ from istar.plan import (
     selected_setting,
     shrinkage_spec,
     study_runs,
+    study_scope,
     train_spec,
 )
 
@@ -50,6 +49,8 @@ SIGMA = "resources/shrinkage/{model}/{task}/sigma0.pt"
 SEARCH_RUN = "results/search/{model}/{task}/{setting}/seed{seed}"
 RUN = "results/runs/{model}/{task}/{setting}/seed{seed}"
 SELECTION = "results/selection/{model}/{task}/best.json"
+# one file per study × setting: its seeds' evaluations (final runs) and analyses
+MEASURES = "results/measures/{study}/{model}/{task}/{setting}.json"
 PROFILE = "results/profile/{pmodel}/{revision}.json"
 PROFILES = [
     PROFILE.format(pmodel=name, revision=revision)
@@ -64,6 +65,7 @@ wildcard_constraints:
     task="|".join(DATA_TASKS),
     setting=f"({METHOD_PATTERN})[A-Za-z0-9.e_+-]*",
     seed="[0-9]+",
+    study="|".join(["final", *STUDIES]),
     pmodel="[A-Za-z0-9][A-Za-z0-9.-]*",
     revision="[A-Za-z0-9][A-Za-z0-9._-]*",
 
@@ -132,23 +134,41 @@ def shrinkage_spec_json(wildcards, output):
     ).to_json()
 
 
-def evaluate_spec_json(wildcards, input, output):
-    return evaluate_spec(
-        config,
-        model=input.model,
-        task=wildcards.task,
-        data_dir=DATA.format(task=wildcards.task),
-        out=output[0],
-    ).to_json()
+def study_seeds(study) -> list[int]:
+    """The seeds of the final runs or of a figure study (from the config alone)."""
+    return (
+        list(config["final"]["seeds"])
+        if study == "final"
+        else study_scope(config, study)[2]
+    )
 
 
-def activations_spec_json(wildcards, input, output):
-    return activations_spec(
+def measured_runs(wildcards) -> list[str]:
+    """The run folders one measure job covers: every seed of its study × setting."""
+    return [
+        RUN.format(
+            model=wildcards.model,
+            task=wildcards.task,
+            setting=wildcards.setting,
+            seed=seed,
+        )
+        for seed in study_seeds(wildcards.study)
+    ]
+
+
+def measured_models(wildcards):
+    return [f"{run}/model" for run in measured_runs(wildcards)]
+
+
+def measure_spec_json(wildcards, input, output):
+    return measure_spec(
         config,
-        model=input.model,
+        runs=measured_runs(wildcards),
         task=wildcards.task,
         data_dir=DATA.format(task=wildcards.task),
+        sigma_s=input.sigma,
         out=output[0],
+        evaluate=wildcards.study == "final",
     ).to_json()
 
 
@@ -166,12 +186,6 @@ def profile_spec_json(wildcards, output):
         revision=wildcards.revision,
         text=DATA.format(task=task) if task else config["profile"]["text"],
         out=output[0],
-    ).to_json()
-
-
-def analyze_spec_json(wildcards, input, output):
-    return analyze_spec(
-        config, activations=input.activations, sigma_s=input.sigma, out=output[0]
     ).to_json()
 
 
@@ -220,8 +234,10 @@ def search_runs(model, task) -> list[str]:
 
 def run_outputs(model, task, study, setting: Setting, seed) -> list[str]:
     run = RUN.format(model=model, task=task, setting=setting.name, seed=seed)
-    outputs = [f"{run}/metrics.json", f"{run}/analysis.json"]
-    return outputs + ([f"{run}/eval.json"] if study == "final" else [])
+    measures = MEASURES.format(
+        study=study, model=model, task=task, setting=setting.name
+    )
+    return [f"{run}/metrics.json", measures]
 
 
 def known_run_outputs() -> list[str]:
@@ -251,16 +267,26 @@ def all_run_specs() -> list[tuple[str, str]]:
     return specs
 
 
+def all_measures() -> list[str]:
+    """The measurement file of every study × setting, after the search's choice."""
+    return sorted(
+        {
+            MEASURES.format(study=study, model=model, task=task, setting=s.name)
+            for model in MODELS
+            for task in TASKS
+            for study, s, _ in planned_runs(model, task, selection(model, task))
+        }
+    )
+
+
+SELECTIONS = [
+    SELECTION.format(model=model, task=task) for model in MODELS for task in TASKS
+]
+
+
 def aggregate_inputs(wildcards):
-    runs = [f"{run}/metrics.json" for _, run in all_run_specs()]
-    runs += [
-        f"{run}/analysis.json" for study, run in all_run_specs() if study != "search"
-    ]
-    runs += [f"{run}/eval.json" for study, run in all_run_specs() if study == "final"]
-    selections = [
-        SELECTION.format(model=model, task=task) for model in MODELS for task in TASKS
-    ]
-    return sorted(set(runs)) + selections
+    runs = sorted({f"{run}/metrics.json" for _, run in all_run_specs()})
+    return runs + all_measures() + SELECTIONS
 
 
 TABLES = expand(
