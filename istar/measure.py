@@ -1,9 +1,9 @@
 """The measurement step: what the workflow records about fine-tuned models once they are trained.
 
-For each run folder of a :class:`~istar.specs.MeasureSpec` (the seeds of one setting of one
-study, in the workflow) the saved model is loaded once and, in this order:
+For each run folder of a :class:`~istar.specs.MeasureSpec` (in the workflow: the runs of one
+setting with the seeds the output's path names) the saved model is loaded once and, in this order:
 
-1. evaluated on the split, in the spec's precision (``evaluate``: the final runs), as
+1. evaluated on the split, in the spec's precision (``evaluate``; the workflow always asks), as
    :func:`istar.evaluate.evaluation_report`;
 2. run over the split for its activation statistics (:func:`istar.activations.activation_statistics`);
 3. analysed against the pretrained Σ_S (:func:`istar.analysis.analyze_statistics`).
@@ -11,7 +11,7 @@ study, in the workflow) the saved model is loaded once and, in this order:
 The statistics stay in memory: an activations file holds every [CLS] vector of every layer
 (for QQP's 40k validation pairs and BERT-base about 1.6 GB per run), so the workflow does not
 keep one per run; ``istar activations`` and ``istar analyze`` write and read such files for
-manual work. One process per setting rather than three per run keeps the paper's DAG small
+manual work. One job per setting rather than three per run keeps the paper's DAG small
 (docs/architecture.md). The output, written once at the end (atomically, with its hash)::
 
     {"split", "sigma_s", "zeta", "evaluated": bool,

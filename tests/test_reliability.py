@@ -157,6 +157,21 @@ def test_analysis_json_content_is_checked(tmp_path):
         artifacts.read_json(path)
 
 
+def test_measurement_file_content_is_checked(tmp_path):
+    from istar.measure import read_measures
+
+    path = tmp_path / "measures.json"
+    entry = {"evaluation": None, "analysis": {"global": {"isoscore_star": 0.25}, "layers": [], "last_layer": {}}}
+    artifacts.write_json(path, {"runs": {"results/runs/m/rte/base/seed0": entry}}, digest=True)
+    assert read_measures(path)["results/runs/m/rte/base/seed0"] == entry
+    path.write_text(path.read_text().replace("0.25", "0.75"))
+    with pytest.raises(DamagedArtifactError, match="differs from the sha256"):
+        read_measures(path)
+    artifacts.write_json(path, {"global": {"isoscore_star": 0.25}}, digest=True)  # an analysis.json, not a measurement
+    with pytest.raises(ValueError, match="not written by `istar measure`"):
+        read_measures(path)
+
+
 def test_a_killed_step_is_explained_and_exits_128_plus_the_signal(capsys):
     from istar.launch import exit_status
 

@@ -49,8 +49,9 @@ SIGMA = "resources/shrinkage/{model}/{task}/sigma0.pt"
 SEARCH_RUN = "results/search/{model}/{task}/{setting}/seed{seed}"
 RUN = "results/runs/{model}/{task}/{setting}/seed{seed}"
 SELECTION = "results/selection/{model}/{task}/best.json"
-# one file per study × setting: its seeds' evaluations (final runs) and analyses
-MEASURES = "results/measures/{study}/{model}/{task}/{setting}.json"
+# evaluation and analysis of a setting's runs, one file per set of seeds (seeds0_1_2): the
+# studies that ask for the same setting and seeds share it
+MEASURES = "results/measures/{model}/{task}/{setting}/seeds{seeds}.json"
 PROFILE = "results/profile/{pmodel}/{revision}.json"
 PROFILES = [
     PROFILE.format(pmodel=name, revision=revision)
@@ -65,7 +66,7 @@ wildcard_constraints:
     task="|".join(DATA_TASKS),
     setting=f"({METHOD_PATTERN})[A-Za-z0-9.e_+-]*",
     seed="[0-9]+",
-    study="|".join(["final", *STUDIES]),
+    seeds="[0-9]+(_[0-9]+)*",
     pmodel="[A-Za-z0-9][A-Za-z0-9.-]*",
     revision="[A-Za-z0-9][A-Za-z0-9._-]*",
 
@@ -134,17 +135,21 @@ def shrinkage_spec_json(wildcards, output):
     ).to_json()
 
 
-def study_seeds(study) -> list[int]:
-    """The seeds of the final runs or of a figure study (from the config alone)."""
-    return (
-        list(config["final"]["seeds"])
-        if study == "final"
-        else study_scope(config, study)[2]
+def measures_file(model, task, study, setting: Setting) -> str:
+    """The measurement file of a study's runs of a setting (its seeds come from the config alone)."""
+    seeds = (
+        config["final"]["seeds"] if study == "final" else study_scope(config, study)[2]
+    )
+    return MEASURES.format(
+        model=model,
+        task=task,
+        setting=setting.name,
+        seeds="_".join(str(seed) for seed in sorted(set(seeds))),
     )
 
 
 def measured_runs(wildcards) -> list[str]:
-    """The run folders one measure job covers: every seed of its study × setting."""
+    """The run folders one measure job covers: the setting's runs of the seeds its path names."""
     return [
         RUN.format(
             model=wildcards.model,
@@ -152,7 +157,7 @@ def measured_runs(wildcards) -> list[str]:
             setting=wildcards.setting,
             seed=seed,
         )
-        for seed in study_seeds(wildcards.study)
+        for seed in wildcards.seeds.split("_")
     ]
 
 
@@ -168,7 +173,7 @@ def measure_spec_json(wildcards, input, output):
         data_dir=DATA.format(task=wildcards.task),
         sigma_s=input.sigma,
         out=output[0],
-        evaluate=wildcards.study == "final",
+        evaluate=True,
     ).to_json()
 
 
@@ -234,10 +239,7 @@ def search_runs(model, task) -> list[str]:
 
 def run_outputs(model, task, study, setting: Setting, seed) -> list[str]:
     run = RUN.format(model=model, task=task, setting=setting.name, seed=seed)
-    measures = MEASURES.format(
-        study=study, model=model, task=task, setting=setting.name
-    )
-    return [f"{run}/metrics.json", measures]
+    return [f"{run}/metrics.json", measures_file(model, task, study, setting)]
 
 
 def known_run_outputs() -> list[str]:
@@ -268,10 +270,10 @@ def all_run_specs() -> list[tuple[str, str]]:
 
 
 def all_measures() -> list[str]:
-    """The measurement file of every study × setting, after the search's choice."""
+    """Every measurement file, after the search's choice."""
     return sorted(
         {
-            MEASURES.format(study=study, model=model, task=task, setting=s.name)
+            measures_file(model, task, study, s)
             for model in MODELS
             for task in TASKS
             for study, s, _ in planned_runs(model, task, selection(model, task))

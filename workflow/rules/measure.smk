@@ -1,8 +1,8 @@
-# Evaluation (final runs), activations and analysis of the fine-tuned models: one job per
-# study × setting measures all of that setting's seeds in one process (istar.measure), so the
-# paper's DAG holds one job per setting here rather than three per run, and no activations
-# file is kept per run. A study's seeds come from the config alone, so these jobs never wait
-# for the search's choice unless their setting does.
+# Evaluation, activations and analysis of the fine-tuned models: one job per setting and set
+# of seeds (named in the path) measures those runs in one process (istar.measure), so the
+# paper's DAG holds about one job per setting here rather than three per run, and no
+# activations file is kept per run. A study's seeds come from the config alone, so these jobs
+# never wait for the search's choice unless their setting does.
 
 
 rule measure:
@@ -13,9 +13,9 @@ rule measure:
     output:
         MEASURES,
     log:
-        "logs/measure/{study}/{model}/{task}/{setting}.log",
+        "logs/measure/{model}/{task}/{setting}/seeds{seeds}.log",
     benchmark:
-        "benchmarks/measure/{study}/{model}/{task}/{setting}.tsv"
+        "benchmarks/measure/{model}/{task}/{setting}/seeds{seeds}.tsv"
     conda:
         "../../envs/istar.yaml"
     threads: TRAINING["threads"]
