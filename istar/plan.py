@@ -22,9 +22,8 @@ from .specs import MeasureSpec, PrepareDataSpec, ProfileSpec, ShrinkageSpec, Tra
 from .tasks import TASKS
 
 __all__ = ["Setting", "format_number", "search_settings", "selected_setting", "final_settings", "study_runs",
-           "study_scope", "needs_sigma", "task_max_length", "prepare_data_spec", "train_spec", "shrinkage_spec",
-           "measure_spec", "AS_GIVEN", "profile_targets", "profile_text_task",
-           "profile_spec"]
+           "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "train_spec",
+           "shrinkage_spec", "measure_spec", "AS_GIVEN", "profile_targets", "profile_text_task", "profile_spec"]
 
 
 _NUMBER = r"-?[0-9][0-9.e+-]*"
@@ -124,6 +123,11 @@ def final_settings(config: dict, selection: Setting | None) -> list[Setting]:
     if selection is None:
         return [] if trains_training_grid(config) else [base, cosreg]
     return [base.with_training(selection), cosreg.with_training(selection), selection]
+
+
+def study_seeds(config: dict, study: str) -> list[int]:
+    """The seeds of the final runs (``study == "final"``) or of a figure study."""
+    return list(config["final"]["seeds"]) if study == "final" else study_scope(config, study)[2]
 
 
 def study_scope(config: dict, study: str) -> tuple[list[str], list[str], list[int]]:
@@ -235,11 +239,11 @@ def shrinkage_spec(config: dict, *, model: str, task: str, data_dir: str, out: s
                          rows=config["shrinkage"]["rows"], batch_size=config["training"]["eval_batch_size"])
 
 
-def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sigma_s: str, out: str,
-                 evaluate: bool) -> MeasureSpec:
-    """Evaluation (``evaluate``: the final runs), activations and analysis of a setting's runs (fp32)."""
+def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sigma_s: str, out: str) -> MeasureSpec:
+    """Evaluation, activations and analysis of a setting's runs (fp32). Every run is evaluated: the
+    forward pass costs little beside the activations' and gives each run its fp32 score."""
     training, analysis = config["training"], config["analysis"]
-    return MeasureSpec(runs=list(runs), data_dir=data_dir, sigma_s=sigma_s, out=out, evaluate=evaluate,
+    return MeasureSpec(runs=list(runs), data_dir=data_dir, sigma_s=sigma_s, out=out, evaluate=True,
                        max_length=task_max_length(config, task), doc_stride=training["doc_stride"],
                        batch_size=training["eval_batch_size"], token_sample=analysis["token_sample"],
                        zeta=analysis["zeta"], twonn_discard=analysis["twonn_discard"],

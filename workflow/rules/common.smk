@@ -22,7 +22,7 @@ from istar.plan import (
     selected_setting,
     shrinkage_spec,
     study_runs,
-    study_scope,
+    study_seeds,
     train_spec,
 )
 
@@ -137,14 +137,12 @@ def shrinkage_spec_json(wildcards, output):
 
 def measures_file(model, task, study, setting: Setting) -> str:
     """The measurement file of a study's runs of a setting (its seeds come from the config alone)."""
-    seeds = (
-        config["final"]["seeds"] if study == "final" else study_scope(config, study)[2]
-    )
+    seeds = sorted(set(study_seeds(config, study)))
     return MEASURES.format(
         model=model,
         task=task,
         setting=setting.name,
-        seeds="_".join(str(seed) for seed in sorted(set(seeds))),
+        seeds="_".join(str(seed) for seed in seeds),
     )
 
 
@@ -173,7 +171,6 @@ def measure_spec_json(wildcards, input, output):
         data_dir=DATA.format(task=wildcards.task),
         sigma_s=input.sigma,
         out=output[0],
-        evaluate=True,
     ).to_json()
 
 
@@ -216,7 +213,7 @@ def planned_runs(model, task, chosen: Setting | None) -> list[tuple[str, Setting
     runs = [
         ("final", s, seed)
         for s in final_settings(config, chosen)
-        for seed in config["final"]["seeds"]
+        for seed in study_seeds(config, "final")
     ]
     for study in STUDIES:
         layers = (
