@@ -103,8 +103,8 @@ def extract_activations(spec: ActivationsSpec) -> dict:
     step = open_step(spec)
     tensors, metadata = activation_statistics(step, spec.split, spec.batch_size, spec.token_sample, spec.seed)
     artifacts.save_tensors(spec.out, tensors, metadata)
-    print(f"activations of {spec.model} on {step.task.display} {spec.split}: {metadata['features']} features, "
-          f"{metadata['tokens']} tokens, {metadata['num_hidden_states']} hidden states -> {spec.out}")
+    print(f"activations of {spec.model} on {step.task.display} {spec.split}: {int(metadata['features']):,} features, "
+          f"{int(metadata['tokens']):,} tokens, {metadata['num_hidden_states']} hidden states -> {spec.out}")
     return metadata
 
 

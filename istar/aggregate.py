@@ -163,7 +163,9 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
     selection_files : sequence of ``best.json`` files written by :func:`istar.selection.select_best`.
     out_dir : folder for the five CSV files (created; each written atomically).
     measure_files : files written by :func:`istar.measure.measure_runs`; a run found in one
-        of them gets its analysis (a run measured under several studies: any of them, they agree).
+        of them gets its analysis (a run in several files: the last one given; measurements of
+        one model agree up to floating-point noise). Keys are run folders as the measurement
+        recorded them, compared after resolving, so give the same working directory.
 
     Returns
     -------

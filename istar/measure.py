@@ -73,7 +73,8 @@ def read_measures(path) -> dict[str, dict]:
     (hash checked; a file not written by ``istar measure`` is named in the error)."""
     measures = artifacts.read_json(path)
     runs = measures.get("runs") if isinstance(measures, dict) else None
-    if not isinstance(runs, dict) or any(not {"evaluation", "analysis"} <= set(entry) for entry in runs.values()):
+    if not isinstance(runs, dict) or any(not isinstance(entry, dict) or not {"evaluation", "analysis"} <= set(entry)
+                                         for entry in runs.values()):
         raise ValueError(f"{path} lacks runs with evaluation and analysis: it was not written by `istar measure`")
     return runs
 

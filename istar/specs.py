@@ -257,6 +257,10 @@ class MeasureSpec(Spec):
             raise SpecError("runs is empty: give at least one run folder")
         if len(set(self.runs)) != len(self.runs):
             raise SpecError(f"runs lists a folder twice: {self.runs}")
+        if not 0.0 <= self.zeta <= 1.0:
+            raise SpecError(f"zeta must lie in [0, 1]; got {self.zeta}")
+        if not 0.0 <= self.twonn_discard < 1.0:
+            raise SpecError(f"twonn_discard must lie in [0, 1); got {self.twonn_discard}")
 
     def model_data(self, run: str) -> ModelData:
         """The model-and-data spec of one run's fine-tuned model (for :func:`istar.steps.open_step`)."""

@@ -49,7 +49,9 @@ def test_interrupted_post_checkpoint_run_and_damaged_input(tmp_path):
     write_project(tmp_path, load_test_config("reliability"))
     istar_run = ISTAR_RUN.format(lam=-1)
 
-    # 1. SIGINT to Snakemake alone while the post-checkpoint I-STAR run trains.
+    # 1. Snakemake dies (SIGKILL: a closed session, a lost login node) while the post-checkpoint
+    #    I-STAR run trains; the job runs on and finishes, its incomplete mark stays. (SIGINT is
+    #    not used: in the full suite Snakemake sometimes carried on to the end of the workflow.)
     command = [SNAKEMAKE, "--snakefile", str(REPO / "workflow" / "Snakefile"), "--directory", str(tmp_path),
                "--configfile", str(tmp_path / "config.yaml"), "--cores", "1"]
     process = subprocess.Popen(command, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -59,19 +61,15 @@ def test_interrupted_post_checkpoint_run_and_damaged_input(tmp_path):
         assert process.poll() is None, process.stdout.read()[-5000:]
         assert time.monotonic() < deadline, "the post-checkpoint I-STAR run never started"
         time.sleep(0.5)
-    # Once the job's process runs, Snakemake's main thread is back waiting for jobs, where SIGINT
-    # is a KeyboardInterrupt: it stops scheduling and leaves the job's mark. (Sent a moment
-    # earlier, while Snakemake is still submitting the job inside one of its asyncio loops, the
-    # signal can be absorbed there, and Snakemake carries on to the end of the workflow.)
-    time.sleep(2)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGKILL)
     snakemake_output, _ = process.communicate(timeout=600)
-    # A job Snakemake left running may still finish on its own: wait for it.
     for _ in range(600):
         if not training(istar_run):
             break
         time.sleep(1)
     assert f"{istar_run}/metrics.json" in incomplete_marks(tmp_path), snakemake_output[-5000:]
+    unlocked = snakemake(tmp_path, "--unlock")  # what Snakemake asks for after it was killed
+    assert unlocked.returncode == 0, unlocked.stderr[-3000:]
     # Snakemake itself checks incomplete marks before the post-checkpoint jobs exist (so its dry
     # run still lists nothing for this run); the workflow's onstart repeats the check on the
     # whole DAG before any job starts. Without --rerun-incomplete: Snakemake's own refusal.

@@ -1,6 +1,6 @@
 # Evaluation, activations and analysis of the fine-tuned models: one job per setting and set
 # of seeds (named in the path) measures those runs in one process (istar.measure), so the
-# paper's DAG holds about one job per setting here rather than three per run, and no
+# paper's DAG holds about one job per setting here rather than two or three per run, and no
 # activations file is kept per run. A study's seeds come from the config alone, so these jobs
 # never wait for the search's choice unless their setting does.
 
@@ -23,6 +23,8 @@ rule measure:
         gpu=min(GPUS, 1),
         # every [CLS] vector of every layer is held for TwoNN: about 1.6 GB for QQP with BERT-base
         mem_mb=TRAINING["mem_mb"],
+        # several runs, each with an exact TwoNN over every [CLS] vector per layer (CPU), in one job
+        runtime=TRAINING["runtime"],
     params:
         spec=measure_spec_json,
     shell:
