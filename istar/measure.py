@@ -11,7 +11,7 @@ setting with the seeds the output's path names) the saved model is loaded once a
 The statistics stay in memory: an activations file holds every [CLS] vector of every layer
 (for QQP's 40k validation pairs and BERT-base about 1.6 GB per run), so the workflow does not
 keep one per run; ``istar activations`` and ``istar analyze`` write and read such files for
-manual work. One job per setting rather than three per run keeps the paper's DAG small
+manual work. One job per setting rather than two or three per run keeps the paper's DAG small
 (docs/architecture.md). The output, written once at the end (atomically, with its hash)::
 
     {"split", "sigma_s", "zeta", "evaluated": bool,
