@@ -27,6 +27,7 @@ import importlib
 import sys
 
 from .revisions import RevisionUnavailableError
+from .tracking import TrackerUnavailableError
 
 SUBCOMMANDS = {
     "config": ("istar.config", "validate a workflow config and print it with every default filled in"),
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
     module = importlib.import_module(args.module)
     try:
         return module.run_cli(args)
-    except (ValueError, FileNotFoundError, RevisionUnavailableError) as error:
+    except (ValueError, FileNotFoundError, RevisionUnavailableError, TrackerUnavailableError) as error:
         print(f"istar {args.command}: error: {error}", file=sys.stderr)
         return 2
     finally:

@@ -16,14 +16,17 @@ from pathlib import Path
 
 from . import __version__, artifacts
 from .specs import TrainSpec
+from .tracking import tracking_dir
 
 __all__ = ["run_fingerprint", "fingerprint_hash", "changed_settings", "latest_state", "matching_state", "save_state",
-           "discard_partial_outputs", "restore_log"]
+           "discard_partial_outputs", "restore_log", "saved_tracking"]
 
 # Settings that change neither the arithmetic nor the data order of a run: a state saved under
 # other values of these is still the same run.
-NOT_IN_FINGERPRINT = ("output_dir", "checkpoint_every", "mixed_precision")
-# (mixed_precision is the precision asked for; the one that actually runs enters as "precision".)
+NOT_IN_FINGERPRINT = ("output_dir", "checkpoint_every", "mixed_precision", "trackers", "mlflow_tracking_uri")
+# (mixed_precision is the precision asked for; the one that actually runs enters as "precision".
+# Where a run's curves are shown, and the code's provenance (git commit), are not part of it:
+# a new commit or another tracker must not invalidate finished runs or resume states.)
 
 
 def run_fingerprint(spec: TrainSpec, meta: dict, model_path: str, num_processes: int, precision: str) -> dict:
@@ -88,8 +91,13 @@ def matching_state(resume_dir: Path, fingerprint: dict, print_fn=print) -> Path 
     return None
 
 
-def save_state(accelerator, resume_dir: Path, step: int, log_path: Path, fingerprint: dict) -> None:
-    """Save the accelerate state atomically as ``state-{step}`` with the run's fingerprint; drop older states."""
+def save_state(accelerator, resume_dir: Path, step: int, log_path: Path, fingerprint: dict,
+               tracking: dict | None = None) -> None:
+    """Save the accelerate state atomically as ``state-{step}`` with the run's fingerprint; drop older states.
+
+    ``tracking`` (:meth:`istar.tracking.Tracking.state`: the tracker run ids) is kept as
+    ``tracking.json`` so that a resumed run continues the same tracker runs.
+    """
     final = resume_dir / f"state-{step:08d}"
     staging = resume_dir / f".staging-{step:08d}"
     if accelerator.is_main_process:
@@ -100,6 +108,7 @@ def save_state(accelerator, resume_dir: Path, step: int, log_path: Path, fingerp
         if log_path.exists():
             shutil.copy2(log_path, staging / "train_log.csv")
         (staging / "fingerprint.json").write_text(json.dumps(fingerprint, sort_keys=True, indent=1))
+        (staging / "tracking.json").write_text(json.dumps(tracking or {}, sort_keys=True))
         (staging / "COMPLETE").write_text(f"step {step}\n")
         artifacts.replace_directory(staging, final)
         for old in resume_dir.glob("state-*"):
@@ -108,10 +117,17 @@ def save_state(accelerator, resume_dir: Path, step: int, log_path: Path, fingerp
     accelerator.wait_for_everyone()
 
 
+def saved_tracking(state: Path | None) -> dict:
+    """The tracker run ids a saved state kept (empty for a fresh start or a state saved without trackers)."""
+    path = state / "tracking.json" if state is not None else None
+    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
+
+
 def discard_partial_outputs(out: Path) -> None:
-    """Before a fresh start: Σ_S files of an earlier attempt would be mistaken for this run's."""
+    """Before a fresh start: Σ_S files and tracker files of an earlier attempt would be mistaken for this run's."""
     for stale in out.glob("sigma_epoch*.pt"):
         stale.unlink()
+    shutil.rmtree(tracking_dir(out), ignore_errors=True)
 
 
 def restore_log(log_path: Path, state: Path | None) -> None:

@@ -68,7 +68,8 @@ class Step:
         return make_loader(features, self.tokenizer, batch_size, sampler=sampler, pad_to_multiple_of=pad_to_multiple_of)
 
 
-def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumulation_steps: int = 1) -> Step:
+def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumulation_steps: int = 1,
+              log_with: list | None = None, project_dir: str | None = None) -> Step:
     """Open a model step.
 
     Parameters
@@ -78,6 +79,7 @@ def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumu
         depends on this seed only (training, Σ_S of a pretrained model); None leaves the
         random state alone.
     gradient_accumulation_steps : passed to the ``Accelerator`` (training only).
+    log_with, project_dir : accelerate's trackers and their logging folder (training only, :mod:`istar.tracking`).
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -89,7 +91,8 @@ def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumu
     from .models import load_model, load_tokenizer, resolve_model_source
     from .tasks import get_task
 
-    accelerator = Accelerator(mixed_precision=spec.mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps)
+    accelerator = Accelerator(mixed_precision=spec.mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps,
+                              log_with=log_with or None, project_dir=project_dir)
     meta = read_meta(spec.data_dir)
     task = get_task(meta["task"])
     model_path = Path(resolve_model_source(spec.model))

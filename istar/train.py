@@ -23,6 +23,10 @@ Outputs appear atomically when the run is done:
     OUT/run_config.json     the resolved configuration, precision and environment
     OUT/model/              the final model and tokenizer (save_pretrained)
     OUT/sigma_epoch{e}.pt   the Σ_S used in epoch e (I-STAR)
+    OUT/tracking/           TensorBoard and DVCLive files, when ``trackers`` asks for them (:mod:`istar.tracking`)
+
+``run_config.json`` also records the code's provenance (:mod:`istar.provenance`: git commit,
+uncommitted changes, package versions); the trackers show the same curves live.
 
 Every run, whatever its method, also measures Σ_S of its current model before training and
 after every epoch (the same statistic I-STAR recomputes, on ``shrinkage_rows`` rows of the
@@ -49,14 +53,16 @@ import torch
 from tqdm.auto import tqdm
 
 from . import __version__, artifacts
+from .provenance import code_provenance
 from .encoding import EpochShuffleSampler
 from .evaluate import evaluate_model
 from .isotropy import isoscore_star_from_covariance
 from .resume import (discard_partial_outputs, fingerprint_hash, latest_state, matching_state, restore_log,
-                     run_fingerprint, save_state)
+                     run_fingerprint, save_state, saved_tracking)
 from .regularizers import Penalty, cosreg_penalty, global_istar_penalty, istar_penalty, resolve_layers
 from .shrinkage import accumulate_shrinkage, load_layer_statistics, load_shrinkage, merge_layers, save_shrinkage
 from .specs import TrainSpec, add_spec_arguments, spec_from_cli
+from .tracking import Tracking, settings_as_parameters
 
 __all__ = ["TrainSpec", "train", "optimization_step", "build_optimizer"]
 
@@ -147,7 +153,13 @@ class Run:
     log_path: Path
     precision: str
     fingerprint: dict
+    tracking: Tracking
     total_steps: int = 0
+
+    def save_state(self, step: int) -> None:
+        """A resumable state; the trackers hold every point up to it first."""
+        self.tracking.commit()
+        save_state(self.step.accelerator, self.resume_dir, step, self.log_path, self.fingerprint, self.tracking.state())
 
 
 def train(spec: TrainSpec, restart: bool = False) -> dict:
@@ -178,7 +190,10 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
 
     from .steps import open_step
 
-    step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps)
+    tracking = Tracking(spec.trackers, out, spec.mlflow_tracking_uri)
+    tracking.preflight()  # a tracking server that does not answer stops the run before anything is loaded
+    step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps,
+                     log_with=tracking.log_with, project_dir=tracking.project_dir)
     accelerator, task, model = step.accelerator, step.task, step.model
     precision = effective_precision(accelerator, spec.mixed_precision)
     distributed = accelerator.num_processes > 1
@@ -211,7 +226,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
 
     fingerprint = run_fingerprint(spec, step.meta, step.model_path, accelerator.num_processes, precision)
     run = Run(spec=spec, step=step, out=out, resume_dir=resume_dir, log_path=resume_dir / "train_log.csv",
-              precision=precision, fingerprint=fingerprint, total_steps=total_steps)
+              precision=precision, fingerprint=fingerprint, tracking=tracking, total_steps=total_steps)
     state = matching_state(resume_dir, fingerprint, accelerator.print) if accelerator.is_main_process else None
     accelerator.wait_for_everyone()
     state = latest_state(resume_dir)  # every process sees what the main process kept
@@ -222,6 +237,8 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         discard_partial_outputs(out)
     if accelerator.is_main_process:
         restore_log(run.log_path, state)
+    tracking.start(accelerator, settings_as_parameters(spec, code_provenance()),
+                   resume_step=progress.step if state is not None else None, saved=saved_tracking(state))
 
     unwrapped = accelerator.unwrap_model(model)
     if spec.method == "istar" and progress.sigma_s is None and spec.zeta > 0:
@@ -235,6 +252,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         sigma = (progress.sigma_s if progress.sigma_s is not None
                  else _sigma_pass(run, unwrapped, train_features, 0)[1].covariance().cpu())
         progress.sigma_isoscore.append(_isoscore(sigma))
+        tracking.log({"sigma_s_isoscore": progress.sigma_isoscore[0]}, step=0)
     sigma_device = progress.sigma_s.to(accelerator.device) if progress.sigma_s is not None else None
 
     requested = {"no": "fp32"}.get(spec.mixed_precision, spec.mixed_precision)
@@ -274,10 +292,12 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
                 row = _log_row(accelerator, sums, progress.step, epoch + 1, scheduler.get_last_lr()[0])
                 if accelerator.is_main_process:
                     _append_log(run.log_path, row)
+                    tracking.log({f"train/{key}": row[key] for key in LOG_COLUMNS if key not in ("step", "epoch")},
+                                 step=progress.step)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", **({"iso*": f"{row['isoscore_star']:.3f}"} if row["isoscore_star"] != "" else {}))
             sums = {}
             if spec.checkpoint_every and progress.step % spec.checkpoint_every == 0:
-                save_state(accelerator, resume_dir, progress.step, run.log_path, fingerprint)
+                run.save_state(progress.step)
         bar.close()
 
         result = evaluate_model(model, eval_loader, task, accelerator, features=eval_features, frame=eval_frame)
@@ -285,7 +305,9 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         accelerator.print(f"epoch {epoch + 1}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
         progress.epoch, progress.batches_in_epoch = epoch + 1, 0
         sigma_device = _track_sigma(run, unwrapped, train_features, epoch + 1, progress, sigma_device)
-        save_state(accelerator, resume_dir, progress.step, run.log_path, fingerprint)
+        tracking.log({"epoch": epoch + 1, "sigma_s_isoscore": progress.sigma_isoscore[-1],
+                      **{f"eval/{key}": value for key, value in result.items()}}, step=progress.step)
+        run.save_state(progress.step)
 
     return _finish(run, unwrapped, progress, time.perf_counter() - start_time)
 
@@ -396,10 +418,12 @@ def _finish(run: Run, model, progress: Progress, seconds: float) -> dict:
             "num_processes": accelerator.num_processes, "device": accelerator.device.type,
             "total_optimizer_steps": run.total_steps, "train_seconds": round(seconds, 2),
             "model_source": step.model_name, "data_meta": meta, "fingerprint": fingerprint, "fingerprint_inputs": run.fingerprint,
-            "istar_version": __version__, "torch_version": torch.__version__,
+            "istar_version": __version__, "torch_version": torch.__version__, "provenance": code_provenance(),
+            "trackers": {"names": list(spec.trackers), **run.tracking.state()},
         })
         artifacts.write_json(out / "metrics.json", report)
         shutil.rmtree(run.resume_dir, ignore_errors=True)
+    run.tracking.finish()
     accelerator.wait_for_everyone()
     accelerator.print(f"done: {task.metric} = {final.get(task.metric, float('nan')):.4f} -> {out}")
     return report
