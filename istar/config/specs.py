@@ -157,6 +157,7 @@ class TrainSpec(ModelData):
     log_every: int = option(1, help="write a train_log.csv row every K optimizer steps", positive=True)
     trackers: list[str] = config_field("tracking.trackers")
     mlflow_tracking_uri: typing.Optional[str] = config_field("tracking.mlflow_tracking_uri")
+    tracking_experiment: str = config_field("tracking.experiment")
 
     def validate(self) -> None:
         super().validate()

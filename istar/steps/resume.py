@@ -24,7 +24,8 @@ __all__ = ["run_fingerprint", "fingerprint_hash", "changed_settings", "latest_st
 
 # Settings that change neither the arithmetic nor the data order of a run: a state saved under
 # other values of these is still the same run.
-NOT_IN_FINGERPRINT = ("output_dir", "checkpoint_every", "mixed_precision", "trackers", "mlflow_tracking_uri")
+NOT_IN_FINGERPRINT = ("output_dir", "checkpoint_every", "mixed_precision", "trackers", "mlflow_tracking_uri",
+                      "tracking_experiment")
 # (mixed_precision is the precision asked for; the one that actually runs enters as "precision".
 # Where a run's curves are shown, and the code's provenance (git commit), are not part of it:
 # a new commit or another tracker must not invalidate finished runs or resume states.)

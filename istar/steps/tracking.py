@@ -10,10 +10,13 @@ everything accelerate logs, only the main process writes. A run logs, at optimiz
     sigma_s_isoscore                                      at t = 0 (Σ_S of the model before training)
 
 and its settings (the TrainSpec) and provenance as parameters. Files stay in the run folder:
-``OUT/tracking/tensorboard/`` (event files) and ``OUT/tracking/dvclive/`` (DVCLive's metric
-TSVs, params.yaml and a dvc.yaml for ``dvc plots show``). DVCLive creates no DVC experiment
-(``save_dvc_exp=False``): Snakemake runs many fine-tuning jobs at once in one checkout, and
-each experiment would be a git commit of that checkout taken under DVC's repository lock.
+``OUT/tracking/tensorboard/{experiment}/`` (event files) and ``OUT/tracking/dvclive/`` (DVCLive's metric
+TSVs under ``plots/metrics/``, ``metrics.json``, ``params.yaml``; ``dvc plots show`` renders the
+TSVs). DVCLive creates no DVC experiment (``save_dvc_exp=False``): Snakemake runs many
+fine-tuning jobs at once in one checkout, and each experiment would be a git commit of that
+checkout taken under DVC's repository lock. Nor does it write a ``dvc.yaml`` (``dvcyaml=False``):
+run folders lie inside ``results/runs``, an output of the project's DVC stage, where DVC refuses
+another stage file; the run folders, tracker files included, are shared through DVC as outputs.
 
 **Resume.** A resumed run continues the same tracker runs: MLflow's run id is kept in every
 saved state (``tracking.json``, :meth:`Tracking.state`); TensorBoard and DVCLive continue in
@@ -107,8 +110,7 @@ def _dvclive_dir(context: RunContext) -> Path:
 
 def _dvclive_kwargs(context: RunContext) -> dict:
     folder = _dvclive_dir(context)
-    return {"dir": str(folder), "resume": context.resume_step is not None, "save_dvc_exp": False,
-            "dvcyaml": str(folder / "dvc.yaml")}
+    return {"dir": str(folder), "resume": context.resume_step is not None, "save_dvc_exp": False, "dvcyaml": False}
 
 
 def _dvclive_rollback(context: RunContext) -> None:
@@ -194,18 +196,19 @@ class Tracking:
 
     Use::
 
-        tracking = Tracking(names, out, mlflow_tracking_uri)   # before the Accelerator: .log_with, .project_dir
-        tracking.preflight(resume_step)                         # every process: servers answer
+        tracking = Tracking(names, out, experiment, uri)      # before the Accelerator: .log_with, .project_dir
+        tracking.preflight()                                    # every process: servers answer
         tracking.start(accelerator, parameters, resume_step, saved)
         tracking.log(values, step) … tracking.commit() before each saved state … tracking.finish()
     """
 
-    def __init__(self, names, out, mlflow_tracking_uri: str | None = None):
+    def __init__(self, names, out, experiment: str = "istar", mlflow_tracking_uri: str | None = None):
         unknown = sorted(set(names) - set(TRACKERS))
         if unknown:
             raise ValueError(f"unknown tracker(s) {', '.join(unknown)}; choose from {', '.join(TRACKER_NAMES)}")
         self.kinds = [TRACKERS[name] for name in names]
         self.out = Path(out)
+        self.experiment = experiment
         self.uri = mlflow_tracking_uri
         self.accelerator = None
         self.trackers: dict = {}     # name → accelerate tracker (main process)
@@ -220,8 +223,8 @@ class Tracking:
 
     @property
     def project_dir(self) -> str:
-        """accelerate's logging directory: TensorBoard writes under ``OUT/tracking/tensorboard``."""
-        return str(tracking_dir(self.out))
+        """accelerate's logging directory: TensorBoard writes to ``OUT/tracking/tensorboard/{experiment}``."""
+        return str(tracking_dir(self.out) / "tensorboard")
 
     def _run_context(self, resume_step, saved: dict, kind: TrackerKind) -> RunContext:
         return RunContext(out=self.out, name=str(self.out), resume_step=resume_step, saved=saved.get(kind.key, {}),
@@ -246,7 +249,8 @@ class Tracking:
                 kind.rollback(self._run_context(resume_step, saved, kind))
         init_kwargs = {kind.key: kind.init_kwargs(self._run_context(resume_step, saved, kind)) for kind in self.kinds}
         config = {key: _parameter(value) for key, value in parameters.items()} if resume_step is None else None
-        accelerator.init_trackers("tensorboard", config=config, init_kwargs=init_kwargs)
+        # the project name is MLflow's experiment and TensorBoard's folder under project_dir
+        accelerator.init_trackers(self.experiment, config=config, init_kwargs=init_kwargs)
         if accelerator.is_main_process:
             self.trackers = {kind.key: accelerator.get_tracker(kind.key) for kind in self.kinds}
             self.logged = {kind.key: kind.logged_steps(self._run_context(resume_step, saved, kind))

@@ -191,7 +191,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
 
     from istar.steps.common import open_step
 
-    tracking = Tracking(spec.trackers, out, spec.mlflow_tracking_uri)
+    tracking = Tracking(spec.trackers, out, spec.tracking_experiment, spec.mlflow_tracking_uri)
     tracking.preflight()  # a tracking server that does not answer stops the run before anything is loaded
     step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps,
                      log_with=tracking.log_with, project_dir=tracking.project_dir)
