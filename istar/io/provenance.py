@@ -5,12 +5,13 @@ Every run (``run_config.json``), measurement file and the report record :func:`c
     {"git": {"commit": "…40 hex…", "dirty": true, "diff_sha256": "…", "root": "/path/to/checkout"},
      "versions": {"istar": "0.1.0", "torch": "2.13.0", "transformers": …, "accelerate": …, "python": "3.11.7"}}
 
-The checkout is the one holding the working directory (Snakemake runs every job from the
-workflow's root). ``dirty`` is true when tracked files differ from the commit or untracked,
+The checkout is the one holding the imported ``istar`` package (the code that ran: the
+workflow's own checkout, or an editable install of it); when the package lies outside any
+checkout, the one holding the working directory (Snakemake runs every job from the workflow's root). ``dirty`` is true when tracked files differ from the commit or untracked,
 non-ignored files exist; ``diff_sha256`` hashes those changes (``git diff HEAD --binary`` and
 the untracked files' names and contents), so two results with the same commit and hash ran
 the same code. Outside a git checkout (or without git) ``git`` is
-``{"commit": null, "note": "not a git checkout: …"}``.
+``{"commit": null, "note": "not a git checkout: …"}``, naming both places looked at.
 
 Provenance is not part of a run's fingerprint (:mod:`istar.steps.resume`): a new commit must not
 invalidate finished runs or resume states.
@@ -19,6 +20,7 @@ invalidate finished runs or resume states.
 from __future__ import annotations
 
 import hashlib
+import json
 import platform
 import subprocess
 from functools import lru_cache
@@ -76,9 +78,15 @@ def package_versions() -> dict:
 
 @lru_cache(maxsize=4)
 def _provenance(cwd: str) -> dict:
-    return {"git": git_provenance(cwd), "versions": package_versions()}
+    package = Path(__file__).resolve().parents[1]
+    git = git_provenance(package)
+    if git["commit"] is None:
+        git = git_provenance(cwd)
+        if git["commit"] is None:
+            git["note"] = f"not a git checkout: neither the istar package ({package}) nor the working directory ({cwd})"
+    return {"git": git, "versions": package_versions()}
 
 
 def code_provenance() -> dict:
-    """:func:`git_provenance` of the working directory and :func:`package_versions` (once per process and directory)."""
-    return _provenance(str(Path.cwd()))
+    """:func:`git_provenance` of the code's checkout and :func:`package_versions` (once per process and directory)."""
+    return json.loads(json.dumps(_provenance(str(Path.cwd()))))  # a copy: callers may extend it

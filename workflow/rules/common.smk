@@ -5,7 +5,7 @@ import json
 
 from snakemake.exceptions import WorkflowError
 
-from istar.report.aggregate import AGGREGATE_NAMES
+from istar.report.aggregate import AGGREGATE_NAMES, PROVENANCE_NAME
 from istar.config.schema import STUDIES, ConfigError
 from istar.pipeline.validate import validate_config
 from istar.report.figures import PROFILE_FIGURES, PROFILES_CSV, enabled_figures
@@ -58,6 +58,7 @@ PROFILES = [
 ]
 PROFILES_TABLE = f"results/aggregate/{PROFILES_CSV}.csv"
 AGGREGATES = expand("results/aggregate/{name}.csv", name=AGGREGATE_NAMES)
+PROVENANCE_CSV = f"results/aggregate/{PROVENANCE_NAME}.csv"
 
 
 wildcard_constraints:
