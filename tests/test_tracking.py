@@ -223,3 +223,27 @@ def test_a_server_that_goes_away_mid_run_costs_a_warning_not_the_run(tiny_model_
     assert [int(row["step"]) for row in read_log(out / "train_log.csv")] == list(range(1, 41))
     assert json.loads((out / "metrics.json").read_text())["final"]["step"] == 40
     assert [s for s, _ in tensorboard_scalars(out)["train/loss"]] == list(range(1, 41))  # the other tracker has it all
+
+
+def test_the_schema_lists_exactly_the_tracker_registry():
+    from istar.config.schema import load_schema
+    from istar.steps.tracking import TRACKER_NAMES
+
+    schema = load_schema()["properties"]["tracking"]["properties"]["trackers"]
+    assert schema["items"]["enum"] == list(TRACKER_NAMES) and schema["default"] == []
+
+
+def test_trackers_and_provenance_stay_out_of_the_fingerprint(tiny_model_dir, prepared):
+    """A new tracker or a new commit must not invalidate finished runs or resume states."""
+    import dataclasses
+
+    from istar.config.specs import TrainSpec
+    from istar.steps.resume import run_fingerprint
+
+    spec = TrainSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte")), output_dir="a", method="base")
+    traced = dataclasses.replace(spec, trackers=["tensorboard", "mlflow"], mlflow_tracking_uri="http://127.0.0.1:1",
+                                 tracking_experiment="other")
+    meta = json.loads((prepared("rte") / "meta.json").read_text())
+    fingerprint = run_fingerprint(spec, meta, str(tiny_model_dir), 1, "fp32")
+    assert run_fingerprint(traced, meta, str(tiny_model_dir), 1, "fp32") == fingerprint
+    assert not any("provenance" in key or "git" in key for key in fingerprint)
