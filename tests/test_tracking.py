@@ -247,3 +247,21 @@ def test_trackers_and_provenance_stay_out_of_the_fingerprint(tiny_model_dir, pre
     fingerprint = run_fingerprint(spec, meta, str(tiny_model_dir), 1, "fp32")
     assert run_fingerprint(traced, meta, str(tiny_model_dir), 1, "fp32") == fingerprint
     assert not any("provenance" in key or "git" in key for key in fingerprint)
+
+
+def test_the_config_chooses_the_trackers_of_every_run():
+    from istar.config.layout import Setting
+    from istar.config.schema import ConfigError
+    from istar.pipeline.plan import train_spec
+    from istar.pipeline.validate import load_config, validate_config
+
+    config = load_config(REPO / "config" / "config.yaml")
+    assert config["tracking"] == {"trackers": [], "experiment": "istar", "mlflow_tracking_uri": None}  # off in the demo
+    config["tracking"].update(trackers=["tensorboard", "mlflow"], mlflow_tracking_uri="http://127.0.0.1:5000")
+    spec = train_spec(validate_config(config, check_paths=False), model="minilm", task="rte", setting=Setting("base"),
+                      seed=0, data_dir="resources/data/rte", output_dir="results/runs/minilm/rte/base/seed0",
+                      sigma_s=None)
+    assert spec.trackers == ["tensorboard", "mlflow"] and spec.mlflow_tracking_uri == "http://127.0.0.1:5000"
+    config["tracking"]["trackers"] = ["wandb"]
+    with pytest.raises(ConfigError, match=r"tracking\.trackers\[0\]"):
+        validate_config(config, check_paths=False)
