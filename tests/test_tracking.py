@@ -265,3 +265,28 @@ def test_the_config_chooses_the_trackers_of_every_run():
     config["tracking"]["trackers"] = ["wandb"]
     with pytest.raises(ConfigError, match=r"tracking\.trackers\[0\]"):
         validate_config(config, check_paths=False)
+
+
+@pytest.mark.slow
+def test_only_the_main_process_logs_under_data_parallelism(tiny_model_dir, prepared, mlflow_server, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from test_train import ACCELERATE_2_CPU
+
+    launcher = [str(Path(sys.executable).parent / ACCELERATE_2_CPU[0]), *ACCELERATE_2_CPU[1:]]
+    out = tmp_path / "run"
+    args = train_args(tiny_model_dir, prepared("rte", 64, 24), out, "--epochs", 1, "--trackers", "tensorboard",
+                      "dvclive", "mlflow", "--mlflow-tracking-uri", mlflow_server.uri)
+    result = subprocess.run([*launcher, *map(str, args)], env={**ENV, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"},
+                            cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((out / "run_config.json").read_text())["num_processes"] == 2
+    steps = list(range(1, 5))  # 64 examples / (8 per rank × 2 ranks)
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    runs = client.search_runs([client.get_experiment_by_name("istar").experiment_id],
+                              filter_string=f"attributes.run_name = '{out}'")
+    assert len(runs) == 1  # one MLflow run, not one per process
+    assert [s for s, _ in mlflow_history(mlflow_server, runs[0].info.run_id)["train/loss"]] == steps
+    assert len(list((out / "tracking" / "tensorboard" / "istar").glob("events.out.tfevents.*"))) == 1
+    assert [s for s, _ in tensorboard_scalars(out)["train/loss"]] == steps
+    assert [s for s, _ in dvc_plots(tmp_path, out)["train/loss"]] == steps
