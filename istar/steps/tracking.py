@@ -81,7 +81,6 @@ class TrackerKind:
     """
 
     key: str
-    package: str
     init_kwargs: Callable[[RunContext], dict]
     check: Callable[[RunContext], None] = lambda context: None
     rollback: Callable[[RunContext], None] = lambda context: None
@@ -178,9 +177,9 @@ def _mlflow_logged_steps(context: RunContext) -> dict:
 
 
 TRACKERS: dict[str, TrackerKind] = {kind.key: kind for kind in (
-    TrackerKind("tensorboard", "tensorboard", _tensorboard_kwargs, flush=_tensorboard_flush),
-    TrackerKind("dvclive", "dvclive", _dvclive_kwargs, rollback=_dvclive_rollback),
-    TrackerKind("mlflow", "mlflow", _mlflow_kwargs, check=_mlflow_check, logged_steps=_mlflow_logged_steps,
+    TrackerKind("tensorboard", _tensorboard_kwargs, flush=_tensorboard_flush),
+    TrackerKind("dvclive", _dvclive_kwargs, rollback=_dvclive_rollback),
+    TrackerKind("mlflow", _mlflow_kwargs, check=_mlflow_check, logged_steps=_mlflow_logged_steps,
                 run_id=lambda tracker: {"run_id": tracker.active_run.info.run_id}),
 )}
 TRACKER_NAMES = tuple(TRACKERS)
@@ -210,12 +209,10 @@ class Tracking:
         self.out = Path(out)
         self.experiment = experiment
         self.uri = mlflow_tracking_uri
-        self.accelerator = None
         self.trackers: dict = {}     # name → accelerate tracker (main process)
         self.logged: dict = {}       # name → {key: last step the tracker already holds}
         self.pending: dict = {}      # name → [(values, step)] not yet accepted by a failing tracker
         self.warned: set = set()     # trackers that failed (one warning each)
-        self._context = None
 
     @property
     def log_with(self) -> list[str]:
@@ -240,7 +237,6 @@ class Tracking:
 
         ``parameters`` are stored only on a fresh start (the resumed runs have them).
         """
-        self.accelerator = accelerator
         if not self.kinds:
             return
         saved = saved or {}
