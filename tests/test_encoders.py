@@ -121,3 +121,6 @@ def test_a_model_without_per_layer_hidden_states_is_refused_at_validation(model_
         validate_config({"models": {"odd": str(folder)}, "tasks": ["rte"],
                          "data": {"mirror": "config/demo-data"}}, check_paths=True)
     assert "config key 'models.odd'" in str(error.value) and reason in str(error.value)
+    if model_type != "no-such-model":  # a hub model is checked when a step loads it, before its weights
+        with pytest.raises(ValueError, match=reason):
+            load_model(str(folder), get_task("rte"))

@@ -241,9 +241,13 @@ def load_model(source: str, task: Task):
     newly initialised unless the source already has one of the right shape (a fine-tuned
     checkpoint), so seed torch before calling.
     """
-    from transformers import AutoModelForQuestionAnswering, AutoModelForSequenceClassification
+    from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoModelForSequenceClassification
 
     name, kwargs = _pretrained_arguments(source)
+    # the config validation checks local folders; a hub model is checked here, before its weights load
+    problem = hidden_states_problem(AutoConfig.from_pretrained(name, **kwargs).to_dict())
+    if problem is not None:
+        raise ValueError(f"model {source}: {problem}")
     if task.kind == "qa":
         return AutoModelForQuestionAnswering.from_pretrained(name, **kwargs)
     problem_type = "regression" if task.kind == "regression" else "single_label_classification"
