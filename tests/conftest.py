@@ -66,13 +66,13 @@ HUB_ENCODERS = {"modernbert": "istar-test/tiny-modernbert", "deberta_v3": "istar
 
 @pytest.fixture(scope="session")
 def hub(tmp_path_factory):
-    """A Hugging Face-compatible hub on 127.0.0.1 (olah, see tests/hub_server.py) for this session.
+    """A Hugging Face-compatible hub on 127.0.0.1 (olah, see tests/support/hub_server.py) for this session.
 
     Serves ``sentence-transformers/all-MiniLM-L6-v2`` (the packaged MiniLM's files; branches
     ``main`` and ``v2``, which differs in its README), a tiny GPT-NeoX ``istar-test/tiny-neox`` at
     branches ``step0`` and ``step1000`` (other weights; ``decoder_commits``), tiny random ModernBERT,
     DeBERTa-v3 and RoBERTa encoders (``HUB_ENCODERS``, ``encoder_commits``) and the dataset repos of
-    tests/hub_repos.py built from the data mirror. Yields the server with ``small_mirror`` (the
+    tests/support/hub_repos.py built from the data mirror. Yields the server with ``small_mirror`` (the
     mirror rows the datasets were built from), ``model_commits`` and ``dataset_commits``; use
     ``monkeypatch.setenv`` with ``hub.env(tmp_path / "hf")`` to point clients at it.
     """
@@ -95,7 +95,7 @@ def hub(tmp_path_factory):
     server.decoder_commits = {
         step: server.add_repo("models", HUB_DECODER, {step: tiny_model_files("gpt_neox", root / step, seed)})[step]
         for seed, step in enumerate(("step0", "step1000"))}
-    # newer encoders, tiny and random, built from their configs (tests/test_encoders.py)
+    # newer encoders, tiny and random, built from their configs (tests/workflow/test_encoders.py)
     server.encoder_commits = {
         repo_id: server.add_repo("models", repo_id, {"main": tiny_model_files(kind, root / kind)})["main"]
         for kind, repo_id in HUB_ENCODERS.items()}

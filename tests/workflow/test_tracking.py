@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from services import MlflowServer, free_port
+from services import ACCELERATE_2_CPU, MlflowServer, free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 ENV.pop("MLFLOW_TRACKING_URI", None)
 
@@ -270,8 +270,6 @@ def test_the_config_chooses_the_trackers_of_every_run():
 @pytest.mark.slow
 def test_only_the_main_process_logs_under_data_parallelism(tiny_model_dir, prepared, mlflow_server, tmp_path):
     from mlflow.tracking import MlflowClient
-
-    from test_train import ACCELERATE_2_CPU
 
     launcher = [str(Path(sys.executable).parent / ACCELERATE_2_CPU[0]), *ACCELERATE_2_CPU[1:]]
     out = tmp_path / "run"

@@ -12,6 +12,9 @@ import time
 from pathlib import Path
 
 APT_TIMEOUT = 600
+# `istar` under two gloo ranks on the CPU (prefix the venv's bin folder to the first item; set ACCELERATE_USE_CPU=true)
+ACCELERATE_2_CPU = ("accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                    "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "istar")
 
 
 def missing_programs(programs: list[str]) -> list[str]:
