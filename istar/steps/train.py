@@ -205,8 +205,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         resume_dir.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     num_hidden, hidden_size = model.config.num_hidden_layers + 1, model.config.hidden_size
-    # the hidden states the penalty reads (none for the baseline, whose registry entry has no penalty)
-    layer_indices = resolve_layers(spec.penalty_layers, num_hidden) if spec.penalty_layers is not None else []
+    layer_indices = resolve_layers(spec.penalty_layers, num_hidden)
     set_seed(spec.seed, device_specific=True)
 
     pad_multiple = 8 if precision in ("fp16", "bf16") else None
