@@ -23,7 +23,7 @@ from istar.data import (
     read_split,
     run_cli,
 )
-from istar.tasks import TASKS
+from istar.registry.tasks import TASKS
 from mirrors import FULL_MIRROR, TEST_DATA
 
 REPO = Path(__file__).parents[1]
