@@ -13,9 +13,9 @@ from istar.config.schema import ConfigError
 from istar.pipeline.validate import load_config, validate_config
 from istar.config.layout import Setting
 from istar.pipeline.plan import final_settings, search_settings, study_runs
+from mirrors import TEST_DATA
 
 REPO = Path(__file__).resolve().parents[2]
-MIRROR = REPO.parent / "shared" / "data"
 
 
 def demo():
@@ -64,10 +64,8 @@ def test_data_checks_name_the_key(tmp_path):
     config["data"]["mirror"] = str(tmp_path / "nowhere")
     with pytest.raises(ConfigError, match=r"config key 'data.mirror': .*nowhere does not exist"):
         validate_config(config)
-    if not MIRROR.is_dir():
-        pytest.skip("no data mirror")
     config = with_change("tasks", ["rte", "qnli"])
-    config["data"]["mirror"] = str(MIRROR)
+    config["data"]["mirror"] = str(TEST_DATA)
     with pytest.raises(ConfigError, match=r"lacks .*QNLI/train.tsv for qnli.*allow_standin"):
         validate_config(config)
     config["data"]["allow_standin"] = True
