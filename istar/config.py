@@ -166,6 +166,9 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
                           f"training.qa_max_length = {training['qa_max_length']}, so each window still holds the question")
     if 0.0 in config["search"]["lambdas"]:
         raise ConfigError("config key 'search.lambdas': λ = 0 is the baseline, which the final stage runs anyway; remove it")
+    if config["final"]["cosreg_lambda"] == 0:
+        raise ConfigError("config key 'final.cosreg_lambda': λ = 0 turns CosReg off, so its runs would be a second baseline "
+                          "labelled CosReg; give a non-zero λ (the paper's is 1.0)")
     if check_paths:
         _check_layers(config, _check_models(models))
         _check_data(config["data"], tasks)

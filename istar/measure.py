@@ -41,14 +41,15 @@ def measure_runs(spec: MeasureSpec) -> dict:
     from .activations import activation_statistics
     from .analysis import analyze_statistics
     from .evaluate import evaluation_report
+    from .shrinkage import load_layer_statistics
     from .steps import open_step
 
     spec.validate()
     missing = [run for run in spec.runs if not (Path(run) / "model").is_dir()]
     if missing:
         raise FileNotFoundError(f"no fine-tuned model/ in {', '.join(missing)}: train these runs first")
-    if not Path(spec.sigma_s).is_file():
-        raise FileNotFoundError(f"Σ_S file {spec.sigma_s} does not exist: run `istar shrinkage` first")
+    # Σ_S read (hash, NaN / inf) before the first model is evaluated, not after.
+    load_layer_statistics(spec.sigma_s)
     runs, main_process = {}, True
     for run in tqdm(spec.runs, desc="runs measured", unit="run"):
         step = open_step(spec.model_data(run))

@@ -178,6 +178,8 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
 
     from .steps import open_step
 
+    # The given Σ_S is read (hash, NaN / inf) before the model and data are loaded.
+    given_sigma = load_layer_statistics(spec.sigma_s) if spec.method == "istar" and spec.zeta > 0 else None
     step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps)
     accelerator, task, model = step.accelerator, step.task, step.model
     precision = effective_precision(accelerator, spec.mixed_precision)
@@ -224,8 +226,8 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         restore_log(run.log_path, state)
 
     unwrapped = accelerator.unwrap_model(model)
-    if spec.method == "istar" and progress.sigma_s is None and spec.zeta > 0:
-        per_layer, provenance = load_layer_statistics(spec.sigma_s)
+    if given_sigma is not None and progress.sigma_s is None:
+        per_layer, provenance = given_sigma
         progress.sigma_s, _ = load_shrinkage(spec.sigma_s, expected_layers=layer_indices, expected_dim=hidden_size)
         progress.sigma_epoch = 0
         if accelerator.is_main_process:

