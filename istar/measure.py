@@ -41,6 +41,7 @@ def measure_runs(spec: MeasureSpec) -> dict:
     from .activations import activation_statistics
     from .analysis import analyze_statistics
     from .evaluate import evaluation_report
+    from .run_folder import read_finished_run
     from .shrinkage import load_layer_statistics
     from .steps import open_step
 
@@ -48,6 +49,8 @@ def measure_runs(spec: MeasureSpec) -> dict:
     missing = [run for run in spec.runs if not (Path(run) / "model").is_dir()]
     if missing:
         raise FileNotFoundError(f"no fine-tuned model/ in {', '.join(missing)}: train these runs first")
+    for run in spec.runs:
+        read_finished_run(run)  # one finished run's outputs, unchanged, no training state beside them
     # Σ_S read (hash, NaN / inf) before the first model is evaluated, not after.
     load_layer_statistics(spec.sigma_s)
     runs, main_process = {}, True

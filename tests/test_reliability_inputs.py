@@ -211,3 +211,102 @@ def test_fine_tuned_model_and_resume_states_get_the_umask_mode(tiny_model_dir, p
     assert any(p.name == "model.safetensors" for p in written)
     modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in written if p.is_file()}
     assert set(modes.values()) == {"0o640"}, modes
+
+
+# ----------------------------------------------------------------------------- run folders
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_model_dir, prepared, tmp_path_factory):
+    """A finished base run of the tiny model (one epoch) and its Σ_S file; copy it before changing it."""
+    from istar.shrinkage import compute_shrinkage_file
+    from istar.specs import ShrinkageSpec, TrainSpec
+    from istar.train import train
+
+    root = tmp_path_factory.mktemp("finished")
+    sigma = root / "sigma0.pt"
+    compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte")), out=str(sigma),
+                                         rows=500))
+    spec = TrainSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte")), output_dir=str(root / "run"), epochs=1,
+                     batch_size=16)
+    train(spec)
+    return {"run": root / "run", "sigma": sigma, "spec": spec}
+
+
+def copied_run(finished_run, tmp_path) -> Path:
+    run = tmp_path / "results" / "runs" / "tiny" / "rte" / "base" / "seed0"
+    shutil.copytree(finished_run["run"], run)
+    return run
+
+
+def test_edited_metrics_are_named_before_use(finished_run, tmp_path):
+    from istar.selection import read_run, select_best
+
+    run = copied_run(finished_run, tmp_path)
+    assert read_run(run)["final"] == json.loads((run / "metrics.json").read_text())["final"]
+    metrics = json.loads((run / "metrics.json").read_text())
+    metrics["final"]["accuracy"] = 0.99  # edited by hand, hash left as it was
+    (run / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    for reader in (read_run, lambda folder: select_best([folder]), artifacts.verify_artifact):
+        with pytest.raises(DamagedArtifactError) as error:
+            reader(run if reader is not artifacts.verify_artifact else run / "metrics.json")
+        assert f"{run / 'metrics.json'} is damaged (its content differs from the sha256" in str(error.value)
+        assert f"snakemake --forcerun {run / 'metrics.json'}" in str(error.value)
+    del metrics["sha256"]  # a hash removed with the edit is no way around the check
+    (run / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    with pytest.raises(DamagedArtifactError, match="carries no content hash"):
+        read_run(run)
+
+
+def test_aggregate_cli_names_an_edited_metrics_file(finished_run, tmp_path):
+    run = copied_run(finished_run, tmp_path)
+    metrics = json.loads((run / "metrics.json").read_text())
+    metrics["final"]["accuracy"] = 0.99
+    (run / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    result = istar_cli("aggregate", "--out-dir", tmp_path / "aggregate", f"final={run}")
+    one_line_error(result, f"{run / 'metrics.json'} is damaged")
+    assert not (tmp_path / "aggregate").exists() or not list((tmp_path / "aggregate").iterdir())
+
+
+def test_a_reused_run_folder_is_cleared_before_training(finished_run, prepared, tiny_model_dir, tmp_path, capsys):
+    from istar.specs import TrainSpec
+    from istar.train import train
+
+    run = copied_run(finished_run, tmp_path)
+    (run / "sigma_epoch1.pt").write_bytes(b"left by an earlier I-STAR run")
+    other = TrainSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte")), output_dir=str(run), epochs=1,
+                      batch_size=16, learning_rate=1e-4)  # another setting, same folder
+    capsys.readouterr()
+    report = train(other)
+    assert (f"removed the outputs of an earlier run from {run} (metrics.json, run_config.json, train_log.csv, "
+            "model/) before training") in capsys.readouterr().out
+    assert not (run / "sigma_epoch1.pt").exists()
+    assert report["fingerprint"] != json.loads((finished_run["run"] / "metrics.json").read_text())["fingerprint"]
+
+
+def test_measure_refuses_a_run_folder_holding_two_runs(finished_run, tiny_model_dir, prepared, tmp_path):
+    run = copied_run(finished_run, tmp_path)
+    out = tmp_path / "measures.json"
+    command = ("measure", "--runs", run, "--data", prepared("rte"), "--sigma-s", finished_run["sigma"], "--out", out,
+               "--token-sample", 64)
+    # the saved state of another setting's training beside the finished outputs
+    state = run / "resume" / "state-00000003"
+    state.mkdir(parents=True)
+    (state / "COMPLETE").write_text("step 3\n")
+    one_line_error(istar_cli(*command), f"run folder {run} holds a saved training state (resume/state-00000003)")
+    shutil.rmtree(run / "resume")
+    # another run's model/ beside these metrics
+    shutil.rmtree(run / "model")
+    shutil.copytree(tiny_model_dir, run / "model")
+    artifacts.record_digests(run / "model")
+    one_line_error(istar_cli(*command), f"run folder {run} mixes two runs: {run / 'model'} is not the model")
+    assert not out.exists()
+
+
+def test_measure_names_a_non_finite_sigma_before_evaluating(finished_run, nan_sigma, prepared, tmp_path):
+    run = copied_run(finished_run, tmp_path)
+    out = tmp_path / "measures.json"
+    result = istar_cli("measure", "--runs", run, "--data", prepared("rte"), "--sigma-s", nan_sigma, "--out", out,
+                       "--evaluate")
+    one_line_error(result, nan_sigma, "NaN or inf")
+    assert "IsoScore*" not in result.stdout and not out.exists()

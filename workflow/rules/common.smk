@@ -6,6 +6,7 @@ import json
 from snakemake.exceptions import WorkflowError
 
 from istar.aggregate import AGGREGATE_NAMES
+from istar.artifacts import read_json
 from istar.config import STUDIES, ConfigError, load_schema, validate_config
 from istar.figures import PROFILE_FIGURES, PROFILES_CSV, enabled_figures
 from istar.methods import METHOD_PATTERN
@@ -196,8 +197,10 @@ def profile_spec_json(wildcards, output):
 
 def selection(model, task) -> Setting:
     """The I-STAR setting the search chose (waits for the `select` checkpoint)."""
-    with open(checkpoints.select.get(model=model, task=task).output[0]) as handle:
-        return selected_setting(json.load(handle), config)
+    # read_json checks the content hash `istar select` recorded: an edited choice is named
+    return selected_setting(
+        read_json(checkpoints.select.get(model=model, task=task).output[0]), config
+    )
 
 
 def num_layers(model, task) -> int:
