@@ -201,7 +201,7 @@ def test_fine_tuned_model_and_resume_states_get_the_umask_mode(tiny_model_dir, p
     old = os.umask(0o027)
     try:
         train(TrainSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte")), output_dir=str(tmp_path / "run"),
-                        epochs=1, batch_size=16))
+                        epochs=1, batch_size=16, method="cosreg", lam=1.0))
         accelerator = Accelerator(cpu=True)
         model = accelerator.prepare(torch.nn.Linear(4, 2))
         assert model is not None
@@ -219,7 +219,7 @@ def test_fine_tuned_model_and_resume_states_get_the_umask_mode(tiny_model_dir, p
 
 @pytest.fixture(scope="module")
 def finished_run(tiny_model_dir, prepared, tmp_path_factory):
-    """A finished base run of the tiny model (one epoch) and its Σ_S file; copy it before changing it."""
+    """A finished CosReg run of the tiny model (one epoch) and its Σ_S file; copy it before changing it."""
     from istar.steps.shrinkage import compute_shrinkage_file
     from istar.config.specs import ShrinkageSpec, TrainSpec
     from istar.steps.train import train
@@ -229,13 +229,13 @@ def finished_run(tiny_model_dir, prepared, tmp_path_factory):
     compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte")), out=str(sigma),
                                          rows=500))
     spec = TrainSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte")), output_dir=str(root / "run"), epochs=1,
-                     batch_size=16)
+                     batch_size=16, method="cosreg", lam=1.0)
     train(spec)
     return {"run": root / "run", "sigma": sigma, "spec": spec}
 
 
 def copied_run(finished_run, tmp_path) -> Path:
-    run = tmp_path / "results" / "runs" / "tiny" / "rte" / "base" / "seed0"
+    run = tmp_path / "results" / "runs" / "tiny" / "rte" / "cosreg_lam1" / "seed0"
     shutil.copytree(finished_run["run"], run)
     return run
 
@@ -276,7 +276,7 @@ def test_a_reused_run_folder_is_cleared_before_training(finished_run, prepared, 
     run = copied_run(finished_run, tmp_path)
     (run / "sigma_epoch1.pt").write_bytes(b"left by an earlier I-STAR run")
     other = TrainSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte")), output_dir=str(run), epochs=1,
-                      batch_size=16, learning_rate=1e-4)  # another setting, same folder
+                      batch_size=16, method="cosreg", lam=1.0, learning_rate=1e-4)  # another setting, same folder
     capsys.readouterr()
     report = train(other)
     assert (f"removed the outputs of an earlier run from {run} (metrics.json, run_config.json, train_log.csv, "
