@@ -311,3 +311,51 @@ def test_measure_names_a_non_finite_sigma_before_evaluating(finished_run, nan_si
                        "--evaluate")
     one_line_error(result, nan_sigma, "NaN or inf")
     assert "IsoScore*" not in result.stdout and not out.exists()
+
+
+# ----------------------------------------------------------------------------- data sources
+
+
+DEMO_DATA = REPO / "config" / "demo-data"
+
+
+def test_a_split_with_another_row_count_than_the_official_one_is_refused(tmp_path):
+    from istar.data import IncompleteSplitError, prepare_task
+
+    with pytest.raises(IncompleteSplitError) as error:
+        prepare_task("rte", tmp_path / "rte", source="mirror", mirror=DEMO_DATA)
+    assert (f"{DEMO_DATA.resolve() / 'glue/RTE/train.tsv'} holds 64 rows, but the official RTE train split has 2,490"
+            in str(error.value)) and "data.subset: true" in str(error.value)
+    assert not (tmp_path / "rte").exists()
+    meta = prepare_task("rte", tmp_path / "rte", source="mirror", mirror=DEMO_DATA, subset=True)
+    assert meta["subset"] is True and meta["rows"] == {"train": 64, "validation": 64}
+
+
+def test_a_mirror_file_cut_at_a_line_end_is_refused_by_prepare_data(tmp_path):
+    mirror = tmp_path / "mirror"
+    shutil.copytree(DEMO_DATA, mirror)
+    # what a copy cut short at a line end looks like: a complete file in every other respect
+    train = mirror / "glue" / "RTE" / "train.tsv"
+    train.write_text("".join(train.read_text().splitlines(keepends=True)[:41]))
+    result = subprocess.run([sys.executable, "-m", "istar", "prepare-data", "--task", "rte", "--source", "mirror",
+                             "--mirror", mirror, "--out", tmp_path / "rte"], env=ENV, cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"error: {train} holds 40 rows, but the official RTE train split has 2,490" in result.stderr
+
+
+def test_a_changed_source_file_reruns_prepare_data(tmp_path):
+    from workflow_helpers import planned_jobs, snakemake, write_project
+
+    project = tmp_path / "project"
+    shutil.copytree(DEMO_DATA, project / "demo-data")
+    config = default_config()
+    config["data"]["mirror"] = "demo-data"
+    write_project(project, config)
+    target = "resources/data/rte/meta.json"
+    built = snakemake(project, "--cores", "1", target)
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert planned_jobs(snakemake(project, "-n", target).stdout) == {}
+    labels = project / "demo-data" / "glue" / "RTE" / "train.tsv"
+    labels.write_text(labels.read_text().replace("\tentailment\n", "\tnot_entailment\n", 1))  # one label flipped
+    assert planned_jobs(snakemake(project, "-n", target).stdout) == {"prepare_data": 1}

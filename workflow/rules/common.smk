@@ -16,6 +16,7 @@ from istar.pipeline.plan import (
     final_settings,
     measure_spec,
     needs_sigma,
+    prepare_data_inputs,
     prepare_data_spec,
     profile_spec,
     profile_targets,
@@ -123,6 +124,10 @@ def prepare_data_spec_json(wildcards):
     return prepare_data_spec(
         config, task=wildcards.task, out=DATA.format(task=wildcards.task)
     ).to_json()
+
+
+def prepare_data_sources(wildcards):
+    return prepare_data_inputs(config, wildcards.task)
 
 
 def shrinkage_spec_json(wildcards, output):
