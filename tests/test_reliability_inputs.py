@@ -359,3 +359,22 @@ def test_a_changed_source_file_reruns_prepare_data(tmp_path):
     labels = project / "demo-data" / "glue" / "RTE" / "train.tsv"
     labels.write_text(labels.read_text().replace("\tentailment\n", "\tnot_entailment\n", 1))  # one label flipped
     assert planned_jobs(snakemake(project, "-n", target).stdout) == {"prepare_data": 1}
+
+
+def test_hub_data_not_in_the_cache_offline_fails_before_any_job(tmp_path):
+    from workflow_helpers import planned_jobs, snakemake, write_project
+
+    config = default_config()
+    config["data"]["source"] = "hub"
+    project = tmp_path / "project"
+    configfile = write_project(project, config)
+    offline = {**ENV, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-hf")}
+    expected = ("config key 'data.source': rte comes from the hub (source hub), but dataset 'nyu-mll/glue' at "
+                "revision 'main' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set")
+    result = subprocess.run([sys.executable, "-m", "istar", "config", configfile], env=offline, cwd=project,
+                            capture_output=True, text=True, timeout=300)
+    one_line_error(result, expected)
+    planned = snakemake(project, "--cores", "1", env=offline)
+    assert planned.returncode != 0 and expected in planned.stderr, planned.stderr[-3000:]
+    assert planned_jobs(planned.stdout + planned.stderr) == {}  # nothing planned, nothing started
+    assert "resumes from its last saved state" not in planned.stderr
