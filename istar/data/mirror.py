@@ -25,8 +25,8 @@ from istar.data.normalise import check_split, conform
 from istar.data.readers import GLUE_TSV, read_glue_tsv, read_squad_json, read_sst5
 from istar.data.standin import missing_split_message, standin_split
 
-__all__ = ["MIRROR_ENV", "MissingSplitError", "IncompleteSplitError", "mirror_file", "missing_mirror_files", "resolve_mirror",
-           "load_mirror"]
+__all__ = ["MIRROR_ENV", "MissingSplitError", "IncompleteSplitError", "mirror_file", "missing_mirror_files",
+           "resolve_mirror", "load_mirror"]
 
 logger = logging.getLogger(__name__)
 

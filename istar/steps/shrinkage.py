@@ -28,6 +28,7 @@ from istar.config.specs import ShrinkageSpec, add_spec_arguments, spec_from_cli
 
 __all__ = ["NonFiniteStatistics", "accumulate_shrinkage", "merge_layers", "merge_across_processes", "save_shrinkage", "load_shrinkage", "load_layer_statistics", "compute_shrinkage_file"]
 
+
 class NonFiniteStatistics(ValueError):
     """The model's hidden states hold NaN or inf, so Σ_S would not be finite."""
 

@@ -227,7 +227,6 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         # A folder reused (another setting, or the same one trained again) must not keep the old
         # metrics.json and model/ beside the new run's state.
         clear_earlier_outputs(out, resuming=state is not None, print_fn=accelerator.print)
-    if accelerator.is_main_process:
         restore_log(run.log_path, state)
 
     unwrapped = accelerator.unwrap_model(model)
