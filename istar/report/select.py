@@ -139,7 +139,7 @@ def select_best(run_dirs, out=None, metric: str | None = None) -> dict:
               "score": best["score"], "score_std": best["score_std"], "seeds": best["seeds"],
               "standin": any(run["standin"] for run in runs), "candidates": candidates}
     if out is not None:
-        artifacts.write_json(out, result, digest=True)
+        result = artifacts.write_json(out, result, digest=True)  # what was written, its hash included
     return result
 
 
