@@ -102,6 +102,7 @@ class PrepareDataSpec(Spec):
                                                        "(default: main); meta.json records its commit")
     allow_standin: bool = config_field("data.allow_standin")
     standin_fraction: float = config_field("data.standin_fraction")
+    subset: bool = config_field("data.subset")
     max_train_samples: typing.Optional[int] = config_field("data.max_train_samples")
     max_eval_samples: typing.Optional[int] = config_field("data.max_eval_samples")
     seed: int = config_field("data.seed")

@@ -293,7 +293,7 @@ def test_prepare_task_flags_standin_in_meta(tmp_path):
 
 
 def test_tiny_qqp_parses_and_drops_the_empty_question(tiny_mirror):
-    splits, provenance = load_task("qqp", source="mirror", mirror=tiny_mirror)
+    splits, provenance = load_task("qqp", source="mirror", mirror=tiny_mirror, subset=True)
     assert len(splits["train"]) == 19 and len(splits["validation"]) == 19
     assert 7 not in set(splits["train"]["idx"])
     assert provenance["dropped_rows"]["train"] == [f"{tiny_mirror / 'glue/QQP/train.tsv'}, line 9"]
@@ -306,7 +306,7 @@ def test_tiny_qqp_parses_and_drops_the_empty_question(tiny_mirror):
 
 
 def test_tiny_qnli_train_parses(tiny_mirror):
-    splits, provenance = load_task("qnli", source="mirror", mirror=tiny_mirror)
+    splits, provenance = load_task("qnli", source="mirror", mirror=tiny_mirror, subset=True)
     assert len(splits["train"]) == 12 and len(splits["validation"]) == 5
     assert splits["train"]["label"].tolist() == [i % 2 for i in range(12)]
     assert splits["train"].loc[3, "text_b"] == 'Book 3 was written by "someone".'
@@ -314,13 +314,13 @@ def test_tiny_qnli_train_parses(tiny_mirror):
 
 
 def test_tiny_squad_train_parses_and_round_trips(tiny_mirror, tmp_path):
-    splits, _ = load_task("squad", source="mirror", mirror=tiny_mirror)
+    splits, _ = load_task("squad", source="mirror", mirror=tiny_mirror, subset=True)
     assert len(splits["train"]) == 12 and len(splits["validation"]) == 4
     row = splits["train"].iloc[4]
     assert row["id"] == "tr-1-1" and row["title"] == "tr_title_1"
     start = row["answer_starts"][0]
     assert row["context"][start:start + len("answer 1")] == "answer 1"
-    meta = prepare_task("squad", tmp_path / "out", source="mirror", mirror=tiny_mirror,
+    meta = prepare_task("squad", tmp_path / "out", source="mirror", mirror=tiny_mirror, subset=True,
                         max_train_samples=5)
     assert meta["labels"]["train"]["articles"] <= 4
     back = read_split(tmp_path / "out", "train")
@@ -332,7 +332,7 @@ def test_tiny_squad_train_parses_and_round_trips(tiny_mirror, tmp_path):
 def test_tiny_standin_when_only_validation_exists(tiny_mirror):
     (tiny_mirror / "squad/train-v1.1.json").unlink()
     (tiny_mirror / "squad/dev-v1.1.json").write_text(json.dumps(squad_document(5, 2, "dv")))
-    splits, provenance = load_task("squad", source="mirror", mirror=tiny_mirror,
+    splits, provenance = load_task("squad", source="mirror", mirror=tiny_mirror, subset=True,
                                    allow_standin=True, standin_fraction=0.4)
     assert len(splits["validation"]) == 4 and splits["validation"]["title"].nunique() == 2
     assert not set(splits["train"]["title"]) & set(splits["validation"]["title"])
@@ -357,7 +357,7 @@ def break_file(root, relative, edit):
 def test_malformed_tsv_names_file_and_line(tiny_mirror, edit, match):
     path = break_file(tiny_mirror, "glue/QQP/dev.tsv", edit)
     with pytest.raises(ValueError, match=match) as info:
-        load_task("qqp", source="mirror", mirror=tiny_mirror)
+        load_task("qqp", source="mirror", mirror=tiny_mirror, subset=True)
     assert str(path) in str(info.value)
 
 
@@ -365,11 +365,11 @@ def test_unknown_label_string_and_empty_text_are_errors(tiny_mirror):
     path = break_file(tiny_mirror, "glue/QNLI/dev.tsv",
                       lambda text: text.replace("not_entailment", "neutral", 1))
     with pytest.raises(ValueError, match=r"line 3: label 'neutral' is not one of \['entailment'"):
-        load_task("qnli", source="mirror", mirror=tiny_mirror)
+        load_task("qnli", source="mirror", mirror=tiny_mirror, subset=True)
     path.write_text(path.read_text().replace("neutral", "not_entailment").replace(
         "Who wrote 2?", " ", 1))
     with pytest.raises(ValueError, match=rf"{path}, line 4: empty text"):
-        load_task("qnli", source="mirror", mirror=tiny_mirror)
+        load_task("qnli", source="mirror", mirror=tiny_mirror, subset=True)
 
 
 def test_malformed_sst5_tree_and_squad_answer(tiny_mirror):
@@ -378,15 +378,15 @@ def test_malformed_sst5_tree_and_squad_answer(tiny_mirror):
     trees.write_text("(3 (2 Fine) (3 film))\n(1 (2 Not) (1 good)\n")
     (tiny_mirror / "sst5/train.txt").write_text("(3 (2 Fine) (3 film))\n(9 (2 Odd))\n")
     with pytest.raises(ValueError, match=r"train\.txt, line 2: label 9 is not a class in 0\.\.4"):
-        load_task("sst5", source="mirror", mirror=tiny_mirror)
+        load_task("sst5", source="mirror", mirror=tiny_mirror, subset=True)
     (tiny_mirror / "sst5/train.txt").write_text("(3 (2 Fine) (3 film))\n")
     with pytest.raises(ValueError, match=rf"{trees}, line 2: malformed tree: unbalanced"):
-        load_task("sst5", source="mirror", mirror=tiny_mirror)
+        load_task("sst5", source="mirror", mirror=tiny_mirror, subset=True)
     document = squad_document(2, 2, "dv")
     document["data"][1]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] = 0
     (tiny_mirror / "squad/dev-v1.1.json").write_text(json.dumps(document))
     with pytest.raises(ValueError, match=r"question id dv-1-0: answer 'answer 1' is not at"):
-        load_task("squad", source="mirror", mirror=tiny_mirror)
+        load_task("squad", source="mirror", mirror=tiny_mirror, subset=True)
 
 
 # ------------------------------------------------------------------ subsampling, prepared folders
@@ -426,7 +426,7 @@ def test_prepare_task_writes_three_files_read_back_equal(mirror_load, tmp_path):
     expected_keys = {
         "task", "source", "source_requested", "mirror", "hub_id", "hub_config", "hub_revision",
         "hub_commit", "files",
-        "standin", "standin_note", "standin_fraction", "dropped_rows",
+        "standin", "standin_note", "standin_fraction", "subset", "dropped_rows",
         "rows_before_subsampling", "rows", "split_sha256", "max_train_samples", "max_eval_samples", "seed",
         "labels", "created", "istar_version",
     }
@@ -447,7 +447,7 @@ def test_read_split_and_meta_say_how_to_prepare(tmp_path):
 
 def test_failed_write_leaves_no_partial_file(tiny_mirror, tmp_path, monkeypatch):
     out = tmp_path / "qqp"
-    prepare_task("qqp", out, source="mirror", mirror=tiny_mirror)
+    prepare_task("qqp", out, source="mirror", mirror=tiny_mirror, subset=True)
     before = (out / "train.parquet").read_bytes()
 
     def crash(table, handle):
@@ -456,7 +456,7 @@ def test_failed_write_leaves_no_partial_file(tiny_mirror, tmp_path, monkeypatch)
 
     monkeypatch.setattr(pq, "write_table", crash)
     with pytest.raises(KeyboardInterrupt):
-        prepare_task("qqp", out, source="mirror", mirror=tiny_mirror, max_train_samples=3)
+        prepare_task("qqp", out, source="mirror", mirror=tiny_mirror, subset=True, max_train_samples=3)
     assert sorted(p.name for p in out.iterdir()) == ["train.parquet", "validation.parquet"]
     assert (out / "train.parquet").read_bytes() == before  # untouched, and meta.json is gone
     assert pq.read_table(out / "train.parquet").num_rows == 19
@@ -470,19 +470,19 @@ def test_bad_arguments_raise_clear_errors(tiny_mirror, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"data source 'mirror' needs a mirror folder .*--mirror DIR"):
         load_task("qqp", source="mirror")  # no default folder outside the repository
     with pytest.raises(ValueError, match="unknown task 'mnli'; known tasks: sst2"):
-        load_task("mnli", mirror=tiny_mirror)
+        load_task("mnli", mirror=tiny_mirror, subset=True)
     with pytest.raises(ValueError, match="use one of: auto, hub, mirror"):
-        load_task("qqp", source="disk", mirror=tiny_mirror)
+        load_task("qqp", source="disk", mirror=tiny_mirror, subset=True)
     with pytest.raises(FileNotFoundError, match=rf"mirror folder {tmp_path / 'nowhere'} does not"):
         load_task("qqp", source="mirror", mirror=tmp_path / "nowhere")
     with pytest.raises(ValueError, match=r"standin_fraction must be in \(0, 1\)"):
-        load_task("qqp", mirror=tiny_mirror, standin_fraction=1.0)
+        load_task("qqp", mirror=tiny_mirror, subset=True, standin_fraction=1.0)
 
 
 def test_auto_uses_env_mirror_else_hub(tiny_mirror, hub, tmp_path, monkeypatch):
     """auto: the mirror named by $ISTAR_DATA_MIRROR; with none named, the hub (the test server)."""
     monkeypatch.setenv("ISTAR_DATA_MIRROR", str(tiny_mirror))
-    splits, provenance = load_task("qnli")
+    splits, provenance = load_task("qnli", subset=True)
     assert provenance["source"] == "mirror" and provenance["source_requested"] == "auto"
     assert provenance["mirror"] == str(tiny_mirror.resolve())
     monkeypatch.delenv("ISTAR_DATA_MIRROR")
@@ -529,7 +529,7 @@ def parse(argv):
 
 def test_cli_says_when_a_standin_is_used_and_reports_errors(tiny_mirror, tmp_path, capsys):
     (tiny_mirror / "glue/QNLI/train.tsv").unlink()
-    base = ["--task", "qnli", "--source", "mirror", "--mirror", str(tiny_mirror)]
+    base = ["--task", "qnli", "--source", "mirror", "--mirror", str(tiny_mirror), "--subset"]
     assert run_cli(parse(base + ["--out", str(tmp_path / "a")])) == 1
     captured = capsys.readouterr()
     assert "error: QNLI: the train split is not in the mirror" in captured.err
