@@ -30,6 +30,7 @@ class Step:
     task: object
     tokenizer: object
     model: object
+    precision: object  # istar.precisions.Precision: what runs (spec.mixed_precision on this device)
 
     @cached_property
     def model_path(self) -> str:
@@ -73,13 +74,14 @@ def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumu
 
     Parameters
     ----------
-    spec : the step's spec (its model, prepared data folder and precision are read).
+    spec : the step's spec (its model, prepared data folder and precision are read; the
+        precision runs as :func:`istar.precisions.run_precision` decides for this device).
     model_seed : seed set right before the model is built, so a newly initialised task head
         depends on this seed only (training, Σ_S of a pretrained model); None leaves the
         random state alone.
     gradient_accumulation_steps : passed to the ``Accelerator`` (training only).
     """
-    from accelerate import Accelerator
+    from accelerate import Accelerator, PartialState
     from accelerate.utils import set_seed
 
     from pathlib import Path
@@ -87,9 +89,13 @@ def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumu
     from .artifacts import verify_digests
     from .data import read_meta
     from .models import load_model, load_tokenizer, resolve_model_source
+    from .precisions import run_precision
     from .tasks import get_task
 
-    accelerator = Accelerator(mixed_precision=spec.mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps)
+    # The device is known before the Accelerator exists (PartialState is the process's shared
+    # state); the precision it gets is the one that runs there (istar.precisions).
+    precision = run_precision(spec.mixed_precision, PartialState().device.type)
+    accelerator = Accelerator(mixed_precision=precision.key, gradient_accumulation_steps=gradient_accumulation_steps)
     meta = read_meta(spec.data_dir)
     task = get_task(meta["task"])
     model_path = Path(resolve_model_source(spec.model))
@@ -99,4 +105,5 @@ def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumu
     if model_seed is not None:
         set_seed(model_seed)
     model = load_model(spec.model, task)
-    return Step(spec=spec, accelerator=accelerator, meta=meta, task=task, tokenizer=tokenizer, model=model)
+    return Step(spec=spec, accelerator=accelerator, meta=meta, task=task, tokenizer=tokenizer, model=model,
+                precision=precision)

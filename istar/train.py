@@ -52,6 +52,7 @@ from . import __version__, artifacts
 from .encoding import EpochShuffleSampler
 from .evaluate import evaluate_model
 from .isotropy import isoscore_star_from_covariance
+from .precisions import PRECISIONS
 from .resume import (discard_partial_outputs, fingerprint_hash, latest_state, matching_state, restore_log,
                      run_fingerprint, save_state)
 from .regularizers import Penalty, cosreg_penalty, global_istar_penalty, istar_penalty, resolve_layers
@@ -97,13 +98,6 @@ def compute_penalty(spec: TrainSpec, hidden_states, attention_mask, sigma_s, dis
 
 
 # ------------------------------------------------------------------------------------- training
-
-
-def effective_precision(accelerator, requested: str) -> str:
-    """What actually runs: accelerate silently trains in fp32 when fp16 is asked for on a CPU."""
-    if requested == "fp16" and accelerator.device.type == "cpu":
-        return "fp32"
-    return {"no": "fp32"}.get(requested, requested)
 
 
 def build_optimizer(model, spec: TrainSpec) -> torch.optim.Optimizer:
@@ -180,7 +174,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
 
     step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps)
     accelerator, task, model = step.accelerator, step.task, step.model
-    precision = effective_precision(accelerator, spec.mixed_precision)
+    precision = step.precision.label
     distributed = accelerator.num_processes > 1
     if accelerator.is_main_process:
         if restart:
@@ -191,7 +185,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
     layer_indices = resolve_layers(spec.penalty_layers, num_hidden)
     set_seed(spec.seed, device_specific=True)
 
-    pad_multiple = 8 if precision in ("fp16", "bf16") else None
+    pad_multiple = 8 if step.precision.key != "no" else None
     eval_frame = step.frame("validation")
     train_features = step.features("train")
     eval_features = step.features("validation", frame=eval_frame, for_qa_eval=True)
@@ -237,7 +231,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         progress.sigma_isoscore.append(_isoscore(sigma))
     sigma_device = progress.sigma_s.to(accelerator.device) if progress.sigma_s is not None else None
 
-    requested = {"no": "fp32"}.get(spec.mixed_precision, spec.mixed_precision)
+    requested = PRECISIONS[spec.mixed_precision].label
     accelerator.print(
         f"{spec.method} on {task.display} ({len(train_features):,} train features, {len(eval_features):,} eval) | "
         f"{accelerator.num_processes} process(es) on {accelerator.device.type} | precision {precision}"
