@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from bench.gpu_check import steps_taken
-from istar.precisions import run_precision
+from istar.registry.precisions import run_precision
 
 REPO = Path(__file__).resolve().parents[1]
 MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"

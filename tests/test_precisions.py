@@ -1,12 +1,12 @@
-"""The precision policy (istar.precisions): what runs where, and the processor's bf16 detection."""
+"""The precision policy (istar.registry.precisions): what runs where, and the processor's bf16 detection."""
 
 import platform
 from pathlib import Path
 
 import pytest
 
-from istar.launch import launch_command
-from istar.precisions import BF16_CPU_FLAGS, PRECISIONS, cpu_flags, cpu_has_native_bf16, run_precision
+from istar.steps.launch import launch_command
+from istar.registry.precisions import BF16_CPU_FLAGS, PRECISIONS, cpu_flags, cpu_has_native_bf16, run_precision
 
 
 @pytest.mark.parametrize("requested, native, device, expected", [

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from istar.precisions import run_precision
+from istar.registry.precisions import run_precision
 from services import Daemons, ensure_debian_packages, free_port, program
 from workflow_helpers import ENV, MIRROR, REPO, SNAKEMAKE, load_test_config, save_tiny_model, write_project
 
@@ -258,7 +258,7 @@ def test_tiny_workflow_through_slurm_matches_a_local_run(slurm, tmp_path):
     assert ((on_slurm / "results/selection/tiny/rte/best.json").read_text()
             == (local / "results/selection/tiny/rte/best.json").read_text())
     # The cluster jobs took the GPU path (accelerate), the local run the CPU path; both asked for
-    # fp16 and ran what this CPU-only torch runs for it (istar.precisions).
+    # fp16 and ran what this CPU-only torch runs for it (istar.registry.precisions).
     on_cpu = {"requested": "fp16", "effective": run_precision("fp16", "cpu").label}
     for run_config in (on_slurm / "results").rglob("run_config.json"):
         cluster_precision = json.loads(run_config.read_text())["precision"]

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from istar.activations import load_activations
-from istar.isotropy import isoscore_star_from_covariance
-from istar.launch import free_port
-from istar.precisions import cpu_has_native_bf16
-from istar.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage
-from istar.specs import ShrinkageSpec, TrainSpec
-from istar.train import train
+from istar.steps.activations import load_activations
+from istar.core.isotropy import isoscore_star_from_covariance
+from istar.steps.launch import free_port
+from istar.registry.precisions import cpu_has_native_bf16
+from istar.steps.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage
+from istar.config.specs import ShrinkageSpec, TrainSpec
+from istar.steps.train import train
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 REPO = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_lambda_sign_moves_isoscore_the_right_way(lam, direction, tiny_model_dir
 
 
 def test_cpu_precision_is_the_one_that_runs_and_is_logged(tiny_model_dir, prepared, tmp_path):
-    # fp16 and bf16 both run as bf16 on a processor with native bf16, else fp32 (istar.precisions).
+    # fp16 and bf16 both run as bf16 on a processor with native bf16, else fp32 (istar.registry.precisions).
     reduced = "bf16" if cpu_has_native_bf16() else "fp32"
     for precision, effective in [("no", "fp32"), ("fp16", reduced), ("bf16", reduced)]:
         out = tmp_path / precision
@@ -246,8 +246,8 @@ def test_evaluate_and_activations_steps(tiny_model_dir, prepared, tmp_path):
 
 def test_shrinkage_equals_the_covariance_of_all_stacked_rows(tiny_model_dir, prepared, tmp_path):
     from istar.data import read_split
-    from istar.models import load_model, load_tokenizer
-    from istar.tasks import get_task
+    from istar.models.loading import load_model, load_tokenizer
+    from istar.registry.tasks import get_task
 
     data = prepared("rte")
     compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(data), out=str(tmp_path / "s.pt"),
