@@ -22,7 +22,7 @@ __all__ = ["Step", "open_step"]
 
 @dataclass
 class Step:
-    """What :func:`open_step` loaded; ``frame(split)`` and ``features(split)`` read on demand."""
+    """What :func:`open_step` loaded; ``columns(split)`` and ``features(split)`` read on demand."""
 
     spec: ModelData
     accelerator: object
@@ -50,17 +50,18 @@ class Step:
     def standin(self) -> bool:
         return bool(self.meta.get("standin", False))
 
-    def frame(self, split: str):
-        from istar.data import read_split
+    def columns(self, split: str) -> dict[str, list]:
+        """The prepared split, one list per column (read with pyarrow: no pandas in a model step)."""
+        from istar.data.storage import read_columns
 
-        return read_split(self.spec.data_dir, split)
+        return read_columns(self.spec.data_dir, split)
 
-    def features(self, split: str, *, frame=None, with_labels: bool = True, for_qa_eval: bool = False):
+    def features(self, split: str, *, columns=None, with_labels: bool = True, for_qa_eval: bool = False):
         """The split encoded for the task (QA: overlapping windows of ``max_length`` with ``doc_stride``)."""
         from istar.data.encoding import encode_split
 
-        frame = self.frame(split) if frame is None else frame
-        return encode_split(frame, self.task, self.tokenizer, self.spec.max_length, self.spec.doc_stride,
+        columns = self.columns(split) if columns is None else columns
+        return encode_split(columns, self.task, self.tokenizer, self.spec.max_length, self.spec.doc_stride,
                             with_labels=with_labels, for_qa_eval=for_qa_eval and self.task.kind == "qa")
 
     def loader(self, features, batch_size: int, *, sampler=None, pad_to_multiple_of: int | None = None):

@@ -188,9 +188,9 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
     set_seed(spec.seed, device_specific=True)
 
     pad_multiple = 8 if step.precision.key != "no" else None
-    eval_frame = step.frame("validation")
+    eval_columns = step.columns("validation")
     train_features = step.features("train")
-    eval_features = step.features("validation", frame=eval_frame, for_qa_eval=True)
+    eval_features = step.features("validation", columns=eval_columns, for_qa_eval=True)
     sampler = EpochShuffleSampler(len(train_features), spec.seed)
     train_loader = step.loader(train_features, spec.batch_size, sampler=sampler, pad_to_multiple_of=pad_multiple)
     eval_loader = step.loader(eval_features, spec.eval_batch_size, pad_to_multiple_of=pad_multiple)
@@ -276,7 +276,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
                 save_state(accelerator, resume_dir, progress.step, run.log_path, fingerprint)
         bar.close()
 
-        result = evaluate_model(model, eval_loader, task, accelerator, features=eval_features, frame=eval_frame)
+        result = evaluate_model(model, eval_loader, task, accelerator, features=eval_features, columns=eval_columns)
         progress.history.append({"epoch": epoch + 1, "step": progress.step, **result})
         accelerator.print(f"epoch {epoch + 1}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
         progress.epoch, progress.batches_in_epoch = epoch + 1, 0
