@@ -39,7 +39,7 @@ PRECISIONS = ("no", "bf16")
 def train_args(data: Path, sigma: Path, out: Path, seed: int, precision: str, max_length: int) -> list[str]:
     return ["train", "--model", MODEL, "--data", str(data), "--out", str(out), "--method", "istar", "--lam", "-1",
             "--zeta", "0.2", "--sigma-s", str(sigma), "--epochs", "1", "--batch-size", "32",
-            "--learning-rate", "5e-5", "--max-length", str(max_length), "--shrinkage-rows", "20000",
+            "--learning-rate", "2e-4", "--max-length", str(max_length), "--shrinkage-rows", "20000",
             "--seed", str(seed), "--log-every", "1", "--mixed-precision", precision]
 
 
