@@ -1,6 +1,6 @@
 """Benchmark: do bf16 runs on a CPU give the scores and IsoScore* of fp32 runs?
 
-Run with ``python -m bench.precision_numerics`` (about 15–25 minutes on two cores). Needs the
+Run with ``python -m bench.precision_numerics`` (an estimated 15–20 minutes on two quiet cores). Needs the
 packaged MiniLM-L6 and the data mirror.
 
 The same I-STAR run (λ = −1, ζ = 0.2, Σ_S of the pretrained model computed once in fp32)
