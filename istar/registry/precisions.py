@@ -10,9 +10,9 @@ Why: accelerate has no fp16 autocast on a CPU (it silently trains in fp32), and 
 matrix products are emulated, so fp16 cannot run there as asked. bf16 is what a CPU can do
 in reduced precision: it has fp32's exponent range, so it needs no loss scaling, and on
 processors with bf16 instructions (x86 AVX512-BF16 or AMX, Arm's BF16 extension) oneDNN runs
-its matrix products natively — measured here 0.6–0.7 × the fp32 step time
-(``bench/RESULTS.md``). Without those instructions bf16 is converted in software and is
-slower than fp32, so such a CPU runs fp32 whatever was asked. The effective precision is
+its matrix products natively — a MiniLM-L6 training step took 0.59–0.66 × its fp32 time here
+(``bench/RESULTS.md``). Without those instructions bf16 has no hardware path and no
+speed-up to offer for its lost precision, so such a CPU runs fp32 whatever was asked. The effective precision is
 what ``run_config.json`` and the resume fingerprint record. Under any autocast, IsoScore*,
 Σ_S and every d × d reduction compute in float32 or float64 (``istar.isotropy``,
 ``istar.regularizers``).
