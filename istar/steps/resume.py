@@ -18,10 +18,9 @@ from istar import __version__
 from istar.io import artifacts
 from istar.config.specs import TrainSpec
 from istar.registry.methods import get_method
-from istar.steps.tracking import tracking_dir
 
 __all__ = ["run_fingerprint", "fingerprint_hash", "changed_settings", "latest_state", "matching_state", "save_state",
-           "discard_partial_outputs", "restore_log", "saved_tracking"]
+           "restore_log", "saved_tracking"]
 
 # Settings that change neither the arithmetic nor the data order of a run: a state saved under
 # other values of these is still the same run.
@@ -124,13 +123,6 @@ def saved_tracking(state: Path | None) -> dict:
     """The tracker run ids a saved state kept (empty for a fresh start or a state saved without trackers)."""
     path = state / "tracking.json" if state is not None else None
     return json.loads(path.read_text()) if path is not None and path.is_file() else {}
-
-
-def discard_partial_outputs(out: Path) -> None:
-    """Before a fresh start: Σ_S files and tracker files of an earlier attempt would be mistaken for this run's."""
-    for stale in out.glob("sigma_epoch*.pt"):
-        stale.unlink()
-    shutil.rmtree(tracking_dir(out), ignore_errors=True)
 
 
 def restore_log(log_path: Path, state: Path | None) -> None:
