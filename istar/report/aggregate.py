@@ -174,7 +174,7 @@ def _provenance_rows(run_dirs, measure_files, out_dir) -> list[dict]:
 
     rows = []
     for run_dir in dict.fromkeys(str(d) for d in run_dirs):
-        recorded = json.loads((Path(run_dir) / "run_config.json").read_text()).get("provenance")
+        recorded = artifacts.read_json(Path(run_dir) / "run_config.json").get("provenance")
         rows.append(_provenance_row("run", run_dir, recorded))
     for path in measure_files:
         rows.append(_provenance_row("measurement", path, artifacts.read_json(path).get("provenance")))
