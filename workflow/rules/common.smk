@@ -7,7 +7,7 @@ from snakemake.exceptions import WorkflowError
 
 from istar.aggregate import AGGREGATE_NAMES
 from istar.config import STUDIES, ConfigError, load_schema, validate_config
-from istar.figures import PROFILE_FIGURES, PROFILES_CSV, enabled_figures
+from istar.figures import PROFILE_FIGURES, PROFILES_CSV, PROJECTIONS_CSV, enabled_figures
 from istar.methods import METHOD_PATTERN
 from istar.plan import (
     Setting,
@@ -58,6 +58,7 @@ PROFILES = [
     for name, revision in profile_targets(config)
 ]
 PROFILES_TABLE = f"results/aggregate/{PROFILES_CSV}.csv"
+PROJECTIONS_TABLE = f"results/aggregate/{PROJECTIONS_CSV}.csv"
 AGGREGATES = expand("results/aggregate/{name}.csv", name=AGGREGATE_NAMES)
 
 
