@@ -149,13 +149,14 @@ def projection(W: torch.Tensor, rows: torch.Tensor) -> dict:
     Raw: the singular vectors of W (eigenvectors of WᵀW), so a common offset of the rows
     shows as a cloud away from the origin; centred: those of W − mean, coordinates of the
     centred rows. A singular vector's sign is arbitrary: each axis is oriented so that the
-    mean coordinate over all V rows is ≥ 0. Returns ``{"raw": {"x", "y"}, "centred": {...}}``
+    sum of the cubed coordinates of all V rows is ≥ 0 (the mean is 0 after centring, so it
+    cannot orient those axes; with an offset the cubes follow it). Returns ``{"raw": {"x", "y"}, "centred": {...}}``
     (lists of k floats, 5 significant digits).
     """
     result = {}
     for name, matrix in (("raw", W), ("centred", W - W.mean(dim=0))):
         axes = torch.linalg.eigh(matrix.T @ matrix).eigenvectors[:, [-1, -2]]  # (d, 2), largest first
-        axes = axes * torch.where(matrix.sum(dim=0) @ axes < 0, -1.0, 1.0)
+        axes = axes * torch.where(((matrix @ axes) ** 3).sum(dim=0) < 0, -1.0, 1.0)
         coordinates = (matrix[rows] @ axes).cpu()
         result[name] = {axis: [float(f"{v:.5g}") for v in coordinates[:, i].tolist()]
                         for i, axis in enumerate("xy")}

