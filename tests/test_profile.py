@@ -381,17 +381,30 @@ def synthetic_profile(parameters: int, num_layers: int, seed: int, final_norm: b
     def measures():
         return {"isoscore": float(rng.uniform(0.01, 0.5)), "isoscore_star": float(rng.uniform(0.01, 0.5)),
                 "average_cosine": float(rng.uniform(0, 0.9)), "mean_norm": 5.0, "top1_dim_variance_share": 0.1,
-                "top10_dim_variance_share": 0.4, "top1_pc_variance_share": 0.2, "outlier_dims": 2, "tokens": 100}
+                "top10_dim_variance_share": 0.4, "top1_pc_variance_share": 0.2, "outlier_dims": 2, "tokens": 100,
+                "twonn": float(rng.uniform(2, 20)), "twonn_tokens": 100, "effective_rank": float(rng.uniform(2, 16))}
 
-    static = {"input": {**measures(), "partition_isotropy": float(rng.uniform(0.1, 1)),
-                        "partition_isotropy_centred": 0.5, "average_cosine_centred": 0.0}}
+    def static_entry():
+        both = float(rng.uniform(0.1, 0.9))
+        return {**measures(), "partition_isotropy_both_signs": both, "partition_isotropy_solver_signs": both + 0.05,
+                "partition_isotropy_both_signs_centred": 0.5, "partition_isotropy_solver_signs_centred": 0.6,
+                "solver_signs_max_exponent": 3.0, "solver_signs_max_exponent_centred": 2.0,
+                "solver_signs_fp32_overflow": False, "solver_signs_fp32_overflow_centred": False,
+                "average_cosine_centred": 0.0}
+
+    def points(offset):
+        return {axis: [float(v) for v in rng.normal(offset, 1.0, 50)] for axis in "xy"}
+
+    static = {"input": static_entry()}
     if untied:
-        static["output"] = {**static["input"]}
+        static["output"] = static_entry()
+    projections = {which: {"rows": 500, "sampled_rows": 50, "seed": 0, "raw": points(2.0 + seed % 3),
+                           "centred": points(0.0)} for which in static}
     layers = [{"layer": i, **measures()} for i in range(num_layers + 1)]
     if final_norm:
         layers.append({"layer": "pre_final_norm", **measures()})
     return {"provenance": {"parameters": parameters, "num_layers": num_layers, "hidden_size": 16},
-            "static": static, "layers": layers,
+            "static": static, "projections": projections, "layers": layers,
             "final_norm_gain": {"coefficient_of_variation": 0.3} if final_norm else None}
 
 
@@ -415,20 +428,35 @@ def test_profiles_csv_rows_steps_and_kinds(tmp_path):
     assert (pre["layer"] == 2).all() and (pre["depth"] == 1.0).all() and (pre["final_norm_gain_cv"] == 0.3).all()
     enc = frame[frame["model"] == "enc"]
     assert set(enc["kind"]) == {"input_embeddings", "layer"} and enc["step"].isna().all()
+    assert frame["partition_isotropy_solver_signs"].notna().sum() == 2 * 2 + 1  # one per embedding matrix
+
+    from istar.profile_aggregate import PROJECTION_COLUMNS, aggregate_projections
+
+    points = aggregate_projections(paths)
+    assert list(points.columns) == list(PROJECTION_COLUMNS)
+    # small: 2 revisions × 2 matrices × raw/centred × 50 points; enc: its input matrix only
+    assert len(points) == 2 * 2 * 2 * 50 + 2 * 50
+    first = json.loads(paths[0].read_text())["projections"]["output"]["centred"]
+    rows = points[(points["revision"] == "step0") & (points["matrix"] == "output") & points["centred"]]
+    assert rows["x"].tolist() == first["x"] and rows["y"].tolist() == first["y"]
 
 
 def notes_in(figure) -> list[str]:
-    """The figure's texts other than the bars' value labels: the notes saying why a panel is empty."""
+    """The figure's texts other than the bars' value labels and the galleries' sample sizes:
+    the notes saying why a panel is empty."""
     return [text.get_text() for ax in figure.axes for text in ax.texts
-            if not re.fullmatch(r"-?[\d.e+-]+", text.get_text())]
+            if not re.fullmatch(r"-?[\d.e+-]+|[\d,]+ of [\d,]+ rows", text.get_text())]
 
 
-@pytest.mark.parametrize("name", ["profile_layers", "profile_steps", "profile_sizes", "profile_final_norm"])
+@pytest.mark.parametrize("name", ["profile_layers", "profile_steps", "profile_sizes", "profile_final_norm",
+                                  "profile_gallery", "profile_gallery_steps"])
 def test_profile_figures_draw_and_say_what_they_cannot_show(name, tmp_path):
     from matplotlib.figure import Figure
 
-    from istar.figures import draw
-    from istar.profile_aggregate import aggregate_profiles
+    from istar.figures import FIGURES, draw
+    from istar.profile_aggregate import aggregate_profiles, aggregate_projections
+
+    aggregate = aggregate_projections if FIGURES[name].data == "profile_projections" else aggregate_profiles
 
     def frame(entries):
         paths = []
@@ -438,20 +466,94 @@ def test_profile_figures_draw_and_say_what_they_cannot_show(name, tmp_path):
             path.write_text(json.dumps(synthetic_profile(parameters, 3, len(paths) + 10 * len(model), final_norm,
                                                          untied=final_norm)))
             paths.append(path)
-        return aggregate_profiles(paths)
+        return aggregate(paths)
 
     full = frame([("p70m", "step0", 70, True), ("p70m", "step1000", 70, True), ("p160m", "step0", 160, True),
                   ("p160m", "step1000", 160, True), ("minilm", "as-given", 22, False)])
     fig = draw(name, full)
     assert isinstance(fig, Figure)
     drawn = sum(len(ax.lines) + len(ax.collections) + len(ax.patches) for ax in fig.axes)
-    assert drawn > 0 and not notes_in(fig)
+    # the gallery's row of the encoder (no output matrix) says so in its two output panels
+    assert drawn > 0 and notes_in(fig) == (["no separate output matrix\n(tied to the input, or none)"] * 2
+                                           if name == "profile_gallery" else [])
+    if name == "profile_gallery_steps":  # p70m and p160m, 4 panels each, a column per checkpoint
+        assert len(fig.axes) == 8 * 2 and sum(len(ax.collections) for ax in fig.axes) == 16
     # one encoder without revisions or final norm: the steps and final-norm figures say why they are empty
     single = draw(name, frame([("minilm", "as-given", 22, False)]))
     notes = notes_in(single)
-    if name in ("profile_steps", "profile_final_norm"):
+    if name in ("profile_steps", "profile_final_norm", "profile_gallery_steps", "profile_gallery"):
         assert notes and all("no " in note for note in notes)
     else:
         assert not notes
     with pytest.raises(ValueError, match="lacks the column"):
-        draw(name, full.drop(columns=["isoscore"]))
+        draw(name, full.drop(columns=["x" if aggregate is aggregate_projections else "isoscore"]))
+
+
+# ------------------------------------------------------------------ istar profile-check
+
+
+AUTHORS_SCRIPT = """
+import json, sys, torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], revision=sys.argv[2], dtype=torch.float32)
+
+def iw(W):  # as Machina & Mercer's script: float32, eigh's signs, plain exp
+    vectors = torch.linalg.eigh(torch.mm(W.T, W)).eigenvectors
+    z = torch.exp(torch.mm(W, vectors)).sum(dim=0)
+    return (z.min() / z.max()).item()
+
+with torch.no_grad():
+    # gpt_neox.embed_in and embed_out in the authors' transformers; this one's names may differ
+    W_in, W_out = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    print(json.dumps({"input": iw(W_in), "output": iw(W_out), "input_centred": iw(W_in - W_in.mean(0)),
+                      "output_centred": iw(W_out - W_out.mean(0))}))
+"""
+
+
+@pytest.mark.slow
+def test_profile_check_passes_and_fails_on_the_tiny_neox(hub, tmp_path):
+    """The one-command check, run as a user runs it, on the test hub's GPT-NeoX at step1000 against
+    values from the authors' recipe computed in another process; then against values 2e-4 off."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import HUB_DECODER
+
+    env = {**os.environ, **hub.env(tmp_path / "hf"), "TOKENIZERS_PARALLELISM": "false"}
+    authors = subprocess.run([sys.executable, "-c", AUTHORS_SCRIPT, HUB_DECODER, hub.decoder_commits["step1000"]],
+                             env=env, capture_output=True, text=True)
+    assert authors.returncode == 0, authors.stderr[-3000:]
+    expected = json.loads(authors.stdout)
+
+    def check(reference):
+        return subprocess.run([sys.executable, "-m", "istar", "profile-check", "--model", HUB_DECODER, "--revision",
+                               "step1000", "--device", "cpu", "--out", str(tmp_path / "check.json"),
+                               *(f"--reference={name}={value!r}" for name, value in reference.items())],
+                              env=env, capture_output=True, text=True, timeout=600)
+
+    result = check(expected)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count(" pass") == 4 and result.stdout.rstrip().endswith("PASS")
+    profile = json.loads((tmp_path / "check.json").read_text())
+    assert profile["provenance"]["commit"] == hub.decoder_commits["step1000"]
+    result = check({**expected, "output_centred": expected["output_centred"] + 2e-4})
+    assert result.returncode == 1, result.stdout + result.stderr
+    failed = [line for line in result.stdout.splitlines() if line.endswith("FAIL") and "output_centred" in line]
+    assert len(failed) == 1 and "difference -2.00e-04" in failed[0] and result.stdout.count(" pass") == 3
+
+
+def test_profile_check_defaults_are_the_published_pythia_numbers(capsys):
+    from istar.profile_check import PUBLISHED, REFERENCE_KEYS, _reference
+
+    parser = argparse.ArgumentParser()
+    from istar.profile_check import add_cli_arguments as check_arguments
+
+    check_arguments(parser)
+    args = parser.parse_args([])
+    assert (args.model, args.revision) == ("EleutherAI/pythia-70m", "step143000")
+    assert _reference(args.reference) == PUBLISHED == {"input": 0.95848, "output": 0.08309, "input_centred": 0.99684,
+                                                       "output_centred": 0.97247}
+    assert set(REFERENCE_KEYS) == set(PUBLISHED)
+    assert main(["profile-check", "--reference", "inputs=0.5"]) == 2
+    assert "NAME one of input, output, input_centred, output_centred" in capsys.readouterr().err
