@@ -9,7 +9,12 @@ from snakemake.exceptions import WorkflowError
 from istar.report.aggregate import AGGREGATE_NAMES
 from istar.config.schema import STUDIES, ConfigError
 from istar.pipeline.validate import validate_config
-from istar.report.figures import PROFILE_FIGURES, PROFILES_CSV, PROJECTIONS_CSV, enabled_figures
+from istar.report.figures import (
+    PROFILE_FIGURES,
+    PROFILES_CSV,
+    PROJECTIONS_CSV,
+    enabled_figures,
+)
 from istar.config.layout import (
     AGGREGATE,
     DATA,
