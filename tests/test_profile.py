@@ -365,7 +365,21 @@ def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path)
     assert set(table["kind"]) == {"input_embeddings", "output_embeddings", "layer", "pre_final_norm"}
     assert table.loc[table["kind"] == "layer", "isoscore"].between(0, 1).all()
     assert len(table[(table["model"] == "smollm2") & (table["kind"] == "layer")]) == 31
-    for figure in ("profile_layers", "profile_steps", "profile_sizes", "profile_final_norm"):
+    # both I(W) definitions on every embedding matrix, the one-sign value never below the other;
+    # TwoNN and effective rank on every hidden state of the offline models
+    static = table[table["kind"].str.endswith("_embeddings")]
+    for column in ("partition_isotropy_both_signs", "partition_isotropy_solver_signs",
+                   "partition_isotropy_both_signs_centred", "partition_isotropy_solver_signs_centred"):
+        assert static[column].between(0, 1).all(), column
+    assert (static["partition_isotropy_solver_signs"] >= static["partition_isotropy_both_signs"] - 1e-12).all()
+    layers = table[(table["kind"] == "layer") & table["model"].isin(["minilm", "smollm2"])]
+    assert layers["twonn"].gt(1).all() and layers["effective_rank"].gt(1).all() and (layers["twonn_tokens"] == 300).all()
+    points = pd.read_csv(tmp_path / "results/aggregate/profile_projections.csv")
+    # minilm and smollm2: input only (an encoder; tied); neox: input and output at two revisions; raw and centred
+    assert len(points) == 2 * (1 + 1 + 2 * 2) * 1000
+    from istar.report.figures import PROFILE_FIGURES
+
+    for figure in PROFILE_FIGURES:
         assert (tmp_path / "results/figures" / f"{figure}.png").stat().st_size > 10_000, figure
     # a finished stage plans nothing more
     assert planned_jobs(snakemake(tmp_path, "-n", "profiles", env=env).stdout) == {}
