@@ -175,6 +175,7 @@ def profile_steps(df: pd.DataFrame) -> Figure:
                 if not points.empty:
                     ax.plot(points["step"], points[column], style, marker="o", markersize=3, color=colour)
         ax.set_ylabel(value if static else LABELS[value] + " (last layer)")
+        ax.ticklabel_format(axis="y", useOffset=False)  # I(W) near 1 would read as offsets from 1
         _step_axis(ax, steps)
         ax.grid(alpha=0.3)
     key = grid.flat[-1]
@@ -300,7 +301,8 @@ def profile_gallery_steps(df: pd.DataFrame) -> Figure:
     steps = sorted(stepped["step"].unique())
     rows = [(model, matrix, centred) for model in _by_size(stepped) for matrix, centred in PANELS
             if not stepped[(stepped["model"] == model) & (stepped["matrix"] == matrix)].empty]
-    fig = Figure(figsize=(1.6 * len(steps) + 1.2, 1.6 * len(rows) + 0.6), layout="constrained")
+    # at least ~7 in wide, so that the title fits over a grid of few checkpoints
+    fig = Figure(figsize=(max(1.6 * len(steps) + 1.2, 7.0), 1.6 * len(rows) + 0.8), layout="constrained")
     grid = np.asarray(fig.subplots(len(rows), len(steps), squeeze=False))
     for axes, (model, matrix, centred) in zip(grid, rows):
         points = stepped[(stepped["model"] == model) & (stepped["matrix"] == matrix) & (stepped["centred"] == centred)]
@@ -313,7 +315,7 @@ def profile_gallery_steps(df: pd.DataFrame) -> Figure:
                 _scatter_panel(ax, panel, half_width)
         axes[0].set_ylabel(f"{model}\n{_panel_title(matrix, centred)}", fontsize=7)
     for ax, step in zip(grid[0], steps):
-        ax.set_title(f"step {step:,}", fontsize=8)
-    fig.suptitle("Embedding matrices across training checkpoints on their top two right singular vectors "
-                 "(a seeded sample of rows; axes shared along a row)", fontsize=10)
+        ax.set_title(f"step {int(step):,}", fontsize=8)
+    fig.suptitle("Embedding matrices across training checkpoints on their top two right singular vectors\n"
+                 "(a seeded sample of rows; axes symmetric, shared along a row)", fontsize=10)
     return fig
