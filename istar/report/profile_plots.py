@@ -238,8 +238,9 @@ def profile_final_norm(df: pd.DataFrame) -> Figure:
     return fig
 
 
-def _scatter_panel(ax, points: pd.DataFrame, half_width: float) -> None:
-    """One projection: the sampled rows on symmetric axes [−half_width, half_width]², the origin marked."""
+def _scatter_panel(ax, points: pd.DataFrame, half_width: float, say_rows: bool = True) -> None:
+    """One projection: the sampled rows on symmetric axes [−half_width, half_width]², the origin marked;
+    ``say_rows``: write "k of V rows" in the panel."""
     ax.scatter(points["x"], points["y"], s=1, alpha=0.4, linewidths=0, color="#2c7fb8", rasterized=True)
     ax.axhline(0, color="0.6", linewidth=0.5)
     ax.axvline(0, color="0.6", linewidth=0.5)
@@ -247,9 +248,13 @@ def _scatter_panel(ax, points: pd.DataFrame, half_width: float) -> None:
     ax.set_ylim(-half_width, half_width)
     ax.set_aspect("equal")
     ax.tick_params(labelsize=6)
+    if say_rows:
+        ax.text(0.02, 0.98, _rows_sampled(points), transform=ax.transAxes, fontsize=6, va="top")
+
+
+def _rows_sampled(points: pd.DataFrame) -> str:
     first = points.iloc[0]
-    ax.text(0.02, 0.98, f"{first['sampled_rows']:,} of {first['rows']:,} rows", transform=ax.transAxes,
-            fontsize=6, va="top")
+    return f"{first['sampled_rows']:,} of {first['rows']:,} rows"
 
 
 def _half_width(points: pd.DataFrame) -> float:
@@ -301,21 +306,28 @@ def profile_gallery_steps(df: pd.DataFrame) -> Figure:
     steps = sorted(stepped["step"].unique())
     rows = [(model, matrix, centred) for model in _by_size(stepped) for matrix, centred in PANELS
             if not stepped[(stepped["model"] == model) & (stepped["matrix"] == matrix)].empty]
-    # at least ~7 in wide, so that the title fits over a grid of few checkpoints
-    fig = Figure(figsize=(max(1.6 * len(steps) + 1.2, 7.0), 1.6 * len(rows) + 0.8), layout="constrained")
-    grid = np.asarray(fig.subplots(len(rows), len(steps), squeeze=False))
+    # The full grid has hundreds of panels (8 Pythia sizes × 4 × 21 checkpoints): a fixed layout in
+    # inches instead of the constrained one, whose solver takes minutes per save at that size, and
+    # tick labels only where they are needed (rows share their limits, x and y are the same).
+    panel, left, top, bottom = 1.3, 2.0, 1.0, 0.2
+    width, height = left + panel * len(steps) + 0.2, top + panel * len(rows) + bottom
+    fig = Figure(figsize=(width, height))
+    grid = np.asarray(fig.subplots(len(rows), len(steps), squeeze=False, gridspec_kw={"wspace": 0.06, "hspace": 0.06}))
+    fig.subplots_adjust(left=left / width, right=1 - 0.2 / width, top=1 - top / height, bottom=bottom / height)
     for axes, (model, matrix, centred) in zip(grid, rows):
         points = stepped[(stepped["model"] == model) & (stepped["matrix"] == matrix) & (stepped["centred"] == centred)]
         half_width = _half_width(points)
-        for ax, step in zip(axes, steps):
-            panel = points[points["step"] == step]
-            if panel.empty:
+        for column, (ax, step) in enumerate(zip(axes, steps)):
+            panel_points = points[points["step"] == step]
+            if panel_points.empty:
                 _note(ax, "not profiled")
             else:
-                _scatter_panel(ax, panel, half_width)
-        axes[0].set_ylabel(f"{model}\n{_panel_title(matrix, centred)}", fontsize=7)
+                _scatter_panel(ax, panel_points, half_width, say_rows=False)
+            ax.tick_params(labelbottom=False, labelleft=column == 0)
+        axes[0].set_ylabel(f"{model}\n{matrix}, {'centred' if centred else 'raw'}\n{_rows_sampled(points)}",
+                           fontsize=7, rotation=0, ha="right", va="center")
     for ax, step in zip(grid[0], steps):
         ax.set_title(f"step {int(step):,}", fontsize=8)
-    fig.suptitle("Embedding matrices across training checkpoints on their top two right singular vectors\n"
-                 "(a seeded sample of rows; axes symmetric, shared along a row)", fontsize=10)
+    fig.suptitle("Embedding matrices across training checkpoints\non their top two right singular vectors\n"
+                 "(a seeded sample of rows; axes symmetric, shared along a row)", fontsize=9, y=1 - 0.1 / height)
     return fig
