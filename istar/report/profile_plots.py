@@ -241,7 +241,9 @@ def profile_final_norm(df: pd.DataFrame) -> Figure:
 def _scatter_panel(ax, points: pd.DataFrame, half_width: float, say_rows: bool = True) -> None:
     """One projection: the sampled rows on symmetric axes [−half_width, half_width]², the origin marked;
     ``say_rows``: write "k of V rows" in the panel."""
-    ax.scatter(points["x"], points["y"], s=1, alpha=0.4, linewidths=0, color="#2c7fb8", rasterized=True)
+    # Vector points, not rasterized: in a PDF each rasterized artist is drawn on a bitmap of the
+    # whole figure, so the full checkpoint grid (672 panels) took more than 10 minutes to save.
+    ax.scatter(points["x"], points["y"], s=1, alpha=0.4, linewidths=0, color="#2c7fb8")
     ax.axhline(0, color="0.6", linewidth=0.5)
     ax.axvline(0, color="0.6", linewidth=0.5)
     ax.set_xlim(-half_width, half_width)
