@@ -105,6 +105,7 @@ class PrepareDataSpec(Spec):
                                                        "(default: main); meta.json records its commit")
     allow_standin: bool = config_field("data.allow_standin")
     standin_fraction: float = config_field("data.standin_fraction")
+    subset: bool = config_field("data.subset")
     max_train_samples: typing.Optional[int] = config_field("data.max_train_samples")
     max_eval_samples: typing.Optional[int] = config_field("data.max_eval_samples")
     seed: int = config_field("data.seed")
@@ -167,7 +168,8 @@ class TrainSpec(ModelData):
 
     @property
     def penalty_layers(self):
-        """The hidden states the penalty reads: the configured selection, or the method's own (CosReg: the last layer)."""
+        """The hidden states the penalty reads and Σ_S is measured over: the configured selection, or the
+        method's own (CosReg and the baseline: the last layer)."""
         return get_method(self.method).penalty_layers(self.layers)
 
 

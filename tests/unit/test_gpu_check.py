@@ -15,7 +15,6 @@ from bench.gpu_check import steps_taken
 from istar.registry.precisions import run_precision
 
 REPO = Path(__file__).resolve().parents[2]
-MIRROR = Path(__file__).resolve().parents[3] / "shared" / "data"
 ENV_KEYS = {"python", "torch", "cuda", "transformers", "accelerate", "istar", "device"}
 
 
@@ -100,13 +99,13 @@ GPU_STUDY_JOBS = {
 }
 
 
-@pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is not there")
 def test_gpu_study_config_dry_run(tmp_path):
+    from mirrors import TEST_DATA
     from workflow_helpers import planned_jobs, snakemake
 
     config = yaml.safe_load((REPO / "config" / "gpu-study.yaml").read_text())
     assert config["training"]["gpus"] == 1 and config["training"]["mixed_precision"] == "fp16"
-    config["data"].update(source="mirror", mirror=str(MIRROR))  # offline: the full mirror beside the repository
+    config["data"].update(source="mirror", mirror=str(TEST_DATA))  # offline: a dry run only asks that the files exist
     configfile = tmp_path / "gpu-study.yaml"
     configfile.write_text(yaml.safe_dump(config))
     result = snakemake(tmp_path, "-n", "--resources", "gpu=1", configfile=configfile)

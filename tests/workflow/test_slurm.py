@@ -27,9 +27,7 @@ import yaml
 
 from istar.registry.precisions import run_precision
 from services import Daemons, ensure_debian_packages, free_port, program
-from workflow_helpers import ENV, MIRROR, REPO, SNAKEMAKE, load_test_config, save_tiny_model, write_project
-
-pytestmark = pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is not there")
+from workflow_helpers import ENV, REPO, SNAKEMAKE, load_test_config, save_tiny_model, write_project
 
 PROGRAMS = ["slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "srun", "scancel", "munged"]
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
