@@ -54,9 +54,9 @@ from istar.io import artifacts
 from istar.data.encoding import EpochShuffleSampler
 from istar.steps.evaluate import evaluate_model
 from istar.core.isotropy import isoscore_star_from_covariance
-from istar.registry.precisions import PRECISIONS
 from istar.steps.resume import fingerprint_hash, latest_state, matching_state, restore_log, run_fingerprint, save_state
 from istar.steps.run_folder import clear_earlier_outputs, model_sha256
+from istar.registry.precisions import PRECISIONS
 from istar.core.regularizers import Penalty, resolve_layers
 from istar.registry.methods import get_method
 from istar.steps.shrinkage import accumulate_shrinkage, load_layer_statistics, load_shrinkage, merge_layers, save_shrinkage
