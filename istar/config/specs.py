@@ -30,7 +30,7 @@ from istar.registry.methods import METHOD_NAMES, get_method
 from istar.registry.tasks import TASKS
 
 __all__ = ["PrepareDataSpec", "ModelData", "TrainSpec", "EvaluateSpec", "ActivationsSpec", "ShrinkageSpec", "AnalyzeSpec",
-           "MeasureSpec", "ProfileSpec", "add_spec_arguments", "spec_from_cli", "PRECISIONS", "PROFILE_DTYPES",
+           "MeasureSpec", "SurveySpec", "add_spec_arguments", "spec_from_cli", "PRECISIONS", "PROFILE_DTYPES",
            "AS_GIVEN"]
 
 PRECISIONS = tuple(precisions.PRECISIONS)
@@ -259,8 +259,8 @@ AS_GIVEN = "as-given"
 
 
 @dataclass(frozen=True, kw_only=True)
-class ProfileSpec(Spec):
-    """The profile step (:func:`istar.steps.profile.run_profile`): isotropy of one pretrained model at one revision."""
+class SurveySpec(Spec):
+    """The profile step (:func:`istar.steps.survey.run_profile`): isotropy of one pretrained model at one revision."""
 
     model: str = option(help="hub id, local folder, package:NAME/SUBFOLDER, or a .gguf file "
                              "(path or package:NAME/FILE.gguf)", flag="--model")
@@ -268,16 +268,16 @@ class ProfileSpec(Spec):
                             "one document per line", flag="--text")
     out: str = option(help="output JSON file", flag="--out")
     revision: typing.Optional[str] = option(None, help="hub revision: branch, tag or commit (hub ids only)")
-    split: str = config_field("profile.split", choices=("train", "validation"))
-    tokens: int = config_field("profile.tokens", positive=True)
-    sigma_tokens: int = config_field("profile.sigma_tokens")
-    zeta: float = config_field("profile.zeta")
-    batch_size: int = config_field("profile.batch_size", positive=True)
-    max_length: int = config_field("profile.max_length", positive=True)
-    dtype: str = config_field("profile.dtype", choices=PROFILE_DTYPES)
-    twonn_tokens: int = config_field("profile.twonn_tokens")
+    split: str = config_field("survey.split", choices=("train", "validation"))
+    tokens: int = config_field("survey.tokens", positive=True)
+    sigma_tokens: int = config_field("survey.sigma_tokens")
+    zeta: float = config_field("survey.zeta")
+    batch_size: int = config_field("survey.batch_size", positive=True)
+    max_length: int = config_field("survey.max_length", positive=True)
+    dtype: str = config_field("survey.dtype", choices=PROFILE_DTYPES)
+    twonn_tokens: int = config_field("survey.twonn_tokens")
     twonn_discard: float = config_field("analysis.twonn_discard")
-    projection_rows: int = config_field("profile.projection_rows", positive=True)
+    projection_rows: int = config_field("survey.projection_rows", positive=True)
     device: str = option("auto", help="auto (cuda if available), cpu, cuda or cuda:N")
     seed: int = option(0, help="seed of the document order")
 
