@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from istar import artifacts
-from istar.runlock import LOCK_NAME, FolderLockedError, writer_lock
+from istar.io.runlock import LOCK_NAME, FolderLockedError, writer_lock
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 REPO = Path(__file__).resolve().parents[1]
@@ -133,7 +133,7 @@ def test_a_killed_launcher_stops_its_child(tiny_model_dir, data, tmp_path):
 # --------------------------------------------------------------------------------------- one writer
 
 
-HOLD = "import sys, time; from istar.runlock import writer_lock\nwith writer_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)"
+HOLD = "import sys, time; from istar.io.runlock import writer_lock\nwith writer_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)"
 
 
 def test_a_second_writer_of_a_run_folder_stops_at_once_naming_the_first(tiny_model_dir, data, tmp_path):

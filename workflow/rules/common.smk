@@ -1,16 +1,30 @@
 # Helpers shared by the rules: the validated config, paths, and which runs the config asks for.
-# The logic lives in istar.config and istar.plan; this file only maps it onto paths.
+# The logic lives in istar.pipeline (validation, plan) and istar.config.layout (the paths); this
+# file only maps it onto rules.
 
 import json
 
 from snakemake.exceptions import WorkflowError
 
-from istar.aggregate import AGGREGATE_NAMES
-from istar.config import STUDIES, ConfigError, load_schema, validate_config
-from istar.figures import PROFILE_FIGURES, PROFILES_CSV, enabled_figures
-from istar.methods import METHOD_PATTERN
-from istar.plan import (
+from istar.report.aggregate import AGGREGATE_NAMES
+from istar.config.schema import STUDIES, ConfigError
+from istar.pipeline.validate import validate_config
+from istar.report.figures import PROFILE_FIGURES, PROFILES_CSV, enabled_figures
+from istar.config.layout import (
+    AGGREGATE,
+    DATA,
+    MEASURES,
+    MODEL_PIN,
+    PROFILE,
+    RUN,
+    SEARCH_RUN,
+    SELECTION,
+    SIGMA,
+    WILDCARD_CONSTRAINTS,
     Setting,
+    seeds_token,
+)
+from istar.pipeline.plan import (
     final_settings,
     measure_spec,
     needs_sigma,
@@ -27,9 +41,7 @@ from istar.plan import (
 )
 
 try:
-    _validated = validate_config(
-        config, load_schema(workflow.source_path("../schemas/config.schema.yaml"))
-    )
+    _validated = validate_config(config)
 except ConfigError as error:
     raise WorkflowError(f"invalid configuration: {error}") from None
 config.clear()
@@ -43,32 +55,17 @@ DATA_TASKS = TASKS + ([_profile_task] if _profile_task not in [None, *TASKS] els
 TRAINING = config["training"]
 GPUS = TRAINING["gpus"]
 
-DATA = "resources/data/{task}"
-MODEL_PIN = "resources/models/{model}.json"
-SIGMA = "resources/shrinkage/{model}/{task}/sigma0.pt"
-SEARCH_RUN = "results/search/{model}/{task}/{setting}/seed{seed}"
-RUN = "results/runs/{model}/{task}/{setting}/seed{seed}"
-SELECTION = "results/selection/{model}/{task}/best.json"
-# evaluation and analysis of a setting's runs, one file per set of seeds (seeds0_1_2): the
-# studies that ask for the same setting and seeds share it
-MEASURES = "results/measures/{model}/{task}/{setting}/seeds{seeds}.json"
-PROFILE = "results/profile/{pmodel}/{revision}.json"
 PROFILES = [
     PROFILE.format(pmodel=name, revision=revision)
     for name, revision in profile_targets(config)
 ]
-PROFILES_TABLE = f"results/aggregate/{PROFILES_CSV}.csv"
-AGGREGATES = expand("results/aggregate/{name}.csv", name=AGGREGATE_NAMES)
+PROFILES_TABLE = AGGREGATE.format(name=PROFILES_CSV)
+AGGREGATES = expand(AGGREGATE, name=AGGREGATE_NAMES)
 
 
 wildcard_constraints:
-    model="[A-Za-z0-9][A-Za-z0-9.-]*",
+    **WILDCARD_CONSTRAINTS,
     task="|".join(DATA_TASKS),
-    setting=f"({METHOD_PATTERN})[A-Za-z0-9.e_+-]*",
-    seed="[0-9]+",
-    seeds="[0-9]+(_[0-9]+)*",
-    pmodel="[A-Za-z0-9][A-Za-z0-9.-]*",
-    revision="[A-Za-z0-9][A-Za-z0-9._-]*",
 
 
 def prepared_files(task):
@@ -98,7 +95,7 @@ def sigma_input(wildcards):
     )
 
 
-# Each step gets its whole spec as one JSON argument (istar.plan builds it from the config);
+# Each step gets its whole spec as one JSON argument (istar.pipeline.plan builds it from the config);
 # a changed spec is a changed param, so Snakemake reruns exactly the jobs whose spec changed.
 
 
@@ -137,12 +134,11 @@ def shrinkage_spec_json(wildcards, output):
 
 def measures_file(model, task, study, setting: Setting) -> str:
     """The measurement file of a study's runs of a setting (its seeds come from the config alone)."""
-    seeds = sorted(set(study_seeds(config, study)))
     return MEASURES.format(
         model=model,
         task=task,
         setting=setting.name,
-        seeds="_".join(str(seed) for seed in seeds),
+        seeds=seeds_token(study_seeds(config, study)),
     )
 
 
