@@ -6,7 +6,8 @@ manager) drops the lock when the process ends, however it ends (SIGKILL included
 
 - a second writer finds the lock held and stops at once, naming the holder;
 - a lock file whose lock is free was left by a writer that is gone (killed, its node lost): it
-  is *stale*, and the new writer takes it over with one line naming the old holder.
+  is *stale*, and the new writer takes it over with one line naming the old holder;
+- a writer that ends normally removes the file.
 
 On a file system without ``flock`` (some Lustre mounts), the holder is judged by its PID: a
 holder on this host whose PID no longer runs is stale; one on another host cannot be checked,
@@ -113,8 +114,7 @@ def writer_lock(folder, print_fn=print):
         handle.flush()
         yield path
     finally:
-        # Emptied, not removed: removing it while another process waits on the same file
-        # would let two processes each hold a lock on a different file.
-        handle.seek(0)
-        handle.truncate()
+        # Removed while still locked: a process that opened it meanwhile finds, once it holds the
+        # lock, that the path no longer names its file, and starts over (:func:`_acquire`).
+        path.unlink(missing_ok=True)
         handle.close()
