@@ -21,7 +21,7 @@ from istar.io import artifacts
 from istar.io.runlock import LOCK_NAME, FolderLockedError, writer_lock
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ISTAR = (sys.executable, "-m", "istar")
 
 

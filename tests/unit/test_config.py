@@ -14,7 +14,7 @@ from istar.pipeline.validate import load_config, validate_config
 from istar.config.layout import Setting
 from istar.pipeline.plan import final_settings, search_settings, study_runs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MIRROR = REPO.parent / "shared" / "data"
 
 
