@@ -98,13 +98,14 @@ def writer_lock(folder, print_fn=print):
     try:
         holder = _read(handle)
         me = {"pid": os.getpid(), "host": socket.gethostname()}
-        if holder and not flock_supported and _pid_running(holder.get("pid")) and holder.get("pid") != me["pid"]:
-            if holder.get("host") == me["host"]:
+        if holder and not flock_supported:
+            if holder.get("host") != me["host"]:
+                raise FolderLockedError(
+                    f"{path} names a writer on another host, {_describe(holder)}, and this file system cannot tell "
+                    f"whether it still runs: if it does not, remove {path} and run the command again")
+            if holder.get("pid") != me["pid"] and _pid_running(holder.get("pid")):
                 raise FolderLockedError(f"{path.parent} is being written by another run: {_describe(holder)} "
                                         f"holds {path}; wait for it to finish, or stop that process")
-            raise FolderLockedError(
-                f"{path} names a writer on another host, {_describe(holder)}, and this file system cannot tell "
-                f"whether it still runs: if it does not, remove {path} and run the command again")
         if holder:
             print_fn(f"taking over the stale writer lock {path} of {_describe(holder)}: that process is gone")
         handle.seek(0)

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 from pathlib import Path
 
 from istar import __version__
@@ -197,8 +198,9 @@ class StopRequest:
         self._previous: dict = {}
 
     def __enter__(self):
-        for number in self.SIGNALS:
-            self._previous[number] = signal.signal(number, self._handle)
+        if threading.current_thread() is threading.main_thread():  # (only it may set handlers)
+            for number in self.SIGNALS:
+                self._previous[number] = signal.signal(number, self._handle)
         return self
 
     def __exit__(self, *exc_info):
