@@ -26,6 +26,7 @@ from pathlib import Path
 
 from istar.io import artifacts
 from istar.config.schema import default_of, schema_entry
+from istar.registry import precisions
 from istar.registry.methods import METHOD_NAMES, get_method
 from istar.registry.tasks import TASKS
 
@@ -33,7 +34,9 @@ __all__ = ["PrepareDataSpec", "ModelData", "TrainSpec", "EvaluateSpec", "Activat
            "MeasureSpec", "ProfileSpec", "add_spec_arguments", "spec_from_cli", "PRECISIONS", "PROFILE_DTYPES",
            "AS_GIVEN"]
 
-PRECISIONS = ("no", "fp16", "bf16")
+PRECISIONS = tuple(precisions.PRECISIONS)
+PRECISION_HELP = ("autocast precision: no (fp32), fp16 or bf16; on a CPU fp16 and bf16 run as bf16 where the "
+                  "processor has it natively, else fp32")
 PROFILE_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -88,7 +91,7 @@ class Spec:
             if f.metadata.get("positive") and int(getattr(self, f.name)) < 1:
                 raise SpecError(f"{f.name} must be a positive integer; got {getattr(self, f.name)}")
         if getattr(self, "mixed_precision", "no") not in PRECISIONS:
-            raise SpecError(f"mixed_precision must be no, fp16 or bf16; got {self.mixed_precision!r}")
+            raise SpecError(f"mixed_precision must be one of {', '.join(PRECISIONS)}; got {self.mixed_precision!r}")
 
     def output_folders(self) -> list[Path]:
         """The folders the step writes into: an ``output="folder"`` field itself, an
@@ -110,6 +113,7 @@ class PrepareDataSpec(Spec):
                                                        "(default: main); meta.json records its commit")
     allow_standin: bool = config_field("data.allow_standin")
     standin_fraction: float = config_field("data.standin_fraction")
+    subset: bool = config_field("data.subset")
     max_train_samples: typing.Optional[int] = config_field("data.max_train_samples")
     max_eval_samples: typing.Optional[int] = config_field("data.max_eval_samples")
     seed: int = config_field("data.seed")
@@ -123,8 +127,9 @@ class ModelData(Spec):
     data_dir: str = option(help="prepared task folder (train/validation parquet + meta.json)", flag="--data")
     max_length: int = config_field("training.max_length", positive=True)
     doc_stride: int = config_field("training.doc_stride", positive=True)
-    # Direct calls run in fp32; workflow jobs get the precision their granted GPUs allow (istar launch).
-    mixed_precision: str = option("no", help="autocast precision: no (fp32), fp16 or bf16", choices=PRECISIONS)
+    # Direct calls run in fp32 unless asked; a request runs as istar.registry.precisions.run_precision decides
+    # for the device (on a CPU: bf16 where native, else fp32).
+    mixed_precision: str = option("no", help=PRECISION_HELP, choices=PRECISIONS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,11 +140,11 @@ class TrainSpec(ModelData):
     method: str = option("base", help="the fine-tuning method (istar.registry.methods)", choices=METHOD_NAMES)
     lam: float = option(0.0, help="λ, the penalty weight (istar: required; cosreg: default 1)")
     zeta: float = option(default_of("$defs.zeta"), help="ζ ∈ [0, 1], weight of Σ_S in IsoScore* (istar)")
-    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+    layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
     sigma_s: typing.Optional[str] = option(None, help="initial Σ_S file from `istar shrinkage` (istar with ζ > 0)")
     shrinkage_rows: int = config_field("shrinkage.rows", positive=True)
     recompute_shrinkage: bool = config_field("shrinkage.recompute_every_epoch")
-    global_penalty: bool = config_field("shrinkage.global_penalty")
+    global_penalty: bool = config_field("penalty.global_penalty")
     learning_rate: float = config_field("training.learning_rate")
     batch_size: int = config_field("training.batch_size", positive=True)
     eval_batch_size: int = config_field("training.eval_batch_size", positive=True)
@@ -171,7 +176,8 @@ class TrainSpec(ModelData):
 
     @property
     def penalty_layers(self):
-        """The hidden states the penalty reads: the configured selection, or the method's own (CosReg: the last layer)."""
+        """The hidden states the penalty reads and Σ_S is measured over: the configured selection, or the
+        method's own (CosReg and the baseline: the last layer)."""
         return get_method(self.method).penalty_layers(self.layers)
 
 
@@ -200,7 +206,7 @@ class ShrinkageSpec(ModelData):
     """The Σ_S step (:func:`istar.steps.shrinkage.compute_shrinkage_file`)."""
 
     out: str = option(help="output Σ_S file", flag="--out", output="file")
-    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+    layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
     rows: int = config_field("shrinkage.rows", positive=True)
     batch_size: int = config_field("training.eval_batch_size", positive=True)
     seed: int = option(0, help="seed of the order in which the training split is read")
@@ -215,7 +221,7 @@ class AnalyzeSpec(Spec):
     out: str = option(help="output analysis.json", flag="--out", output="file")
     zeta: float = config_field("analysis.zeta")
     twonn_discard: float = config_field("analysis.twonn_discard")
-    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+    layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -236,8 +242,8 @@ class MeasureSpec(Spec):
     seed: int = option(0, help="seed of the token sample")
     zeta: float = config_field("analysis.zeta")
     twonn_discard: float = config_field("analysis.twonn_discard")
-    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
-    mixed_precision: str = option("no", help="autocast precision: no (fp32), fp16 or bf16", choices=PRECISIONS)
+    layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
+    mixed_precision: str = option("no", help=PRECISION_HELP, choices=PRECISIONS)
 
     def validate(self) -> None:
         super().validate()
