@@ -263,7 +263,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         + f" | {total_steps} optimizer steps")
     start_time = time.perf_counter()
     with StopRequest() as stop:
-        _loop(run, stop, model, optimizer, scheduler, train_loader, eval_loader, eval_frame, eval_features,
+        _loop(run, stop, model, optimizer, scheduler, train_loader, eval_loader, eval_columns, eval_features,
               train_features, progress, sigma_device, distributed)
     return _finish(run, unwrapped, progress, time.perf_counter() - start_time)
 
@@ -291,7 +291,7 @@ def _stop_if_asked(run: Run, stop: StopRequest, progress: Progress, save: bool) 
                               f"{state}: run the same command again to resume from it")
 
 
-def _loop(run: Run, stop: StopRequest, model, optimizer, scheduler, train_loader, eval_loader, eval_frame, eval_features,
+def _loop(run: Run, stop: StopRequest, model, optimizer, scheduler, train_loader, eval_loader, eval_columns, eval_features,
           train_features, progress: Progress, sigma_device, distributed: bool) -> None:
     """The epochs still to train (from ``progress``): steps, periodic states, evaluation, Σ_S, epoch-end state."""
     spec, accelerator, task = run.spec, run.step.accelerator, run.step.task

@@ -259,7 +259,7 @@ def test_a_full_disk_while_saving_the_final_model_keeps_the_trained_state(tiny_m
 
 
 def test_prepare_data_on_a_full_disk_names_the_file(small_disk):
-    from conftest import MIRROR
+    from mirrors import TEST_DATA
 
     disk = small_disk(1)
     with open(disk / "filler", "wb", buffering=0) as handle:  # fill the disk to its last block
@@ -268,8 +268,8 @@ def test_prepare_data_on_a_full_disk_names_the_file(small_disk):
                 handle.write(b"\0" * 4096)
         except OSError:
             pass
-    result = istar("prepare-data", "--task", "rte", "--out", disk / "rte", "--source", "mirror", "--mirror", MIRROR,
-                   "--max-train-samples", 200, "--max-eval-samples", 50)
+    result = istar("prepare-data", "--task", "rte", "--out", disk / "rte", "--source", "mirror", "--mirror", TEST_DATA,
+                   "--subset", "--max-train-samples", 200, "--max-eval-samples", 50)
     assert result.returncode == 1
     assert result.stderr.startswith(f"error: no space left on the disk of {disk / 'rte' / 'train.parquet'} while "
                                     "writing it (0.0 MiB free now): train.parquet was not written")
@@ -289,11 +289,11 @@ def test_an_atomic_write_on_a_full_disk_keeps_the_previous_file(small_disk):
 
 @pytest.mark.parametrize("step", ["train", "prepare-data"])
 def test_a_read_only_output_folder_is_named_before_anything_is_loaded(step, tiny_model_dir, data, read_only_folder):
-    from conftest import MIRROR
+    from mirrors import TEST_DATA
 
     out = read_only_folder / "out"
     args = (train_args(tiny_model_dir, data, out) if step == "train" else
-            ["prepare-data", "--task", "rte", "--out", out, "--source", "mirror", "--mirror", MIRROR])
+            ["prepare-data", "--task", "rte", "--out", out, "--source", "mirror", "--mirror", TEST_DATA, "--subset"])
     result = istar(*args)
     assert result.returncode == 1
     reason = "Read-only file system" if os.geteuid() == 0 else "Permission denied"
