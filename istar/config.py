@@ -21,7 +21,7 @@ __all__ = ["ConfigError", "SCHEMA_PATH", "load_schema", "load_yaml", "validate_c
            "model_depth"]
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
-STUDIES = ("lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep", "single_layer")
+STUDIES = ("lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep", "single_layer", "padding")
 
 
 class ConfigError(ValueError):

@@ -2,7 +2,8 @@
 
 A *setting* is a fine-tuning method with its hyperparameters, spelled as a folder name
 (docs/architecture.md): ``base``, ``cosreg_lam1``, ``istar_lam-1_zeta0.2``, ``istar_lam-1_zeta0.2_layer6``,
-plus ``_bs16_ep3_lr3e-05`` when the search grid covers batch size, epochs and learning rate.
+plus ``_allpos`` when the penalty reads every padded position (``shrinkage.tokens``) and
+``_bs16_ep3_lr3e-05`` when the search grid covers batch size, epochs and learning rate.
 Hyperparameters in paths keep reruns right even without Snakemake's metadata and make every
 artifact self-describing.
 
@@ -17,19 +18,22 @@ import itertools
 import re
 from dataclasses import dataclass, replace
 
-from .methods import METHOD_PATTERN, get_method
+from .methods import METHOD_PATTERN, TOKEN_SELECTION_NAMES, TOKEN_SELECTIONS, get_method, get_token_selection
 from .specs import MeasureSpec, PrepareDataSpec, ProfileSpec, ShrinkageSpec, TrainSpec
 from .tasks import TASKS
 
 __all__ = ["Setting", "format_number", "search_settings", "selected_setting", "final_settings", "study_runs",
            "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "train_spec",
-           "shrinkage_spec", "measure_spec", "AS_GIVEN", "profile_targets", "profile_text_task", "profile_spec"]
+           "shrinkage_spec", "measure_spec", "sigma_file_name", "AS_GIVEN", "profile_targets", "profile_text_task", "profile_spec"]
 
 
 _NUMBER = r"-?[0-9][0-9.e+-]*"
+_TOKEN_SUFFIXES = {selection.suffix: key for key, selection in TOKEN_SELECTIONS.items() if selection.suffix}
 _PATTERN = re.compile(
     rf"^(?P<method>{METHOD_PATTERN})(?:_lam(?P<lam>{_NUMBER}))?(?:_zeta(?P<zeta>{_NUMBER}))?"
-    rf"(?:_layer(?P<layer>[0-9]+))?(?:_bs(?P<bs>[0-9]+)_ep(?P<ep>[0-9]+)_lr(?P<lr>{_NUMBER}))?$")
+    rf"(?:_layer(?P<layer>[0-9]+))?(?P<tokens>{'|'.join(_TOKEN_SUFFIXES)})?"
+    rf"(?:_bs(?P<bs>[0-9]+)_ep(?P<ep>[0-9]+)_lr(?P<lr>{_NUMBER}))?$")
+DEFAULT_TOKENS = TOKEN_SELECTION_NAMES[0]
 
 
 def format_number(value: float) -> str:
@@ -46,6 +50,7 @@ class Setting:
     lam: float = 0.0
     zeta: float | None = None
     layer: int | None = None
+    tokens: str = DEFAULT_TOKENS
     batch_size: int | None = None
     epochs: int | None = None
     learning_rate: float | None = None
@@ -60,9 +65,10 @@ class Setting:
             parts.append(f"zeta{format_number(self.zeta)}")
             if self.layer is not None:
                 parts.append(f"layer{self.layer}")
+        name = "_".join(parts) + (get_token_selection(self.tokens).suffix if method.takes("tokens") else "")
         if self.batch_size is not None:
-            parts.append(f"bs{self.batch_size}_ep{self.epochs}_lr{format_number(self.learning_rate)}")
-        return "_".join(parts)
+            name += f"_bs{self.batch_size}_ep{self.epochs}_lr{format_number(self.learning_rate)}"
+        return name
 
     @classmethod
     def parse(cls, name: str) -> "Setting":
@@ -73,7 +79,7 @@ class Setting:
         setting = cls(
             method=g["method"], lam=float(g["lam"]) if g["lam"] else 0.0,
             zeta=float(g["zeta"]) if g["zeta"] else None, layer=int(g["layer"]) if g["layer"] else None,
-            batch_size=int(g["bs"]) if g["bs"] else None, epochs=int(g["ep"]) if g["ep"] else None,
+            tokens=_TOKEN_SUFFIXES[g["tokens"]] if g["tokens"] else DEFAULT_TOKENS, batch_size=int(g["bs"]) if g["bs"] else None, epochs=int(g["ep"]) if g["ep"] else None,
             learning_rate=float(g["lr"]) if g["lr"] else None)
         if setting.name != name:
             raise ValueError(f"setting {name!r} is not in canonical form; write it as {setting.name!r}")
@@ -92,17 +98,24 @@ def _training_grid(search: dict) -> list[tuple]:
     return list(itertools.product(*grids))
 
 
+def config_tokens(config: dict) -> str:
+    """The token selection of every penalised run the config asks for (``shrinkage.tokens``), except
+    the padding study's, which sets it per setting."""
+    return config["shrinkage"]["tokens"]
+
+
 def search_settings(config: dict) -> list[Setting]:
     """Stage 1: I-STAR over λ × ζ (× batch size × epochs × learning rate when searched)."""
-    search = config["search"]
-    return [Setting("istar", lam=float(lam), zeta=float(zeta), batch_size=bs, epochs=ep, learning_rate=lr)
+    search, tokens = config["search"], config_tokens(config)
+    return [Setting("istar", lam=float(lam), zeta=float(zeta), tokens=tokens, batch_size=bs, epochs=ep,
+                    learning_rate=lr)
             for lam, zeta, (bs, ep, lr) in itertools.product(search["lambdas"], search["zetas"], _training_grid(search))]
 
 
 def selected_setting(selection: dict, config: dict) -> Setting:
     """The I-STAR setting a ``best.json`` (``istar select``) names; training values only if searched."""
     searched = trains_training_grid(config)
-    return Setting("istar", lam=float(selection["lam"]), zeta=float(selection["zeta"]),
+    return Setting("istar", lam=float(selection["lam"]), zeta=float(selection["zeta"]), tokens=config_tokens(config),
                    batch_size=int(selection["batch_size"]) if searched else None,
                    epochs=int(selection["epochs"]) if searched else None,
                    learning_rate=float(selection["learning_rate"]) if searched else None)
@@ -119,7 +132,7 @@ def final_settings(config: dict, selection: Setting | None) -> list[Setting]:
     the training hyperparameters are not searched); with a selection all three.
     """
     base = Setting("base")
-    cosreg = Setting("cosreg", lam=float(config["final"]["cosreg_lambda"]))
+    cosreg = Setting("cosreg", lam=float(config["final"]["cosreg_lambda"]), tokens=config_tokens(config))
     if selection is None:
         return [] if trains_training_grid(config) else [base, cosreg]
     return [base.with_training(selection), cosreg.with_training(selection), selection]
@@ -143,17 +156,23 @@ def study_settings(config: dict, study: str, selection: Setting | None, num_laye
     Returns None when the study needs the search's choice (``lam: selected``) and
     ``selection`` is None; ``num_layers`` (L) is needed for ``single_layer`` with ``layers: all``.
     """
-    spec = config["studies"][study]
+    spec, tokens = config["studies"][study], config_tokens(config)
     if study in ("lambda_sweep", "twonn", "layerwise"):
-        settings = [Setting("istar", lam=float(lam), zeta=float(spec["zeta"])) for lam in spec["lambdas"]]
+        settings = [Setting("istar", lam=float(lam), zeta=float(spec["zeta"]), tokens=tokens) for lam in spec["lambdas"]]
         return settings + ([Setting("base")] if study != "lambda_sweep" else [])
     if study == "cosreg_means":
-        return [Setting("cosreg", lam=float(lam)) for lam in spec["lambdas"]] + [Setting("base")]
+        return [Setting("cosreg", lam=float(lam), tokens=tokens) for lam in spec["lambdas"]] + [Setting("base")]
     if study == "zeta_sweep":
         if spec["lam"] == "selected" and selection is None:
             return None
         lam = selection.lam if spec["lam"] == "selected" else float(spec["lam"])
-        return [Setting("istar", lam=lam, zeta=float(zeta)) for zeta in spec["zetas"]]
+        return [Setting("istar", lam=lam, zeta=float(zeta), tokens=tokens) for zeta in spec["zetas"]]
+    if study == "padding":
+        if "selected" in (spec["lam"], spec["zeta"]) and selection is None:
+            return None
+        lam = selection.lam if spec["lam"] == "selected" else float(spec["lam"])
+        zeta = selection.zeta if spec["zeta"] == "selected" else float(spec["zeta"])
+        return [Setting("base")] + [Setting("istar", lam=lam, zeta=zeta, tokens=key) for key in TOKEN_SELECTION_NAMES]
     if study == "single_layer":
         needs_selection = "selected" in (spec["lam"], spec["zeta"])
         if (needs_selection and selection is None) or (spec["layers"] == "all" and num_layers is None):
@@ -161,7 +180,8 @@ def study_settings(config: dict, study: str, selection: Setting | None, num_laye
         lam = selection.lam if spec["lam"] == "selected" else float(spec["lam"])
         zeta = selection.zeta if spec["zeta"] == "selected" else float(spec["zeta"])
         layers = list(range(1, num_layers + 1)) if spec["layers"] == "all" else list(spec["layers"])
-        return [Setting("istar", lam=lam, zeta=zeta, layer=k) for k in layers] + [Setting("istar", lam=lam, zeta=zeta)]
+        return [Setting("istar", lam=lam, zeta=zeta, layer=k, tokens=tokens) for k in layers] + [
+            Setting("istar", lam=lam, zeta=zeta, tokens=tokens)]
     raise ValueError(f"unknown study {study!r}")
 
 
@@ -183,6 +203,11 @@ def study_runs(config: dict, study: str, model: str, task: str, selection: Setti
 def needs_sigma(setting: Setting) -> bool:
     """Whether a run reads the pretrained Σ_S (I-STAR with ζ > 0)."""
     return setting.method == "istar" and setting.zeta > 0
+
+
+def sigma_file_name(tokens: str) -> str:
+    """The pretrained Σ_S file of a token selection: ``sigma0.pt`` (real tokens), ``sigma0_allpos.pt``."""
+    return f"sigma0{get_token_selection(tokens).suffix}.pt"
 
 
 def task_max_length(config: dict, task: str) -> int:
@@ -217,7 +242,7 @@ def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: i
     """
     training, shrinkage = config["training"], config["shrinkage"]
     hyperparameters = {"layers": setting.layer if setting.layer is not None else shrinkage["layers"],
-                       "shrinkage_rows": shrinkage["rows"]}
+                       "shrinkage_rows": shrinkage["rows"], "tokens": setting.tokens}
     if setting.method == "istar":
         hyperparameters |= {
             "zeta": setting.zeta, "recompute_shrinkage": shrinkage["recompute_every_epoch"],
@@ -230,13 +255,18 @@ def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: i
         batch_size=setting.batch_size or training["batch_size"], epochs=setting.epochs or training["epochs"],
         eval_batch_size=training["eval_batch_size"], gradient_accumulation_steps=training["gradient_accumulation_steps"],
         warmup_ratio=training["warmup_ratio"], scheduler=training["scheduler"], weight_decay=training["weight_decay"],
-        max_grad_norm=training["max_grad_norm"], checkpoint_every=training["checkpoint_every"], **hyperparameters)
+        adam_epsilon=training["adam_epsilon"], max_grad_norm=training["max_grad_norm"], checkpoint_every=training["checkpoint_every"], **hyperparameters)
 
 
-def shrinkage_spec(config: dict, *, model: str, task: str, data_dir: str, out: str) -> ShrinkageSpec:
-    """Σ_S of the pretrained model on the task's training data (fp32, the evaluation batch size)."""
+def shrinkage_spec(config: dict, *, model: str, task: str, data_dir: str, out: str,
+                   tokens: str = DEFAULT_TOKENS) -> ShrinkageSpec:
+    """Σ_S of the pretrained model on the task's training data, over the rows ``tokens`` selects (fp32;
+    batches of the evaluation batch size, or of the training batch size where padding counts)."""
+    training = config["training"]
+    uses_training = get_token_selection(tokens).sigma_uses_training_batches
     return ShrinkageSpec(**_model_data(config, model, task, data_dir), out=out, layers=config["shrinkage"]["layers"],
-                         rows=config["shrinkage"]["rows"], batch_size=config["training"]["eval_batch_size"])
+                         tokens=tokens, rows=config["shrinkage"]["rows"],
+                         batch_size=training["batch_size"] if uses_training else training["eval_batch_size"])
 
 
 def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sigma_s: str, out: str) -> MeasureSpec:

@@ -1,7 +1,8 @@
 """The shrinkage covariance Σ_S: streaming covariance of a model's token vectors (docs/method.md §3).
 
-Rows are the non-padding token vectors of the selected layers (the same selection as the
-I-STAR penalty), from forward passes without gradients over a task's training data, until
+Rows are the token vectors of the selected layers at the selected positions (the same
+selections as the I-STAR penalty: ``layers``, and ``tokens`` — real tokens, or every position of
+the padded batch, :data:`istar.methods.TOKEN_SELECTIONS`), from forward passes without gradients over a task's training data, until
 at least ``max_rows`` rows (250,000 in the paper) have been seen. Rows are never stacked:
 :class:`~istar.isotropy.CovarianceAccumulator` keeps O(d²) float64 sums. Under data
 parallelism every process accumulates its shard and the accumulators are merged in rank
@@ -22,6 +23,7 @@ from tqdm.auto import tqdm
 from . import __version__, artifacts
 from .encoding import MODEL_INPUTS, EpochShuffleSampler
 from .isotropy import CovarianceAccumulator
+from .methods import get_token_selection
 from .regularizers import LayerSpec, resolve_layers
 from .specs import ShrinkageSpec, add_spec_arguments, spec_from_cli
 
@@ -29,7 +31,7 @@ __all__ = ["accumulate_shrinkage", "merge_layers", "merge_across_processes", "sa
 
 @torch.no_grad()
 def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int, accelerator=None,
-                         description: str = "Σ_S") -> list[CovarianceAccumulator]:
+                         description: str = "Σ_S", tokens: str = "real") -> list[CovarianceAccumulator]:
     """Accumulate per-layer token statistics until the selected layers gave ``max_rows`` rows.
 
     Every hidden state (embeddings and each layer) gets its own accumulator, at no extra
@@ -47,6 +49,8 @@ def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int, accele
         fewer if the data runs out.
     accelerator : an ``accelerate.Accelerator`` for device, autocast and the merge across
         processes; None runs on the model's device in one process.
+    tokens : which positions of each (padded) batch are rows (:data:`istar.methods.TOKEN_SELECTIONS`):
+        ``real`` the attention-masked tokens, ``all_positions`` all B·T positions.
 
     Returns
     -------
@@ -62,6 +66,7 @@ def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int, accele
     per_layer = [CovarianceAccumulator(model.config.hidden_size, device=device)
                  for _ in range(model.config.num_hidden_layers + 1)]
     selected = resolve_layers(layers, len(per_layer))
+    selection = get_token_selection(tokens)
     show = accelerator is None or accelerator.is_local_main_process
     with tqdm(total=target, unit="rows", unit_scale=True, desc=description, disable=not show, leave=False) as bar:
         for batch in loader:
@@ -71,7 +76,7 @@ def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int, accele
                     hidden_states = model(**inputs, output_hidden_states=True).hidden_states
             else:
                 hidden_states = model(**inputs, output_hidden_states=True).hidden_states
-            mask = inputs["attention_mask"].bool()
+            mask = selection.mask(inputs["attention_mask"])
             for accumulator, hidden in zip(per_layer, hidden_states):
                 accumulator.add(hidden, mask=mask)
             rows = sum(per_layer[i].count for i in selected)
@@ -198,11 +203,12 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
                                  put_on_device=True, even_batches=False)
     indices = resolve_layers(spec.layers, model.config.num_hidden_layers + 1)
     start = time.perf_counter()
-    per_layer = accumulate_shrinkage(model, loader, spec.layers, spec.rows, accelerator, description=f"Σ_S {task.key}")
+    per_layer = accumulate_shrinkage(model, loader, spec.layers, spec.rows, accelerator, description=f"Σ_S {task.key}",
+                                     tokens=spec.tokens)
     rows = merge_layers(per_layer, indices).count
     provenance = {
         "model": step.model_name, "model_path": step.model_path, "task": task.key, "split": "train",
-        "standin": step.standin, "layer_spec": spec.layers,
+        "standin": step.standin, "layer_spec": spec.layers, "tokens": spec.tokens, "batch_size": spec.batch_size,
         "requested_rows": spec.rows, "max_length": spec.max_length, "seed": spec.seed,
         "num_processes": accelerator.num_processes, "seconds": round(time.perf_counter() - start, 2),
     }
@@ -211,7 +217,7 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
         save_shrinkage(spec.out, per_layer, indices, provenance)
         artifacts.write_json(Path(spec.out).with_suffix(".json"), {**provenance, "layers": indices, "rows": rows})
     accelerator.wait_for_everyone()
-    accelerator.print(f"Σ_S of {step.model_name} on {task.display} train: {rows:,} rows over layers "
+    accelerator.print(f"Σ_S of {step.model_name} on {task.display} train: {rows:,} rows ({spec.tokens}) over layers "
                       f"{indices} from {accelerator.num_processes} process(es) -> {spec.out}")
     if rows < spec.rows:
         accelerator.print(f"note: the training data gave only {rows:,} of the {spec.rows:,} requested rows")

@@ -19,7 +19,9 @@ changed is discarded with one line naming what changed, and the run starts afres
 Outputs appear atomically when the run is done:
 
     OUT/metrics.json        per-epoch and final metrics (the last file written)
-    OUT/train_log.csv       step, loss, task_loss, penalty, isoscore_star, cosine_similarity, lr
+    OUT/train_log.csv       step, loss, task_loss, penalty, isoscore_star, cosine_similarity, penalty_tokens
+                            (which positions the penalty and its logged IsoScore* saw: real or
+                            all_positions), penalty_rows (rows of X̃ per micro-batch, mean), lr
     OUT/run_config.json     the resolved configuration, precision and environment
     OUT/model/              the final model and tokenizer (save_pretrained)
     OUT/sigma_epoch{e}.pt   the Σ_S used in epoch e (I-STAR)
@@ -52,6 +54,7 @@ from . import __version__, artifacts
 from .encoding import EpochShuffleSampler
 from .evaluate import evaluate_model
 from .isotropy import isoscore_star_from_covariance
+from .methods import get_token_selection
 from .resume import (discard_partial_outputs, fingerprint_hash, latest_state, matching_state, restore_log,
                      run_fingerprint, save_state)
 from .regularizers import Penalty, cosreg_penalty, global_istar_penalty, istar_penalty, resolve_layers
@@ -60,7 +63,8 @@ from .specs import TrainSpec, add_spec_arguments, spec_from_cli
 
 __all__ = ["TrainSpec", "train", "optimization_step", "build_optimizer"]
 
-LOG_COLUMNS = ("step", "epoch", "loss", "task_loss", "penalty", "isoscore_star", "cosine_similarity", "lr")
+LOG_COLUMNS = ("step", "epoch", "loss", "task_loss", "penalty", "isoscore_star", "cosine_similarity", "penalty_tokens",
+               "penalty_rows", "lr")
 
 
 @dataclass
@@ -89,10 +93,11 @@ class Progress:
 def compute_penalty(spec: TrainSpec, hidden_states, attention_mask, sigma_s, distributed: bool) -> Penalty | None:
     """The regulariser's term for one batch (None for the baseline)."""
     if spec.method == "cosreg":
-        return cosreg_penalty(hidden_states, attention_mask, lam=spec.lam)
+        return cosreg_penalty(hidden_states, attention_mask, lam=spec.lam, tokens=spec.tokens)
     if spec.method == "istar":
         penalty = global_istar_penalty if spec.global_penalty and distributed else istar_penalty
-        return penalty(hidden_states, attention_mask, lam=spec.lam, zeta=spec.zeta, sigma_s=sigma_s, layers=spec.layers)
+        return penalty(hidden_states, attention_mask, lam=spec.lam, zeta=spec.zeta, sigma_s=sigma_s, layers=spec.layers,
+                       tokens=spec.tokens)
     return None
 
 
@@ -107,12 +112,12 @@ def effective_precision(accelerator, requested: str) -> str:
 
 
 def build_optimizer(model, spec: TrainSpec) -> torch.optim.Optimizer:
-    """AdamW with ``spec.weight_decay`` on every weight but biases and normalisation gains."""
+    """AdamW (ε = ``spec.adam_epsilon``) with ``spec.weight_decay`` on every weight but biases and normalisation gains."""
     no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
     decay = [p for n, p in model.named_parameters() if p.requires_grad and not n.endswith(no_decay)]
     rest = [p for n, p in model.named_parameters() if p.requires_grad and n.endswith(no_decay)]
     groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=spec.learning_rate)
+    return torch.optim.AdamW(groups, lr=spec.learning_rate, eps=spec.adam_epsilon)
 
 
 def optimization_step(spec: TrainSpec, accelerator, model, optimizer, scheduler, batch: dict, sigma_s,
@@ -191,7 +196,8 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
     layer_indices = resolve_layers(spec.penalty_layers, num_hidden)
     set_seed(spec.seed, device_specific=True)
 
-    pad_multiple = 8 if precision in ("fp16", "bf16") else None
+    selection = get_token_selection(spec.tokens)
+    pad_multiple = 8 if precision in ("fp16", "bf16") and selection.pad_multiple else None
     eval_frame = step.frame("validation")
     train_features = step.features("train")
     eval_features = step.features("validation", frame=eval_frame, for_qa_eval=True)
@@ -226,6 +232,10 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
     unwrapped = accelerator.unwrap_model(model)
     if spec.method == "istar" and progress.sigma_s is None and spec.zeta > 0:
         per_layer, provenance = load_layer_statistics(spec.sigma_s)
+        # (files written before the setting existed hold real-token rows)
+        if provenance.get("tokens", "real") != spec.tokens:
+            raise ValueError(f"{spec.sigma_s} holds Σ_S of {provenance.get('tokens', 'real')} rows but this run's "
+                             f"penalty reads {spec.tokens} rows: compute it with `istar shrinkage --tokens {spec.tokens}`")
         progress.sigma_s, _ = load_shrinkage(spec.sigma_s, expected_layers=layer_indices, expected_dim=hidden_size)
         progress.sigma_epoch = 0
         if accelerator.is_main_process:
@@ -271,7 +281,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
                 continue
             progress.step += 1
             if progress.step % spec.log_every == 0:
-                row = _log_row(accelerator, sums, progress.step, epoch + 1, scheduler.get_last_lr()[0])
+                row = _log_row(accelerator, sums, progress.step, epoch + 1, scheduler.get_last_lr()[0], spec.tokens)
                 if accelerator.is_main_process:
                     _append_log(run.log_path, row)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", **({"iso*": f"{row['isoscore_star']:.3f}"} if row["isoscore_star"] != "" else {}))
@@ -299,14 +309,16 @@ def _sigma_pass(run: Run, model, train_features, epoch: int):
     from accelerate.data_loader import prepare_data_loader
 
     spec, accelerator = run.spec, run.step.accelerator
-    loader = run.step.loader(train_features, spec.eval_batch_size,
+    selection = get_token_selection(spec.tokens)
+    batch_size = spec.batch_size if selection.sigma_uses_training_batches else spec.eval_batch_size
+    loader = run.step.loader(train_features, batch_size,
                              sampler=EpochShuffleSampler(len(train_features), spec.seed + 7919 * (epoch + 1)))
     # even_batches=False: accelerate would otherwise repeat rows to even out the shards, and Σ_S
     # would count them twice.
     loader = prepare_data_loader(loader, accelerator.device, accelerator.num_processes, accelerator.process_index,
                                  put_on_device=True, even_batches=False)
     per_layer = accumulate_shrinkage(model, loader, spec.layers, spec.shrinkage_rows, accelerator,
-                                     description=f"Σ_S after {epoch} epoch(s)")
+                                     description=f"Σ_S after {epoch} epoch(s)", tokens=spec.tokens)
     indices = resolve_layers(spec.layers, len(per_layer))
     return per_layer, merge_layers(per_layer, indices), indices
 
@@ -332,7 +344,8 @@ def _track_sigma(run: Run, model, train_features, epochs_done: int, progress: Pr
     if accelerator.is_main_process:
         save_shrinkage(run.out / f"sigma_epoch{epochs_done}.pt", per_layer, indices, {
             "model": f"{run.step.model_name} fine-tuned for {epochs_done} epoch(s)", "layer_spec": spec.layers,
-            "epoch": epochs_done, "requested_rows": spec.shrinkage_rows, "num_processes": accelerator.num_processes})
+            "epoch": epochs_done, "requested_rows": spec.shrinkage_rows, "tokens": spec.tokens,
+            "num_processes": accelerator.num_processes})
     accelerator.print(f"Σ_S recomputed for epoch {epochs_done + 1}: {selection.count:,} rows")
     return sigma.to(accelerator.device)
 
@@ -347,14 +360,14 @@ def _add_to_sums(sums: dict, loss, task_loss, penalty: Penalty | None) -> None:
     sums["micro_batches"] = sums.get("micro_batches", 0) + 1
 
 
-def _log_row(accelerator, sums: dict, step: int, epoch: int, lr: float) -> dict:
+def _log_row(accelerator, sums: dict, step: int, epoch: int, lr: float, tokens: str) -> dict:
     """One train_log.csv row: micro-batch means, averaged over processes."""
-    keys = [k for k in ("loss", "task_loss", "penalty", "isoscore_star", "cosine_similarity") if k in sums]
+    keys = [k for k in ("loss", "task_loss", "penalty", "isoscore_star", "cosine_similarity", "penalty_rows") if k in sums]
     local = torch.tensor([sums[k] / sums["micro_batches"] for k in keys], device=accelerator.device)
     averaged = accelerator.reduce(local, reduction="mean").tolist() if accelerator.num_processes > 1 else local.tolist()
     row = {k: "" for k in LOG_COLUMNS}
     row.update(zip(keys, averaged))
-    row.update(step=step, epoch=epoch, lr=lr)
+    row.update(step=step, epoch=epoch, lr=lr, **({"penalty_tokens": tokens} if "penalty_rows" in sums else {}))
     return row
 
 
@@ -376,7 +389,7 @@ def _finish(run: Run, model, progress: Progress, seconds: float) -> dict:
     report = {
         "task": task.key, "model": step.model_name, "method": spec.method, "lam": spec.lam,
         "zeta": spec.zeta if spec.method == "istar" else None,
-        "layers": spec.layers if spec.method == "istar" else None, "seed": spec.seed,
+        "layers": spec.layers if spec.method == "istar" else None, "tokens": spec.tokens, "seed": spec.seed,
         "standin": step.standin, "standin_note": meta.get("standin_note"),
         "metric": task.metric, "final": final, "epochs": progress.history,
         "sigma_s_isoscore": progress.sigma_isoscore, "fingerprint": fingerprint,

@@ -8,6 +8,7 @@ from snakemake.exceptions import WorkflowError
 from istar.aggregate import AGGREGATE_NAMES
 from istar.config import STUDIES, ConfigError, load_schema, validate_config
 from istar.figures import PROFILE_FIGURES, PROFILES_CSV, enabled_figures
+from istar.table_specs import TABLE_NAMES, enabled_tables
 from istar.methods import METHOD_PATTERN
 from istar.plan import (
     Setting,
@@ -21,6 +22,7 @@ from istar.plan import (
     search_settings,
     selected_setting,
     shrinkage_spec,
+    sigma_file_name,
     study_runs,
     study_seeds,
     train_spec,
@@ -45,7 +47,11 @@ GPUS = TRAINING["gpus"]
 
 DATA = "resources/data/{task}"
 MODEL_PIN = "resources/models/{model}.json"
-SIGMA = "resources/shrinkage/{model}/{task}/sigma0.pt"
+SHRINKAGE = "resources/shrinkage/{model}/{task}/"
+# Σ_S of the pretrained model over real tokens (every I-STAR run's default and the analysis's)
+# and over every padded position (runs with shrinkage.tokens: all_positions)
+SIGMA = SHRINKAGE + sigma_file_name("real")
+SIGMA_ALL_POSITIONS = SHRINKAGE + sigma_file_name("all_positions")
 SEARCH_RUN = "results/search/{model}/{task}/{setting}/seed{seed}"
 RUN = "results/runs/{model}/{task}/{setting}/seed{seed}"
 SELECTION = "results/selection/{model}/{task}/best.json"
@@ -89,13 +95,16 @@ def model_source(wildcards):
     return MODEL_PIN.format(model=wildcards.model)
 
 
+def sigma_path(wildcards, setting: Setting) -> str:
+    """The pretrained Σ_S over the rows the setting's penalty reads."""
+    return (SHRINKAGE + sigma_file_name(setting.tokens)).format(
+        model=wildcards.model, task=wildcards.task
+    )
+
+
 def sigma_input(wildcards):
     setting = Setting.parse(wildcards.setting)
-    return (
-        SIGMA.format(model=wildcards.model, task=wildcards.task)
-        if needs_sigma(setting)
-        else []
-    )
+    return sigma_path(wildcards, setting) if needs_sigma(setting) else []
 
 
 # Each step gets its whole spec as one JSON argument (istar.plan builds it from the config);
@@ -104,16 +113,16 @@ def sigma_input(wildcards):
 
 def train_spec_json(run_pattern):
     def spec(wildcards):
-        sigma = SIGMA.format(model=wildcards.model, task=wildcards.task)
+        setting = Setting.parse(wildcards.setting)
         return train_spec(
             config,
             model=model_source(wildcards),
             task=wildcards.task,
-            setting=Setting.parse(wildcards.setting),
+            setting=setting,
             seed=int(wildcards.seed),
             data_dir=DATA.format(task=wildcards.task),
             output_dir=run_pattern.format(**wildcards),
-            sigma_s=sigma,
+            sigma_s=sigma_path(wildcards, setting),
         ).to_json()
 
     return spec
@@ -125,14 +134,18 @@ def prepare_data_spec_json(wildcards):
     ).to_json()
 
 
-def shrinkage_spec_json(wildcards, output):
-    return shrinkage_spec(
-        config,
-        model=model_source(wildcards),
-        task=wildcards.task,
-        data_dir=DATA.format(task=wildcards.task),
-        out=output.sigma,
-    ).to_json()
+def shrinkage_spec_json(tokens):
+    def spec(wildcards, output):
+        return shrinkage_spec(
+            config,
+            model=model_source(wildcards),
+            task=wildcards.task,
+            data_dir=DATA.format(task=wildcards.task),
+            out=output.sigma,
+            tokens=tokens,
+        ).to_json()
+
+    return spec
 
 
 def measures_file(model, task, study, setting: Setting) -> str:
@@ -289,7 +302,7 @@ def aggregate_inputs(wildcards):
 
 
 TABLES = expand(
-    "results/tables/{table}.{ext}", table=["table1", "table2"], ext=["csv", "md", "tex"]
+    "results/tables/{table}.{ext}", table=enabled_tables(config), ext=["csv", "md", "tex"]
 )
 FIGURES = expand(
     "results/figures/{figure}.{ext}", figure=enabled_figures(config), ext=["png", "pdf"]
