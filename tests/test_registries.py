@@ -64,7 +64,7 @@ def test_method_registry():
 def test_figure_registry_covers_every_study_of_the_schema():
     studies = _schema()["properties"]["studies"]["properties"]
     assert set(STUDY_FIGURES) == set(studies) == {"stability", *STUDIES}
-    assert FIGURE_NAMES == (*(f"fig{i}" for i in range(2, 9)), "sigma_epochs", *PROFILE_FIGURES)
+    assert FIGURE_NAMES == (*(f"fig{i}" for i in range(2, 9)), "padding", "sigma_epochs", *PROFILE_FIGURES)
     for spec in FIGURES.values():
         assert callable(getattr(importlib.import_module(spec.module), spec.name)), spec.name
     assert figure_csv("fig4", "agg").as_posix() == "agg/dims.csv"
@@ -76,6 +76,32 @@ def test_figure_registry_covers_every_study_of_the_schema():
     assert enabled_figures(config) == ["fig2", "fig5", "sigma_epochs", *PROFILE_FIGURES] and len(PROFILE_FIGURES) == 4
     with pytest.raises(ValueError, match="unknown figure 'fig9'"):
         get_figure("fig9")
+
+
+def test_table_registry_follows_the_study_switches():
+    from istar.table_specs import TABLES, enabled_tables, get_table
+
+    studies = {study: {"enabled": False} for study in _schema()["properties"]["studies"]["properties"]}
+    assert enabled_tables({"studies": studies}) == ["table1", "table2"]
+    studies["padding"]["enabled"] = True
+    assert enabled_tables({"studies": studies}) == ["table1", "table2", "padding"]
+    for spec in TABLES.values():
+        module, function = spec.builder.split(":")
+        assert callable(getattr(importlib.import_module(module), function)), spec.name
+    with pytest.raises(ValueError, match="unknown table 'table3'"):
+        get_table("table3")
+
+
+def test_token_selection_registry():
+    from istar.methods import TOKEN_SELECTION_NAMES, TOKEN_SELECTIONS, get_token_selection
+
+    assert TOKEN_SELECTION_NAMES[0] == "real" and TOKEN_SELECTIONS["real"].suffix == ""  # old paths stay
+    assert len({s.suffix for s in TOKEN_SELECTIONS.values()}) == len(TOKEN_SELECTIONS)
+    assert _schema()["properties"]["shrinkage"]["properties"]["tokens"]["enum"] == list(TOKEN_SELECTION_NAMES)
+    assert get_method("cosreg").takes("tokens") and get_method("istar").takes("tokens")
+    assert not get_method("base").takes("tokens")
+    with pytest.raises(ValueError, match="unknown token selection 'pad'"):
+        get_token_selection("pad")
 
 
 def test_stability_csv_round_trips_exactly_and_draws(tmp_path):
