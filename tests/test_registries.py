@@ -8,11 +8,12 @@ import pytest
 import yaml
 from matplotlib.figure import Figure
 
-from istar.config import SCHEMA_PATH, STUDIES
-from istar.figures import FIGURE_NAMES, FIGURES, PROFILE_FIGURES, STUDY_FIGURES, draw, enabled_figures, figure_csv, get_figure
-from istar.methods import HYPERPARAMETERS, METHOD_NAMES, METHOD_PATTERN, METHODS, get_method
-from istar.stability import STABILITY_COLUMNS, fig2_data, write_stability
-from istar.tasks import TASKS, get_task, ordered_tasks
+from istar.config.schema import SCHEMA_PATH, STUDIES
+from istar.report.figures import FIGURE_NAMES, FIGURES, PROFILE_FIGURES, STUDY_FIGURES, draw, enabled_figures, figure_csv, get_figure
+from istar.registry.methods import HYPERPARAMETERS, METHOD_NAMES, METHOD_PATTERN, METHODS, get_method
+from istar.core.fig2 import STABILITY_COLUMNS
+from istar.steps.stability import fig2_data, write_stability
+from istar.registry.tasks import TASKS, get_task, ordered_tasks
 
 
 def _schema() -> dict:
@@ -35,7 +36,7 @@ def test_schema_task_enums_are_the_task_registry():
     enums = list(_task_enums(_schema()))
     assert len(enums) >= 2  # `tasks` and the studies' task lists
     for path, enum in enums:
-        assert enum == list(TASKS), f"the task enum at {path} differs from istar.tasks.TASKS"
+        assert enum == list(TASKS), f"the task enum at {path} differs from istar.registry.tasks.TASKS"
 
 
 def test_ordered_tasks_follows_the_registry_and_rejects_unknown_keys():
@@ -79,7 +80,7 @@ def test_figure_registry_covers_every_study_of_the_schema():
 
 
 def test_table_registry_follows_the_study_switches():
-    from istar.table_specs import TABLES, enabled_tables, get_table
+    from istar.report.table_specs import TABLES, enabled_tables, get_table
 
     studies = {study: {"enabled": False} for study in _schema()["properties"]["studies"]["properties"]}
     assert enabled_tables({"studies": studies}) == ["table1", "table2"]
@@ -93,7 +94,7 @@ def test_table_registry_follows_the_study_switches():
 
 
 def test_token_selection_registry():
-    from istar.methods import TOKEN_SELECTION_NAMES, TOKEN_SELECTIONS, get_token_selection
+    from istar.core.tokens import TOKEN_SELECTION_NAMES, TOKEN_SELECTIONS, get_token_selection
 
     assert TOKEN_SELECTION_NAMES[0] == "real" and TOKEN_SELECTIONS["real"].suffix == ""  # old paths stay
     assert len({s.suffix for s in TOKEN_SELECTIONS.values()}) == len(TOKEN_SELECTIONS)

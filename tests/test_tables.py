@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from istar import tables
+from istar.report import tables
 
 SETTINGS = {"base": ("base", 0.0, np.nan), "cosreg": ("cosreg_lam1", 1.0, np.nan),
             "istar": ("istar_lam-1_zeta0.2", -1.0, 0.2)}
