@@ -202,8 +202,8 @@ def study_runs(config: dict, study: str, model: str, task: str, selection: Setti
 
 
 def needs_sigma(setting: Setting) -> bool:
-    """Whether a run reads the pretrained Σ_S (I-STAR with ζ > 0)."""
-    return setting.method == "istar" and setting.zeta > 0
+    """Whether a run reads the pretrained Σ_S (a method that shrinks towards it, with ζ > 0)."""
+    return get_method(setting.method).needs_sigma_s(setting.zeta)
 
 
 def sigma_file_name(tokens: str) -> str:
@@ -244,7 +244,7 @@ def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: i
     training, shrinkage = config["training"], config["shrinkage"]
     hyperparameters = {"layers": setting.layer if setting.layer is not None else shrinkage["layers"],
                        "shrinkage_rows": shrinkage["rows"], "tokens": setting.tokens}
-    if setting.method == "istar":
+    if get_method(setting.method).takes("zeta"):
         hyperparameters |= {
             "zeta": setting.zeta, "recompute_shrinkage": shrinkage["recompute_every_epoch"],
             "global_penalty": shrinkage["global_penalty"], "sigma_s": sigma_s if needs_sigma(setting) else None,
