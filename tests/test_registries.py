@@ -73,7 +73,8 @@ def test_method_behaviour_comes_from_the_registry(monkeypatch):
 
     from istar.config.specs import SpecError, TrainSpec
     from istar.core.regularizers import Penalty
-    from istar.pipeline.plan import Setting, needs_sigma
+    from istar.config.layout import Setting
+    from istar.pipeline.plan import needs_sigma
     from istar.registry.methods import Method
     from istar.steps.train import compute_penalty
 

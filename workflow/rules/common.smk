@@ -1,5 +1,6 @@
 # Helpers shared by the rules: the validated config, paths, and which runs the config asks for.
-# The logic lives in istar.pipeline.validate and istar.pipeline.plan; this file only maps it onto paths.
+# The logic lives in istar.pipeline (validation, plan) and istar.config.layout (the paths); this
+# file only maps it onto rules.
 
 import json
 
@@ -10,9 +11,23 @@ from istar.config.schema import STUDIES, ConfigError
 from istar.pipeline.validate import validate_config
 from istar.report.figures import PROFILE_FIGURES, PROFILES_CSV, enabled_figures
 from istar.report.table_specs import TABLE_NAMES, enabled_tables
-from istar.registry.methods import METHOD_PATTERN
-from istar.pipeline.plan import (
+from istar.config.layout import (
+    AGGREGATE,
+    DATA,
+    MEASURES,
+    MODEL_PIN,
+    PROFILE,
+    RUN,
+    SEARCH_RUN,
+    SELECTION,
+    SIGMA,
+    SIGMA_ALL_POSITIONS,
+    sigma_template,
+    WILDCARD_CONSTRAINTS,
     Setting,
+    seeds_token,
+)
+from istar.pipeline.plan import (
     final_settings,
     measure_spec,
     needs_sigma,
@@ -23,7 +38,6 @@ from istar.pipeline.plan import (
     search_settings,
     selected_setting,
     shrinkage_spec,
-    sigma_file_name,
     study_runs,
     study_seeds,
     train_spec,
@@ -44,36 +58,17 @@ DATA_TASKS = TASKS + ([_profile_task] if _profile_task not in [None, *TASKS] els
 TRAINING = config["training"]
 GPUS = TRAINING["gpus"]
 
-DATA = "resources/data/{task}"
-MODEL_PIN = "resources/models/{model}.json"
-SHRINKAGE = "resources/shrinkage/{model}/{task}/"
-# Σ_S of the pretrained model over real tokens (every I-STAR run's default and the analysis's)
-# and over every padded position (runs with shrinkage.tokens: all_positions)
-SIGMA = SHRINKAGE + sigma_file_name("real")
-SIGMA_ALL_POSITIONS = SHRINKAGE + sigma_file_name("all_positions")
-SEARCH_RUN = "results/search/{model}/{task}/{setting}/seed{seed}"
-RUN = "results/runs/{model}/{task}/{setting}/seed{seed}"
-SELECTION = "results/selection/{model}/{task}/best.json"
-# evaluation and analysis of a setting's runs, one file per set of seeds (seeds0_1_2): the
-# studies that ask for the same setting and seeds share it
-MEASURES = "results/measures/{model}/{task}/{setting}/seeds{seeds}.json"
-PROFILE = "results/profile/{pmodel}/{revision}.json"
 PROFILES = [
     PROFILE.format(pmodel=name, revision=revision)
     for name, revision in profile_targets(config)
 ]
-PROFILES_TABLE = f"results/aggregate/{PROFILES_CSV}.csv"
-AGGREGATES = expand("results/aggregate/{name}.csv", name=AGGREGATE_NAMES)
+PROFILES_TABLE = AGGREGATE.format(name=PROFILES_CSV)
+AGGREGATES = expand(AGGREGATE, name=AGGREGATE_NAMES)
 
 
 wildcard_constraints:
-    model="[A-Za-z0-9][A-Za-z0-9.-]*",
+    **WILDCARD_CONSTRAINTS,
     task="|".join(DATA_TASKS),
-    setting=f"({METHOD_PATTERN})[A-Za-z0-9.e_+-]*",
-    seed="[0-9]+",
-    seeds="[0-9]+(_[0-9]+)*",
-    pmodel="[A-Za-z0-9][A-Za-z0-9.-]*",
-    revision="[A-Za-z0-9][A-Za-z0-9._-]*",
 
 
 def prepared_files(task):
@@ -96,7 +91,7 @@ def model_source(wildcards):
 
 def sigma_path(wildcards, setting: Setting) -> str:
     """The pretrained Σ_S over the rows the setting's penalty reads."""
-    return (SHRINKAGE + sigma_file_name(setting.tokens)).format(
+    return sigma_template(setting.tokens).format(
         model=wildcards.model, task=wildcards.task
     )
 
@@ -149,12 +144,11 @@ def shrinkage_spec_json(tokens):
 
 def measures_file(model, task, study, setting: Setting) -> str:
     """The measurement file of a study's runs of a setting (its seeds come from the config alone)."""
-    seeds = sorted(set(study_seeds(config, study)))
     return MEASURES.format(
         model=model,
         task=task,
         setting=setting.name,
-        seeds="_".join(str(seed) for seed in seeds),
+        seeds=seeds_token(study_seeds(config, study)),
     )
 
 

@@ -1,0 +1,162 @@
+"""The results layout: one grammar for every path a step writes and the workflow asks for.
+
+    resources/data/{task}                                  prepared splits (+ meta.json)
+    resources/models/{model}.json                          a model source pinned to its commit
+    resources/shrinkage/{model}/{task}/sigma0.pt           Σ_S of the pretrained model (real tokens;
+                                                           sigma0_allpos.pt: every padded position)
+    results/search/{model}/{task}/{setting}/seed{seed}     a search run
+    results/runs/{model}/{task}/{setting}/seed{seed}       a final or study run
+    results/selection/{model}/{task}/best.json             the search's choice
+    results/measures/{model}/{task}/{setting}/seeds{seeds}.json
+                                                           evaluation + analysis of a setting's runs
+    results/profile/{pmodel}/{revision}.json               an isotropy profile
+    results/aggregate/{name}.csv                           the aggregate tables
+
+A *setting* is a fine-tuning method with its hyperparameters, spelled as a folder name:
+``base``, ``cosreg_lam1``, ``istar_lam-1_zeta0.2``, ``istar_lam-1_zeta0.2_layer6``, plus
+``_allpos`` when the penalty and Σ_S read every padded position (``shrinkage.tokens``; the default,
+real tokens, adds nothing) and ``_bs16_ep3_lr3e-05`` when the search grid covers batch size,
+epochs and learning rate.
+Hyperparameters in paths keep reruns right even without Snakemake's metadata and make every
+artifact self-describing. :class:`Setting` formats and parses that name, :func:`parse_run_dir`
+reads a run folder back; the Snakemake rules format the templates below and constrain their
+wildcards with :data:`WILDCARD_CONSTRAINTS`. Nothing else spells a result path.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from istar.core.tokens import TOKEN_SELECTION_NAMES, TOKEN_SELECTIONS, get_token_selection
+from istar.registry.methods import METHOD_PATTERN, get_method
+
+__all__ = ["Setting", "RunPath", "format_number", "parse_run_dir", "seed_of", "seeds_token", "DATA", "MODEL_PIN", "SIGMA",
+           "SIGMA_ALL_POSITIONS", "sigma_template", "DEFAULT_TOKENS", "SEARCH_RUN", "RUN", "SELECTION", "MEASURES", "PROFILE", "AGGREGATE", "WILDCARD_CONSTRAINTS"]
+
+DATA = "resources/data/{task}"
+MODEL_PIN = "resources/models/{model}.json"
+SHRINKAGE = "resources/shrinkage/{model}/{task}/"
+
+
+def sigma_template(tokens: str) -> str:
+    """The pretrained Σ_S of a token selection: ``…/sigma0.pt`` (real tokens), ``…/sigma0_allpos.pt``."""
+    return f"{SHRINKAGE}sigma0{get_token_selection(tokens).suffix}.pt"
+
+
+SIGMA = sigma_template("real")
+SIGMA_ALL_POSITIONS = sigma_template("all_positions")
+SEARCH_RUN = "results/search/{model}/{task}/{setting}/seed{seed}"
+RUN = "results/runs/{model}/{task}/{setting}/seed{seed}"
+SELECTION = "results/selection/{model}/{task}/best.json"
+# one file per setting and set of seeds (seeds0_1_2): the studies that ask for the same setting
+# and seeds share it
+MEASURES = "results/measures/{model}/{task}/{setting}/seeds{seeds}.json"
+PROFILE = "results/profile/{pmodel}/{revision}.json"
+AGGREGATE = "results/aggregate/{name}.csv"
+
+WILDCARD_CONSTRAINTS = {
+    "model": "[A-Za-z0-9][A-Za-z0-9.-]*",
+    "setting": f"({METHOD_PATTERN})[A-Za-z0-9.e_+-]*",
+    "seed": "[0-9]+",
+    "seeds": "[0-9]+(_[0-9]+)*",
+    "pmodel": "[A-Za-z0-9][A-Za-z0-9.-]*",
+    "revision": "[A-Za-z0-9][A-Za-z0-9._-]*",
+}
+"""Regular expressions of the wildcards (``task`` is the configured tasks' alternation)."""
+
+_NUMBER = r"-?[0-9][0-9.e+-]*"
+_TOKEN_SUFFIXES = {selection.suffix: key for key, selection in TOKEN_SELECTIONS.items() if selection.suffix}
+_PATTERN = re.compile(
+    rf"^(?P<method>{METHOD_PATTERN})(?:_lam(?P<lam>{_NUMBER}))?(?:_zeta(?P<zeta>{_NUMBER}))?"
+    rf"(?:_layer(?P<layer>[0-9]+))?(?P<tokens>{'|'.join(_TOKEN_SUFFIXES)})?"
+    rf"(?:_bs(?P<bs>[0-9]+)_ep(?P<ep>[0-9]+)_lr(?P<lr>{_NUMBER}))?$")
+DEFAULT_TOKENS = TOKEN_SELECTION_NAMES[0]
+
+
+def format_number(value: float) -> str:
+    """Shortest exact spelling of a hyperparameter: 1.0 → '1', -0.5 → '-0.5', 3e-05 → '3e-05'."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A method and its hyperparameters; ``None`` means the configuration's training default."""
+
+    method: str
+    lam: float = 0.0
+    zeta: float | None = None
+    layer: int | None = None
+    tokens: str = DEFAULT_TOKENS
+    batch_size: int | None = None
+    epochs: int | None = None
+    learning_rate: float | None = None
+
+    @property
+    def name(self) -> str:
+        parts = [self.method]
+        method = get_method(self.method)
+        if method.takes("lam"):
+            parts.append(f"lam{format_number(self.lam)}")
+        if method.takes("zeta"):
+            parts.append(f"zeta{format_number(self.zeta)}")
+            if self.layer is not None:
+                parts.append(f"layer{self.layer}")
+        name = "_".join(parts) + (get_token_selection(self.tokens).suffix if method.takes("tokens") else "")
+        if self.batch_size is not None:
+            name += f"_bs{self.batch_size}_ep{self.epochs}_lr{format_number(self.learning_rate)}"
+        return name
+
+    @classmethod
+    def parse(cls, name: str) -> "Setting":
+        match = _PATTERN.match(name)
+        if match is None:
+            raise ValueError(f"cannot read the setting {name!r}: expected e.g. base, cosreg_lam1, istar_lam-1_zeta0.2")
+        g = match.groupdict()
+        setting = cls(
+            method=g["method"], lam=float(g["lam"]) if g["lam"] else 0.0,
+            zeta=float(g["zeta"]) if g["zeta"] else None, layer=int(g["layer"]) if g["layer"] else None,
+            tokens=_TOKEN_SUFFIXES[g["tokens"]] if g["tokens"] else DEFAULT_TOKENS, batch_size=int(g["bs"]) if g["bs"] else None, epochs=int(g["ep"]) if g["ep"] else None,
+            learning_rate=float(g["lr"]) if g["lr"] else None)
+        if setting.name != name:
+            raise ValueError(f"setting {name!r} is not in canonical form; write it as {setting.name!r}")
+        return setting
+
+    def with_training(self, other: "Setting") -> "Setting":
+        """This method with the batch size, epochs and learning rate of ``other``."""
+        return replace(self, batch_size=other.batch_size, epochs=other.epochs, learning_rate=other.learning_rate)
+
+
+@dataclass(frozen=True)
+class RunPath:
+    """A run folder read back: ``…/{model}/{task}/{setting}/seed{seed}``."""
+
+    model: str
+    task: str
+    setting: str
+    seed: int
+
+
+_SEED = re.compile(r"seed([0-9]+)")
+
+
+def seed_of(folder_name: str) -> int | None:
+    """The seed a ``seed{n}`` folder name spells, or None for another name."""
+    match = _SEED.fullmatch(folder_name)
+    return int(match.group(1)) if match else None
+
+
+def parse_run_dir(run_dir) -> RunPath | None:
+    """The parts of a run folder in the layout (search or final), or None for a folder outside it."""
+    parts = Path(run_dir).parts
+    seed = seed_of(parts[-1]) if parts else None
+    if seed is None or len(parts) < 5:
+        return None
+    return RunPath(model=parts[-4], task=parts[-3], setting=parts[-2], seed=seed)
+
+
+def seeds_token(seeds) -> str:
+    """The ``{seeds}`` part of a measurement file: the distinct seeds, ascending, joined by ``_``."""
+    return "_".join(str(seed) for seed in sorted(set(int(seed) for seed in seeds)))
