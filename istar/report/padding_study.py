@@ -92,12 +92,13 @@ def padding_table(runs: pd.DataFrame) -> Table:
     istar = rows[rows["method"] == "istar"]
     for (model, task), group in istar.groupby(["model", "task"], sort=False):
         settings.append(f"{model} on {get_task(task).display}: λ = {group['lam'].iloc[0]:g}, ζ = {group['zeta'].iloc[0]:g}")
-    seeds = sorted(set(rows.groupby(["model", "task", "variant"])["seed"].nunique()))
+    counts = sorted(set(rows.groupby(["model", "task", "variant"])["seed"].nunique()))
+    seeds = f"{'–'.join(map(str, counts))} seed{'s' if counts != [1] else ''}"
     columns = [f"{get_task(t).display} {q}" for t in tasks for q in ("score", "IsoScore*")]
     return Table(
         name="padding",
         caption="Padding study: the baseline and I-STAR with the penalty and Σ_S over real tokens or over every "
-                f"padded position; the final model's score and real-token IsoScore* ({'–'.join(map(str, seeds))} seeds).",
+                f"padded position; the final model's score and real-token IsoScore* ({seeds}).",
         index_names=["Model", "Method"],
         index=index,
         columns=columns,
