@@ -22,10 +22,10 @@ from istar.config.layout import (
     SELECTION,
     SIGMA,
     SIGMA_ALL_POSITIONS,
-    sigma_template,
     WILDCARD_CONSTRAINTS,
     Setting,
     seeds_token,
+    sigma_template,
 )
 from istar.pipeline.plan import (
     final_settings,
@@ -295,7 +295,9 @@ def aggregate_inputs(wildcards):
 
 
 TABLES = expand(
-    "results/tables/{table}.{ext}", table=enabled_tables(config), ext=["csv", "md", "tex"]
+    "results/tables/{table}.{ext}",
+    table=enabled_tables(config),
+    ext=["csv", "md", "tex"],
 )
 FIGURES = expand(
     "results/figures/{figure}.{ext}", figure=enabled_figures(config), ext=["png", "pdf"]
