@@ -1,4 +1,4 @@
-"""Measurement: what counting padded positions (``shrinkage.tokens: all_positions``) does to I-STAR.
+"""Measurement: what counting padded positions (``penalty.tokens: all_positions``) does to I-STAR.
 
 Run with ``python -m bench.padding [--steps 80] [--out DIR]``. Needs the packaged MiniLM-L6 and
 the data mirror. Results go to docs/method.md §7.

@@ -14,7 +14,7 @@
 
 A *setting* is a fine-tuning method with its hyperparameters, spelled as a folder name:
 ``base``, ``cosreg_lam1``, ``istar_lam-1_zeta0.2``, ``istar_lam-1_zeta0.2_layer6``, plus
-``_allpos`` when the penalty and Σ_S read every padded position (``shrinkage.tokens``; the default,
+``_allpos`` when the penalty and Σ_S read every padded position (``penalty.tokens``; the default,
 real tokens, adds nothing) and ``_bs16_ep3_lr3e-05`` when the search grid covers batch size,
 epochs and learning rate.
 Hyperparameters in paths keep reruns right even without Snakemake's metadata and make every

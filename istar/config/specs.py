@@ -24,7 +24,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from istar.config.schema import load_schema, resolve_ref
+from istar.config.schema import default_of, schema_entry
 from istar.core.tokens import TOKEN_SELECTION_NAMES
 from istar.registry.methods import METHOD_NAMES, get_method
 from istar.registry.tasks import TASKS
@@ -37,17 +37,9 @@ PRECISIONS = ("no", "fp16", "bf16")
 PROFILE_DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _schema_entry(key: str) -> dict:
-    """The schema node of a dotted config key, e.g. ``training.learning_rate``."""
-    root = node = load_schema()
-    for part in key.split("."):
-        node = node["properties"][part]
-    return resolve_ref(node, root)
-
-
 def config_field(key: str, **metadata):
     """A spec field whose default and help come from the workflow schema's ``key``."""
-    entry = _schema_entry(key)
+    entry = schema_entry(key)
     return field(default=entry["default"], metadata={"help": entry.get("description", ""), "config": key, **metadata})
 
 
@@ -111,6 +103,7 @@ class PrepareDataSpec(Spec):
                                                        "(default: main); meta.json records its commit")
     allow_standin: bool = config_field("data.allow_standin")
     standin_fraction: float = config_field("data.standin_fraction")
+    subset: bool = config_field("data.subset")
     max_train_samples: typing.Optional[int] = config_field("data.max_train_samples")
     max_eval_samples: typing.Optional[int] = config_field("data.max_eval_samples")
     seed: int = config_field("data.seed")
@@ -135,14 +128,14 @@ class TrainSpec(ModelData):
     output_dir: str = option(help="run folder", flag="--out")
     method: str = option("base", help="the fine-tuning method (istar.registry.methods)", choices=METHOD_NAMES)
     lam: float = option(0.0, help="λ, the penalty weight (istar: required; cosreg: default 1)")
-    zeta: float = option(0.2, help="ζ ∈ [0, 1], weight of Σ_S in IsoScore* (istar)")
-    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
-    tokens: str = config_field("shrinkage.tokens", choices=TOKEN_SELECTION_NAMES)
+    zeta: float = option(default_of("$defs.zeta"), help="ζ ∈ [0, 1], weight of Σ_S in IsoScore* (istar)")
+    layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
+    tokens: str = config_field("penalty.tokens", choices=TOKEN_SELECTION_NAMES)
     sigma_s: typing.Optional[str] = option(None, help="initial Σ_S file from `istar shrinkage` (istar with ζ > 0), "
                                                       "computed with the same --tokens")
     shrinkage_rows: int = config_field("shrinkage.rows", positive=True)
     recompute_shrinkage: bool = config_field("shrinkage.recompute_every_epoch")
-    global_penalty: bool = config_field("shrinkage.global_penalty")
+    global_penalty: bool = config_field("penalty.global_penalty")
     learning_rate: float = config_field("training.learning_rate")
     batch_size: int = config_field("training.batch_size", positive=True)
     eval_batch_size: int = config_field("training.eval_batch_size", positive=True)
@@ -182,7 +175,8 @@ class TrainSpec(ModelData):
 
     @property
     def penalty_layers(self):
-        """The hidden states the penalty reads: the configured selection, or the method's own (CosReg: the last layer)."""
+        """The hidden states the penalty reads and Σ_S is measured over: the configured selection, or the
+        method's own (CosReg and the baseline: the last layer)."""
         return get_method(self.method).penalty_layers(self.layers)
 
 
@@ -211,8 +205,8 @@ class ShrinkageSpec(ModelData):
     """The Σ_S step (:func:`istar.steps.shrinkage.compute_shrinkage_file`)."""
 
     out: str = option(help="output Σ_S file", flag="--out")
-    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
-    tokens: str = config_field("shrinkage.tokens", choices=TOKEN_SELECTION_NAMES)
+    layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
+    tokens: str = config_field("penalty.tokens", choices=TOKEN_SELECTION_NAMES)
     rows: int = config_field("shrinkage.rows", positive=True)
     # all_positions: the workflow passes training.batch_size (istar.pipeline.plan.shrinkage_spec), since the
     # padding a row set holds depends on how many sequences share a batch
@@ -229,7 +223,7 @@ class AnalyzeSpec(Spec):
     out: str = option(help="output analysis.json", flag="--out")
     zeta: float = config_field("analysis.zeta")
     twonn_discard: float = config_field("analysis.twonn_discard")
-    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+    layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,7 +244,7 @@ class MeasureSpec(Spec):
     seed: int = option(0, help="seed of the token sample")
     zeta: float = config_field("analysis.zeta")
     twonn_discard: float = config_field("analysis.twonn_discard")
-    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+    layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
     mixed_precision: str = option("no", help="autocast precision: no (fp32), fp16 or bf16", choices=PRECISIONS)
 
     def validate(self) -> None:

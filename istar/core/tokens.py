@@ -3,7 +3,7 @@
 A batch of B sequences is padded to T positions (its longest sequence); the attention mask
 (B, T) marks the real tokens. The reference code of the paper stacks every one of the B·T
 positions of the selected hidden states, padding included; this project's default keeps the
-real tokens only (docs/method.md §7). The config key ``shrinkage.tokens`` chooses one of
+real tokens only (docs/method.md §7). The config key ``penalty.tokens`` chooses one of
 :data:`TOKEN_SELECTIONS` for the I-STAR and CosReg penalties, Σ_S and the training log.
 
 No torch import here: the workflow and the report layer read this registry.
@@ -20,7 +20,7 @@ __all__ = ["TokenSelection", "TOKEN_SELECTIONS", "TOKEN_SELECTION_NAMES", "get_t
 class TokenSelection:
     """Which positions of a padded batch count as rows of X̃ (penalty), of Σ_S and of the logged IsoScore*.
 
-    key : the config value (``shrinkage.tokens``).
+    key : the config value (``penalty.tokens``).
     suffix : what a setting's folder name gains (``""`` for the default, so existing paths stay).
     masked : True: only positions whose attention mask is 1; False: every position, padding included.
     pad_multiple : whether batches may be padded to a multiple of 8 under fp16/bf16 (a speed-up that

@@ -33,7 +33,7 @@ Layer: may import io, core, registry and config.
 """
 
 from istar.data.hub import HUB_DATASETS, HubUnavailableError
-from istar.data.mirror import MIRROR_ENV, MissingSplitError, missing_mirror_files
+from istar.data.mirror import MIRROR_ENV, IncompleteSplitError, MissingSplitError, missing_mirror_files
 from istar.data.prepare import SOURCES, add_cli_arguments, load_task, prepare_task, run_cli
 from istar.data.storage import read_meta, read_split
 
@@ -42,6 +42,7 @@ __all__ = [
     "MIRROR_ENV",
     "HUB_DATASETS",
     "MissingSplitError",
+    "IncompleteSplitError",
     "HubUnavailableError",
     "load_task",
     "prepare_task",

@@ -8,15 +8,17 @@ else. The Snakemake rules only call them, with the paths of their inputs and out
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 from istar.config.layout import DEFAULT_TOKENS, Setting
 from istar.core.tokens import TOKEN_SELECTION_NAMES, get_token_selection
 from istar.registry.methods import get_method
 from istar.config.specs import AS_GIVEN, MeasureSpec, PrepareDataSpec, ProfileSpec, ShrinkageSpec, TrainSpec
-from istar.registry.tasks import TASKS
+from istar.registry.tasks import SPLITS, TASKS
 
 __all__ = ["search_settings", "selected_setting", "final_settings", "study_runs",
-           "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "train_spec",
+           "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "prepare_data_inputs",
+           "train_spec",
            "shrinkage_spec", "measure_spec", "AS_GIVEN", "profile_targets", "profile_text_task", "profile_spec"]
 
 
@@ -30,9 +32,9 @@ def _training_grid(search: dict) -> list[tuple]:
 
 
 def config_tokens(config: dict) -> str:
-    """The token selection of every penalised run the config asks for (``shrinkage.tokens``), except
+    """The token selection of every penalised run the config asks for (``penalty.tokens``), except
     the padding study's, which sets it per setting."""
-    return config["shrinkage"]["tokens"]
+    return config["penalty"]["tokens"]
 
 
 def search_settings(config: dict) -> list[Setting]:
@@ -149,7 +151,21 @@ def prepare_data_spec(config: dict, *, task: str, out: str) -> PrepareDataSpec:
     return PrepareDataSpec(task=task, out=out, source=data["source"], mirror=data["mirror"],
                            revision=data["hub_revisions"].get(task), allow_standin=data["allow_standin"],
                            standin_fraction=data["standin_fraction"], max_train_samples=data["max_train_samples"],
-                           max_eval_samples=data["max_eval_samples"], seed=data["seed"])
+                           max_eval_samples=data["max_eval_samples"], seed=data["seed"], subset=data["subset"])
+
+
+def prepare_data_inputs(config: dict, task: str) -> list[str]:
+    """The mirror files ``prepare_data`` reads for ``task``: its rule's inputs, so that a changed
+    file reruns it. Empty when the data come from the hub (source ``hub``, or ``auto`` without
+    the mirror folder); a file the mirror lacks is left out (a stand-in, or the job's own error)."""
+    from istar.data.mirror import mirror_file  # (pandas: only once a prepare job is planned)
+
+    data = config["data"]
+    root = Path(data["mirror"]) if data["mirror"] is not None else None
+    if data["source"] == "hub" or root is None or not root.is_dir():
+        return []
+    files = (root / mirror_file(task, split) for split in SPLITS)
+    return [str(path) for path in files if path.is_file()]
 
 
 def _model_data(config: dict, model: str, task: str, data_dir: str) -> dict:
@@ -167,13 +183,13 @@ def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: i
     I-STAR options are set for I-STAR runs only; ``sigma_s`` is read when ζ > 0. Every run
     measures Σ_S after each epoch (istar.steps.train), over the ``shrinkage`` section's layers and rows.
     """
-    training, shrinkage = config["training"], config["shrinkage"]
-    hyperparameters = {"layers": setting.layer if setting.layer is not None else shrinkage["layers"],
+    training, shrinkage, penalty = config["training"], config["shrinkage"], config["penalty"]
+    hyperparameters = {"layers": setting.layer if setting.layer is not None else penalty["layers"],
                        "shrinkage_rows": shrinkage["rows"], "tokens": setting.tokens}
     if get_method(setting.method).takes("zeta"):
         hyperparameters |= {
             "zeta": setting.zeta, "recompute_shrinkage": shrinkage["recompute_every_epoch"],
-            "global_penalty": shrinkage["global_penalty"], "sigma_s": sigma_s if needs_sigma(setting) else None,
+            "global_penalty": penalty["global_penalty"], "sigma_s": sigma_s if needs_sigma(setting) else None,
         }
     return TrainSpec(
         **_model_data(config, model, task, data_dir), output_dir=output_dir, method=setting.method,
@@ -191,7 +207,7 @@ def shrinkage_spec(config: dict, *, model: str, task: str, data_dir: str, out: s
     batches of the evaluation batch size, or of the training batch size where padding counts)."""
     training = config["training"]
     uses_training = get_token_selection(tokens).sigma_uses_training_batches
-    return ShrinkageSpec(**_model_data(config, model, task, data_dir), out=out, layers=config["shrinkage"]["layers"],
+    return ShrinkageSpec(**_model_data(config, model, task, data_dir), out=out, layers=config["penalty"]["layers"],
                          tokens=tokens, rows=config["shrinkage"]["rows"],
                          batch_size=training["batch_size"] if uses_training else training["eval_batch_size"])
 
@@ -204,7 +220,7 @@ def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sig
                        max_length=task_max_length(config, task), doc_stride=training["doc_stride"],
                        batch_size=training["eval_batch_size"], token_sample=analysis["token_sample"],
                        zeta=analysis["zeta"], twonn_discard=analysis["twonn_discard"],
-                       layers=config["shrinkage"]["layers"])
+                       layers=config["penalty"]["layers"])
 
 
 # ----------------------------------------------------------------------------- isotropy profiles

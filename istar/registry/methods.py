@@ -4,7 +4,7 @@ Each method is a task loss plus, optionally, a penalty weighted by λ (docs/meth
 
 - ``base``: the task loss alone; it takes no hyperparameter (λ is not defined for it).
 - ``cosreg``: CosReg, λ times the mean pairwise cosine similarity of the last layer's token
-  vectors (real tokens, or every padded position: ``shrinkage.tokens``; docs/method.md §4); λ
+  vectors (real tokens, or every padded position: ``penalty.tokens``; docs/method.md §4); λ
   defaults to 1 (the paper's CosReg, which lowers anisotropy).
 - ``istar``: I-STAR, λ·(1 − IsoScore*) of the chosen layers' token vectors with shrinkage ζ
   towards Σ_S (docs/method.md §3); λ has no default and must be given.
@@ -29,7 +29,7 @@ __all__ = ["Method", "METHODS", "METHOD_NAMES", "METHOD_PATTERN", "HYPERPARAMETE
 
 HYPERPARAMETERS = ("lam", "zeta", "layers", "sigma_s", "tokens")
 """Hyperparameters a method may take: λ, shrinkage ζ, the penalised layers, the shrinkage covariance Σ_S,
-which positions of the padded batch are the penalty's rows (``shrinkage.tokens``)."""
+which positions of the padded batch are the penalty's rows (``penalty.tokens``)."""
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,9 @@ class Method:
     penalty : ``penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch, tokens)``
         → :class:`istar.core.regularizers.Penalty`, the term added to the task loss; None for a
         method that adds none (then the model is run without ``output_hidden_states``).
-    fixed_layers : the hidden states the penalty reads when the method takes no ``layers``
-        (CosReg: ``-1``, the last layer); None otherwise.
+    fixed_layers : the hidden states the penalty reads, and Σ_S is measured over after each
+        epoch, when the method takes no ``layers`` (CosReg and the baseline: ``-1``, the last
+        layer); None for a method that takes ``layers``.
     """
 
     key: str
@@ -89,7 +90,7 @@ def _istar_penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers,
 METHODS: dict[str, Method] = {
     method.key: method
     for method in (
-        Method("base", "Base", "#7f7f7f", (), None),
+        Method("base", "Base", "#7f7f7f", (), None, fixed_layers=-1),
         Method("cosreg", "CosReg", "#ff7f0e", ("lam", "tokens"), 1.0, penalty=_cosreg_penalty, fixed_layers=-1),
         Method("istar", "I-STAR", "#1f77b4", HYPERPARAMETERS, None, penalty=_istar_penalty),
     )

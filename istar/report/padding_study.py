@@ -3,7 +3,7 @@
 The study (config ``studies.padding``, :func:`istar.pipeline.plan.study_settings`) trains, per model ×
 task and over the same seeds, the baseline and I-STAR at one λ and ζ twice: with the penalty
 and Σ_S over the real tokens, and over every position of batches padded to their longest
-sequence, as the authors' code does (``shrinkage.tokens``, docs/method.md §7). Both read
+sequence, as the authors' code does (``penalty.tokens``, docs/method.md §7). Both read
 ``runs.csv`` rows with ``study == "padding"``:
 
 - ``score``: the task's headline metric of the final model (×100 where it is a fraction);

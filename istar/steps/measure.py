@@ -17,7 +17,7 @@ manual work. One job per setting rather than two or three per run keeps the pape
     {"split", "sigma_s", "zeta", "evaluated": bool,
      "runs": {RUN_FOLDER: {"evaluation": {…} or null, "analysis": {…}, "trained_on": TOKENS}, …}}
 
-``trained_on`` is the run's token selection (``shrinkage.tokens`` in its run_config.json: which
+``trained_on`` is the run's token selection (``penalty.tokens`` in its run_config.json: which
 positions its penalty and Σ_S read); the analysis itself always reads the real tokens of the
 split, so runs trained either way are measured on the same rows. ``evaluation`` is in the
 format of ``istar evaluate``'s JSON and ``analysis`` in that of
@@ -43,15 +43,19 @@ def measure_runs(spec: MeasureSpec) -> dict:
 
     from istar.steps.activations import activation_statistics
     from istar.steps.analyze import analyze_statistics
-    from istar.steps.evaluate import evaluation_report
     from istar.steps.common import open_step
+    from istar.steps.evaluate import evaluation_report
+    from istar.steps.run_folder import read_finished_run
+    from istar.steps.shrinkage import load_layer_statistics
 
     spec.validate()
     missing = [run for run in spec.runs if not (Path(run) / "model").is_dir()]
     if missing:
         raise FileNotFoundError(f"no fine-tuned model/ in {', '.join(missing)}: train these runs first")
-    if not Path(spec.sigma_s).is_file():
-        raise FileNotFoundError(f"Σ_S file {spec.sigma_s} does not exist: run `istar shrinkage` first")
+    for run in spec.runs:
+        read_finished_run(run)  # one finished run's outputs, unchanged, no training state beside them
+    # Σ_S read (hash, NaN / inf) before the first model is evaluated, not after.
+    load_layer_statistics(spec.sigma_s)
     runs, main_process = {}, True
     for run in tqdm(spec.runs, desc="runs measured", unit="run"):
         step = open_step(spec.model_data(run))

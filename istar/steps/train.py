@@ -18,7 +18,8 @@ the data, Σ_S and the model it starts from) is unchanged. A state of a run whos
 changed is discarded with one line naming what changed, and the run starts afresh.
 Outputs appear atomically when the run is done:
 
-    OUT/metrics.json        per-epoch and final metrics (the last file written)
+    OUT/metrics.json        per-epoch and final metrics (the last file written; content hash and
+                            the model's, checked by every reader: istar.steps.run_folder)
     OUT/train_log.csv       step, loss, task_loss, penalty, isoscore_star, cosine_similarity, penalty_tokens
                             (which positions the penalty and its logged IsoScore* saw: real or
                             all_positions), penalty_rows (rows of X̃ per micro-batch, mean), lr
@@ -56,8 +57,8 @@ from istar.data.encoding import EpochShuffleSampler
 from istar.steps.evaluate import evaluate_model
 from istar.core.isotropy import isoscore_star_from_covariance
 from istar.core.tokens import get_token_selection
-from istar.steps.resume import (discard_partial_outputs, fingerprint_hash, latest_state, matching_state, restore_log,
-                     run_fingerprint, save_state)
+from istar.steps.resume import fingerprint_hash, latest_state, matching_state, restore_log, run_fingerprint, save_state
+from istar.steps.run_folder import clear_earlier_outputs, model_sha256
 from istar.core.regularizers import Penalty, resolve_layers
 from istar.registry.methods import get_method
 from istar.steps.shrinkage import accumulate_shrinkage, load_layer_statistics, load_shrinkage, merge_layers, save_shrinkage
@@ -184,6 +185,12 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
 
     from istar.steps.common import open_step
 
+    # The given Σ_S is read (hash, NaN / inf) before the model and data are loaded.
+    given_sigma = load_layer_statistics(spec.sigma_s) if get_method(spec.method).needs_sigma_s(spec.zeta) else None
+    # (files written before the setting existed hold real-token rows)
+    if given_sigma is not None and given_sigma[1].get("tokens", "real") != spec.tokens:
+        raise ValueError(f"{spec.sigma_s} holds Σ_S of {given_sigma[1].get('tokens', 'real')} rows but this run's "
+                         f"penalty reads {spec.tokens} rows: compute it with `istar shrinkage --tokens {spec.tokens}`")
     step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps)
     accelerator, task, model = step.accelerator, step.task, step.model
     precision = effective_precision(accelerator, spec.mixed_precision)
@@ -226,18 +233,15 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
     if state is not None:
         accelerator.load_state(str(state))
         accelerator.print(f"resuming from {state} (epoch {progress.epoch + 1}, batch {progress.batches_in_epoch}, step {progress.step})")
-    elif accelerator.is_main_process:
-        discard_partial_outputs(out)
     if accelerator.is_main_process:
+        # A folder reused (another setting, or the same one trained again) must not keep the old
+        # metrics.json and model/ beside the new run's state.
+        clear_earlier_outputs(out, resuming=state is not None, print_fn=accelerator.print)
         restore_log(run.log_path, state)
 
     unwrapped = accelerator.unwrap_model(model)
-    if progress.sigma_s is None and get_method(spec.method).needs_sigma_s(spec.zeta):
-        per_layer, provenance = load_layer_statistics(spec.sigma_s)
-        # (files written before the setting existed hold real-token rows)
-        if provenance.get("tokens", "real") != spec.tokens:
-            raise ValueError(f"{spec.sigma_s} holds Σ_S of {provenance.get('tokens', 'real')} rows but this run's "
-                             f"penalty reads {spec.tokens} rows: compute it with `istar shrinkage --tokens {spec.tokens}`")
+    if given_sigma is not None and progress.sigma_s is None:
+        per_layer, provenance = given_sigma
         progress.sigma_s, _ = load_shrinkage(spec.sigma_s, expected_layers=layer_indices, expected_dim=hidden_size)
         progress.sigma_epoch = 0
         if accelerator.is_main_process:
@@ -406,6 +410,7 @@ def _finish(run: Run, model, progress: Progress, seconds: float) -> dict:
         artifacts.replace_directory(staging, out / "model")
         with artifacts.atomic_path(out / "train_log.csv") as tmp:
             shutil.copy2(run.log_path, tmp) if run.log_path.exists() else tmp.write_text(",".join(LOG_COLUMNS) + "\n")
+        report["model_sha256"] = model_sha256(out / "model")
         artifacts.write_json(out / "run_config.json", {
             **dataclasses.asdict(spec), "model_path": step.model_path, "task": task.key,
             "precision": {"requested": spec.mixed_precision, "effective": run.precision},
@@ -413,8 +418,9 @@ def _finish(run: Run, model, progress: Progress, seconds: float) -> dict:
             "total_optimizer_steps": run.total_steps, "train_seconds": round(seconds, 2),
             "model_source": step.model_name, "data_meta": meta, "fingerprint": fingerprint, "fingerprint_inputs": run.fingerprint,
             "istar_version": __version__, "torch_version": torch.__version__,
-        })
-        artifacts.write_json(out / "metrics.json", report)
+        }, digest=True)
+        # Last, as the completion mark; its hash and model_sha256 are checked by every reader (istar.steps.run_folder).
+        report = artifacts.write_json(out / "metrics.json", report, digest=True)
         shutil.rmtree(run.resume_dir, ignore_errors=True)
     accelerator.wait_for_everyone()
     accelerator.print(f"done: {task.metric} = {final.get(task.metric, float('nan')):.4f} -> {out}")

@@ -24,7 +24,7 @@ rule shrinkage:
 
 
 # Σ_S over every position of padded batches, for the runs whose penalty reads them
-# (shrinkage.tokens: all_positions, or the padding study).
+# (penalty.tokens: all_positions, or the padding study).
 use rule shrinkage as shrinkage_all_positions with:
     output:
         sigma=SIGMA_ALL_POSITIONS,

@@ -13,9 +13,9 @@ from istar.config.schema import ConfigError
 from istar.pipeline.validate import load_config, validate_config
 from istar.config.layout import Setting
 from istar.pipeline.plan import final_settings, search_settings, study_runs
+from mirrors import TEST_DATA
 
-REPO = Path(__file__).resolve().parents[1]
-MIRROR = REPO.parent / "shared" / "data"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def demo():
@@ -49,6 +49,8 @@ BAD = [
     ("studies.twonn.models", ["bert"], "config key 'studies.twonn.models': 'bert' is not a configured model"),
     ("studies.single_layer.lam", "best", "config key 'studies.single_layer.lam'"),
     ("search.lambdas", [-1, 0], "config key 'search.lambdas': λ = 0 is the baseline"),
+    ("final.cosreg_lambda", 0, "config key 'final.cosreg_lambda': λ = 0 turns CosReg off"),
+    ("final.cosreg_lambda", 0.0, "config key 'final.cosreg_lambda': λ = 0 turns CosReg off"),
 ]
 
 
@@ -64,10 +66,8 @@ def test_data_checks_name_the_key(tmp_path):
     config["data"]["mirror"] = str(tmp_path / "nowhere")
     with pytest.raises(ConfigError, match=r"config key 'data.mirror': .*nowhere does not exist"):
         validate_config(config)
-    if not MIRROR.is_dir():
-        pytest.skip("no data mirror")
     config = with_change("tasks", ["rte", "qnli"])
-    config["data"]["mirror"] = str(MIRROR)
+    config["data"]["mirror"] = str(TEST_DATA)
     with pytest.raises(ConfigError, match=r"lacks .*QNLI/train.tsv for qnli.*allow_standin"):
         validate_config(config)
     config["data"]["allow_standin"] = True
@@ -156,9 +156,9 @@ MINILM_DEPTH = 6
 
 
 @pytest.mark.parametrize("path, value, message", [
-    ("shrinkage.layers", 99, "config key 'shrinkage.layers': layer 99 does not exist in model 'minilm', which has "
+    ("penalty.layers", 99, "config key 'penalty.layers': layer 99 does not exist in model 'minilm', which has "
                              "layers 0 (embeddings) to 6"),
-    ("shrinkage.layers", [1, 7], "config key 'shrinkage.layers': layer 7 does not exist"),
+    ("penalty.layers", [1, 7], "config key 'penalty.layers': layer 7 does not exist"),
     ("studies.single_layer.layers", [2, 99], "config key 'studies.single_layer.layers': layer 99 does not exist in "
                                              "model 'minilm', which has layers 1 to 6"),
 ])
@@ -172,7 +172,7 @@ def test_layer_indices_beyond_the_model_name_the_key(path, value, message):
 
 
 def test_layer_indices_within_the_model_pass():
-    config = with_change("shrinkage.layers", [0, MINILM_DEPTH])
+    config = with_change("penalty.layers", [0, MINILM_DEPTH])
     config["studies"]["single_layer"].update(enabled=True, layers=[1, MINILM_DEPTH])
     validate_config(config)
 
@@ -245,3 +245,16 @@ def test_offline_hub_model_missing_from_the_cache_is_one_line_before_any_job(tmp
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "config key 'models.bert'" in lines[0] and "HF_HUB_OFFLINE" in lines[0], result.stderr
+
+
+def test_an_old_key_still_works_with_a_notice_naming_the_new_one(capsys):
+    config = validate_config({"shrinkage": {"layers": [1, 2], "global_penalty": True}}, check_paths=False)
+    assert config["penalty"] == {"layers": [1, 2], "global_penalty": True}
+    assert "layers" not in config["shrinkage"]
+    notices = capsys.readouterr().err.strip().splitlines()
+    assert notices == ["istar: config key 'shrinkage.layers' is deprecated; rename it to 'penalty.layers' (the old name "
+                       "still works for now)",
+                       "istar: config key 'shrinkage.global_penalty' is deprecated; rename it to "
+                       "'penalty.global_penalty' (the old name still works for now)"]
+    with pytest.raises(ConfigError, match="'shrinkage.layers' and 'penalty.layers' are both given"):
+        validate_config({"shrinkage": {"layers": 1}, "penalty": {"layers": 2}}, check_paths=False)

@@ -3,7 +3,7 @@
 # A run killed half-way resumes from RUN/resume/ when the job is started again.
 
 
-rule finetune:
+rule train:
     input:
         data=data_files,
         model=model_source,
@@ -34,7 +34,7 @@ rule finetune:
 
 # The search stage trains the same way; its model folders are deleted once the metrics exist
 # unless search.keep_checkpoints is set.
-use rule finetune as finetune_search with:
+use rule train as train_search with:
     output:
         metrics=f"{SEARCH_RUN}/metrics.json",
         log=f"{SEARCH_RUN}/train_log.csv",

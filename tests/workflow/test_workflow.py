@@ -9,17 +9,15 @@ import pandas as pd
 import pytest
 import yaml
 
-from workflow_helpers import ENV, MIRROR, REPO, clean_clone, planned_jobs, save_tiny_model, snakemake, write_project
-
-pytestmark = pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is not there")
+from workflow_helpers import ENV, REPO, clean_clone, planned_jobs, save_tiny_model, snakemake, write_project
 
 PAPER_JOBS = {
-    # Σ_S over real tokens (the measurements) and over every padded position (the runs: shrinkage.tokens)
-    "prepare_data": 9, "shrinkage": 27, "shrinkage_all_positions": 27, "finetune_search": 648, "select": 27,
+    # Σ_S over real tokens (the measurements) and over every padded position (the runs: penalty.tokens)
+    "prepare_data": 9, "shrinkage": 27, "shrinkage_all_positions": 27, "train_search": 648, "select": 27,
     # final base + CosReg: 27 × 2 × 5 seeds; Fig. 3 λ sweep: 27 × 7 λ × 5; Fig. 4 CosReg λ = −1 on QNLI: 3 × 5
     # (Figs. 5 and 6 reuse runs of the λ sweep; the final I-STAR runs, Figs. 7 and 8 and the padding
     # study wait for the selection)
-    "finetune": 270 + 945 + 15,
+    "train": 270 + 945 + 15,
     # one measure job per setting (every study uses the five final seeds): final 27 × 2, λ sweep 27 × 7,
     # Fig. 4's CosReg λ = −1 3 × 1 (Figs. 5 and 6 measure settings of the λ sweep and the base)
     "measure": 54 + 189 + 3,
@@ -121,7 +119,7 @@ def test_changing_one_lambda_reruns_only_what_depends_on_it(tiny_project, tmp_pa
     result = snakemake(tiny_project, "-n", configfile=changed)
     assert result.returncode == 0, result.stderr[-3000:]
     assert planned_jobs(result.stdout) == {
-        "finetune": 1, "measure": 1, "aggregate": 1, "table": 3, "figure": 8,
+        "train": 1, "measure": 1, "aggregate": 1, "table": 3, "figure": 8,
         "run_config": 1, "report": 1, "all": 1}
     assert "results/runs/tiny/rte/istar_lam3_zeta0.2/seed0/metrics.json" in result.stdout
     # and really run them: the inputs the finished jobs left (prepared data, Σ_S, pins) pass the
@@ -151,14 +149,14 @@ def test_padding_study_compares_the_token_selections_at_the_selected_setting(tin
 
 
 def test_changing_the_token_selection_reruns_exactly_the_penalised_runs(tiny_project, tmp_path):
-    """shrinkage.tokens: all_positions renames every CosReg and I-STAR setting (…_allpos): the search reruns
+    """penalty.tokens: all_positions renames every CosReg and I-STAR setting (…_allpos): the search reruns
     and so does the selection; the data, both Σ_S files, the baseline and the padding study's runs (which
     name their token selection themselves) stay. Before the new selection exists the plan holds the
     runs that do not depend on it: CosReg λ = ±1 (final and Fig. 4) and the λ sweep's I-STAR runs,
     but not the one the padding study already trained on all positions."""
     best = json.loads((tiny_project / "results" / "selection" / "tiny" / "rte" / "best.json").read_text())
     config = yaml.safe_load((tiny_project / "config.yaml").read_text())
-    config["shrinkage"]["tokens"] = "all_positions"
+    config["penalty"]["tokens"] = "all_positions"
     changed = tmp_path / "tokens.yaml"
     changed.write_text(yaml.safe_dump(config))
     result = snakemake(tiny_project, "-n", configfile=changed)
@@ -168,7 +166,7 @@ def test_changing_the_token_selection_reruns_exactly_the_penalised_runs(tiny_pro
     assert planned == {"cosreg_lam1_allpos", "cosreg_lam-1_allpos"} | {
         f"istar_lam{lam:g}_zeta0.2_allpos" for lam in (-1, 1) if lam != best["lam"]}
     assert planned_jobs(result.stdout) == {
-        "finetune_search": 2, "select": 1, "finetune": 3, "measure": 3, "aggregate": 1, "table": 3, "figure": 8,
+        "train_search": 2, "select": 1, "train": 3, "measure": 3, "aggregate": 1, "table": 3, "figure": 8,
         "run_config": 1, "report": 1, "all": 1}
 
 
@@ -182,7 +180,7 @@ def test_a_clean_clone_plans_the_demo_and_prepares_its_data_offline(tmp_path):
     clone = clean_clone(tmp_path / "alone")
     dry = run_in_clone(clone, "-n")
     assert dry.returncode == 0, dry.stderr[-3000:]
-    assert planned_jobs(dry.stdout)["finetune"] > 0
+    assert planned_jobs(dry.stdout)["train"] > 0
     targets = ["resources/data/rte/meta.json", "resources/shrinkage/minilm/rte/sigma0.pt"]
     done = run_in_clone(clone, "--cores", "2", *targets)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -13,8 +13,7 @@ import yaml
 
 from bench.gpu_check import steps_taken
 
-REPO = Path(__file__).resolve().parents[1]
-MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
+REPO = Path(__file__).resolve().parents[2]
 ENV_KEYS = {"python", "torch", "cuda", "transformers", "accelerate", "istar", "device"}
 
 
@@ -92,20 +91,20 @@ def test_bad_rte_data_gets_a_one_line_error(problem, tiny_model_dir, prepared, t
 GPU_STUDY_JOBS = {
     # per task (5): 2 search runs (λ = ±1, ζ = 0.2, seed 0); before the selection, base + CosReg
     # over 3 seeds (Table 1) and I-STAR λ = ±1 over 3 seeds (Fig. 3's sweep, reused by Fig. 6)
-    "prepare_data": 5, "pin_model": 1, "shrinkage": 5, "finetune_search": 10, "select": 5,
+    "prepare_data": 5, "pin_model": 1, "shrinkage": 5, "train_search": 10, "select": 5,
     # one measure job per setting: base, CosReg, I-STAR λ = ±1 (Fig. 6 measures the same settings)
-    "finetune": 5 * 12, "measure": 5 * 4,
+    "train": 5 * 12, "measure": 5 * 4,
     "run_config": 1, "aggregate": 1, "table": 2, "figure": 3, "report": 1, "all": 1,  # figures: Figs. 3 and 6, Σ_S across epochs
 }
 
 
-@pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is not there")
 def test_gpu_study_config_dry_run(tmp_path):
+    from mirrors import TEST_DATA
     from workflow_helpers import planned_jobs, snakemake
 
     config = yaml.safe_load((REPO / "config" / "gpu-study.yaml").read_text())
     assert config["training"]["gpus"] == 1 and config["training"]["mixed_precision"] == "fp16"
-    config["data"].update(source="mirror", mirror=str(MIRROR))  # offline: the full mirror beside the repository
+    config["data"].update(source="mirror", mirror=str(TEST_DATA))  # offline: a dry run only asks that the files exist
     configfile = tmp_path / "gpu-study.yaml"
     configfile.write_text(yaml.safe_dump(config))
     result = snakemake(tmp_path, "-n", "--resources", "gpu=1", configfile=configfile)

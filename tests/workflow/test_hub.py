@@ -1,7 +1,7 @@
 """Models and datasets through a real Hugging Face-compatible server (olah on 127.0.0.1, see conftest.hub).
 
 The same ``huggingface_hub`` / ``datasets`` / ``transformers`` calls a user with internet makes
-run here against repos in the real repos' layout and schemas (tests/hub_repos.py).
+run here against repos in the real repos' layout and schemas (tests/support/hub_repos.py).
 """
 
 import json
@@ -22,7 +22,7 @@ from istar.models.loading import check_model_available, load_model, load_tokeniz
 from istar.io.revisions import RevisionUnavailableError, resolve_revision
 from istar.registry.tasks import SPLITS, TASKS, get_task
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 
@@ -72,7 +72,7 @@ def test_prepare_data_from_the_hub_equals_the_mirror(hub, hub_prepared, tmp_path
     """The hub's rows, labels and answers equal the mirror's: same frames, dtypes included."""
     out = hub_prepared / task
     mirrored = tmp_path / "mirror" / task
-    prepare_task(task, mirrored, source="mirror", mirror=hub.small_mirror)
+    prepare_task(task, mirrored, source="mirror", mirror=hub.small_mirror, subset=True)
     for split in SPLITS:
         from_hub, from_mirror = read_split(out, split), read_split(mirrored, split)
         assert len(from_hub) > 0
@@ -203,7 +203,7 @@ def test_workflow_runs_to_the_report_through_the_hub_and_pins_the_model(hub, tmp
     # Every job that reads the model reruns, and nothing else (run_config: the config file changed).
     # The post-selection I-STAR run is planned once `select` has run again (a checkpoint), so a dry
     # run lists the two final runs that do not depend on the search.
-    assert planned == {"pin_model": 1, "shrinkage": 1, "finetune_search": 1, "select": 1, "finetune": 2, "measure": 2,
+    assert planned == {"pin_model": 1, "shrinkage": 1, "train_search": 1, "select": 1, "train": 2, "measure": 2,
                        "aggregate": 1, "table": 2, "figure": 1, "run_config": 1, "report": 1, "all": 1}, dry.stdout
 
 
