@@ -140,7 +140,7 @@ def test_token_selection_registry():
 
     assert TOKEN_SELECTION_NAMES[0] == "real" and TOKEN_SELECTIONS["real"].suffix == ""  # old paths stay
     assert len({s.suffix for s in TOKEN_SELECTIONS.values()}) == len(TOKEN_SELECTIONS)
-    assert _schema()["properties"]["shrinkage"]["properties"]["tokens"]["enum"] == list(TOKEN_SELECTION_NAMES)
+    assert _schema()["properties"]["penalty"]["properties"]["tokens"]["enum"] == list(TOKEN_SELECTION_NAMES)
     assert get_method("cosreg").takes("tokens") and get_method("istar").takes("tokens")
     assert not get_method("base").takes("tokens")
     with pytest.raises(ValueError, match="unknown token selection 'pad'"):
