@@ -59,6 +59,7 @@ from istar.core.isotropy import isoscore_star_from_covariance
 from istar.core.tokens import get_token_selection
 from istar.steps.resume import fingerprint_hash, latest_state, matching_state, restore_log, run_fingerprint, save_state
 from istar.steps.run_folder import clear_earlier_outputs, model_sha256
+from istar.registry.precisions import PRECISIONS
 from istar.core.regularizers import Penalty, resolve_layers
 from istar.registry.methods import get_method
 from istar.steps.shrinkage import accumulate_shrinkage, load_layer_statistics, load_shrinkage, merge_layers, save_shrinkage
@@ -103,13 +104,6 @@ def compute_penalty(spec: TrainSpec, hidden_states, attention_mask, sigma_s, dis
 
 
 # ------------------------------------------------------------------------------------- training
-
-
-def effective_precision(accelerator, requested: str) -> str:
-    """What actually runs: accelerate silently trains in fp32 when fp16 is asked for on a CPU."""
-    if requested == "fp16" and accelerator.device.type == "cpu":
-        return "fp32"
-    return {"no": "fp32"}.get(requested, requested)
 
 
 def build_optimizer(model, spec: TrainSpec) -> torch.optim.Optimizer:
@@ -193,7 +187,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
                          f"penalty reads {spec.tokens} rows: compute it with `istar shrinkage --tokens {spec.tokens}`")
     step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps)
     accelerator, task, model = step.accelerator, step.task, step.model
-    precision = effective_precision(accelerator, spec.mixed_precision)
+    precision = step.precision.label
     distributed = accelerator.num_processes > 1
     if accelerator.is_main_process:
         if restart:
@@ -206,10 +200,10 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
     set_seed(spec.seed, device_specific=True)
 
     selection = get_token_selection(spec.tokens)
-    pad_multiple = 8 if precision in ("fp16", "bf16") and selection.pad_multiple else None
-    eval_frame = step.frame("validation")
+    pad_multiple = 8 if step.precision.key != "no" and selection.pad_multiple else None
+    eval_columns = step.columns("validation")
     train_features = step.features("train")
-    eval_features = step.features("validation", frame=eval_frame, for_qa_eval=True)
+    eval_features = step.features("validation", columns=eval_columns, for_qa_eval=True)
     sampler = EpochShuffleSampler(len(train_features), spec.seed)
     train_loader = step.loader(train_features, spec.batch_size, sampler=sampler, pad_to_multiple_of=pad_multiple)
     eval_loader = step.loader(eval_features, spec.eval_batch_size, pad_to_multiple_of=pad_multiple)
@@ -253,7 +247,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         progress.sigma_isoscore.append(_isoscore(sigma))
     sigma_device = progress.sigma_s.to(accelerator.device) if progress.sigma_s is not None else None
 
-    requested = {"no": "fp32"}.get(spec.mixed_precision, spec.mixed_precision)
+    requested = PRECISIONS[spec.mixed_precision].label
     accelerator.print(
         f"{spec.method} on {task.display} ({len(train_features):,} train features, {len(eval_features):,} eval) | "
         f"{accelerator.num_processes} process(es) on {accelerator.device.type} | precision {precision}"
@@ -296,7 +290,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
                 save_state(accelerator, resume_dir, progress.step, run.log_path, fingerprint)
         bar.close()
 
-        result = evaluate_model(model, eval_loader, task, accelerator, features=eval_features, frame=eval_frame)
+        result = evaluate_model(model, eval_loader, task, accelerator, features=eval_features, columns=eval_columns)
         progress.history.append({"epoch": epoch + 1, "step": progress.step, **result})
         accelerator.print(f"epoch {epoch + 1}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
         progress.epoch, progress.batches_in_epoch = epoch + 1, 0

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from bench.gpu_check import steps_taken
+from istar.registry.precisions import run_precision
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_KEYS = {"python", "torch", "cuda", "transformers", "accelerate", "istar", "device"}
@@ -65,7 +66,7 @@ def test_cpu_form_runs_every_section_and_writes_sane_json(tiny_model_dir, prepar
 
     launch = sections["launch"]
     assert launch["command"][1:6] == ["-m", "istar", "launch", "--gpus", "0"]
-    assert launch["precision"]["effective"] == launch["expected_precision"] == "fp32"
+    assert launch["precision"]["effective"] == launch["expected_precision"] == run_precision("fp16", "cpu").label
     assert launch["losses_finite"] and finite(launch["final_loss"]) and 0 <= launch["score"] <= 1
     assert launch["steps_taken"] == launch["optimizer_steps"] == launch["logged_steps"] == 3  # 24 examples / 8
     assert (tmp_path / "work" / "run" / "model" / "config.json").is_file()
