@@ -156,7 +156,7 @@ def test_changing_the_token_selection_reruns_exactly_the_penalised_runs(tiny_pro
     but not the one the padding study already trained on all positions."""
     best = json.loads((tiny_project / "results" / "selection" / "tiny" / "rte" / "best.json").read_text())
     config = yaml.safe_load((tiny_project / "config.yaml").read_text())
-    config["penalty"]["tokens"] = "all_positions"
+    config.setdefault("penalty", {})["tokens"] = "all_positions"
     changed = tmp_path / "tokens.yaml"
     changed.write_text(yaml.safe_dump(config))
     result = snakemake(tiny_project, "-n", configfile=changed)
