@@ -2,7 +2,8 @@
 
     resources/data/{task}                                  prepared splits (+ meta.json)
     resources/models/{model}.json                          a model source pinned to its commit
-    resources/shrinkage/{model}/{task}/sigma0.pt           Σ_S of the pretrained model
+    resources/shrinkage/{model}/{task}/sigma0.pt           Σ_S of the pretrained model (real tokens;
+                                                           sigma0_allpos.pt: every padded position)
     results/search/{model}/{task}/{setting}/seed{seed}     a search run
     results/runs/{model}/{task}/{setting}/seed{seed}       a final or study run
     results/selection/{model}/{task}/best.json             the search's choice
@@ -13,7 +14,9 @@
 
 A *setting* is a fine-tuning method with its hyperparameters, spelled as a folder name:
 ``base``, ``cosreg_lam1``, ``istar_lam-1_zeta0.2``, ``istar_lam-1_zeta0.2_layer6``, plus
-``_bs16_ep3_lr3e-05`` when the search grid covers batch size, epochs and learning rate.
+``_allpos`` when the penalty and Σ_S read every padded position (``penalty.tokens``; the default,
+real tokens, adds nothing) and ``_bs16_ep3_lr3e-05`` when the search grid covers batch size,
+epochs and learning rate.
 Hyperparameters in paths keep reruns right even without Snakemake's metadata and make every
 artifact self-describing. :class:`Setting` formats and parses that name, :func:`parse_run_dir`
 reads a run folder back; the Snakemake rules format the templates below and constrain their
@@ -26,14 +29,24 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from istar.core.tokens import TOKEN_SELECTION_NAMES, TOKEN_SELECTIONS, get_token_selection
 from istar.registry.methods import METHOD_PATTERN, get_method
 
 __all__ = ["Setting", "RunPath", "format_number", "parse_run_dir", "seed_of", "seeds_token", "DATA", "MODEL_PIN", "SIGMA",
-           "SEARCH_RUN", "RUN", "SELECTION", "MEASURES", "PROFILE", "AGGREGATE", "WILDCARD_CONSTRAINTS"]
+           "SIGMA_ALL_POSITIONS", "sigma_template", "DEFAULT_TOKENS", "SEARCH_RUN", "RUN", "SELECTION", "MEASURES", "PROFILE", "AGGREGATE", "WILDCARD_CONSTRAINTS"]
 
 DATA = "resources/data/{task}"
 MODEL_PIN = "resources/models/{model}.json"
-SIGMA = "resources/shrinkage/{model}/{task}/sigma0.pt"
+SHRINKAGE = "resources/shrinkage/{model}/{task}/"
+
+
+def sigma_template(tokens: str) -> str:
+    """The pretrained Σ_S of a token selection: ``…/sigma0.pt`` (real tokens), ``…/sigma0_allpos.pt``."""
+    return f"{SHRINKAGE}sigma0{get_token_selection(tokens).suffix}.pt"
+
+
+SIGMA = sigma_template("real")
+SIGMA_ALL_POSITIONS = sigma_template("all_positions")
 SEARCH_RUN = "results/search/{model}/{task}/{setting}/seed{seed}"
 RUN = "results/runs/{model}/{task}/{setting}/seed{seed}"
 SELECTION = "results/selection/{model}/{task}/best.json"
@@ -54,9 +67,12 @@ WILDCARD_CONSTRAINTS = {
 """Regular expressions of the wildcards (``task`` is the configured tasks' alternation)."""
 
 _NUMBER = r"-?[0-9][0-9.e+-]*"
+_TOKEN_SUFFIXES = {selection.suffix: key for key, selection in TOKEN_SELECTIONS.items() if selection.suffix}
 _PATTERN = re.compile(
     rf"^(?P<method>{METHOD_PATTERN})(?:_lam(?P<lam>{_NUMBER}))?(?:_zeta(?P<zeta>{_NUMBER}))?"
-    rf"(?:_layer(?P<layer>[0-9]+))?(?:_bs(?P<bs>[0-9]+)_ep(?P<ep>[0-9]+)_lr(?P<lr>{_NUMBER}))?$")
+    rf"(?:_layer(?P<layer>[0-9]+))?(?P<tokens>{'|'.join(_TOKEN_SUFFIXES)})?"
+    rf"(?:_bs(?P<bs>[0-9]+)_ep(?P<ep>[0-9]+)_lr(?P<lr>{_NUMBER}))?$")
+DEFAULT_TOKENS = TOKEN_SELECTION_NAMES[0]
 
 
 def format_number(value: float) -> str:
@@ -73,6 +89,7 @@ class Setting:
     lam: float = 0.0
     zeta: float | None = None
     layer: int | None = None
+    tokens: str = DEFAULT_TOKENS
     batch_size: int | None = None
     epochs: int | None = None
     learning_rate: float | None = None
@@ -87,9 +104,10 @@ class Setting:
             parts.append(f"zeta{format_number(self.zeta)}")
             if self.layer is not None:
                 parts.append(f"layer{self.layer}")
+        name = "_".join(parts) + (get_token_selection(self.tokens).suffix if method.takes("tokens") else "")
         if self.batch_size is not None:
-            parts.append(f"bs{self.batch_size}_ep{self.epochs}_lr{format_number(self.learning_rate)}")
-        return "_".join(parts)
+            name += f"_bs{self.batch_size}_ep{self.epochs}_lr{format_number(self.learning_rate)}"
+        return name
 
     @classmethod
     def parse(cls, name: str) -> "Setting":
@@ -100,7 +118,7 @@ class Setting:
         setting = cls(
             method=g["method"], lam=float(g["lam"]) if g["lam"] else 0.0,
             zeta=float(g["zeta"]) if g["zeta"] else None, layer=int(g["layer"]) if g["layer"] else None,
-            batch_size=int(g["bs"]) if g["bs"] else None, epochs=int(g["ep"]) if g["ep"] else None,
+            tokens=_TOKEN_SUFFIXES[g["tokens"]] if g["tokens"] else DEFAULT_TOKENS, batch_size=int(g["bs"]) if g["bs"] else None, epochs=int(g["ep"]) if g["ep"] else None,
             learning_rate=float(g["lr"]) if g["lr"] else None)
         if setting.name != name:
             raise ValueError(f"setting {name!r} is not in canonical form; write it as {setting.name!r}")

@@ -32,7 +32,7 @@ RENAMED_KEYS = {
 """Old config key (a section, or ``section.key``) → its new name. The old one still works, with a
 one-line notice naming the new key."""
 
-STUDIES = ("lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep", "single_layer")
+STUDIES = ("lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep", "single_layer", "padding")
 
 
 class ConfigError(ValueError):

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from istar.io import artifacts
 from istar.config.schema import default_of, schema_entry
+from istar.core.tokens import TOKEN_SELECTION_NAMES
 from istar.registry import precisions
 from istar.registry.methods import METHOD_NAMES, get_method
 from istar.registry.tasks import TASKS
@@ -144,7 +145,9 @@ class TrainSpec(ModelData):
     lam: float = option(0.0, help="λ, the penalty weight (istar: required; cosreg: default 1)")
     zeta: float = option(default_of("$defs.zeta"), help="ζ ∈ [0, 1], weight of Σ_S in IsoScore* (istar)")
     layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
-    sigma_s: typing.Optional[str] = option(None, help="initial Σ_S file from `istar shrinkage` (istar with ζ > 0)")
+    tokens: str = config_field("penalty.tokens", choices=TOKEN_SELECTION_NAMES)
+    sigma_s: typing.Optional[str] = option(None, help="initial Σ_S file from `istar shrinkage` (istar with ζ > 0), "
+                                                      "computed with the same --tokens")
     shrinkage_rows: int = config_field("shrinkage.rows", positive=True)
     recompute_shrinkage: bool = config_field("shrinkage.recompute_every_epoch")
     global_penalty: bool = config_field("penalty.global_penalty")
@@ -156,6 +159,7 @@ class TrainSpec(ModelData):
     warmup_ratio: float = config_field("training.warmup_ratio")
     scheduler: str = config_field("training.scheduler")
     weight_decay: float = config_field("training.weight_decay")
+    adam_epsilon: float = config_field("training.adam_epsilon")
     max_grad_norm: float = config_field("training.max_grad_norm")
     seed: int = option(0, help="run seed (Python, NumPy, torch, data order)")
     checkpoint_every: int = config_field("training.checkpoint_every")
@@ -169,6 +173,13 @@ class TrainSpec(ModelData):
         method = get_method(self.method)
         if not method.takes("lam") and self.lam != 0.0:
             raise SpecError(f"method {self.method} takes no λ; got lam = {self.lam}")
+        if self.tokens not in TOKEN_SELECTION_NAMES:
+            raise SpecError(f"tokens must be one of {', '.join(TOKEN_SELECTION_NAMES)}; got {self.tokens!r}")
+        if not method.takes("tokens") and self.tokens != TOKEN_SELECTION_NAMES[0]:
+            raise SpecError(f"method {self.method} has no penalty whose rows --tokens could choose; "
+                            f"leave it at {TOKEN_SELECTION_NAMES[0]}")
+        if not 0.0 < self.adam_epsilon <= 1e-3:
+            raise SpecError(f"adam_epsilon must lie in (0, 1e-3]; got {self.adam_epsilon}")
         if method.takes("zeta") and not 0.0 <= self.zeta <= 1.0:
             raise SpecError(f"zeta must lie in [0, 1]; got {self.zeta}")
         if method.needs_sigma_s(self.zeta) and not self.sigma_s:
@@ -217,7 +228,10 @@ class ShrinkageSpec(ModelData):
 
     out: str = option(help="output Σ_S file", flag="--out", output="file")
     layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
+    tokens: str = config_field("penalty.tokens", choices=TOKEN_SELECTION_NAMES)
     rows: int = config_field("shrinkage.rows", positive=True)
+    # all_positions: the workflow passes training.batch_size (istar.pipeline.plan.shrinkage_spec), since the
+    # padding a row set holds depends on how many sequences share a batch
     batch_size: int = config_field("training.eval_batch_size", positive=True)
     seed: int = option(0, help="seed of the order in which the training split is read")
 

@@ -3,8 +3,10 @@
 Both take the ``hidden_states`` of a Hugging Face model called with
 ``output_hidden_states=True`` — a tuple of L + 1 tensors of shape (B, T, d): index 0 is the
 embedding output, index l the output of transformer layer l — and the batch's
-``attention_mask`` of shape (B, T) (1 = real token, 0 = padding). Padding positions never
-enter a penalty (the public reference code includes them: docs/method.md §7).
+``attention_mask`` of shape (B, T) (1 = real token, 0 = padding). Which positions enter a
+penalty is a setting (:data:`istar.core.tokens.TOKEN_SELECTIONS`): the real tokens only (the default), or every
+position of the padded batch, padding included, as the public reference code does
+(docs/method.md §7).
 
 Each penalty returns a :class:`Penalty`: the term to add to the task loss and detached
 values to log.
@@ -18,6 +20,7 @@ from typing import Sequence, Union
 import torch
 
 from istar.core.isotropy import isoscore_star, isoscore_star_from_covariance
+from istar.core.tokens import get_token_selection
 
 __all__ = ["Penalty", "resolve_layers", "parse_layer_spec", "token_rows", "istar_penalty", "global_istar_penalty",
            "global_isoscore_star", "cosreg_penalty", "LayerSpec"]
@@ -83,21 +86,25 @@ def parse_layer_spec(text: str) -> LayerSpec:
     return indices[0] if len(indices) == 1 else indices
 
 
-def token_rows(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, layers: LayerSpec = "all") -> torch.Tensor:
-    """The non-padding token vectors of the selected layers, stacked: X̃ of the paper's Fig. 1.
+def token_rows(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, layers: LayerSpec = "all",
+               tokens: str = "real") -> torch.Tensor:
+    """The token vectors of the selected layers, stacked: X̃ of the paper's Fig. 1.
 
     Parameters
     ----------
     hidden_states : tuple of L + 1 tensors (B, T, d).
     attention_mask : (B, T), non-zero at real tokens.
     layers : see :data:`LayerSpec`.
+    tokens : a key of :data:`istar.core.tokens.TOKEN_SELECTIONS`: ``real`` keeps the positions where the mask is
+        non-zero, ``all_positions`` all B·T positions.
 
     Returns
     -------
-    tensor (len(layers) · M, d), M = number of real tokens in the batch; differentiable.
+    tensor (len(layers) · M, d), M = number of selected positions in the batch (real tokens,
+    or B·T); differentiable.
     """
     indices = resolve_layers(layers, len(hidden_states))
-    mask = attention_mask.bool()
+    mask = get_token_selection(tokens).mask(attention_mask)
     if mask.shape != hidden_states[0].shape[:2]:
         raise ValueError(
             f"attention_mask shape {tuple(mask.shape)} does not match hidden states {tuple(hidden_states[0].shape[:2])}"
@@ -115,6 +122,7 @@ def istar_penalty(
     zeta: float,
     sigma_s: torch.Tensor | None,
     layers: LayerSpec = "all",
+    tokens: str = "real",
 ) -> Penalty:
     """The I-STAR term λ·(1 − IsoScore*(X̃, ζ, Σ_S)) of the paper's Eq. (2) / docs/method.md §3.
 
@@ -126,15 +134,20 @@ def istar_penalty(
     sigma_s : (d, d) shrinkage covariance Σ_S from the same layer selection; may be None
         when ζ = 0. Move it to the model's device once, outside the training loop.
     layers : which hidden states form X̃ (default: every transformer layer, no embeddings).
+    tokens : which positions form X̃ (:data:`istar.core.tokens.TOKEN_SELECTIONS`; Σ_S must come from the same selection).
 
     Returns
     -------
-    Penalty with ``term`` (float32) and ``logs = {"isoscore_star": score}``.
+    Penalty with ``term`` (float32) and ``logs = {"isoscore_star": score, "penalty_rows": rows of X̃}``.
     """
-    rows = token_rows(hidden_states, attention_mask, layers)
+    rows = token_rows(hidden_states, attention_mask, layers, tokens)
     score = isoscore_star(rows, zeta=zeta, sigma_s=sigma_s)
     term = (lam * (1.0 - score)).to(torch.float32)
-    return Penalty(term=term, logs={"isoscore_star": score.detach()})
+    return Penalty(term=term, logs={"isoscore_star": score.detach(), "penalty_rows": _row_count(rows)})
+
+
+def _row_count(rows: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(float(rows.shape[0]), device=rows.device)
 
 
 class _SumOverProcesses(torch.autograd.Function):
@@ -196,6 +209,7 @@ def global_istar_penalty(
     zeta: float,
     sigma_s: torch.Tensor | None,
     layers: LayerSpec = "all",
+    tokens: str = "real",
 ) -> Penalty:
     """:func:`istar_penalty` on the global batch of all data-parallel processes.
 
@@ -203,28 +217,33 @@ def global_istar_penalty(
     ``torch.distributed`` process group. The public reference code penalises each
     process's local batch instead.
     """
-    score = global_isoscore_star(token_rows(hidden_states, attention_mask, layers), zeta, sigma_s)
-    return Penalty(term=(lam * (1.0 - score)).to(torch.float32), logs={"isoscore_star": score.detach()})
+    rows = token_rows(hidden_states, attention_mask, layers, tokens)
+    score = global_isoscore_star(rows, zeta, sigma_s)
+    return Penalty(term=(lam * (1.0 - score)).to(torch.float32),
+                   logs={"isoscore_star": score.detach(), "penalty_rows": _row_count(rows)})
 
 
-def cosreg_penalty(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, *, lam: float = 1.0) -> Penalty:
+def cosreg_penalty(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, *, lam: float = 1.0,
+                   tokens: str = "real") -> Penalty:
     """The CosReg term of Gao et al. (2019) as adapted by the paper (docs/method.md §4).
 
-    λ · (1/M²) Σ_i Σ_{j≠i} x̂_iᵀx̂_j over the M real tokens of the last layer,
-    x̂ = x/‖x‖, computed in O(M·d) as λ·(‖Σ_i x̂_i‖² − M)/M². Reductions in float32.
+    λ · (1/M²) Σ_i Σ_{j≠i} x̂_iᵀx̂_j over the M selected positions of the last layer (``tokens``:
+    :data:`istar.core.tokens.TOKEN_SELECTIONS`), x̂ = x/‖x‖, computed in O(M·d) as λ·(‖Σ_i x̂_i‖² − M)/M².
+    Reductions in float32.
 
     Returns
     -------
-    Penalty with ``term`` and ``logs = {"cosine_similarity": mean over pairs i ≠ j}``.
+    Penalty with ``term`` and ``logs = {"cosine_similarity": mean over pairs i ≠ j, "penalty_rows": M}``.
     """
-    rows = token_rows(hidden_states, attention_mask, layers=-1)
+    rows = token_rows(hidden_states, attention_mask, layers=-1, tokens=tokens)
     m = rows.shape[0]
     if m < 2:
-        raise ValueError(f"CosReg needs at least 2 real tokens in the batch; got {m}")
+        raise ValueError(f"CosReg needs at least 2 token rows in the batch; got {m}")
     with torch.autocast(device_type=rows.device.type, enabled=False):
         unit = torch.nn.functional.normalize(rows.float(), dim=1)
         total = unit.sum(dim=0)
         pair_sum = total @ total - m
         term = lam * pair_sum / (m * m)
-    return Penalty(term=term, logs={"cosine_similarity": (pair_sum / (m * (m - 1))).detach()})
+    return Penalty(term=term, logs={"cosine_similarity": (pair_sum / (m * (m - 1))).detach(),
+                                    "penalty_rows": _row_count(rows)})
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from istar.config.layout import Setting
+from istar.config.layout import DEFAULT_TOKENS, Setting
+from istar.core.tokens import TOKEN_SELECTION_NAMES, get_token_selection
 from istar.registry.methods import get_method
 from istar.config.specs import AS_GIVEN, MeasureSpec, PrepareDataSpec, SurveySpec, ShrinkageSpec, TrainSpec
 from istar.registry.tasks import SPLITS, TASKS
@@ -30,17 +31,24 @@ def _training_grid(search: dict) -> list[tuple]:
     return list(itertools.product(*grids))
 
 
+def config_tokens(config: dict) -> str:
+    """The token selection of every penalised run the config asks for (``penalty.tokens``), except
+    the padding study's, which sets it per setting."""
+    return config["penalty"]["tokens"]
+
+
 def search_settings(config: dict) -> list[Setting]:
     """Stage 1: I-STAR over λ × ζ (× batch size × epochs × learning rate when searched)."""
-    search = config["search"]
-    return [Setting("istar", lam=float(lam), zeta=float(zeta), batch_size=bs, epochs=ep, learning_rate=lr)
+    search, tokens = config["search"], config_tokens(config)
+    return [Setting("istar", lam=float(lam), zeta=float(zeta), tokens=tokens, batch_size=bs, epochs=ep,
+                    learning_rate=lr)
             for lam, zeta, (bs, ep, lr) in itertools.product(search["lambdas"], search["zetas"], _training_grid(search))]
 
 
 def selected_setting(selection: dict, config: dict) -> Setting:
     """The I-STAR setting a ``best.json`` (``istar select``) names; training values only if searched."""
     searched = trains_training_grid(config)
-    return Setting("istar", lam=float(selection["lam"]), zeta=float(selection["zeta"]),
+    return Setting("istar", lam=float(selection["lam"]), zeta=float(selection["zeta"]), tokens=config_tokens(config),
                    batch_size=int(selection["batch_size"]) if searched else None,
                    epochs=int(selection["epochs"]) if searched else None,
                    learning_rate=float(selection["learning_rate"]) if searched else None)
@@ -57,7 +65,7 @@ def final_settings(config: dict, selection: Setting | None) -> list[Setting]:
     the training hyperparameters are not searched); with a selection all three.
     """
     base = Setting("base")
-    cosreg = Setting("cosreg", lam=float(config["final"]["cosreg_lambda"]))
+    cosreg = Setting("cosreg", lam=float(config["final"]["cosreg_lambda"]), tokens=config_tokens(config))
     if selection is None:
         return [] if trains_training_grid(config) else [base, cosreg]
     return [base.with_training(selection), cosreg.with_training(selection), selection]
@@ -81,17 +89,23 @@ def study_settings(config: dict, study: str, selection: Setting | None, num_laye
     Returns None when the study needs the search's choice (``lam: selected``) and
     ``selection`` is None; ``num_layers`` (L) is needed for ``single_layer`` with ``layers: all``.
     """
-    spec = config["studies"][study]
+    spec, tokens = config["studies"][study], config_tokens(config)
     if study in ("lambda_sweep", "twonn", "layerwise"):
-        settings = [Setting("istar", lam=float(lam), zeta=float(spec["zeta"])) for lam in spec["lambdas"]]
+        settings = [Setting("istar", lam=float(lam), zeta=float(spec["zeta"]), tokens=tokens) for lam in spec["lambdas"]]
         return settings + ([Setting("base")] if study != "lambda_sweep" else [])
     if study == "cosreg_means":
-        return [Setting("cosreg", lam=float(lam)) for lam in spec["lambdas"]] + [Setting("base")]
+        return [Setting("cosreg", lam=float(lam), tokens=tokens) for lam in spec["lambdas"]] + [Setting("base")]
     if study == "zeta_sweep":
         if spec["lam"] == "selected" and selection is None:
             return None
         lam = selection.lam if spec["lam"] == "selected" else float(spec["lam"])
-        return [Setting("istar", lam=lam, zeta=float(zeta)) for zeta in spec["zetas"]]
+        return [Setting("istar", lam=lam, zeta=float(zeta), tokens=tokens) for zeta in spec["zetas"]]
+    if study == "padding":
+        if "selected" in (spec["lam"], spec["zeta"]) and selection is None:
+            return None
+        lam = selection.lam if spec["lam"] == "selected" else float(spec["lam"])
+        zeta = selection.zeta if spec["zeta"] == "selected" else float(spec["zeta"])
+        return [Setting("base")] + [Setting("istar", lam=lam, zeta=zeta, tokens=key) for key in TOKEN_SELECTION_NAMES]
     if study == "single_layer":
         needs_selection = "selected" in (spec["lam"], spec["zeta"])
         if (needs_selection and selection is None) or (spec["layers"] == "all" and num_layers is None):
@@ -99,7 +113,8 @@ def study_settings(config: dict, study: str, selection: Setting | None, num_laye
         lam = selection.lam if spec["lam"] == "selected" else float(spec["lam"])
         zeta = selection.zeta if spec["zeta"] == "selected" else float(spec["zeta"])
         layers = list(range(1, num_layers + 1)) if spec["layers"] == "all" else list(spec["layers"])
-        return [Setting("istar", lam=lam, zeta=zeta, layer=k) for k in layers] + [Setting("istar", lam=lam, zeta=zeta)]
+        return [Setting("istar", lam=lam, zeta=zeta, layer=k, tokens=tokens) for k in layers] + [
+            Setting("istar", lam=lam, zeta=zeta, tokens=tokens)]
     raise ValueError(f"unknown study {study!r}")
 
 
@@ -121,6 +136,7 @@ def study_runs(config: dict, study: str, model: str, task: str, selection: Setti
 def needs_sigma(setting: Setting) -> bool:
     """Whether a run reads the pretrained Σ_S (a method that shrinks towards it, with ζ > 0)."""
     return get_method(setting.method).needs_sigma_s(setting.zeta)
+
 
 
 def task_max_length(config: dict, task: str) -> int:
@@ -169,7 +185,7 @@ def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: i
     """
     training, shrinkage, penalty = config["training"], config["shrinkage"], config["penalty"]
     hyperparameters = {"layers": setting.layer if setting.layer is not None else penalty["layers"],
-                       "shrinkage_rows": shrinkage["rows"]}
+                       "shrinkage_rows": shrinkage["rows"], "tokens": setting.tokens}
     if get_method(setting.method).takes("zeta"):
         hyperparameters |= {
             "zeta": setting.zeta, "recompute_shrinkage": shrinkage["recompute_every_epoch"],
@@ -182,16 +198,22 @@ def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: i
         batch_size=setting.batch_size or training["batch_size"], epochs=setting.epochs or training["epochs"],
         eval_batch_size=training["eval_batch_size"], gradient_accumulation_steps=training["gradient_accumulation_steps"],
         warmup_ratio=training["warmup_ratio"], scheduler=training["scheduler"], weight_decay=training["weight_decay"],
-        max_grad_norm=training["max_grad_norm"], checkpoint_every=training["checkpoint_every"],
+        adam_epsilon=training["adam_epsilon"], max_grad_norm=training["max_grad_norm"],
+        checkpoint_every=training["checkpoint_every"],
         trackers=list(config["tracking"]["trackers"]), mlflow_tracking_uri=config["tracking"]["mlflow_tracking_uri"],
         tracking_experiment=config["tracking"]["experiment"],
         **hyperparameters)
 
 
-def shrinkage_spec(config: dict, *, model: str, task: str, data_dir: str, out: str) -> ShrinkageSpec:
-    """Σ_S of the pretrained model on the task's training data (fp32, the evaluation batch size)."""
+def shrinkage_spec(config: dict, *, model: str, task: str, data_dir: str, out: str,
+                   tokens: str = DEFAULT_TOKENS) -> ShrinkageSpec:
+    """Σ_S of the pretrained model on the task's training data, over the rows ``tokens`` selects (fp32;
+    batches of the evaluation batch size, or of the training batch size where padding counts)."""
+    training = config["training"]
+    uses_training = get_token_selection(tokens).sigma_uses_training_batches
     return ShrinkageSpec(**_model_data(config, model, task, data_dir), out=out, layers=config["penalty"]["layers"],
-                         rows=config["shrinkage"]["rows"], batch_size=config["training"]["eval_batch_size"])
+                         tokens=tokens, rows=config["shrinkage"]["rows"],
+                         batch_size=training["batch_size"] if uses_training else training["eval_batch_size"])
 
 
 def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sigma_s: str, out: str) -> MeasureSpec:

@@ -4,7 +4,8 @@ Each method is a task loss plus, optionally, a penalty weighted by λ (docs/meth
 
 - ``base``: the task loss alone; it takes no hyperparameter (λ is not defined for it).
 - ``cosreg``: CosReg, λ times the mean pairwise cosine similarity of the last layer's token
-  vectors (docs/method.md §4); λ defaults to 1 (the paper's CosReg, which lowers anisotropy).
+  vectors (real tokens, or every padded position: ``penalty.tokens``; docs/method.md §4); λ
+  defaults to 1 (the paper's CosReg, which lowers anisotropy).
 - ``istar``: I-STAR, λ·(1 − IsoScore*) of the chosen layers' token vectors with shrinkage ζ
   towards Σ_S (docs/method.md §3); λ has no default and must be given.
 
@@ -13,6 +14,10 @@ An entry carries the method's behaviour too: its penalty, the hyperparameters it
 whether it reads Σ_S) and the layers it penalises. The trainer, the specs, the planner and the
 aggregation ask the entry; none of them names a method. Adding a method (a whitening or an
 all-but-the-top baseline, say) is a penalty in :mod:`istar.core.regularizers` and an entry here.
+
+:data:`istar.core.tokens.TOKEN_SELECTIONS` is the registry of the ``tokens`` hyperparameter:
+which positions of a padded batch are the penalty's rows (real tokens, or every position as
+the authors' code does; docs/method.md §7).
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from dataclasses import dataclass
 
 __all__ = ["Method", "METHODS", "METHOD_NAMES", "METHOD_PATTERN", "HYPERPARAMETERS", "get_method"]
 
-HYPERPARAMETERS = ("lam", "zeta", "layers", "sigma_s")
-"""Hyperparameters a method may take: λ, shrinkage ζ, the penalised layers, the shrinkage covariance Σ_S."""
+HYPERPARAMETERS = ("lam", "zeta", "layers", "sigma_s", "tokens")
+"""Hyperparameters a method may take: λ, shrinkage ζ, the penalised layers, the shrinkage covariance Σ_S,
+which positions of the padded batch are the penalty's rows (``penalty.tokens``)."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +41,7 @@ class Method:
     colour : hex colour of the method in figures (a λ sweep shades it, see :mod:`istar.report.figure_parts`).
     hyperparameters : the subset of :data:`HYPERPARAMETERS` the method takes.
     default_lam : λ when none is given; None where λ must be given or (``base``) is not taken.
-    penalty : ``penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch)``
+    penalty : ``penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch, tokens)``
         → :class:`istar.core.regularizers.Penalty`, the term added to the task loss; None for a
         method that adds none (then the model is run without ``output_hidden_states``).
     fixed_layers : the hidden states the penalty reads, and Σ_S is measured over after each
@@ -68,24 +74,24 @@ class Method:
 
 # The penalties are imported when a batch is penalised, not with the registry: the workflow
 # reads the registry while it builds the DAG, and torch would add seconds to that.
-def _cosreg_penalty(hidden_states, attention_mask, *, lam, **_):
+def _cosreg_penalty(hidden_states, attention_mask, *, lam, tokens, **_):
     from istar.core.regularizers import cosreg_penalty
 
-    return cosreg_penalty(hidden_states, attention_mask, lam=lam)
+    return cosreg_penalty(hidden_states, attention_mask, lam=lam, tokens=tokens)
 
 
-def _istar_penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch):
+def _istar_penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch, tokens):
     from istar.core.regularizers import global_istar_penalty, istar_penalty
 
     penalty = global_istar_penalty if global_batch else istar_penalty
-    return penalty(hidden_states, attention_mask, lam=lam, zeta=zeta, sigma_s=sigma_s, layers=layers)
+    return penalty(hidden_states, attention_mask, lam=lam, zeta=zeta, sigma_s=sigma_s, layers=layers, tokens=tokens)
 
 
 METHODS: dict[str, Method] = {
     method.key: method
     for method in (
         Method("base", "Base", "#7f7f7f", (), None, fixed_layers=-1),
-        Method("cosreg", "CosReg", "#ff7f0e", ("lam",), 1.0, penalty=_cosreg_penalty, fixed_layers=-1),
+        Method("cosreg", "CosReg", "#ff7f0e", ("lam", "tokens"), 1.0, penalty=_cosreg_penalty, fixed_layers=-1),
         Method("istar", "I-STAR", "#1f77b4", HYPERPARAMETERS, None, penalty=_istar_penalty),
     )
 }
@@ -103,3 +109,4 @@ def get_method(key: str) -> Method:
         return METHODS[key]
     except KeyError:
         raise ValueError(f"unknown method {key!r}; known methods: {', '.join(METHODS)}") from None
+

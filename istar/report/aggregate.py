@@ -2,7 +2,7 @@
 
 Each run enters under a *study* name (free text; the workflow uses ``search``, ``final``,
 ``lambda_sweep``, ``cosreg_means``, ``twonn``, ``layerwise``, ``zeta_sweep``,
-``single_layer``); a run may belong to several studies. The tables and figures read only
+``single_layer``, ``padding``); a run may belong to several studies. The tables and figures read only
 these files, whose columns are fixed:
 
 ``runs.csv`` — one row per (study, run), columns :data:`RUNS_COLUMNS`:
@@ -11,7 +11,8 @@ these files, whose columns are fixed:
     ``setting`` the setting's folder name (``base``, ``cosreg_lam1``, ``istar_lam-1_zeta0.2``,
     ``istar_lam-1_zeta0.2_layer3``); ``method`` base / cosreg / istar; ``lam`` λ (0 for base);
     ``zeta`` ζ (empty unless istar); ``layer`` the penalised hidden state when the penalty reads
-    exactly one (empty for the global penalty and for other methods); ``metric`` the task's
+    exactly one (empty for the global penalty and for other methods); ``tokens`` the positions
+    the penalty and Σ_S read (``real``, ``all_positions``; ``real`` for base); ``metric`` the task's
     headline metric and ``score`` its final value; ``accuracy`` … ``eval_loss`` the final
     evaluation's metrics (empty where the task has none); ``isoscore_star`` and ``isoscore``
     of the global point cloud and ``cosine_similarity`` of the last layer from the run's
@@ -33,7 +34,7 @@ these files, whose columns are fixed:
     checkout had uncommitted changes and their hash, and the package versions; ``note`` says
     why a commit is missing (not a git checkout, or a result written before provenance was recorded).
 
-Rows are sorted by (study, model, task, method, lam, zeta, layer, seed), empty values
+Rows are sorted by (study, model, task, method, lam, zeta, layer, tokens, seed), empty values
 first, then by setting, batch size, epochs, learning rate and folder; layers.csv and dims.csv
 follow the order of runs.csv, then hidden state or dimension; selection.csv is sorted by
 (model, task). Without inputs each file holds just its header. A run given twice under the
@@ -55,7 +56,7 @@ __all__ = ["aggregate", "parse_run_spec", "RUNS_COLUMNS", "LAYERS_COLUMNS", "DIM
            "SELECTION_COLUMNS", "AGGREGATE_NAMES", "PROVENANCE_COLUMNS", "PROVENANCE_NAME"]
 
 METRIC_COLUMNS = ("accuracy", "f1", "exact_match", "matthews", "pearson", "spearman", "eval_loss")
-RUN_KEYS = ("study", "model", "task", "method", "setting", "lam", "zeta", "layer")
+RUN_KEYS = ("study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens")
 RUNS_COLUMNS = (*RUN_KEYS, "batch_size", "epochs", "learning_rate", "seed", "metric", "score", *METRIC_COLUMNS,
                 "standin", "isoscore_star", "isoscore", "cosine_similarity", "run_dir")
 LAYERS_COLUMNS = (*RUN_KEYS, "seed", "hidden_state", "isoscore_star", "isoscore", "twonn_cls", "cosine_similarity",
@@ -71,7 +72,7 @@ PROVENANCE_COLUMNS = ("kind", "path", "git_commit", "git_dirty", "git_diff_sha25
 SELECTION_COLUMNS = ("model", "task", "metric", "lam", "zeta", "batch_size", "epochs", "learning_rate", "score",
                      "score_std", "seeds", "standin")
 INTEGER_COLUMNS = ("layer", "batch_size", "epochs", "seed", "hidden_state", "dim", "seeds", "epoch")
-SORT_KEYS = ("study", "model", "task", "method", "lam", "zeta", "layer", "seed", "setting", "batch_size", "epochs",
+SORT_KEYS = ("study", "model", "task", "method", "lam", "zeta", "layer", "tokens", "seed", "setting", "batch_size", "epochs",
              "learning_rate", "run_dir")
 NAN = float("nan")
 
@@ -117,7 +118,7 @@ def _run_row(study: str, run: dict, analysis: dict | None) -> dict:
     row = {
         "study": study, "model": run["model"], "task": run["task"], "method": run["method"], "setting": run["setting"],
         "lam": run["lam"], "zeta": _number(run["zeta"]) if get_method(run["method"]).takes("zeta") else NAN,
-        "layer": _single_layer(run), "batch_size": run["batch_size"], "epochs": run["epochs"],
+        "layer": _single_layer(run), "tokens": run["tokens"], "batch_size": run["batch_size"], "epochs": run["epochs"],
         "learning_rate": run["learning_rate"], "seed": run["seed"], "metric": run["metric"],
         "score": _number(final.get(run["metric"])), **{name: _number(final.get(name)) for name in METRIC_COLUMNS},
         "standin": run["standin"], "isoscore_star": NAN, "isoscore": NAN, "cosine_similarity": NAN,

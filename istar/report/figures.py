@@ -85,6 +85,9 @@ FIGURES: dict[str, FigureSpec] = {
                    "Performance against the shrinkage parameter ζ, the best ζ marked."),
         FigureSpec("fig8", "studies.single_layer", "runs", "istar aggregate",
                    "Performance with I-STAR on one layer at a time against the global penalty."),
+        FigureSpec("padding", "studies.padding", "runs", "istar aggregate",
+                   "Real-token IsoScore* against performance: base, and I-STAR with the penalty over real tokens "
+                   "or over every padded position.", uses_analysis_zeta=True, module="istar.report.padding_study"),
         FigureSpec("sigma_epochs", None, "epochs", "istar aggregate",
                    "IsoScore of Σ_S after each epoch of fine-tuning, base, CosReg and I-STAR."),
         FigureSpec("profile_layers", "survey", PROFILES_CSV, "istar survey-aggregate",

@@ -62,7 +62,7 @@ def read_run(run_dir) -> dict:
     Returns
     -------
     dict with ``run_dir`` (str), ``model`` (short name), ``task``, ``setting`` (folder name),
-    the :data:`SETTING_KEYS`, ``seed``, ``metric`` (the task's headline metric), ``final``
+    the :data:`SETTING_KEYS`, ``tokens`` (the penalty's token selection), ``seed``, ``metric`` (the task's headline metric), ``final``
     (the final evaluation's metrics, dict), ``standin`` (bool), ``history`` (the evaluation
     after each epoch) and ``sigma_s_isoscore`` (IsoScore of Σ_S after 0, 1, … epochs; empty
     for runs written before it was recorded).
@@ -77,6 +77,8 @@ def read_run(run_dir) -> dict:
         "run_dir": str(run_dir), "model": model_short_name(run_dir, config["model"]), "task": metrics["task"],
         "setting": setting_name(run_dir), "method": metrics["method"], "lam": float(metrics["lam"]),
         "zeta": None if metrics.get("zeta") is None else float(metrics["zeta"]), "layers": metrics.get("layers"),
+        # runs written before the token selection was a setting read real tokens
+        "tokens": metrics.get("tokens", "real"),
         "batch_size": int(config["batch_size"]), "epochs": int(config["epochs"]),
         "learning_rate": float(config["learning_rate"]), "seed": int(metrics["seed"]), "metric": metrics["metric"],
         "final": dict(metrics["final"]), "standin": bool(metrics.get("standin", False)),

@@ -265,9 +265,12 @@ def _fixed(value: float) -> str:
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``istar table``."""
-    parser.add_argument("which", choices=("table1", "table2"), help="table1: performance; table2: chosen λ | ζ")
+    from istar.report.table_specs import TABLE_NAMES
+
+    parser.add_argument("which", choices=TABLE_NAMES,
+                        help="table1: performance; table2: chosen λ | ζ; padding: the padding study")
     parser.add_argument("--runs", type=Path, default=Path("results/aggregate/runs.csv"),
-                        help="runs.csv of `istar aggregate` (table1; default: %(default)s)")
+                        help="runs.csv of `istar aggregate` (table1, padding; default: %(default)s)")
     parser.add_argument("--selection", type=Path, default=Path("results/aggregate/selection.csv"),
                         help="selection.csv of `istar aggregate` (table2; default: %(default)s)")
     parser.add_argument("--out-prefix", type=Path, default=None,
@@ -276,7 +279,10 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_cli(args: argparse.Namespace) -> int:
     """Build the chosen table from its CSV and write it; print the files written."""
-    table = table1(read_aggregate(args.runs)) if args.which == "table1" else table2(read_aggregate(args.selection))
+    from istar.report.table_specs import build, get_table
+
+    source = {"runs": args.runs, "selection": args.selection}[get_table(args.which).data]
+    table = build(args.which, read_aggregate(source))
     for path in write_table(table, args.out_prefix or Path("results/tables") / args.which):
         print(path)
     return 0

@@ -15,12 +15,15 @@ manual work. One job per setting rather than two or three per run keeps the pape
 (docs/architecture.md). The output, written once at the end (atomically, with its hash)::
 
     {"split", "sigma_s", "zeta", "evaluated": bool,
-     "runs": {RUN_FOLDER: {"evaluation": {…} or null, "analysis": {…}}, …},
+     "runs": {RUN_FOLDER: {"evaluation": {…} or null, "analysis": {…}, "trained_on": TOKENS}, …},
      "provenance": {"git": {…}, "versions": {…}}}
 
 ``provenance`` is the code that measured (:func:`istar.io.provenance.code_provenance`).
 
-with ``evaluation`` in the format of ``istar evaluate``'s JSON and ``analysis`` in that of
+``trained_on`` is the run's token selection (``penalty.tokens`` in its run_config.json: which
+positions its penalty and Σ_S read); the analysis itself always reads the real tokens of the
+split, so runs trained either way are measured on the same rows. ``evaluation`` is in the
+format of ``istar evaluate``'s JSON and ``analysis`` in that of
 ``istar analyze`` (:mod:`istar.steps.analyze`). A job that dies measures its runs again when restarted:
 each takes a forward pass or two, not a training run.
 """
@@ -65,7 +68,7 @@ def measure_runs(spec: MeasureSpec) -> dict:
         tensors, metadata = activation_statistics(step, spec.split, spec.batch_size, spec.token_sample, spec.seed)
         analysis = analyze_statistics(tensors, metadata, spec.sigma_s, spec.zeta, twonn_discard=spec.twonn_discard,
                                       layers=spec.layers, source=f"the activations of run {run}")
-        runs[run] = {"evaluation": evaluation, "analysis": analysis}
+        runs[run] = {"evaluation": evaluation, "analysis": analysis, "trained_on": _trained_on(run)}
         print(f"{run}: global IsoScore* (ζ = {spec.zeta}) {analysis['global']['isoscore_star']:.4f}"
               + (f", {evaluation['metric']} {evaluation['metrics'][evaluation['metric']]:.4f}" if evaluation else ""))
         del step, tensors
@@ -75,6 +78,12 @@ def measure_runs(spec: MeasureSpec) -> dict:
     if main_process:
         result = artifacts.write_json(spec.out, result, digest=True)
     return result
+
+
+def _trained_on(run: str) -> str:
+    """The run's token selection from its run_config.json (runs written before the setting: real tokens)."""
+    config = Path(run) / "run_config.json"
+    return artifacts.read_json(config).get("tokens", "real") if config.is_file() else "real"
 
 
 def read_measures(path) -> dict[str, dict]:

@@ -1,8 +1,9 @@
 """The shrinkage covariance Σ_S: streaming covariance of a model's token vectors (docs/method.md §3).
 
-Rows are the non-padding token vectors of the selected layers (the same selection as the
-I-STAR penalty), from forward passes without gradients over a task's training data, until
-at least ``max_rows`` rows (250,000 in the paper) have been seen. Rows are never stacked:
+Rows are the token vectors of the selected layers at the selected positions (the same
+selections as the I-STAR penalty: ``layers``, and ``tokens`` — real tokens, or every position
+of the padded batch, :data:`istar.core.tokens.TOKEN_SELECTIONS`), from forward passes without
+gradients over a task's training data, until at least ``max_rows`` rows (250,000 in the paper) have been seen. Rows are never stacked:
 :class:`~istar.core.isotropy.CovarianceAccumulator` keeps O(d²) float64 sums. Under data
 parallelism every process accumulates its shard and the accumulators are merged in rank
 order, so all processes hold the identical Σ_S.
@@ -27,6 +28,7 @@ from istar.models.hidden_states import hidden_state_pass
 from istar.core.isotropy import CovarianceAccumulator
 from istar.core.regularizers import LayerSpec, resolve_layers
 from istar.config.specs import ShrinkageSpec, add_spec_arguments, spec_from_cli
+from istar.core.tokens import get_token_selection
 
 __all__ = ["NonFiniteStatistics", "accumulate_shrinkage", "merge_layers", "merge_across_processes", "save_shrinkage", "load_shrinkage", "load_layer_statistics", "compute_shrinkage_file"]
 
@@ -37,7 +39,7 @@ class NonFiniteStatistics(ValueError):
 
 @torch.no_grad()
 def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int, accelerator=None,
-                         description: str = "Σ_S") -> list[CovarianceAccumulator]:
+                         description: str = "Σ_S", tokens: str = "real") -> list[CovarianceAccumulator]:
     """Accumulate per-layer token statistics until the selected layers gave ``max_rows`` rows.
 
     Every hidden state (embeddings and each layer) gets its own accumulator, at no extra
@@ -55,6 +57,8 @@ def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int, accele
         fewer if the data runs out.
     accelerator : an ``accelerate.Accelerator`` for device, autocast and the merge across
         processes; None runs on the model's device in one process.
+    tokens : which positions of each (padded) batch are rows (:data:`istar.core.tokens.TOKEN_SELECTIONS`):
+        ``real`` the attention-masked tokens, ``all_positions`` all B·T positions.
 
     Returns
     -------
@@ -68,13 +72,14 @@ def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int, accele
     per_layer = [CovarianceAccumulator(model.config.hidden_size, device=device)
                  for _ in range(model.config.num_hidden_layers + 1)]
     selected = resolve_layers(layers, len(per_layer))
+    selection = get_token_selection(tokens)
     show = accelerator is None or accelerator.is_local_main_process
     autocast = accelerator.autocast if accelerator is not None else contextlib.nullcontext
     with tqdm(total=target, unit="rows", unit_scale=True, desc=description, disable=not show, leave=False) as bar:
         for batch in hidden_state_pass(model, loader, device=device, autocast=autocast):
             for index, (accumulator, hidden) in enumerate(zip(per_layer, batch.states)):
                 try:
-                    accumulator.add(hidden, mask=batch.mask)
+                    accumulator.add(hidden, mask=selection.mask(batch.mask))
                 except ValueError:
                     raise NonFiniteStatistics(f"hidden state {index} of the model holds NaN or inf (a diverged or "
                                               "damaged model, or fp16 overflow)") from None
@@ -217,13 +222,13 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
     start = time.perf_counter()
     try:
         per_layer = accumulate_shrinkage(model, loader, spec.layers, spec.rows, accelerator,
-                                         description=f"Σ_S {task.key}")
+                                         description=f"Σ_S {task.key}", tokens=spec.tokens)
     except NonFiniteStatistics as error:
         raise NonFiniteStatistics(f"Σ_S for {spec.out} is not finite: {error}; nothing was written") from None
     rows = merge_layers(per_layer, indices).count
     provenance = {
         "model": step.model_name, "model_path": step.model_path, "task": task.key, "split": "train",
-        "standin": step.standin, "layer_spec": spec.layers,
+        "standin": step.standin, "layer_spec": spec.layers, "tokens": spec.tokens, "batch_size": spec.batch_size,
         "requested_rows": spec.rows, "max_length": spec.max_length, "seed": spec.seed,
         "num_processes": accelerator.num_processes, "seconds": round(time.perf_counter() - start, 2),
     }
@@ -232,7 +237,7 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
         save_shrinkage(spec.out, per_layer, indices, provenance)
         artifacts.write_json(Path(spec.out).with_suffix(".json"), {**provenance, "layers": indices, "rows": rows})
     accelerator.wait_for_everyone()
-    accelerator.print(f"Σ_S of {step.model_name} on {task.display} train: {rows:,} rows over layers "
+    accelerator.print(f"Σ_S of {step.model_name} on {task.display} train: {rows:,} rows ({spec.tokens}) over layers "
                       f"{indices} from {accelerator.num_processes} process(es) -> {spec.out}")
     if rows < spec.rows:
         accelerator.print(f"note: the training data gave only {rows:,} of the {spec.rows:,} requested rows")

@@ -27,7 +27,9 @@ Outputs appear atomically when the run is done:
 
     OUT/metrics.json        per-epoch and final metrics (the last file written; content hash and
                             the model's, checked by every reader: istar.steps.run_folder)
-    OUT/train_log.csv       step, loss, task_loss, penalty, isoscore_star, cosine_similarity, lr
+    OUT/train_log.csv       step, loss, task_loss, penalty, isoscore_star, cosine_similarity, penalty_tokens
+                            (which positions the penalty and its logged IsoScore* saw: real or
+                            all_positions), penalty_rows (rows of X̃ per micro-batch, mean), lr
     OUT/run_config.json     the resolved configuration, precision and environment
     OUT/model/              the final model and tokenizer (save_pretrained)
     OUT/sigma_epoch{e}.pt   the Σ_S used in epoch e (I-STAR)
@@ -70,6 +72,7 @@ from istar.io.provenance import code_provenance
 from istar.data.encoding import EpochShuffleSampler
 from istar.steps.evaluate import evaluate_model
 from istar.core.isotropy import isoscore_star_from_covariance
+from istar.core.tokens import get_token_selection
 from istar.io.runlock import writer_lock
 from istar.steps.resume import (Interrupted, StopRequest, fingerprint_hash, latest_state, matching_state,
                                 restore_log, run_fingerprint, save_state, saved_tracking)
@@ -83,7 +86,8 @@ from istar.steps.tracking import Tracking, settings_as_parameters
 
 __all__ = ["TrainSpec", "train", "optimization_step", "build_optimizer"]
 
-LOG_COLUMNS = ("step", "epoch", "loss", "task_loss", "penalty", "isoscore_star", "cosine_similarity", "lr")
+LOG_COLUMNS = ("step", "epoch", "loss", "task_loss", "penalty", "isoscore_star", "cosine_similarity", "penalty_tokens",
+               "penalty_rows", "lr")
 
 
 @dataclass
@@ -115,19 +119,19 @@ def compute_penalty(spec: TrainSpec, hidden_states, attention_mask, sigma_s, dis
     if penalty is None:
         return None
     return penalty(hidden_states, attention_mask, lam=spec.lam, zeta=spec.zeta, sigma_s=sigma_s, layers=spec.layers,
-                   global_batch=spec.global_penalty and distributed)
+                   global_batch=spec.global_penalty and distributed, tokens=spec.tokens)
 
 
 # ------------------------------------------------------------------------------------- training
 
 
 def build_optimizer(model, spec: TrainSpec) -> torch.optim.Optimizer:
-    """AdamW with ``spec.weight_decay`` on every weight but biases and normalisation gains."""
+    """AdamW (ε = ``spec.adam_epsilon``) with ``spec.weight_decay`` on every weight but biases and normalisation gains."""
     no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
     decay = [p for n, p in model.named_parameters() if p.requires_grad and not n.endswith(no_decay)]
     rest = [p for n, p in model.named_parameters() if p.requires_grad and n.endswith(no_decay)]
     groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=spec.learning_rate)
+    return torch.optim.AdamW(groups, lr=spec.learning_rate, eps=spec.adam_epsilon)
 
 
 def optimization_step(spec: TrainSpec, accelerator, model, optimizer, scheduler, batch: dict, sigma_s,
@@ -209,6 +213,10 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
     tracking.preflight()  # a tracking server that does not answer stops the run before anything is loaded
     # The given Σ_S is read (hash, NaN / inf) before the model and data are loaded.
     given_sigma = load_layer_statistics(spec.sigma_s) if get_method(spec.method).needs_sigma_s(spec.zeta) else None
+    # (files written before the setting existed hold real-token rows)
+    if given_sigma is not None and given_sigma[1].get("tokens", "real") != spec.tokens:
+        raise ValueError(f"{spec.sigma_s} holds Σ_S of {given_sigma[1].get('tokens', 'real')} rows but this run's "
+                         f"penalty reads {spec.tokens} rows: compute it with `istar shrinkage --tokens {spec.tokens}`")
     step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps,
                      log_with=tracking.log_with, project_dir=tracking.project_dir)
     accelerator, task, model = step.accelerator, step.task, step.model
@@ -220,10 +228,12 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         resume_dir.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     num_hidden, hidden_size = model.config.num_hidden_layers + 1, model.config.hidden_size
-    layer_indices = resolve_layers(spec.penalty_layers, num_hidden)
+    # (the baseline penalises no layer)
+    layer_indices = resolve_layers(spec.penalty_layers, num_hidden) if spec.penalty_layers is not None else None
     set_seed(spec.seed, device_specific=True)
 
-    pad_multiple = 8 if step.precision.key != "no" else None
+    selection = get_token_selection(spec.tokens)
+    pad_multiple = 8 if step.precision.key != "no" and selection.pad_multiple else None
     eval_columns = step.columns("validation")
     train_features = step.features("train")
     eval_features = step.features("validation", columns=eval_columns, for_qa_eval=True)
@@ -341,7 +351,7 @@ def _loop(run: Run, stop: StopRequest, model, optimizer, scheduler, train_loader
                 continue
             progress.step += 1
             if progress.step % spec.log_every == 0:
-                row = _log_row(accelerator, sums, progress.step, epoch + 1, scheduler.get_last_lr()[0])
+                row = _log_row(accelerator, sums, progress.step, epoch + 1, scheduler.get_last_lr()[0], spec.tokens)
                 if accelerator.is_main_process:
                     _append_log(run.log_path, row)
                     run.tracking.log({f"train/{key}": row[key] for key in LOG_COLUMNS if key not in ("step", "epoch")},
@@ -374,14 +384,16 @@ def _sigma_pass(run: Run, model, train_features, epoch: int):
     from accelerate.data_loader import prepare_data_loader
 
     spec, accelerator = run.spec, run.step.accelerator
-    loader = run.step.loader(train_features, spec.eval_batch_size,
+    selection = get_token_selection(spec.tokens)
+    batch_size = spec.batch_size if selection.sigma_uses_training_batches else spec.eval_batch_size
+    loader = run.step.loader(train_features, batch_size,
                              sampler=EpochShuffleSampler(len(train_features), spec.seed + 7919 * (epoch + 1)))
     # even_batches=False: accelerate would otherwise repeat rows to even out the shards, and Σ_S
     # would count them twice.
     loader = prepare_data_loader(loader, accelerator.device, accelerator.num_processes, accelerator.process_index,
                                  put_on_device=True, even_batches=False)
     per_layer = accumulate_shrinkage(model, loader, spec.layers, spec.shrinkage_rows, accelerator,
-                                     description=f"Σ_S after {epoch} epoch(s)")
+                                     description=f"Σ_S after {epoch} epoch(s)", tokens=spec.tokens)
     indices = resolve_layers(spec.layers, len(per_layer))
     return per_layer, merge_layers(per_layer, indices), indices
 
@@ -407,7 +419,8 @@ def _track_sigma(run: Run, model, train_features, epochs_done: int, progress: Pr
     if accelerator.is_main_process:
         save_shrinkage(run.out / f"sigma_epoch{epochs_done}.pt", per_layer, indices, {
             "model": f"{run.step.model_name} fine-tuned for {epochs_done} epoch(s)", "layer_spec": spec.layers,
-            "epoch": epochs_done, "requested_rows": spec.shrinkage_rows, "num_processes": accelerator.num_processes})
+            "epoch": epochs_done, "requested_rows": spec.shrinkage_rows, "tokens": spec.tokens,
+            "num_processes": accelerator.num_processes})
     accelerator.print(f"Σ_S recomputed for epoch {epochs_done + 1}: {selection.count:,} rows")
     return sigma.to(accelerator.device)
 
@@ -422,14 +435,14 @@ def _add_to_sums(sums: dict, loss, task_loss, penalty: Penalty | None) -> None:
     sums["micro_batches"] = sums.get("micro_batches", 0) + 1
 
 
-def _log_row(accelerator, sums: dict, step: int, epoch: int, lr: float) -> dict:
+def _log_row(accelerator, sums: dict, step: int, epoch: int, lr: float, tokens: str) -> dict:
     """One train_log.csv row: micro-batch means, averaged over processes."""
-    keys = [k for k in ("loss", "task_loss", "penalty", "isoscore_star", "cosine_similarity") if k in sums]
+    keys = [k for k in ("loss", "task_loss", "penalty", "isoscore_star", "cosine_similarity", "penalty_rows") if k in sums]
     local = torch.tensor([sums[k] / sums["micro_batches"] for k in keys], device=accelerator.device)
     averaged = accelerator.reduce(local, reduction="mean").tolist() if accelerator.num_processes > 1 else local.tolist()
     row = {k: "" for k in LOG_COLUMNS}
     row.update(zip(keys, averaged))
-    row.update(step=step, epoch=epoch, lr=lr)
+    row.update(step=step, epoch=epoch, lr=lr, **({"penalty_tokens": tokens} if "penalty_rows" in sums else {}))
     return row
 
 
@@ -452,7 +465,7 @@ def _finish(run: Run, model, progress: Progress, seconds: float) -> dict:
     report = {
         "task": task.key, "model": step.model_name, "method": spec.method, "lam": spec.lam,
         "zeta": spec.zeta if method.takes("zeta") else None,
-        "layers": spec.layers if method.takes("layers") else None, "seed": spec.seed,
+        "layers": spec.layers if method.takes("layers") else None, "tokens": spec.tokens, "seed": spec.seed,
         "standin": step.standin, "standin_note": meta.get("standin_note"),
         "metric": task.metric, "final": final, "epochs": progress.history,
         "sigma_s_isoscore": progress.sigma_isoscore, "fingerprint": fingerprint,

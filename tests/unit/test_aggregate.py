@@ -25,13 +25,13 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 EXPECTED_RUNS_COLUMNS = [
-    "study", "model", "task", "method", "setting", "lam", "zeta", "layer", "batch_size", "epochs", "learning_rate",
-    "seed", "metric", "score", "accuracy", "f1", "exact_match", "matthews", "pearson", "spearman", "eval_loss",
+    "study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens", "batch_size", "epochs",
+    "learning_rate", "seed", "metric", "score", "accuracy", "f1", "exact_match", "matthews", "pearson", "spearman", "eval_loss",
     "standin", "isoscore_star", "isoscore", "cosine_similarity", "run_dir"]
-EXPECTED_LAYERS_COLUMNS = ["study", "model", "task", "method", "setting", "lam", "zeta", "layer", "seed",
+EXPECTED_LAYERS_COLUMNS = ["study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens", "seed",
                            "hidden_state", "isoscore_star", "isoscore", "twonn_cls", "cosine_similarity", "standin"]
-EXPECTED_DIMS_COLUMNS = ["study", "model", "task", "method", "setting", "lam", "zeta", "layer", "seed", "dim", "mean",
-                         "std"]
+EXPECTED_DIMS_COLUMNS = ["study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens", "seed", "dim",
+                         "mean", "std"]
 EXPECTED_SELECTION_COLUMNS = ["model", "task", "metric", "lam", "zeta", "batch_size", "epochs", "learning_rate",
                               "score", "score_std", "seeds", "standin"]
 

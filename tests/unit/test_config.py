@@ -249,7 +249,7 @@ def test_offline_hub_model_missing_from_the_cache_is_one_line_before_any_job(tmp
 
 def test_an_old_key_still_works_with_a_notice_naming_the_new_one(capsys):
     config = validate_config({"shrinkage": {"layers": [1, 2], "global_penalty": True}}, check_paths=False)
-    assert config["penalty"] == {"layers": [1, 2], "global_penalty": True}
+    assert config["penalty"] == {"layers": [1, 2], "global_penalty": True, "tokens": "real"}
     assert "layers" not in config["shrinkage"]
     notices = capsys.readouterr().err.strip().splitlines()
     assert notices == ["istar: config key 'shrinkage.layers' is deprecated; rename it to 'penalty.layers' (the old name "

@@ -80,8 +80,8 @@ def test_method_behaviour_comes_from_the_registry(monkeypatch):
 
     seen = {}
 
-    def norm_penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch):
-        seen.update(layers=layers, zeta=zeta, global_batch=global_batch)
+    def norm_penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch, tokens):
+        seen.update(layers=layers, zeta=zeta, global_batch=global_batch, tokens=tokens)
         return Penalty(term=lam * hidden_states[-1].pow(2).mean())
 
     shrinking = Method("l2shrink", "L2", "#000000", ("lam", "zeta", "sigma_s"), 0.5, penalty=norm_penalty,
@@ -94,7 +94,7 @@ def test_method_behaviour_comes_from_the_registry(monkeypatch):
         dataclasses.replace(spec, sigma_s=None).validate()
     hidden = (torch.ones(2, 3, 4), torch.full((2, 3, 4), 2.0))
     penalty = compute_penalty(spec, hidden, torch.ones(2, 3), sigma_s=None, distributed=False)
-    assert float(penalty.term) == pytest.approx(0.5 * 4.0) and seen["zeta"] == 0.3
+    assert float(penalty.term) == pytest.approx(0.5 * 4.0) and seen["zeta"] == 0.3 and seen["tokens"] == "real"
     assert needs_sigma(Setting("l2shrink", lam=0.5, zeta=0.3)) and not needs_sigma(Setting("l2shrink", lam=0.5, zeta=0.0))
     baseline = dataclasses.replace(spec, method="base", lam=0.0, zeta=0.0, sigma_s=None)
     assert compute_penalty(baseline, hidden, torch.ones(2, 3), None, False) is None
@@ -107,7 +107,7 @@ def test_method_behaviour_comes_from_the_registry(monkeypatch):
 def test_figure_registry_covers_every_study_of_the_schema():
     studies = _schema()["properties"]["studies"]["properties"]
     assert set(STUDY_FIGURES) == set(studies) == {"stability", *STUDIES}
-    assert FIGURE_NAMES == (*(f"fig{i}" for i in range(2, 9)), "sigma_epochs", *PROFILE_FIGURES)
+    assert FIGURE_NAMES == (*(f"fig{i}" for i in range(2, 9)), "padding", "sigma_epochs", *PROFILE_FIGURES)
     for spec in FIGURES.values():
         assert callable(getattr(importlib.import_module(spec.module), spec.name)), spec.name
     assert figure_csv("fig4", "agg").as_posix() == "agg/dims.csv"
@@ -120,6 +120,32 @@ def test_figure_registry_covers_every_study_of_the_schema():
     assert enabled_figures(config) == ["fig2", "fig5", "sigma_epochs", *PROFILE_FIGURES] and len(PROFILE_FIGURES) == 6
     with pytest.raises(ValueError, match="unknown figure 'fig9'"):
         get_figure("fig9")
+
+
+def test_table_registry_follows_the_study_switches():
+    from istar.report.table_specs import TABLES, enabled_tables, get_table
+
+    studies = {study: {"enabled": False} for study in _schema()["properties"]["studies"]["properties"]}
+    assert enabled_tables({"studies": studies}) == ["table1", "table2"]
+    studies["padding"]["enabled"] = True
+    assert enabled_tables({"studies": studies}) == ["table1", "table2", "padding"]
+    for spec in TABLES.values():
+        module, function = spec.builder.split(":")
+        assert callable(getattr(importlib.import_module(module), function)), spec.name
+    with pytest.raises(ValueError, match="unknown table 'table3'"):
+        get_table("table3")
+
+
+def test_token_selection_registry():
+    from istar.core.tokens import TOKEN_SELECTION_NAMES, TOKEN_SELECTIONS, get_token_selection
+
+    assert TOKEN_SELECTION_NAMES[0] == "real" and TOKEN_SELECTIONS["real"].suffix == ""  # old paths stay
+    assert len({s.suffix for s in TOKEN_SELECTIONS.values()}) == len(TOKEN_SELECTIONS)
+    assert _schema()["properties"]["penalty"]["properties"]["tokens"]["enum"] == list(TOKEN_SELECTION_NAMES)
+    assert get_method("cosreg").takes("tokens") and get_method("istar").takes("tokens")
+    assert not get_method("base").takes("tokens")
+    with pytest.raises(ValueError, match="unknown token selection 'pad'"):
+        get_token_selection("pad")
 
 
 def test_stability_csv_round_trips_exactly_and_draws(tmp_path):

@@ -1,5 +1,6 @@
 """Tests of istar.core.regularizers: the I-STAR and CosReg penalties on model hidden states."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -107,5 +108,50 @@ def test_penalties_on_a_real_model(tiny_bert):
 
 def test_cosreg_needs_two_tokens():
     states = random_hidden_states()
-    with pytest.raises(ValueError, match="at least 2 real tokens"):
+    with pytest.raises(ValueError, match="at least 2 token rows"):
         cosreg_penalty(states, padded_mask([1, 0, 0]))
+
+
+def numpy_isoscore_star(rows: np.ndarray, zeta: float, sigma_s: np.ndarray) -> float:
+    """IsoScore* from NumPy's covariance of the rows and eigenvalues (docs/method.md §1–2), independently of istar."""
+    shrunk = (1 - zeta) * np.cov(rows.T) + zeta * sigma_s
+    eig = np.linalg.eigvalsh(shrunk)
+    d = len(eig)
+    normalised = np.sqrt(d) * eig / np.linalg.norm(eig)
+    delta = np.linalg.norm(normalised - 1) / np.sqrt(2 * (d - np.sqrt(d)))
+    phi = (d - delta**2 * (d - np.sqrt(d))) ** 2 / d**2
+    return (d * phi - 1) / (d - 1)
+
+
+@pytest.mark.parametrize("tokens", ["real", "all_positions"])
+def test_penalty_rows_are_numpy_covariance_over_the_selected_positions(tokens):
+    """all_positions: every (b, t) of the padded batch, padding included; real: the masked ones only."""
+    states = random_hidden_states(num_layers=3, batch=4, length=9, dim=6, seed=11)
+    mask = padded_mask([9, 2, 5, 7], length=9)
+    sigma_s = np.cov(np.random.default_rng(0).normal(size=(400, 6)).T)
+    layered = np.stack([s.detach().numpy() for s in states[1:]])  # (L, B, T, d)
+    chosen = mask.numpy().astype(bool) if tokens == "real" else np.ones(mask.shape, dtype=bool)
+    expected_rows = layered[:, chosen].reshape(-1, 6)  # (L · M, d)
+    assert expected_rows.shape[0] == 3 * (23 if tokens == "real" else 36)
+
+    rows = token_rows(states, mask, "all", tokens)
+    np.testing.assert_allclose(np.cov(rows.detach().numpy().T), np.cov(expected_rows.T), rtol=1e-12)
+    penalty = istar_penalty(states, mask, lam=-1.0, zeta=0.4, sigma_s=torch.from_numpy(sigma_s), tokens=tokens)
+    assert penalty.logs["isoscore_star"].item() == pytest.approx(numpy_isoscore_star(expected_rows, 0.4, sigma_s),
+                                                                 rel=1e-9)
+    assert penalty.logs["penalty_rows"].item() == expected_rows.shape[0]
+    penalty.term.backward()
+    padding = ~mask.bool()
+    # padded positions get a gradient exactly when they are rows
+    assert all(bool((s.grad[padding] != 0).any()) == (tokens == "all_positions") for s in states[1:])
+
+    last = layered[-1][chosen]
+    cos = cosreg_penalty(states, mask, lam=1.0, tokens=tokens)
+    assert cos.term.item() == pytest.approx(cosreg_double_loop(torch.from_numpy(last), 1.0), rel=1e-5)  # float32 sums
+    assert cos.logs["penalty_rows"].item() == last.shape[0]
+
+
+def test_unknown_token_selection_is_named():
+    states = random_hidden_states()
+    with pytest.raises(ValueError, match="unknown token selection 'pads'.*real, all_positions"):
+        token_rows(states, padded_mask([7, 3, 1]), "all", "pads")

@@ -195,3 +195,29 @@ def test_cli_writes_three_files(tmp_path):
     result = subprocess.run([sys.executable, "-m", "istar", "table", "table1", "--runs", str(tmp_path / "nope.csv")],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "nope.csv does not exist" in result.stderr
+
+
+def test_padding_table_and_figure_from_runs():
+    """Rows model × (Base, I-STAR real tokens, I-STAR all positions); per task score ×100 and real-token IsoScore*,
+    mean ± std over seeds; the figure has one point per variant."""
+    from istar.report.padding_study import padding, padding_table
+
+    rows = []
+    for seed, (base, real, allpos) in enumerate([(0.60, 0.62, 0.58), (0.64, 0.66, 0.60)]):
+        for method, setting, tokens, score, iso in (("base", "base", "real", base, 0.30),
+                                                     ("istar", "istar_lam-1_zeta0.2", "real", real, 0.10 + seed / 100),
+                                                     ("istar", "istar_lam-1_zeta0.2_allpos", "all_positions", allpos, 0.25)):
+            rows.append({"study": "padding", "model": "m", "task": "rte", "method": method, "setting": setting,
+                         "lam": 0.0 if method == "base" else -1.0, "zeta": None if method == "base" else 0.2,
+                         "tokens": tokens, "seed": seed, "score": score, "isoscore_star": iso, "standin": False})
+    runs = pd.DataFrame(rows + [{**rows[0], "study": "final"}])
+    table = padding_table(runs)
+    assert table.index == [["m", "Base"], ["m", "I-STAR, real tokens"], ["m", "I-STAR, all positions"]]
+    assert table.columns == ["RTE score", "RTE IsoScore*"]
+    assert table.cells[0] == ["62.0 ± 2.8", "0.300 ± 0.000"]
+    assert table.cells[1] == ["64.0 ± 2.8", "0.105 ± 0.007"]
+    assert table.cells[2][0] == "59.0 ± 1.4" and "2 seeds" in table.caption and "λ = -1, ζ = 0.2" in table.footnotes[0]
+    fig = padding(runs)
+    assert len(fig.axes[0].containers) == 3
+    with pytest.raises(ValueError, match="enable studies.padding"):
+        padding_table(runs[runs["study"] == "final"])

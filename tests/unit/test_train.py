@@ -342,3 +342,77 @@ def test_non_finite_settings_are_rejected(tiny_model_dir, prepared, tmp_path):
         result = istar_cli("train", "--model", tiny_model_dir, "--data", prepared("rte"), "--out", tmp_path / "run",
                            "--method", "cosreg", option, value)
         assert result.returncode == 2 and "must be a finite number" in result.stderr, (option, result.stderr[-500:])
+
+
+def test_all_positions_shrinkage_is_numpy_covariance_over_every_padded_position(tiny_model_dir, prepared, tmp_path):
+    """Σ_S over all positions: batches in the step's seeded order, each padded to its own longest sequence
+    (as the reference's collator pads), every position a row; the real-token Σ_S of the same batches
+    keeps only the masked ones."""
+    import numpy as np
+
+    from istar.data import read_split
+    from istar.data.encoding import EpochShuffleSampler
+    from istar.models.loading import load_model, load_tokenizer
+    from istar.registry.tasks import get_task
+
+    data, batch_size, layers = prepared("rte"), 8, [1, 2]
+    frame = read_split(data, "train")
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    model = load_model(str(tiny_model_dir), get_task("rte")).eval()
+    order = list(EpochShuffleSampler(len(frame), 0))
+    expected = {"real": [], "all_positions": []}
+    for start in range(0, len(order), batch_size):
+        chunk = frame.iloc[order[start:start + batch_size]]
+        batch = tokenizer(list(chunk["text_a"]), list(chunk["text_b"]), truncation=True, max_length=128,
+                          padding="longest", return_tensors="pt")
+        with torch.no_grad():
+            states = model(**batch, output_hidden_states=True).hidden_states
+        mask = batch["attention_mask"].bool().numpy()
+        for i in layers:
+            vectors = states[i].double().numpy()
+            expected["real"].append(vectors[mask])
+            expected["all_positions"].append(vectors.reshape(-1, vectors.shape[-1]))
+    padded = sum(len(rows) for rows in expected["all_positions"])
+    assert padded > sum(len(rows) for rows in expected["real"])  # the batches hold padding
+    for tokens, rows in expected.items():
+        out = tmp_path / f"{tokens}.pt"
+        compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(data), out=str(out), layers=layers,
+                                             tokens=tokens, rows=10**9, batch_size=batch_size))
+        rows = np.concatenate(rows)
+        sigma, provenance = load_shrinkage(out)
+        assert provenance["tokens"] == tokens and provenance["rows"] == rows.shape[0]
+        np.testing.assert_allclose(sigma.numpy(), np.cov(rows.T), rtol=1e-4, atol=1e-6)
+
+
+def test_all_positions_run_logs_its_rows_and_refuses_a_real_token_sigma(tiny_model_dir, prepared, sigma, tmp_path):
+    data = prepared("rte")
+    common = dict(model=str(tiny_model_dir), data_dir=str(data), method="istar", lam=-1.0, zeta=0.2, epochs=2,
+                  batch_size=16, shrinkage_rows=2000, learning_rate=1e-4, tokens="all_positions")
+    with pytest.raises(ValueError, match="holds Σ_S of real rows.*istar shrinkage --tokens all_positions"):
+        train(TrainSpec(**common, output_dir=str(tmp_path / "wrong"), sigma_s=str(sigma("rte"))))
+    allpos = tmp_path / "sigma_allpos.pt"
+    compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(data), out=str(allpos),
+                                         tokens="all_positions", rows=3000, batch_size=16))
+    out = tmp_path / "run"
+    report = train(TrainSpec(**common, output_dir=str(out), sigma_s=str(allpos)))
+    assert report["tokens"] == "all_positions"
+    assert json.loads((out / "run_config.json").read_text())["tokens"] == "all_positions"
+    log = read_log(out / "train_log.csv")
+    assert {row["penalty_tokens"] for row in log} == {"all_positions"}
+    # per step: every position of the batch padded to its longest sequence (no multiple of 8), in each of the 2 layers
+    from istar.data import read_split
+    from istar.data.encoding import EpochShuffleSampler
+    from istar.models.loading import load_tokenizer
+
+    frame, tokenizer = read_split(data, "train"), load_tokenizer(str(tiny_model_dir))
+    lengths = [len(ids) for ids in tokenizer(list(frame["text_a"]), list(frame["text_b"]), truncation=True,
+                                            max_length=128)["input_ids"]]
+    expected = []
+    for epoch in range(2):
+        sampler = EpochShuffleSampler(len(frame), 0)
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        expected += [2 * len(order[i:i + 16]) * max(lengths[j] for j in order[i:i + 16]) for i in range(0, len(order), 16)]
+    assert [float(row["penalty_rows"]) for row in log] == expected
+    _, provenance = load_shrinkage(out / "sigma_epoch1.pt")
+    assert provenance["tokens"] == "all_positions" and provenance["epoch"] == 1

@@ -12,9 +12,11 @@ import yaml
 from workflow_helpers import ENV, REPO, clean_clone, planned_jobs, save_tiny_model, snakemake, write_project
 
 PAPER_JOBS = {
-    "prepare_data": 9, "shrinkage": 27, "train_search": 648, "select": 27,
+    # Σ_S over real tokens (the measurements) and over every padded position (the runs: penalty.tokens)
+    "prepare_data": 9, "shrinkage": 27, "shrinkage_all_positions": 27, "train_search": 648, "select": 27,
     # final base + CosReg: 27 × 2 × 5 seeds; Fig. 3 λ sweep: 27 × 7 λ × 5; Fig. 4 CosReg λ = −1 on QNLI: 3 × 5
-    # (Figs. 5 and 6 reuse runs of the λ sweep; the final I-STAR runs and Figs. 7 and 8 wait for the selection)
+    # (Figs. 5 and 6 reuse runs of the λ sweep; the final I-STAR runs, Figs. 7 and 8 and the padding
+    # study wait for the selection)
     "train": 270 + 945 + 15,
     # one measure job per setting (every study uses the five final seeds): final 27 × 2, λ sweep 27 × 7,
     # Fig. 4's CosReg λ = −1 3 × 1 (Figs. 5 and 6 measure settings of the λ sweep and the base)
@@ -68,7 +70,7 @@ def test_tiny_workflow_produces_every_output(tiny_project):
     results = tiny_project / "results"
     runs = pd.read_csv(results / "aggregate" / "runs.csv")
     assert set(runs["study"]) == {"search", "final", "lambda_sweep", "cosreg_means", "twonn", "layerwise",
-                                  "zeta_sweep", "single_layer"}
+                                  "zeta_sweep", "single_layer", "padding"}
     assert runs["score"].between(0, 1).all()
     analysed = runs[runs["study"] != "search"]
     assert analysed["isoscore_star"].between(0, 1).all() and analysed["cosine_similarity"].between(-1, 1).all()
@@ -93,13 +95,13 @@ def test_tiny_workflow_produces_every_output(tiny_project):
     assert not list(results.rglob("activations*.safetensors"))
     layers = pd.read_csv(results / "aggregate" / "layers.csv")
     assert set(layers["hidden_state"]) == {0, 1, 2}
-    for name in ("table1", "table2"):
+    for name in ("table1", "table2", "padding"):
         for ext in ("csv", "md", "tex"):
             assert (results / "tables" / f"{name}.{ext}").stat().st_size > 0
     epochs = pd.read_csv(results / "aggregate" / "epochs.csv")
     assert sorted(epochs["setting"].unique()) == sorted(final["setting"]) and set(epochs["epoch"]) == {0, 1, 2}
     assert epochs["sigma_s_isoscore"].between(0, 1).all()
-    for figure in ("fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8", "sigma_epochs"):
+    for figure in ("fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8", "padding", "sigma_epochs"):
         for ext in ("png", "pdf"):
             assert (results / "figures" / f"{figure}.{ext}").stat().st_size > 1000
     report = (results / "report.html").read_text(errors="replace")
@@ -125,7 +127,7 @@ def test_changing_one_lambda_reruns_only_what_depends_on_it(tiny_project, tmp_pa
     result = snakemake(tiny_project, "-n", configfile=changed)
     assert result.returncode == 0, result.stderr[-3000:]
     assert planned_jobs(result.stdout) == {
-        "train": 1, "measure": 1, "aggregate": 1, "table": 2, "figure": 7,
+        "train": 1, "measure": 1, "aggregate": 1, "table": 3, "figure": 8,
         "run_config": 1, "report": 1, "all": 1}
     assert "results/runs/tiny/rte/istar_lam3_zeta0.2/seed0/metrics.json" in result.stdout
     # and really run them: the inputs the finished jobs left (prepared data, Σ_S, pins) pass the
@@ -133,6 +135,47 @@ def test_changing_one_lambda_reruns_only_what_depends_on_it(tiny_project, tmp_pa
     rerun = snakemake(tiny_project, "--cores", "2", configfile=changed)
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     assert planned_jobs(snakemake(tiny_project, "-n", configfile=changed).stdout) == {}
+
+
+def test_padding_study_compares_the_token_selections_at_the_selected_setting(tiny_project):
+    results = tiny_project / "results"
+    best = json.loads((results / "selection" / "tiny" / "rte" / "best.json").read_text())
+    runs = pd.read_csv(results / "aggregate" / "runs.csv")
+    padding = runs[runs["study"] == "padding"]
+    istar = f"istar_lam{best['lam']:g}_zeta0.2"
+    assert sorted(zip(padding["setting"], padding["tokens"])) == [
+        ("base", "real"), (istar, "real"), (f"{istar}_allpos", "all_positions")]
+    assert padding["isoscore_star"].between(0, 1).all()
+    allpos = tiny_project / padding.loc[padding["tokens"] == "all_positions", "run_dir"].item()
+    assert json.loads((allpos / "run_config.json").read_text())["tokens"] == "all_positions"
+    assert json.loads((allpos / "run_config.json").read_text())["sigma_s"].endswith("sigma0_allpos.pt")
+    assert set(pd.read_csv(allpos / "train_log.csv")["penalty_tokens"]) == {"all_positions"}
+    sigma = json.loads((tiny_project / "resources" / "shrinkage" / "tiny" / "rte" / "sigma0_allpos.json").read_text())
+    assert sigma["tokens"] == "all_positions" and sigma["batch_size"] == 16  # the training batch size
+    table = (results / "tables" / "padding.md").read_text()
+    assert "I-STAR, all positions" in table and "I-STAR, real tokens" in table and "RTE IsoScore" in table
+
+
+def test_changing_the_token_selection_reruns_exactly_the_penalised_runs(tiny_project, tmp_path):
+    """penalty.tokens: all_positions renames every CosReg and I-STAR setting (…_allpos): the search reruns
+    and so does the selection; the data, both Σ_S files, the baseline and the padding study's runs (which
+    name their token selection themselves) stay. Before the new selection exists the plan holds the
+    runs that do not depend on it: CosReg λ = ±1 (final and Fig. 4) and the λ sweep's I-STAR runs,
+    but not the one the padding study already trained on all positions."""
+    best = json.loads((tiny_project / "results" / "selection" / "tiny" / "rte" / "best.json").read_text())
+    config = yaml.safe_load((tiny_project / "config.yaml").read_text())
+    config.setdefault("penalty", {})["tokens"] = "all_positions"
+    changed = tmp_path / "tokens.yaml"
+    changed.write_text(yaml.safe_dump(config))
+    result = snakemake(tiny_project, "-n", configfile=changed)
+    assert result.returncode == 0, result.stderr[-3000:]
+    planned = {line.split("results/runs/tiny/rte/")[1].split("/")[0] for line in result.stdout.splitlines()
+               if line.strip().startswith("output:") and "results/runs/tiny/rte/" in line}
+    assert planned == {"cosreg_lam1_allpos", "cosreg_lam-1_allpos"} | {
+        f"istar_lam{lam:g}_zeta0.2_allpos" for lam in (-1, 1) if lam != best["lam"]}
+    assert planned_jobs(result.stdout) == {
+        "train_search": 2, "select": 1, "train": 3, "measure": 3, "aggregate": 1, "table": 3, "figure": 8,
+        "run_config": 1, "report": 1, "all": 1}
 
 
 def run_in_clone(clone: Path, *args: str, timeout: int = 1800):

@@ -16,6 +16,7 @@ from istar.report.figures import (
     PROJECTIONS_CSV,
     enabled_figures,
 )
+from istar.report.table_specs import TABLE_NAMES, enabled_tables
 from istar.config.layout import (
     AGGREGATE,
     DATA,
@@ -26,9 +27,11 @@ from istar.config.layout import (
     SEARCH_RUN,
     SELECTION,
     SIGMA,
+    SIGMA_ALL_POSITIONS,
     WILDCARD_CONSTRAINTS,
     Setting,
     seeds_token,
+    sigma_template,
 )
 from istar.pipeline.plan import (
     final_settings,
@@ -95,13 +98,16 @@ def model_source(wildcards):
     return MODEL_PIN.format(model=wildcards.model)
 
 
+def sigma_path(wildcards, setting: Setting) -> str:
+    """The pretrained Σ_S over the rows the setting's penalty reads."""
+    return sigma_template(setting.tokens).format(
+        model=wildcards.model, task=wildcards.task
+    )
+
+
 def sigma_input(wildcards):
     setting = Setting.parse(wildcards.setting)
-    return (
-        SIGMA.format(model=wildcards.model, task=wildcards.task)
-        if needs_sigma(setting)
-        else []
-    )
+    return sigma_path(wildcards, setting) if needs_sigma(setting) else []
 
 
 # Each step gets its whole spec as one JSON argument (istar.pipeline.plan builds it from the config);
@@ -110,16 +116,16 @@ def sigma_input(wildcards):
 
 def train_spec_json(run_pattern):
     def spec(wildcards):
-        sigma = SIGMA.format(model=wildcards.model, task=wildcards.task)
+        setting = Setting.parse(wildcards.setting)
         return train_spec(
             config,
             model=model_source(wildcards),
             task=wildcards.task,
-            setting=Setting.parse(wildcards.setting),
+            setting=setting,
             seed=int(wildcards.seed),
             data_dir=DATA.format(task=wildcards.task),
             output_dir=run_pattern.format(**wildcards),
-            sigma_s=sigma,
+            sigma_s=sigma_path(wildcards, setting),
         ).to_json()
 
     return spec
@@ -135,14 +141,18 @@ def prepare_data_sources(wildcards):
     return prepare_data_inputs(config, wildcards.task)
 
 
-def shrinkage_spec_json(wildcards, output):
-    return shrinkage_spec(
-        config,
-        model=model_source(wildcards),
-        task=wildcards.task,
-        data_dir=DATA.format(task=wildcards.task),
-        out=output.sigma,
-    ).to_json()
+def shrinkage_spec_json(tokens):
+    def spec(wildcards, output):
+        return shrinkage_spec(
+            config,
+            model=model_source(wildcards),
+            task=wildcards.task,
+            data_dir=DATA.format(task=wildcards.task),
+            out=output.sigma,
+            tokens=tokens,
+        ).to_json()
+
+    return spec
 
 
 def measures_file(model, task, study, setting: Setting) -> str:
@@ -300,7 +310,9 @@ def aggregate_inputs(wildcards):
 
 
 TABLES = expand(
-    "results/tables/{table}.{ext}", table=["table1", "table2"], ext=["csv", "md", "tex"]
+    "results/tables/{table}.{ext}",
+    table=enabled_tables(config),
+    ext=["csv", "md", "tex"],
 )
 FIGURES = expand(
     "results/figures/{figure}.{ext}", figure=enabled_figures(config), ext=["png", "pdf"]

@@ -22,7 +22,7 @@ rule table:
     benchmark:
         "benchmarks/table/{table}.tsv"
     wildcard_constraints:
-        table="table1|table2",
+        table="|".join(TABLE_NAMES),
     conda:
         "../../envs/report.yaml"
     shell:

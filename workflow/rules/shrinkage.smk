@@ -17,7 +17,21 @@ rule shrinkage:
         mem_mb=TRAINING["mem_mb"],
         runtime=60,
     params:
-        spec=shrinkage_spec_json,
+        spec=shrinkage_spec_json("real"),
     shell:
         "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision no -- "
         "shrinkage --spec {params.spec:q} > {log} 2>&1"
+
+
+# Σ_S over every position of padded batches, for the runs whose penalty reads them
+# (penalty.tokens: all_positions, or the padding study).
+use rule shrinkage as shrinkage_all_positions with:
+    output:
+        sigma=SIGMA_ALL_POSITIONS,
+        provenance=SIGMA_ALL_POSITIONS.replace(".pt", ".json"),
+    log:
+        "logs/shrinkage/{model}/{task}_allpos.log",
+    benchmark:
+        "benchmarks/shrinkage/{model}/{task}_allpos.tsv"
+    params:
+        spec=shrinkage_spec_json("all_positions"),

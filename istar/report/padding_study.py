@@ -1,0 +1,152 @@
+"""The padding study's table and figure: does I-STAR's effect depend on padded positions?
+
+The study (config ``studies.padding``, :func:`istar.pipeline.plan.study_settings`) trains, per model ×
+task and over the same seeds, the baseline and I-STAR at one λ and ζ twice: with the penalty
+and Σ_S over the real tokens, and over every position of batches padded to their longest
+sequence, as the authors' code does (``penalty.tokens``, docs/method.md §7). Both read
+``runs.csv`` rows with ``study == "padding"``:
+
+- ``score``: the task's headline metric of the final model (×100 where it is a fraction);
+- ``isoscore_star``: the global IsoScore* of the final model's *real* tokens on the validation
+  split (the measurement analyses real tokens whatever the run trained on, so the three
+  variants are compared on the same rows), at the analysis's ζ.
+
+Cells and points are means over seeds with the standard deviation (ddof = 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from istar.report import figure_parts as parts
+from istar.core.tokens import TOKEN_SELECTIONS
+from istar.registry.methods import METHODS
+from istar.report.table_render import Table
+from istar.registry.tasks import get_task, ordered_tasks
+
+__all__ = ["padding_rows", "variant_label", "padding_table", "padding"]
+
+COLUMNS = ("study", "model", "task", "method", "lam", "zeta", "tokens", "seed", "score", "isoscore_star", "standin")
+
+
+def variant_label(method: str, tokens: str) -> str:
+    """``Base``, ``I-STAR, real tokens``, ``I-STAR, all positions``."""
+    label = METHODS[method].label
+    return f"{label}, {TOKEN_SELECTIONS[tokens].label}" if METHODS[method].takes("tokens") else label
+
+
+def padding_rows(runs: pd.DataFrame) -> pd.DataFrame:
+    """The padding study's rows with ``variant`` (see :func:`variant_label`) and ``performance`` (×100)."""
+    rows = parts.with_performance(parts.study_rows(runs, "padding", "runs.csv", "score", COLUMNS))
+    variants = [variant_label(m, t) for m, t in zip(rows["method"], rows["tokens"])]
+    return rows.assign(variant=variants)
+
+
+def _order(rows: pd.DataFrame) -> list[str]:
+    """Variants in registry order: methods, then token selections."""
+    order = [variant_label(m, t) for m in METHODS for t in TOKEN_SELECTIONS]
+    return [v for v in dict.fromkeys(order) if v in set(rows["variant"])]
+
+
+def _cell(values: pd.Series, scale: float = 1.0, digits: int = 1) -> str:
+    values = values.dropna().astype(float) * scale
+    if values.empty:
+        return "–"
+    if len(values) == 1:
+        return f"{values.iloc[0]:.{digits}f}"
+    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
+
+
+def padding_table(runs: pd.DataFrame) -> Table:
+    """The padding study as a table: rows model × variant, per task the score and the real-token IsoScore*.
+
+    Parameters
+    ----------
+    runs : ``runs.csv`` of ``istar aggregate`` (rows with ``study == "padding"``).
+
+    Returns
+    -------
+    Table with columns ``{task} score`` (×100, one decimal) and ``{task} IsoScore*`` (three
+    decimals) per task, cells ``mean ± std`` over seeds (a single seed: the value alone); the
+    λ | ζ of each model × task in a footnote.
+    """
+    rows = padding_rows(runs)
+    tasks = ordered_tasks(rows["task"])
+    models = list(dict.fromkeys(rows["model"]))
+    index, cells = [], []
+    for model in models:
+        block = rows[rows["model"] == model]
+        for variant in _order(block):
+            mine = block[block["variant"] == variant]
+            row = []
+            for task in tasks:
+                cell = mine[mine["task"] == task]
+                row += [_cell(cell["performance"]), _cell(cell["isoscore_star"], digits=3)]
+            index.append([model, variant])
+            cells.append(row)
+    standin = rows.groupby("task")["standin"].agg(lambda v: bool(v.astype(str).str.lower().isin(["true", "1"]).any()))
+    settings = []
+    istar = rows[rows["method"] == "istar"]
+    for (model, task), group in istar.groupby(["model", "task"], sort=False):
+        settings.append(f"{model} on {get_task(task).display}: λ = {group['lam'].iloc[0]:g}, ζ = {group['zeta'].iloc[0]:g}")
+    counts = sorted(set(rows.groupby(["model", "task", "variant"])["seed"].nunique()))
+    seeds = f"{'–'.join(map(str, counts))} seed{'s' if counts != [1] else ''}"
+    columns = [f"{get_task(t).display} {q}" for t in tasks for q in ("score", "IsoScore*")]
+    return Table(
+        name="padding",
+        caption="Padding study: the baseline and I-STAR with the penalty and Σ_S over real tokens or over every "
+                f"padded position; the final model's score and real-token IsoScore* ({seeds}).",
+        index_names=["Model", "Method"],
+        index=index,
+        columns=columns,
+        standin=[bool(standin.get(t, False)) for t in tasks for _ in range(2)],
+        cells=cells,
+        best=[[False] * len(columns) for _ in cells],
+        footnotes=["Score: the headline metric ×100 (SQuAD F1 as is); IsoScore*: global IsoScore* of the final "
+                   "model's real tokens on the validation split (analysis ζ). Mean ± standard deviation (ddof = 1) "
+                   "over seeds. " + "; ".join(settings) + "."],
+    )
+
+
+def padding(runs: pd.DataFrame, analysis_zeta: float = 0.2) -> Figure:
+    """The padding figure: real-token IsoScore* (x) against performance (y), one point per variant.
+
+    Parameters
+    ----------
+    runs : ``runs.csv``; rows with ``study == "padding"`` and an ``isoscore_star`` value.
+    analysis_zeta : ζ of the analysis's IsoScore* (axis label).
+
+    Returns
+    -------
+    Figure with one panel per model × task; per variant one point with error bars (std over
+    seeds) both ways, coloured by method, marked by token selection.
+    """
+    rows = padding_rows(runs).dropna(subset=["isoscore_star"])
+    if rows.empty:
+        raise ValueError("the padding study's rows in runs.csv have no isoscore_star: measure its runs "
+                         "(the workflow's measure jobs) before `istar aggregate`")
+    summary = parts.summary(rows, ["model", "task", "variant", "method", "tokens"], ["isoscore_star", "performance"])
+    fig, axes = parts.panels(rows)
+    for (model, task), ax in axes.items():
+        panel = summary[(summary["model"] == model) & (summary["task"] == task)]
+        for variant in _order(panel):
+            point = panel[panel["variant"] == variant]
+            method, tokens = point["method"].iloc[0], point["tokens"].iloc[0]
+            ax.errorbar(point["isoscore_star_mean"], point["performance_mean"],
+                        xerr=parts.yerr(point["isoscore_star_std"]), yerr=parts.yerr(point["performance_std"]),
+                        fmt=TOKEN_SELECTIONS[tokens].marker if METHODS[method].takes("tokens") else "o",
+                        markersize=6, capsize=2, color=METHODS[method].colour,
+                        markerfacecolor="white" if not TOKEN_SELECTIONS[tokens].masked else METHODS[method].colour,
+                        label=variant)
+        ax.set_xlabel(f"IsoScore* of real tokens (ζ = {analysis_zeta:g})")
+        ax.set_ylabel(parts.PERFORMANCE_LABELS[get_task(task).metric])
+        lam = panel.merge(rows[["model", "task", "variant", "lam", "zeta"]], on=["model", "task", "variant"])
+        istar = lam[lam["method"] == "istar"]
+        if not istar.empty and not math.isnan(float(istar["zeta"].iloc[0])):
+            ax.set_title(f"{ax.get_title()} (λ = {istar['lam'].iloc[0]:g}, ζ = {istar['zeta'].iloc[0]:g})",
+                         fontsize="medium")
+    parts.figure_legend(fig, axes.values())
+    return fig

@@ -1,0 +1,64 @@
+"""The tables the workflow writes: one registry of what each reads, which switch draws it, and who builds it.
+
+Like :mod:`istar.report.figures`, the workflow imports this module to list its targets, so it imports
+neither pandas nor matplotlib: the building function is looked up when a table is built
+(``istar table NAME``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+__all__ = ["TableSpec", "TABLES", "TABLE_NAMES", "get_table", "enabled_tables", "build"]
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table: ``name`` (the stem of its files, ``results/tables/{name}.{csv,md,tex}``), ``switch``
+    (the config section whose ``enabled`` key asks for it; None: always), ``data`` (the aggregate
+    CSV it reads, ``runs`` or ``selection``) and ``builder`` (``module:function`` returning a
+    :class:`istar.report.table_render.Table` from that CSV's DataFrame)."""
+
+    name: str
+    switch: str | None
+    data: str
+    builder: str
+
+    def enabled(self, config: dict) -> bool:
+        if self.switch is None:
+            return True
+        section = config
+        for key in self.switch.split("."):
+            section = section[key]
+        return bool(section["enabled"])
+
+
+TABLES: dict[str, TableSpec] = {
+    spec.name: spec
+    for spec in (
+        TableSpec("table1", None, "runs", "istar.report.tables:table1"),
+        TableSpec("table2", None, "selection", "istar.report.tables:table2"),
+        TableSpec("padding", "studies.padding", "runs", "istar.report.padding_study:padding_table"),
+    )
+}
+
+TABLE_NAMES: tuple[str, ...] = tuple(TABLES)
+
+
+def get_table(name: str) -> TableSpec:
+    try:
+        return TABLES[name]
+    except KeyError:
+        raise ValueError(f"unknown table {name!r}; known tables: {', '.join(TABLES)}") from None
+
+
+def enabled_tables(config: dict) -> list[str]:
+    """Names of the tables a validated config asks for, in registry order."""
+    return [spec.name for spec in TABLES.values() if spec.enabled(config)]
+
+
+def build(name: str, frame):
+    """Build table ``name`` from the DataFrame of its CSV."""
+    module, function = get_table(name).builder.split(":")
+    return getattr(importlib.import_module(module), function)(frame)
