@@ -264,7 +264,9 @@ class Tracking:
         What ``accelerator.log`` does, tracker by tracker, so that one failing tracker does
         not keep the others from their points.
         """
-        values = {key: float(value) for key, value in values.items() if value not in ("", None)}
+        # numbers only: a log row also holds empty cells and text (which tokens the penalty read)
+        values = {key: float(value) for key, value in values.items()
+                  if isinstance(value, (int, float)) and not isinstance(value, bool)}
         for name in self.trackers:
             new = {key: value for key, value in values.items() if step > self.logged[name].get(key, -1)}
             if new:
