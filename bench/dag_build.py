@@ -3,7 +3,7 @@ the cost of starting Python and of importing torch, measured in one run.
 
     python -m bench.dag_build [--repeats 3]
 
-Building the DAG imports ``istar.config``, ``istar.plan`` (and the step specs, registries and
+Building the DAG imports ``istar.pipeline.validate``, ``istar.pipeline.plan`` (and the step specs, registries and
 data-layout helpers they read) but never torch or transformers: each probe below runs in a
 fresh process, and the dry run's own imports are checked for torch.
 """

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from istar.shrinkage import load_shrinkage
+from istar.steps.shrinkage import load_shrinkage
 
 from .isoscore_star import time_methods
 from .measure import REPO, child_env, make_batch, measured_istar, median_times
@@ -91,15 +91,15 @@ CPU_SMOKE = Scale("cpu-smoke", torch.bfloat16, ((1_024, 64), (512, 32)), 1,
 
 
 # =============================================================================================
-# ADAPTER — the only place that calls into istar's training internals (istar.train): the run
+# ADAPTER — the only place that calls into istar's training internals (istar.steps.train): the run
 # configuration, the optimizer, and one training step. Retarget these three functions when
-# istar/train.py changes; the rest of this script uses only them and istar's public library.
+# istar/steps/train.py changes; the rest of this script uses only them and istar's public library.
 # =============================================================================================
 
 
 def method_spec(method: str, **settings):
-    """The training spec of one method, as the workflow builds it (istar.specs.TrainSpec)."""
-    from istar.specs import TrainSpec
+    """The training spec of one method, as the workflow builds it (istar.config.specs.TrainSpec)."""
+    from istar.config.specs import TrainSpec
 
     return TrainSpec(**{"model": "", "data_dir": "", "output_dir": "", "method": method, "lam": LAM[method],
                         "zeta": ZETA, **settings})
@@ -107,14 +107,14 @@ def method_spec(method: str, **settings):
 
 def build_optimizer(model, spec):
     """The optimizer ``istar train`` builds (AdamW, weight decay off for biases and norms)."""
-    from istar.train import build_optimizer as istar_optimizer
+    from istar.steps.train import build_optimizer as istar_optimizer
 
     return istar_optimizer(model, spec)
 
 
 def training_step(accelerator, model, optimizer, batch: dict, spec, sigma_s) -> torch.Tensor:
-    """One optimizer step through the training loop's own step (istar.train.optimization_step)."""
-    from istar.train import optimization_step
+    """One optimizer step through the training loop's own step (istar.steps.train.optimization_step)."""
+    from istar.steps.train import optimization_step
 
     constant = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # timing only: the schedule is irrelevant
     loss, _, _ = optimization_step(spec, accelerator, model, optimizer, constant, batch, sigma_s, distributed=False)
@@ -209,8 +209,8 @@ def release(accelerator) -> None:
 
 def train_step_section(scale: Scale, accelerator, model_source: str, rte_data: Path) -> list[dict]:
     from istar.data import read_split
-    from istar.models import load_model, load_tokenizer
-    from istar.tasks import get_task
+    from istar.models.loading import load_model, load_tokenizer
+    from istar.registry.tasks import get_task
 
     tokenizer = load_tokenizer(model_source)
     batch = make_batch(tokenizer, read_split(rte_data, "train"), *scale.batch)
@@ -246,7 +246,7 @@ def study_training(scale: Scale) -> tuple[dict, dict]:
 def shrinkage_section(scale: Scale, model_source: str, rte_data: Path, out: Path, cpu_only: bool) -> dict:
     training, shrinkage = study_training(scale)
     rows = min(scale.shrinkage_rows, shrinkage["rows"])
-    from istar.specs import ShrinkageSpec
+    from istar.config.specs import ShrinkageSpec
 
     spec = ShrinkageSpec(model=model_source, data_dir=str(rte_data), out=str(out), layers=shrinkage["layers"], rows=rows,
                          batch_size=training["eval_batch_size"], max_length=training["max_length"],
@@ -266,7 +266,7 @@ def shrinkage_section(scale: Scale, model_source: str, rte_data: Path, out: Path
 
 def launch_spec(training: dict, model_source: str, rte_data: Path, run: Path, rows: int, sigma_s: Path) -> str:
     """The spec the ``finetune`` rule would pass for I-STAR λ = −1, ζ = 0.2 on all layers, seed 0, one epoch."""
-    from istar.specs import TrainSpec
+    from istar.config.specs import TrainSpec
 
     settings = {key: value for key, value in training.items() if key in TrainSpec.__dataclass_fields__}
     return method_spec("istar", **{**settings, "model": model_source, "data_dir": str(rte_data), "output_dir": str(run),
@@ -402,7 +402,7 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
 def check_inputs(model_source: str, rte_data: Path) -> None:
     """Fail early, naming the fix, when the model or the prepared RTE folder is not usable."""
     from istar.data import read_meta
-    from istar.models import resolve_model_source
+    from istar.models.loading import resolve_model_source
 
     resolve_model_source(model_source)
     for name in ("train.parquet", "validation.parquet"):
@@ -453,7 +453,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds per measurement (default: 10 on GPU, 1 on CPU)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep Σ_S and the launched run here (default: a temporary folder)")
     args = parser.parse_args(argv)
-    from istar.artifacts import write_json
+    from istar.io.artifacts import write_json
 
     cpu_only = args.cpu_smoke or not torch.cuda.is_available()
     scale = CPU_SMOKE if cpu_only else GPU

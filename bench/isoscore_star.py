@@ -4,7 +4,7 @@ Run with ``make bench`` (or ``python -m bench.isoscore_star``). For each shape, 
 methods are timed side by side in one run, interleaved, and the median of the repeats is
 reported with the ratio to the floor:
 
-- closed form: :func:`istar.isotropy.isoscore_star` (value and gradient with respect to X),
+- closed form: :func:`istar.core.isotropy.isoscore_star` (value and gradient with respect to X),
   whose hand-written backward costs one (n, d)×(d, d) product;
 - closed form, plain autograd: the same formula on the sample covariance, autograd through it;
 - eigh / svd: the same score through the eigenvalues (``eigvalsh``) or singular values
@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from istar.isotropy import isoscore_star, isoscore_star_from_covariance
+from istar.core.isotropy import isoscore_star, isoscore_star_from_covariance
 
 from .measure import median_times
 

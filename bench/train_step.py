@@ -30,9 +30,9 @@ MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 def step_times(repeats: int) -> dict[str, float]:
     from istar.data import load_task
-    from istar.models import load_model, load_tokenizer
-    from istar.regularizers import cosreg_penalty, istar_penalty
-    from istar.tasks import get_task
+    from istar.models.loading import load_model, load_tokenizer
+    from istar.core.regularizers import cosreg_penalty, istar_penalty
+    from istar.registry.tasks import get_task
 
     splits, _ = load_task("rte", source="mirror", mirror=MIRROR)
     tokenizer = load_tokenizer(MODEL)

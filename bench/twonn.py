@@ -1,4 +1,4 @@
-"""Benchmark: TwoNN intrinsic dimension, :func:`istar.twonn.twonn_dimension` vs scikit-dimension.
+"""Benchmark: TwoNN intrinsic dimension, :func:`istar.core.twonn.twonn_dimension` vs scikit-dimension.
 
 Run with ``python -m bench.twonn`` after ``pip install -e .[bench]`` (scikit-dimension is a
 bench-only dependency). For each case both implementations get the same float64 NumPy array
@@ -27,7 +27,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from istar.twonn import KDTREE_MAX_DIM, twonn_dimension  # noqa: E402
+from istar.core.twonn import KDTREE_MAX_DIM, twonn_dimension  # noqa: E402
 
 CASES = [("swiss roll", 5_000, 3), ("10-d subspace + noise", 5_000, 20), ("10-d subspace + noise", 10_000, 384),
          ("10-d subspace + noise", 10_000, 768)]

@@ -6,22 +6,22 @@ Engine and workflow steps, each behind a subcommand of the ``istar`` command (``
 ``data``, ``shrinkage``, ``train``, ``evaluate``, ``activations``, ``analysis``, ``measure``,
 ``selection``, ``aggregate``, ``tables``, ``plots``; ``config`` and ``plan`` serve the Snakemake workflow.
 
-The library names below are imported on first use, so that ``import istar.config`` (which
+The library names below are imported on first use, so that ``import istar.pipeline.validate`` (which
 Snakemake does while it builds the DAG) does not pull in torch.
 """
 
 __version__ = "0.1.0"
 
 _LIBRARY = {
-    "CovarianceAccumulator": "isotropy",
-    "average_cosine_similarity": "isotropy",
-    "isoscore": "isotropy",
-    "isoscore_star": "isotropy",
-    "isoscore_star_from_covariance": "isotropy",
-    "partition_isotropy": "isotropy",
-    "twonn_dimension": "twonn",
-    "cosreg_penalty": "regularizers",
-    "istar_penalty": "regularizers",
+    "CovarianceAccumulator": "core.isotropy",
+    "average_cosine_similarity": "core.isotropy",
+    "isoscore": "core.isotropy",
+    "isoscore_star": "core.isotropy",
+    "isoscore_star_from_covariance": "core.isotropy",
+    "partition_isotropy": "core.isotropy",
+    "twonn_dimension": "core.twonn",
+    "cosreg_penalty": "core.regularizers",
+    "istar_penalty": "core.regularizers",
 }
 
 __all__ = sorted(_LIBRARY)

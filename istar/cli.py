@@ -26,26 +26,26 @@ import argparse
 import importlib
 import sys
 
-from .revisions import RevisionUnavailableError
+from istar.io.revisions import RevisionUnavailableError
 
 SUBCOMMANDS = {
-    "config": ("istar.config", "validate a workflow config and print it with every default filled in"),
+    "config": ("istar.pipeline.validate", "validate a workflow config and print it with every default filled in"),
     "prepare-data": ("istar.data", "normalise a task's splits to parquet (+ meta.json)"),
-    "pin-model": ("istar.models", "resolve a model source's hub revision to its commit, once (a pin file)"),
-    "shrinkage": ("istar.shrinkage", "Σ_S of a model on a task's training data"),
-    "train": ("istar.train", "fine-tune with base / cosreg / istar"),
-    "evaluate": ("istar.evaluate", "metrics of a saved model on a prepared split"),
-    "activations": ("istar.activations", "[CLS] and token vectors of every layer on the evaluation split"),
-    "launch": ("istar.launch", "run a step with the processes and precision its granted GPUs allow"),
-    "analyze": ("istar.analysis", "isotropy and intrinsic dimension of a run's activations"),
-    "measure": ("istar.measure", "evaluation, activations and analysis of several fine-tuned runs in one process"),
-    "aggregate": ("istar.aggregate", "collect runs into the aggregate CSVs"),
-    "select": ("istar.selection", "pick the best search setting of a model and task"),
-    "table": ("istar.tables", "render Table 1 / Table 2 from the aggregate CSVs"),
-    "stability": ("istar.stability", "simulate Fig. 2's data: IsoScore* of mini-batches vs batch size"),
-    "figure": ("istar.figures", "draw one of the paper's figures from the aggregate CSVs"),
-    "profile": ("istar.profile", "isotropy of a pretrained model's static embeddings and every layer (one revision)"),
-    "profile-aggregate": ("istar.profile_aggregate", "collect isotropy profiles into one CSV"),
+    "pin-model": ("istar.models.loading", "resolve a model source's hub revision to its commit, once (a pin file)"),
+    "shrinkage": ("istar.steps.shrinkage", "Σ_S of a model on a task's training data"),
+    "train": ("istar.steps.train", "fine-tune with base / cosreg / istar"),
+    "evaluate": ("istar.steps.evaluate", "metrics of a saved model on a prepared split"),
+    "activations": ("istar.steps.activations", "[CLS] and token vectors of every layer on the evaluation split"),
+    "launch": ("istar.steps.launch", "run a step with the processes and precision its granted GPUs allow"),
+    "analyze": ("istar.steps.analyze", "isotropy and intrinsic dimension of a run's activations"),
+    "measure": ("istar.steps.measure", "evaluation, activations and analysis of several fine-tuned runs in one process"),
+    "aggregate": ("istar.report.aggregate", "collect runs into the aggregate CSVs"),
+    "select": ("istar.report.select", "pick the best search setting of a model and task"),
+    "table": ("istar.report.tables", "render Table 1 / Table 2 from the aggregate CSVs"),
+    "stability": ("istar.steps.stability", "simulate Fig. 2's data: IsoScore* of mini-batches vs batch size"),
+    "figure": ("istar.report.figures", "draw one of the paper's figures from the aggregate CSVs"),
+    "profile": ("istar.steps.profile", "isotropy of a pretrained model's static embeddings and every layer (one revision)"),
+    "profile-aggregate": ("istar.report.profile_aggregate", "collect isotropy profiles into one CSV"),
 }
 
 

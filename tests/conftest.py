@@ -27,7 +27,7 @@ MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny randomly initialised BERT (2 layers, d = 32) with the packaged MiniLM tokenizer, saved to disk."""
-    from istar.models import load_tokenizer
+    from istar.models.loading import load_tokenizer
 
     path = tmp_path_factory.mktemp("tiny-bert")
     torch.manual_seed(0)
@@ -76,7 +76,7 @@ def hub(tmp_path_factory):
     from hub_repos import dataset_repos, small_mirror, tiny_model_files
     from hub_server import HubServer, olah_command
 
-    from istar.models import resolve_model_source
+    from istar.models.loading import resolve_model_source
 
     if olah_command() is None:
         pytest.skip("olah is not installed (pip install -e '.[dev]' installs olah==0.5.4)")

@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 from istar.cli import end_process_group
-from istar.isotropy import isoscore_star
-from istar.regularizers import global_isoscore_star
+from istar.core.isotropy import isoscore_star
+from istar.core.regularizers import global_isoscore_star
 
 
 def main(out: str) -> None:

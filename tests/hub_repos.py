@@ -186,7 +186,7 @@ def tiny_model_files(kind: str, folder: Path, seed: int = 0) -> dict[str, Path]:
     from transformers import (AlbertConfig, AutoModel, AutoModelForCausalLM, BertConfig, DistilBertConfig,
                               GPTNeoXConfig)
 
-    from istar.models import load_tokenizer
+    from istar.models.loading import load_tokenizer
 
     configs = {
         "bert": BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64),

@@ -13,13 +13,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from istar.specs import MeasureSpec, ShrinkageSpec, TrainSpec
-from istar.aggregate import (DIMS_COLUMNS, LAYERS_COLUMNS, RUNS_COLUMNS, SELECTION_COLUMNS, aggregate,
+from istar.config.specs import MeasureSpec, ShrinkageSpec, TrainSpec
+from istar.report.aggregate import (DIMS_COLUMNS, LAYERS_COLUMNS, RUNS_COLUMNS, SELECTION_COLUMNS, aggregate,
                              parse_run_spec)
-from istar.measure import measure_runs
-from istar.selection import select_best
-from istar.shrinkage import compute_shrinkage_file
-from istar.train import train
+from istar.steps.measure import measure_runs
+from istar.report.select import select_best
+from istar.steps.shrinkage import compute_shrinkage_file
+from istar.steps.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -275,7 +275,7 @@ def test_epochs_csv_has_the_final_runs_sigma_isoscore_per_epoch(aggregated):
         rows = epochs[(epochs["setting"] == setting) & (epochs["seed"] == seed)].sort_values("epoch")
         assert rows["sigma_s_isoscore"].tolist() == pytest.approx(metrics["sigma_s_isoscore"])
         assert math.isnan(rows["score"].iloc[0]) and rows["score"].iloc[1] == pytest.approx(metrics["final"]["accuracy"])
-    from istar.figures import draw
+    from istar.report.figures import draw
 
     fig = draw("sigma_epochs", epochs)  # one line per (method, λ): base, CosReg λ = 1, I-STAR λ = −1
     assert len(fig.axes) == 1 and len(fig.axes[0].containers) == 3

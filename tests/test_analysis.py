@@ -10,13 +10,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from istar.activations import extract_activations, load_activations
-from istar.analysis import analyze_run
-from istar.isotropy import CovarianceAccumulator, average_cosine_similarity, isoscore, isoscore_star_from_covariance
-from istar.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage, save_shrinkage
-from istar.specs import ActivationsSpec, ShrinkageSpec, TrainSpec
-from istar.train import train
-from istar.twonn import twonn_dimension
+from istar.steps.activations import extract_activations, load_activations
+from istar.steps.analyze import analyze_run
+from istar.core.isotropy import CovarianceAccumulator, average_cosine_similarity, isoscore, isoscore_star_from_covariance
+from istar.steps.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage, save_shrinkage
+from istar.config.specs import ActivationsSpec, ShrinkageSpec, TrainSpec
+from istar.steps.train import train
+from istar.core.twonn import twonn_dimension
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -27,8 +27,8 @@ ZETA = 0.2
 def run(tiny_model_dir, prepared, tmp_path_factory):
     """A fine-tuned run with its activations, the pretrained Σ_S, and the token vectors computed directly."""
     from istar.data import read_split
-    from istar.models import load_model, load_tokenizer
-    from istar.tasks import get_task
+    from istar.models.loading import load_model, load_tokenizer
+    from istar.registry.tasks import get_task
 
     root = tmp_path_factory.mktemp("analysis")
     data = prepared("rte")
@@ -174,8 +174,8 @@ def test_cli(run, result, tmp_path):
 def test_measure_equals_the_separate_steps(run, result, tmp_path):
     """`istar measure` (the workflow's one process per setting) writes what `istar evaluate`,
     `istar activations` and `istar analyze` write one by one."""
-    from istar.evaluate import evaluate_checkpoint
-    from istar.specs import EvaluateSpec
+    from istar.steps.evaluate import evaluate_checkpoint
+    from istar.config.specs import EvaluateSpec
 
     out = tmp_path / "measures.json"
     command = [sys.executable, "-m", "istar", "measure", "--runs", str(run["run"]), "--data", str(run["data"]),

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from istar.config import ConfigError, load_config, validate_config
-from istar.plan import Setting, final_settings, search_settings, study_runs
+from istar.config.schema import ConfigError
+from istar.pipeline.validate import load_config, validate_config
+from istar.pipeline.plan import Setting, final_settings, search_settings, study_runs
 
 REPO = Path(__file__).resolve().parents[1]
 MIRROR = REPO.parent / "shared" / "data"

@@ -22,7 +22,7 @@ from istar.data import (
     read_split,
     run_cli,
 )
-from istar.tasks import TASKS
+from istar.registry.tasks import TASKS
 
 REPO = Path(__file__).parents[1]
 MIRROR = Path(__file__).parents[2] / "shared" / "data"

@@ -18,9 +18,9 @@ from hub_repos import tiny_model_files
 from workflow_helpers import load_test_config, planned_jobs
 
 from istar.data import prepare_task, read_meta, read_split
-from istar.models import check_model_available, load_model, load_tokenizer, parse_model_source, pin_model
-from istar.revisions import RevisionUnavailableError, resolve_revision
-from istar.tasks import SPLITS, TASKS, get_task
+from istar.models.loading import check_model_available, load_model, load_tokenizer, parse_model_source, pin_model
+from istar.io.revisions import RevisionUnavailableError, resolve_revision
+from istar.registry.tasks import SPLITS, TASKS, get_task
 
 REPO = Path(__file__).parents[1]
 HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"

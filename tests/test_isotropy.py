@@ -1,4 +1,4 @@
-"""Tests of istar.isotropy: IsoScore, IsoScore*, the streaming covariance, TwoNN and the comparison measures."""
+"""Tests of istar.core.isotropy: IsoScore, IsoScore*, the streaming covariance, TwoNN and the comparison measures."""
 
 
 import numpy as np
@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from istar.isotropy import (CovarianceAccumulator, average_cosine_similarity, isoscore, isoscore_from_eigenvalues,
+from istar.core.isotropy import (CovarianceAccumulator, average_cosine_similarity, isoscore, isoscore_from_eigenvalues,
                             isoscore_star, isoscore_star_from_covariance, partition_isotropy, shrink_covariance)
-from istar.twonn import twonn_dimension
+from istar.core.twonn import twonn_dimension
 
 
 def random_orthogonal(d, generator):

@@ -1,4 +1,4 @@
-"""Tests of istar.metrics on hand-computed cases (the arithmetic is written out in comments)."""
+"""Tests of istar.core.metrics on hand-computed cases (the arithmetic is written out in comments)."""
 
 import math
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from istar.metrics import (
+from istar.registry.tasks import get_task
+from istar.core.metrics import (
     accuracy,
     compute_metrics,
     exact_match_score,
@@ -177,32 +178,32 @@ def test_compute_metrics_returns_the_registry_metrics():
     # CoLA: the binary case above, plus accuracy 7/10
     labels = [1, 1, 1, 1, 1, 0, 0, 0, 0, 0]
     preds = [1, 1, 1, 0, 0, 1, 0, 0, 0, 0]
-    cola = compute_metrics("cola", preds, labels)
+    cola = compute_metrics(get_task("cola"), preds, labels)
     assert list(cola) == ["matthews", "accuracy"]
     assert cola["matthews"] == pytest.approx(10 / math.sqrt(600))
     assert cola["accuracy"] == pytest.approx(0.7)  # a fraction, not a percentage
 
-    mrpc = compute_metrics("mrpc", np.array([1, 1, 0, 0, 1]), np.array([1, 0, 1, 0, 1]))
+    mrpc = compute_metrics(get_task("mrpc"), np.array([1, 1, 0, 0, 1]), np.array([1, 0, 1, 0, 1]))
     assert mrpc == pytest.approx({"accuracy": 0.6, "f1": 2 / 3})
 
-    sst5 = compute_metrics("sst5", [4, 3, 0], [4, 2, 0])
+    sst5 = compute_metrics(get_task("sst5"), [4, 3, 0], [4, 2, 0])
     assert sst5 == pytest.approx({"accuracy": 2 / 3})
 
-    stsb = compute_metrics("stsb", [1, 2, 2, 3], [1.0, 2.0, 3.0, 4.0])
+    stsb = compute_metrics(get_task("stsb"), [1, 2, 2, 3], [1.0, 2.0, 3.0, 4.0])
     assert list(stsb) == ["pearson", "spearman"]
     assert stsb["spearman"] == pytest.approx(math.sqrt(0.9))
 
 
 def test_compute_metrics_errors():
     with pytest.raises(ValueError, match="squad_metrics"):
-        compute_metrics("squad", ["a"], ["a"])
+        compute_metrics(get_task("squad"), ["a"], ["a"])
     with pytest.raises(ValueError, match="unknown task"):
-        compute_metrics("mnli", [0], [0])
+        compute_metrics(get_task("mnli"), [0], [0])
     with pytest.raises(ValueError, match=r"labels must be class ids in \[0, 2\)"):
-        compute_metrics("rte", [0, 1], [-1, -1])  # an unlabelled test split
+        compute_metrics(get_task("rte"), [0, 1], [-1, -1])  # an unlabelled test split
     with pytest.raises(ValueError, match="integer class ids"):
-        compute_metrics("sst2", [0.2, 0.9], [0, 1])
+        compute_metrics(get_task("sst2"), [0.2, 0.9], [0, 1])
     with pytest.raises(ValueError, match=r"shape \(n,\)"):
-        compute_metrics("sst2", [[0.2, 0.8], [0.9, 0.1]], [1, 0])  # logits instead of ids
+        compute_metrics(get_task("sst2"), [[0.2, 0.8], [0.9, 0.1]], [1, 0])  # logits instead of ids
     with pytest.raises(ValueError, match="empty"):
-        compute_metrics("stsb", [], [])
+        compute_metrics(get_task("stsb"), [], [])

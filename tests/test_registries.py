@@ -8,11 +8,12 @@ import pytest
 import yaml
 from matplotlib.figure import Figure
 
-from istar.config import SCHEMA_PATH, STUDIES
-from istar.figures import FIGURE_NAMES, FIGURES, PROFILE_FIGURES, STUDY_FIGURES, draw, enabled_figures, figure_csv, get_figure
-from istar.methods import HYPERPARAMETERS, METHOD_NAMES, METHOD_PATTERN, METHODS, get_method
-from istar.stability import STABILITY_COLUMNS, fig2_data, write_stability
-from istar.tasks import TASKS, get_task, ordered_tasks
+from istar.config.schema import SCHEMA_PATH, STUDIES
+from istar.report.figures import FIGURE_NAMES, FIGURES, PROFILE_FIGURES, STUDY_FIGURES, draw, enabled_figures, figure_csv, get_figure
+from istar.registry.methods import HYPERPARAMETERS, METHOD_NAMES, METHOD_PATTERN, METHODS, get_method
+from istar.core.fig2 import STABILITY_COLUMNS
+from istar.steps.stability import fig2_data, write_stability
+from istar.registry.tasks import TASKS, get_task, ordered_tasks
 
 
 def _schema() -> dict:
@@ -35,7 +36,7 @@ def test_schema_task_enums_are_the_task_registry():
     enums = list(_task_enums(_schema()))
     assert len(enums) >= 2  # `tasks` and the studies' task lists
     for path, enum in enums:
-        assert enum == list(TASKS), f"the task enum at {path} differs from istar.tasks.TASKS"
+        assert enum == list(TASKS), f"the task enum at {path} differs from istar.registry.tasks.TASKS"
 
 
 def test_ordered_tasks_follows_the_registry_and_rejects_unknown_keys():

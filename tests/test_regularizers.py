@@ -1,10 +1,10 @@
-"""Tests of istar.regularizers: the I-STAR and CosReg penalties on model hidden states."""
+"""Tests of istar.core.regularizers: the I-STAR and CosReg penalties on model hidden states."""
 
 import pytest
 import torch
 
-from istar.isotropy import isoscore_star
-from istar.regularizers import cosreg_penalty, istar_penalty, resolve_layers, token_rows
+from istar.core.isotropy import isoscore_star
+from istar.core.regularizers import cosreg_penalty, istar_penalty, resolve_layers, token_rows
 
 
 def random_hidden_states(num_layers=4, batch=3, length=7, dim=5, seed=0):

@@ -12,9 +12,9 @@ import stat
 import pytest
 import torch
 
-from istar import artifacts
-from istar.artifacts import DamagedArtifactError
-from istar.isotropy import CovarianceAccumulator
+from istar.io import artifacts
+from istar.io.artifacts import DamagedArtifactError
+from istar.core.isotropy import CovarianceAccumulator
 
 
 def flip_byte(path, offset_from_end=64):
@@ -42,7 +42,7 @@ def accumulators(layers=3, dim=8, seed=0):
 
 @pytest.fixture
 def sigma_file(tmp_path):
-    from istar.shrinkage import save_shrinkage
+    from istar.steps.shrinkage import save_shrinkage
 
     path = tmp_path / "sigma0.pt"
     save_shrinkage(path, accumulators(), [1, 2], {"model": "tiny", "task": "rte"})
@@ -50,7 +50,7 @@ def sigma_file(tmp_path):
 
 
 def test_sigma_round_trip_without_pickle(sigma_file):
-    from istar.shrinkage import load_layer_statistics, load_shrinkage, merge_layers
+    from istar.steps.shrinkage import load_layer_statistics, load_shrinkage, merge_layers
 
     sigma, provenance = load_shrinkage(sigma_file)
     expected = merge_layers(accumulators(), [1, 2]).covariance()
@@ -65,7 +65,7 @@ def test_sigma_round_trip_without_pickle(sigma_file):
 @pytest.mark.parametrize("damage", [truncate, flip_byte, lambda p: p.write_bytes(b"garbage" * 10)],
                          ids=["truncated", "flipped-byte-same-mtime", "garbage"])
 def test_damaged_sigma_names_the_file(sigma_file, damage):
-    from istar.shrinkage import load_shrinkage
+    from istar.steps.shrinkage import load_shrinkage
 
     damage(sigma_file)
     with pytest.raises(DamagedArtifactError) as error:
@@ -77,7 +77,7 @@ def test_damaged_sigma_names_the_file(sigma_file, damage):
 
 def test_pickled_sigma_is_refused_without_unpickling(tmp_path):
     """An old-format or hostile pickle is never unpickled (no code runs)."""
-    from istar.shrinkage import load_shrinkage
+    from istar.steps.shrinkage import load_shrinkage
 
     path = tmp_path / "sigma0.pt"
     torch.save({"per_layer": {"count": torch.tensor([1])}, "provenance": {}}, path)
@@ -86,7 +86,7 @@ def test_pickled_sigma_is_refused_without_unpickling(tmp_path):
 
 
 def test_activations_damage_is_named_and_mode_is_normal(tmp_path):
-    from istar.activations import load_activations
+    from istar.steps.activations import load_activations
 
     path = tmp_path / "activations.safetensors"
     old = os.umask(0o022)
@@ -158,7 +158,7 @@ def test_analysis_json_content_is_checked(tmp_path):
 
 
 def test_measurement_file_content_is_checked(tmp_path):
-    from istar.measure import read_measures
+    from istar.steps.measure import read_measures
 
     path = tmp_path / "measures.json"
     entry = {"evaluation": None, "analysis": {"global": {"isoscore_star": 0.25}, "layers": [], "last_layer": {}}}
@@ -173,7 +173,7 @@ def test_measurement_file_content_is_checked(tmp_path):
 
 
 def test_a_killed_step_is_explained_and_exits_128_plus_the_signal(capsys):
-    from istar.launch import exit_status
+    from istar.steps.launch import exit_status
 
     assert exit_status(0, "train") == 0 and exit_status(3, "train") == 3
     assert exit_status(-9, "train") == 137  # not Python's 256 - 9 = 247

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from istar import tables
+from istar.report import tables
 
 SETTINGS = {"base": ("base", 0.0, np.nan), "cosreg": ("cosreg_lam1", 1.0, np.nan),
             "istar": ("istar_lam-1_zeta0.2", -1.0, 0.2)}
@@ -206,7 +206,7 @@ def test_cli_writes_three_files(tmp_path):
 
 from scipy import stats  # noqa: E402
 
-from istar.paired import paired_differences, paired_interval  # noqa: E402
+from istar.report.paired import paired_differences, paired_interval  # noqa: E402
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 10])

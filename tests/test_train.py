@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from istar.activations import load_activations
-from istar.isotropy import isoscore_star_from_covariance
-from istar.launch import free_port
-from istar.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage
-from istar.specs import ShrinkageSpec, TrainSpec
-from istar.train import train
+from istar.steps.activations import load_activations
+from istar.core.isotropy import isoscore_star_from_covariance
+from istar.steps.launch import free_port
+from istar.steps.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage
+from istar.config.specs import ShrinkageSpec, TrainSpec
+from istar.steps.train import train
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 REPO = Path(__file__).resolve().parents[1]
@@ -243,8 +243,8 @@ def test_evaluate_and_activations_steps(tiny_model_dir, prepared, tmp_path):
 
 def test_shrinkage_equals_the_covariance_of_all_stacked_rows(tiny_model_dir, prepared, tmp_path):
     from istar.data import read_split
-    from istar.models import load_model, load_tokenizer
-    from istar.tasks import get_task
+    from istar.models.loading import load_model, load_tokenizer
+    from istar.registry.tasks import get_task
 
     data = prepared("rte")
     compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(data), out=str(tmp_path / "s.pt"),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from istar.twonn import KDTREE_MAX_DIM, twonn_dimension
+from istar.core.twonn import KDTREE_MAX_DIM, twonn_dimension
 
 
 def _swiss_roll(n: int, rng) -> np.ndarray:

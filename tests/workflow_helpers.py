@@ -21,7 +21,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def save_tiny_model(path: Path) -> Path:
-    from istar.models import load_tokenizer
+    from istar.models.loading import load_tokenizer
 
     torch.manual_seed(0)
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,

@@ -1,8 +1,8 @@
 """Benchmark data: load each task from the Hugging Face hub or an offline mirror, normalise it.
 
-Every task of :mod:`istar.tasks` is turned into two ``pandas.DataFrame`` splits, ``train`` and
+Every task of :mod:`istar.registry.tasks` is turned into two ``pandas.DataFrame`` splits, ``train`` and
 ``validation`` (GLUE's dev set, the evaluation split), with the columns of the
-:mod:`istar.tasks` docstring:
+:mod:`istar.registry.tasks` docstring:
 
 - classification / regression: ``idx`` (int64, the row's position in its source split),
   ``text_a`` (str), ``text_b`` (str, null for single-sentence tasks), ``label`` (int64 class,
@@ -20,18 +20,22 @@ One concern per module:
 ``normalise``     the normalised schema and the checks every split passes
 ``storage``       the prepared folder: parquet files and ``meta.json``
 ``prepare``       :func:`load_task`, :func:`prepare_task`, ``istar prepare-data``
+``encoding``      tokenised features and the samplers the model steps read them with
+``qa``            SQuAD windows over long contexts and span post-processing
 ================  ==============================================================
 
 Sources: ``hub`` (needs internet or a filled cache), ``mirror`` (a folder named by
 ``--mirror`` / the config's ``data.mirror`` / ``$ISTAR_DATA_MIRROR``; there is no default
 folder), ``auto`` (the mirror when one is named and exists, else the hub).
 ``istar prepare-data --task rte --out resources/data/rte`` runs :func:`prepare_task`.
+
+Layer: may import io, core, registry and config.
 """
 
-from .hub import HUB_DATASETS, HubUnavailableError
-from .mirror import MIRROR_ENV, MissingSplitError, missing_mirror_files
-from .prepare import SOURCES, add_cli_arguments, load_task, prepare_task, run_cli
-from .storage import read_meta, read_split
+from istar.data.hub import HUB_DATASETS, HubUnavailableError
+from istar.data.mirror import MIRROR_ENV, MissingSplitError, missing_mirror_files
+from istar.data.prepare import SOURCES, add_cli_arguments, load_task, prepare_task, run_cli
+from istar.data.storage import read_meta, read_split
 
 __all__ = [
     "SOURCES",

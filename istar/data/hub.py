@@ -4,7 +4,7 @@ The datasets and their columns are those of the hub repos (``nyu-mll/glue`` conf
 rte, mrpc, qqp, cola, stsb; ``SetFit/sst5``; ``rajpurkar/squad``): GLUE's ``label`` is a class
 label (RTE/QNLI: entailment = 0), STS-B's a float score, SST-5's an int 0-4, SQuAD's answers a
 struct of lists ``answers.text`` / ``answers.answer_start``. The requested revision (a branch,
-tag or commit; default ``main``) is resolved to its commit first (:mod:`istar.revisions`), the
+tag or commit; default ``main``) is resolved to its commit first (:mod:`istar.io.revisions`), the
 data are loaded at that commit, and the commit goes into the provenance (``meta.json``).
 """
 
@@ -14,9 +14,9 @@ import logging
 
 import pandas as pd
 
-from ..revisions import RevisionUnavailableError, resolve_revision
-from ..tasks import SPLITS, Task
-from .normalise import check_split, conform
+from istar.io.revisions import RevisionUnavailableError, resolve_revision
+from istar.registry.tasks import SPLITS, Task
+from istar.data.normalise import check_split, conform
 
 __all__ = ["HUB_DATASETS", "HubUnavailableError", "load_hub"]
 
@@ -46,7 +46,7 @@ class HubUnavailableError(RuntimeError):
 
 
 def _frame(task: Task, columns: dict, n_rows: int) -> pd.DataFrame:
-    """One hub split (``Dataset.to_dict()``) in the normalised columns of :mod:`istar.tasks`."""
+    """One hub split (``Dataset.to_dict()``) in the normalised columns of :mod:`istar.registry.tasks`."""
     if task.kind == "qa":
         return pd.DataFrame({
             "id": columns["id"],

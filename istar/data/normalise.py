@@ -1,7 +1,7 @@
 """The normalised form of a split: its Arrow schema, dtypes, and the checks every split passes.
 
 Whatever the source (:mod:`istar.data.mirror` or :mod:`istar.data.hub`), a split ends as a
-``pandas.DataFrame`` with the columns of :mod:`istar.tasks` and the dtypes of
+``pandas.DataFrame`` with the columns of :mod:`istar.registry.tasks` and the dtypes of
 :func:`split_schema`, checked by :func:`check_split` (docs/method.md §6).
 """
 
@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..qa import answer_problem
-from ..tasks import Task
+from istar.data.qa import answer_problem
+from istar.registry.tasks import Task
 
 __all__ = ["STSB_MAX_SCORE", "split_schema", "table_to_frame", "conform", "check_split"]
 
@@ -115,7 +115,7 @@ def check_split(
 
 
 def _check_answers(frame: pd.DataFrame, locate: Callable[[int], str]) -> None:
-    """SQuAD: unique ids, and every row's answers as :func:`istar.qa.answer_problem` requires."""
+    """SQuAD: unique ids, and every row's answers as :func:`istar.data.qa.answer_problem` requires."""
     duplicated = frame["id"].duplicated().to_numpy()
     if duplicated.any():
         first = int(np.flatnonzero(duplicated)[0])

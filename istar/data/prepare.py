@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import __version__
-from ..tasks import SPLITS, Task, get_task
-from .hub import HubUnavailableError, load_hub
-from .mirror import MIRROR_ENV, load_mirror, resolve_mirror
-from .storage import write_prepared
+from istar import __version__
+from istar.registry.tasks import SPLITS, Task, get_task
+from istar.data.hub import HubUnavailableError, load_hub
+from istar.data.mirror import MIRROR_ENV, load_mirror, resolve_mirror
+from istar.data.storage import write_prepared
 
 __all__ = ["SOURCES", "load_task", "prepare_task", "add_cli_arguments", "run_cli"]
 
@@ -39,7 +39,7 @@ def load_task(
     Parameters
     ----------
     task : str
-        Task key of :data:`istar.tasks.TASKS` (``"rte"``, ``"sst2"``, ``"squad"``, ...).
+        Task key of :data:`istar.registry.tasks.TASKS` (``"rte"``, ``"sst2"``, ``"squad"``, ...).
     source : {"auto", "hub", "mirror"}, default="auto"
         Where to read from; ``"auto"`` uses the mirror when one is named and its folder
         exists, else the hub.
@@ -60,7 +60,7 @@ def load_task(
     Returns
     -------
     splits : dict
-        ``{"train": DataFrame, "validation": DataFrame}``, columns as in :mod:`istar.tasks`:
+        ``{"train": DataFrame, "validation": DataFrame}``, columns as in :mod:`istar.registry.tasks`:
         ``idx, text_a, text_b, label`` (n_rows rows), or for SQuAD ``id, title, context,
         question, answer_texts, answer_starts`` (one row per question).
     provenance : dict
@@ -207,15 +207,15 @@ def prepare_task(
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``prepare-data`` options, generated from :class:`istar.specs.PrepareDataSpec`."""
-    from ..specs import PrepareDataSpec, add_spec_arguments
+    """The ``prepare-data`` options, generated from :class:`istar.config.specs.PrepareDataSpec`."""
+    from istar.config.specs import PrepareDataSpec, add_spec_arguments
 
     add_spec_arguments(parser, PrepareDataSpec)
 
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run ``prepare-data`` with parsed arguments; print a line per split. Returns the exit code."""
-    from ..specs import spec_from_cli
+    from istar.config.specs import spec_from_cli
 
     spec = spec_from_cli(args)
     try:

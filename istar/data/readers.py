@@ -1,6 +1,6 @@
 """Parsers of the public release files a mirror holds: GLUE TSV, SST-5 trees, SQuAD v1.1 json.
 
-Each parser returns the rows in the normalised columns of :mod:`istar.tasks` (not yet checked or
+Each parser returns the rows in the normalised columns of :mod:`istar.registry.tasks` (not yet checked or
 cast: :mod:`istar.data.normalise` does that) and, where the file has lines, each row's line
 number, so that every error names file and line. TSV files are read with quoting disabled
 (GLUE sentences contain quote characters).
@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..tasks import TASKS, Task
-from .normalise import split_schema
+from istar.registry.tasks import TASKS, Task
+from istar.data.normalise import split_schema
 
 __all__ = ["GLUE_TSV", "read_glue_tsv", "parse_tree", "read_sst5", "read_squad_json"]
 

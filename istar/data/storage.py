@@ -13,15 +13,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import artifacts
-from ..tasks import SPLITS, TASKS, Task
-from .normalise import split_schema, table_to_frame
+from istar.io import artifacts
+from istar.registry.tasks import SPLITS, TASKS, Task
+from istar.data.normalise import split_schema, table_to_frame
 
 __all__ = ["write_prepared", "read_split", "read_meta"]
 
 
 def write_prepared(out_dir: str | Path, task: Task, splits: dict[str, pd.DataFrame], meta: dict) -> None:
-    """Write the splits (normalised frames, see :mod:`istar.tasks`) and ``meta`` to ``out_dir``."""
+    """Write the splits (normalised frames, see :mod:`istar.registry.tasks`) and ``meta`` to ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").unlink(missing_ok=True)
@@ -52,7 +52,7 @@ def read_split(data_dir: str | Path, split: str) -> pd.DataFrame:
     Returns
     -------
     frame : DataFrame
-        The normalised columns (see :mod:`istar.tasks`); SQuAD's ``answer_texts`` and
+        The normalised columns (see :mod:`istar.registry.tasks`); SQuAD's ``answer_texts`` and
         ``answer_starts`` hold Python lists.
     """
     if split not in SPLITS:

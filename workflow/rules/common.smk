@@ -1,15 +1,16 @@
 # Helpers shared by the rules: the validated config, paths, and which runs the config asks for.
-# The logic lives in istar.config and istar.plan; this file only maps it onto paths.
+# The logic lives in istar.pipeline.validate and istar.pipeline.plan; this file only maps it onto paths.
 
 import json
 
 from snakemake.exceptions import WorkflowError
 
-from istar.aggregate import AGGREGATE_NAMES
-from istar.config import STUDIES, ConfigError, load_schema, validate_config
-from istar.figures import PROFILE_FIGURES, PROFILES_CSV, enabled_figures
-from istar.methods import METHOD_PATTERN
-from istar.plan import (
+from istar.report.aggregate import AGGREGATE_NAMES
+from istar.config.schema import STUDIES, ConfigError
+from istar.pipeline.validate import validate_config
+from istar.report.figures import PROFILE_FIGURES, PROFILES_CSV, enabled_figures
+from istar.registry.methods import METHOD_PATTERN
+from istar.pipeline.plan import (
     Setting,
     final_settings,
     measure_spec,
@@ -27,9 +28,7 @@ from istar.plan import (
 )
 
 try:
-    _validated = validate_config(
-        config, load_schema(workflow.source_path("../schemas/config.schema.yaml"))
-    )
+    _validated = validate_config(config)
 except ConfigError as error:
     raise WorkflowError(f"invalid configuration: {error}") from None
 config.clear()
@@ -98,7 +97,7 @@ def sigma_input(wildcards):
     )
 
 
-# Each step gets its whole spec as one JSON argument (istar.plan builds it from the config);
+# Each step gets its whole spec as one JSON argument (istar.pipeline.plan builds it from the config);
 # a changed spec is a changed param, so Snakemake reruns exactly the jobs whose spec changed.
 
 

@@ -1,5 +1,5 @@
 # Evaluation, activations and analysis of the fine-tuned models: one job per setting and set
-# of seeds (named in the path) measures those runs in one process (istar.measure), so the
+# of seeds (named in the path) measures those runs in one process (istar.steps.measure), so the
 # paper's DAG holds about one job per setting here rather than two or three per run, and no
 # activations file is kept per run. A study's seeds come from the config alone, so these jobs
 # never wait for the search's choice unless their setting does.

@@ -1,6 +1,6 @@
 # Pin each configured model once: a hub revision (ID@REVISION, default main) is resolved to its
 # commit and written to resources/models/{model}.json, which the model's steps take as their
-# model source (istar.models reads a pin file like any source). The source string is a param,
+# model source (istar.models.loading reads a pin file like any source). The source string is a param,
 # so changing the revision in the config reruns this job and, through its output, exactly the
 # jobs of that model.
 

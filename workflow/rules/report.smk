@@ -1,8 +1,8 @@
 # Tables, figures and the HTML report. Every rule here reads only the aggregate CSVs (and the
 # Fig. 2 simulation's CSV), so restyling a table or figure never reruns training or the simulation.
-# Which CSV a figure reads comes from the registry istar.figures.
+# Which CSV a figure reads comes from the registry istar.report.figures.
 
-from istar.figures import FIGURE_NAMES, STABILITY_CSV, figure_csv
+from istar.report.figures import FIGURE_NAMES, STABILITY_CSV, figure_csv
 
 
 rule table:

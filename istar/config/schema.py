@@ -1,0 +1,149 @@
+"""The workflow configuration's schema: package data, read through this one module.
+
+``config.schema.yaml`` beside this file is the one home of every configuration key, its
+default, its range and its description (``workflow/schemas/config.schema.yaml`` is a link to
+it, for Snakemake and the workflow catalog). Because it ships inside the package, a wheel
+installed on a cluster validates configs and builds specs without a checkout.
+
+:func:`check_schema` fills in every default and checks the schema (JSON Schema 2020-12) and
+finiteness; what depends on the disk or the hub is checked later, by
+:mod:`istar.pipeline.validate`. Every problem is a :class:`ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+__all__ = ["ConfigError", "SCHEMA_PATH", "STUDIES", "load_schema", "load_yaml", "resolve_ref", "fill_defaults",
+           "check_schema"]
+
+SCHEMA_PATH = Path(__file__).resolve().parent / "config.schema.yaml"
+STUDIES = ("lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep", "single_layer")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the key."""
+
+
+@lru_cache(maxsize=4)
+def load_schema(path=SCHEMA_PATH) -> dict:
+    """The schema as a dict, read once per process (treat it as read-only)."""
+    # libyaml's parser where PyYAML has it: the workflow reads the schema each time it builds a DAG
+    return yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def load_yaml(path) -> dict:
+    """A YAML config file as a dict ({} if empty); a syntax error → one-line ConfigError ``FILE:LINE:COLUMN: …``."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = "; ".join(part for part in (error.context, error.problem) if part)
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: invalid YAML: {' '.join(str(error).split())}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{path}: the configuration must be a mapping of keys to values, not {type(data).__name__}")
+    return data or {}
+
+
+def resolve_ref(schema: dict, root: dict) -> dict:
+    """``schema`` with its ``$ref`` (``#/$defs/…``) replaced by the node it names, its own keys kept on top."""
+    ref = schema.get("$ref")
+    if ref is None:
+        return schema
+    target = root
+    for part in ref.lstrip("#/").split("/"):
+        target = target[part]
+    return {**resolve_ref(target, root), **{k: v for k, v in schema.items() if k != "$ref"}}
+
+
+def fill_defaults(instance: dict, schema: dict, root: dict) -> None:
+    for name, subschema in schema.get("properties", {}).items():
+        subschema = resolve_ref(subschema, root)
+        if name not in instance and "default" in subschema:
+            instance[name] = copy.deepcopy(subschema["default"])
+        if isinstance(instance.get(name), dict) and "properties" in subschema:
+            # A copy per key: YAML aliases (&a … *a) share one dict, which must not collect
+            # the defaults of every section it stands in.
+            instance[name] = dict(instance[name])
+            fill_defaults(instance[name], subschema, root)
+
+
+def _key(path) -> str:
+    key = ""
+    for part in path:
+        key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else str(part))
+    return key or "(top level)"
+
+
+def _number_hint(value) -> str:
+    """For a string YAML did not read as a number although it looks like one (``3e-5``): how to write it."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    return (f"; YAML reads {value} as text (a number in exponent form needs a decimal point): "
+            f"write {number:.1e}".replace("e-0", "e-").replace("e+0", "e+"))
+
+
+def _describe(error) -> str:
+    """One readable line for a jsonschema error: the key, the problem, what is allowed."""
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    hint = _number_hint(error.instance)
+    if hint and error.validator in ("type", "anyOf"):
+        return f"config key '{_key(error.absolute_path)}': {error.instance!r} is not a number{hint}"
+    if error.validator == "additionalProperties":
+        allowed = ", ".join(sorted(schema.get("properties", {})))
+        return f"config key '{_key(error.absolute_path)}': {error.message} (known keys: {allowed})"
+    if error.validator == "enum":
+        return f"config key '{_key(error.absolute_path)}': {error.instance!r} is not allowed; use one of {schema['enum']}"
+    if error.validator == "anyOf":
+        descriptions = schema.get("description", "see the schema")
+        return f"config key '{_key(error.absolute_path)}': {error.instance!r} is not allowed ({descriptions})"
+    hint = f" ({schema['description']})" if "description" in schema else ""
+    return f"config key '{_key(error.absolute_path)}': {error.message}{hint}"
+
+
+def _check_finite(value, path: list) -> None:
+    """Reject NaN and ±infinity anywhere (YAML's ``.nan``, ``.inf``): range checks let NaN through."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"config key '{_key(path)}': {value} is not a finite number")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, [*path, key])
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_finite(item, [*path, index])
+
+
+
+def check_schema(config: dict, schema: dict | None = None) -> dict:
+    """A copy of ``config`` with every default filled in, checked against the schema.
+
+    Raises
+    ------
+    ConfigError naming the first invalid key and the allowed values.
+    """
+    import jsonschema
+
+    schema = load_schema() if schema is None else schema
+    config = copy.deepcopy(config or {})
+    if not isinstance(config, dict):
+        raise ConfigError("the configuration must be a mapping of keys to values")
+    _check_finite(config, [])
+    fill_defaults(config, schema, schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        deepest = max(errors, key=lambda e: len(e.absolute_path))
+        raise ConfigError(_describe(deepest if deepest.absolute_path else errors[0]))
+    return config

@@ -1,0 +1,361 @@
+"""One specification per step: every setting a step depends on, decided once.
+
+The workflow builds each spec from the validated configuration (:mod:`istar.pipeline.plan`), the rule
+passes it to the step as one JSON argument (``istar train --spec '{…}'``), and the step reads
+nothing else. For manual use the same dataclass generates the command-line options
+(``istar train --model … --data … --method istar --lam -1``), so the two cannot drift.
+
+Defaults have one home: a field that mirrors a workflow config key takes its default and
+help text from the schema (:mod:`istar.config.schema`) (``metadata["config"]`` names the key).
+The other fields are step-level settings the config does not expose; their defaults live here.
+
+``validate()`` checks a spec and never changes it; what a value *means* (λ of a method that
+was not given one, the QA window length, which precision a job gets) is decided where the
+spec is built: :func:`istar.pipeline.plan` for the workflow, :func:`spec_from_cli` for the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from istar.config.schema import load_schema, resolve_ref
+from istar.registry.methods import METHOD_NAMES, get_method
+from istar.registry.tasks import TASKS
+
+__all__ = ["PrepareDataSpec", "ModelData", "TrainSpec", "EvaluateSpec", "ActivationsSpec", "ShrinkageSpec", "AnalyzeSpec",
+           "MeasureSpec", "ProfileSpec", "add_spec_arguments", "spec_from_cli", "PRECISIONS", "PROFILE_DTYPES",
+           "AS_GIVEN"]
+
+PRECISIONS = ("no", "fp16", "bf16")
+PROFILE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _schema_entry(key: str) -> dict:
+    """The schema node of a dotted config key, e.g. ``training.learning_rate``."""
+    root = node = load_schema()
+    for part in key.split("."):
+        node = node["properties"][part]
+    return resolve_ref(node, root)
+
+
+def config_field(key: str, **metadata):
+    """A spec field whose default and help come from the workflow schema's ``key``."""
+    entry = _schema_entry(key)
+    return field(default=entry["default"], metadata={"help": entry.get("description", ""), "config": key, **metadata})
+
+
+def option(default=dataclasses.MISSING, help: str = "", **metadata):
+    """A spec field with its own default (a step-level setting the workflow config does not expose)."""
+    return field(default=default, metadata={"help": help, **metadata})
+
+
+class SpecError(ValueError):
+    """An invalid step setting; the message names the option."""
+
+
+def _parse_layers(text):
+    from istar.core.regularizers import parse_layer_spec
+
+    return parse_layer_spec(text)
+
+
+def _finite(name: str, value) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(f"{name} must be a finite number; got {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    """Shared behaviour: JSON round trip and checks common to every step."""
+
+    def to_json(self) -> str:
+        # (fields are plain values and lists: no need for dataclasses.asdict's deep copy, which
+        # costs the workflow about 0.2 s per 2,000 jobs)
+        return json.dumps({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str):
+        values = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise SpecError(f"{cls.__name__} has no setting(s) {', '.join(unknown)}")
+        return cls(**values)
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            _finite(f.name, getattr(self, f.name))
+        for f in dataclasses.fields(self):
+            if f.metadata.get("positive") and int(getattr(self, f.name)) < 1:
+                raise SpecError(f"{f.name} must be a positive integer; got {getattr(self, f.name)}")
+        if getattr(self, "mixed_precision", "no") not in PRECISIONS:
+            raise SpecError(f"mixed_precision must be no, fp16 or bf16; got {self.mixed_precision!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrepareDataSpec(Spec):
+    """The data step (:func:`istar.data.prepare_task`): one task's splits, normalised, as parquet."""
+
+    task: str = option(help="task key", flag="--task", choices=tuple(TASKS))
+    out: str = option(help="folder for train.parquet, validation.parquet and meta.json", flag="--out")
+    source: str = config_field("data.source", choices=("auto", "mirror", "hub"))
+    mirror: typing.Optional[str] = config_field("data.mirror")
+    revision: typing.Optional[str] = option(None, help="hub dataset revision: a branch, tag or 40-hex commit "
+                                                       "(default: main); meta.json records its commit")
+    allow_standin: bool = config_field("data.allow_standin")
+    standin_fraction: float = config_field("data.standin_fraction")
+    max_train_samples: typing.Optional[int] = config_field("data.max_train_samples")
+    max_eval_samples: typing.Optional[int] = config_field("data.max_eval_samples")
+    seed: int = config_field("data.seed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelData(Spec):
+    """The model-and-data part every model step shares (see :func:`istar.steps.common.open_step`)."""
+
+    model: str = option(help="HF id (optionally @revision), local folder or package:NAME/SUBFOLDER", flag="--model")
+    data_dir: str = option(help="prepared task folder (train/validation parquet + meta.json)", flag="--data")
+    max_length: int = config_field("training.max_length", positive=True)
+    doc_stride: int = config_field("training.doc_stride", positive=True)
+    # Direct calls run in fp32; workflow jobs get the precision their granted GPUs allow (istar launch).
+    mixed_precision: str = option("no", help="autocast precision: no (fp32), fp16 or bf16", choices=PRECISIONS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSpec(ModelData):
+    """Everything a fine-tuning run depends on (:func:`istar.steps.train.train`); saved in ``run_config.json``."""
+
+    output_dir: str = option(help="run folder", flag="--out")
+    method: str = option("base", help="the fine-tuning method (istar.registry.methods)", choices=METHOD_NAMES)
+    lam: float = option(0.0, help="λ, the penalty weight (istar: required; cosreg: default 1)")
+    zeta: float = option(0.2, help="ζ ∈ [0, 1], weight of Σ_S in IsoScore* (istar)")
+    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+    sigma_s: typing.Optional[str] = option(None, help="initial Σ_S file from `istar shrinkage` (istar with ζ > 0)")
+    shrinkage_rows: int = config_field("shrinkage.rows", positive=True)
+    recompute_shrinkage: bool = config_field("shrinkage.recompute_every_epoch")
+    global_penalty: bool = config_field("shrinkage.global_penalty")
+    learning_rate: float = config_field("training.learning_rate")
+    batch_size: int = config_field("training.batch_size", positive=True)
+    eval_batch_size: int = config_field("training.eval_batch_size", positive=True)
+    epochs: int = config_field("training.epochs", positive=True)
+    gradient_accumulation_steps: int = config_field("training.gradient_accumulation_steps", positive=True)
+    warmup_ratio: float = config_field("training.warmup_ratio")
+    scheduler: str = config_field("training.scheduler")
+    weight_decay: float = config_field("training.weight_decay")
+    max_grad_norm: float = config_field("training.max_grad_norm")
+    seed: int = option(0, help="run seed (Python, NumPy, torch, data order)")
+    checkpoint_every: int = config_field("training.checkpoint_every")
+    log_every: int = option(1, help="write a train_log.csv row every K optimizer steps", positive=True)
+
+    def validate(self) -> None:
+        super().validate()
+        method = get_method(self.method)
+        if not method.takes("lam") and self.lam != 0.0:
+            raise SpecError(f"method {self.method} takes no λ; got lam = {self.lam}")
+        if self.method == "istar":
+            if not 0.0 <= self.zeta <= 1.0:
+                raise SpecError(f"zeta must lie in [0, 1]; got {self.zeta}")
+            if self.zeta > 0 and not self.sigma_s:
+                raise SpecError("method istar with zeta > 0 needs --sigma-s, the file written by `istar shrinkage`")
+        if self.learning_rate <= 0:
+            raise SpecError(f"learning_rate must be positive; got {self.learning_rate}")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise SpecError(f"warmup_ratio must lie in [0, 1); got {self.warmup_ratio}")
+        if self.checkpoint_every < 0:
+            raise SpecError(f"checkpoint_every must be ≥ 0; got {self.checkpoint_every}")
+
+    @property
+    def penalty_layers(self):
+        """The hidden states the penalty reads: the I-STAR selection, the last layer for CosReg."""
+        return self.layers if self.method == "istar" else -1
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluateSpec(ModelData):
+    """The evaluation step (:func:`istar.steps.evaluate.evaluate_checkpoint`)."""
+
+    out: str = option(help="output JSON file", flag="--out")
+    split: str = option("validation", help="which prepared split", choices=("train", "validation"))
+    batch_size: int = config_field("training.eval_batch_size", positive=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActivationsSpec(ModelData):
+    """The activations step (:func:`istar.steps.activations.extract_activations`)."""
+
+    out: str = option(help="output .safetensors file", flag="--out")
+    split: str = option("validation", help="which prepared split", choices=("train", "validation"))
+    batch_size: int = config_field("training.eval_batch_size", positive=True)
+    token_sample: int = config_field("analysis.token_sample", positive=True)
+    seed: int = option(0, help="seed of the token sample")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShrinkageSpec(ModelData):
+    """The Σ_S step (:func:`istar.steps.shrinkage.compute_shrinkage_file`)."""
+
+    out: str = option(help="output Σ_S file", flag="--out")
+    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+    rows: int = config_field("shrinkage.rows", positive=True)
+    batch_size: int = config_field("training.eval_batch_size", positive=True)
+    seed: int = option(0, help="seed of the order in which the training split is read")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalyzeSpec(Spec):
+    """The analysis step (:func:`istar.steps.analyze.analyze_run`)."""
+
+    activations: str = option(help="the run's activations .safetensors file", flag="--activations")
+    sigma_s: str = option(help="the Σ_S file of the pretrained model on the task", flag="--sigma-s")
+    out: str = option(help="output analysis.json", flag="--out")
+    zeta: float = config_field("analysis.zeta")
+    twonn_discard: float = config_field("analysis.twonn_discard")
+    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureSpec(Spec):
+    """The measurement step (:func:`istar.steps.measure.measure_runs`): evaluation (optional), activations and
+    analysis of several fine-tuned runs of one model × task, in one process, with nothing written in between."""
+
+    runs: list[str] = option(help="run folders, each holding the fine-tuned model/", flag="--runs")
+    data_dir: str = option(help="prepared task folder (train/validation parquet + meta.json)", flag="--data")
+    sigma_s: str = option(help="the Σ_S file of the pretrained model on the task", flag="--sigma-s")
+    out: str = option(help="output JSON file", flag="--out")
+    evaluate: bool = option(False, help="also compute each model's metrics on the split")
+    split: str = option("validation", help="which prepared split", choices=("train", "validation"))
+    max_length: int = config_field("training.max_length", positive=True)
+    doc_stride: int = config_field("training.doc_stride", positive=True)
+    batch_size: int = config_field("training.eval_batch_size", positive=True)
+    token_sample: int = config_field("analysis.token_sample", positive=True)
+    seed: int = option(0, help="seed of the token sample")
+    zeta: float = config_field("analysis.zeta")
+    twonn_discard: float = config_field("analysis.twonn_discard")
+    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+    mixed_precision: str = option("no", help="autocast precision: no (fp32), fp16 or bf16", choices=PRECISIONS)
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.runs:
+            raise SpecError("runs is empty: give at least one run folder")
+        if len(set(self.runs)) != len(self.runs):
+            raise SpecError(f"runs lists a folder twice: {self.runs}")
+        if not 0.0 <= self.zeta <= 1.0:
+            raise SpecError(f"zeta must lie in [0, 1]; got {self.zeta}")
+        if not 0.0 <= self.twonn_discard < 1.0:
+            raise SpecError(f"twonn_discard must lie in [0, 1); got {self.twonn_discard}")
+
+    def model_data(self, run: str) -> ModelData:
+        """The model-and-data spec of one run's fine-tuned model (for :func:`istar.steps.common.open_step`)."""
+        return ModelData(model=str(Path(run) / "model"), data_dir=self.data_dir, max_length=self.max_length,
+                         doc_stride=self.doc_stride, mixed_precision=self.mixed_precision)
+
+
+AS_GIVEN = "as-given"
+"""The revision label of a profile of the source as it is (no revision listed: a hub id's main, a folder)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileSpec(Spec):
+    """The profile step (:func:`istar.steps.profile.run_profile`): isotropy of one pretrained model at one revision."""
+
+    model: str = option(help="hub id, local folder, package:NAME/SUBFOLDER, or a .gguf file "
+                             "(path or package:NAME/FILE.gguf)", flag="--model")
+    text: str = option(help="text sample: a prepared task folder (istar prepare-data) or a UTF-8 text file, "
+                            "one document per line", flag="--text")
+    out: str = option(help="output JSON file", flag="--out")
+    revision: typing.Optional[str] = option(None, help="hub revision: branch, tag or commit (hub ids only)")
+    split: str = config_field("profile.split", choices=("train", "validation"))
+    tokens: int = config_field("profile.tokens", positive=True)
+    sigma_tokens: int = config_field("profile.sigma_tokens")
+    zeta: float = config_field("profile.zeta")
+    batch_size: int = config_field("profile.batch_size", positive=True)
+    max_length: int = config_field("profile.max_length", positive=True)
+    dtype: str = config_field("profile.dtype", choices=PROFILE_DTYPES)
+    device: str = option("auto", help="auto (cuda if available), cpu, cuda or cuda:N")
+    seed: int = option(0, help="seed of the document order")
+
+    def validate(self) -> None:
+        super().validate()
+        for name in ("tokens", "max_length"):
+            if getattr(self, name) < 2:
+                raise SpecError(f"{name} must be at least 2; got {getattr(self, name)}")
+        if self.sigma_tokens == 1 or self.sigma_tokens < 0:
+            raise SpecError(f"sigma_tokens must be 0 (no IsoScore*) or at least 2; got {self.sigma_tokens}")
+        if not 0.0 <= self.zeta <= 1.0:
+            raise SpecError(f"zeta must lie in [0, 1]; got {self.zeta}")
+        if self.dtype not in PROFILE_DTYPES:
+            raise SpecError(f"dtype must be one of {', '.join(PROFILE_DTYPES)}; got {self.dtype!r}")
+
+
+# ------------------------------------------------------------------------------------- CLI
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser, spec_class: type) -> None:
+    """Options for every field of ``spec_class``, plus ``--spec JSON`` (the workflow's form).
+
+    Fields without a default are required unless ``--spec`` is given. Booleans become
+    ``--name`` / ``--no-name`` switches; list fields take one or more values.
+    """
+    hints = typing.get_type_hints(spec_class)
+    parser.set_defaults(spec_class=spec_class)
+    parser.add_argument("--spec", help="the whole step specification as JSON (written by the workflow); "
+                                       "the other options are then not allowed, except --mixed-precision")
+    for f in dataclasses.fields(spec_class):
+        flag, dest = _flag(f), f.name
+        required = f.default is dataclasses.MISSING
+        help_text = f.metadata.get("help", "") + ("" if required else f" (default: {f.default})")
+        if hints[f.name] is bool:
+            parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            continue
+        if typing.get_origin(hints[f.name]) is list:
+            parser.add_argument(flag, dest=dest, nargs="+", default=None, help=help_text + (" (required)" if required else ""))
+            continue
+        kind = f.metadata.get("parse") or next(
+            (c for c in (int, float, str) if hints[f.name] is c or c in typing.get_args(hints[f.name])), str)
+        parser.add_argument(flag, dest=dest, type=kind, default=None, choices=f.metadata.get("choices"),
+                            help=help_text + (" (required)" if required else ""))
+
+
+def spec_from_cli(args: argparse.Namespace):
+    """Build and validate the spec of a parsed command line (see :func:`add_spec_arguments`).
+
+    Decisions made here and nowhere else for manual use: a run without ``--lam`` gets its
+    method's default λ (:mod:`istar.registry.methods`: CosReg 1); a method without one (I-STAR) must be given λ.
+    """
+    spec_class = args.spec_class
+    names = [f.name for f in dataclasses.fields(spec_class)]
+    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if args.spec is not None:
+        extra = sorted(set(given) - {"mixed_precision"})
+        if extra:
+            flags = ", ".join(_flag_of(spec_class, name) for name in extra)
+            raise SpecError(f"--spec holds the whole specification; do not also give {flags}")
+        spec = dataclasses.replace(spec_class.from_json(args.spec), **given)
+    else:
+        missing = [_flag_of(spec_class, f.name) for f in dataclasses.fields(spec_class)
+                   if f.default is dataclasses.MISSING and f.name not in given]
+        if missing:
+            raise SpecError(f"missing {', '.join(missing)} (or give the whole specification with --spec)")
+        if spec_class is TrainSpec and "lam" not in given:
+            method = get_method(given.get("method", "base"))
+            if method.takes("lam") and method.default_lam is None:
+                raise SpecError(f"method {method.key} needs --lam (λ), e.g. --lam -1")
+            given["lam"] = method.default_lam if method.takes("lam") else 0.0
+        spec = spec_class(**given)
+    spec.validate()
+    return spec
+
+
+def _flag_of(spec_class: type, name: str) -> str:
+    return _flag(next(f for f in dataclasses.fields(spec_class) if f.name == name))

@@ -1,0 +1,429 @@
+"""Isotropy measures of point clouds: IsoScore, IsoScore*, and the measures they replace.
+
+(The intrinsic dimension, TwoNN, is in :mod:`istar.core.twonn`.) The module is a little over 400
+lines on purpose: every measure here shares the same input checks and the same moment-based
+score, and splitting them would put the validation in one file and its only callers in another.
+
+Conventions
+-----------
+A point cloud ``X`` is an array of shape ``(n, d)``: ``n`` points (rows) in ``R^d``.
+Covariances are unbiased (divide by ``n - 1``) and have shape ``(d, d)``.
+All functions accept ``torch.Tensor`` or anything ``torch.as_tensor`` understands
+(NumPy arrays, nested lists).
+
+Equations refer to Rudman & Eickhoff, "Stable Anisotropic Regularization", ICLR 2024
+(Algorithm 1 = IsoScore*, Algorithm 2 = IsoScore) and to docs/method.md §2, whose closed form
+
+    IsoScore*(Σ) = ((tr Σ)² / ‖Σ‖_F² − 1) / (d − 1)
+
+needs no eigendecomposition: steps 2–6 of the algorithms depend on the eigenvalues only
+through ``Σλ = tr Σ`` and ``Σλ² = ‖Σ‖_F²``.
+
+Edge cases (all raise ``ValueError`` with a message naming the problem):
+fewer than 2 points, ``d < 2`` (the normalisation divides by ``d − √d = 0``), a covariance
+with zero total variance (every point identical: isotropy is undefined), NaN or inf input.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "isoscore",
+    "isoscore_from_eigenvalues",
+    "isoscore_star",
+    "isoscore_star_from_covariance",
+    "shrink_covariance",
+    "CovarianceAccumulator",
+    "average_cosine_similarity",
+    "partition_isotropy",
+]
+
+
+# --------------------------------------------------------------------------------------
+# input checks
+# --------------------------------------------------------------------------------------
+
+
+def _as_points(X, name: str = "X") -> torch.Tensor:
+    """Return ``X`` as a floating tensor of shape (n, d), n ≥ 2 and d ≥ 2."""
+    X = torch.as_tensor(X)
+    if not X.is_floating_point():
+        X = X.to(torch.float64)
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D point cloud of shape (n, d); got shape {tuple(X.shape)}")
+    n, d = X.shape
+    if n < 2:
+        raise ValueError(f"{name} has {n} point(s); a covariance needs at least 2 points")
+    if d < 2:
+        raise ValueError(
+            f"{name} has d = {d} dimension(s); isotropy is defined for d ≥ 2 "
+            "(the normalisation of Algorithm 2 divides by d − √d)"
+        )
+    return X
+
+
+def _as_covariance(cov, name: str) -> torch.Tensor:
+    cov = torch.as_tensor(cov)
+    if not cov.is_floating_point():
+        cov = cov.to(torch.float64)
+    if cov.ndim != 2 or cov.shape[0] != cov.shape[1]:
+        raise ValueError(f"{name} must be a square (d, d) matrix; got shape {tuple(cov.shape)}")
+    if cov.shape[0] < 2:
+        raise ValueError(f"{name} is {cov.shape[0]}×{cov.shape[0]}; isotropy is defined for d ≥ 2")
+    return cov
+
+
+def _check_zeta(zeta: float, sigma_s, d: int, device) -> torch.Tensor | None:
+    """Validate the shrinkage weight and return Σ_S as float64 on ``device`` (None if ζ = 0)."""
+    zeta = float(zeta)
+    if not 0.0 <= zeta <= 1.0 or math.isnan(zeta):
+        raise ValueError(f"zeta must lie in [0, 1] (0 = no shrinkage, 1 = Σ_S alone); got {zeta}")
+    if zeta == 0.0:
+        return None
+    if sigma_s is None:
+        raise ValueError(f"zeta = {zeta} > 0 needs a shrinkage covariance sigma_s of shape ({d}, {d})")
+    sigma_s = _as_covariance(sigma_s, "sigma_s")
+    if sigma_s.shape[0] != d:
+        raise ValueError(f"sigma_s has shape {tuple(sigma_s.shape)} but the points have d = {d}")
+    if not torch.isfinite(sigma_s).all():
+        raise ValueError("sigma_s contains NaN or inf")
+    return sigma_s.to(device=device, dtype=torch.float64)
+
+
+def _score_from_moments(trace: torch.Tensor, frobenius_sq: torch.Tensor, d: int) -> torch.Tensor:
+    """IsoScore from tr Σ and ‖Σ‖_F² (docs/method.md §2), after checking they make sense."""
+    if not (torch.isfinite(trace) and torch.isfinite(frobenius_sq)):
+        raise ValueError("the covariance is not finite: the input contains NaN or inf (or overflows)")
+    if frobenius_sq <= 0:
+        raise ValueError("the covariance has zero total variance (all points identical): isotropy is undefined")
+    return (trace * trace / frobenius_sq - 1.0) / (d - 1)
+
+
+# --------------------------------------------------------------------------------------
+# vanilla IsoScore (Algorithm 2) and the literal eigenvalue formula
+# --------------------------------------------------------------------------------------
+
+
+def isoscore_from_eigenvalues(eigenvalues) -> float:
+    """IsoScore of a spectrum, computed literally as steps 3–6 of Algorithm 2.
+
+    Parameters
+    ----------
+    eigenvalues : array of shape (d,)
+        The variances along the principal components (eigenvalues of a covariance), d ≥ 2.
+
+    Returns
+    -------
+    float
+        ι = (d·φ − 1)/(d − 1) with Λ̂ = √d·Λ/‖Λ‖₂, δ = ‖Λ̂ − 1‖/√(2(d − √d)),
+        φ = (d − δ²(d − √d))²/d². In [0, 1] for a non-negative spectrum.
+    """
+    lam = torch.as_tensor(eigenvalues, dtype=torch.float64).flatten()
+    d = lam.numel()
+    if d < 2:
+        raise ValueError(f"isotropy is defined for d ≥ 2 eigenvalues; got {d}")
+    if not torch.isfinite(lam).all():
+        raise ValueError("eigenvalues contain NaN or inf")
+    norm = torch.linalg.vector_norm(lam)
+    if norm == 0:
+        raise ValueError("all eigenvalues are zero: zero total variance, isotropy is undefined")
+    lam_hat = math.sqrt(d) * lam / norm
+    delta = torch.linalg.vector_norm(lam_hat - 1.0) / math.sqrt(2.0 * (d - math.sqrt(d)))
+    phi = (d - delta**2 * (d - math.sqrt(d))) ** 2 / d**2
+    return float((d * phi - 1.0) / (d - 1.0))
+
+
+def isoscore(X) -> float:
+    """Vanilla IsoScore of a point cloud (Algorithm 2; Rudman et al., 2022).
+
+    Eigenvalues of the unbiased covariance of ``X`` in float64, then steps 3–6 of
+    Algorithm 2. Not differentiable; for training use :func:`isoscore_star`, which equals
+    this at ``zeta = 0`` (the paper's Appendix A).
+
+    Parameters
+    ----------
+    X : array of shape (n, d), n ≥ 2, d ≥ 2
+
+    Returns
+    -------
+    float in [0, 1]: 1 = isotropic, 0 = all variance along one direction.
+    """
+    X = _as_points(X)
+    cov = torch.cov(X.to(torch.float64).T)
+    if not torch.isfinite(cov).all():
+        raise ValueError("the covariance is not finite: X contains NaN or inf")
+    return isoscore_from_eigenvalues(torch.linalg.eigvalsh(cov))
+
+
+# --------------------------------------------------------------------------------------
+# IsoScore* (Algorithm 1), closed form
+# --------------------------------------------------------------------------------------
+
+
+def shrink_covariance(cov_x, zeta: float, sigma_s=None) -> torch.Tensor:
+    """RDA shrinkage Σ_ζ = (1 − ζ)·Σ_X + ζ·Σ_S (Algorithm 1, step 4), in float64.
+
+    Parameters
+    ----------
+    cov_x : (d, d) covariance of the sample.
+    zeta : float in [0, 1]; the weight of ``sigma_s`` (0 = no shrinkage).
+    sigma_s : (d, d) shrinkage covariance; may be None when ``zeta == 0``.
+    """
+    cov_x = _as_covariance(cov_x, "cov_x")
+    sigma_s = _check_zeta(zeta, sigma_s, cov_x.shape[0], cov_x.device)
+    cov_x = cov_x.to(torch.float64)
+    return cov_x if sigma_s is None else (1.0 - zeta) * cov_x + zeta * sigma_s
+
+
+def isoscore_star_from_covariance(cov_x, zeta: float = 0.0, sigma_s=None) -> torch.Tensor:
+    """IsoScore* of a sample covariance (Algorithm 1 from step 4 on), differentiable.
+
+    Uses ``((tr Σ_ζ)² / ‖Σ_ζ‖_F² − 1) / (d − 1)`` with
+    ``tr Σ_ζ = (1 − ζ) tr Σ_X + ζ tr Σ_S`` and
+    ``‖Σ_ζ‖_F² = (1 − ζ)²‖Σ_X‖_F² + 2ζ(1 − ζ)⟨Σ_X, Σ_S⟩ + ζ²‖Σ_S‖_F²`` (docs/method.md §2),
+    all reductions in float64. Gradients flow into ``cov_x`` by ordinary autograd; this is
+    the entry point when the covariance comes from all-reduced sufficient statistics.
+
+    Parameters
+    ----------
+    cov_x : (d, d) tensor, the sample covariance Σ_X.
+    zeta : float in [0, 1], weight of ``sigma_s``.
+    sigma_s : (d, d) shrinkage covariance Σ_S, required when ``zeta > 0``.
+
+    Returns
+    -------
+    0-d float64 tensor in [0, 1].
+    """
+    cov_x = _as_covariance(cov_x, "cov_x")
+    d = cov_x.shape[0]
+    sigma_s = _check_zeta(zeta, sigma_s, d, cov_x.device)
+    with torch.autocast(device_type=cov_x.device.type, enabled=False):
+        cov = cov_x.to(torch.float64)
+        trace, frob_sq = torch.trace(cov), (cov * cov).sum()
+        if sigma_s is not None:
+            trace = (1.0 - zeta) * trace + zeta * torch.trace(sigma_s)
+            frob_sq = (
+                (1.0 - zeta) ** 2 * frob_sq
+                + 2.0 * zeta * (1.0 - zeta) * (cov * sigma_s).sum()
+                + zeta**2 * (sigma_s * sigma_s).sum()
+            )
+        return _score_from_moments(trace, frob_sq, d)
+
+
+class _IsoScoreStarOfPoints(torch.autograd.Function):
+    """IsoScore*(X) with a hand-written backward that costs one (n, d)×(d, d) product.
+
+    With Σ_ζ = (1 − ζ)·X_cᵀX_c/(n − 1) + ζ·Σ_S, t = tr Σ_ζ, f = ‖Σ_ζ‖_F²:
+        ∂ score / ∂ Σ_ζ = (2t/f · I − 2t²/f² · Σ_ζ) / (d − 1)          (symmetric)
+        ∂ score / ∂ X   = 2(1 − ζ)/(n − 1) · X_c · ∂ score / ∂ Σ_ζ
+    (the centring drops out because the columns of X_c sum to zero). Autograd through
+    ``X_cᵀX_c`` would instead pay two such products.
+    """
+
+    @staticmethod
+    def forward(ctx, X, zeta, sigma_s):
+        n, d = X.shape
+        work = torch.float64 if X.dtype == torch.float64 else torch.float32
+        with torch.autocast(device_type=X.device.type, enabled=False):
+            Xc = X.to(work, copy=True)
+            Xc -= X.mean(dim=0, dtype=work)
+            cov_x = torch.mm(Xc.T, Xc).div_(n - 1).to(torch.float64)
+            cov = cov_x if sigma_s is None else (1.0 - zeta) * cov_x + zeta * sigma_s
+            trace, frob_sq = torch.trace(cov), (cov * cov).sum()
+            score = _score_from_moments(trace, frob_sq, d)
+        alpha = 2.0 * trace / frob_sq / (d - 1)
+        beta = -2.0 * trace * trace / (frob_sq * frob_sq) / (d - 1)
+        ctx.save_for_backward(Xc, cov.to(work), alpha, beta)
+        ctx.scale = 2.0 * (1.0 - zeta) / (n - 1)
+        ctx.input_dtype = X.dtype
+        return score
+
+    @staticmethod
+    def backward(ctx, grad_score):
+        Xc, cov, alpha, beta = ctx.saved_tensors
+        with torch.autocast(device_type=Xc.device.type, enabled=False):
+            coef = grad_score.to(torch.float64) * ctx.scale
+            grad = torch.mm(Xc, cov).mul_((coef * beta).to(Xc.dtype))
+            grad.add_(Xc, alpha=float(coef * alpha))
+        return grad.to(ctx.input_dtype), None, None
+
+
+def isoscore_star(X, zeta: float = 0.0, sigma_s=None) -> torch.Tensor:
+    """IsoScore* of a point cloud (Algorithm 1), differentiable with respect to ``X``.
+
+    Σ_X is the unbiased covariance of ``X``; Σ_ζ = (1 − ζ)·Σ_X + ζ·Σ_S; the score is
+    ``((tr Σ_ζ)² / ‖Σ_ζ‖_F² − 1) / (d − 1)`` (docs/method.md §2), which equals steps 5–9 of
+    Algorithm 1 exactly without an eigendecomposition. ``zeta = 0`` gives vanilla
+    :func:`isoscore`.
+
+    Precision: fp16/bf16 input (e.g. under autocast) is promoted to float32 for the
+    centring and the product X_cᵀX_c; the d×d reductions run in float64. Autocast is
+    disabled inside. The backward pass costs one (n, d)×(d, d) product.
+
+    Parameters
+    ----------
+    X : tensor of shape (n, d), n ≥ 2, d ≥ 2; may require grad.
+    zeta : float in [0, 1]; weight of the shrinkage covariance (0 = none, 1 = Σ_S alone).
+    sigma_s : tensor of shape (d, d), the shrinkage covariance Σ_S (required if zeta > 0;
+        treated as a constant).
+
+    Returns
+    -------
+    0-d float64 tensor in [0, 1].
+    """
+    X = _as_points(X)
+    sigma_s = _check_zeta(zeta, sigma_s, X.shape[1], X.device)
+    return _IsoScoreStarOfPoints.apply(X, float(zeta), sigma_s)
+
+
+# --------------------------------------------------------------------------------------
+# streaming covariance
+# --------------------------------------------------------------------------------------
+
+
+class CovarianceAccumulator:
+    """Streaming mean and unbiased covariance of rows in R^d, in O(d²) memory.
+
+    Batches are centred on their own mean (float32, or float64 for float64 input) and
+    their statistics merged into float64 running sums with the pairwise update of Chan,
+    Golub & LeVeque (1979), so no rows are ever stacked and large offsets do not cancel.
+
+    >>> acc = CovarianceAccumulator(dim=768)
+    >>> for hidden, mask in batches:          # hidden (B, T, 768), mask (B, T)
+    ...     acc.add(hidden, mask=mask)        # keeps rows where mask is true
+    >>> sigma_s = acc.covariance()            # (768, 768) float64
+    """
+
+    def __init__(self, dim: int, device: torch.device | str = "cpu"):
+        if int(dim) < 1:
+            raise ValueError(f"dim must be a positive integer; got {dim}")
+        self.dim = int(dim)
+        self.count = 0
+        self.mean = torch.zeros(self.dim, dtype=torch.float64, device=device)
+        self.m2 = torch.zeros(self.dim, self.dim, dtype=torch.float64, device=device)
+
+    @torch.no_grad()
+    def add(self, rows: torch.Tensor, mask: torch.Tensor | None = None) -> "CovarianceAccumulator":
+        """Add rows of shape (..., d); with ``mask`` of shape (...), only rows where it is true."""
+        rows = torch.as_tensor(rows).detach()
+        if rows.ndim < 1 or rows.shape[-1] != self.dim:
+            raise ValueError(f"rows must have shape (..., {self.dim}); got {tuple(rows.shape)}")
+        if mask is not None:
+            mask = torch.as_tensor(mask, device=rows.device)
+            if tuple(mask.shape) != tuple(rows.shape[:-1]):
+                raise ValueError(
+                    f"mask shape {tuple(mask.shape)} does not match the rows' leading shape {tuple(rows.shape[:-1])}"
+                )
+            rows = rows[mask.bool()]
+        rows = rows.reshape(-1, self.dim)
+        k = rows.shape[0]
+        if k == 0:
+            return self
+        work = torch.float64 if rows.dtype == torch.float64 else torch.float32
+        with torch.autocast(device_type=rows.device.type, enabled=False):
+            batch_mean = rows.mean(dim=0, dtype=torch.float64)
+            centred = rows.to(work, copy=True)
+            centred -= batch_mean.to(work)
+            batch_m2 = torch.mm(centred.T, centred).to(torch.float64)
+        if not (torch.isfinite(batch_mean).all() and torch.isfinite(batch_m2).all()):
+            raise ValueError("rows contain NaN or inf (or overflow float32)")
+        self._combine(k, batch_mean.to(self.mean.device), batch_m2.to(self.m2.device))
+        return self
+
+    def merge(self, other: "CovarianceAccumulator") -> "CovarianceAccumulator":
+        """Fold another accumulator's rows into this one (chunks, processes)."""
+        if other.dim != self.dim:
+            raise ValueError(f"cannot merge accumulators of dim {self.dim} and {other.dim}")
+        if other.count:
+            self._combine(other.count, other.mean.to(self.mean.device), other.m2.to(self.m2.device))
+        return self
+
+    def _combine(self, k: int, mean_b: torch.Tensor, m2_b: torch.Tensor) -> None:
+        n_a = self.count
+        n = n_a + k
+        delta = mean_b - self.mean
+        self.mean = self.mean + delta * (k / n)
+        self.m2 = self.m2 + m2_b + torch.outer(delta, delta) * (n_a * k / n)
+        self.count = n
+
+    def covariance(self) -> torch.Tensor:
+        """The unbiased covariance (d, d) in float64 of all rows added so far."""
+        if self.count < 2:
+            raise ValueError(f"the covariance needs at least 2 rows; {self.count} were added")
+        return self.m2 / (self.count - 1)
+
+    def state_dict(self) -> dict:
+        return {"count": self.count, "mean": self.mean.clone(), "m2": self.m2.clone()}
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> "CovarianceAccumulator":
+        acc = cls(state["mean"].numel(), device=state["mean"].device)
+        acc.count, acc.mean, acc.m2 = int(state["count"]), state["mean"].double(), state["m2"].double()
+        return acc
+
+
+# --------------------------------------------------------------------------------------
+# the measures IsoScore replaces (for comparison studies)
+# --------------------------------------------------------------------------------------
+
+
+def average_cosine_similarity(X) -> float:
+    """Average cosine similarity over all pairs of distinct points (the "random pairs" measure).
+
+    Exactly the mean of x̂_iᵀx̂_j over i ≠ j, x̂ = x/‖x‖, computed in O(n·d) from
+    Σ_{i≠j} x̂_iᵀx̂_j = ‖Σ_i x̂_i‖² − n. Zero vectors raise ``ValueError``.
+
+    Parameters
+    ----------
+    X : array of shape (n, d), n ≥ 2.
+
+    Returns
+    -------
+    float in [−1/(n−1), 1].
+    """
+    X = torch.as_tensor(X).to(torch.float64)
+    if X.ndim != 2 or X.shape[0] < 2:
+        raise ValueError(f"X must have shape (n, d) with n ≥ 2; got {tuple(X.shape)}")
+    if not torch.isfinite(X).all():
+        raise ValueError("X contains NaN or inf")
+    norms = torch.linalg.vector_norm(X, dim=1, keepdim=True)
+    if (norms == 0).any():
+        raise ValueError("X contains zero vectors, whose cosine similarity is undefined")
+    n = X.shape[0]
+    total = (X / norms).sum(dim=0)
+    return float(((total @ total) - n) / (n * (n - 1)))
+
+
+def partition_isotropy(X) -> float:
+    """Partition isotropy score I(X) of Mu et al. (2017), as in the paper's §2.1.
+
+    I(X) = min_c Z(c) / max_c Z(c) with Z(c) = Σ_x exp(cᵀx), c ranging over the unit
+    eigenvectors of XᵀX (uncentred, as in Mu et al.) **and their negatives**.
+
+    Departure (docs/method.md §7): an eigenvector is defined only up to its sign, and
+    Z(c) ≠ Z(−c) in general (Z(−c) sums exp(−cᵀx)), so the score of the published recipe
+    depends on which sign the eigen-solver happens to return (LAPACK versions, GPU vs
+    CPU, a transposed input). Taking the min and max over all 2d vectors ±c makes the
+    score a function of X alone; it can only be lower than (or equal to) the one-sign
+    score. Computed in log-space for stability, in float64.
+
+    Parameters
+    ----------
+    X : array of shape (n, d), n ≥ 1 (the rows are the points, e.g. a vocabulary × d matrix).
+
+    Returns
+    -------
+    float in (0, 1]; 1 = isotropic under this (flawed: mean- and rotation-sensitive) measure.
+    """
+    X = torch.as_tensor(X).to(torch.float64)
+    if X.ndim != 2 or X.shape[0] < 1:
+        raise ValueError(f"X must have shape (n, d); got {tuple(X.shape)}")
+    if not torch.isfinite(X).all():
+        raise ValueError("X contains NaN or inf")
+    _, eigenvectors = torch.linalg.eigh(X.T @ X)
+    projections = X @ eigenvectors  # (n, d): cᵀx for every point and eigenvector
+    log_z = torch.cat([torch.logsumexp(projections, dim=0), torch.logsumexp(-projections, dim=0)])
+    return float(torch.exp(log_z.min() - log_z.max()))

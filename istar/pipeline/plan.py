@@ -1,0 +1,275 @@
+"""Which runs a configuration asks for, and how their settings are spelled in paths.
+
+A *setting* is a fine-tuning method with its hyperparameters, spelled as a folder name
+(docs/architecture.md): ``base``, ``cosreg_lam1``, ``istar_lam-1_zeta0.2``, ``istar_lam-1_zeta0.2_layer6``,
+plus ``_bs16_ep3_lr3e-05`` when the search grid covers batch size, epochs and learning rate.
+Hyperparameters in paths keep reruns right even without Snakemake's metadata and make every
+artifact self-describing.
+
+Each step's spec (:mod:`istar.config.specs`) is built here from the validated config: every default,
+the QA window length and what λ means per method are decided in these functions and nowhere
+else. The Snakemake rules only call them, with the paths of their inputs and outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, replace
+
+from istar.registry.methods import METHOD_PATTERN, get_method
+from istar.config.specs import AS_GIVEN, MeasureSpec, PrepareDataSpec, ProfileSpec, ShrinkageSpec, TrainSpec
+from istar.registry.tasks import TASKS
+
+__all__ = ["Setting", "format_number", "search_settings", "selected_setting", "final_settings", "study_runs",
+           "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "train_spec",
+           "shrinkage_spec", "measure_spec", "AS_GIVEN", "profile_targets", "profile_text_task", "profile_spec"]
+
+
+_NUMBER = r"-?[0-9][0-9.e+-]*"
+_PATTERN = re.compile(
+    rf"^(?P<method>{METHOD_PATTERN})(?:_lam(?P<lam>{_NUMBER}))?(?:_zeta(?P<zeta>{_NUMBER}))?"
+    rf"(?:_layer(?P<layer>[0-9]+))?(?:_bs(?P<bs>[0-9]+)_ep(?P<ep>[0-9]+)_lr(?P<lr>{_NUMBER}))?$")
+
+
+def format_number(value: float) -> str:
+    """Shortest exact spelling of a hyperparameter: 1.0 → '1', -0.5 → '-0.5', 3e-05 → '3e-05'."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A method and its hyperparameters; ``None`` means the configuration's training default."""
+
+    method: str
+    lam: float = 0.0
+    zeta: float | None = None
+    layer: int | None = None
+    batch_size: int | None = None
+    epochs: int | None = None
+    learning_rate: float | None = None
+
+    @property
+    def name(self) -> str:
+        parts = [self.method]
+        method = get_method(self.method)
+        if method.takes("lam"):
+            parts.append(f"lam{format_number(self.lam)}")
+        if method.takes("zeta"):
+            parts.append(f"zeta{format_number(self.zeta)}")
+            if self.layer is not None:
+                parts.append(f"layer{self.layer}")
+        if self.batch_size is not None:
+            parts.append(f"bs{self.batch_size}_ep{self.epochs}_lr{format_number(self.learning_rate)}")
+        return "_".join(parts)
+
+    @classmethod
+    def parse(cls, name: str) -> "Setting":
+        match = _PATTERN.match(name)
+        if match is None:
+            raise ValueError(f"cannot read the setting {name!r}: expected e.g. base, cosreg_lam1, istar_lam-1_zeta0.2")
+        g = match.groupdict()
+        setting = cls(
+            method=g["method"], lam=float(g["lam"]) if g["lam"] else 0.0,
+            zeta=float(g["zeta"]) if g["zeta"] else None, layer=int(g["layer"]) if g["layer"] else None,
+            batch_size=int(g["bs"]) if g["bs"] else None, epochs=int(g["ep"]) if g["ep"] else None,
+            learning_rate=float(g["lr"]) if g["lr"] else None)
+        if setting.name != name:
+            raise ValueError(f"setting {name!r} is not in canonical form; write it as {setting.name!r}")
+        return setting
+
+    def with_training(self, other: "Setting") -> "Setting":
+        """This method with the batch size, epochs and learning rate of ``other``."""
+        return replace(self, batch_size=other.batch_size, epochs=other.epochs, learning_rate=other.learning_rate)
+
+def _training_grid(search: dict) -> list[tuple]:
+    grids = (search["batch_sizes"], search["epochs"], search["learning_rates"])
+    if not any(grids):
+        return [(None, None, None)]
+    if not all(grids):
+        raise ValueError("search.batch_sizes, search.epochs and search.learning_rates must be given together")
+    return list(itertools.product(*grids))
+
+
+def search_settings(config: dict) -> list[Setting]:
+    """Stage 1: I-STAR over λ × ζ (× batch size × epochs × learning rate when searched)."""
+    search = config["search"]
+    return [Setting("istar", lam=float(lam), zeta=float(zeta), batch_size=bs, epochs=ep, learning_rate=lr)
+            for lam, zeta, (bs, ep, lr) in itertools.product(search["lambdas"], search["zetas"], _training_grid(search))]
+
+
+def selected_setting(selection: dict, config: dict) -> Setting:
+    """The I-STAR setting a ``best.json`` (``istar select``) names; training values only if searched."""
+    searched = trains_training_grid(config)
+    return Setting("istar", lam=float(selection["lam"]), zeta=float(selection["zeta"]),
+                   batch_size=int(selection["batch_size"]) if searched else None,
+                   epochs=int(selection["epochs"]) if searched else None,
+                   learning_rate=float(selection["learning_rate"]) if searched else None)
+
+
+def trains_training_grid(config: dict) -> bool:
+    return _training_grid(config["search"]) != [(None, None, None)]
+
+
+def final_settings(config: dict, selection: Setting | None) -> list[Setting]:
+    """Stage 2: base, CosReg (λ = final.cosreg_lambda) and the chosen I-STAR setting.
+
+    ``selection`` None gives the runs that do not depend on the search (base and CosReg when
+    the training hyperparameters are not searched); with a selection all three.
+    """
+    base = Setting("base")
+    cosreg = Setting("cosreg", lam=float(config["final"]["cosreg_lambda"]))
+    if selection is None:
+        return [] if trains_training_grid(config) else [base, cosreg]
+    return [base.with_training(selection), cosreg.with_training(selection), selection]
+
+
+def study_seeds(config: dict, study: str) -> list[int]:
+    """The seeds of the final runs (``study == "final"``) or of a figure study."""
+    return list(config["final"]["seeds"]) if study == "final" else study_scope(config, study)[2]
+
+
+def study_scope(config: dict, study: str) -> tuple[list[str], list[str], list[int]]:
+    """(models, tasks, seeds) of a study; empty lists in the config mean all / the final seeds."""
+    spec = config["studies"][study]
+    return (spec["models"] or list(config["models"]), spec["tasks"] or list(config["tasks"]),
+            spec["seeds"] or list(config["final"]["seeds"]))
+
+
+def study_settings(config: dict, study: str, selection: Setting | None, num_layers: int | None = None) -> list[Setting] | None:
+    """The settings of a figure study for one model × task.
+
+    Returns None when the study needs the search's choice (``lam: selected``) and
+    ``selection`` is None; ``num_layers`` (L) is needed for ``single_layer`` with ``layers: all``.
+    """
+    spec = config["studies"][study]
+    if study in ("lambda_sweep", "twonn", "layerwise"):
+        settings = [Setting("istar", lam=float(lam), zeta=float(spec["zeta"])) for lam in spec["lambdas"]]
+        return settings + ([Setting("base")] if study != "lambda_sweep" else [])
+    if study == "cosreg_means":
+        return [Setting("cosreg", lam=float(lam)) for lam in spec["lambdas"]] + [Setting("base")]
+    if study == "zeta_sweep":
+        if spec["lam"] == "selected" and selection is None:
+            return None
+        lam = selection.lam if spec["lam"] == "selected" else float(spec["lam"])
+        return [Setting("istar", lam=lam, zeta=float(zeta)) for zeta in spec["zetas"]]
+    if study == "single_layer":
+        needs_selection = "selected" in (spec["lam"], spec["zeta"])
+        if (needs_selection and selection is None) or (spec["layers"] == "all" and num_layers is None):
+            return None
+        lam = selection.lam if spec["lam"] == "selected" else float(spec["lam"])
+        zeta = selection.zeta if spec["zeta"] == "selected" else float(spec["zeta"])
+        layers = list(range(1, num_layers + 1)) if spec["layers"] == "all" else list(spec["layers"])
+        return [Setting("istar", lam=lam, zeta=zeta, layer=k) for k in layers] + [Setting("istar", lam=lam, zeta=zeta)]
+    raise ValueError(f"unknown study {study!r}")
+
+
+def study_runs(config: dict, study: str, model: str, task: str, selection: Setting | None,
+               num_layers: int | None = None) -> list[tuple[Setting, int]] | None:
+    """(setting, seed) pairs of a study for one model × task (None: needs the search's choice)."""
+    models, tasks, seeds = study_scope(config, study)
+    if model not in models or task not in tasks or not config["studies"][study]["enabled"]:
+        return []
+    settings = study_settings(config, study, selection, num_layers)
+    if settings is None:
+        return None
+    return [(setting, seed) for setting in settings for seed in seeds]
+
+
+# ------------------------------------------------------------------------------------- specs
+
+
+def needs_sigma(setting: Setting) -> bool:
+    """Whether a run reads the pretrained Σ_S (I-STAR with ζ > 0)."""
+    return setting.method == "istar" and setting.zeta > 0
+
+
+def task_max_length(config: dict, task: str) -> int:
+    """Tokens per example: SQuAD's windows are longer (question + a slice of the context)."""
+    training = config["training"]
+    return training["qa_max_length"] if task == "squad" else training["max_length"]
+
+
+def prepare_data_spec(config: dict, *, task: str, out: str) -> PrepareDataSpec:
+    """One task's data as the ``data`` section asks (a hub revision only where one is pinned)."""
+    data = config["data"]
+    return PrepareDataSpec(task=task, out=out, source=data["source"], mirror=data["mirror"],
+                           revision=data["hub_revisions"].get(task), allow_standin=data["allow_standin"],
+                           standin_fraction=data["standin_fraction"], max_train_samples=data["max_train_samples"],
+                           max_eval_samples=data["max_eval_samples"], seed=data["seed"])
+
+
+def _model_data(config: dict, model: str, task: str, data_dir: str) -> dict:
+    training = config["training"]
+    return {"model": model, "data_dir": data_dir, "max_length": task_max_length(config, task),
+            "doc_stride": training["doc_stride"]}
+
+
+def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: int, data_dir: str, output_dir: str,
+               sigma_s: str | None) -> TrainSpec:
+    """The fine-tuning spec of one run: its setting, the rest from ``training`` and ``shrinkage``.
+
+    A setting's batch size, epochs and learning rate override the training defaults when
+    the search covers them; λ is the setting's (0 for the baseline, which has none); the
+    I-STAR options are set for I-STAR runs only; ``sigma_s`` is read when ζ > 0. Every run
+    measures Σ_S after each epoch (istar.steps.train), over the ``shrinkage`` section's layers and rows.
+    """
+    training, shrinkage = config["training"], config["shrinkage"]
+    hyperparameters = {"layers": setting.layer if setting.layer is not None else shrinkage["layers"],
+                       "shrinkage_rows": shrinkage["rows"]}
+    if setting.method == "istar":
+        hyperparameters |= {
+            "zeta": setting.zeta, "recompute_shrinkage": shrinkage["recompute_every_epoch"],
+            "global_penalty": shrinkage["global_penalty"], "sigma_s": sigma_s if needs_sigma(setting) else None,
+        }
+    return TrainSpec(
+        **_model_data(config, model, task, data_dir), output_dir=output_dir, method=setting.method,
+        lam=float(setting.lam), seed=int(seed), mixed_precision=training["mixed_precision"],
+        learning_rate=setting.learning_rate or training["learning_rate"],
+        batch_size=setting.batch_size or training["batch_size"], epochs=setting.epochs or training["epochs"],
+        eval_batch_size=training["eval_batch_size"], gradient_accumulation_steps=training["gradient_accumulation_steps"],
+        warmup_ratio=training["warmup_ratio"], scheduler=training["scheduler"], weight_decay=training["weight_decay"],
+        max_grad_norm=training["max_grad_norm"], checkpoint_every=training["checkpoint_every"], **hyperparameters)
+
+
+def shrinkage_spec(config: dict, *, model: str, task: str, data_dir: str, out: str) -> ShrinkageSpec:
+    """Σ_S of the pretrained model on the task's training data (fp32, the evaluation batch size)."""
+    return ShrinkageSpec(**_model_data(config, model, task, data_dir), out=out, layers=config["shrinkage"]["layers"],
+                         rows=config["shrinkage"]["rows"], batch_size=config["training"]["eval_batch_size"])
+
+
+def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sigma_s: str, out: str) -> MeasureSpec:
+    """Evaluation, activations and analysis of a setting's runs (fp32). Every run is evaluated: the
+    forward pass costs little beside the activations' and gives each run its fp32 score."""
+    training, analysis = config["training"], config["analysis"]
+    return MeasureSpec(runs=list(runs), data_dir=data_dir, sigma_s=sigma_s, out=out, evaluate=True,
+                       max_length=task_max_length(config, task), doc_stride=training["doc_stride"],
+                       batch_size=training["eval_batch_size"], token_sample=analysis["token_sample"],
+                       zeta=analysis["zeta"], twonn_discard=analysis["twonn_discard"],
+                       layers=config["shrinkage"]["layers"])
+
+
+# ----------------------------------------------------------------------------- isotropy profiles
+
+def profile_targets(config: dict) -> list[tuple[str, str]]:
+    """(model short name, revision label) of every profile the ``profile`` section asks for."""
+    return [(name, revision) for name, entry in config["profile"]["models"].items()
+            for revision in (entry.get("revisions") or [AS_GIVEN])]
+
+
+def profile_text_task(config: dict) -> str | None:
+    """The task whose prepared split is the profiles' text sample, or None when ``profile.text`` is a file."""
+    text = config["profile"]["text"]
+    return text if text in TASKS else None
+
+
+def profile_spec(config: dict, *, model: str, revision: str, text: str, out: str) -> ProfileSpec:
+    """One model × revision profile; ``text``: the prepared task folder or the text file."""
+    profile = config["profile"]
+    return ProfileSpec(model=profile["models"][model]["source"], revision=None if revision == AS_GIVEN else revision,
+                       text=text, out=out, split=profile["split"], tokens=profile["tokens"],
+                       sigma_tokens=profile["sigma_tokens"], zeta=profile["zeta"], batch_size=profile["batch_size"],
+                       max_length=profile["max_length"], dtype=profile["dtype"],
+                       # a job granted no GPU stays on the CPU even on a machine that has one
+                       device="auto" if profile["gpus"] else "cpu")

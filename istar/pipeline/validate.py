@@ -1,0 +1,213 @@
+"""Validation of a workflow configuration: the schema (:mod:`istar.config.schema`), then pre-flight checks.
+
+:func:`validate_config` fills in every default, checks the schema (JSON Schema 2020-12) and
+then what a schema cannot say (studies naming unknown models, a mirror that does not exist,
+tasks whose files the mirror lacks, SQuAD strides, layer indices beyond a local model's
+depth as read from its ``config.json``, NaN or infinite numbers). Every problem raises
+:class:`ConfigError` naming the key and the allowed values, before any job runs;
+:func:`load_yaml` reports a YAML syntax error as ``FILE:LINE:COLUMN`` on one line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from istar.config.schema import STUDIES, ConfigError, check_schema, load_yaml
+
+__all__ = ["validate_config", "load_config", "model_depth"]
+
+
+def validate_config(config: dict, schema: dict | None = None, check_paths: bool = True) -> dict:
+    """A validated copy of ``config`` with every default filled in.
+
+    Parameters
+    ----------
+    config : the configuration as loaded from YAML.
+    schema : the schema (default: :data:`istar.config.schema.SCHEMA_PATH`).
+    check_paths : also check what lies on disk (the mirror, its files, local models).
+
+    Raises
+    ------
+    ConfigError naming the first invalid key and the allowed values.
+    """
+    config = check_schema(config, schema)
+    _check_semantics(config, check_paths)
+    return config
+
+
+def _check_semantics(config: dict, check_paths: bool) -> None:
+    models, tasks = config["models"], config["tasks"]
+    for study in STUDIES:
+        spec = config["studies"][study]
+        for model in spec["models"]:
+            if model not in models:
+                raise ConfigError(f"config key 'studies.{study}.models': {model!r} is not a configured model; use one of {list(models)}")
+        for task in spec["tasks"]:
+            if task not in tasks:
+                raise ConfigError(f"config key 'studies.{study}.tasks': {task!r} is not in 'tasks' ({tasks}); add it there first")
+    training = config["training"]
+    if "squad" in tasks and training["doc_stride"] >= training["qa_max_length"] // 2:
+        raise ConfigError(f"config key 'training.doc_stride': {training['doc_stride']} must be smaller than half of "
+                          f"training.qa_max_length = {training['qa_max_length']}, so each window still holds the question")
+    if 0.0 in config["search"]["lambdas"]:
+        raise ConfigError("config key 'search.lambdas': λ = 0 is the baseline, which the final stage runs anyway; remove it")
+    if check_paths:
+        _check_layers(config, _check_models(models))
+        _check_data(config["data"], tasks)
+        _check_profile(config)
+
+
+def model_depth(folder) -> int:
+    """L, the number of transformer layers of a saved model, from ``folder/config.json``.
+
+    Raises ValueError when the file is not a usable Hugging Face config (no ``model_type``
+    or no layer count), so a broken folder is caught before any job loads it.
+    """
+    path = Path(folder) / "config.json"
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not readable JSON ({error})") from None
+    if not isinstance(settings, dict) or not settings.get("model_type"):
+        raise ValueError(f"{path} names no model_type, so transformers cannot build the model: save the model "
+                         "again with save_pretrained or point the key at a complete model folder")
+    # BERT, ALBERT, RoBERTa: num_hidden_layers; DistilBERT: n_layers; T5-style encoders: num_layers.
+    depth = next((settings[key] for key in ("num_hidden_layers", "n_layers", "num_layers") if key in settings), None)
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+        raise ValueError(f"{path} gives no layer count (num_hidden_layers): not a usable encoder")
+    return depth
+
+
+def _check_models(models: dict) -> dict[str, int]:
+    """Resolve every model source; the depth L of each local one (model name → L).
+
+    A hub id is judged only offline (``HF_HUB_OFFLINE``): then it must be in the local cache.
+    """
+    from istar.models.loading import check_model_available, resolve_model_source
+
+    depths = {}
+    for name, source in models.items():
+        problem = check_model_available(source)
+        if problem is not None:
+            raise ConfigError(f"config key 'models.{name}': {problem}")
+        try:
+            resolved = Path(resolve_model_source(source))
+            if resolved.is_dir():
+                depths[name] = model_depth(resolved)
+        except ValueError as error:
+            raise ConfigError(f"config key 'models.{name}': {error}") from None
+    return depths
+
+
+def _check_layers(config: dict, depths: dict[str, int]) -> None:
+    """Layer indices within the depth of every local model that uses them (hub models are checked in the job)."""
+    chosen = config["shrinkage"]["layers"]
+    if not isinstance(chosen, str):
+        for name, depth in depths.items():
+            too_deep = [i for i in ([chosen] if isinstance(chosen, int) else chosen) if i > depth]
+            if too_deep:
+                raise ConfigError(f"config key 'shrinkage.layers': layer {too_deep[0]} does not exist in model "
+                                  f"{name!r}, which has layers 0 (embeddings) to {depth}")
+    single = config["studies"]["single_layer"]
+    if single["enabled"] and isinstance(single["layers"], list):
+        for name in single["models"] or list(config["models"]):
+            depth = depths.get(name)
+            too_deep = [i for i in single["layers"] if depth is not None and i > depth]
+            if too_deep:
+                raise ConfigError(f"config key 'studies.single_layer.layers': layer {too_deep[0]} does not exist in "
+                                  f"model {name!r}, which has layers 1 to {depth}")
+
+
+def _check_data(data: dict, tasks: list[str]) -> None:
+    from istar.data import missing_mirror_files
+
+    if data["mirror"] is None:
+        if data["source"] == "mirror":
+            raise ConfigError("config key 'data.mirror': data.source is mirror but no mirror folder is named; set "
+                              "data.mirror to a folder in the GLUE release layout (config/demo-data holds the demo's "
+                              "rows) or use source: hub")
+        return
+    mirror = Path(data["mirror"])
+    if data["source"] == "mirror" and not mirror.is_dir():
+        raise ConfigError(f"config key 'data.mirror': {mirror} does not exist (resolved from {Path.cwd()}) but "
+                          "data.source is mirror; point it at a folder in the GLUE release layout or use source: hub")
+    if data["source"] == "hub" or not mirror.is_dir() or data["allow_standin"]:
+        return
+    for task in tasks:
+        missing = missing_mirror_files(task, mirror)
+        if len(missing) == 2:
+            raise ConfigError(f"config key 'tasks': the mirror {mirror} has no file of {task} "
+                              f"({', '.join(map(str, missing))}); remove it or use data.source: hub")
+        if missing:
+            raise ConfigError(f"config key 'tasks': the mirror {mirror} lacks {missing[0]} for {task}; put the file there, "
+                              "use data.source: hub, or set data.allow_standin: true to split the available file into a "
+                              "flagged stand-in train/validation pair")
+
+
+def _check_profile(config: dict) -> None:
+    """Every profiled model × revision loadable here (the hub only judged offline), the text sample there."""
+    from istar.models.loading import check_model_available, gguf_location
+    from istar.registry.tasks import TASKS
+
+    profile = config["profile"]
+    for name, entry in profile["models"].items():
+        key, source, revisions = f"profile.models.{name}", entry["source"], entry.get("revisions") or []
+        try:
+            gguf = gguf_location(source)
+        except ValueError as error:
+            raise ConfigError(f"config key '{key}.source': {error}") from None
+        if gguf is not None or "@" in source:
+            if revisions:
+                raise ConfigError(f"config key '{key}.revisions': {source!r} has no hub revisions; "
+                                  "list revisions only for a Hugging Face id")
+            if "@" in source:
+                raise ConfigError(f"config key '{key}.source': give revisions under '{key}.revisions', not as @REVISION")
+            continue
+        for revision in revisions or [None]:
+            problem = check_model_available(f"{source}@{revision}" if revision else source)
+            if problem is not None:
+                raise ConfigError(f"config key '{key}': {problem}")
+    text = profile["text"]
+    if profile["models"] and text not in TASKS and not Path(text).is_file():
+        raise ConfigError(f"config key 'profile.text': {text!r} is neither a task key ({', '.join(TASKS)}) nor an "
+                          f"existing text file (resolved from {Path.cwd()})")
+    if text in TASKS and profile["models"]:
+        _check_data(config["data"], [text])
+
+
+def load_config(path, check_paths: bool = True) -> dict:
+    """Read a YAML config file and validate it."""
+    return validate_config(load_yaml(path), check_paths=check_paths)
+
+
+def add_cli_arguments(parser) -> None:
+    parser.add_argument("configfiles", nargs="+", help="YAML config file(s); later ones update earlier ones")
+    parser.add_argument("--out", help="write the validated configuration, every default filled in, to this YAML file")
+    parser.add_argument("--no-path-checks", dest="check_paths", action="store_false",
+                        help="skip the checks of the mirror, its files and local models")
+
+
+def _merge(base: dict, update: dict) -> dict:
+    for key, value in update.items():
+        base[key] = _merge(base.get(key, {}), value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return base
+
+
+def run_cli(args) -> int:
+    """``istar config``: validate config file(s) (merged in order, as Snakemake does) and print or write the result."""
+    merged: dict = {}
+    for path in args.configfiles:
+        merged = _merge(merged, load_yaml(path))
+    config = validate_config(merged, check_paths=args.check_paths)
+    text = yaml.safe_dump(config, sort_keys=False)
+    if args.out:
+        from istar.io import artifacts
+
+        artifacts.write_text(args.out, text)
+        print(f"valid: {', '.join(args.configfiles)} -> {args.out}")
+    else:
+        print(text, end="")
+    return 0

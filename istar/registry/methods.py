@@ -1,0 +1,69 @@
+"""The fine-tuning methods: one registry, read by the trainer, the planner, the workflow, figures and tables.
+
+Each method is a task loss plus, optionally, a penalty weighted by λ (docs/method.md §3–4):
+
+- ``base``: the task loss alone; it takes no hyperparameter (λ is not defined for it).
+- ``cosreg``: CosReg, λ times the mean pairwise cosine similarity of the last layer's token
+  vectors (docs/method.md §4); λ defaults to 1 (the paper's CosReg, which lowers anisotropy).
+- ``istar``: I-STAR, λ·(1 − IsoScore*) of the chosen layers' token vectors with shrinkage ζ
+  towards Σ_S (docs/method.md §3); λ has no default and must be given.
+
+The order of :data:`METHODS` is the order in which methods appear in legends and table rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Method", "METHODS", "METHOD_NAMES", "METHOD_PATTERN", "HYPERPARAMETERS", "get_method"]
+
+HYPERPARAMETERS = ("lam", "zeta", "layers", "sigma_s")
+"""Hyperparameters a method may take: λ, shrinkage ζ, the penalised layers, the shrinkage covariance Σ_S."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """A fine-tuning method.
+
+    key : registry key, e.g. ``"istar"`` (also the first part of a setting's folder name).
+    label : the name shown in figures and tables, e.g. ``"I-STAR"``.
+    colour : hex colour of the method in figures (a λ sweep shades it, see :mod:`istar.report.figure_parts`).
+    hyperparameters : the subset of :data:`HYPERPARAMETERS` the method takes.
+    default_lam : λ when none is given; None where λ must be given or (``base``) is not taken.
+    """
+
+    key: str
+    label: str
+    colour: str
+    hyperparameters: tuple[str, ...]
+    default_lam: float | None
+
+    def takes(self, name: str) -> bool:
+        """Whether the method takes the hyperparameter ``name`` (one of :data:`HYPERPARAMETERS`)."""
+        if name not in HYPERPARAMETERS:
+            raise ValueError(f"unknown hyperparameter {name!r}; known: {', '.join(HYPERPARAMETERS)}")
+        return name in self.hyperparameters
+
+
+METHODS: dict[str, Method] = {
+    method.key: method
+    for method in (
+        Method("base", "Base", "#7f7f7f", (), None),
+        Method("cosreg", "CosReg", "#ff7f0e", ("lam",), 1.0),
+        Method("istar", "I-STAR", "#1f77b4", HYPERPARAMETERS, None),
+    )
+}
+
+METHOD_NAMES: tuple[str, ...] = tuple(METHODS)
+"""The method keys in registry order: ``("base", "cosreg", "istar")``."""
+
+METHOD_PATTERN = "|".join(METHOD_NAMES)
+"""Regular-expression alternation of the method keys (``base|cosreg|istar``), for setting names and wildcards."""
+
+
+def get_method(key: str) -> Method:
+    """Look a method up by key, with an error that lists the known methods."""
+    try:
+        return METHODS[key]
+    except KeyError:
+        raise ValueError(f"unknown method {key!r}; known methods: {', '.join(METHODS)}") from None

@@ -1,0 +1,250 @@
+"""The aggregate step: every study's run folders, measurements and selections collected into six CSV files.
+
+Each run enters under a *study* name (free text; the workflow uses ``search``, ``final``,
+``lambda_sweep``, ``cosreg_means``, ``twonn``, ``layerwise``, ``zeta_sweep``,
+``single_layer``); a run may belong to several studies. The tables and figures read only
+these files, whose columns are fixed:
+
+``runs.csv`` — one row per (study, run), columns :data:`RUNS_COLUMNS`:
+    ``model`` is the short name (the path component after ``runs/`` in
+    ``results/runs/{model}/{task}/{setting}/seed{seed}``, else run_config.json ``model``);
+    ``setting`` the setting's folder name (``base``, ``cosreg_lam1``, ``istar_lam-1_zeta0.2``,
+    ``istar_lam-1_zeta0.2_layer3``); ``method`` base / cosreg / istar; ``lam`` λ (0 for base);
+    ``zeta`` ζ (empty unless istar); ``layer`` the penalised hidden state when the penalty reads
+    exactly one (empty for the global penalty and for other methods); ``metric`` the task's
+    headline metric and ``score`` its final value; ``accuracy`` … ``eval_loss`` the final
+    evaluation's metrics (empty where the task has none); ``isoscore_star`` and ``isoscore``
+    of the global point cloud and ``cosine_similarity`` of the last layer from the run's
+    analysis in a measurement file (:mod:`istar.steps.measure`; empty when no file given measures
+    the run, e.g. search runs).
+``layers.csv`` — one row per (study, run, hidden state) of measured runs,
+    columns :data:`LAYERS_COLUMNS` (``hidden_state`` 0 = embeddings … L).
+``dims.csv`` — one row per (study, run, dimension) of measured runs, columns
+    :data:`DIMS_COLUMNS`: per-dimension ``mean`` and ``std`` of the last layer's tokens.
+``epochs.csv`` — one row per (study, run, epochs trained) of the final runs, columns
+    :data:`EPOCHS_COLUMNS`: ``sigma_s_isoscore``, IsoScore of Σ_S of the model after ``epoch``
+    epochs (0 = the pretrained model), and ``score``, the headline metric after that epoch
+    (empty for epoch 0).
+``selection.csv`` — one row per selection file (:mod:`istar.report.select`), columns
+    :data:`SELECTION_COLUMNS` (``score_std`` empty for a single seed; ``protocol`` the split
+    the search was scored on, see :data:`istar.report.select.PROTOCOLS`, with the held-out
+    split's fraction and seed, empty under the validation protocol; ``settings`` the number
+    of settings searched).
+``paired.csv`` — one row per (model, task, method ≠ base) of the final study: the mean
+    paired difference method − base over the seeds both ran and its 95 % Student-t interval,
+    columns :data:`istar.report.paired.PAIRED_COLUMNS` (see :mod:`istar.report.paired`).
+
+Rows are sorted by (study, model, task, method, lam, zeta, layer, seed), empty values
+first, then by setting, batch size, epochs, learning rate and folder; layers.csv and dims.csv
+follow the order of runs.csv, then hidden state or dimension; selection.csv is sorted by
+(model, task). Without inputs each file holds just its header. A run given twice under the
+same study is counted once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from istar.io import artifacts
+from istar.steps.measure import read_measures
+from istar.report.select import read_run
+
+__all__ = ["aggregate", "parse_run_spec", "RUNS_COLUMNS", "LAYERS_COLUMNS", "DIMS_COLUMNS", "EPOCHS_COLUMNS",
+           "SELECTION_COLUMNS", "AGGREGATE_NAMES"]
+
+METRIC_COLUMNS = ("accuracy", "f1", "exact_match", "matthews", "pearson", "spearman", "eval_loss")
+RUN_KEYS = ("study", "model", "task", "method", "setting", "lam", "zeta", "layer")
+RUNS_COLUMNS = (*RUN_KEYS, "batch_size", "epochs", "learning_rate", "seed", "metric", "score", *METRIC_COLUMNS,
+                "standin", "isoscore_star", "isoscore", "cosine_similarity", "run_dir")
+LAYERS_COLUMNS = (*RUN_KEYS, "seed", "hidden_state", "isoscore_star", "isoscore", "twonn_cls", "cosine_similarity",
+                  "standin")
+DIMS_COLUMNS = (*RUN_KEYS, "seed", "dim", "mean", "std")
+EPOCHS_COLUMNS = (*RUN_KEYS, "seed", "epoch", "sigma_s_isoscore", "score")
+AGGREGATE_NAMES = ("runs", "layers", "dims", "epochs", "selection", "paired")
+"""The CSV files of the aggregate step (stems), in the order they are written."""
+SELECTION_COLUMNS = ("model", "task", "metric", "lam", "zeta", "batch_size", "epochs", "learning_rate", "score",
+                     "score_std", "seeds", "standin", "protocol", "heldout_fraction", "heldout_seed", "settings")
+INTEGER_COLUMNS = ("layer", "batch_size", "epochs", "seed", "hidden_state", "dim", "seeds", "epoch", "heldout_seed",
+                   "settings")
+SORT_KEYS = ("study", "model", "task", "method", "lam", "zeta", "layer", "seed", "setting", "batch_size", "epochs",
+             "learning_rate", "run_dir")
+NAN = float("nan")
+
+
+def parse_run_spec(text: str) -> tuple[str, Path]:
+    """Split a ``STUDY=RUN_DIR`` argument into (study, run folder)."""
+    study, sep, run_dir = str(text).partition("=")
+    if not sep or not study.strip() or not run_dir.strip():
+        raise ValueError(f"cannot read run {text!r}: write STUDY=RUN_DIR, e.g. final=results/runs/bert/rte/base/seed0")
+    return study.strip(), Path(run_dir.strip())
+
+
+def _number(value) -> float:
+    return NAN if value is None else float(value)
+
+
+def _single_layer(run: dict) -> float:
+    """The penalised hidden state of an I-STAR run that penalises exactly one, else NaN."""
+    layers = run["layers"]
+    if run["method"] != "istar" or isinstance(layers, str) or layers is None:
+        return NAN
+    if isinstance(layers, int):
+        return float(layers)
+    return float(layers[0]) if len(layers) == 1 else NAN
+
+
+def _analyses(measure_files) -> dict[Path, dict]:
+    """Each measured run's analysis, keyed by its resolved folder, checked for the keys the CSVs need."""
+    analyses = {}
+    for path in measure_files:
+        for run_dir, entry in read_measures(path).items():
+            analysis = entry["analysis"]
+            missing = [key for key in ("global", "layers", "last_layer") if key not in analysis]
+            if missing:
+                raise ValueError(f"{path}: the analysis of {run_dir} lacks {', '.join(missing)}: "
+                                 "it was not written by `istar measure`")
+            analyses[Path(run_dir).resolve()] = analysis
+    return analyses
+
+
+def _run_row(study: str, run: dict, analysis: dict | None) -> dict:
+    final = run["final"]
+    row = {
+        "study": study, "model": run["model"], "task": run["task"], "method": run["method"], "setting": run["setting"],
+        "lam": run["lam"], "zeta": _number(run["zeta"]) if run["method"] == "istar" else NAN,
+        "layer": _single_layer(run), "batch_size": run["batch_size"], "epochs": run["epochs"],
+        "learning_rate": run["learning_rate"], "seed": run["seed"], "metric": run["metric"],
+        "score": _number(final.get(run["metric"])), **{name: _number(final.get(name)) for name in METRIC_COLUMNS},
+        "standin": run["standin"], "isoscore_star": NAN, "isoscore": NAN, "cosine_similarity": NAN,
+        "run_dir": run["run_dir"],
+    }
+    if analysis is not None:
+        row.update(isoscore_star=_number(analysis["global"]["isoscore_star"]),
+                   isoscore=_number(analysis["global"]["isoscore"]),
+                   cosine_similarity=_number(analysis["layers"][-1]["cosine_similarity"]))
+    return row
+
+
+def _sort_key(row: dict) -> tuple:
+    """Sort key with empty (NaN) values first."""
+    key = []
+    for name in SORT_KEYS:
+        value = row[name]
+        missing = isinstance(value, float) and math.isnan(value)
+        key.append((not missing, 0.0 if missing else value))
+    return tuple(key)
+
+
+def _frame(rows: list[dict], columns: tuple[str, ...]):
+    import pandas as pd  # here, not at the top: the workflow imports this module to build its DAG
+
+    frame = pd.DataFrame(rows, columns=list(columns))
+    return frame.astype({name: "Int64" for name in INTEGER_COLUMNS if name in columns})
+
+
+def _selection_row(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"selection file {path} does not exist: run `istar select` first")
+    try:
+        selection = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}): rerun `istar select`") from None
+    missing = [name for name in SELECTION_COLUMNS if name not in selection]
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}: it was not written by `istar select`")
+    row = {name: selection[name] for name in SELECTION_COLUMNS}
+    row.update(zeta=_number(row["zeta"]), score_std=_number(row["score_std"]), standin=bool(row["standin"]),
+               heldout_fraction=_number(row["heldout_fraction"]))
+    return row
+
+
+def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
+    """Collect runs and selections into ``runs.csv``, ``layers.csv``, ``dims.csv``, ``epochs.csv``, ``selection.csv``
+    and ``paired.csv``.
+
+    Parameters
+    ----------
+    run_specs : sequence of (study, run folder); every folder must hold metrics.json and
+        run_config.json (a finished run).
+    selection_files : sequence of ``best.json`` files written by :func:`istar.report.select.select_best`.
+    out_dir : folder for the six CSV files (created; each written atomically).
+    measure_files : files written by :func:`istar.steps.measure.measure_runs`; a run found in one
+        of them gets its analysis (a run in several files: the last one given; measurements of
+        one model agree up to floating-point noise). Keys are run folders as the measurement
+        recorded them, compared after resolving, so give the same working directory.
+
+    Returns
+    -------
+    dict with keys :data:`AGGREGATE_NAMES`: the DataFrames written, with
+    the columns of the module docstring (integer columns as nullable ``Int64``).
+    """
+    from .paired import paired_differences  # here: pandas and SciPy stay out of the workflow's DAG build
+
+    analyses = _analyses(measure_files)
+    seen, entries = set(), []
+    for study, run_dir in run_specs:
+        run_dir = Path(run_dir)
+        if (study, run_dir.resolve()) in seen:
+            continue
+        seen.add((study, run_dir.resolve()))
+        try:
+            run = read_run(run_dir)
+        except (ValueError, FileNotFoundError) as error:
+            raise type(error)(f"study {study}: {error}") from None
+        analysis = analyses.get(run_dir.resolve())
+        entries.append((_run_row(study, run, analysis), analysis, run))
+    entries.sort(key=lambda entry: _sort_key(entry[0]))
+    run_rows, layer_rows, dim_rows, epoch_rows = [], [], [], []
+    for row, analysis, run in entries:
+        run_rows.append(row)
+        if row["study"] == "final":
+            scores = [NAN] + [_number(entry.get(run["metric"])) for entry in run["history"]]
+            epoch_rows.extend({**{name: row[name] for name in (*RUN_KEYS, "seed")}, "epoch": epoch,
+                               "sigma_s_isoscore": float(value), "score": scores[epoch] if epoch < len(scores) else NAN}
+                              for epoch, value in enumerate(run["sigma_s_isoscore"]))
+        if analysis is None:
+            continue
+        keys = {name: row[name] for name in (*RUN_KEYS, "seed")}
+        for layer in analysis["layers"]:
+            layer_rows.append({**keys, "hidden_state": layer["layer"], "isoscore_star": _number(layer["isoscore_star"]),
+                               "isoscore": _number(layer["isoscore"]), "twonn_cls": _number(layer["twonn_cls"]),
+                               "cosine_similarity": _number(layer["cosine_similarity"]), "standin": row["standin"]})
+        last = analysis["last_layer"]
+        dim_rows.extend({**keys, "dim": dim, "mean": float(mean), "std": float(std)}
+                        for dim, (mean, std) in enumerate(zip(last["mean"], last["std"], strict=True)))
+    selection_rows = sorted((_selection_row(Path(path)) for path in selection_files),
+                            key=lambda row: (row["model"], row["task"]))
+    runs_frame = _frame(run_rows, RUNS_COLUMNS)
+    frames = dict(zip(AGGREGATE_NAMES, (
+        runs_frame, _frame(layer_rows, LAYERS_COLUMNS), _frame(dim_rows, DIMS_COLUMNS),
+        _frame(epoch_rows, EPOCHS_COLUMNS), _frame(selection_rows, SELECTION_COLUMNS),
+        paired_differences(runs_frame)), strict=True))
+    out_dir = Path(out_dir)
+    for name, frame in frames.items():
+        with artifacts.atomic_path(out_dir / f"{name}.csv") as tmp:
+            frame.to_csv(tmp, index=False)
+    return frames
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out-dir", required=True, help="folder for runs.csv, layers.csv, dims.csv, epochs.csv, selection.csv, paired.csv")
+    parser.add_argument("--selection", action="extend", nargs="*", default=[], metavar="BEST_JSON",
+                        help="selection files written by `istar select`")
+    parser.add_argument("--measures", action="extend", nargs="*", default=[], metavar="MEASURES_JSON",
+                        help="measurement files written by `istar measure` (the runs' analyses)")
+    parser.add_argument("runs", nargs="*", metavar="STUDY=RUN_DIR", help="a finished run folder and its study")
+
+
+def run_cli(args) -> int:
+    # `--selection a.json final=DIR` hands the run specs to the option before them: move them back.
+    def files(items):
+        return [item for item in items if "=" not in item or Path(item).is_file()]
+
+    selection, measures = files(args.selection), files(args.measures)
+    specs = [item for item in args.selection + args.measures if item not in selection + measures] + list(args.runs)
+    frames = aggregate([parse_run_spec(spec) for spec in specs], selection, args.out_dir, measures)
+    print(", ".join(f"{name}.csv: {len(frame):,} rows" for name, frame in frames.items()) + f" -> {args.out_dir}")
+    return 0

@@ -1,0 +1,157 @@
+"""The paper's figures: one registry of what each reads and draws, and the ``istar figure`` command.
+
+Each figure is enabled by one switch of the config (``studies.<study>.enabled`` for the I-STAR
+paper's figures, ``profile.enabled`` for the isotropy profiles), reads one CSV of
+``results/aggregate/`` and is drawn by one function of :mod:`istar.report.plots` or
+:mod:`istar.report.profile_plots`. The workflow imports this module (rules ``stability`` and
+``figure``), so it imports neither matplotlib nor torch itself: the drawing function is looked
+up when a figure is drawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["FigureSpec", "FIGURES", "FIGURE_NAMES", "STUDY_FIGURES", "PROFILE_FIGURES", "STABILITY_CSV",
+           "PROFILES_CSV", "get_figure", "enabled_figures",
+           "figure_csv", "draw"]
+
+STABILITY_CSV = "fig2_stability"
+"""Stem of the CSV the Fig. 2 simulation writes (``istar stability``) next to the aggregate CSVs."""
+
+PROFILES_CSV = "profiles"
+"""Stem of the CSV of the isotropy profiles (``istar profile-aggregate``) in the aggregate folder."""
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """A figure of the paper.
+
+    name : ``"fig2"`` … ``"fig8"``, ``"profile_layers"`` …; also the stem of the PNG and PDF and the
+        name of the drawing function in ``module``.
+    switch : the config section whose ``enabled`` key draws the figure (``studies.lambda_sweep``,
+        ``profile``); None: always drawn (its data comes from the final runs every config has).
+    data : stem of the CSV in the aggregate folder that the figure reads (``runs`` → ``runs.csv``).
+    step : the command that writes that CSV.
+    caption : one sentence saying what the figure shows.
+    uses_analysis_zeta : whether the drawing labels an axis with the analysis's ζ.
+    module : the module of the drawing function.
+    """
+
+    name: str
+    switch: str | None
+    data: str
+    step: str
+    caption: str
+    uses_analysis_zeta: bool = False
+    module: str = "istar.report.plots"
+
+    def enabled(self, config: dict) -> bool:
+        """Whether a validated config asks for this figure."""
+        if self.switch is None:
+            return True
+        section = config
+        for key in self.switch.split("."):
+            section = section[key]
+        return bool(section["enabled"])
+
+
+FIGURES: dict[str, FigureSpec] = {
+    spec.name: spec
+    for spec in (
+        FigureSpec("fig2", "studies.stability", STABILITY_CSV, "istar stability",
+                   "IsoScore* of mini-batches of a known Gaussian against batch size, for several ζ."),
+        FigureSpec("fig3", "studies.lambda_sweep", "runs", "istar aggregate",
+                   "IsoScore* against performance across the I-STAR λ sweep.", uses_analysis_zeta=True),
+        FigureSpec("fig4", "studies.cosreg_means", "dims", "istar aggregate",
+                   "Per-dimension mean of last-layer activations with CosReg and without a regulariser."),
+        FigureSpec("fig5", "studies.twonn", "layers", "istar aggregate",
+                   "TwoNN intrinsic dimension of the [CLS] vectors per layer."),
+        FigureSpec("fig6", "studies.layerwise", "layers", "istar aggregate",
+                   "IsoScore* per layer with I-STAR and without a regulariser.", uses_analysis_zeta=True),
+        FigureSpec("fig7", "studies.zeta_sweep", "runs", "istar aggregate",
+                   "Performance against the shrinkage parameter ζ, the best ζ marked."),
+        FigureSpec("fig8", "studies.single_layer", "runs", "istar aggregate",
+                   "Performance with I-STAR on one layer at a time against the global penalty."),
+        FigureSpec("sigma_epochs", None, "epochs", "istar aggregate",
+                   "IsoScore of Σ_S after each epoch of fine-tuning, base, CosReg and I-STAR."),
+        FigureSpec("profile_layers", "profile", PROFILES_CSV, "istar profile-aggregate",
+                   "IsoScore, IsoScore* and average cosine similarity of every hidden state of the pretrained "
+                   "models, against relative depth.", module="istar.report.profile_plots"),
+        FigureSpec("profile_steps", "profile", PROFILES_CSV, "istar profile-aggregate",
+                   "Input-embedding I(W) and last-layer IsoScore and IsoScore* across training checkpoints.",
+                   module="istar.report.profile_plots"),
+        FigureSpec("profile_sizes", "profile", PROFILES_CSV, "istar profile-aggregate",
+                   "Input-embedding I(W) and last-layer IsoScore and IsoScore* against model size.",
+                   module="istar.report.profile_plots"),
+        FigureSpec("profile_final_norm", "profile", PROFILES_CSV, "istar profile-aggregate",
+                   "IsoScore and IsoScore* of the last block's output before and after the final norm.",
+                   module="istar.report.profile_plots"),
+    )
+}
+
+FIGURE_NAMES: tuple[str, ...] = tuple(FIGURES)
+"""The figure names in registry order."""
+
+STUDY_FIGURES: dict[str, str] = {spec.switch.removeprefix("studies."): spec.name for spec in FIGURES.values()
+                                  if spec.switch and spec.switch.startswith("studies.")}
+"""Config study → the figure it draws."""
+
+PROFILE_FIGURES: tuple[str, ...] = tuple(spec.name for spec in FIGURES.values() if spec.switch == "profile")
+"""The figures of the isotropy profiles."""
+
+
+def get_figure(name: str) -> FigureSpec:
+    """Look a figure up by name, with an error that lists the known figures."""
+    try:
+        return FIGURES[name]
+    except KeyError:
+        raise ValueError(f"unknown figure {name!r}; known figures: {', '.join(FIGURES)}") from None
+
+
+def enabled_figures(config: dict) -> list[str]:
+    """Names of the figures a validated config asks for (each one's ``enabled`` switch), in registry order."""
+    return [spec.name for spec in FIGURES.values() if spec.enabled(config)]
+
+
+def figure_csv(name: str, aggregate_dir="results/aggregate") -> Path:
+    """Path of the CSV that figure ``name`` reads, under ``aggregate_dir``."""
+    return Path(aggregate_dir) / f"{get_figure(name).data}.csv"
+
+
+def draw(name: str, frame, analysis_zeta: float = 0.2):
+    """Draw figure ``name`` from the DataFrame of its CSV; returns a matplotlib Figure.
+
+    ``analysis_zeta`` is the ζ of the IsoScore* analysis, shown on the axes of the figures
+    that use it.
+    """
+    spec = get_figure(name)
+    function = getattr(importlib.import_module(spec.module), spec.name)
+    return function(frame, analysis_zeta) if spec.uses_analysis_zeta else function(frame)
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``istar figure``."""
+    parser.add_argument("which", choices=FIGURE_NAMES, help="the figure to draw")
+    parser.add_argument("--aggregate-dir", type=Path, default=Path("results/aggregate"),
+                        help="folder of the CSVs the figures read: runs.csv, layers.csv, dims.csv, "
+                        f"{STABILITY_CSV}.csv and {PROFILES_CSV}.csv (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="PNG path; the PDF goes next to it (default: results/figures/WHICH.png)")
+    parser.add_argument("--analysis-zeta", type=float, default=0.2,
+                        help="ζ of the IsoScore* analysis, for axis labels of fig3/fig6 (default: %(default)s)")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Draw the chosen figure from its CSV and write its PNG and PDF; print the files written."""
+    from istar.report.aggregate_csv import read_aggregate
+    from istar.report.figure_parts import save
+
+    frame = read_aggregate(figure_csv(args.which, args.aggregate_dir), get_figure(args.which).step)
+    fig = draw(args.which, frame, args.analysis_zeta)
+    for written in save(fig, args.out or Path("results/figures") / f"{args.which}.png"):
+        print(written)
+    return 0

@@ -1,0 +1,294 @@
+"""The paper's figures: Fig. 2 from the stability simulation's CSV, Fig. 3–8 (and Σ_S across
+fine-tuning) from the aggregate CSVs.
+
+Every figure function takes DataFrames and returns a :class:`matplotlib.figure.Figure`
+(built without pyplot, so no display and no global state are needed);
+:func:`istar.report.figure_parts.save` writes it as PNG and PDF. Which CSV each figure reads, and
+the ``istar figure`` command, are in the registry :mod:`istar.report.figures`; the style every
+figure follows is described in :mod:`istar.report.figure_parts`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+from istar.report import figure_parts as parts
+from istar.report.aggregate_csv import require_columns
+from istar.core.fig2 import STABILITY_COLUMNS, fig2_true_value
+from istar.registry.tasks import get_task
+
+__all__ = ["fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8", "sigma_epochs"]
+
+
+# --------------------------------------------------------------------------------------
+# Fig. 2: IsoScore* of mini-batches vs batch size (simulation)
+# --------------------------------------------------------------------------------------
+
+
+def fig2(df: pd.DataFrame, true_value: float | None = None, dim: int = 768) -> Figure:
+    """Draw Fig. 2: IsoScore* vs batch size, one line per ζ, the true value dashed.
+
+    Parameters
+    ----------
+    df : DataFrame
+        Output of :func:`istar.steps.stability.fig2_data` (``fig2_stability.csv``).
+    true_value : float, optional
+        IsoScore* of the distribution, drawn as a dashed line; by default
+        :func:`istar.core.fig2.fig2_true_value` of ``dim``.
+    dim : int
+        Dimension of the points; a dotted vertical line marks |X| = d.
+
+    Returns
+    -------
+    Figure
+        One axes; one error-bar series per ζ plus the two reference lines.
+    """
+    require_columns(df, STABILITY_COLUMNS, "the Fig. 2 data", "make it with `istar stability`")
+    if true_value is None:
+        true_value = fig2_true_value(dim)
+    fig = Figure(figsize=(6.4, 4.4), layout="constrained")
+    ax = fig.add_subplot()
+    zetas = sorted(df["zeta"].unique())
+    cmap = colormaps["viridis"]
+    for i, zeta in enumerate(zetas):
+        part = df[df["zeta"] == zeta].sort_values("batch_size")
+        label = f"ζ = {zeta:g}" + (" (IsoScore)" if zeta == 0 else "")
+        ax.errorbar(part["batch_size"], part["mean"], yerr=parts.yerr(part["std"]), marker="o", markersize=3.5,
+                    capsize=2, linewidth=1.3, color=cmap(0.85 * i / max(1, len(zetas) - 1)), label=label)
+    ax.axhline(true_value, color="black", linestyle="--", linewidth=1, label=f"true IsoScore* = {true_value:.3f}")
+    ax.axvline(dim, color="#999999", linestyle=":", linewidth=1, label=f"|X| = d = {dim}")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("Batch size |X| (points, log scale)")
+    ax.set_ylabel("IsoScore* of the batch")
+    ax.set_title(f"IsoScore* of mini-batches of a {dim}-d Gaussian")
+    ax.grid(alpha=0.3)
+    entries = parts.legend_entries([ax])
+    ax.legend(list(entries.values()), list(entries), loc="lower right", fontsize="small")
+    return fig
+
+
+# --------------------------------------------------------------------------------------
+# Fig. 3–8
+# --------------------------------------------------------------------------------------
+
+
+def _layer_lines(layers: pd.DataFrame, study: str, value: str, ylabel: str) -> Figure:
+    """Fig. 5 / Fig. 6: ``value`` per hidden state, one line per (method, λ), panel per model × task."""
+    rows = parts.study_rows(layers, study, "layers.csv", value, ("hidden_state",))
+    summary = parts.summary(rows, ["model", "task", "method", "lam", "hidden_state"], [value])
+    fig, axes = parts.panels(rows)
+    for (_, task), ax, _, series in parts.panel_series(summary, axes):
+        for label, colour, line in series:
+            parts.error_line(ax, line, "hidden_state", value, colour, label, markersize=3.5)
+        ax.set_xlabel("Layer (0 = embeddings)")
+        ax.set_ylabel(ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    parts.figure_legend(fig, axes.values())
+    return fig
+
+
+def fig3(runs: pd.DataFrame, analysis_zeta: float = 0.2) -> Figure:
+    """Fig. 3: IsoScore* (x) vs performance (y) across the λ sweep.
+
+    Parameters
+    ----------
+    runs : DataFrame
+        ``runs.csv``; rows with ``study == "lambda_sweep"`` and an ``isoscore_star`` value.
+    analysis_zeta : float
+        ζ with which the analysis computed IsoScore* (for the axis label).
+
+    Returns
+    -------
+    Figure
+        One panel per model × task; per panel one error-bar point (both ways, std over
+        seeds) per (method, λ), coloured and labelled by λ.
+    """
+    rows = parts.with_performance(parts.study_rows(runs, "lambda_sweep", "runs.csv", "isoscore_star", ("score",)))
+    summary = parts.summary(rows, ["model", "task", "method", "lam"], ["isoscore_star", "performance"])
+    fig, axes = parts.panels(rows)
+    for (_, task), ax, _, series in parts.panel_series(summary, axes):
+        for label, colour, point in series:
+            ax.errorbar(point["isoscore_star_mean"], point["performance_mean"], xerr=parts.yerr(point["isoscore_star_std"]),
+                        yerr=parts.yerr(point["performance_std"]), fmt="o", markersize=5, capsize=2, color=colour,
+                        label=label)
+        ax.set_xlabel(f"IsoScore* (ζ = {analysis_zeta:g})")
+        ax.set_ylabel(parts.PERFORMANCE_LABELS[get_task(task).metric])
+    parts.figure_legend(fig, axes.values())
+    return fig
+
+
+def fig4(dims: pd.DataFrame) -> Figure:
+    """Fig. 4: per-dimension mean of last-layer activations, CosReg λ = −1 and +1 vs Base.
+
+    Parameters
+    ----------
+    dims : DataFrame
+        ``dims.csv``; rows with ``study == "cosreg_means"``.
+
+    Returns
+    -------
+    Figure
+        One panel per model × task; one series of dots per (method, λ): the mean activation of
+        each dimension, averaged over seeds (dots, not lines, so that series that share an
+        outlier dimension stay distinguishable).
+    """
+    rows = parts.study_rows(dims, "cosreg_means", "dims.csv", "mean", ("dim",))
+    means = rows.groupby(["model", "task", "method", "lam", "dim"])["mean"].mean().reset_index()
+    fig, axes = parts.panels(rows, panel_size=(5.2, 3.4))
+    for (_, task), ax, _, series in parts.panel_series(means, axes):
+        for label, colour, line in series:
+            ax.plot(line["dim"], line["mean"], linestyle="none", marker="o", markersize=2.2, alpha=0.8,
+                    color=colour, label=label)
+        ax.set_xlabel("Dimension index")
+        ax.set_ylabel("Mean activation (last layer)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    parts.figure_legend(fig, axes.values(), markerscale=3.0)
+    return fig
+
+
+def fig5(layers: pd.DataFrame) -> Figure:
+    """Fig. 5: TwoNN intrinsic dimension of the [CLS] vectors per layer, one line per λ plus Base.
+
+    Parameters
+    ----------
+    layers : DataFrame
+        ``layers.csv``; rows with ``study == "twonn"`` and a ``twonn_cls`` value.
+
+    Returns
+    -------
+    Figure
+        One panel per model × task; one error-bar line (std over seeds) per (method, λ).
+    """
+    return _layer_lines(layers, "twonn", "twonn_cls", "Intrinsic dimension (TwoNN)")
+
+
+def fig6(layers: pd.DataFrame, analysis_zeta: float = 0.2) -> Figure:
+    """Fig. 6: IsoScore* per layer for λ = −1, +1 and Base.
+
+    Parameters
+    ----------
+    layers : DataFrame
+        ``layers.csv``; rows with ``study == "layerwise"`` and an ``isoscore_star`` value.
+    analysis_zeta : float
+        ζ with which the analysis computed IsoScore* (for the axis label).
+
+    Returns
+    -------
+    Figure
+        One panel per model × task; one error-bar line (std over seeds) per (method, λ).
+    """
+    return _layer_lines(layers, "layerwise", "isoscore_star", f"IsoScore* (ζ = {analysis_zeta:g})")
+
+
+def fig7(runs: pd.DataFrame) -> Figure:
+    """Fig. 7: performance vs ζ, the best ζ marked by a red dashed vertical line.
+
+    Parameters
+    ----------
+    runs : DataFrame
+        ``runs.csv``; rows with ``study == "zeta_sweep"`` and a ``zeta`` value.
+
+    Returns
+    -------
+    Figure
+        One panel per model × task; one error-bar line per λ and one vertical line at the ζ
+        of the highest mean performance.
+    """
+    rows = parts.with_performance(parts.study_rows(runs, "zeta_sweep", "runs.csv", "score", ("zeta",)).dropna(subset=["zeta"]))
+    if rows.empty:
+        raise ValueError("the rows with study == 'zeta_sweep' in runs.csv have no zeta values (no I-STAR runs)")
+    summary = parts.summary(rows, ["model", "task", "method", "lam", "zeta"], ["performance"])
+    fig, axes = parts.panels(rows)
+    for (_, task), ax, panel, series in parts.panel_series(summary, axes):
+        for label, colour, line in series:
+            parts.error_line(ax, line, "zeta", "performance", colour, label)
+        best = float(panel.loc[panel["performance_mean"].idxmax(), "zeta"])
+        ax.axvline(best, color=parts.HIGHLIGHT, linestyle="--", linewidth=1.2, label="best ζ")
+        ax.text(best, 0.02, f" ζ = {best:g}", color=parts.HIGHLIGHT, fontsize="small", ha="left", va="bottom",
+                transform=ax.get_xaxis_transform())
+        ax.set_xlabel("Shrinkage parameter ζ")
+        ax.set_ylabel(parts.PERFORMANCE_LABELS[get_task(task).metric])
+    parts.figure_legend(fig, axes.values())
+    return fig
+
+
+def fig8(runs: pd.DataFrame) -> Figure:
+    """Fig. 8: performance with I-STAR on one layer at a time vs the global penalty.
+
+    Parameters
+    ----------
+    runs : DataFrame
+        ``runs.csv``; rows with ``study == "single_layer"``: ``layer`` = the penalised layer,
+        or NaN for the global penalty on all layers.
+
+    Returns
+    -------
+    Figure
+        One panel per model × task; one error-bar line over the penalised layer per λ, and
+        the global penalty's mean as a red dashed horizontal line (with a band of ± its std
+        over seeds when there are several).
+    """
+    rows = parts.with_performance(parts.study_rows(runs, "single_layer", "runs.csv", "score", ("layer",)))
+    single = rows.dropna(subset=["layer"])
+    if single.empty:
+        raise ValueError(
+            "the rows with study == 'single_layer' in runs.csv have no single-layer runs (layer is NaN "
+            "everywhere): list layers under studies.single_layer in the config"
+        )
+    summary = parts.summary(single, ["model", "task", "method", "lam", "layer"], ["performance"])
+    overall = parts.summary(rows[rows["layer"].isna()], ["model", "task"], ["performance"])
+    fig, axes = parts.panels(single)
+    for (model, task), ax, _, series in parts.panel_series(summary, axes):
+        for label, colour, line in series:
+            parts.error_line(ax, line, "layer", "performance", colour, f"{label} on one layer")
+        reference = overall[(overall["model"] == model) & (overall["task"] == task)]
+        if not reference.empty:
+            mean, std = float(reference["performance_mean"].iloc[0]), float(reference["performance_std"].iloc[0])
+            ax.axhline(mean, color=parts.HIGHLIGHT, linestyle="--", linewidth=1.2, label="global penalty (all layers)")
+            if not math.isnan(std):
+                ax.axhspan(mean - std, mean + std, color=parts.HIGHLIGHT, alpha=0.1, linewidth=0,
+                           label="global penalty ± std over seeds")
+        ax.set_xlabel("Penalised layer")
+        ax.set_ylabel(parts.PERFORMANCE_LABELS[get_task(task).metric])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    parts.figure_legend(fig, axes.values())
+    return fig
+
+
+# --------------------------------------------------------------------------------------
+# Σ_S across fine-tuning
+# --------------------------------------------------------------------------------------
+
+
+def sigma_epochs(epochs: pd.DataFrame) -> Figure:
+    """IsoScore of Σ_S (the training data's token cloud, docs/method.md §3) after each epoch of fine-tuning.
+
+    Parameters
+    ----------
+    epochs : DataFrame
+        ``epochs.csv``: the final runs' ``sigma_s_isoscore`` per ``epoch`` (0 = the pretrained model).
+
+    Returns
+    -------
+    Figure
+        One panel per model × task; per panel one line per (method, λ): the mean over
+        seeds, error bars the std.
+    """
+    rows = parts.study_rows(epochs, "final", "epochs.csv", "sigma_s_isoscore", ("epoch",))
+    summary = parts.summary(rows, ["model", "task", "method", "lam", "epoch"], ["sigma_s_isoscore"])
+    fig, axes = parts.panels(rows)
+    for _, ax, _, series in parts.panel_series(summary, axes):
+        for label, colour, line in series:
+            parts.error_line(ax, line, "epoch", "sigma_s_isoscore", colour, label)
+        ax.set_xlabel("Epochs of fine-tuning (0 = pretrained)")
+        ax.set_ylabel("IsoScore of Σ_S")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    parts.figure_legend(fig, axes.values())
+    return fig

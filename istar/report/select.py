@@ -1,0 +1,229 @@
+"""The search stage of the paper's protocol: the best hyperparameter setting of one model × task.
+
+Every run folder (``metrics.json`` + ``run_config.json``, see :mod:`istar.steps.train`) belongs to a
+*setting* (method, λ, ζ, layers, batch size, epochs, learning rate) and a seed. Runs of the
+same setting are averaged over their seeds; the setting with the highest mean of the task's
+headline metric wins (higher is better for every metric of :mod:`istar.registry.tasks`). Ties go to
+the smaller |λ|, then the smaller ζ (none counts as 0), then the setting given first.
+A mean that is NaN ranks last. Output (``best.json``)::
+
+    {"model", "task", "metric", "method", "lam", "zeta", "layers", "batch_size", "epochs",
+     "learning_rate", "score", "score_std", "seeds", "standin", "protocol", "heldout_fraction",
+     "heldout_seed", "settings",
+     "candidates": [{"method", "lam", "zeta", "layers", "batch_size", "epochs",
+                     "learning_rate", "score", "score_std", "seeds", "runs"}, ...]}
+
+``score`` is the mean over seeds of the final metric, ``score_std`` its sample standard
+deviation (divide by seeds − 1; ``null`` for one seed); ``candidates`` lists every setting,
+best first, with its run folders; ``settings`` counts them. ``model`` is the model's short
+name (see :func:`model_short_name`).
+
+``protocol`` (a key of :data:`PROTOCOLS`) says which rows the search was scored on. It is
+read from the runs themselves, not from an option: each run's ``run_config.json`` holds the
+``meta.json`` of the data it trained and was evaluated on, and a held-out split made by
+:mod:`istar.data.holdout` records there its fraction and seed (``heldout_fraction``,
+``heldout_seed``; ``null`` under the validation protocol). Runs of both kinds mixed are an
+error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from pathlib import Path
+
+from dataclasses import dataclass
+
+from istar.io import artifacts
+
+__all__ = ["read_run", "model_short_name", "setting_name", "select_best", "SETTING_KEYS", "PROTOCOLS",
+           "protocol_note"]
+
+SETTING_KEYS = ("method", "lam", "zeta", "layers", "batch_size", "epochs", "learning_rate")
+"""What defines a setting: runs that agree on all of these differ only by their seed."""
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A way of scoring the search, and the sentence the tables print about it.
+
+    ``note`` is formatted with ``settings`` (how many settings were searched), ``fraction``
+    and ``seed`` (the held-out split's, when there is one).
+    """
+
+    key: str
+    note: str
+
+
+PROTOCOLS: dict[str, Protocol] = {protocol.key: protocol for protocol in (
+    Protocol("validation", "λ and ζ were chosen on the validation split that the table reports (the paper's "
+             "protocol): the I-STAR row is the best of {settings} searched settings scored on the very rows it is "
+             "reported on, so it is biased upward (selection bias), and more so the more settings are searched and "
+             "the smaller the split."),
+    Protocol("heldout", "λ and ζ were chosen on a held-out {fraction:.0%} of the training split (seed {seed}); the "
+             "{settings} searched settings trained on the rest, and the final runs on the full training split. The "
+             "validation split the table reports took no part in the choice."),
+)}
+"""The selection protocols (search.selection_split in the config), keyed as best.json records them."""
+
+
+def protocol_note(protocol: str, *, settings, fraction: float | None = None, seed: int | None = None) -> str:
+    """The tables' sentence about ``protocol`` (a key of :data:`PROTOCOLS`)."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown selection protocol {protocol!r} in selection.csv; known: {', '.join(PROTOCOLS)}: "
+                         "rerun `istar select` and `istar aggregate`")
+    return PROTOCOLS[protocol].note.format(settings=settings, fraction=fraction, seed=seed)
+
+
+def model_short_name(run_dir: Path, config_model: str) -> str:
+    """The model's short name from the workflow's layout ``…/{model}/{task}/{setting}/seed{n}``.
+
+    Both ``results/runs/…`` and ``results/search/…`` follow it; a folder outside that layout
+    falls back to ``config_model``.
+    """
+    parts = Path(run_dir).parts
+    return parts[-4] if re.fullmatch(r"seed\d+", parts[-1]) and len(parts) >= 5 else str(config_model)
+
+
+def setting_name(run_dir: Path) -> str:
+    """The setting's folder name (``base``, ``istar_lam-1_zeta0.2``, …): the parent of a ``seed{n}`` folder."""
+    run_dir = Path(run_dir)
+    return run_dir.parent.name if re.fullmatch(r"seed\d+", run_dir.name) else run_dir.name
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}): {what}") from None
+
+
+def read_run(run_dir) -> dict:
+    """The description of a finished run folder.
+
+    Parameters
+    ----------
+    run_dir : a folder written by :func:`istar.steps.train.train`.
+
+    Returns
+    -------
+    dict with ``run_dir`` (str), ``model`` (short name), ``task``, ``setting`` (folder name),
+    the :data:`SETTING_KEYS`, ``seed``, ``metric`` (the task's headline metric), ``final``
+    (the final evaluation's metrics, dict), ``standin`` (bool), ``history`` (the evaluation
+    after each epoch), ``sigma_s_isoscore`` (IsoScore of Σ_S after 0, 1, … epochs; empty
+    for runs written before it was recorded) and ``heldout`` (the ``heldout`` record of the
+    data's meta.json when the run trained on a held-out split of :mod:`istar.data.holdout`,
+    else None).
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run folder {run_dir} does not exist")
+    metrics_path, config_path = run_dir / "metrics.json", run_dir / "run_config.json"
+    if not metrics_path.is_file():
+        raise ValueError(f"run folder {run_dir} has no metrics.json: metrics.json is written last, so the run did not "
+                         "finish (rerun or resume it)")
+    if not config_path.is_file():
+        raise ValueError(f"run folder {run_dir} has metrics.json but no run_config.json: the run folder is incomplete")
+    metrics = _read_json(metrics_path, "the run did not finish cleanly")
+    config = _read_json(config_path, "the run did not finish cleanly")
+    missing = [key for key in ("task", "method", "lam", "seed", "metric", "final") if key not in metrics]
+    missing += [key for key in ("model", "batch_size", "epochs", "learning_rate") if key not in config]
+    if missing:
+        raise ValueError(f"run folder {run_dir} is incomplete: metrics.json / run_config.json lack {', '.join(missing)}")
+    return {
+        "run_dir": str(run_dir), "model": model_short_name(run_dir, config["model"]), "task": metrics["task"],
+        "setting": setting_name(run_dir), "method": metrics["method"], "lam": float(metrics["lam"]),
+        "zeta": None if metrics.get("zeta") is None else float(metrics["zeta"]), "layers": metrics.get("layers"),
+        "batch_size": int(config["batch_size"]), "epochs": int(config["epochs"]),
+        "learning_rate": float(config["learning_rate"]), "seed": int(metrics["seed"]), "metric": metrics["metric"],
+        "final": dict(metrics["final"]), "standin": bool(metrics.get("standin", False)),
+        "history": list(metrics.get("epochs", [])), "sigma_s_isoscore": list(metrics.get("sigma_s_isoscore", [])),
+        "heldout": (config.get("data_meta") or {}).get("heldout"),
+    }
+
+
+def _mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (None for a single value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def select_best(run_dirs, out=None, metric: str | None = None) -> dict:
+    """Pick the best setting of one model × task from its search runs (see the module docstring).
+
+    Parameters
+    ----------
+    run_dirs : sequence of finished run folders, all of one model and task.
+    out : where to write the result as JSON (atomically); None writes nothing.
+    metric : the metric to rank by (a key of metrics.json ``final``); None: the task's
+        headline metric (metrics.json ``metric``).
+
+    Returns
+    -------
+    dict in the format of the module docstring.
+    """
+    run_dirs = list(run_dirs)
+    if not run_dirs:
+        raise ValueError("no run folders given: select_best needs the finished search runs of one model and task")
+    runs = [read_run(run_dir) for run_dir in run_dirs]
+    pairs = sorted({(run["model"], run["task"]) for run in runs})
+    if len(pairs) > 1:
+        raise ValueError("the runs mix model × task pairs " + ", ".join(f"{m} × {t}" for m, t in pairs)
+                         + ": select one model and task at a time")
+    metric = metric or runs[0]["metric"]
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        if metric not in run["final"]:
+            raise ValueError(f"run folder {run['run_dir']} has no final {metric!r} in metrics.json "
+                             f"(it has {', '.join(run['final']) or 'none'})")
+        key = json.dumps([run[k] for k in SETTING_KEYS])
+        for other in groups.get(key, []):
+            if other["seed"] == run["seed"]:
+                raise ValueError(f"run folders {other['run_dir']} and {run['run_dir']} are the same setting and seed "
+                                 f"{run['seed']}: give each run once")
+        groups.setdefault(key, []).append(run)
+    candidates = []
+    for members in groups.values():
+        score, score_std = _mean_std([float(run["final"][metric]) for run in members])
+        candidates.append({**{k: members[0][k] for k in SETTING_KEYS}, "score": score, "score_std": score_std,
+                           "seeds": len(members), "runs": [run["run_dir"] for run in members]})
+    # stable sort: settings tied on all three keys keep the order in which they were given
+    candidates.sort(key=lambda c: (math.inf if math.isnan(c["score"]) else -c["score"], abs(c["lam"]), c["zeta"] or 0.0))
+    best = candidates[0]
+    model, task = pairs[0]
+    heldout = {json.dumps(run["heldout"], sort_keys=True) for run in runs}
+    if len(heldout) > 1:
+        raise ValueError(f"the search runs of {model} × {task} were scored on different splits ({len(heldout)} kinds: "
+                         "the validation split and/or held-out splits of the training data): select from runs of one "
+                         "protocol only (search.selection_split)")
+    heldout = runs[0]["heldout"]
+    protocol = {"protocol": "heldout" if heldout else "validation",
+                "heldout_fraction": heldout["fraction"] if heldout else None,
+                "heldout_seed": heldout["seed"] if heldout else None, "settings": len(candidates)}
+    result = {"model": model, "task": task, "metric": metric, **{k: best[k] for k in SETTING_KEYS},
+              "score": best["score"], "score_std": best["score_std"], "seeds": best["seeds"],
+              "standin": any(run["standin"] for run in runs), **protocol, "candidates": candidates}
+    if out is not None:
+        artifacts.write_json(out, result)
+    return result
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="output best.json")
+    parser.add_argument("--task-metric", dest="metric", default=None,
+                        help="metric to rank settings by (default: the task's headline metric in metrics.json)")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="finished search runs of one model and task")
+
+
+def run_cli(args) -> int:
+    result = select_best(args.run_dirs, out=args.out, metric=args.metric)
+    spread = "" if result["score_std"] is None else f" ± {result['score_std']:.4f}"
+    print(f"{result['model']} × {result['task']}: best of {len(result['candidates'])} setting(s) is {result['method']} "
+          f"λ = {result['lam']:g}, ζ = {result['zeta']}, batch size {result['batch_size']}, {result['epochs']} epochs, "
+          f"learning rate {result['learning_rate']:g}: {result['metric']} = {result['score']:.4f}{spread} over "
+          f"{result['seeds']} seed(s), scored on the {result['protocol']} split -> {args.out}")
+    return 0

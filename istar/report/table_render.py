@@ -1,0 +1,206 @@
+"""Rendering a :class:`Table` as CSV, GitHub Markdown and LaTeX, and writing the three files.
+
+Formatting decisions
+--------------------
+- Best cells: Markdown ``**…**``, LaTeX ``\\textbf{…}``, CSV: a ``*`` appended to the cell
+  (``71.3 ± 1.2*``).
+- Stand-in columns get a dagger on the header (``RTE†``; LaTeX ``RTE$^\\dagger$``).
+  Footnotes appear in Markdown and LaTeX; the CSV holds the grid only.
+- Markdown and LaTeX print a model's name on the first of its rows only; LaTeX separates
+  models by ``\\midrule``. The CSV repeats it on every row.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+from istar.io.artifacts import write_text
+
+__all__ = ["Table", "write_table", "render_csv", "render_markdown", "render_latex", "latex_escape"]
+
+
+@dataclass
+class Table:
+    """A rendered table: every cell already a string, plus what marks and notes go with it.
+
+    Attributes
+    ----------
+    name : str
+        Short name, e.g. ``"table1"`` (used for the LaTeX label).
+    caption : str
+        One-sentence description (LaTeX caption, Markdown heading).
+    index_names : list of str
+        Headers of the leading label columns, e.g. ``["Model", "Method"]``.
+    index : list of list of str
+        Per row, the labels under ``index_names``.
+    columns : list of str
+        Task display names of the data columns (without the stand-in dagger).
+    standin : list of bool
+        Per data column, whether it gets the stand-in dagger.
+    cells : list of list of str
+        Per row, one string per data column.
+    best : list of list of bool
+        Per row and data column, whether the cell is marked best.
+    footnotes : list of str
+        Lines printed under the table in Markdown and LaTeX.
+    """
+
+    name: str
+    caption: str
+    index_names: list[str]
+    index: list[list[str]]
+    columns: list[str]
+    standin: list[bool]
+    cells: list[list[str]]
+    best: list[list[bool]]
+    footnotes: list[str]
+
+    def headers(self, dagger: str) -> list[str]:
+        """All column headers, stand-in columns suffixed with ``dagger``."""
+        return self.index_names + [c + (dagger if s else "") for c, s in zip(self.columns, self.standin)]
+
+
+# --------------------------------------------------------------------------------------
+# rendering
+# --------------------------------------------------------------------------------------
+
+
+def render_csv(table: Table) -> str:
+    """The grid as CSV (UTF-8 text): headers with ``†``, best cells with a trailing ``*``."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(table.headers("†"))
+    for labels, cells, best in zip(table.index, table.cells, table.best):
+        writer.writerow(labels + [cell + ("*" if b else "") for cell, b in zip(cells, best)])
+    return buffer.getvalue()
+
+
+_MARKDOWN_SPECIAL = "\\|*_`"
+
+
+def _markdown_escape(text: str) -> str:
+    return "".join("\\" + ch if ch in _MARKDOWN_SPECIAL else ch for ch in text)
+
+
+def _grouped_index(table: Table) -> list[list[str]]:
+    """Row labels with a repeated first label blanked (for Markdown and LaTeX)."""
+    if len(table.index_names) < 2:
+        return table.index
+    return [
+        ([""] if i and labels[0] == table.index[i - 1][0] else [labels[0]]) + labels[1:]
+        for i, labels in enumerate(table.index)
+    ]
+
+
+def render_markdown(table: Table) -> str:
+    """The table as GitHub Markdown: caption in bold, ``**best**`` cells, footnotes below."""
+    lines = [f"**{_markdown_escape(table.caption)}**", ""]
+    headers = table.headers("†")
+    lines.append("| " + " | ".join(_markdown_escape(h) for h in headers) + " |")
+    lines.append("|" + "|".join([" --- "] * len(table.index_names) + [" :---: "] * len(table.columns)) + "|")
+    for labels, cells, best in zip(_grouped_index(table), table.cells, table.best):
+        shown = [f"**{_markdown_escape(c)}**" if b else _markdown_escape(c) for c, b in zip(cells, best)]
+        lines.append("| " + " | ".join([_markdown_escape(x) for x in labels] + shown) + " |")
+    if table.footnotes:
+        lines.append("")
+        lines.extend(_markdown_escape(note) + "  " for note in table.footnotes)
+    return "\n".join(lines) + "\n"
+
+
+_LATEX_REPLACEMENTS = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "|": r"$|$",
+    "±": r"$\pm$",
+    "†": r"$^\dagger$",
+    "‡": r"$^\ddagger$",
+    "−": r"$-$",
+    "“": "``",
+    "”": "''",
+    "×": r"$\times$",
+    "λ": r"$\lambda$",
+    "ζ": r"$\zeta$",
+    "—": "---",
+    "–": "--",
+    "≥": r"$\geq$",
+    "≤": r"$\leq$",
+}
+
+
+def latex_escape(text: str) -> str:
+    """Escape LaTeX's special characters and spell the Unicode symbols the tables use.
+
+    A hyphen directly before a digit at the start of a number becomes a math minus ``$-$``.
+    """
+    out = []
+    for i, ch in enumerate(text):
+        if ch == "-" and i + 1 < len(text) and text[i + 1].isdigit() and (i == 0 or not text[i - 1].isalnum()):
+            out.append("$-$")
+        else:
+            out.append(_LATEX_REPLACEMENTS.get(ch, ch))
+    return "".join(out)
+
+
+def render_latex(table: Table) -> str:
+    """The table as a LaTeX ``table`` float with a booktabs ``tabular``; needs ``\\usepackage{booktabs}``."""
+    n_index = len(table.index_names)
+    spec = "l" * n_index + "c" * len(table.columns)
+    headers = table.index_names + [
+        latex_escape(c) + (r"$^\dagger$" if s else "") for c, s in zip(table.columns, table.standin)
+    ]
+    lines = [
+        f"% {table.name}: generated by `istar table {table.name}`; needs \\usepackage{{booktabs}}",
+        r"\begin{table}[htbp]",
+        r"\centering",
+        f"\\caption{{{latex_escape(table.caption)}}}",
+        f"\\label{{tab:{table.name}}}",
+        f"\\begin{{tabular}}{{{spec}}}",
+        r"\toprule",
+        " & ".join(latex_escape(h) if i < n_index else h for i, h in enumerate(headers)) + r" \\",
+        r"\midrule",
+    ]
+    for i, (labels, cells, best) in enumerate(zip(_grouped_index(table), table.cells, table.best)):
+        if i and n_index > 1 and labels[0]:
+            lines.append(r"\midrule")
+        shown = [f"\\textbf{{{latex_escape(c)}}}" if b else latex_escape(c) for c, b in zip(cells, best)]
+        lines.append(" & ".join([latex_escape(x) for x in labels] + shown) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    if table.footnotes:
+        lines.append(r"\par\smallskip")
+        lines.extend(f"{{\\footnotesize {latex_escape(note)}\\par}}" for note in table.footnotes)
+    lines.append(r"\end{table}")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(table: Table, out_prefix) -> list[Path]:
+    """Write ``{out_prefix}.csv``, ``.md`` and ``.tex``, each atomically.
+
+    Parameters
+    ----------
+    table : Table
+    out_prefix : str or Path
+        Path without suffix, e.g. ``results/tables/table1``; folders are created.
+
+    Returns
+    -------
+    list of Path
+        The three files written.
+    """
+    prefix = Path(out_prefix)
+    paths = []
+    for suffix, render in ((".csv", render_csv), (".md", render_markdown), (".tex", render_latex)):
+        path = prefix.with_name(prefix.name + suffix)
+        write_text(path, render(table))
+        paths.append(path)
+    return paths

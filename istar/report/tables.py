@@ -1,0 +1,345 @@
+"""The paper's tables from the aggregate CSVs: Table 1 (performance) and Table 2 (chosen λ | ζ).
+
+Each table is written three ways next to each other, ``{out_prefix}.csv``, ``.md`` and ``.tex``,
+each file atomically (temporary file, then rename); how each format marks best cells,
+stand-in columns and footnotes is described in :mod:`istar.report.table_render`.
+
+What the cells hold
+-------------------
+- Scores are shown ×100 with one decimal (accuracy, Matthews and Pearson correlation are
+  fractions in the aggregate CSV); SQuAD's F1 and exact match are already percentages.
+- A cell is ``mean ± std (n=k)`` over its k seeds, the std with ddof = 1. A cell from a single
+  seed has no std: it is shown as the mean alone (``71.3 (n=1)``), never as ``± 0.0``, and a
+  footnote says so.
+- SQuAD cells are ``F1/EM (n=k)``, each the mean over seeds (no std, as in the brief of Table 1).
+- Below each model's methods, one row per method against Base (``I-STAR − Base``): the mean
+  paired difference over the seeds both ran, in the units shown, with its 95 % Student-t
+  interval (n − 1 degrees of freedom, :mod:`istar.report.paired`): ``+1.2 [+0.3, +2.1]‡ (n=5)``, the
+  ``‡`` where the interval excludes 0. Seeds that only one side ran are named in a footnote.
+- A footnote states the protocol that chose I-STAR's λ and ζ (from ``selection.csv``,
+  :data:`istar.report.select.PROTOCOLS`) and what it costs.
+- Best method per model and task: the highest mean *at the precision shown* (SQuAD: F1);
+  ties are all marked.
+- Tasks trained/evaluated on a stand-in split (made from the dev set because the real
+  training file was unavailable offline) are flagged (a dagger on the header) with a footnote.
+- Methods appear in the order and with the labels of :data:`istar.registry.methods.METHODS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from istar.report.aggregate_csv import read_aggregate, require_columns
+from istar.registry.methods import METHOD_NAMES, METHODS
+from istar.report.paired import LEVEL, paired_differences
+from istar.report.select import protocol_note
+from istar.report.table_render import Table, latex_escape, render_csv, render_latex, render_markdown, write_table
+from istar.registry.tasks import get_task, ordered_tasks
+
+__all__ = ["Table", "table1", "table2", "write_table", "render_csv", "render_markdown", "render_latex", "latex_escape"]
+
+METRIC_NOTES = {
+    "accuracy": "accuracy (%)",
+    "matthews": "Matthews correlation ×100",
+    "pearson": "Pearson correlation ×100",
+    "f1": "F1/EM (%, means over seeds without std)",
+}
+"""Headline metric → how Table 1's footnote describes its cells."""
+
+STANDIN_NOTE = (
+    "trained and evaluated on a stand-in split made from the dev set (the real training file "
+    "was unavailable offline); not comparable with the paper's numbers."
+)
+
+RUNS_COLUMNS = ("study", "model", "task", "method", "setting", "seed", "score", "f1", "exact_match", "standin")
+SELECTION_COLUMNS = ("model", "task", "lam", "zeta", "standin")
+PROTOCOL_COLUMNS = ("protocol", "heldout_fraction", "heldout_seed", "settings")
+EXCLUDES_ZERO = "‡"
+"""Appended to a difference whose interval excludes 0."""
+
+
+# --------------------------------------------------------------------------------------
+# building the tables
+# --------------------------------------------------------------------------------------
+
+
+def _as_bool(values: pd.Series) -> pd.Series:
+    """``standin`` as booleans whether the CSV reader gave bools, 0/1 or the strings True/False."""
+    if values.dtype == bool:
+        return values
+    return values.map(lambda v: str(v).strip().lower() in {"true", "1", "1.0", "yes"})
+
+
+def _mean_std(values: pd.Series) -> tuple[float, float, int]:
+    """Mean, std (ddof = 1; NaN for a single value) and count of the non-missing values."""
+    values = values.dropna().astype(float)
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan, 0
+    return float(values.mean()), float(values.std(ddof=1)) if n > 1 else math.nan, n
+
+
+def _standin_footnote(columns: list[str], standin: list[bool]) -> list[str]:
+    flagged = [c for c, s in zip(columns, standin) if s]
+    if not flagged:
+        return []
+    return [f"† {', '.join(flagged)}: {STANDIN_NOTE}"]
+
+
+def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
+    """Table 1: Base vs CosReg vs I-STAR per model and task, mean ± std over seeds, and each
+    method's paired difference from Base with its 95 % interval.
+
+    Parameters
+    ----------
+    runs : DataFrame
+        ``runs.csv`` of ``istar aggregate``; only rows with ``study == "final"`` are used.
+        Each model × task × method must have a single setting there (the chosen one).
+    selection : DataFrame, optional
+        ``selection.csv`` of ``istar aggregate``: which protocol chose I-STAR's setting (a
+        footnote). None: the footnote says that the protocol is not known.
+
+    Returns
+    -------
+    Table
+        Rows model × method (Base, CosReg, I-STAR), then model × ``method − Base``; columns
+        the tasks present in registry order; cells as described in the module docstring.
+
+    Raises
+    ------
+    ValueError
+        No final-study rows, missing columns, or several settings of one method.
+    """
+    require_columns(runs, RUNS_COLUMNS, "runs.csv")
+    final = runs[runs["study"] == "final"].copy()
+    if final.empty:
+        raise ValueError(
+            "runs.csv has no rows with study == 'final' (Table 1 needs them): enable studies.final "
+            "in the config, run the workflow, then `istar aggregate`"
+        )
+    unknown = sorted(set(final["method"]) - set(METHOD_NAMES))
+    if unknown:
+        raise ValueError(f"runs.csv (study 'final') has unknown method(s) {unknown}; known: {list(METHOD_NAMES)}")
+    settings = final.groupby(["model", "task", "method"])["setting"].nunique()
+    if (settings > 1).any():
+        model, task, method = settings[settings > 1].index[0]
+        raise ValueError(
+            f"runs.csv (study 'final') has several settings of {method} for {model} on {task}: "
+            f"{sorted(final.query('model == @model and task == @task and method == @method')['setting'].unique())}; "
+            "the final study must hold one chosen setting per method"
+        )
+    final["standin"] = _as_bool(final["standin"])
+    tasks = ordered_tasks(final["task"])
+    models = list(dict.fromkeys(final["model"]))
+    groups = {key: group for key, group in final.groupby(["model", "method", "task"])}
+    paired = {(row.model, row.method, row.task): row for row in paired_differences(final).itertuples()}
+
+    index, cells, best, seed_counts, unpaired = [], [], [], set(), []
+    for model in models:
+        methods = [m for m in METHOD_NAMES if (final["model"].eq(model) & final["method"].eq(m)).any()]
+        block = [[_table1_cell(groups.get((model, method, task)), get_task(task).kind == "qa") for task in tasks]
+                 for method in methods]
+        tops = [max((row[j][1] for row in block if row[j][1] is not None), default=None) for j in range(len(tasks))]
+        for method, row in zip(methods, block):
+            index.append([model, METHODS[method].label])
+            cells.append([text for text, _, _ in row])
+            best.append([key is not None and key == top for (_, key, _), top in zip(row, tops)])
+            seed_counts.update(n for _, _, n in row if n)
+        for method in methods[1:] if methods[:1] == ["base"] else []:
+            label = f"{METHODS[method].label} − {METHODS['base'].label}"
+            index.append([model, label])
+            cells.append([_difference_cell(paired.get((model, method, task)), get_task(task).kind == "qa")
+                          for task in tasks])
+            best.append([False] * len(tasks))
+            unpaired += [f"{model} {get_task(task).display} {label}: {paired[(model, method, task)].unpaired}"
+                         for task in tasks if (model, method, task) in paired and paired[(model, method, task)].unpaired]
+
+    standin = [bool(final.loc[final["task"] == task, "standin"].any()) for task in tasks]
+    seeds = "–".join(str(n) for n in sorted({min(seed_counts), max(seed_counts)})) if seed_counts else "0"
+    by_metric: dict[str, list[str]] = {}
+    for task in tasks:
+        by_metric.setdefault(get_task(task).metric, []).append(get_task(task).display)
+    scores = "; ".join(f"{METRIC_NOTES.get(metric, metric)} for {', '.join(names)}" for metric, names in by_metric.items())
+    footnotes = [
+        f"Scores: {scores}. Mean ± standard deviation (ddof = 1) over the n seeds of each cell; a cell without ± "
+        "comes from a single seed. Bold: best method per model and task (at the precision shown; ties all marked).",
+        f"Rows “method − Base”: the mean paired difference over the n seeds both ran (method minus Base, seed by "
+        f"seed; SQuAD: F1), in the units shown, with its {LEVEL:.0%} confidence interval from Student's t with "
+        f"n − 1 degrees of freedom; {EXCLUDES_ZERO}: the interval excludes 0. n = 1: no interval.",
+    ]
+    if unpaired:
+        footnotes.append("Seeds run by one side only, left out of the differences: " + "; ".join(unpaired) + ".")
+    footnotes.append(_protocol_footnote(selection))
+    footnotes += _standin_footnote([get_task(t).display for t in tasks], standin)
+    return Table(
+        name="table1",
+        caption=f"Performance of {_listing([method.label for method in METHODS.values()])} per model and task "
+        f"({seeds} seeds), and each method's paired difference from Base with its {LEVEL:.0%} interval.",
+        index_names=["Model", "Method"],
+        index=index,
+        columns=[get_task(t).display for t in tasks],
+        standin=standin,
+        cells=cells,
+        best=best,
+        footnotes=footnotes,
+    )
+
+
+def _table1_cell(group: pd.DataFrame | None, qa: bool) -> tuple[str, float | None, int]:
+    """The cell text, the value compared for 'best' (rounded as shown) and the seed count."""
+    if group is None:
+        return "–", None, 0
+    if qa:
+        f1, _, n = _mean_std(group["f1"])
+        em, _, _ = _mean_std(group["exact_match"])
+        if n == 0:
+            return "–", None, 0
+        em_text = "–" if math.isnan(em) else f"{em:.1f}"
+        return f"{f1:.1f}/{em_text} (n={n})", round(f1, 1), n
+    mean, std, n = _mean_std(group["score"] * 100.0)
+    if n == 0:
+        return "–", None, 0
+    text = f"{mean:.1f}" if n == 1 else f"{mean:.1f} ± {std:.1f}"
+    return f"{text} (n={n})", round(mean, 1), n
+
+
+def _difference_cell(row, qa: bool) -> str:
+    """``+1.2 [+0.3, +2.1]‡ (n=5)`` from a row of :func:`istar.report.paired.paired_differences`."""
+    if row is None or row.n == 0:
+        return "– (n=0)"
+    scale = 1.0 if qa else 100.0  # SQuAD's F1 is a percentage already; the other metrics are fractions
+    text = f"{row.mean_difference * scale:+.1f}"
+    if row.n >= 2:
+        text += f" [{row.ci_low * scale:+.1f}, {row.ci_high * scale:+.1f}]" + (EXCLUDES_ZERO if row.excludes_zero else "")
+    return f"{text} (n={row.n})"
+
+
+def _protocol_footnote(selection: pd.DataFrame | None) -> str:
+    """Which protocol chose I-STAR's λ and ζ, and what it costs (one sentence per protocol found)."""
+    if selection is None or selection.empty:
+        return "I-STAR's setting: the selection protocol is not recorded here (no selection.csv given)."
+    require_columns(selection, PROTOCOL_COLUMNS, "selection.csv")
+    notes = []
+    for _, row in selection.drop_duplicates(list(PROTOCOL_COLUMNS[:3])).iterrows():
+        fraction = None if pd.isna(row["heldout_fraction"]) else float(row["heldout_fraction"])
+        seed = None if pd.isna(row["heldout_seed"]) else int(row["heldout_seed"])
+        settings = selection.loc[selection["protocol"] == row["protocol"], "settings"].astype(int)
+        count = f"{settings.min()}" if settings.min() == settings.max() else f"{settings.min()}–{settings.max()}"
+        notes.append(protocol_note(row["protocol"], settings=count, fraction=fraction, seed=seed))
+    return "I-STAR's setting: " + " ".join(notes)
+
+
+def table2(selection: pd.DataFrame) -> Table:
+    """Table 2: the chosen I-STAR λ | ζ per model and task, with per-model averages.
+
+    Parameters
+    ----------
+    selection : DataFrame
+        ``selection.csv`` of ``istar select``: one row per model × task.
+
+    Returns
+    -------
+    Table
+        Rows the models, columns the tasks in registry order plus ``Average``; cells
+        ``λ | ζ`` (``-1 | 0.2``), the average ``mean λ | mean ζ`` with two decimals over the
+        tasks shown for that model. No best marks.
+
+    Raises
+    ------
+    ValueError
+        No rows, missing columns, or several rows for one model × task.
+    """
+    require_columns(selection, SELECTION_COLUMNS, "selection.csv")
+    if selection.empty:
+        raise ValueError(
+            "selection.csv has no rows (Table 2 needs them): enable studies.search in the config, "
+            "run the workflow, then `istar select` and `istar aggregate`"
+        )
+    duplicated = selection.duplicated(["model", "task"])
+    if duplicated.any():
+        model, task = selection.loc[duplicated, ["model", "task"]].iloc[0]
+        raise ValueError(f"selection.csv has several rows for {model} on {task}; it must hold one per model × task")
+    selection = selection.assign(standin=_as_bool(selection["standin"]))
+    tasks = ordered_tasks(selection["task"])
+    models = list(dict.fromkeys(selection["model"]))
+    rows = selection.set_index(["model", "task"])
+
+    cells = []
+    for model in models:
+        lams, zetas, row = [], [], []
+        for task in tasks:
+            if (model, task) not in rows.index:
+                row.append("–")
+                continue
+            lam, zeta = float(rows.at[(model, task), "lam"]), float(rows.at[(model, task), "zeta"])
+            lams.append(lam)
+            zetas.append(zeta)
+            row.append(f"{_g(lam)} | {_g(zeta)}")
+        row.append(f"{_fixed(_nanmean(lams))} | {_fixed(_nanmean(zetas))}")
+        cells.append(row)
+
+    columns = [get_task(t).display for t in tasks]
+    standin = [bool(selection.loc[selection["task"] == task, "standin"].any()) for task in tasks]
+    return Table(
+        name="table2",
+        caption="Chosen I-STAR tuning parameter λ and shrinkage parameter ζ per model and task, as λ | ζ; "
+        "Average: mean λ | mean ζ over the tasks shown.",
+        index_names=["Model"],
+        index=[[model] for model in models],
+        columns=columns + ["Average"],
+        standin=standin + [False],
+        cells=cells,
+        best=[[False] * (len(columns) + 1) for _ in models],
+        footnotes=_standin_footnote(columns, standin),
+    )
+
+
+def _listing(names: list[str]) -> str:
+    """``["a", "b", "c"]`` → ``"a, b and c"``."""
+    return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
+
+
+def _nanmean(values: list[float]) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return math.fsum(values) / len(values) if values else math.nan
+
+
+def _g(value: float) -> str:
+    return "–" if math.isnan(value) else f"{value:g}"
+
+
+def _fixed(value: float) -> str:
+    return "–" if math.isnan(value) else f"{value:.2f}"
+
+
+# --------------------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------------------
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``istar table``."""
+    parser.add_argument("which", choices=("table1", "table2"), help="table1: performance; table2: chosen λ | ζ")
+    parser.add_argument("--runs", type=Path, default=Path("results/aggregate/runs.csv"),
+                        help="runs.csv of `istar aggregate` (table1; default: %(default)s)")
+    parser.add_argument("--selection", type=Path, default=Path("results/aggregate/selection.csv"),
+                        help="selection.csv of `istar aggregate` (table2; table1: the selection protocol's footnote, "
+                        "left out when the file does not exist; default: %(default)s)")
+    parser.add_argument("--out-prefix", type=Path, default=None,
+                        help="output path without suffix; writes .csv, .md and .tex (default: results/tables/WHICH)")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Build the chosen table from its CSV and write it; print the files written."""
+    if args.which == "table1":
+        # the selection only adds the protocol's footnote: Table 1 is drawn without it too
+        table = table1(read_aggregate(args.runs), read_aggregate(args.selection) if args.selection.is_file() else None)
+    else:
+        table = table2(read_aggregate(args.selection))
+    for path in write_table(table, args.out_prefix or Path("results/tables") / args.which):
+        print(path)
+    return 0

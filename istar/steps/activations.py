@@ -1,0 +1,124 @@
+"""The activations step: a model's representations of a task's evaluation split, per layer.
+
+One pass over the split (no gradients) writes a ``safetensors`` file with, for every layer
+l = 0 (embeddings) … L:
+
+    cls.layer{l}             (n_features, d) float32   the [CLS] (first-token) vectors
+    tokens.layer{l}          (k, d) float32            a random sample of k non-padding token
+                                                       vectors, the same tokens in every layer
+    token_mean.layer{l}      (d,) float64              mean of all non-padding tokens
+    token_cov.layer{l}       (d, d) float64            their unbiased covariance (streamed)
+    token_unit_sum.layer{l}  (d,) float64              Σ x/‖x‖ over them (exact average cosine
+                                                       similarity: (‖Σ x̂‖² − N)/(N(N − 1)))
+    last_layer_token_mean, last_layer_token_std  (d,)  per-dimension mean and std, last layer
+
+and string metadata (model, task, split, number of tokens, …). The analysis step reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from tqdm.auto import tqdm
+
+from istar import __version__
+from istar.io import artifacts
+from istar.data.encoding import MODEL_INPUTS
+from istar.core.isotropy import CovarianceAccumulator
+from istar.config.specs import ActivationsSpec, add_spec_arguments, spec_from_cli
+
+__all__ = ["activation_statistics", "extract_activations", "load_activations"]
+
+
+@torch.no_grad()
+def collect(model, loader, num_tokens: int, sample_size: int, seed: int, accelerator) -> dict[str, torch.Tensor]:
+    """Run ``model`` over ``loader`` and gather the tensors listed in the module docstring.
+
+    ``num_tokens`` is the number of non-padding tokens the loader holds; ``sample_size`` of
+    them (chosen with ``seed``) are kept in full. The forward passes run on the
+    accelerator's device in its precision (``accelerator.autocast``); statistics are
+    accumulated in float32/float64.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    chosen = torch.randperm(num_tokens, generator=generator)[:min(sample_size, num_tokens)].sort().values
+    cls, sampled, accumulators, unit_sums = [], [], [], []
+    seen = 0
+    model.eval()
+    for batch in tqdm(loader, desc="activations", leave=False, disable=not accelerator.is_local_main_process):
+        inputs = {k: v.to(accelerator.device) for k, v in batch.items() if k in MODEL_INPUTS}
+        with accelerator.autocast():
+            hidden = torch.stack(model(**inputs, output_hidden_states=True).hidden_states).float()  # (L+1, B, T, d)
+        mask = inputs["attention_mask"].bool()
+        tokens = hidden[:, mask]  # (L+1, M, d) in reading order
+        if not accumulators:
+            accumulators = [CovarianceAccumulator(hidden.shape[-1]) for _ in range(hidden.shape[0])]
+            unit_sums = [torch.zeros(hidden.shape[-1], dtype=torch.float64) for _ in range(hidden.shape[0])]
+        ordinals = torch.arange(seen, seen + tokens.shape[1])
+        keep = torch.isin(ordinals, chosen)
+        seen += tokens.shape[1]
+        cls.append(hidden[:, :, 0].cpu())
+        sampled.append(tokens[:, keep.to(tokens.device)].cpu())
+        for layer, rows in enumerate(tokens):
+            accumulators[layer].add(rows.cpu())
+            unit_sums[layer] += torch.nn.functional.normalize(rows.double(), dim=1).sum(dim=0).cpu()
+    if not accumulators:
+        raise ValueError("the evaluation split is empty")
+    cls_all, sampled_all = torch.cat(cls, dim=1), torch.cat(sampled, dim=1)
+    tensors = {}
+    for layer, accumulator in enumerate(accumulators):
+        tensors[f"cls.layer{layer}"] = cls_all[layer].contiguous()
+        tensors[f"tokens.layer{layer}"] = sampled_all[layer].contiguous()
+        tensors[f"token_mean.layer{layer}"] = accumulator.mean
+        tensors[f"token_cov.layer{layer}"] = accumulator.covariance()
+        tensors[f"token_unit_sum.layer{layer}"] = unit_sums[layer]
+    last = accumulators[-1]
+    tensors["last_layer_token_mean"] = last.mean.clone()
+    tensors["last_layer_token_std"] = torch.diagonal(last.covariance()).sqrt()
+    return tensors
+
+
+def activation_statistics(step, split: str, batch_size: int, token_sample: int, seed: int):
+    """The tensors of the module docstring for an opened step's model (:func:`istar.steps.common.open_step`)
+    on a prepared split, and their string metadata. Returns (tensors, metadata)."""
+    model = step.accelerator.prepare(step.model)
+    features = step.features(split, with_labels=False, for_qa_eval=True)
+    num_tokens = features.num_tokens()
+    tensors = collect(model, step.loader(features, batch_size), num_tokens, token_sample, seed, step.accelerator)
+    num_hidden_states = step.model.config.num_hidden_layers + 1
+    metadata = {
+        "model": str(step.spec.model), "task": step.task.key, "split": split, "num_hidden_states": str(num_hidden_states),
+        "features": str(len(features)), "tokens": str(num_tokens), "token_sample": str(tensors["tokens.layer0"].shape[0]),
+        "max_length": str(step.spec.max_length), "seed": str(seed), "standin": json.dumps(step.standin),
+        "istar_version": __version__,
+    }
+    return tensors, metadata
+
+
+def extract_activations(spec: ActivationsSpec) -> dict:
+    """The activations step: :func:`activation_statistics` written to ``spec.out``. Returns the file's metadata."""
+    from istar.steps.common import open_step
+
+    spec.validate()
+    step = open_step(spec)
+    tensors, metadata = activation_statistics(step, spec.split, spec.batch_size, spec.token_sample, spec.seed)
+    artifacts.save_tensors(spec.out, tensors, metadata)
+    print(f"activations of {spec.model} on {step.task.display} {spec.split}: {int(metadata['features']):,} features, "
+          f"{int(metadata['tokens']):,} tokens, {metadata['num_hidden_states']} hidden states -> {spec.out}")
+    return metadata
+
+
+def load_activations(path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Read an activations file: (tensors, metadata), its content hash checked
+    (:class:`istar.io.artifacts.DamagedArtifactError` names a damaged file)."""
+    return artifacts.load_tensors(path)
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    add_spec_arguments(parser, ActivationsSpec)
+
+
+def run_cli(args) -> int:
+    extract_activations(spec_from_cli(args))
+    return 0

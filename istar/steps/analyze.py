@@ -1,0 +1,206 @@
+"""The analysis step: isotropy and intrinsic dimension of one run's representations.
+
+Inputs are the run's activation statistics (:mod:`istar.steps.activations`: streaming statistics of
+*all* non-padding evaluation tokens per hidden state, the [CLS] vectors, a token sample), from
+an activations file (``istar analyze``) or in memory (:mod:`istar.steps.measure`, the workflow's way),
+and the pretrained Σ_S file of the same model × task (:mod:`istar.steps.shrinkage`: every hidden
+state's training-data statistics). Output ``analysis.json``::
+
+    {"model", "task", "split", "standin", "zeta", "sigma_s": path, "tokens": N,
+     "global": {"layers": [l, ...], "isoscore_star", "isoscore", "rows"},
+     "layers": [{"layer": l, "isoscore_star", "isoscore", "twonn_cls", "cosine_similarity",
+                 "tokens"}, ... for l = 0 (embeddings) .. L],
+     "last_layer": {"mean": [d floats], "std": [d floats]},
+     "warnings": [str, ...]}
+
+Definitions (N = non-padding evaluation tokens, the same tokens in every hidden state):
+
+- ``global``: the union of the selected layers' tokens (``rows`` = N · |layers|), whose
+  covariance Σ_X is merged exactly from the per-layer (count, mean, covariance); IsoScore*
+  uses Σ_ζ = (1 − ζ)·Σ_X + ζ·Σ_S with Σ_S of the same layer selection, IsoScore is ζ = 0.
+- per hidden state l: IsoScore* with that layer's own Σ_S, IsoScore (ζ = 0) of its tokens'
+  covariance, TwoNN dimension of its [CLS] vectors (docs/method.md §5; ``null`` with an entry in
+  ``warnings`` when it is undefined, e.g. fewer than 3 distinct vectors), and the exact
+  average cosine similarity over all pairs of distinct tokens,
+  (‖Σ_i x̂_i‖² − N) / (N(N − 1)), x̂ = x/‖x‖.
+- ``last_layer``: per-dimension mean and standard deviation of the last layer's tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from istar.io import artifacts
+from istar.steps.activations import load_activations
+from istar.core.isotropy import CovarianceAccumulator, isoscore_star_from_covariance
+from istar.core.twonn import twonn_dimension
+from istar.core.regularizers import LayerSpec, resolve_layers
+from istar.steps.shrinkage import load_layer_statistics, merge_layers
+from istar.config.specs import AnalyzeSpec, add_spec_arguments, spec_from_cli
+
+__all__ = ["analyze_run", "analyze_statistics"]
+
+
+def _layer_accumulators(tensors: dict[str, torch.Tensor], count: int, num_hidden_states: int,
+                       source="the activations") -> list[CovarianceAccumulator]:
+    """Rebuild each hidden state's token statistics from an activations file's tensors.
+
+    Parameters
+    ----------
+    tensors : the tensors of an activations file, with ``token_mean.layer{l}`` (d,) and
+        ``token_cov.layer{l}`` (d, d) for l = 0 .. ``num_hidden_states`` − 1.
+    count : N, the number of tokens behind every layer's statistics (N ≥ 2).
+    num_hidden_states : L + 1.
+    source : how to name the tensors' origin in error messages.
+
+    Returns
+    -------
+    list of L + 1 CovarianceAccumulator with ``count = N``, ``mean`` and
+    ``m2 = cov · (N − 1)``, so that merging them gives the exact statistics of the union.
+    """
+    if count < 2:
+        raise ValueError(f"{source} summarise {count} token(s); a covariance needs at least 2")
+    accumulators = []
+    for layer in range(num_hidden_states):
+        mean, cov = tensors[f"token_mean.layer{layer}"], tensors[f"token_cov.layer{layer}"]
+        accumulators.append(CovarianceAccumulator.from_state_dict(
+            {"count": count, "mean": mean, "m2": cov.double() * (count - 1)}))
+    return accumulators
+
+
+def _checked(tensors: dict[str, torch.Tensor], metadata: dict[str, str], source: str) -> tuple[int, int]:
+    """L + 1 and N of activation statistics (:mod:`istar.steps.activations`), after checking they are complete."""
+    missing = [key for key in ("model", "task", "split", "num_hidden_states", "tokens") if key not in metadata]
+    if missing:
+        raise ValueError(f"{source} lacks the metadata {', '.join(missing)}: it was not written by `istar activations`")
+    hidden_states, count = int(metadata["num_hidden_states"]), int(metadata["tokens"])
+    expected = [f"{kind}.layer{layer}" for layer in range(hidden_states)
+                for kind in ("cls", "token_mean", "token_cov", "token_unit_sum")]
+    expected += ["last_layer_token_mean", "last_layer_token_std"]
+    absent = [key for key in expected if key not in tensors]
+    if absent:
+        raise ValueError(f"{source} lacks the tensors {', '.join(absent[:5])}{' …' if len(absent) > 5 else ''} "
+                         f"for its {hidden_states} hidden states")
+    return hidden_states, count
+
+
+def _cosine_similarity(unit_sum: torch.Tensor, count: int) -> float:
+    """Average cosine similarity over all N(N − 1) ordered pairs of distinct tokens from Σ x̂."""
+    unit_sum = unit_sum.double()
+    return float((unit_sum @ unit_sum - count) / (count * (count - 1)))
+
+
+def analyze_run(activations_path, sigma_path, zeta: float, out=None, twonn_discard: float = 0.1,
+                layers: LayerSpec = "all") -> dict:
+    """Isotropy and intrinsic dimension of a run's evaluation-split representations.
+
+    Parameters
+    ----------
+    activations_path : the run's ``activations.safetensors`` (see :mod:`istar.steps.activations`).
+    sigma_path, zeta, twonn_discard, layers : see :func:`analyze_statistics`.
+    out : where to write the result as JSON (atomically); None writes nothing.
+
+    Returns
+    -------
+    dict in the format of the module docstring (also written to ``out``).
+    """
+    activations_path = Path(activations_path)
+    if not activations_path.is_file():
+        raise FileNotFoundError(f"activations file {activations_path} does not exist: run `istar activations` first")
+    tensors, metadata = load_activations(activations_path)
+    result = analyze_statistics(tensors, metadata, sigma_path, zeta, twonn_discard=twonn_discard, layers=layers,
+                                source=f"the activations file {activations_path}")
+    if out is not None:
+        result = artifacts.write_json(out, result, digest=True)
+    return result
+
+
+def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str], sigma_path, zeta: float,
+                       twonn_discard: float = 0.1, layers: LayerSpec = "all", source: str = "the activations") -> dict:
+    """The analysis of activation statistics, in memory or read from a file.
+
+    Parameters
+    ----------
+    tensors, metadata : what :func:`istar.steps.activations.activation_statistics` returns (or
+        :func:`istar.steps.activations.load_activations` reads).
+    sigma_path : the Σ_S ``.pt`` file of the same model × task (see :mod:`istar.steps.shrinkage`);
+        it must hold statistics of the same dimension d and number of hidden states L + 1.
+    zeta : float in [0, 1], the shrinkage weight ζ of IsoScore* (0 = vanilla IsoScore).
+    twonn_discard : fraction in [0, 1) of the largest μ = r₂/r₁ left out of the TwoNN fit.
+    layers : the hidden states whose union forms the ``global`` point cloud ("all" =
+        layers 1..L, "all+embeddings", an index or a list; see
+        :data:`istar.core.regularizers.LayerSpec`).
+    source : how to name the statistics in error messages.
+
+    Returns
+    -------
+    dict in the format of the module docstring.
+    """
+    sigma_path = Path(sigma_path)
+    zeta = float(zeta)
+    if not 0.0 <= zeta <= 1.0:
+        raise ValueError(f"zeta must lie in [0, 1] (0 = no shrinkage, 1 = Σ_S alone); got {zeta}")
+    if not 0.0 <= twonn_discard < 1.0:
+        raise ValueError(f"twonn_discard must lie in [0, 1); got {twonn_discard}")
+    hidden_states, count = _checked(tensors, metadata, source)
+    sigma_layers, provenance = load_layer_statistics(sigma_path)
+    dim = tensors["token_mean.layer0"].numel()
+    if sigma_layers[0].dim != dim or len(sigma_layers) != hidden_states:
+        raise ValueError(
+            f"the Σ_S file {sigma_path} ({len(sigma_layers)} hidden states of dimension {sigma_layers[0].dim}) does "
+            f"not match {source} ({hidden_states} hidden states of dimension {dim}): use the Σ_S of the same model")
+    if provenance.get("task") not in (None, metadata["task"]):
+        raise ValueError(f"the Σ_S file {sigma_path} was computed on task {provenance['task']!r} but {source} "
+                         f"is of task {metadata['task']!r}")
+    selection = resolve_layers(layers, hidden_states)
+    eval_layers = _layer_accumulators(tensors, count, hidden_states, source=source)
+
+    def scores(cov_x: torch.Tensor, sigma_s: torch.Tensor) -> tuple[float, float]:
+        return (float(isoscore_star_from_covariance(cov_x, zeta, sigma_s)),
+                float(isoscore_star_from_covariance(cov_x, 0.0)))
+
+    union = merge_layers(eval_layers, selection)
+    global_star, global_iso = scores(union.covariance(), merge_layers(sigma_layers, selection).covariance())
+    warnings: list[str] = []
+    per_layer = []
+    for layer in range(hidden_states):
+        star, iso = scores(eval_layers[layer].covariance(), sigma_layers[layer].covariance())
+        try:
+            twonn = twonn_dimension(tensors[f"cls.layer{layer}"], discard_fraction=twonn_discard)
+        except ValueError as error:
+            twonn = None
+            warnings.append(f"layer {layer}: TwoNN of the [CLS] vectors is undefined ({error})")
+        per_layer.append({"layer": layer, "isoscore_star": star, "isoscore": iso, "twonn_cls": twonn,
+                          "cosine_similarity": _cosine_similarity(tensors[f"token_unit_sum.layer{layer}"], count),
+                          "tokens": count})
+    return {
+        "model": metadata["model"], "task": metadata["task"], "split": metadata["split"],
+        "standin": bool(json.loads(metadata.get("standin", "false"))), "zeta": zeta, "sigma_s": str(sigma_path),
+        "tokens": count,
+        "global": {"layers": selection, "isoscore_star": global_star, "isoscore": global_iso, "rows": union.count},
+        "layers": per_layer,
+        "last_layer": {"mean": tensors["last_layer_token_mean"].double().tolist(),
+                       "std": tensors["last_layer_token_std"].double().tolist()},
+        "warnings": warnings,
+    }
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    add_spec_arguments(parser, AnalyzeSpec)
+
+
+def run_cli(args) -> int:
+    spec = spec_from_cli(args)
+    result = analyze_run(spec.activations, spec.sigma_s, spec.zeta, out=spec.out, twonn_discard=spec.twonn_discard,
+                         layers=spec.layers)
+    top = result["layers"][-1]
+    print(f"{result['model']} on {result['task']} {result['split']} ({result['tokens']:,} tokens): global IsoScore* "
+          f"(ζ = {result['zeta']}) {result['global']['isoscore_star']:.4f}, IsoScore {result['global']['isoscore']:.4f}; "
+          f"last layer cosine similarity {top['cosine_similarity']:.4f} -> {spec.out}")
+    for warning in result["warnings"]:
+        print(f"warning: {warning}")
+    return 0

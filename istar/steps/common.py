@@ -1,0 +1,102 @@
+"""The opening every model step shares: accelerator, prepared task, tokenizer, model, features.
+
+``train``, ``evaluate``, ``shrinkage``, ``activations`` and ``measure`` (once per run) all start
+the same way from the model-and-data part of their spec (:class:`istar.config.specs.ModelData`)::
+
+    step = open_step(spec)                      # accelerator, meta.json, task, tokenizer, model
+    features = step.features("train")           # the split, tokenised for the task's head
+    loader = step.loader(features, batch_size)  # padded batches in a fixed order
+
+so device placement, mixed precision and the model's source are handled in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from istar.config.specs import ModelData
+
+__all__ = ["Step", "open_step"]
+
+
+@dataclass
+class Step:
+    """What :func:`open_step` loaded; ``frame(split)`` and ``features(split)`` read on demand."""
+
+    spec: ModelData
+    accelerator: object
+    meta: dict
+    task: object
+    tokenizer: object
+    model: object
+
+    @cached_property
+    def model_path(self) -> str:
+        """The folder or hub id the model was loaded from."""
+        from istar.models.loading import resolve_model_source
+
+        return resolve_model_source(self.spec.model)
+
+    @cached_property
+    def model_name(self) -> str:
+        """The model as the configuration names it (a pin file stands for the source it pins)."""
+        from istar.models.loading import configured_source
+
+        return configured_source(self.spec.model)
+
+    @property
+    def standin(self) -> bool:
+        return bool(self.meta.get("standin", False))
+
+    def frame(self, split: str):
+        from istar.data import read_split
+
+        return read_split(self.spec.data_dir, split)
+
+    def features(self, split: str, *, frame=None, with_labels: bool = True, for_qa_eval: bool = False):
+        """The split encoded for the task (QA: overlapping windows of ``max_length`` with ``doc_stride``)."""
+        from istar.data.encoding import encode_split
+
+        frame = self.frame(split) if frame is None else frame
+        return encode_split(frame, self.task, self.tokenizer, self.spec.max_length, self.spec.doc_stride,
+                            with_labels=with_labels, for_qa_eval=for_qa_eval and self.task.kind == "qa")
+
+    def loader(self, features, batch_size: int, *, sampler=None, pad_to_multiple_of: int | None = None):
+        from istar.data.encoding import make_loader
+
+        return make_loader(features, self.tokenizer, batch_size, sampler=sampler, pad_to_multiple_of=pad_to_multiple_of)
+
+
+def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumulation_steps: int = 1) -> Step:
+    """Open a model step.
+
+    Parameters
+    ----------
+    spec : the step's spec (its model, prepared data folder and precision are read).
+    model_seed : seed set right before the model is built, so a newly initialised task head
+        depends on this seed only (training, Σ_S of a pretrained model); None leaves the
+        random state alone.
+    gradient_accumulation_steps : passed to the ``Accelerator`` (training only).
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    from pathlib import Path
+
+    from istar.io.artifacts import verify_digests
+    from istar.data import read_meta
+    from istar.models.loading import load_model, load_tokenizer, resolve_model_source
+    from istar.registry.tasks import get_task
+
+    accelerator = Accelerator(mixed_precision=spec.mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps)
+    meta = read_meta(spec.data_dir)
+    task = get_task(meta["task"])
+    model_path = Path(resolve_model_source(spec.model))
+    if model_path.is_dir():
+        verify_digests(model_path)  # a fine-tuned model's files against the hashes recorded when it was saved
+    tokenizer = load_tokenizer(spec.model)
+    if model_seed is not None:
+        set_seed(model_seed)
+    model = load_model(spec.model, task)
+    return Step(spec=spec, accelerator=accelerator, meta=meta, task=task, tokenizer=tokenizer, model=model)

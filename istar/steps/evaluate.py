@@ -1,0 +1,106 @@
+"""Evaluation of a sequence-classification, regression or extractive-QA model on a split.
+
+Metrics are computed locally (:mod:`istar.core.metrics`): accuracy (and F1 for MRPC/QQP),
+Matthews correlation for CoLA, Pearson and Spearman for STS-B, F1 and exact match
+(percent) for SQuAD. Under data parallelism predictions are gathered from every process
+(``gather_for_metrics`` drops the padding of the last uneven batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from istar.io import artifacts
+from istar.core import metrics
+from istar.data import qa
+from istar.data.encoding import MODEL_INPUTS, Features
+from istar.config.specs import EvaluateSpec, add_spec_arguments, spec_from_cli
+from istar.registry.tasks import Task
+
+__all__ = ["evaluate_model", "evaluation_report", "evaluate_checkpoint"]
+
+
+@torch.no_grad()
+def evaluate_model(model, loader, task: Task, accelerator, features: Features | None = None,
+                   frame=None, n_best: int = 20, max_answer_length: int = 30) -> dict[str, float]:
+    """Metrics of ``model`` over an (accelerate-prepared) evaluation loader.
+
+    Parameters
+    ----------
+    model : the (possibly wrapped) model; evaluated in eval mode, its mode restored after.
+    loader : batches of :class:`~istar.data.encoding.Features`, in dataset order.
+    task : the task, for the head and metric.
+    accelerator : an ``accelerate.Accelerator``.
+    features, frame : QA only: the evaluation windows (with ``example_ids`` and
+        ``offset_mapping``) and the normalised split (ids, contexts, answers).
+
+    Returns
+    -------
+    dict of the task's metrics (fractions for accuracy/F1/correlations, percent for SQuAD)
+    plus ``eval_loss`` where the head computes one (not for QA evaluation windows).
+    """
+    was_training = model.training
+    model.eval()
+    predictions, labels, starts, ends, losses = [], [], [], [], []
+    for batch in tqdm(loader, desc=f"eval {task.display}", leave=False, disable=not accelerator.is_local_main_process):
+        with accelerator.autocast():
+            outputs = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS or k == "labels"})
+        if task.kind == "qa":
+            start, end = accelerator.gather_for_metrics((outputs.start_logits.float(), outputs.end_logits.float()))
+            starts.append(start.cpu())
+            ends.append(end.cpu())
+            continue
+        logits = outputs.logits.float()
+        prediction = logits.squeeze(-1) if task.kind == "regression" else logits.argmax(dim=-1)
+        prediction, label = accelerator.gather_for_metrics((prediction, batch["labels"]))
+        predictions.append(prediction.cpu())
+        labels.append(label.cpu())
+        losses.append(accelerator.gather_for_metrics(outputs.loss.detach().float().reshape(1).repeat(len(batch["labels"]))).cpu())
+    model.train(was_training)
+    if task.kind == "qa":
+        windows = {"example_id": features.example_ids, "offset_mapping": features.offset_mapping}
+        answers = qa.postprocess_predictions(list(frame["id"]), list(frame["context"]), windows,
+                                             torch.cat(starts).numpy(), torch.cat(ends).numpy(),
+                                             n_best=n_best, max_answer_length=max_answer_length)
+        references = {i: list(texts) for i, texts in zip(frame["id"], frame["answer_texts"])}
+        return metrics.squad_metrics(answers, references)
+    result = metrics.compute_metrics(task, torch.cat(predictions).numpy(), torch.cat(labels).numpy())
+    result["eval_loss"] = float(np.mean(torch.cat(losses).numpy()))
+    return result
+
+
+def evaluation_report(step, split: str, batch_size: int) -> dict:
+    """The evaluation of an opened step's model (:func:`istar.steps.common.open_step`) on a prepared split:
+    task, split, model, standin, headline metric, ``metrics`` (see :func:`evaluate_model`) and examples."""
+    frame = step.frame(split)
+    features = step.features(split, frame=frame, for_qa_eval=True)
+    model, loader = step.accelerator.prepare(step.model, step.loader(features, batch_size))
+    result = evaluate_model(model, loader, step.task, step.accelerator, features=features, frame=frame)
+    step.accelerator.print(f"{step.task.display} {split}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
+    return {"task": step.task.key, "split": split, "model": step.spec.model, "standin": step.standin,
+            "metric": step.task.metric, "metrics": result, "examples": len(frame)}
+
+
+def evaluate_checkpoint(spec: EvaluateSpec) -> dict:
+    """The evaluation step: :func:`evaluation_report` of a saved model, written as JSON to ``spec.out``."""
+    from istar.steps.common import open_step
+
+    spec.validate()
+    step = open_step(spec)
+    report = evaluation_report(step, spec.split, spec.batch_size)
+    if step.accelerator.is_main_process:
+        artifacts.write_json(spec.out, report)
+    return report
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    add_spec_arguments(parser, EvaluateSpec)
+
+
+def run_cli(args) -> int:
+    evaluate_checkpoint(spec_from_cli(args))
+    return 0

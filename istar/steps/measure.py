@@ -1,0 +1,90 @@
+"""The measurement step: what the workflow records about fine-tuned models once they are trained.
+
+For each run folder of a :class:`~istar.config.specs.MeasureSpec` (in the workflow: the runs of one
+setting with the seeds the output's path names) the saved model is loaded once and, in this order:
+
+1. evaluated on the split, in the spec's precision (``evaluate``; the workflow always asks), as
+   :func:`istar.steps.evaluate.evaluation_report`;
+2. run over the split for its activation statistics (:func:`istar.steps.activations.activation_statistics`);
+3. analysed against the pretrained Σ_S (:func:`istar.steps.analyze.analyze_statistics`).
+
+The statistics stay in memory: an activations file holds every [CLS] vector of every layer
+(for QQP's 40k validation pairs and BERT-base about 1.6 GB per run), so the workflow does not
+keep one per run; ``istar activations`` and ``istar analyze`` write and read such files for
+manual work. One job per setting rather than two or three per run keeps the paper's DAG small
+(docs/architecture.md). The output, written once at the end (atomically, with its hash)::
+
+    {"split", "sigma_s", "zeta", "evaluated": bool,
+     "runs": {RUN_FOLDER: {"evaluation": {…} or null, "analysis": {…}}, …}}
+
+with ``evaluation`` in the format of ``istar evaluate``'s JSON and ``analysis`` in that of
+``istar analyze`` (:mod:`istar.steps.analyze`). A job that dies measures its runs again when restarted:
+each takes a forward pass or two, not a training run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+from pathlib import Path
+
+from istar.io import artifacts
+from istar.config.specs import MeasureSpec, add_spec_arguments, spec_from_cli
+
+__all__ = ["measure_runs", "read_measures"]
+
+
+def measure_runs(spec: MeasureSpec) -> dict:
+    """The measurement step: see the module docstring. Returns what was written to ``spec.out``."""
+    from tqdm.auto import tqdm
+
+    from istar.steps.activations import activation_statistics
+    from istar.steps.analyze import analyze_statistics
+    from istar.steps.evaluate import evaluation_report
+    from istar.steps.common import open_step
+
+    spec.validate()
+    missing = [run for run in spec.runs if not (Path(run) / "model").is_dir()]
+    if missing:
+        raise FileNotFoundError(f"no fine-tuned model/ in {', '.join(missing)}: train these runs first")
+    if not Path(spec.sigma_s).is_file():
+        raise FileNotFoundError(f"Σ_S file {spec.sigma_s} does not exist: run `istar shrinkage` first")
+    runs, main_process = {}, True
+    for run in tqdm(spec.runs, desc="runs measured", unit="run"):
+        step = open_step(spec.model_data(run))
+        main_process = step.accelerator.is_main_process
+        evaluation = evaluation_report(step, spec.split, spec.batch_size) if spec.evaluate else None
+        tensors, metadata = activation_statistics(step, spec.split, spec.batch_size, spec.token_sample, spec.seed)
+        analysis = analyze_statistics(tensors, metadata, spec.sigma_s, spec.zeta, twonn_discard=spec.twonn_discard,
+                                      layers=spec.layers, source=f"the activations of run {run}")
+        runs[run] = {"evaluation": evaluation, "analysis": analysis}
+        print(f"{run}: global IsoScore* (ζ = {spec.zeta}) {analysis['global']['isoscore_star']:.4f}"
+              + (f", {evaluation['metric']} {evaluation['metrics'][evaluation['metric']]:.4f}" if evaluation else ""))
+        del step, tensors
+        gc.collect()  # one model at a time: the next run's is loaded into the memory this one held
+    result = {"split": spec.split, "sigma_s": spec.sigma_s, "zeta": spec.zeta, "evaluated": spec.evaluate, "runs": runs}
+    if main_process:
+        result = artifacts.write_json(spec.out, result, digest=True)
+    return result
+
+
+def read_measures(path) -> dict[str, dict]:
+    """The runs of a measurement file, keyed by run folder, each with ``evaluation`` and ``analysis``
+    (hash checked; a file not written by ``istar measure`` is named in the error)."""
+    measures = artifacts.read_json(path)
+    runs = measures.get("runs") if isinstance(measures, dict) else None
+    if not isinstance(runs, dict) or any(not isinstance(entry, dict) or not {"evaluation", "analysis"} <= set(entry)
+                                         for entry in runs.values()):
+        raise ValueError(f"{path} lacks runs with evaluation and analysis: it was not written by `istar measure`")
+    return runs
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    add_spec_arguments(parser, MeasureSpec)
+
+
+def run_cli(args) -> int:
+    spec = spec_from_cli(args)
+    measure_runs(spec)
+    print(f"{len(spec.runs)} run(s) measured -> {spec.out}")
+    return 0

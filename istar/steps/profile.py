@@ -1,0 +1,321 @@
+"""The profile step: isotropy of a pretrained model's static embeddings and of every layer.
+
+``istar profile`` measures one model at one revision (Machina & Mercer, NAACL 2024, asked
+the same questions of Pythia checkpoints; IsoScore is docs/method.md §1, IsoScore* §2):
+
+static embeddings — the input matrix W_in (V, d) and, where it is not tied to it, the
+output matrix W_out (V, d), each raw and mean-centred:
+    IsoScore (a covariance measure, so centring does not change it: reported once),
+    the partition isotropy I(W) of Mu et al. (both signs of each eigenvector, see
+    :func:`istar.core.isotropy.partition_isotropy`), the average cosine similarity of all pairs;
+
+contextual representations — the non-padding tokens of a text sample, every hidden state
+l = 0 (embeddings) … L, and for models with a final norm the last layer *before* it
+(``pre_final_norm``; hidden state L is after it):
+    IsoScore, IsoScore*(ζ) with Σ_S of the same layer estimated from a *disjoint* part of
+    the sample, the average cosine similarity, the share of the total variance in the
+    top-1 and top-10 coordinates and in the first principal component, the number of
+    outlier coordinates (variance > OUTLIER_FACTOR × the mean coordinate variance), the
+    mean norm; and the spread of the final norm's gain vector.
+
+Memory is O(L·d²): each hidden state is folded into its own streaming accumulators batch
+by batch (:class:`~istar.core.isotropy.CovarianceAccumulator`), no activations are kept. The
+result, with its provenance (source, revision, resolved commit, tokens, layers, cost),
+is one JSON file. Loading is in :mod:`istar.models.pretrained`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from istar import __version__
+from istar.io import artifacts
+from istar.core.isotropy import (CovarianceAccumulator, average_cosine_similarity, isoscore_from_eigenvalues,
+                       isoscore_star_from_covariance, partition_isotropy)
+from istar.config.specs import ProfileSpec, add_spec_arguments, spec_from_cli
+
+__all__ = ["OUTLIER_FACTOR", "static_measures", "layer_measures", "read_texts", "profile_model",
+           "run_profile"]
+
+OUTLIER_FACTOR = 5.0
+"""A coordinate is an outlier dimension when its variance exceeds this multiple of the mean coordinate variance."""
+
+# ------------------------------------------------------------------------------ measures
+
+
+def _spectrum(cov: torch.Tensor) -> torch.Tensor:
+    """Eigenvalues (d,) of a covariance, descending, negatives from rounding clipped to 0."""
+    return torch.linalg.eigvalsh(cov.to(torch.float64)).flip(0).clamp_min(0.0)
+
+
+def _variance_shares(cov: torch.Tensor, eigenvalues: torch.Tensor) -> dict:
+    """Where the variance sits: top coordinates, the outlier rule, the first principal component."""
+    variances = torch.diagonal(cov).to(torch.float64)
+    total = variances.sum()
+    ordered = variances.sort(descending=True).values
+    return {
+        "top1_dim_variance_share": float(ordered[0] / total),
+        "top10_dim_variance_share": float(ordered[:10].sum() / total),
+        "outlier_dims": int((variances > OUTLIER_FACTOR * variances.mean()).sum()),
+        "top1_pc_variance_share": float(eigenvalues[0] / eigenvalues.sum()),
+    }
+
+
+def static_measures(W: torch.Tensor, chunk: int = 8192) -> dict:
+    """Isotropy of an embedding matrix W (V, d), rows = vocabulary entries.
+
+    Returns ``isoscore`` (of the rows' covariance, the same raw or centred),
+    ``partition_isotropy`` and ``average_cosine`` raw, the same two with suffix ``_centred``
+    after subtracting the mean row, ``mean_norm``, ``zero_rows`` (all-zero rows, left out of
+    the cosine measures), plus the variance shares of :func:`layer_measures`. Float64 throughout; the covariance is streamed in chunks.
+    """
+    W = W.detach().to(torch.float64)
+    # Rows of zeros (a padding embedding initialised to zero, unused tokens) have no direction:
+    # the cosine measures leave them out and say how many there were.
+    nonzero = torch.linalg.vector_norm(W, dim=1) > 0
+    accumulator = CovarianceAccumulator(W.shape[1], device=W.device)
+    for start in range(0, W.shape[0], chunk):
+        accumulator.add(W[start:start + chunk])
+    cov = accumulator.covariance()
+    eigenvalues = _spectrum(cov)
+    centred = W - accumulator.mean
+    return {
+        "rows": int(W.shape[0]), "dim": int(W.shape[1]),
+        "isoscore": isoscore_from_eigenvalues(eigenvalues),
+        "partition_isotropy": partition_isotropy(W),
+        "partition_isotropy_centred": partition_isotropy(centred),
+        "average_cosine": average_cosine_similarity(W[nonzero]),
+        "average_cosine_centred": average_cosine_similarity(centred[torch.linalg.vector_norm(centred, dim=1) > 0]),
+        "zero_rows": int((~nonzero).sum()),
+        "mean_norm": float(torch.linalg.vector_norm(W, dim=1).mean()),
+        **_variance_shares(cov, eigenvalues),
+    }
+
+
+class LayerStats:
+    """Streaming statistics of one hidden state: covariance, Σ x/‖x‖ and Σ ‖x‖ (O(d²) memory)."""
+
+    def __init__(self, dim: int, device):
+        self.covariance = CovarianceAccumulator(dim, device=device)
+        self.unit_sum = torch.zeros(dim, dtype=torch.float64, device=device)
+        self.norm_sum = 0.0
+
+    @torch.no_grad()
+    def add(self, rows: torch.Tensor) -> None:
+        """Fold in token vectors (k, d) (padding already removed)."""
+        self.covariance.add(rows)
+        rows = rows.to(torch.float64)
+        norms = torch.linalg.vector_norm(rows, dim=1)
+        self.unit_sum += (rows / norms.clamp_min(1e-300)[:, None]).sum(dim=0)
+        self.norm_sum += float(norms.sum())
+
+
+def layer_measures(stats: LayerStats, sigma_s: torch.Tensor | None, zeta: float) -> dict:
+    """The contextual measures of one hidden state from its statistics.
+
+    ``isoscore_star`` is IsoScore*(Σ_X, ζ, Σ_S) (docs/method.md §2) with Σ_S from the
+    disjoint sample (None: not computed). ``average_cosine`` is exact over all pairs of
+    the N tokens: (‖Σ x̂‖² − N) / (N(N − 1)).
+    """
+    n = stats.covariance.count
+    cov = stats.covariance.covariance()
+    eigenvalues = _spectrum(cov)
+    result = {
+        "tokens": n,
+        "isoscore": isoscore_from_eigenvalues(eigenvalues),
+        "isoscore_star": float(isoscore_star_from_covariance(cov, zeta, sigma_s)) if sigma_s is not None else None,
+        "average_cosine": float((stats.unit_sum @ stats.unit_sum - n) / (n * (n - 1))),
+        "mean_norm": stats.norm_sum / n,
+        **_variance_shares(cov, eigenvalues),
+    }
+    return result
+
+
+def gain_spread(weight: torch.Tensor) -> dict:
+    """Spread of a norm's gain vector γ (d,): mean, std, min, max, std/|mean|."""
+    gain = weight.detach().to(torch.float64).flatten()
+    mean, std = float(gain.mean()), float(gain.std())
+    return {"mean": mean, "std": std, "min": float(gain.min()), "max": float(gain.max()),
+            "coefficient_of_variation": std / abs(mean) if mean else None}
+
+
+# ------------------------------------------------------------------------------ text
+
+
+def read_texts(source: str, split: str = "validation") -> list[str]:
+    """Documents of a text source: a prepared task folder's split, or a text file's non-empty lines.
+
+    Task rows become ``text_a [+ " " + text_b]`` (``question + " " + context`` for QA).
+    """
+    path = Path(source)
+    if path.is_file():
+        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    elif path.is_dir():
+        from istar.data import read_split
+
+        frame = read_split(path, split)
+        if "question" in frame.columns:
+            texts = (frame["question"] + " " + frame["context"]).tolist()
+        else:
+            texts = [a if not isinstance(b, str) or not b else f"{a} {b}"
+                     for a, b in zip(frame["text_a"], frame.get("text_b", [None] * len(frame)))]
+    else:
+        raise ValueError(f"text source {source}: neither a text file nor a prepared task folder "
+                         "(make one with `istar prepare-data`)")
+    if not texts:
+        raise ValueError(f"text source {source} holds no text")
+    return texts
+
+
+def _batches(texts: list[str], spec: ProfileSpec):
+    """Documents in a seeded order, ``batch_size`` at a time."""
+    order = list(range(len(texts)))
+    random.Random(spec.seed).shuffle(order)
+    for start in range(0, len(order), spec.batch_size):
+        yield [texts[i] for i in order[start:start + spec.batch_size]]
+
+
+def _budget_mask(mask: torch.Tensor, remaining: int) -> torch.Tensor:
+    """``mask`` (B, T) with the non-padding tokens after the first ``remaining`` (reading order) dropped."""
+    flat = mask.flatten()
+    keep = flat & (torch.cumsum(flat.long(), 0) <= remaining)
+    return keep.reshape(mask.shape)
+
+
+# ------------------------------------------------------------------------------ the pass
+
+
+@torch.no_grad()
+def collect(loaded, texts: list[str], spec: ProfileSpec) -> tuple[list[LayerStats], list[CovarianceAccumulator], dict]:
+    """Stream the text through the model: statistics of the measured and the Σ_S samples.
+
+    The first ``sigma_tokens`` non-padding tokens (document order fixed by ``seed``) feed
+    the Σ_S accumulators, the next ``tokens`` the measured statistics; a document whose
+    tokens straddle the boundary is counted in both (its tokens are split, not shared).
+    Index ``L + 1`` of both lists is the last layer before the final norm, if there is one.
+    """
+    model, tokenizer, device = loaded.backbone, loaded.tokenizer, loaded.device
+    captured = {}
+    hook = loaded.final_norm.register_forward_hook(lambda module, args, out: captured.update(pre=args[0])) \
+        if loaded.final_norm is not None else None
+    measured: list[LayerStats] = []
+    sigma: list[CovarianceAccumulator] = []
+    need = {"sigma": spec.sigma_tokens, "measured": spec.tokens}
+    started, forward_seconds, documents = time.perf_counter(), 0.0, 0
+    try:
+        for docs in _batches(texts, spec):
+            if need["measured"] <= 0:
+                break
+            enc = tokenizer(docs, padding=True, truncation=True, max_length=spec.max_length, return_tensors="pt")
+            inputs = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+            tick = time.perf_counter()
+            states = list(model(**inputs, output_hidden_states=True).hidden_states)
+            forward_seconds += time.perf_counter() - tick
+            documents += len(docs)
+            if hook is not None:
+                states.append(captured.pop("pre"))
+            if not measured:
+                dim = states[0].shape[-1]
+                measured = [LayerStats(dim, device) for _ in states]
+                sigma = [CovarianceAccumulator(dim, device=device) for _ in states]
+            mask = inputs["attention_mask"].bool()
+            to_sigma = _budget_mask(mask, need["sigma"])
+            to_measure = _budget_mask(mask & ~to_sigma, need["measured"])
+            for stats, accumulator, hidden in zip(measured, sigma, states):
+                if to_sigma.any():
+                    accumulator.add(hidden, mask=to_sigma)
+                if to_measure.any():
+                    stats.add(hidden[to_measure])
+            need["sigma"] -= int(to_sigma.sum())
+            need["measured"] -= int(to_measure.sum())
+    finally:
+        if hook is not None:
+            hook.remove()
+    if not measured or measured[0].covariance.count < 2:
+        raise ValueError(f"the text sample gave fewer than 2 tokens to measure after {spec.sigma_tokens} for Σ_S: "
+                         "use a larger text source or lower sigma_tokens")
+    cost = {"documents": documents, "seconds": round(time.perf_counter() - started, 3),
+            "forward_seconds": round(forward_seconds, 3)}
+    return measured, sigma, cost
+
+
+def profile_model(spec: ProfileSpec) -> dict:
+    """Load the model, measure it, return the profile (see the module docstring)."""
+    from istar.models.pretrained import load_for_profile, parameter_count
+
+    started = time.perf_counter()
+    if spec.device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    loaded = load_for_profile(spec)
+    texts = read_texts(spec.text, spec.split)
+    static = {"input": static_measures(loaded.input_embeddings)}
+    if loaded.output_embeddings is not None:
+        static["output"] = static_measures(loaded.output_embeddings)
+    measured, sigma, cost = collect(loaded, texts, spec)
+    num_states = loaded.num_layers + 1
+    layers = []
+    for index, (stats, accumulator) in enumerate(zip(measured, sigma)):
+        sigma_s = accumulator.covariance() if accumulator.count >= 2 else None
+        name = "pre_final_norm" if index == num_states else index
+        layers.append({"layer": name, **layer_measures(stats, sigma_s, spec.zeta)})
+    tokens = measured[0].covariance.count
+    # every token the pass read: the measured ones and those of Σ_S
+    read = tokens + (sigma[0].count if sigma else 0)
+    cost.update(tokens_per_second=round(read / cost["seconds"], 1) if cost["seconds"] else None,
+                total_seconds=round(time.perf_counter() - started, 3), **_peak_memory(loaded.device))
+    return {
+        "spec": dataclasses.asdict(spec),
+        "provenance": {**loaded.provenance, "tokens": tokens,
+                       "sigma_tokens": sigma[0].count if sigma else 0, "num_layers": loaded.num_layers,
+                       "hidden_size": loaded.hidden_size, "parameters": parameter_count(loaded.model),
+                       "tied_embeddings": loaded.output_embeddings is None and loaded.has_output_matrix,
+                       "final_norm": loaded.final_norm_name, "outlier_rule": f"variance > {OUTLIER_FACTOR:g} × mean",
+                       "istar_version": __version__, "torch_version": torch.__version__},
+        "cost": cost,
+        "static": static,
+        "layers": layers,
+        "final_norm_gain": gain_spread(loaded.final_norm.weight) if loaded.final_norm is not None
+        and getattr(loaded.final_norm, "weight", None) is not None else None,
+    }
+
+
+def _peak_memory(device: torch.device) -> dict:
+    """Peak memory of this process: GPU (torch's allocator) or CPU (max resident set size), MiB."""
+    if device.type == "cuda":
+        return {"peak_memory_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1), "peak_memory_of": "cuda"}
+    import resource
+
+    return {"peak_memory_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "peak_memory_of": "cpu (max RSS of the process)"}
+
+
+def run_profile(spec: ProfileSpec) -> dict:
+    """The profile step: measure and write ``spec.out`` (JSON) atomically. Returns the profile."""
+    result = profile_model(spec)
+    artifacts.write_json(spec.out, result)
+    provenance, cost = result["provenance"], result["cost"]
+    print(f"profile of {spec.model}" + (f"@{spec.revision}" if spec.revision else "")
+          + f": {provenance['num_layers']} layers, {provenance['tokens']:,} tokens, "
+          f"{cost['tokens_per_second']} tokens/s, peak {cost['peak_memory_mib']} MiB -> {spec.out}")
+    if provenance["tokens"] < spec.tokens or provenance["sigma_tokens"] < spec.sigma_tokens:
+        print(f"note: the text gave {provenance['sigma_tokens']:,} of {spec.sigma_tokens:,} Σ_S tokens and "
+              f"{provenance['tokens']:,} of {spec.tokens:,} measured tokens")
+    return result
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    add_spec_arguments(parser, ProfileSpec)
+
+
+def run_cli(args) -> int:
+    run_profile(spec_from_cli(args))
+    return 0
