@@ -18,11 +18,12 @@ import re
 from dataclasses import dataclass, replace
 
 from istar.registry.methods import METHOD_PATTERN, get_method
-from istar.config.specs import AS_GIVEN, MeasureSpec, PrepareDataSpec, ProfileSpec, ShrinkageSpec, TrainSpec
+from istar.config.specs import AS_GIVEN, HoldoutSpec, MeasureSpec, PrepareDataSpec, ProfileSpec, ShrinkageSpec, TrainSpec
 from istar.registry.tasks import TASKS
 
 __all__ = ["Setting", "format_number", "search_settings", "selected_setting", "final_settings", "study_runs",
            "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "train_spec",
+           "heldout_name", "holdout_spec",
            "shrinkage_spec", "measure_spec", "AS_GIVEN", "profile_targets", "profile_text_task", "profile_spec"]
 
 
@@ -198,6 +199,27 @@ def prepare_data_spec(config: dict, *, task: str, out: str) -> PrepareDataSpec:
                            revision=data["hub_revisions"].get(task), allow_standin=data["allow_standin"],
                            standin_fraction=data["standin_fraction"], max_train_samples=data["max_train_samples"],
                            max_eval_samples=data["max_eval_samples"], seed=data["seed"])
+
+
+def heldout_name(config: dict) -> str | None:
+    """The held-out selection split's folder name (``heldout0.2_seed0``), or None when the search is
+    scored on the validation split (``search.selection_split``, the paper's protocol).
+
+    The workflow puts this name into the paths of the held-out data, the search's Σ_S and the
+    search runs, so a changed fraction or seed is a new path. Which protocol a selection used is
+    recorded by the data itself (:mod:`istar.data.holdout`), not by this name.
+    """
+    search = config["search"]
+    if search["selection_split"] == "validation":
+        return None
+    return f"heldout{format_number(search['heldout_fraction'])}_seed{search['heldout_seed']}"
+
+
+def holdout_spec(config: dict, *, data_dir: str, out: str) -> HoldoutSpec:
+    """The cut of ``data_dir``'s training split into the search's part and the held-out part."""
+    search = config["search"]
+    return HoldoutSpec(data_dir=data_dir, out=out, fraction=float(search["heldout_fraction"]),
+                       seed=int(search["heldout_seed"]))
 
 
 def _model_data(config: dict, model: str, task: str, data_dir: str) -> dict:

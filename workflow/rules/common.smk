@@ -13,6 +13,8 @@ from istar.registry.methods import METHOD_PATTERN
 from istar.pipeline.plan import (
     Setting,
     final_settings,
+    heldout_name,
+    holdout_spec,
     measure_spec,
     needs_sigma,
     prepare_data_spec,
@@ -45,7 +47,16 @@ GPUS = TRAINING["gpus"]
 DATA = "resources/data/{task}"
 MODEL_PIN = "resources/models/{model}.json"
 SIGMA = "resources/shrinkage/{model}/{task}/sigma0.pt"
-SEARCH_RUN = "results/search/{model}/{task}/{setting}/seed{seed}"
+# The search reads the task's own splits (scored on the validation split, the paper's
+# protocol) or, under search.selection_split: heldout, a held-out split of the training rows
+# made by the holdout_data rule, with a Σ_S of its own; the final runs always read DATA.
+HELDOUT = heldout_name(config)
+SEARCH_TAG = f"{HELDOUT}/" if HELDOUT else ""
+SEARCH_DATA = f"{DATA}/{HELDOUT}" if HELDOUT else DATA
+SEARCH_SIGMA = (
+    f"resources/shrinkage/{{model}}/{{task}}/{HELDOUT}/sigma0.pt" if HELDOUT else SIGMA
+)
+SEARCH_RUN = f"results/search/{SEARCH_TAG}{{model}}/{{task}}/{{setting}}/seed{{seed}}"
 RUN = "results/runs/{model}/{task}/{setting}/seed{seed}"
 SELECTION = "results/selection/{model}/{task}/best.json"
 # evaluation and analysis of a setting's runs, one file per set of seeds (seeds0_1_2): the
@@ -83,34 +94,45 @@ def data_files(wildcards):
     return prepared_files(wildcards.task)
 
 
+def search_data_files(wildcards):
+    folder = SEARCH_DATA.format(task=wildcards.task)
+    return [
+        f"{folder}/{name}"
+        for name in ("train.parquet", "validation.parquet", "meta.json")
+    ]
+
+
 def model_source(wildcards):
     """The pretrained model's pin file, written by pin_model, so every step loads the same commit."""
     return MODEL_PIN.format(model=wildcards.model)
 
 
-def sigma_input(wildcards):
-    setting = Setting.parse(wildcards.setting)
-    return (
-        SIGMA.format(model=wildcards.model, task=wildcards.task)
-        if needs_sigma(setting)
-        else []
-    )
+def sigma_input_of(sigma_pattern):
+    def sigma_input(wildcards):
+        setting = Setting.parse(wildcards.setting)
+        return (
+            sigma_pattern.format(model=wildcards.model, task=wildcards.task)
+            if needs_sigma(setting)
+            else []
+        )
+
+    return sigma_input
 
 
 # Each step gets its whole spec as one JSON argument (istar.pipeline.plan builds it from the config);
 # a changed spec is a changed param, so Snakemake reruns exactly the jobs whose spec changed.
 
 
-def train_spec_json(run_pattern):
+def train_spec_json(run_pattern, data_pattern=DATA, sigma_pattern=SIGMA):
     def spec(wildcards):
-        sigma = SIGMA.format(model=wildcards.model, task=wildcards.task)
+        sigma = sigma_pattern.format(model=wildcards.model, task=wildcards.task)
         return train_spec(
             config,
             model=model_source(wildcards),
             task=wildcards.task,
             setting=Setting.parse(wildcards.setting),
             seed=int(wildcards.seed),
-            data_dir=DATA.format(task=wildcards.task),
+            data_dir=data_pattern.format(task=wildcards.task),
             output_dir=run_pattern.format(**wildcards),
             sigma_s=sigma,
         ).to_json()
@@ -124,13 +146,24 @@ def prepare_data_spec_json(wildcards):
     ).to_json()
 
 
-def shrinkage_spec_json(wildcards, output):
-    return shrinkage_spec(
+def shrinkage_spec_json_of(data_pattern):
+    def spec(wildcards, output):
+        return shrinkage_spec(
+            config,
+            model=model_source(wildcards),
+            task=wildcards.task,
+            data_dir=data_pattern.format(task=wildcards.task),
+            out=output.sigma,
+        ).to_json()
+
+    return spec
+
+
+def holdout_spec_json(wildcards):
+    return holdout_spec(
         config,
-        model=model_source(wildcards),
-        task=wildcards.task,
         data_dir=DATA.format(task=wildcards.task),
-        out=output.sigma,
+        out=SEARCH_DATA.format(task=wildcards.task),
     ).to_json()
 
 
