@@ -11,7 +11,8 @@ import yaml
 
 from istar.config.schema import ConfigError
 from istar.pipeline.validate import load_config, validate_config
-from istar.pipeline.plan import Setting, final_settings, search_settings, study_runs
+from istar.config.layout import Setting
+from istar.pipeline.plan import final_settings, search_settings, study_runs
 
 REPO = Path(__file__).resolve().parents[1]
 MIRROR = REPO.parent / "shared" / "data"

@@ -58,6 +58,45 @@ def test_method_registry():
     assert len({method.colour for method in METHODS.values()}) == len(METHODS)
     with pytest.raises(ValueError, match="unknown method 'l2'; known methods: base, cosreg, istar"):
         get_method("l2")
+
+
+def test_cosreg_default_lambda_is_the_schema_default():
+    """CosReg's λ has two readers (the CLI without --lam, the workflow's final stage): one value."""
+    assert _schema()["properties"]["final"]["properties"]["cosreg_lambda"]["default"] == get_method("cosreg").default_lam
+
+
+def test_method_behaviour_comes_from_the_registry(monkeypatch):
+    """A new method is an entry: the spec, the penalty call and the planner follow it without naming it."""
+    import dataclasses
+
+    import torch
+
+    from istar.config.specs import SpecError, TrainSpec
+    from istar.core.regularizers import Penalty
+    from istar.config.layout import Setting
+    from istar.pipeline.plan import needs_sigma
+    from istar.registry.methods import Method
+    from istar.steps.train import compute_penalty
+
+    seen = {}
+
+    def norm_penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch):
+        seen.update(layers=layers, zeta=zeta, global_batch=global_batch)
+        return Penalty(term=lam * hidden_states[-1].pow(2).mean())
+
+    shrinking = Method("l2shrink", "L2", "#000000", ("lam", "zeta", "sigma_s"), 0.5, penalty=norm_penalty,
+                       fixed_layers=-1)
+    monkeypatch.setitem(METHODS, "l2shrink", shrinking)
+    spec = TrainSpec(model="m", data_dir="d", output_dir="o", method="l2shrink", lam=0.5, zeta=0.3, sigma_s="s.pt")
+    spec.validate()
+    assert spec.penalty_layers == -1
+    with pytest.raises(SpecError, match="l2shrink with zeta > 0 needs --sigma-s"):
+        dataclasses.replace(spec, sigma_s=None).validate()
+    hidden = (torch.ones(2, 3, 4), torch.full((2, 3, 4), 2.0))
+    penalty = compute_penalty(spec, hidden, torch.ones(2, 3), sigma_s=None, distributed=False)
+    assert float(penalty.term) == pytest.approx(0.5 * 4.0) and seen["zeta"] == 0.3
+    assert needs_sigma(Setting("l2shrink", lam=0.5, zeta=0.3)) and not needs_sigma(Setting("l2shrink", lam=0.5, zeta=0.0))
+    assert compute_penalty(dataclasses.replace(spec, method="base", lam=0.0), hidden, torch.ones(2, 3), None, False) is None
     with pytest.raises(ValueError, match="unknown hyperparameter 'beta'"):
         get_method("istar").takes("beta")
 

@@ -177,11 +177,10 @@ class TrainSpec(ModelData):
         method = get_method(self.method)
         if not method.takes("lam") and self.lam != 0.0:
             raise SpecError(f"method {self.method} takes no λ; got lam = {self.lam}")
-        if self.method == "istar":
-            if not 0.0 <= self.zeta <= 1.0:
-                raise SpecError(f"zeta must lie in [0, 1]; got {self.zeta}")
-            if self.zeta > 0 and not self.sigma_s:
-                raise SpecError("method istar with zeta > 0 needs --sigma-s, the file written by `istar shrinkage`")
+        if method.takes("zeta") and not 0.0 <= self.zeta <= 1.0:
+            raise SpecError(f"zeta must lie in [0, 1]; got {self.zeta}")
+        if method.needs_sigma_s(self.zeta) and not self.sigma_s:
+            raise SpecError(f"method {self.method} with zeta > 0 needs --sigma-s, the file written by `istar shrinkage`")
         if self.learning_rate <= 0:
             raise SpecError(f"learning_rate must be positive; got {self.learning_rate}")
         if not 0.0 <= self.warmup_ratio < 1.0:
@@ -191,8 +190,8 @@ class TrainSpec(ModelData):
 
     @property
     def penalty_layers(self):
-        """The hidden states the penalty reads: the I-STAR selection, the last layer for CosReg."""
-        return self.layers if self.method == "istar" else -1
+        """The hidden states the penalty reads: the configured selection, or the method's own (CosReg: the last layer)."""
+        return get_method(self.method).penalty_layers(self.layers)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,12 +1,6 @@
-"""Which runs a configuration asks for, and how their settings are spelled in paths.
+"""Which runs a configuration asks for, and each step's spec.
 
-A *setting* is a fine-tuning method with its hyperparameters, spelled as a folder name
-(docs/architecture.md): ``base``, ``cosreg_lam1``, ``istar_lam-1_zeta0.2``, ``istar_lam-1_zeta0.2_layer6``,
-plus ``_bs16_ep3_lr3e-05`` when the search grid covers batch size, epochs and learning rate.
-Hyperparameters in paths keep reruns right even without Snakemake's metadata and make every
-artifact self-describing.
-
-Each step's spec (:mod:`istar.config.specs`) is built here from the validated config: every default,
+Settings and the paths they are spelled in are :mod:`istar.config.layout`'s. Each step's spec (:mod:`istar.config.specs`) is built here from the validated config: every default,
 the QA window length and what λ means per method are decided in these functions and nowhere
 else. The Snakemake rules only call them, with the paths of their inputs and outputs.
 """
@@ -14,75 +8,17 @@ else. The Snakemake rules only call them, with the paths of their inputs and out
 from __future__ import annotations
 
 import itertools
-import re
-from dataclasses import dataclass, replace
 
-from istar.registry.methods import METHOD_PATTERN, get_method
+from istar.config.layout import Setting, heldout_folder
+from istar.registry.methods import get_method
 from istar.config.specs import AS_GIVEN, HoldoutSpec, MeasureSpec, PrepareDataSpec, ProfileSpec, ShrinkageSpec, TrainSpec
 from istar.registry.tasks import TASKS
 
-__all__ = ["Setting", "format_number", "search_settings", "selected_setting", "final_settings", "study_runs",
+__all__ = ["search_settings", "selected_setting", "final_settings", "study_runs",
            "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "train_spec",
            "heldout_name", "holdout_spec",
            "shrinkage_spec", "measure_spec", "AS_GIVEN", "profile_targets", "profile_text_task", "profile_spec"]
 
-
-_NUMBER = r"-?[0-9][0-9.e+-]*"
-_PATTERN = re.compile(
-    rf"^(?P<method>{METHOD_PATTERN})(?:_lam(?P<lam>{_NUMBER}))?(?:_zeta(?P<zeta>{_NUMBER}))?"
-    rf"(?:_layer(?P<layer>[0-9]+))?(?:_bs(?P<bs>[0-9]+)_ep(?P<ep>[0-9]+)_lr(?P<lr>{_NUMBER}))?$")
-
-
-def format_number(value: float) -> str:
-    """Shortest exact spelling of a hyperparameter: 1.0 → '1', -0.5 → '-0.5', 3e-05 → '3e-05'."""
-    value = float(value)
-    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
-
-
-@dataclass(frozen=True)
-class Setting:
-    """A method and its hyperparameters; ``None`` means the configuration's training default."""
-
-    method: str
-    lam: float = 0.0
-    zeta: float | None = None
-    layer: int | None = None
-    batch_size: int | None = None
-    epochs: int | None = None
-    learning_rate: float | None = None
-
-    @property
-    def name(self) -> str:
-        parts = [self.method]
-        method = get_method(self.method)
-        if method.takes("lam"):
-            parts.append(f"lam{format_number(self.lam)}")
-        if method.takes("zeta"):
-            parts.append(f"zeta{format_number(self.zeta)}")
-            if self.layer is not None:
-                parts.append(f"layer{self.layer}")
-        if self.batch_size is not None:
-            parts.append(f"bs{self.batch_size}_ep{self.epochs}_lr{format_number(self.learning_rate)}")
-        return "_".join(parts)
-
-    @classmethod
-    def parse(cls, name: str) -> "Setting":
-        match = _PATTERN.match(name)
-        if match is None:
-            raise ValueError(f"cannot read the setting {name!r}: expected e.g. base, cosreg_lam1, istar_lam-1_zeta0.2")
-        g = match.groupdict()
-        setting = cls(
-            method=g["method"], lam=float(g["lam"]) if g["lam"] else 0.0,
-            zeta=float(g["zeta"]) if g["zeta"] else None, layer=int(g["layer"]) if g["layer"] else None,
-            batch_size=int(g["bs"]) if g["bs"] else None, epochs=int(g["ep"]) if g["ep"] else None,
-            learning_rate=float(g["lr"]) if g["lr"] else None)
-        if setting.name != name:
-            raise ValueError(f"setting {name!r} is not in canonical form; write it as {setting.name!r}")
-        return setting
-
-    def with_training(self, other: "Setting") -> "Setting":
-        """This method with the batch size, epochs and learning rate of ``other``."""
-        return replace(self, batch_size=other.batch_size, epochs=other.epochs, learning_rate=other.learning_rate)
 
 def _training_grid(search: dict) -> list[tuple]:
     grids = (search["batch_sizes"], search["epochs"], search["learning_rates"])
@@ -182,8 +118,8 @@ def study_runs(config: dict, study: str, model: str, task: str, selection: Setti
 
 
 def needs_sigma(setting: Setting) -> bool:
-    """Whether a run reads the pretrained Σ_S (I-STAR with ζ > 0)."""
-    return setting.method == "istar" and setting.zeta > 0
+    """Whether a run reads the pretrained Σ_S (a method that shrinks towards it, with ζ > 0)."""
+    return get_method(setting.method).needs_sigma_s(setting.zeta)
 
 
 def task_max_length(config: dict, task: str) -> int:
@@ -212,7 +148,7 @@ def heldout_name(config: dict) -> str | None:
     search = config["search"]
     if search["selection_split"] == "validation":
         return None
-    return f"heldout{format_number(search['heldout_fraction'])}_seed{search['heldout_seed']}"
+    return heldout_folder(search["heldout_fraction"], search["heldout_seed"])
 
 
 def holdout_spec(config: dict, *, data_dir: str, out: str) -> HoldoutSpec:
@@ -240,7 +176,7 @@ def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: i
     training, shrinkage = config["training"], config["shrinkage"]
     hyperparameters = {"layers": setting.layer if setting.layer is not None else shrinkage["layers"],
                        "shrinkage_rows": shrinkage["rows"]}
-    if setting.method == "istar":
+    if get_method(setting.method).takes("zeta"):
         hyperparameters |= {
             "zeta": setting.zeta, "recompute_shrinkage": shrinkage["recompute_every_epoch"],
             "global_penalty": shrinkage["global_penalty"], "sigma_s": sigma_s if needs_sigma(setting) else None,

@@ -9,10 +9,15 @@ Each method is a task loss plus, optionally, a penalty weighted by λ (docs/meth
   towards Σ_S (docs/method.md §3); λ has no default and must be given.
 
 The order of :data:`METHODS` is the order in which methods appear in legends and table rows.
+An entry carries the method's behaviour too: its penalty, the hyperparameters it takes (and so
+whether it reads Σ_S) and the layers it penalises. The trainer, the specs, the planner and the
+aggregation ask the entry; none of them names a method. Adding a method (a whitening or an
+all-but-the-top baseline, say) is a penalty in :mod:`istar.core.regularizers` and an entry here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["Method", "METHODS", "METHOD_NAMES", "METHOD_PATTERN", "HYPERPARAMETERS", "get_method"]
@@ -30,6 +35,11 @@ class Method:
     colour : hex colour of the method in figures (a λ sweep shades it, see :mod:`istar.report.figure_parts`).
     hyperparameters : the subset of :data:`HYPERPARAMETERS` the method takes.
     default_lam : λ when none is given; None where λ must be given or (``base``) is not taken.
+    penalty : ``penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch)``
+        → :class:`istar.core.regularizers.Penalty`, the term added to the task loss; None for a
+        method that adds none (then the model is run without ``output_hidden_states``).
+    fixed_layers : the hidden states the penalty reads when the method takes no ``layers``
+        (CosReg: ``-1``, the last layer); None otherwise.
     """
 
     key: str
@@ -37,6 +47,8 @@ class Method:
     colour: str
     hyperparameters: tuple[str, ...]
     default_lam: float | None
+    penalty: Callable | None = None
+    fixed_layers: int | None = None
 
     def takes(self, name: str) -> bool:
         """Whether the method takes the hyperparameter ``name`` (one of :data:`HYPERPARAMETERS`)."""
@@ -44,13 +56,36 @@ class Method:
             raise ValueError(f"unknown hyperparameter {name!r}; known: {', '.join(HYPERPARAMETERS)}")
         return name in self.hyperparameters
 
+    def needs_sigma_s(self, zeta: float) -> bool:
+        """Whether a run with shrinkage weight ``zeta`` reads a Σ_S file (it shrinks towards it when ζ > 0)."""
+        return self.takes("sigma_s") and zeta > 0
+
+    def penalty_layers(self, layers):
+        """The hidden states the penalty reads, given the configured ``layers`` selection."""
+        return layers if self.takes("layers") else self.fixed_layers
+
+
+# The penalties are imported when a batch is penalised, not with the registry: the workflow
+# reads the registry while it builds the DAG, and torch would add seconds to that.
+def _cosreg_penalty(hidden_states, attention_mask, *, lam, **_):
+    from istar.core.regularizers import cosreg_penalty
+
+    return cosreg_penalty(hidden_states, attention_mask, lam=lam)
+
+
+def _istar_penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch):
+    from istar.core.regularizers import global_istar_penalty, istar_penalty
+
+    penalty = global_istar_penalty if global_batch else istar_penalty
+    return penalty(hidden_states, attention_mask, lam=lam, zeta=zeta, sigma_s=sigma_s, layers=layers)
+
 
 METHODS: dict[str, Method] = {
     method.key: method
     for method in (
         Method("base", "Base", "#7f7f7f", (), None),
-        Method("cosreg", "CosReg", "#ff7f0e", ("lam",), 1.0),
-        Method("istar", "I-STAR", "#1f77b4", HYPERPARAMETERS, None),
+        Method("cosreg", "CosReg", "#ff7f0e", ("lam",), 1.0, penalty=_cosreg_penalty, fixed_layers=-1),
+        Method("istar", "I-STAR", "#1f77b4", HYPERPARAMETERS, None, penalty=_istar_penalty),
     )
 }
 

@@ -49,6 +49,7 @@ import math
 from pathlib import Path
 
 from istar.io import artifacts
+from istar.registry.methods import get_method
 from istar.steps.measure import read_measures
 from istar.report.select import read_run
 
@@ -87,9 +88,9 @@ def _number(value) -> float:
 
 
 def _single_layer(run: dict) -> float:
-    """The penalised hidden state of an I-STAR run that penalises exactly one, else NaN."""
+    """The penalised hidden state of a run whose method takes layers and penalises exactly one, else NaN."""
     layers = run["layers"]
-    if run["method"] != "istar" or isinstance(layers, str) or layers is None:
+    if not get_method(run["method"]).takes("layers") or isinstance(layers, str) or layers is None:
         return NAN
     if isinstance(layers, int):
         return float(layers)
@@ -114,7 +115,7 @@ def _run_row(study: str, run: dict, analysis: dict | None) -> dict:
     final = run["final"]
     row = {
         "study": study, "model": run["model"], "task": run["task"], "method": run["method"], "setting": run["setting"],
-        "lam": run["lam"], "zeta": _number(run["zeta"]) if run["method"] == "istar" else NAN,
+        "lam": run["lam"], "zeta": _number(run["zeta"]) if get_method(run["method"]).takes("zeta") else NAN,
         "layer": _single_layer(run), "batch_size": run["batch_size"], "epochs": run["epochs"],
         "learning_rate": run["learning_rate"], "seed": run["seed"], "metric": run["metric"],
         "score": _number(final.get(run["metric"])), **{name: _number(final.get(name)) for name in METRIC_COLUMNS},

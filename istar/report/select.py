@@ -31,11 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 from pathlib import Path
 
 from dataclasses import dataclass
 
+from istar.config.layout import parse_run_dir, seed_of
 from istar.io import artifacts
 
 __all__ = ["read_run", "model_short_name", "setting_name", "select_best", "SETTING_KEYS", "PROTOCOLS",
@@ -83,14 +83,14 @@ def model_short_name(run_dir: Path, config_model: str) -> str:
     Both ``results/runs/…`` and ``results/search/…`` follow it; a folder outside that layout
     falls back to ``config_model``.
     """
-    parts = Path(run_dir).parts
-    return parts[-4] if re.fullmatch(r"seed\d+", parts[-1]) and len(parts) >= 5 else str(config_model)
+    parsed = parse_run_dir(run_dir)
+    return parsed.model if parsed is not None else str(config_model)
 
 
 def setting_name(run_dir: Path) -> str:
     """The setting's folder name (``base``, ``istar_lam-1_zeta0.2``, …): the parent of a ``seed{n}`` folder."""
     run_dir = Path(run_dir)
-    return run_dir.parent.name if re.fullmatch(r"seed\d+", run_dir.name) else run_dir.name
+    return run_dir.parent.name if seed_of(run_dir.name) is not None else run_dir.name
 
 
 def _read_json(path: Path, what: str) -> dict:

@@ -17,6 +17,7 @@ from pathlib import Path
 from istar import __version__
 from istar.io import artifacts
 from istar.config.specs import TrainSpec
+from istar.registry.methods import get_method
 
 __all__ = ["run_fingerprint", "fingerprint_hash", "changed_settings", "latest_state", "matching_state", "save_state",
            "discard_partial_outputs", "restore_log"]
@@ -45,7 +46,7 @@ def run_fingerprint(spec: TrainSpec, meta: dict, model_path: str, num_processes:
                                           sort_keys=True).encode()).hexdigest(),
         # Σ_S by its tensors, not its file: the file's metadata also holds how long the step took.
         "sigma_s": (artifacts.tensor_digest(artifacts.load_tensors(spec.sigma_s)[0])
-                    if spec.sigma_s and spec.method == "istar" else None),
+                    if spec.sigma_s and get_method(spec.method).takes("sigma_s") else None),
         **{f"model.{name}": digest for name, digest in model_files.items()},
         "num_processes": num_processes, "precision": precision, "istar_version": __version__,
     }

@@ -55,7 +55,8 @@ from istar.steps.evaluate import evaluate_model
 from istar.core.isotropy import isoscore_star_from_covariance
 from istar.steps.resume import (discard_partial_outputs, fingerprint_hash, latest_state, matching_state, restore_log,
                      run_fingerprint, save_state)
-from istar.core.regularizers import Penalty, cosreg_penalty, global_istar_penalty, istar_penalty, resolve_layers
+from istar.core.regularizers import Penalty, resolve_layers
+from istar.registry.methods import get_method
 from istar.steps.shrinkage import accumulate_shrinkage, load_layer_statistics, load_shrinkage, merge_layers, save_shrinkage
 from istar.config.specs import TrainSpec, add_spec_arguments, spec_from_cli
 
@@ -88,13 +89,12 @@ class Progress:
 
 
 def compute_penalty(spec: TrainSpec, hidden_states, attention_mask, sigma_s, distributed: bool) -> Penalty | None:
-    """The regulariser's term for one batch (None for the baseline)."""
-    if spec.method == "cosreg":
-        return cosreg_penalty(hidden_states, attention_mask, lam=spec.lam)
-    if spec.method == "istar":
-        penalty = global_istar_penalty if spec.global_penalty and distributed else istar_penalty
-        return penalty(hidden_states, attention_mask, lam=spec.lam, zeta=spec.zeta, sigma_s=sigma_s, layers=spec.layers)
-    return None
+    """The method's term for one batch (None for a method without a penalty, e.g. the baseline)."""
+    penalty = get_method(spec.method).penalty
+    if penalty is None:
+        return None
+    return penalty(hidden_states, attention_mask, lam=spec.lam, zeta=spec.zeta, sigma_s=sigma_s, layers=spec.layers,
+                   global_batch=spec.global_penalty and distributed)
 
 
 # ------------------------------------------------------------------------------------- training
@@ -124,9 +124,10 @@ def optimization_step(spec: TrainSpec, accelerator, model, optimizer, scheduler,
     Returns (loss, model outputs, Penalty or None); ``loss`` still carries the graph.
     """
     with accelerator.accumulate(model):
-        outputs = model(**batch, output_hidden_states=spec.method != "base")
+        penalised = get_method(spec.method).penalty is not None
+        outputs = model(**batch, output_hidden_states=penalised)
         penalty = compute_penalty(spec, outputs.hidden_states, batch["attention_mask"], sigma_s, distributed) \
-            if spec.method != "base" else None
+            if penalised else None
         loss = outputs.loss if penalty is None else outputs.loss + penalty.term
         accelerator.backward(loss)
         if accelerator.sync_gradients and spec.max_grad_norm > 0:
@@ -225,7 +226,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         restore_log(run.log_path, state)
 
     unwrapped = accelerator.unwrap_model(model)
-    if spec.method == "istar" and progress.sigma_s is None and spec.zeta > 0:
+    if progress.sigma_s is None and get_method(spec.method).needs_sigma_s(spec.zeta):
         per_layer, provenance = load_layer_statistics(spec.sigma_s)
         progress.sigma_s, _ = load_shrinkage(spec.sigma_s, expected_layers=layer_indices, expected_dim=hidden_size)
         progress.sigma_epoch = 0
@@ -327,7 +328,7 @@ def _track_sigma(run: Run, model, train_features, epochs_done: int, progress: Pr
     per_layer, selection, indices = _sigma_pass(run, model, train_features, epochs_done)
     sigma = selection.covariance().cpu()
     progress.sigma_isoscore.append(_isoscore(sigma))
-    if not (spec.method == "istar" and spec.zeta > 0 and spec.recompute_shrinkage and epochs_done < spec.epochs):
+    if not (get_method(spec.method).needs_sigma_s(spec.zeta) and spec.recompute_shrinkage and epochs_done < spec.epochs):
         return sigma_device
     progress.sigma_s, progress.sigma_epoch = sigma, epochs_done
     if accelerator.is_main_process:
@@ -372,12 +373,13 @@ def _finish(run: Run, model, progress: Progress, seconds: float) -> dict:
     """Write the final outputs atomically; metrics.json last, as the run's completion mark."""
     spec, step, out = run.spec, run.step, run.out
     accelerator, task, meta = step.accelerator, step.task, step.meta
+    method = get_method(spec.method)
     final = progress.history[-1] if progress.history else {}
     fingerprint = fingerprint_hash(run.fingerprint)
     report = {
         "task": task.key, "model": step.model_name, "method": spec.method, "lam": spec.lam,
-        "zeta": spec.zeta if spec.method == "istar" else None,
-        "layers": spec.layers if spec.method == "istar" else None, "seed": spec.seed,
+        "zeta": spec.zeta if method.takes("zeta") else None,
+        "layers": spec.layers if method.takes("layers") else None, "seed": spec.seed,
         "standin": step.standin, "standin_note": meta.get("standin_note"),
         "metric": task.metric, "final": final, "epochs": progress.history,
         "sigma_s_isoscore": progress.sigma_isoscore, "fingerprint": fingerprint,

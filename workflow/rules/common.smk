@@ -1,5 +1,6 @@
 # Helpers shared by the rules: the validated config, paths, and which runs the config asks for.
-# The logic lives in istar.pipeline.validate and istar.pipeline.plan; this file only maps it onto paths.
+# The logic lives in istar.pipeline (validation, plan) and istar.config.layout (the paths); this
+# file only maps it onto rules.
 
 import json
 
@@ -9,9 +10,21 @@ from istar.report.aggregate import AGGREGATE_NAMES
 from istar.config.schema import STUDIES, ConfigError
 from istar.pipeline.validate import validate_config
 from istar.report.figures import PROFILE_FIGURES, PROFILES_CSV, enabled_figures
-from istar.registry.methods import METHOD_PATTERN
-from istar.pipeline.plan import (
+from istar.config.layout import (
+    AGGREGATE,
+    DATA,
+    MEASURES,
+    MODEL_PIN,
+    PROFILE,
+    RUN,
+    SELECTION,
+    SIGMA,
+    WILDCARD_CONSTRAINTS,
     Setting,
+    search_templates,
+    seeds_token,
+)
+from istar.pipeline.plan import (
     final_settings,
     heldout_name,
     holdout_spec,
@@ -44,41 +57,22 @@ DATA_TASKS = TASKS + ([_profile_task] if _profile_task not in [None, *TASKS] els
 TRAINING = config["training"]
 GPUS = TRAINING["gpus"]
 
-DATA = "resources/data/{task}"
-MODEL_PIN = "resources/models/{model}.json"
-SIGMA = "resources/shrinkage/{model}/{task}/sigma0.pt"
 # The search reads the task's own splits (scored on the validation split, the paper's
 # protocol) or, under search.selection_split: heldout, a held-out split of the training rows
 # made by the holdout_data rule, with a Σ_S of its own; the final runs always read DATA.
 HELDOUT = heldout_name(config)
-SEARCH_TAG = f"{HELDOUT}/" if HELDOUT else ""
-SEARCH_DATA = f"{DATA}/{HELDOUT}" if HELDOUT else DATA
-SEARCH_SIGMA = (
-    f"resources/shrinkage/{{model}}/{{task}}/{HELDOUT}/sigma0.pt" if HELDOUT else SIGMA
-)
-SEARCH_RUN = f"results/search/{SEARCH_TAG}{{model}}/{{task}}/{{setting}}/seed{{seed}}"
-RUN = "results/runs/{model}/{task}/{setting}/seed{seed}"
-SELECTION = "results/selection/{model}/{task}/best.json"
-# evaluation and analysis of a setting's runs, one file per set of seeds (seeds0_1_2): the
-# studies that ask for the same setting and seeds share it
-MEASURES = "results/measures/{model}/{task}/{setting}/seeds{seeds}.json"
-PROFILE = "results/profile/{pmodel}/{revision}.json"
+SEARCH_TAG, SEARCH_DATA, SEARCH_SIGMA, SEARCH_RUN = search_templates(HELDOUT)
 PROFILES = [
     PROFILE.format(pmodel=name, revision=revision)
     for name, revision in profile_targets(config)
 ]
-PROFILES_TABLE = f"results/aggregate/{PROFILES_CSV}.csv"
-AGGREGATES = expand("results/aggregate/{name}.csv", name=AGGREGATE_NAMES)
+PROFILES_TABLE = AGGREGATE.format(name=PROFILES_CSV)
+AGGREGATES = expand(AGGREGATE, name=AGGREGATE_NAMES)
 
 
 wildcard_constraints:
-    model="[A-Za-z0-9][A-Za-z0-9.-]*",
+    **WILDCARD_CONSTRAINTS,
     task="|".join(DATA_TASKS),
-    setting=f"({METHOD_PATTERN})[A-Za-z0-9.e_+-]*",
-    seed="[0-9]+",
-    seeds="[0-9]+(_[0-9]+)*",
-    pmodel="[A-Za-z0-9][A-Za-z0-9.-]*",
-    revision="[A-Za-z0-9][A-Za-z0-9._-]*",
 
 
 def prepared_files(task):
@@ -169,12 +163,11 @@ def holdout_spec_json(wildcards):
 
 def measures_file(model, task, study, setting: Setting) -> str:
     """The measurement file of a study's runs of a setting (its seeds come from the config alone)."""
-    seeds = sorted(set(study_seeds(config, study)))
     return MEASURES.format(
         model=model,
         task=task,
         setting=setting.name,
-        seeds="_".join(str(seed) for seed in seeds),
+        seeds=seeds_token(study_seeds(config, study)),
     )
 
 
