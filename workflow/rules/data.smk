@@ -19,6 +19,10 @@ rule prepare_data:
 # scored on the rest (istar.data.holdout); the final runs keep the whole training split.
 if HELDOUT:
 
+    # bookkeeping, like prepare_data: it stays on the submitting host under a cluster profile
+    localrules:
+        holdout_data,
+
     rule holdout_data:
         input:
             data_files,
