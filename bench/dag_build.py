@@ -28,7 +28,7 @@ PROBES = {
     "python -c 'import torch'": [sys.executable, "-c", "import torch"],
     "snakemake -n (config/paper.yaml)": DRY_RUN,
     # the floor: the same DAG cut after the fine-tuning jobs (one job per run, which stay)
-    "  … --until finetune finetune_search": [*DRY_RUN, "--until", "finetune", "finetune_search"],
+    "  … --until train train_search": [*DRY_RUN, "--until", "train", "train_search"],
 }
 
 

@@ -21,7 +21,7 @@ needed. Four sections, each printed as a table and written to the JSON:
    and peak GPU memory, in a child process.
 4. ``istar launch --gpus 1 --mixed-precision fp16 -- train …``: I-STAR (λ = −1, ζ = 0.2,
    the Σ_S of section 3) on the whole RTE training set for one epoch, with the options the
-   workflow's ``finetune`` rule passes and the hyperparameters of config/gpu-study.yaml.
+   workflow's ``train`` rule passes and the hyperparameters of config/gpu-study.yaml.
    Checked: ``run_config.json`` records fp16 as the effective precision, every logged loss
    is finite, and the gradient scaler did not skip every step.
 
@@ -265,7 +265,7 @@ def shrinkage_section(scale: Scale, model_source: str, rte_data: Path, out: Path
 
 
 def launch_spec(training: dict, model_source: str, rte_data: Path, run: Path, rows: int, sigma_s: Path) -> str:
-    """The spec the ``finetune`` rule would pass for I-STAR λ = −1, ζ = 0.2 on all layers, seed 0, one epoch."""
+    """The spec the ``train`` rule would pass for I-STAR λ = −1, ζ = 0.2 on all layers, seed 0, one epoch."""
     from istar.config.specs import TrainSpec
 
     settings = {key: value for key, value in training.items() if key in TrainSpec.__dataclass_fields__}

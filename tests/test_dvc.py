@@ -33,7 +33,7 @@ GIT_ENV = {**ENV, "PATH": f"{BIN}:{ENV.get('PATH', '')}", "DVC_NO_ANALYTICS": "1
            "GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@example.org",
            "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@example.org"}
 ARTIFACTS = ("results", "resources", "logs", "benchmarks")
-LAMBDA_CHANGE_JOBS = {"finetune": 1, "measure": 1, "aggregate": 1, "table": 2, "figure": 7,
+LAMBDA_CHANGE_JOBS = {"train": 1, "measure": 1, "aggregate": 1, "table": 2, "figure": 7,
                       "run_config": 1, "report": 1, "all": 1}
 
 
@@ -159,8 +159,8 @@ def test_clone_reruns_what_a_data_option_change_affects(pulled):
     finally:
         changed.unlink()
     jobs = planned_jobs(result.stdout)
-    assert {rule: jobs.get(rule) for rule in ("prepare_data", "shrinkage", "finetune_search", "finetune")} == {
-        "prepare_data": 1, "shrinkage": 1, "finetune_search": 2, "finetune": 5}, result.stdout[-3000:]
+    assert {rule: jobs.get(rule) for rule in ("prepare_data", "shrinkage", "train_search", "train")} == {
+        "prepare_data": 1, "shrinkage": 1, "train_search": 2, "train": 5}, result.stdout[-3000:]
 
 
 def aggregate_objects(origin) -> dict[str, str]:

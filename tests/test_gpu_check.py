@@ -92,9 +92,9 @@ def test_bad_rte_data_gets_a_one_line_error(problem, tiny_model_dir, prepared, t
 GPU_STUDY_JOBS = {
     # per task (5): 2 search runs (λ = ±1, ζ = 0.2, seed 0); before the selection, base + CosReg
     # over 3 seeds (Table 1) and I-STAR λ = ±1 over 3 seeds (Fig. 3's sweep, reused by Fig. 6)
-    "prepare_data": 5, "pin_model": 1, "shrinkage": 5, "finetune_search": 10, "select": 5,
+    "prepare_data": 5, "pin_model": 1, "shrinkage": 5, "train_search": 10, "select": 5,
     # one measure job per setting: base, CosReg, I-STAR λ = ±1 (Fig. 6 measures the same settings)
-    "finetune": 5 * 12, "measure": 5 * 4,
+    "train": 5 * 12, "measure": 5 * 4,
     "run_config": 1, "aggregate": 1, "table": 2, "figure": 3, "report": 1, "all": 1,  # figures: Figs. 3 and 6, Σ_S across epochs
 }
 

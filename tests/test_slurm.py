@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {M
 PROGRAMS = ["slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "srun", "scancel", "munged"]
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 # Rules whose jobs go to SLURM (the others are localrules) and whether they ask for a GPU.
-CLUSTER_RULES = {"shrinkage": True, "finetune_search": True, "finetune": True, "measure": True}
+CLUSTER_RULES = {"shrinkage": True, "train_search": True, "train": True, "measure": True}
 
 
 class Cluster:
@@ -226,7 +226,7 @@ def test_tiny_workflow_through_slurm_matches_a_local_run(slurm, tmp_path):
     submitted = re.findall(r"Job \d+ has been submitted with SLURM jobid (\d+) "
                            r"\(log: \S+/slurm_logs/rule_(\w+)/", output)
     rules = sorted(rule for _, rule in submitted)
-    assert rules == sorted(["shrinkage", "finetune_search"] + ["finetune"] * 3 + ["measure"] * 3), output[-6000:]
+    assert rules == sorted(["shrinkage", "train_search"] + ["train"] * 3 + ["measure"] * 3), output[-6000:]
     jobs, completed = slurm.jobs(), slurm.completed()
     for jobid, rule in submitted:
         job = jobs.get(jobid)

@@ -14,10 +14,10 @@ from workflow_helpers import ENV, MIRROR, REPO, clean_clone, planned_jobs, save_
 pytestmark = pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is not there")
 
 PAPER_JOBS = {
-    "prepare_data": 9, "shrinkage": 27, "finetune_search": 648, "select": 27,
+    "prepare_data": 9, "shrinkage": 27, "train_search": 648, "select": 27,
     # final base + CosReg: 27 × 2 × 5 seeds; Fig. 3 λ sweep: 27 × 7 λ × 5; Fig. 4 CosReg λ = −1 on QNLI: 3 × 5
     # (Figs. 5 and 6 reuse runs of the λ sweep; the final I-STAR runs and Figs. 7 and 8 wait for the selection)
-    "finetune": 270 + 945 + 15,
+    "train": 270 + 945 + 15,
     # one measure job per setting (every study uses the five final seeds): final 27 × 2, λ sweep 27 × 7,
     # Fig. 4's CosReg λ = −1 3 × 1 (Figs. 5 and 6 measure settings of the λ sweep and the base)
     "measure": 54 + 189 + 3,
@@ -119,7 +119,7 @@ def test_changing_one_lambda_reruns_only_what_depends_on_it(tiny_project, tmp_pa
     result = snakemake(tiny_project, "-n", configfile=changed)
     assert result.returncode == 0, result.stderr[-3000:]
     assert planned_jobs(result.stdout) == {
-        "finetune": 1, "measure": 1, "aggregate": 1, "table": 2, "figure": 7,
+        "train": 1, "measure": 1, "aggregate": 1, "table": 2, "figure": 7,
         "run_config": 1, "report": 1, "all": 1}
     assert "results/runs/tiny/rte/istar_lam3_zeta0.2/seed0/metrics.json" in result.stdout
     # and really run them: the inputs the finished jobs left (prepared data, Σ_S, pins) pass the
@@ -139,7 +139,7 @@ def test_a_clean_clone_plans_the_demo_and_prepares_its_data_offline(tmp_path):
     clone = clean_clone(tmp_path / "alone")
     dry = run_in_clone(clone, "-n")
     assert dry.returncode == 0, dry.stderr[-3000:]
-    assert planned_jobs(dry.stdout)["finetune"] > 0
+    assert planned_jobs(dry.stdout)["train"] > 0
     targets = ["resources/data/rte/meta.json", "resources/shrinkage/minilm/rte/sigma0.pt"]
     done = run_in_clone(clone, "--cores", "2", *targets)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

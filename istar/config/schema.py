@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 __all__ = ["ConfigError", "SCHEMA_PATH", "STUDIES", "load_schema", "load_yaml", "resolve_ref", "fill_defaults",
-           "check_schema"]
+           "check_schema", "schema_entry", "default_of"]
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "config.schema.yaml"
 STUDIES = ("lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep", "single_layer")
@@ -124,6 +124,26 @@ def _check_finite(value, path: list) -> None:
         for index, item in enumerate(value):
             _check_finite(item, [*path, index])
 
+
+
+def schema_entry(key: str) -> dict:
+    """The schema node of a dotted config key (``training.learning_rate``) or a definition
+    (``$defs.zeta``), its ``$ref`` resolved."""
+    root = node = load_schema()
+    parts = key.split(".")
+    if parts[0] == "$defs":
+        node, parts = root["$defs"], parts[1:]
+        for part in parts[:-1]:
+            node = node[part]["properties"]
+        return resolve_ref(node[parts[-1]], root)
+    for part in parts:
+        node = node["properties"][part]
+    return resolve_ref(node, root)
+
+
+def default_of(key: str):
+    """The schema's default of a dotted config key or definition (see :func:`schema_entry`)."""
+    return schema_entry(key)["default"]
 
 
 def check_schema(config: dict, schema: dict | None = None) -> dict:

@@ -24,7 +24,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from istar.config.schema import load_schema, resolve_ref
+from istar.config.schema import default_of, schema_entry
 from istar.registry.methods import METHOD_NAMES, get_method
 from istar.registry.tasks import TASKS
 
@@ -36,17 +36,9 @@ PRECISIONS = ("no", "fp16", "bf16")
 PROFILE_DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _schema_entry(key: str) -> dict:
-    """The schema node of a dotted config key, e.g. ``training.learning_rate``."""
-    root = node = load_schema()
-    for part in key.split("."):
-        node = node["properties"][part]
-    return resolve_ref(node, root)
-
-
 def config_field(key: str, **metadata):
     """A spec field whose default and help come from the workflow schema's ``key``."""
-    entry = _schema_entry(key)
+    entry = schema_entry(key)
     return field(default=entry["default"], metadata={"help": entry.get("description", ""), "config": key, **metadata})
 
 
@@ -153,7 +145,7 @@ class TrainSpec(ModelData):
     output_dir: str = option(help="run folder", flag="--out")
     method: str = option("base", help="the fine-tuning method (istar.registry.methods)", choices=METHOD_NAMES)
     lam: float = option(0.0, help="λ, the penalty weight (istar: required; cosreg: default 1)")
-    zeta: float = option(0.2, help="ζ ∈ [0, 1], weight of Σ_S in IsoScore* (istar)")
+    zeta: float = option(default_of("$defs.zeta"), help="ζ ∈ [0, 1], weight of Σ_S in IsoScore* (istar)")
     layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
     sigma_s: typing.Optional[str] = option(None, help="initial Σ_S file from `istar shrinkage` (istar with ζ > 0)")
     shrinkage_rows: int = config_field("shrinkage.rows", positive=True)

@@ -15,6 +15,8 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from istar.config.schema import default_of
+
 __all__ = ["FigureSpec", "FIGURES", "FIGURE_NAMES", "STUDY_FIGURES", "PROFILE_FIGURES", "STABILITY_CSV",
            "PROFILES_CSV", "get_figure", "enabled_figures",
            "figure_csv", "draw"]
@@ -24,6 +26,10 @@ STABILITY_CSV = "fig2_stability"
 
 PROFILES_CSV = "profiles"
 """Stem of the CSV of the isotropy profiles (``istar profile-aggregate``) in the aggregate folder."""
+
+
+ANALYSIS_ZETA = default_of("analysis.zeta")
+"""The ζ of the IsoScore* analysis when none is given (the schema's ``analysis.zeta``)."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +128,7 @@ def figure_csv(name: str, aggregate_dir="results/aggregate") -> Path:
     return Path(aggregate_dir) / f"{get_figure(name).data}.csv"
 
 
-def draw(name: str, frame, analysis_zeta: float = 0.2):
+def draw(name: str, frame, analysis_zeta: float = ANALYSIS_ZETA):
     """Draw figure ``name`` from the DataFrame of its CSV; returns a matplotlib Figure.
 
     ``analysis_zeta`` is the ζ of the IsoScore* analysis, shown on the axes of the figures
@@ -141,7 +147,7 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
                         f"{STABILITY_CSV}.csv and {PROFILES_CSV}.csv (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None,
                         help="PNG path; the PDF goes next to it (default: results/figures/WHICH.png)")
-    parser.add_argument("--analysis-zeta", type=float, default=0.2,
+    parser.add_argument("--analysis-zeta", type=float, default=ANALYSIS_ZETA,
                         help="ζ of the IsoScore* analysis, for axis labels of fig3/fig6 (default: %(default)s)")
 
 

@@ -19,6 +19,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from istar.report import figure_parts as parts
 from istar.report.aggregate_csv import require_columns
+from istar.report.figures import ANALYSIS_ZETA
 from istar.core.fig2 import STABILITY_COLUMNS, fig2_true_value
 from istar.registry.tasks import get_task
 
@@ -94,7 +95,7 @@ def _layer_lines(layers: pd.DataFrame, study: str, value: str, ylabel: str) -> F
     return fig
 
 
-def fig3(runs: pd.DataFrame, analysis_zeta: float = 0.2) -> Figure:
+def fig3(runs: pd.DataFrame, analysis_zeta: float = ANALYSIS_ZETA) -> Figure:
     """Fig. 3: IsoScore* (x) vs performance (y) across the λ sweep.
 
     Parameters
@@ -169,7 +170,7 @@ def fig5(layers: pd.DataFrame) -> Figure:
     return _layer_lines(layers, "twonn", "twonn_cls", "Intrinsic dimension (TwoNN)")
 
 
-def fig6(layers: pd.DataFrame, analysis_zeta: float = 0.2) -> Figure:
+def fig6(layers: pd.DataFrame, analysis_zeta: float = ANALYSIS_ZETA) -> Figure:
     """Fig. 6: IsoScore* per layer for λ = −1, +1 and Base.
 
     Parameters

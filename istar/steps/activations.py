@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from istar import __version__
 from istar.io import artifacts
-from istar.data.encoding import MODEL_INPUTS
+from istar.models.hidden_states import hidden_state_pass
 from istar.core.isotropy import CovarianceAccumulator
 from istar.config.specs import ActivationsSpec, add_spec_arguments, spec_from_cli
 
@@ -45,13 +45,10 @@ def collect(model, loader, num_tokens: int, sample_size: int, seed: int, acceler
     chosen = torch.randperm(num_tokens, generator=generator)[:min(sample_size, num_tokens)].sort().values
     cls, sampled, accumulators, unit_sums = [], [], [], []
     seen = 0
-    model.eval()
-    for batch in tqdm(loader, desc="activations", leave=False, disable=not accelerator.is_local_main_process):
-        inputs = {k: v.to(accelerator.device) for k, v in batch.items() if k in MODEL_INPUTS}
-        with accelerator.autocast():
-            hidden = torch.stack(model(**inputs, output_hidden_states=True).hidden_states).float()  # (L+1, B, T, d)
-        mask = inputs["attention_mask"].bool()
-        tokens = hidden[:, mask]  # (L+1, M, d) in reading order
+    batches = tqdm(loader, desc="activations", leave=False, disable=not accelerator.is_local_main_process)
+    for batch in hidden_state_pass(model, batches, device=accelerator.device, autocast=accelerator.autocast):
+        hidden = torch.stack(batch.states).float()  # (L+1, B, T, d)
+        tokens = hidden[:, batch.mask]  # (L+1, M, d) in reading order
         if not accumulators:
             accumulators = [CovarianceAccumulator(hidden.shape[-1]) for _ in range(hidden.shape[0])]
             unit_sums = [torch.zeros(hidden.shape[-1], dtype=torch.float64) for _ in range(hidden.shape[0])]

@@ -38,6 +38,7 @@ from istar import __version__
 from istar.io import artifacts
 from istar.core.isotropy import (CovarianceAccumulator, average_cosine_similarity, isoscore_from_eigenvalues,
                        isoscore_star_from_covariance, partition_isotropy)
+from istar.models.hidden_states import hidden_state_pass
 from istar.config.specs import ProfileSpec, add_spec_arguments, spec_from_cli
 
 __all__ = ["OUTLIER_FACTOR", "static_measures", "layer_measures", "read_texts", "profile_model",
@@ -204,27 +205,22 @@ def collect(loaded, texts: list[str], spec: ProfileSpec) -> tuple[list[LayerStat
     captured = {}
     hook = loaded.final_norm.register_forward_hook(lambda module, args, out: captured.update(pre=args[0])) \
         if loaded.final_norm is not None else None
+    pre_norm = (lambda: [captured.pop("pre")]) if hook is not None else None
     measured: list[LayerStats] = []
     sigma: list[CovarianceAccumulator] = []
     need = {"sigma": spec.sigma_tokens, "measured": spec.tokens}
     started, forward_seconds, documents = time.perf_counter(), 0.0, 0
+    encoded = (tokenizer(docs, padding=True, truncation=True, max_length=spec.max_length, return_tensors="pt")
+               for docs in _batches(texts, spec))
     try:
-        for docs in _batches(texts, spec):
-            if need["measured"] <= 0:
-                break
-            enc = tokenizer(docs, padding=True, truncation=True, max_length=spec.max_length, return_tensors="pt")
-            inputs = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
-            tick = time.perf_counter()
-            states = list(model(**inputs, output_hidden_states=True).hidden_states)
-            forward_seconds += time.perf_counter() - tick
-            documents += len(docs)
-            if hook is not None:
-                states.append(captured.pop("pre"))
+        for batch in hidden_state_pass(model, encoded, device=device, extra_states=pre_norm):
+            documents += batch.mask.shape[0]
+            forward_seconds += batch.seconds
+            states, mask = batch.states, batch.mask
             if not measured:
                 dim = states[0].shape[-1]
                 measured = [LayerStats(dim, device) for _ in states]
                 sigma = [CovarianceAccumulator(dim, device=device) for _ in states]
-            mask = inputs["attention_mask"].bool()
             to_sigma = _budget_mask(mask, need["sigma"])
             to_measure = _budget_mask(mask & ~to_sigma, need["measured"])
             for stats, accumulator, hidden in zip(measured, sigma, states):
@@ -234,6 +230,8 @@ def collect(loaded, texts: list[str], spec: ProfileSpec) -> tuple[list[LayerStat
                     stats.add(hidden[to_measure])
             need["sigma"] -= int(to_sigma.sum())
             need["measured"] -= int(to_measure.sum())
+            if need["measured"] <= 0:
+                break
     finally:
         if hook is not None:
             hook.remove()

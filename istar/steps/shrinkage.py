@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -21,7 +22,8 @@ from tqdm.auto import tqdm
 
 from istar import __version__
 from istar.io import artifacts
-from istar.data.encoding import MODEL_INPUTS, EpochShuffleSampler
+from istar.data.encoding import EpochShuffleSampler
+from istar.models.hidden_states import hidden_state_pass
 from istar.core.isotropy import CovarianceAccumulator
 from istar.core.regularizers import LayerSpec, resolve_layers
 from istar.config.specs import ShrinkageSpec, add_spec_arguments, spec_from_cli
@@ -57,29 +59,20 @@ def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int, accele
     processes = accelerator.num_processes if accelerator is not None else 1
     target = math.ceil(max_rows / processes)
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
     # Accumulators exist before the first batch: a process whose shard is empty still joins the merge.
     per_layer = [CovarianceAccumulator(model.config.hidden_size, device=device)
                  for _ in range(model.config.num_hidden_layers + 1)]
     selected = resolve_layers(layers, len(per_layer))
     show = accelerator is None or accelerator.is_local_main_process
+    autocast = accelerator.autocast if accelerator is not None else contextlib.nullcontext
     with tqdm(total=target, unit="rows", unit_scale=True, desc=description, disable=not show, leave=False) as bar:
-        for batch in loader:
-            inputs = {k: v.to(device) for k, v in batch.items() if k in MODEL_INPUTS}
-            if accelerator is not None:
-                with accelerator.autocast():
-                    hidden_states = model(**inputs, output_hidden_states=True).hidden_states
-            else:
-                hidden_states = model(**inputs, output_hidden_states=True).hidden_states
-            mask = inputs["attention_mask"].bool()
-            for accumulator, hidden in zip(per_layer, hidden_states):
-                accumulator.add(hidden, mask=mask)
+        for batch in hidden_state_pass(model, loader, device=device, autocast=autocast):
+            for accumulator, hidden in zip(per_layer, batch.states):
+                accumulator.add(hidden, mask=batch.mask)
             rows = sum(per_layer[i].count for i in selected)
             bar.update(min(rows, target) - bar.n)
             if rows >= target:
                 break
-    model.train(was_training)
     if processes > 1:
         per_layer = [merge_across_processes(accumulator, accelerator) for accumulator in per_layer]
     if per_layer[0].count == 0:

@@ -3,7 +3,7 @@
 # A run killed half-way resumes from RUN/resume/ when the job is started again.
 
 
-rule finetune:
+rule train:
     input:
         data=data_files,
         model=model_source,
@@ -35,7 +35,7 @@ rule finetune:
 # The search stage trains the same way, on SEARCH_DATA (the task's splits, or a held-out split
 # of its training rows: search.selection_split); its model folders are deleted once the
 # metrics exist unless search.keep_checkpoints is set.
-use rule finetune as finetune_search with:
+use rule train as train_search with:
     input:
         data=search_data_files,
         model=model_source,
