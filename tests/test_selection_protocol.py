@@ -10,9 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from istar.config.schema import load_schema
+from istar.config.layout import DATA, SEARCH_RUN, SIGMA, search_templates
+from istar.config.schema import ConfigError, load_schema
 from istar.data import read_meta, read_split
 from istar.data.holdout import holdout_split
+from istar.pipeline.plan import heldout_name, holdout_spec
+from istar.pipeline.validate import validate_config
 from istar.report.select import PROTOCOLS
 from workflow_helpers import ENV, MIRROR, REPO, load_test_config, save_tiny_model, snakemake, write_project
 
@@ -21,6 +24,24 @@ def test_the_schema_offers_exactly_the_registered_protocols():
     search = load_schema()["properties"]["search"]["properties"]
     assert search["selection_split"]["enum"] == list(PROTOCOLS)
     assert search["selection_split"]["default"] == "validation"  # the paper's protocol stays the default
+
+
+def test_the_protocol_decides_the_search_paths():
+    default = validate_config({}, check_paths=False)
+    assert heldout_name(default) is None and search_templates(None) == ("", DATA, SIGMA, SEARCH_RUN)
+    heldout = validate_config({"search": {"selection_split": "heldout"}}, check_paths=False)
+    assert (heldout["search"]["heldout_fraction"], heldout["search"]["heldout_seed"]) == (0.2, 0)
+    assert heldout_name(heldout) == "heldout0.2_seed0"
+    assert search_templates("heldout0.2_seed0") == (
+        "heldout0.2_seed0/", "resources/data/{task}/heldout0.2_seed0",
+        "resources/shrinkage/{model}/{task}/heldout0.2_seed0/sigma0.pt",
+        "results/search/heldout0.2_seed0/{model}/{task}/{setting}/seed{seed}")
+    spec = holdout_spec(heldout, data_dir="resources/data/rte", out="resources/data/rte/heldout0.2_seed0")
+    assert (spec.fraction, spec.seed) == (0.2, 0)
+    with pytest.raises(ConfigError, match="search.heldout_fraction"):
+        validate_config({"search": {"selection_split": "heldout", "heldout_fraction": 0.7}}, check_paths=False)
+    with pytest.raises(ConfigError, match="search.selection_split"):
+        validate_config({"search": {"selection_split": "test"}}, check_paths=False)
 
 
 def test_holdout_split_is_a_seeded_disjoint_cut_of_the_training_rows(prepared, tmp_path):
