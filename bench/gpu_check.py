@@ -240,7 +240,8 @@ def study_training(scale: Scale) -> tuple[dict, dict]:
     import yaml
 
     study = yaml.safe_load(STUDY_CONFIG.read_text())
-    return {**study["training"], **scale.training}, study["shrinkage"]
+    # Σ_S is measured over the penalty's layers
+    return {**study["training"], **scale.training}, {**study["shrinkage"], "layers": study["penalty"]["layers"]}
 
 
 def shrinkage_section(scale: Scale, model_source: str, rte_data: Path, out: Path, cpu_only: bool) -> dict:

@@ -64,12 +64,12 @@ HUB_DECODER = "istar-test/tiny-neox"
 
 @pytest.fixture(scope="session")
 def hub(tmp_path_factory):
-    """A Hugging Face-compatible hub on 127.0.0.1 (olah, see tests/hub_server.py) for this session.
+    """A Hugging Face-compatible hub on 127.0.0.1 (olah, see tests/support/hub_server.py) for this session.
 
     Serves ``sentence-transformers/all-MiniLM-L6-v2`` (the packaged MiniLM's files; branches
     ``main`` and ``v2``, which differs in its README), a tiny GPT-NeoX ``istar-test/tiny-neox`` at
     branches ``step0`` and ``step1000`` (other weights; ``decoder_commits``) and the dataset repos of
-    tests/hub_repos.py built from the data mirror. Yields the server with ``small_mirror`` (the
+    tests/support/hub_repos.py built from the data mirror. Yields the server with ``small_mirror`` (the
     mirror rows the datasets were built from), ``model_commits`` and ``dataset_commits``; use
     ``monkeypatch.setenv`` with ``hub.env(tmp_path / "hf")`` to point clients at it.
     """

@@ -14,15 +14,22 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 from functools import lru_cache
 from pathlib import Path
 
 import yaml
 
-__all__ = ["ConfigError", "SCHEMA_PATH", "STUDIES", "load_schema", "load_yaml", "resolve_ref", "fill_defaults",
+__all__ = ["ConfigError", "SCHEMA_PATH", "STUDIES", "RENAMED_KEYS", "load_schema", "load_yaml", "resolve_ref", "fill_defaults",
            "check_schema", "schema_entry", "default_of"]
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "config.schema.yaml"
+RENAMED_KEYS = {
+    "shrinkage.layers": "penalty.layers",
+    "shrinkage.global_penalty": "penalty.global_penalty",
+}
+"""Old config key → its new name. The old one still works, with a one-line notice naming the new key."""
+
 STUDIES = ("lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep", "single_layer")
 
 
@@ -146,6 +153,24 @@ def default_of(key: str):
     return schema_entry(key)["default"]
 
 
+def _rename_keys(config: dict) -> None:
+    """Move each old key of :data:`RENAMED_KEYS` to its new name, in place, with one notice on stderr."""
+    for old, new in RENAMED_KEYS.items():
+        (old_section, old_name), (new_section, new_name) = old.split("."), new.split(".")
+        section = config.get(old_section)
+        if not isinstance(section, dict) or old_name not in section:
+            continue
+        target = config.setdefault(new_section, {})
+        if not isinstance(target, dict):
+            continue  # the schema check names the malformed section
+        if new_name in target:
+            raise ConfigError(f"config keys '{old}' and '{new}' are both given; '{old}' is the old name of '{new}': "
+                              f"keep only '{new}'")
+        target[new_name] = section.pop(old_name)
+        print(f"istar: config key '{old}' is deprecated; rename it to '{new}' (the old name still works for now)",
+              file=sys.stderr)
+
+
 def check_schema(config: dict, schema: dict | None = None) -> dict:
     """A copy of ``config`` with every default filled in, checked against the schema.
 
@@ -159,6 +184,7 @@ def check_schema(config: dict, schema: dict | None = None) -> dict:
     config = copy.deepcopy(config or {})
     if not isinstance(config, dict):
         raise ConfigError("the configuration must be a mapping of keys to values")
+    _rename_keys(config)
     _check_finite(config, [])
     fill_defaults(config, schema, schema)
     validator = jsonschema.Draft202012Validator(schema)

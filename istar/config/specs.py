@@ -146,11 +146,11 @@ class TrainSpec(ModelData):
     method: str = option("base", help="the fine-tuning method (istar.registry.methods)", choices=METHOD_NAMES)
     lam: float = option(0.0, help="λ, the penalty weight (istar: required; cosreg: default 1)")
     zeta: float = option(default_of("$defs.zeta"), help="ζ ∈ [0, 1], weight of Σ_S in IsoScore* (istar)")
-    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+    layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
     sigma_s: typing.Optional[str] = option(None, help="initial Σ_S file from `istar shrinkage` (istar with ζ > 0)")
     shrinkage_rows: int = config_field("shrinkage.rows", positive=True)
     recompute_shrinkage: bool = config_field("shrinkage.recompute_every_epoch")
-    global_penalty: bool = config_field("shrinkage.global_penalty")
+    global_penalty: bool = config_field("penalty.global_penalty")
     learning_rate: float = config_field("training.learning_rate")
     batch_size: int = config_field("training.batch_size", positive=True)
     eval_batch_size: int = config_field("training.eval_batch_size", positive=True)
@@ -211,7 +211,7 @@ class ShrinkageSpec(ModelData):
     """The Σ_S step (:func:`istar.steps.shrinkage.compute_shrinkage_file`)."""
 
     out: str = option(help="output Σ_S file", flag="--out")
-    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+    layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
     rows: int = config_field("shrinkage.rows", positive=True)
     batch_size: int = config_field("training.eval_batch_size", positive=True)
     seed: int = option(0, help="seed of the order in which the training split is read")
@@ -226,7 +226,7 @@ class AnalyzeSpec(Spec):
     out: str = option(help="output analysis.json", flag="--out")
     zeta: float = config_field("analysis.zeta")
     twonn_discard: float = config_field("analysis.twonn_discard")
-    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+    layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -247,7 +247,7 @@ class MeasureSpec(Spec):
     seed: int = option(0, help="seed of the token sample")
     zeta: float = config_field("analysis.zeta")
     twonn_discard: float = config_field("analysis.twonn_discard")
-    layers: typing.Any = config_field("shrinkage.layers", parse=_parse_layers)
+    layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
     mixed_precision: str = option("no", help="autocast precision: no (fp32), fp16 or bf16", choices=PRECISIONS)
 
     def validate(self) -> None:

@@ -173,13 +173,13 @@ def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: i
     I-STAR options are set for I-STAR runs only; ``sigma_s`` is read when ζ > 0. Every run
     measures Σ_S after each epoch (istar.steps.train), over the ``shrinkage`` section's layers and rows.
     """
-    training, shrinkage = config["training"], config["shrinkage"]
-    hyperparameters = {"layers": setting.layer if setting.layer is not None else shrinkage["layers"],
+    training, shrinkage, penalty = config["training"], config["shrinkage"], config["penalty"]
+    hyperparameters = {"layers": setting.layer if setting.layer is not None else penalty["layers"],
                        "shrinkage_rows": shrinkage["rows"]}
     if get_method(setting.method).takes("zeta"):
         hyperparameters |= {
             "zeta": setting.zeta, "recompute_shrinkage": shrinkage["recompute_every_epoch"],
-            "global_penalty": shrinkage["global_penalty"], "sigma_s": sigma_s if needs_sigma(setting) else None,
+            "global_penalty": penalty["global_penalty"], "sigma_s": sigma_s if needs_sigma(setting) else None,
         }
     return TrainSpec(
         **_model_data(config, model, task, data_dir), output_dir=output_dir, method=setting.method,
@@ -193,7 +193,7 @@ def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: i
 
 def shrinkage_spec(config: dict, *, model: str, task: str, data_dir: str, out: str) -> ShrinkageSpec:
     """Σ_S of the pretrained model on the task's training data (fp32, the evaluation batch size)."""
-    return ShrinkageSpec(**_model_data(config, model, task, data_dir), out=out, layers=config["shrinkage"]["layers"],
+    return ShrinkageSpec(**_model_data(config, model, task, data_dir), out=out, layers=config["penalty"]["layers"],
                          rows=config["shrinkage"]["rows"], batch_size=config["training"]["eval_batch_size"])
 
 
@@ -205,7 +205,7 @@ def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sig
                        max_length=task_max_length(config, task), doc_stride=training["doc_stride"],
                        batch_size=training["eval_batch_size"], token_sample=analysis["token_sample"],
                        zeta=analysis["zeta"], twonn_discard=analysis["twonn_discard"],
-                       layers=config["shrinkage"]["layers"])
+                       layers=config["penalty"]["layers"])
 
 
 # ----------------------------------------------------------------------------- isotropy profiles

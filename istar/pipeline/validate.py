@@ -104,12 +104,12 @@ def _check_models(models: dict) -> dict[str, int]:
 
 def _check_layers(config: dict, depths: dict[str, int]) -> None:
     """Layer indices within the depth of every local model that uses them (hub models are checked in the job)."""
-    chosen = config["shrinkage"]["layers"]
+    chosen = config["penalty"]["layers"]
     if not isinstance(chosen, str):
         for name, depth in depths.items():
             too_deep = [i for i in ([chosen] if isinstance(chosen, int) else chosen) if i > depth]
             if too_deep:
-                raise ConfigError(f"config key 'shrinkage.layers': layer {too_deep[0]} does not exist in model "
+                raise ConfigError(f"config key 'penalty.layers': layer {too_deep[0]} does not exist in model "
                                   f"{name!r}, which has layers 0 (embeddings) to {depth}")
     single = config["studies"]["single_layer"]
     if single["enabled"] and isinstance(single["layers"], list):

@@ -1,7 +1,7 @@
 """Models and datasets through a real Hugging Face-compatible server (olah on 127.0.0.1, see conftest.hub).
 
 The same ``huggingface_hub`` / ``datasets`` / ``transformers`` calls a user with internet makes
-run here against repos in the real repos' layout and schemas (tests/hub_repos.py).
+run here against repos in the real repos' layout and schemas (tests/support/hub_repos.py).
 """
 
 import json
@@ -22,7 +22,7 @@ from istar.models.loading import check_model_available, load_model, load_tokeniz
 from istar.io.revisions import RevisionUnavailableError, resolve_revision
 from istar.registry.tasks import SPLITS, TASKS, get_task
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 

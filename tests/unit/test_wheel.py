@@ -1,6 +1,7 @@
 """The package as users on a cluster install it: a wheel, used from a folder with no checkout around it."""
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -8,15 +9,21 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def unpacked_wheel(tmp_path_factory):
-    """The wheel `pip wheel --no-deps .` builds, unpacked into a folder outside the repository."""
-    build = tmp_path_factory.mktemp("wheel")
+    """The wheel `pip wheel --no-deps .` builds, unpacked into a folder outside the repository.
+
+    It is built from a copy of what the build reads, so the checkout gets no build/ folder.
+    """
+    source, build = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    shutil.copytree(REPO / "istar", source / "istar", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                    "--wheel-dir", str(build), str(REPO)], check=True, capture_output=True, text=True)
+                    "--wheel-dir", str(build), str(source)], check=True, capture_output=True, text=True)
     (wheel,) = build.glob("istar-*.whl")
     site = tmp_path_factory.mktemp("site")
     with zipfile.ZipFile(wheel) as archive:

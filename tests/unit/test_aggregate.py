@@ -21,7 +21,7 @@ from istar.report.select import select_best
 from istar.steps.shrinkage import compute_shrinkage_file
 from istar.steps.train import train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 EXPECTED_RUNS_COLUMNS = [

@@ -13,8 +13,8 @@ import yaml
 
 from bench.gpu_check import steps_taken
 
-REPO = Path(__file__).resolve().parents[1]
-MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
+REPO = Path(__file__).resolve().parents[2]
+MIRROR = Path(__file__).resolve().parents[3] / "shared" / "data"
 ENV_KEYS = {"python", "torch", "cuda", "transformers", "accelerate", "istar", "device"}
 
 

@@ -18,7 +18,7 @@ from istar.config.specs import ActivationsSpec, ShrinkageSpec, TrainSpec
 from istar.steps.train import train
 from istar.core.twonn import twonn_dimension
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 ZETA = 0.2
 

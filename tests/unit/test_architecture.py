@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "istar"
+PACKAGE = Path(__file__).resolve().parents[2] / "istar"
 LAYERS = ("io", "core", "registry", "config", "data", "models", "steps", "report", "pipeline")
 TOP = {"cli", "__main__", "__init__"}
 # report draws figures and tables from CSVs; torch would cost every report job seconds of start-up

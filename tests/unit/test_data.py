@@ -24,8 +24,8 @@ from istar.data import (
 )
 from istar.registry.tasks import TASKS
 
-REPO = Path(__file__).parents[1]
-MIRROR = Path(__file__).parents[2] / "shared" / "data"
+REPO = Path(__file__).parents[2]
+MIRROR = Path(__file__).parents[3] / "shared" / "data"
 needs_mirror = pytest.mark.skipif(
     not MIRROR.is_dir(), reason=f"the offline data mirror {MIRROR} is not on this machine"
 )

@@ -13,7 +13,7 @@ import torch
 import yaml
 from transformers import BertConfig, BertModel
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MIRROR = REPO.parent / "shared" / "data"
 TEST_CONFIGS = REPO / ".test" / "config"
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")

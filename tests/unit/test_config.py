@@ -14,7 +14,7 @@ from istar.pipeline.validate import load_config, validate_config
 from istar.config.layout import Setting
 from istar.pipeline.plan import final_settings, search_settings, study_runs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MIRROR = REPO.parent / "shared" / "data"
 
 
@@ -156,9 +156,9 @@ MINILM_DEPTH = 6
 
 
 @pytest.mark.parametrize("path, value, message", [
-    ("shrinkage.layers", 99, "config key 'shrinkage.layers': layer 99 does not exist in model 'minilm', which has "
+    ("penalty.layers", 99, "config key 'penalty.layers': layer 99 does not exist in model 'minilm', which has "
                              "layers 0 (embeddings) to 6"),
-    ("shrinkage.layers", [1, 7], "config key 'shrinkage.layers': layer 7 does not exist"),
+    ("penalty.layers", [1, 7], "config key 'penalty.layers': layer 7 does not exist"),
     ("studies.single_layer.layers", [2, 99], "config key 'studies.single_layer.layers': layer 99 does not exist in "
                                              "model 'minilm', which has layers 1 to 6"),
 ])
@@ -172,7 +172,7 @@ def test_layer_indices_beyond_the_model_name_the_key(path, value, message):
 
 
 def test_layer_indices_within_the_model_pass():
-    config = with_change("shrinkage.layers", [0, MINILM_DEPTH])
+    config = with_change("penalty.layers", [0, MINILM_DEPTH])
     config["studies"]["single_layer"].update(enabled=True, layers=[1, MINILM_DEPTH])
     validate_config(config)
 
@@ -245,3 +245,16 @@ def test_offline_hub_model_missing_from_the_cache_is_one_line_before_any_job(tmp
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "config key 'models.bert'" in lines[0] and "HF_HUB_OFFLINE" in lines[0], result.stderr
+
+
+def test_an_old_key_still_works_with_a_notice_naming_the_new_one(capsys):
+    config = validate_config({"shrinkage": {"layers": [1, 2], "global_penalty": True}}, check_paths=False)
+    assert config["penalty"] == {"layers": [1, 2], "global_penalty": True}
+    assert "layers" not in config["shrinkage"]
+    notices = capsys.readouterr().err.strip().splitlines()
+    assert notices == ["istar: config key 'shrinkage.layers' is deprecated; rename it to 'penalty.layers' (the old name "
+                       "still works for now)",
+                       "istar: config key 'shrinkage.global_penalty' is deprecated; rename it to "
+                       "'penalty.global_penalty' (the old name still works for now)"]
+    with pytest.raises(ConfigError, match="'shrinkage.layers' and 'penalty.layers' are both given"):
+        validate_config({"shrinkage": {"layers": 1}, "penalty": {"layers": 2}}, check_paths=False)
