@@ -182,7 +182,8 @@ class TrainSpec(ModelData):
 
     @property
     def penalty_layers(self):
-        """The hidden states the penalty reads: the configured selection, or the method's own (CosReg: the last layer)."""
+        """The hidden states the penalty reads and Σ_S is measured over: the configured selection, or the
+        method's own (CosReg and the baseline: the last layer)."""
         return get_method(self.method).penalty_layers(self.layers)
 
 

@@ -38,8 +38,9 @@ class Method:
     penalty : ``penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch)``
         → :class:`istar.core.regularizers.Penalty`, the term added to the task loss; None for a
         method that adds none (then the model is run without ``output_hidden_states``).
-    fixed_layers : the hidden states the penalty reads when the method takes no ``layers``
-        (CosReg: ``-1``, the last layer); None otherwise.
+    fixed_layers : the hidden states the penalty reads, and Σ_S is measured over after each
+        epoch, when the method takes no ``layers`` (CosReg and the baseline: ``-1``, the last
+        layer); None for a method that takes ``layers``.
     """
 
     key: str
@@ -83,7 +84,7 @@ def _istar_penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers,
 METHODS: dict[str, Method] = {
     method.key: method
     for method in (
-        Method("base", "Base", "#7f7f7f", (), None),
+        Method("base", "Base", "#7f7f7f", (), None, fixed_layers=-1),
         Method("cosreg", "CosReg", "#ff7f0e", ("lam",), 1.0, penalty=_cosreg_penalty, fixed_layers=-1),
         Method("istar", "I-STAR", "#1f77b4", HYPERPARAMETERS, None, penalty=_istar_penalty),
     )
