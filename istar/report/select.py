@@ -31,9 +31,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 
 from istar.config.layout import parse_run_dir, seed_of
 from istar.io import artifacts

@@ -152,6 +152,28 @@ def test_selection_metric_option_and_errors(runs, search, tmp_path):
         select_best([search[0], search[0]])
 
 
+
+def test_selection_reads_the_protocol_from_the_runs_data(search, tmp_path):
+    """A search run whose data is a held-out split says so in run_config.json; select reports it,
+    and refuses runs scored on different splits."""
+    heldout = {"of": "resources/data/rte", "of_train_sha256": None, "fraction": 0.25, "seed": 3, "unit": "row",
+               "held_out": 12, "units": 48}
+    moved = []
+    for index, run in enumerate(search):
+        copy = tmp_path / "results" / "search" / "heldout0.25_seed3" / "tiny" / "rte" / run.parent.name / run.name
+        shutil.copytree(run, copy)
+        config = json.loads((copy / "run_config.json").read_text())
+        config["data_meta"] = {**config["data_meta"], "heldout": heldout}
+        (copy / "run_config.json").write_text(json.dumps(config))
+        moved.append(copy)
+    best = select_best(moved)
+    assert (best["protocol"], best["heldout_fraction"], best["heldout_seed"], best["settings"]) == ("heldout", 0.25, 3, 3)
+    assert (best["lam"], best["model"]) == (-3.0, "tiny")  # the same choice as from the same scores
+    assert select_best(search)["protocol"] == "validation"
+    with pytest.raises(ValueError, match="scored on different splits.*search.selection_split"):
+        select_best([*search[:2], *moved[2:]])
+
+
 def test_select_cli(search, tmp_path):
     out = tmp_path / "best.json"
     done = subprocess.run([sys.executable, "-m", "istar", "select", "--task-metric", "accuracy", "--out", str(out),
