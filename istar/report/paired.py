@@ -23,7 +23,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-__all__ = ["PAIRED_COLUMNS", "LEVEL", "paired_interval", "paired_differences"]
+__all__ = ["PAIRED_COLUMNS", "LEVEL", "REFERENCE", "paired_interval", "paired_differences"]
+
+REFERENCE = "base"
+"""The method every other one is compared with (a key of :data:`istar.registry.methods.METHODS`)."""
 
 LEVEL = 0.95
 """Coverage of the intervals the tables and ``paired.csv`` report."""
@@ -73,7 +76,7 @@ def _seed_scores(group: pd.DataFrame, what: str) -> dict[int, float]:
     return {int(seed): float(score) for seed, score in zip(scores["seed"], scores["score"])}
 
 
-def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str = "base",
+def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str = REFERENCE,
                        level: float = LEVEL) -> pd.DataFrame:
     """Every method against ``reference`` per model × task, paired by seed.
 

@@ -35,7 +35,7 @@ import pandas as pd
 
 from istar.report.aggregate_csv import read_aggregate, require_columns
 from istar.registry.methods import METHOD_NAMES, METHODS
-from istar.report.paired import LEVEL, paired_differences
+from istar.report.paired import LEVEL, REFERENCE, paired_differences
 from istar.report.select import protocol_note
 from istar.report.table_render import Table, latex_escape, render_csv, render_latex, render_markdown, write_table
 from istar.registry.tasks import get_task, ordered_tasks
@@ -149,8 +149,8 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
             cells.append([text for text, _, _ in row])
             best.append([key is not None and key == top for (_, key, _), top in zip(row, tops)])
             seed_counts.update(n for _, _, n in row if n)
-        for method in methods[1:] if methods[:1] == ["base"] else []:
-            label = f"{METHODS[method].label} − {METHODS['base'].label}"
+        for method in [m for m in methods if m != REFERENCE] if REFERENCE in methods else []:
+            label = f"{METHODS[method].label} − {METHODS[REFERENCE].label}"
             index.append([model, label])
             cells.append([_difference_cell(paired.get((model, method, task)), get_task(task).kind == "qa")
                           for task in tasks])
