@@ -27,7 +27,7 @@ needed. Four sections, each printed as a table and written to the JSON:
 
 Without CUDA (or with ``--cpu-smoke``) the same code runs a reduced form: bf16 autocast,
 small shapes, a 2-layer encoder, a few steps, Σ_S over 1,000 rows and ``istar launch
---gpus 0`` (one CPU process, fp32). The test suite runs it so the script cannot rot; its
+--gpus 0`` (one CPU process: bf16 where the processor has it natively, else fp32). The test suite runs it so the script cannot rot; its
 numbers say nothing about the targets.
 
 Exit status 1 when a check fails (a section errors, a loss is not finite, the scaler skipped
@@ -50,6 +50,7 @@ from pathlib import Path
 
 import torch
 
+from istar.registry.precisions import run_precision
 from istar.steps.shrinkage import load_shrinkage
 
 from .isoscore_star import time_methods
@@ -311,7 +312,7 @@ def launch_section(scale: Scale, model_source: str, rte_data: Path, sigma_s: Pat
     initial_lr = 0.0 if int(training["warmup_ratio"] * steps) > 0 else float(training["learning_rate"])
     taken = steps_taken(log["lr"].tolist(), initial_lr) if schedule_moves else None
     result.update({
-        "precision": config["precision"], "expected_precision": "fp16" if scale.gpus else "fp32",
+        "precision": config["precision"], "expected_precision": "fp16" if scale.gpus else run_precision("fp16", "cpu").label,
         "device": config["device"], "num_processes": config["num_processes"], "train_seconds": config["train_seconds"],
         "optimizer_steps": steps, "logged_steps": len(log), "steps_taken": taken,
         "skipped_steps": None if taken is None else len(log) - taken,

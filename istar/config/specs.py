@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from istar.config.schema import default_of, schema_entry
+from istar.registry import precisions
 from istar.registry.methods import METHOD_NAMES, get_method
 from istar.registry.tasks import TASKS
 
@@ -32,7 +33,9 @@ __all__ = ["PrepareDataSpec", "HoldoutSpec", "ModelData", "TrainSpec", "Evaluate
            "MeasureSpec", "ProfileSpec", "add_spec_arguments", "spec_from_cli", "PRECISIONS", "PROFILE_DTYPES",
            "AS_GIVEN"]
 
-PRECISIONS = ("no", "fp16", "bf16")
+PRECISIONS = tuple(precisions.PRECISIONS)
+PRECISION_HELP = ("autocast precision: no (fp32), fp16 or bf16; on a CPU fp16 and bf16 run as bf16 where the "
+                  "processor has it natively, else fp32")
 PROFILE_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -87,7 +90,7 @@ class Spec:
             if f.metadata.get("positive") and int(getattr(self, f.name)) < 1:
                 raise SpecError(f"{f.name} must be a positive integer; got {getattr(self, f.name)}")
         if getattr(self, "mixed_precision", "no") not in PRECISIONS:
-            raise SpecError(f"mixed_precision must be no, fp16 or bf16; got {self.mixed_precision!r}")
+            raise SpecError(f"mixed_precision must be one of {', '.join(PRECISIONS)}; got {self.mixed_precision!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +105,7 @@ class PrepareDataSpec(Spec):
                                                        "(default: main); meta.json records its commit")
     allow_standin: bool = config_field("data.allow_standin")
     standin_fraction: float = config_field("data.standin_fraction")
+    subset: bool = config_field("data.subset")
     max_train_samples: typing.Optional[int] = config_field("data.max_train_samples")
     max_eval_samples: typing.Optional[int] = config_field("data.max_eval_samples")
     seed: int = config_field("data.seed")
@@ -134,8 +138,9 @@ class ModelData(Spec):
     data_dir: str = option(help="prepared task folder (train/validation parquet + meta.json)", flag="--data")
     max_length: int = config_field("training.max_length", positive=True)
     doc_stride: int = config_field("training.doc_stride", positive=True)
-    # Direct calls run in fp32; workflow jobs get the precision their granted GPUs allow (istar launch).
-    mixed_precision: str = option("no", help="autocast precision: no (fp32), fp16 or bf16", choices=PRECISIONS)
+    # Direct calls run in fp32 unless asked; a request runs as istar.registry.precisions.run_precision decides
+    # for the device (on a CPU: bf16 where native, else fp32).
+    mixed_precision: str = option("no", help=PRECISION_HELP, choices=PRECISIONS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,7 +254,7 @@ class MeasureSpec(Spec):
     zeta: float = config_field("analysis.zeta")
     twonn_discard: float = config_field("analysis.twonn_discard")
     layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
-    mixed_precision: str = option("no", help="autocast precision: no (fp32), fp16 or bf16", choices=PRECISIONS)
+    mixed_precision: str = option("no", help=PRECISION_HELP, choices=PRECISIONS)
 
     def validate(self) -> None:
         super().validate()

@@ -32,22 +32,30 @@ folder), ``auto`` (the mirror when one is named and exists, else the hub).
 Layer: may import io, core, registry and config.
 """
 
-from istar.data.hub import HUB_DATASETS, HubUnavailableError
-from istar.data.mirror import MIRROR_ENV, MissingSplitError, missing_mirror_files
-from istar.data.prepare import SOURCES, add_cli_arguments, load_task, prepare_task, run_cli
-from istar.data.storage import read_meta, read_split
+import importlib
 
-__all__ = [
-    "SOURCES",
-    "MIRROR_ENV",
-    "HUB_DATASETS",
-    "MissingSplitError",
-    "HubUnavailableError",
-    "load_task",
-    "prepare_task",
-    "read_split",
-    "read_meta",
-    "missing_mirror_files",
-    "add_cli_arguments",
-    "run_cli",
-]
+# Where each public name lives. The package imports them on first use (PEP 562): the model
+# steps import istar.data.encoding and read splits with read_columns, and importing this
+# package must not load pandas and the hub code that only `istar prepare-data` needs.
+_HOMES = {
+    "HUB_DATASETS": "hub", "HubUnavailableError": "hub",
+    "MIRROR_ENV": "mirror", "MissingSplitError": "mirror", "IncompleteSplitError": "mirror",
+    "missing_mirror_files": "mirror",
+    "SOURCES": "prepare", "add_cli_arguments": "prepare", "load_task": "prepare", "prepare_task": "prepare",
+    "run_cli": "prepare",
+    "read_meta": "storage", "read_split": "storage", "read_columns": "storage",
+}
+
+__all__ = list(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'istar.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"istar.data.{_HOMES[name]}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

@@ -8,9 +8,9 @@ Classification and regression examples become one feature each (truncated to
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -46,13 +46,14 @@ class Features(Dataset):
         return sum(sum(mask) for mask in self.columns["attention_mask"])
 
 
-def encode_split(frame: pd.DataFrame, task: Task, tokenizer, max_length: int, doc_stride: int = 128,
+def encode_split(frame: Mapping[str, Sequence], task: Task, tokenizer, max_length: int, doc_stride: int = 128,
                  with_labels: bool = True, for_qa_eval: bool = False) -> Features:
     """Tokenise a normalised split.
 
     Parameters
     ----------
-    frame : a split with the columns of :mod:`istar.registry.tasks`.
+    frame : a split with the columns of :mod:`istar.registry.tasks`: a DataFrame
+        (:func:`istar.data.read_split`) or one list per column (:func:`istar.data.read_columns`).
     task : the task (decides pairing and head).
     tokenizer : a fast Hugging Face tokenizer.
     max_length : tokens per feature (QA: window length, 384 in the paper's setup).
@@ -77,7 +78,8 @@ def encode_split(frame: pd.DataFrame, task: Task, tokenizer, max_length: int, do
     encoded = tokenizer(list(frame["text_a"]), second, truncation=True, max_length=max_length)
     columns = {k: encoded[k] for k in MODEL_INPUTS if k in encoded}
     if with_labels:
-        columns["labels"] = frame["label"].astype("float32" if task.kind == "regression" else "int64").tolist()
+        cast = float if task.kind == "regression" else int
+        columns["labels"] = [cast(label) for label in frame["label"]]
     return Features(columns=columns)
 
 

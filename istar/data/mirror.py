@@ -25,8 +25,8 @@ from istar.data.normalise import check_split, conform
 from istar.data.readers import GLUE_TSV, read_glue_tsv, read_squad_json, read_sst5
 from istar.data.standin import missing_split_message, standin_split
 
-__all__ = ["MIRROR_ENV", "MissingSplitError", "mirror_file", "missing_mirror_files", "resolve_mirror",
-           "load_mirror"]
+__all__ = ["MIRROR_ENV", "MissingSplitError", "IncompleteSplitError", "mirror_file", "missing_mirror_files",
+           "resolve_mirror", "load_mirror"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +65,17 @@ def resolve_mirror(mirror: str | Path | None) -> tuple[Path | None, str]:
     return None, f"no --mirror and no ${MIRROR_ENV}"
 
 
-def _read_mirror_split(task: Task, path: Path) -> tuple[pd.DataFrame, list[str]]:
-    """Read, normalise and check one mirror file; the split and its dropped rows."""
+class IncompleteSplitError(ValueError):
+    """A mirror file whose row count differs from the official split's, and no subset was declared."""
+
+
+def _read_mirror_split(task: Task, path: Path, split: str, subset: bool) -> tuple[pd.DataFrame, list[str]]:
+    """Read, normalise and check one mirror file; the split and its dropped rows.
+
+    Unless ``subset``, the rows read (before any is dropped) must number the official split's
+    (:attr:`istar.registry.tasks.Task.rows`): a file cut at a line end parses cleanly and would
+    otherwise pass as the whole split.
+    """
     logger.info("reading %s", path)
     if task.kind == "qa":
         frame = read_squad_json(path)
@@ -78,18 +87,24 @@ def _read_mirror_split(task: Task, path: Path) -> tuple[pd.DataFrame, list[str]]
         else:
             frame, lines = read_glue_tsv(path, GLUE_TSV[task.key], task)
         locate = lambda i: f"{path}, line {lines[i]}"  # noqa: E731
+    official = task.rows[SPLITS.index(split)]
+    if not subset and len(frame) != official:
+        raise IncompleteSplitError(
+            f"{path} holds {len(frame):,} rows, but the official {task.display} {split} split has {official:,}: "
+            "the file is incomplete or not the release's (a copy cut short?); copy it again, or, if the mirror "
+            "holds a subset on purpose, say so with data.subset: true (istar prepare-data --subset)")
     frame, dropped = check_split(frame, task, locate)
     return conform(frame, task), dropped
 
 
-
-
 def load_mirror(task: Task, root: Path, allow_standin: bool, standin_fraction: float,
-                seed: int) -> tuple[dict[str, pd.DataFrame], dict]:
+                seed: int, subset: bool = False) -> tuple[dict[str, pd.DataFrame], dict]:
     """The task's splits read from the mirror folder ``root`` (a stand-in if allowed and needed).
 
     Returns the normalised splits and the provenance (``mirror``, ``files``: release file ->
-    sha256, ``standin``, ``standin_note``, ``dropped_rows``). Raises :class:`MissingSplitError`.
+    sha256, ``standin``, ``standin_note``, ``dropped_rows``). Raises
+    :class:`MissingSplitError`, and :class:`IncompleteSplitError` for a file whose row count is
+    not the official one unless ``subset`` says the mirror holds a subset on purpose.
     """
     root = root.resolve()
     paths = {split: root / mirror_file(task.key, split) for split in SPLITS}
@@ -114,7 +129,7 @@ def load_mirror(task: Task, root: Path, allow_standin: bool, standin_fraction: f
     for split in SPLITS:
         if split in missing:
             continue
-        splits[split], dropped = _read_mirror_split(task, paths[split])
+        splits[split], dropped = _read_mirror_split(task, paths[split], split, subset)
         provenance["files"][mirror_file(task.key, split)] = file_digest(paths[split])
         provenance["dropped_rows"][split] = dropped
     if missing:

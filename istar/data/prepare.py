@@ -33,6 +33,7 @@ def load_task(
     standin_fraction: float = 0.2,
     seed: int = 0,
     revision: str | None = None,
+    subset: bool = False,
 ) -> tuple[dict[str, pd.DataFrame], dict]:
     """Load a task's train and validation splits, normalised.
 
@@ -56,6 +57,9 @@ def load_task(
     revision : str, optional
         The hub dataset's revision (branch, tag or 40-hex commit; default ``main``), resolved
         to its commit before loading. Hub sources only.
+    subset : bool, default=False
+        The mirror holds a subset of the release's rows on purpose (config/demo-data). Without
+        it a mirror file whose row count is not the official one (a file cut short) raises.
 
     Returns
     -------
@@ -73,6 +77,8 @@ def load_task(
     ------
     MissingSplitError
         A split is missing from the mirror and no stand-in was allowed or possible.
+    IncompleteSplitError
+        A mirror file's row count is not the official split's and ``subset`` is False.
     HubUnavailableError
         The hub could not be reached (the message suggests the mirror).
     FileNotFoundError
@@ -107,7 +113,7 @@ def load_task(
         if revision is not None:
             raise ValueError(f"a dataset revision ({revision!r}) applies to the hub only, but {spec.key} comes "
                              f"from the mirror {root}; drop the revision or use source 'hub'")
-        splits, provenance = load_mirror(spec, root, allow_standin, standin_fraction, seed)
+        splits, provenance = load_mirror(spec, root, allow_standin, standin_fraction, seed, subset)
         provenance.update(hub_revision=None, hub_commit=None)
     provenance["source_requested"] = source
     return splits, provenance
@@ -153,12 +159,13 @@ def prepare_task(
     seed: int = 0,
     standin_fraction: float = 0.2,
     revision: str | None = None,
+    subset: bool = False,
 ) -> dict:
     """Load a task, subsample it and write ``train.parquet``, ``validation.parquet``, ``meta.json``.
 
     Parameters
     ----------
-    task, source, mirror, allow_standin, standin_fraction, seed, revision
+    task, source, mirror, allow_standin, standin_fraction, seed, revision, subset
         As in :func:`load_task`; ``seed`` also drives the subsampling.
     out_dir : str or Path
         Folder to write to (created if needed). A ``meta.json`` already there is removed
@@ -172,7 +179,7 @@ def prepare_task(
     meta : dict
         What ``meta.json`` holds: ``task``, ``source``, ``source_requested``, ``mirror``,
         ``hub_id``, ``hub_config``, ``hub_revision``, ``hub_commit``, ``files`` (mirror file -> sha256), ``standin``,
-        ``standin_note``, ``standin_fraction`` (None unless a stand-in), ``dropped_rows``,
+        ``standin_note``, ``standin_fraction`` (None unless a stand-in), ``subset`` (as given), ``dropped_rows``,
         ``rows_before_subsampling`` and ``rows`` (split -> count), ``split_sha256`` (parquet file -> hash,
         checked by :func:`istar.data.read_split`), ``max_train_samples``,
         ``max_eval_samples``, ``seed``, ``labels`` (split -> label counts, score range or,
@@ -185,7 +192,8 @@ def prepare_task(
             _check_count(name, value, minimum=1)
     splits, provenance = load_task(task, source=source, mirror=mirror,
                                    allow_standin=allow_standin,
-                                   standin_fraction=standin_fraction, seed=seed, revision=revision)
+                                   standin_fraction=standin_fraction, seed=seed, revision=revision,
+                                   subset=subset)
     caps = {"train": max_train_samples, "validation": max_eval_samples}
     kept = {split: _subsample(splits[split], caps[split], seed, stream)
             for stream, split in enumerate(SPLITS, start=1)}
@@ -193,6 +201,7 @@ def prepare_task(
         "task": spec.key,
         **provenance,
         "standin_fraction": standin_fraction if provenance["standin"] else None,
+        "subset": subset,
         "rows_before_subsampling": {split: len(splits[split]) for split in SPLITS},
         "rows": {split: len(kept[split]) for split in SPLITS},
         "max_train_samples": max_train_samples,
@@ -223,7 +232,7 @@ def run_cli(args: argparse.Namespace) -> int:
             spec.task, spec.out, source=spec.source, mirror=spec.mirror,
             allow_standin=spec.allow_standin, max_train_samples=spec.max_train_samples,
             max_eval_samples=spec.max_eval_samples, seed=spec.seed,
-            standin_fraction=spec.standin_fraction, revision=spec.revision,
+            standin_fraction=spec.standin_fraction, revision=spec.revision, subset=spec.subset,
         )
     except (ValueError, OSError, HubUnavailableError) as exc:
         print(f"error: {exc}", file=sys.stderr)

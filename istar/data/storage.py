@@ -8,20 +8,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING
 
 from istar.io import artifacts
 from istar.registry.tasks import SPLITS, TASKS, Task
-from istar.data.normalise import split_schema, table_to_frame
 
-__all__ = ["write_prepared", "read_split", "read_meta"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas and pyarrow are imported inside the functions: the model steps read a split with
+# read_columns (pyarrow only, when the step reads its data) and must not pay pandas' import.
+
+__all__ = ["write_prepared", "read_split", "read_columns", "read_meta"]
 
 
 def write_prepared(out_dir: str | Path, task: Task, splits: dict[str, pd.DataFrame], meta: dict) -> None:
     """Write the splits (normalised frames, see :mod:`istar.registry.tasks`) and ``meta`` to ``out_dir``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from istar.data.normalise import split_schema
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").unlink(missing_ok=True)
@@ -55,6 +62,21 @@ def read_split(data_dir: str | Path, split: str) -> pd.DataFrame:
         The normalised columns (see :mod:`istar.registry.tasks`); SQuAD's ``answer_texts`` and
         ``answer_starts`` hold Python lists.
     """
+    from istar.data.normalise import table_to_frame
+
+    return table_to_frame(_read_table(data_dir, split))
+
+
+def read_columns(data_dir: str | Path, split: str) -> dict[str, list]:
+    """The split of :func:`read_split` as one Python list per column (no pandas): what the
+    model steps tokenise (:func:`istar.data.encoding.encode_split`)."""
+    return _read_table(data_dir, split).to_pydict()
+
+
+def _read_table(data_dir: str | Path, split: str):
+    """The split's arrow table, its file checked against ``meta.json``'s hash first."""
+    import pyarrow.parquet as pq
+
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; use one of: {', '.join(SPLITS)}")
     path = Path(data_dir) / f"{split}.parquet"
@@ -62,7 +84,8 @@ def read_split(data_dir: str | Path, split: str) -> pd.DataFrame:
         raise FileNotFoundError(f"{path} does not exist: {_prepare_hint(Path(data_dir))}")
     if (path.parent / "meta.json").is_file():
         artifacts.verify_file(path, read_meta(data_dir).get("split_sha256", {}).get(path.name))
-    return table_to_frame(pq.read_table(path))
+    # ParquetFile, not pq.read_table: the latter goes through pyarrow.dataset, which imports pandas.
+    return pq.ParquetFile(path).read()
 
 
 def read_meta(data_dir: str | Path) -> dict:

@@ -117,8 +117,17 @@ def read_json(path, target=None):
 
 
 def replace_directory(staging, final) -> None:
-    """Move a fully written ``staging`` folder to ``final``, replacing what was there."""
+    """Move a fully written ``staging`` folder to ``final``, replacing what was there.
+
+    Every file in it first gets the umask's normal mode: ``save_pretrained`` and accelerate's
+    ``save_state`` write safetensors files mode 0600, which other users of a shared project
+    folder could not read.
+    """
     staging, final = Path(staging), Path(final)
+    mode = _normal_mode()
+    for path in staging.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
     if final.exists():
         old = final.with_name(f".{final.name}.old")
         shutil.rmtree(old, ignore_errors=True)

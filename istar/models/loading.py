@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from istar.io.revisions import DEFAULT_REVISION, OFFLINE_FIX, RevisionUnavailableError, cached_commit, offline, resolve_revision
+from istar.models.files import folder_weights_problem, gguf_problem
 from istar.registry.tasks import Task
 
 __all__ = ["ModelSource", "parse_model_source", "resolve_model_source", "pin_model", "check_model_available", "gguf_location", "configured_source",
@@ -62,8 +63,9 @@ def _read_pin(path: Path) -> str:
 def parse_model_source(source: str) -> ModelSource:
     """Parse a model source (module docstring); checks folders exist, never touches the network.
 
-    Raises ``ValueError`` for a package that is not installed, a folder that does not exist or
-    has no ``config.json``, a revision on a folder, or an empty hub id or revision.
+    Raises ``ValueError`` for a package that is not installed, a folder that does not exist,
+    has no ``config.json`` or holds a ``*.safetensors`` file cut short (:mod:`istar.models.files`),
+    a revision on a folder, or an empty hub id or revision.
     """
     source = str(source)
     if source.endswith(".json") and Path(source).is_file():
@@ -96,6 +98,9 @@ def _checked_local_path(path: Path, source: str) -> str:
         raise ValueError(f"model source {source!r}: folder {path} does not exist")
     if not (path / "config.json").is_file():
         raise ValueError(f"model source {source!r}: {path} has no config.json, so it is not a saved model")
+    problem = folder_weights_problem(path)
+    if problem is not None:
+        raise ValueError(f"model source {source!r}: {problem}")
     return str(path.resolve())
 
 
@@ -144,7 +149,8 @@ def pin_model(source: str) -> dict:
 def gguf_location(source: str) -> tuple[Path, str] | None:
     """(folder, file name) of a GGUF source (a ``.gguf`` path or ``package:NAME/FILE.gguf``), or None if ``source`` is not one.
 
-    Raises ``ValueError`` when the file or the package is missing, or the ``gguf`` reader is not installed.
+    Raises ``ValueError`` when the file or the package is missing, the file is incomplete or not
+    GGUF (:func:`istar.models.files.gguf_problem`), or the ``gguf`` reader is not installed.
     """
     if not source.endswith(".gguf"):
         return None
@@ -161,6 +167,9 @@ def gguf_location(source: str) -> tuple[Path, str] | None:
         raise ValueError(f"model source {source!r}: GGUF file {path} does not exist")
     if importlib.util.find_spec("gguf") is None:
         raise ValueError(f"model source {source!r}: reading GGUF files needs the gguf package (pip install gguf)")
+    problem = gguf_problem(path)
+    if problem is not None:
+        raise ValueError(f"model source {source!r}: {problem}")
     return path.parent, path.name
 
 

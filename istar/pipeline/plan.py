@@ -8,15 +8,16 @@ else. The Snakemake rules only call them, with the paths of their inputs and out
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 from istar.config.layout import Setting, heldout_folder
 from istar.registry.methods import get_method
 from istar.config.specs import AS_GIVEN, HoldoutSpec, MeasureSpec, PrepareDataSpec, ProfileSpec, ShrinkageSpec, TrainSpec
-from istar.registry.tasks import TASKS
+from istar.registry.tasks import SPLITS, TASKS
 
 __all__ = ["search_settings", "selected_setting", "final_settings", "study_runs",
-           "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "train_spec",
-           "heldout_name", "holdout_spec",
+           "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "prepare_data_inputs",
+           "train_spec", "heldout_name", "holdout_spec",
            "shrinkage_spec", "measure_spec", "AS_GIVEN", "profile_targets", "profile_text_task", "profile_spec"]
 
 
@@ -134,7 +135,21 @@ def prepare_data_spec(config: dict, *, task: str, out: str) -> PrepareDataSpec:
     return PrepareDataSpec(task=task, out=out, source=data["source"], mirror=data["mirror"],
                            revision=data["hub_revisions"].get(task), allow_standin=data["allow_standin"],
                            standin_fraction=data["standin_fraction"], max_train_samples=data["max_train_samples"],
-                           max_eval_samples=data["max_eval_samples"], seed=data["seed"])
+                           max_eval_samples=data["max_eval_samples"], seed=data["seed"], subset=data["subset"])
+
+
+def prepare_data_inputs(config: dict, task: str) -> list[str]:
+    """The mirror files ``prepare_data`` reads for ``task``: its rule's inputs, so that a changed
+    file reruns it. Empty when the data come from the hub (source ``hub``, or ``auto`` without
+    the mirror folder); a file the mirror lacks is left out (a stand-in, or the job's own error)."""
+    from istar.data.mirror import mirror_file  # (pandas: only once a prepare job is planned)
+
+    data = config["data"]
+    root = Path(data["mirror"]) if data["mirror"] is not None else None
+    if data["source"] == "hub" or root is None or not root.is_dir():
+        return []
+    files = (root / mirror_file(task, split) for split in SPLITS)
+    return [str(path) for path in files if path.is_file()]
 
 
 def heldout_name(config: dict) -> str | None:

@@ -2,8 +2,9 @@
 
 :func:`validate_config` fills in every default, checks the schema (JSON Schema 2020-12) and
 then what a schema cannot say (studies naming unknown models, a mirror that does not exist,
-tasks whose files the mirror lacks, SQuAD strides, layer indices beyond a local model's
-depth as read from its ``config.json``, NaN or infinite numbers). Every problem raises
+tasks whose files the mirror lacks, hub datasets not in the cache offline, SQuAD strides,
+layer indices beyond a local model's depth as read from its ``config.json``, weight files
+cut short (:mod:`istar.models.files`), CosReg with λ = 0, NaN or infinite numbers). Every problem raises
 :class:`ConfigError` naming the key and the allowed values, before any job runs;
 :func:`load_yaml` reports a YAML syntax error as ``FILE:LINE:COLUMN`` on one line.
 """
@@ -54,6 +55,9 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
                           f"training.qa_max_length = {training['qa_max_length']}, so each window still holds the question")
     if 0.0 in config["search"]["lambdas"]:
         raise ConfigError("config key 'search.lambdas': λ = 0 is the baseline, which the final stage runs anyway; remove it")
+    if config["final"]["cosreg_lambda"] == 0:
+        raise ConfigError("config key 'final.cosreg_lambda': λ = 0 turns CosReg off, so its runs would be a second baseline "
+                          "labelled CosReg; give a non-zero λ (the paper's is 1.0)")
     if check_paths:
         _check_layers(config, _check_models(models))
         _check_data(config["data"], tasks)
@@ -129,12 +133,16 @@ def _check_data(data: dict, tasks: list[str]) -> None:
             raise ConfigError("config key 'data.mirror': data.source is mirror but no mirror folder is named; set "
                               "data.mirror to a folder in the GLUE release layout (config/demo-data holds the demo's "
                               "rows) or use source: hub")
+        _check_hub_data(data, tasks)
         return
     mirror = Path(data["mirror"])
     if data["source"] == "mirror" and not mirror.is_dir():
         raise ConfigError(f"config key 'data.mirror': {mirror} does not exist (resolved from {Path.cwd()}) but "
                           "data.source is mirror; point it at a folder in the GLUE release layout or use source: hub")
-    if data["source"] == "hub" or not mirror.is_dir() or data["allow_standin"]:
+    if data["source"] == "hub" or not mirror.is_dir():
+        _check_hub_data(data, tasks)
+        return
+    if data["allow_standin"]:
         return
     for task in tasks:
         missing = missing_mirror_files(task, mirror)
@@ -145,6 +153,25 @@ def _check_data(data: dict, tasks: list[str]) -> None:
             raise ConfigError(f"config key 'tasks': the mirror {mirror} lacks {missing[0]} for {task}; put the file there, "
                               "use data.source: hub, or set data.allow_standin: true to split the available file into a "
                               "flagged stand-in train/validation pair")
+
+
+def _check_hub_data(data: dict, tasks: list[str]) -> None:
+    """Offline (``HF_HUB_OFFLINE``), every task's hub dataset must be in the local cache at its revision:
+    otherwise each prepare_data job would fail, after the whole DAG was planned."""
+    from istar.data.hub import HUB_DATASETS
+    from istar.io.revisions import OFFLINE_FIX, cached_commit, offline
+
+    if not offline():
+        return
+    for task in tasks:
+        hub_id, _ = HUB_DATASETS[task]
+        revision = data["hub_revisions"].get(task) or "main"
+        if cached_commit(hub_id, revision, "dataset") is None:
+            raise ConfigError(f"config key 'data.source': {task} comes from the hub (source {data['source']}"
+                              + (f", no mirror folder {data['mirror']}" if data["source"] == "auto" else "")
+                              + f"), but dataset {hub_id!r} at revision {revision!r} is not in the local Hugging Face "
+                              f"cache and HF_HUB_OFFLINE is set; {OFFLINE_FIX['dataset']}, or set data.source: mirror "
+                              "with data.mirror: a folder in the GLUE release layout (config/demo-data holds the demo's)")
 
 
 def _check_profile(config: dict) -> None:

@@ -32,6 +32,9 @@ class Task:
     paired : whether examples have a second text (``text_b``).
     metric : the headline metric used for model selection and Table 1.
     metrics : every metric reported in ``metrics.json``.
+    rows : the official (train, validation) row counts of the public release (SQuAD: questions;
+        GLUE, SST-5 and SQuAD v1.1 as published, equal to the Hugging Face hub's splits). A mirror
+        file with another count is refused unless the data are declared a subset (``data.subset``).
     """
 
     key: str
@@ -41,20 +44,21 @@ class Task:
     paired: bool
     metric: str
     metrics: tuple[str, ...]
+    rows: tuple[int, int]
 
 
 TASKS: dict[str, Task] = {
     task.key: task
     for task in (
-        Task("sst2", "SST-2", "classification", 2, False, "accuracy", ("accuracy",)),
-        Task("qnli", "QNLI", "classification", 2, True, "accuracy", ("accuracy",)),
-        Task("rte", "RTE", "classification", 2, True, "accuracy", ("accuracy",)),
-        Task("mrpc", "MRPC", "classification", 2, True, "accuracy", ("accuracy", "f1")),
-        Task("qqp", "QQP", "classification", 2, True, "accuracy", ("accuracy", "f1")),
-        Task("cola", "CoLA", "classification", 2, False, "matthews", ("matthews", "accuracy")),
-        Task("stsb", "STS-B", "regression", 1, True, "pearson", ("pearson", "spearman")),
-        Task("sst5", "SST-5", "classification", 5, False, "accuracy", ("accuracy",)),
-        Task("squad", "SQuAD", "qa", 0, True, "f1", ("f1", "exact_match")),
+        Task("sst2", "SST-2", "classification", 2, False, "accuracy", ("accuracy",), (67_349, 872)),
+        Task("qnli", "QNLI", "classification", 2, True, "accuracy", ("accuracy",), (104_743, 5_463)),
+        Task("rte", "RTE", "classification", 2, True, "accuracy", ("accuracy",), (2_490, 277)),
+        Task("mrpc", "MRPC", "classification", 2, True, "accuracy", ("accuracy", "f1"), (3_668, 408)),
+        Task("qqp", "QQP", "classification", 2, True, "accuracy", ("accuracy", "f1"), (363_846, 40_430)),
+        Task("cola", "CoLA", "classification", 2, False, "matthews", ("matthews", "accuracy"), (8_551, 1_043)),
+        Task("stsb", "STS-B", "regression", 1, True, "pearson", ("pearson", "spearman"), (5_749, 1_500)),
+        Task("sst5", "SST-5", "classification", 5, False, "accuracy", ("accuracy",), (8_544, 1_101)),
+        Task("squad", "SQuAD", "qa", 0, True, "f1", ("f1", "exact_match"), (87_599, 10_570)),
     )
 }
 

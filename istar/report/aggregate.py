@@ -44,7 +44,6 @@ same study is counted once.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
@@ -149,10 +148,7 @@ def _frame(rows: list[dict], columns: tuple[str, ...]):
 def _selection_row(path: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"selection file {path} does not exist: run `istar select` first")
-    try:
-        selection = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error}): rerun `istar select`") from None
+    selection = artifacts.read_json(path)  # its content hash, when `istar select` recorded one
     missing = [name for name in SELECTION_COLUMNS if name not in selection]
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}: it was not written by `istar select`")
@@ -193,6 +189,8 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
         seen.add((study, run_dir.resolve()))
         try:
             run = read_run(run_dir)
+        except artifacts.DamagedArtifactError:
+            raise  # it names the file and the command that rebuilds it
         except (ValueError, FileNotFoundError) as error:
             raise type(error)(f"study {study}: {error}") from None
         analysis = analyses.get(run_dir.resolve())

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from istar.config.layout import parse_run_dir, seed_of
 from istar.io import artifacts
+from istar.steps.run_folder import read_finished_run
 
 __all__ = ["read_run", "model_short_name", "setting_name", "select_best", "SETTING_KEYS", "PROTOCOLS",
            "protocol_note"]
@@ -92,19 +93,13 @@ def setting_name(run_dir: Path) -> str:
     return run_dir.parent.name if seed_of(run_dir.name) is not None else run_dir.name
 
 
-def _read_json(path: Path, what: str) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error}): {what}") from None
-
-
 def read_run(run_dir) -> dict:
     """The description of a finished run folder.
 
     Parameters
     ----------
-    run_dir : a folder written by :func:`istar.steps.train.train`.
+    run_dir : a folder written by :func:`istar.steps.train.train`, checked by
+        :func:`istar.steps.run_folder.read_finished_run` (content hashes, one run's outputs).
 
     Returns
     -------
@@ -116,17 +111,8 @@ def read_run(run_dir) -> dict:
     data's meta.json when the run trained on a held-out split of :mod:`istar.data.holdout`,
     else None).
     """
+    metrics, config = read_finished_run(run_dir)
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"run folder {run_dir} does not exist")
-    metrics_path, config_path = run_dir / "metrics.json", run_dir / "run_config.json"
-    if not metrics_path.is_file():
-        raise ValueError(f"run folder {run_dir} has no metrics.json: metrics.json is written last, so the run did not "
-                         "finish (rerun or resume it)")
-    if not config_path.is_file():
-        raise ValueError(f"run folder {run_dir} has metrics.json but no run_config.json: the run folder is incomplete")
-    metrics = _read_json(metrics_path, "the run did not finish cleanly")
-    config = _read_json(config_path, "the run did not finish cleanly")
     missing = [key for key in ("task", "method", "lam", "seed", "metric", "final") if key not in metrics]
     missing += [key for key in ("model", "batch_size", "epochs", "learning_rate") if key not in config]
     if missing:
@@ -207,7 +193,7 @@ def select_best(run_dirs, out=None, metric: str | None = None) -> dict:
               "score": best["score"], "score_std": best["score_std"], "seeds": best["seeds"],
               "standin": any(run["standin"] for run in runs), **protocol, "candidates": candidates}
     if out is not None:
-        artifacts.write_json(out, result)
+        result = artifacts.write_json(out, result, digest=True)  # what was written, its hash included
     return result
 
 

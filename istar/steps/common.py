@@ -22,7 +22,7 @@ __all__ = ["Step", "open_step"]
 
 @dataclass
 class Step:
-    """What :func:`open_step` loaded; ``frame(split)`` and ``features(split)`` read on demand."""
+    """What :func:`open_step` loaded; ``columns(split)`` and ``features(split)`` read on demand."""
 
     spec: ModelData
     accelerator: object
@@ -30,6 +30,7 @@ class Step:
     task: object
     tokenizer: object
     model: object
+    precision: object  # istar.registry.precisions.Precision: what runs (spec.mixed_precision on this device)
 
     @cached_property
     def model_path(self) -> str:
@@ -49,17 +50,18 @@ class Step:
     def standin(self) -> bool:
         return bool(self.meta.get("standin", False))
 
-    def frame(self, split: str):
-        from istar.data import read_split
+    def columns(self, split: str) -> dict[str, list]:
+        """The prepared split, one list per column (read with pyarrow: no pandas in a model step)."""
+        from istar.data.storage import read_columns
 
-        return read_split(self.spec.data_dir, split)
+        return read_columns(self.spec.data_dir, split)
 
-    def features(self, split: str, *, frame=None, with_labels: bool = True, for_qa_eval: bool = False):
+    def features(self, split: str, *, columns=None, with_labels: bool = True, for_qa_eval: bool = False):
         """The split encoded for the task (QA: overlapping windows of ``max_length`` with ``doc_stride``)."""
         from istar.data.encoding import encode_split
 
-        frame = self.frame(split) if frame is None else frame
-        return encode_split(frame, self.task, self.tokenizer, self.spec.max_length, self.spec.doc_stride,
+        columns = self.columns(split) if columns is None else columns
+        return encode_split(columns, self.task, self.tokenizer, self.spec.max_length, self.spec.doc_stride,
                             with_labels=with_labels, for_qa_eval=for_qa_eval and self.task.kind == "qa")
 
     def loader(self, features, batch_size: int, *, sampler=None, pad_to_multiple_of: int | None = None):
@@ -73,13 +75,14 @@ def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumu
 
     Parameters
     ----------
-    spec : the step's spec (its model, prepared data folder and precision are read).
+    spec : the step's spec (its model, prepared data folder and precision are read; the
+        precision runs as :func:`istar.registry.precisions.run_precision` decides for this device).
     model_seed : seed set right before the model is built, so a newly initialised task head
         depends on this seed only (training, Σ_S of a pretrained model); None leaves the
         random state alone.
     gradient_accumulation_steps : passed to the ``Accelerator`` (training only).
     """
-    from accelerate import Accelerator
+    from accelerate import Accelerator, PartialState
     from accelerate.utils import set_seed
 
     from pathlib import Path
@@ -87,9 +90,13 @@ def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumu
     from istar.io.artifacts import verify_digests
     from istar.data import read_meta
     from istar.models.loading import load_model, load_tokenizer, resolve_model_source
+    from istar.registry.precisions import run_precision
     from istar.registry.tasks import get_task
 
-    accelerator = Accelerator(mixed_precision=spec.mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps)
+    # The device is known before the Accelerator exists (PartialState is the process's shared
+    # state); the precision it gets is the one that runs there (istar.registry.precisions).
+    precision = run_precision(spec.mixed_precision, PartialState().device.type)
+    accelerator = Accelerator(mixed_precision=precision.key, gradient_accumulation_steps=gradient_accumulation_steps)
     meta = read_meta(spec.data_dir)
     task = get_task(meta["task"])
     model_path = Path(resolve_model_source(spec.model))
@@ -99,4 +106,5 @@ def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumu
     if model_seed is not None:
         set_seed(model_seed)
     model = load_model(spec.model, task)
-    return Step(spec=spec, accelerator=accelerator, meta=meta, task=task, tokenizer=tokenizer, model=model)
+    return Step(spec=spec, accelerator=accelerator, meta=meta, task=task, tokenizer=tokenizer, model=model,
+                precision=precision)

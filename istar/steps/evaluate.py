@@ -26,7 +26,7 @@ __all__ = ["evaluate_model", "evaluation_report", "evaluate_checkpoint"]
 
 @torch.no_grad()
 def evaluate_model(model, loader, task: Task, accelerator, features: Features | None = None,
-                   frame=None, n_best: int = 20, max_answer_length: int = 30) -> dict[str, float]:
+                   columns=None, n_best: int = 20, max_answer_length: int = 30) -> dict[str, float]:
     """Metrics of ``model`` over an (accelerate-prepared) evaluation loader.
 
     Parameters
@@ -35,8 +35,8 @@ def evaluate_model(model, loader, task: Task, accelerator, features: Features | 
     loader : batches of :class:`~istar.data.encoding.Features`, in dataset order.
     task : the task, for the head and metric.
     accelerator : an ``accelerate.Accelerator``.
-    features, frame : QA only: the evaluation windows (with ``example_ids`` and
-        ``offset_mapping``) and the normalised split (ids, contexts, answers).
+    features, columns : QA only: the evaluation windows (with ``example_ids`` and
+        ``offset_mapping``) and the normalised split's columns (ids, contexts, answers).
 
     Returns
     -------
@@ -63,10 +63,10 @@ def evaluate_model(model, loader, task: Task, accelerator, features: Features | 
     model.train(was_training)
     if task.kind == "qa":
         windows = {"example_id": features.example_ids, "offset_mapping": features.offset_mapping}
-        answers = qa.postprocess_predictions(list(frame["id"]), list(frame["context"]), windows,
+        answers = qa.postprocess_predictions(list(columns["id"]), list(columns["context"]), windows,
                                              torch.cat(starts).numpy(), torch.cat(ends).numpy(),
                                              n_best=n_best, max_answer_length=max_answer_length)
-        references = {i: list(texts) for i, texts in zip(frame["id"], frame["answer_texts"])}
+        references = {i: list(texts) for i, texts in zip(columns["id"], columns["answer_texts"])}
         return metrics.squad_metrics(answers, references)
     result = metrics.compute_metrics(task, torch.cat(predictions).numpy(), torch.cat(labels).numpy())
     result["eval_loss"] = float(np.mean(torch.cat(losses).numpy()))
@@ -76,13 +76,13 @@ def evaluate_model(model, loader, task: Task, accelerator, features: Features | 
 def evaluation_report(step, split: str, batch_size: int) -> dict:
     """The evaluation of an opened step's model (:func:`istar.steps.common.open_step`) on a prepared split:
     task, split, model, standin, headline metric, ``metrics`` (see :func:`evaluate_model`) and examples."""
-    frame = step.frame(split)
-    features = step.features(split, frame=frame, for_qa_eval=True)
+    columns = step.columns(split)
+    features = step.features(split, columns=columns, for_qa_eval=True)
     model, loader = step.accelerator.prepare(step.model, step.loader(features, batch_size))
-    result = evaluate_model(model, loader, step.task, step.accelerator, features=features, frame=frame)
+    result = evaluate_model(model, loader, step.task, step.accelerator, features=features, columns=columns)
     step.accelerator.print(f"{step.task.display} {split}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
     return {"task": step.task.key, "split": split, "model": step.spec.model, "standin": step.standin,
-            "metric": step.task.metric, "metrics": result, "examples": len(frame)}
+            "metric": step.task.metric, "metrics": result, "examples": len(next(iter(columns.values())))}
 
 
 def evaluate_checkpoint(spec: EvaluateSpec) -> dict:

@@ -2,7 +2,9 @@
 
     istar launch --gpus {resources.gpu} --mixed-precision fp16 -- train --model … --out …
 
-- ``--gpus 0``: one CPU process, fp32 (fp16 does not exist on CPU in accelerate).
+- ``--gpus 0``: one CPU process (no GPU visible to it), in the precision a CPU runs for the
+  one asked (:func:`istar.registry.precisions.run_precision`: fp16 or bf16 → bf16 where the processor
+  has it natively, else fp32; the step decides and records it).
 - ``--gpus 1``: ``accelerate launch --num_processes 1 --mixed_precision fp16``.
 - ``--gpus N > 1``: ``accelerate launch --multi_gpu --num_processes N --mixed_precision fp16``
   on a free port, so several multi-GPU jobs can share a machine.
@@ -27,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from istar.registry.precisions import PRECISIONS
+
 __all__ = ["launch_command", "claim_gpus"]
 
 
@@ -41,7 +45,7 @@ def launch_command(gpus: int, mixed_precision: str, step_args: list[str]) -> lis
     if gpus < 0:
         raise ValueError(f"gpus must be ≥ 0; got {gpus}")
     if gpus == 0:
-        return [sys.executable, "-m", "istar", *step_args, "--mixed-precision", "no"]
+        return [sys.executable, "-m", "istar", *step_args, "--mixed-precision", mixed_precision]
     accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(gpus),
                   "--num_machines", "1", "--mixed_precision", mixed_precision, "--dynamo_backend", "no"]
     if gpus > 1:
@@ -86,7 +90,9 @@ def claim_gpus(count: int, total: int, lock_dir: Path | None = None, poll_second
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, required=True, help="GPUs granted to the job (Snakemake's resources.gpu)")
-    parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default="fp16", help="precision on GPUs")
+    parser.add_argument("--mixed-precision", choices=tuple(PRECISIONS), default="fp16",
+                        help="the precision asked for (training.mixed_precision); on a CPU fp16 and bf16 run as bf16 "
+                             "where the processor has it natively, else fp32")
     parser.add_argument("step", nargs=argparse.REMAINDER, help="-- then the istar step and its arguments")
 
 
@@ -96,7 +102,9 @@ def run_cli(args) -> int:
         raise ValueError("nothing to launch: give the step after --, e.g. istar launch --gpus 2 -- train …")
     command = launch_command(args.gpus, args.mixed_precision, step)
     env = dict(os.environ)
-    if args.gpus == 0 or "CUDA_VISIBLE_DEVICES" in env:
+    if args.gpus == 0:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a job granted no GPU runs on the CPU even where GPUs exist
+    if args.gpus == 0 or "CUDA_VISIBLE_DEVICES" in os.environ:
         print("launching:", " ".join(command), flush=True)
         return exit_status(subprocess.call(command, env=env), step[0])
     with claim_gpus(args.gpus, visible_gpu_count()) as gpus:

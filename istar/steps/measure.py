@@ -40,15 +40,19 @@ def measure_runs(spec: MeasureSpec) -> dict:
 
     from istar.steps.activations import activation_statistics
     from istar.steps.analyze import analyze_statistics
-    from istar.steps.evaluate import evaluation_report
     from istar.steps.common import open_step
+    from istar.steps.evaluate import evaluation_report
+    from istar.steps.run_folder import read_finished_run
+    from istar.steps.shrinkage import load_layer_statistics
 
     spec.validate()
     missing = [run for run in spec.runs if not (Path(run) / "model").is_dir()]
     if missing:
         raise FileNotFoundError(f"no fine-tuned model/ in {', '.join(missing)}: train these runs first")
-    if not Path(spec.sigma_s).is_file():
-        raise FileNotFoundError(f"Σ_S file {spec.sigma_s} does not exist: run `istar shrinkage` first")
+    for run in spec.runs:
+        read_finished_run(run)  # one finished run's outputs, unchanged, no training state beside them
+    # Σ_S read (hash, NaN / inf) before the first model is evaluated, not after.
+    load_layer_statistics(spec.sigma_s)
     runs, main_process = {}, True
     for run in tqdm(spec.runs, desc="runs measured", unit="run"):
         step = open_step(spec.model_data(run))

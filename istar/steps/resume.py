@@ -20,7 +20,7 @@ from istar.config.specs import TrainSpec
 from istar.registry.methods import get_method
 
 __all__ = ["run_fingerprint", "fingerprint_hash", "changed_settings", "latest_state", "matching_state", "save_state",
-           "discard_partial_outputs", "restore_log"]
+           "restore_log"]
 
 # Settings that change neither the arithmetic nor the data order of a run: a state saved under
 # other values of these is still the same run.
@@ -108,12 +108,6 @@ def save_state(accelerator, resume_dir: Path, step: int, log_path: Path, fingerp
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
-
-
-def discard_partial_outputs(out: Path) -> None:
-    """Before a fresh start: Σ_S files of an earlier attempt would be mistaken for this run's."""
-    for stale in out.glob("sigma_epoch*.pt"):
-        stale.unlink()
 
 
 def restore_log(log_path: Path, state: Path | None) -> None:

@@ -28,7 +28,12 @@ from istar.core.isotropy import CovarianceAccumulator
 from istar.core.regularizers import LayerSpec, resolve_layers
 from istar.config.specs import ShrinkageSpec, add_spec_arguments, spec_from_cli
 
-__all__ = ["accumulate_shrinkage", "merge_layers", "merge_across_processes", "save_shrinkage", "load_shrinkage", "load_layer_statistics", "compute_shrinkage_file"]
+__all__ = ["NonFiniteStatistics", "accumulate_shrinkage", "merge_layers", "merge_across_processes", "save_shrinkage", "load_shrinkage", "load_layer_statistics", "compute_shrinkage_file"]
+
+
+class NonFiniteStatistics(ValueError):
+    """The model's hidden states hold NaN or inf, so Σ_S would not be finite."""
+
 
 @torch.no_grad()
 def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int, accelerator=None,
@@ -54,7 +59,7 @@ def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int, accele
     Returns
     -------
     list of L + 1 CovarianceAccumulator, index = hidden state (0 = embeddings); identical
-    on every process.
+    on every process. Hidden states holding NaN or inf raise :class:`NonFiniteStatistics`.
     """
     processes = accelerator.num_processes if accelerator is not None else 1
     target = math.ceil(max_rows / processes)
@@ -67,8 +72,12 @@ def accumulate_shrinkage(model, loader, layers: LayerSpec, max_rows: int, accele
     autocast = accelerator.autocast if accelerator is not None else contextlib.nullcontext
     with tqdm(total=target, unit="rows", unit_scale=True, desc=description, disable=not show, leave=False) as bar:
         for batch in hidden_state_pass(model, loader, device=device, autocast=autocast):
-            for accumulator, hidden in zip(per_layer, batch.states):
-                accumulator.add(hidden, mask=batch.mask)
+            for index, (accumulator, hidden) in enumerate(zip(per_layer, batch.states)):
+                try:
+                    accumulator.add(hidden, mask=batch.mask)
+                except ValueError:
+                    raise NonFiniteStatistics(f"hidden state {index} of the model holds NaN or inf (a diverged or "
+                                              "damaged model, or fp16 overflow)") from None
             rows = sum(per_layer[i].count for i in selected)
             bar.update(min(rows, target) - bar.n)
             if rows >= target:
@@ -121,14 +130,24 @@ def save_shrinkage(path, per_layer: list[CovarianceAccumulator], layers: list[in
         "per_layer.m2": torch.stack([a.m2.cpu() for a in per_layer]),
     }
     provenance = {**provenance, "layers": list(layers), "rows": selection.count, "istar_version": __version__}
+    bad = _non_finite(tensors)
+    if bad is not None:
+        raise NonFiniteStatistics(f"Σ_S for {path} is not finite (NaN or inf in {bad}); nothing was written")
     artifacts.save_tensors(path, tensors, {"provenance": json.dumps(provenance, default=str)})
+
+
+def _non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The name of the first floating-point tensor holding NaN or ±inf, or None."""
+    return next((name for name, tensor in tensors.items()
+                 if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())), None)
 
 
 def load_layer_statistics(path) -> tuple[list[CovarianceAccumulator], dict]:
     """Every layer's accumulator (index = hidden state) and the provenance of a Σ_S file.
 
-    A damaged file (unreadable, or tensors that differ from the hash recorded at write time)
-    raises :class:`istar.io.artifacts.DamagedArtifactError` naming it and the rebuild command.
+    A damaged file (unreadable, tensors that differ from the hash recorded at write time, or
+    NaN / inf anywhere: :func:`save_shrinkage` never writes those) raises
+    :class:`istar.io.artifacts.DamagedArtifactError` naming it and the rebuild command.
     """
     path = Path(path)
     if not path.is_file():
@@ -138,6 +157,10 @@ def load_layer_statistics(path) -> tuple[list[CovarianceAccumulator], dict]:
     if "provenance" not in metadata or any(name not in tensors for name in needed):
         raise artifacts.DamagedArtifactError(path, "not a Σ_S file written by `istar shrinkage` (no per-layer "
                                                    "statistics or provenance)")
+    bad = _non_finite(tensors)
+    if bad is not None:
+        raise artifacts.DamagedArtifactError(path, f"it holds NaN or inf in {bad}, which `istar shrinkage` never "
+                                                   "writes")
     per_layer = [CovarianceAccumulator.from_state_dict({"count": int(c), "mean": m, "m2": m2})
                  for c, m, m2 in zip(tensors["per_layer.count"], tensors["per_layer.mean"], tensors["per_layer.m2"])]
     return per_layer, json.loads(metadata["provenance"])
@@ -192,7 +215,11 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
                                  put_on_device=True, even_batches=False)
     indices = resolve_layers(spec.layers, model.config.num_hidden_layers + 1)
     start = time.perf_counter()
-    per_layer = accumulate_shrinkage(model, loader, spec.layers, spec.rows, accelerator, description=f"Σ_S {task.key}")
+    try:
+        per_layer = accumulate_shrinkage(model, loader, spec.layers, spec.rows, accelerator,
+                                         description=f"Σ_S {task.key}")
+    except NonFiniteStatistics as error:
+        raise NonFiniteStatistics(f"Σ_S for {spec.out} is not finite: {error}; nothing was written") from None
     rows = merge_layers(per_layer, indices).count
     provenance = {
         "model": step.model_name, "model_path": step.model_path, "task": task.key, "split": "train",

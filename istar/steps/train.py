@@ -18,7 +18,8 @@ the data, Σ_S and the model it starts from) is unchanged. A state of a run whos
 changed is discarded with one line naming what changed, and the run starts afresh.
 Outputs appear atomically when the run is done:
 
-    OUT/metrics.json        per-epoch and final metrics (the last file written)
+    OUT/metrics.json        per-epoch and final metrics (the last file written; content hash and
+                            the model's, checked by every reader: istar.steps.run_folder)
     OUT/train_log.csv       step, loss, task_loss, penalty, isoscore_star, cosine_similarity, lr
     OUT/run_config.json     the resolved configuration, precision and environment
     OUT/model/              the final model and tokenizer (save_pretrained)
@@ -53,8 +54,9 @@ from istar.io import artifacts
 from istar.data.encoding import EpochShuffleSampler
 from istar.steps.evaluate import evaluate_model
 from istar.core.isotropy import isoscore_star_from_covariance
-from istar.steps.resume import (discard_partial_outputs, fingerprint_hash, latest_state, matching_state, restore_log,
-                     run_fingerprint, save_state)
+from istar.steps.resume import fingerprint_hash, latest_state, matching_state, restore_log, run_fingerprint, save_state
+from istar.steps.run_folder import clear_earlier_outputs, model_sha256
+from istar.registry.precisions import PRECISIONS
 from istar.core.regularizers import Penalty, resolve_layers
 from istar.registry.methods import get_method
 from istar.steps.shrinkage import accumulate_shrinkage, load_layer_statistics, load_shrinkage, merge_layers, save_shrinkage
@@ -98,13 +100,6 @@ def compute_penalty(spec: TrainSpec, hidden_states, attention_mask, sigma_s, dis
 
 
 # ------------------------------------------------------------------------------------- training
-
-
-def effective_precision(accelerator, requested: str) -> str:
-    """What actually runs: accelerate silently trains in fp32 when fp16 is asked for on a CPU."""
-    if requested == "fp16" and accelerator.device.type == "cpu":
-        return "fp32"
-    return {"no": "fp32"}.get(requested, requested)
 
 
 def build_optimizer(model, spec: TrainSpec) -> torch.optim.Optimizer:
@@ -180,9 +175,11 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
 
     from istar.steps.common import open_step
 
+    # The given Σ_S is read (hash, NaN / inf) before the model and data are loaded.
+    given_sigma = load_layer_statistics(spec.sigma_s) if get_method(spec.method).needs_sigma_s(spec.zeta) else None
     step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps)
     accelerator, task, model = step.accelerator, step.task, step.model
-    precision = effective_precision(accelerator, spec.mixed_precision)
+    precision = step.precision.label
     distributed = accelerator.num_processes > 1
     if accelerator.is_main_process:
         if restart:
@@ -193,10 +190,10 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
     layer_indices = resolve_layers(spec.penalty_layers, num_hidden)
     set_seed(spec.seed, device_specific=True)
 
-    pad_multiple = 8 if precision in ("fp16", "bf16") else None
-    eval_frame = step.frame("validation")
+    pad_multiple = 8 if step.precision.key != "no" else None
+    eval_columns = step.columns("validation")
     train_features = step.features("train")
-    eval_features = step.features("validation", frame=eval_frame, for_qa_eval=True)
+    eval_features = step.features("validation", columns=eval_columns, for_qa_eval=True)
     sampler = EpochShuffleSampler(len(train_features), spec.seed)
     train_loader = step.loader(train_features, spec.batch_size, sampler=sampler, pad_to_multiple_of=pad_multiple)
     eval_loader = step.loader(eval_features, spec.eval_batch_size, pad_to_multiple_of=pad_multiple)
@@ -220,14 +217,15 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
     if state is not None:
         accelerator.load_state(str(state))
         accelerator.print(f"resuming from {state} (epoch {progress.epoch + 1}, batch {progress.batches_in_epoch}, step {progress.step})")
-    elif accelerator.is_main_process:
-        discard_partial_outputs(out)
     if accelerator.is_main_process:
+        # A folder reused (another setting, or the same one trained again) must not keep the old
+        # metrics.json and model/ beside the new run's state.
+        clear_earlier_outputs(out, resuming=state is not None, print_fn=accelerator.print)
         restore_log(run.log_path, state)
 
     unwrapped = accelerator.unwrap_model(model)
-    if progress.sigma_s is None and get_method(spec.method).needs_sigma_s(spec.zeta):
-        per_layer, provenance = load_layer_statistics(spec.sigma_s)
+    if given_sigma is not None and progress.sigma_s is None:
+        per_layer, provenance = given_sigma
         progress.sigma_s, _ = load_shrinkage(spec.sigma_s, expected_layers=layer_indices, expected_dim=hidden_size)
         progress.sigma_epoch = 0
         if accelerator.is_main_process:
@@ -239,7 +237,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         progress.sigma_isoscore.append(_isoscore(sigma))
     sigma_device = progress.sigma_s.to(accelerator.device) if progress.sigma_s is not None else None
 
-    requested = {"no": "fp32"}.get(spec.mixed_precision, spec.mixed_precision)
+    requested = PRECISIONS[spec.mixed_precision].label
     accelerator.print(
         f"{spec.method} on {task.display} ({len(train_features):,} train features, {len(eval_features):,} eval) | "
         f"{accelerator.num_processes} process(es) on {accelerator.device.type} | precision {precision}"
@@ -282,7 +280,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
                 save_state(accelerator, resume_dir, progress.step, run.log_path, fingerprint)
         bar.close()
 
-        result = evaluate_model(model, eval_loader, task, accelerator, features=eval_features, frame=eval_frame)
+        result = evaluate_model(model, eval_loader, task, accelerator, features=eval_features, columns=eval_columns)
         progress.history.append({"epoch": epoch + 1, "step": progress.step, **result})
         accelerator.print(f"epoch {epoch + 1}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
         progress.epoch, progress.batches_in_epoch = epoch + 1, 0
@@ -393,6 +391,7 @@ def _finish(run: Run, model, progress: Progress, seconds: float) -> dict:
         artifacts.replace_directory(staging, out / "model")
         with artifacts.atomic_path(out / "train_log.csv") as tmp:
             shutil.copy2(run.log_path, tmp) if run.log_path.exists() else tmp.write_text(",".join(LOG_COLUMNS) + "\n")
+        report["model_sha256"] = model_sha256(out / "model")
         artifacts.write_json(out / "run_config.json", {
             **dataclasses.asdict(spec), "model_path": step.model_path, "task": task.key,
             "precision": {"requested": spec.mixed_precision, "effective": run.precision},
@@ -400,8 +399,9 @@ def _finish(run: Run, model, progress: Progress, seconds: float) -> dict:
             "total_optimizer_steps": run.total_steps, "train_seconds": round(seconds, 2),
             "model_source": step.model_name, "data_meta": meta, "fingerprint": fingerprint, "fingerprint_inputs": run.fingerprint,
             "istar_version": __version__, "torch_version": torch.__version__,
-        })
-        artifacts.write_json(out / "metrics.json", report)
+        }, digest=True)
+        # Last, as the completion mark; its hash and model_sha256 are checked by every reader (istar.steps.run_folder).
+        report = artifacts.write_json(out / "metrics.json", report, digest=True)
         shutil.rmtree(run.resume_dir, ignore_errors=True)
     accelerator.wait_for_everyone()
     accelerator.print(f"done: {task.metric} = {final.get(task.metric, float('nan')):.4f} -> {out}")

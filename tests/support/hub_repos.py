@@ -1,6 +1,6 @@
 """Hub repos for the tests, in the real repos' layout and schemas, built from the data mirror's rows.
 
-:func:`small_mirror` copies the first rows of every release file of the shared mirror into a
+:func:`small_mirror` copies the first rows of every release file of the test data (tests/data) into a
 small mirror (the release layout); :func:`dataset_repos` turns that small mirror into the files of
 the three hub dataset repos the loader uses, laid out and typed as on huggingface.co:
 
@@ -17,7 +17,7 @@ the three hub dataset repos the loader uses, laid out and typed as on huggingfac
 The hub rows are read from the raw release files here (csv, json), not through istar's readers,
 so the comparison checks istar's column and label mapping; only SST-5 trees are flattened with
 :func:`istar.data.readers.parse_tree` (the hub's text is the trees' leaves).
-Splits the shared mirror lacks are filled from its other rows: QNLI train from later dev rows,
+Splits the test data lacks are filled from its other rows: QNLI train from later dev rows,
 SQuAD train from later dev articles, QQP (absent) from MRPC's pairs in the QQP layout.
 
 :func:`tiny_model_files` makes a model repo's files: a tiny encoder of a given architecture
@@ -70,7 +70,7 @@ def _write_tsv(path: Path, header, rows) -> None:
 
 
 def small_mirror(mirror: Path, out: Path, rows: int = 12) -> Path:
-    """A mirror with ``rows`` rows per split of all nine tasks, cut from the shared ``mirror``."""
+    """A mirror with ``rows`` rows per split of all nine tasks, cut from the release files in ``mirror`` (the test data)."""
     glue = mirror / "glue"
     for task, folder in GLUE_FOLDERS.items():
         if task in ("qqp", "qnli"):

@@ -13,8 +13,8 @@ import torch
 import yaml
 from transformers import BertConfig, BertModel
 
-REPO = Path(__file__).resolve().parents[2]
-MIRROR = REPO.parent / "shared" / "data"
+from mirrors import REPO, TEST_DATA
+
 TEST_CONFIGS = REPO / ".test" / "config"
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -34,13 +34,13 @@ def save_tiny_model(path: Path) -> Path:
 def load_test_config(name: str, model_dir: Path | None = None) -> dict:
     """The workflow config ``.test/config/{name}.yaml`` with this machine's values filled in.
 
-    ``data.mirror`` (of a mirror source) becomes the absolute path of MIRROR. The models stay as
+    ``data.mirror`` (of a mirror source) becomes the absolute path of the test data (tests/data). The models stay as
     written (``./tiny-bert``: a folder in the Snakemake working directory, which
     :func:`save_tiny_model` writes) unless ``model_dir`` is given: then every model is that folder.
     """
     config = yaml.safe_load((TEST_CONFIGS / f"{name}.yaml").read_text(encoding="utf-8"))
     if config["data"].get("source") == "mirror":
-        config["data"]["mirror"] = str(MIRROR)
+        config["data"]["mirror"] = str(TEST_DATA)
     if model_dir is not None:
         config["models"] = {model: str(model_dir) for model in config["models"]}
     return config

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from istar.config.specs import MeasureSpec, ShrinkageSpec, TrainSpec
+from istar.io import artifacts
 from istar.report.aggregate import (DIMS_COLUMNS, LAYERS_COLUMNS, RUNS_COLUMNS, SELECTION_COLUMNS, aggregate,
                              parse_run_spec)
 from istar.steps.measure import measure_runs
@@ -84,7 +85,7 @@ def fake_run(template: Path, out: Path, seed: int, score: float, lam: float = -1
     metrics = json.loads((template / "metrics.json").read_text())
     metrics.update(seed=seed, lam=lam, zeta=zeta, task=task)
     metrics["final"]["accuracy"] = score
-    (out / "metrics.json").write_text(json.dumps(metrics))
+    artifacts.write_json(out / "metrics.json", metrics, digest=True)  # a new hash: readers check it
     return out
 
 

@@ -13,9 +13,9 @@ from istar.config.schema import ConfigError
 from istar.pipeline.validate import load_config, validate_config
 from istar.config.layout import Setting
 from istar.pipeline.plan import final_settings, search_settings, study_runs
+from mirrors import TEST_DATA
 
 REPO = Path(__file__).resolve().parents[2]
-MIRROR = REPO.parent / "shared" / "data"
 
 
 def demo():
@@ -49,6 +49,8 @@ BAD = [
     ("studies.twonn.models", ["bert"], "config key 'studies.twonn.models': 'bert' is not a configured model"),
     ("studies.single_layer.lam", "best", "config key 'studies.single_layer.lam'"),
     ("search.lambdas", [-1, 0], "config key 'search.lambdas': λ = 0 is the baseline"),
+    ("final.cosreg_lambda", 0, "config key 'final.cosreg_lambda': λ = 0 turns CosReg off"),
+    ("final.cosreg_lambda", 0.0, "config key 'final.cosreg_lambda': λ = 0 turns CosReg off"),
 ]
 
 
@@ -64,10 +66,8 @@ def test_data_checks_name_the_key(tmp_path):
     config["data"]["mirror"] = str(tmp_path / "nowhere")
     with pytest.raises(ConfigError, match=r"config key 'data.mirror': .*nowhere does not exist"):
         validate_config(config)
-    if not MIRROR.is_dir():
-        pytest.skip("no data mirror")
     config = with_change("tasks", ["rte", "qnli"])
-    config["data"]["mirror"] = str(MIRROR)
+    config["data"]["mirror"] = str(TEST_DATA)
     with pytest.raises(ConfigError, match=r"lacks .*QNLI/train.tsv for qnli.*allow_standin"):
         validate_config(config)
     config["data"]["allow_standin"] = True

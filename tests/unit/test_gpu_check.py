@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from bench.gpu_check import steps_taken
+from istar.registry.precisions import run_precision
 
 REPO = Path(__file__).resolve().parents[2]
-MIRROR = Path(__file__).resolve().parents[3] / "shared" / "data"
 ENV_KEYS = {"python", "torch", "cuda", "transformers", "accelerate", "istar", "device"}
 
 
@@ -66,7 +66,7 @@ def test_cpu_form_runs_every_section_and_writes_sane_json(tiny_model_dir, prepar
 
     launch = sections["launch"]
     assert launch["command"][1:6] == ["-m", "istar", "launch", "--gpus", "0"]
-    assert launch["precision"]["effective"] == launch["expected_precision"] == "fp32"
+    assert launch["precision"]["effective"] == launch["expected_precision"] == run_precision("fp16", "cpu").label
     assert launch["losses_finite"] and finite(launch["final_loss"]) and 0 <= launch["score"] <= 1
     assert launch["steps_taken"] == launch["optimizer_steps"] == launch["logged_steps"] == 3  # 24 examples / 8
     assert (tmp_path / "work" / "run" / "model" / "config.json").is_file()
@@ -99,13 +99,13 @@ GPU_STUDY_JOBS = {
 }
 
 
-@pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is not there")
 def test_gpu_study_config_dry_run(tmp_path):
+    from mirrors import TEST_DATA
     from workflow_helpers import planned_jobs, snakemake
 
     config = yaml.safe_load((REPO / "config" / "gpu-study.yaml").read_text())
     assert config["training"]["gpus"] == 1 and config["training"]["mixed_precision"] == "fp16"
-    config["data"].update(source="mirror", mirror=str(MIRROR))  # offline: the full mirror beside the repository
+    config["data"].update(source="mirror", mirror=str(TEST_DATA))  # offline: a dry run only asks that the files exist
     configfile = tmp_path / "gpu-study.yaml"
     configfile.write_text(yaml.safe_dump(config))
     result = snakemake(tmp_path, "-n", "--resources", "gpu=1", configfile=configfile)

@@ -6,13 +6,11 @@ import json
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from istar.data import read_split
-from workflow_helpers import MIRROR, load_test_config, save_tiny_model, snakemake, write_project
+from workflow_helpers import load_test_config, save_tiny_model, snakemake, write_project
 
 
-@pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is not there")
 def test_heldout_workflow_never_trains_the_search_on_its_scoring_rows(tmp_path):
     config = load_test_config("tiny")
     config["search"].update(selection_split="heldout", heldout_fraction=0.25, heldout_seed=1)

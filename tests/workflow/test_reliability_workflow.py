@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from workflow_helpers import ENV, MIRROR, REPO, SNAKEMAKE, load_test_config, planned_jobs, save_tiny_model, snakemake, \
+from workflow_helpers import ENV, REPO, SNAKEMAKE, load_test_config, planned_jobs, save_tiny_model, snakemake, \
     write_project
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is missing")]
+pytestmark = pytest.mark.slow
 
 ISTAR_RUN = "results/runs/tiny/rte/istar_lam{lam}_zeta0.2/seed0"
 

@@ -1,7 +1,8 @@
 """The cluster profile against a real SLURM: a single-node cluster from Debian's packages
 (slurm-wlm 22.05, munge; see /work/shared/docs/SLURM.md) started by the test, with two pretend
 GPUs. A tiny workflow with training.gpus: 1 goes through `--profile profiles/slurm`: training
-jobs ask SLURM for a GPU, run accelerate (fp16 asked, fp32 on this CPU-only torch) and give
+jobs ask SLURM for a GPU, run accelerate (fp16 asked; on this CPU-only torch bf16 where the processor
+has it natively, else fp32) and give
 the same results as a plain local CPU run of the same config.
 
 Nothing global is changed besides installing the packages when they are missing: the cluster's
@@ -24,10 +25,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from istar.registry.precisions import run_precision
 from services import Daemons, ensure_debian_packages, free_port, program
-from workflow_helpers import ENV, MIRROR, REPO, SNAKEMAKE, load_test_config, save_tiny_model, write_project
-
-pytestmark = pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is not there")
+from workflow_helpers import ENV, REPO, SNAKEMAKE, load_test_config, save_tiny_model, write_project
 
 PROGRAMS = ["slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "srun", "scancel", "munged"]
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
@@ -255,13 +255,13 @@ def test_tiny_workflow_through_slurm_matches_a_local_run(slurm, tmp_path):
         assert evaluations[0] == evaluations[1], name
     assert ((on_slurm / "results/selection/tiny/rte/best.json").read_text()
             == (local / "results/selection/tiny/rte/best.json").read_text())
-    # The cluster jobs took the GPU path (accelerate, fp16 asked for, fp32 on a CPU-only torch);
-    # the local run took the CPU path.
+    # The cluster jobs took the GPU path (accelerate), the local run the CPU path; both asked for
+    # fp16 and ran what this CPU-only torch runs for it (istar.registry.precisions).
+    on_cpu = {"requested": "fp16", "effective": run_precision("fp16", "cpu").label}
     for run_config in (on_slurm / "results").rglob("run_config.json"):
         cluster_precision = json.loads(run_config.read_text())["precision"]
         local_precision = json.loads((local / run_config.relative_to(on_slurm)).read_text())["precision"]
-        assert cluster_precision == {"requested": "fp16", "effective": "fp32"}, run_config
-        assert local_precision == {"requested": "no", "effective": "fp32"}, run_config
+        assert cluster_precision == local_precision == on_cpu, run_config
     print(f"SLURM run of {len(submitted)} cluster jobs (and the local run beside it): {seconds:.0f} s")
 
 

@@ -9,9 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from workflow_helpers import ENV, MIRROR, REPO, clean_clone, planned_jobs, save_tiny_model, snakemake, write_project
-
-pytestmark = pytest.mark.skipif(not MIRROR.is_dir(), reason=f"the data mirror {MIRROR} is not there")
+from workflow_helpers import ENV, REPO, clean_clone, planned_jobs, save_tiny_model, snakemake, write_project
 
 PAPER_JOBS = {
     "prepare_data": 9, "shrinkage": 27, "train_search": 648, "select": 27,

@@ -7,6 +7,7 @@ import json
 from snakemake.exceptions import WorkflowError
 
 from istar.report.aggregate import AGGREGATE_NAMES
+from istar.io.artifacts import read_json
 from istar.config.schema import STUDIES, ConfigError
 from istar.pipeline.validate import validate_config
 from istar.report.figures import PROFILE_FIGURES, PROFILES_CSV, enabled_figures
@@ -30,6 +31,7 @@ from istar.pipeline.plan import (
     holdout_spec,
     measure_spec,
     needs_sigma,
+    prepare_data_inputs,
     prepare_data_spec,
     profile_spec,
     profile_targets,
@@ -140,6 +142,10 @@ def prepare_data_spec_json(wildcards):
     ).to_json()
 
 
+def prepare_data_sources(wildcards):
+    return prepare_data_inputs(config, wildcards.task)
+
+
 def shrinkage_spec_json_of(data_pattern):
     def spec(wildcards, output):
         return shrinkage_spec(
@@ -221,8 +227,10 @@ def profile_spec_json(wildcards, output):
 
 def selection(model, task) -> Setting:
     """The I-STAR setting the search chose (waits for the `select` checkpoint)."""
-    with open(checkpoints.select.get(model=model, task=task).output[0]) as handle:
-        return selected_setting(json.load(handle), config)
+    # read_json checks the content hash `istar select` recorded: an edited choice is named
+    return selected_setting(
+        read_json(checkpoints.select.get(model=model, task=task).output[0]), config
+    )
 
 
 def num_layers(model, task) -> int:

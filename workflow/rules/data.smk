@@ -1,4 +1,7 @@
+# The mirror files are the inputs: a changed source file reruns the job (the hub: none).
 rule prepare_data:
+    input:
+        prepare_data_sources,
     output:
         train=f"{DATA}/train.parquet",
         validation=f"{DATA}/validation.parquet",

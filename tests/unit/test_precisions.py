@@ -1,0 +1,48 @@
+"""The precision policy (istar.registry.precisions): what runs where, and the processor's bf16 detection."""
+
+import platform
+from pathlib import Path
+
+import pytest
+
+from istar.steps.launch import launch_command
+from istar.registry.precisions import BF16_CPU_FLAGS, PRECISIONS, cpu_flags, cpu_has_native_bf16, run_precision
+
+
+@pytest.mark.parametrize("requested, native, device, expected", [
+    ("no", True, "cpu", "fp32"), ("no", False, "cpu", "fp32"),
+    ("fp16", True, "cpu", "bf16"), ("fp16", False, "cpu", "fp32"),
+    ("bf16", True, "cpu", "bf16"), ("bf16", False, "cpu", "fp32"),
+    ("fp16", False, "cuda", "fp16"), ("bf16", False, "cuda", "bf16"), ("no", True, "cuda", "fp32"),
+])
+def test_run_precision_policy(requested, native, device, expected):
+    ran = run_precision(requested, device, native_bf16=native)
+    assert ran.label == expected
+    assert ran is PRECISIONS[ran.key]  # the key goes to accelerate as it is
+
+
+def test_unknown_precision_is_named():
+    with pytest.raises(ValueError, match=r"one of no, fp16, bf16; got 'fp8'"):
+        run_precision("fp8", "cpu")
+
+
+def test_cpu_flags_read_x86_and_arm_formats(tmp_path):
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd sve bf16\nCPU implementer\t: 0x41\n")
+    assert cpu_flags(x86) == {"fpu", "sse", "avx512f", "avx512_bf16"}
+    assert cpu_flags(arm) & BF16_CPU_FLAGS == {"bf16"}
+    assert cpu_flags(tmp_path / "absent") == frozenset()
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="needs Linux's /proc/cpuinfo")
+def test_detection_agrees_with_the_processor_flags():
+    # torch's cpuinfo probe and the kernel's flags describe the same processor.
+    assert cpu_has_native_bf16() == bool(cpu_flags() & BF16_CPU_FLAGS), (platform.processor(), sorted(cpu_flags()))
+
+
+def test_cpu_launch_passes_the_request_on():
+    # The step decides what runs on its device; the launcher no longer forces fp32 on a CPU.
+    command = launch_command(0, "fp16", ["train", "--spec", "{}"])
+    assert command[-2:] == ["--mixed-precision", "fp16"]
