@@ -13,6 +13,7 @@ from workflow_helpers import load_test_config, save_tiny_model, snakemake, write
 
 def test_heldout_workflow_never_trains_the_search_on_its_scoring_rows(tmp_path):
     config = load_test_config("tiny")
+    config["data"]["subset"] = True  # tests/data holds a slice of each release
     config["search"].update(selection_split="heldout", heldout_fraction=0.25, heldout_seed=1)
     config["studies"] = {name: {"enabled": False} for name in config["studies"]}
     write_project(tmp_path, config)
