@@ -165,7 +165,7 @@ def test_selection_reads_the_protocol_from_the_runs_data(search, tmp_path):
         shutil.copytree(run, copy)
         config = json.loads((copy / "run_config.json").read_text())
         config["data_meta"] = {**config["data_meta"], "heldout": heldout}
-        (copy / "run_config.json").write_text(json.dumps(config))
+        artifacts.write_json(copy / "run_config.json", config, digest=True)  # a new hash: readers check it
         moved.append(copy)
     best = select_best(moved)
     assert (best["protocol"], best["heldout_fraction"], best["heldout_seed"], best["settings"]) == ("heldout", 0.25, 3, 3)
