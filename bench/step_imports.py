@@ -74,10 +74,10 @@ def main(argv=None) -> None:
     print(f"median of {args.repeats}, interleaved; load average {os.getloadavg()[0]:.1f} at the end\n")
     print("| tree | import | median (s) | minus torch (s) | loads |")
     print("| --- | --- | ---: | ---: | --- |")
-    for (tree, _), (module, _) in probes.items():
-        median = statistics.median(times[tree, _])
-        print(f"| {tree or '-'} | {module} | {median:.2f} | {median - torch_median:+.2f} | "
-              f"{', '.join(loaded[tree, _]) or '-'} |")
+    for key, (module, _env) in probes.items():
+        median = statistics.median(times[key])
+        print(f"| {key[0] or '-'} | {module} | {median:.2f} | {median - torch_median:+.2f} | "
+              f"{', '.join(loaded[key]) or '-'} |")
 
 
 if __name__ == "__main__":

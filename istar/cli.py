@@ -15,7 +15,8 @@
     istar stability      Fig. 2's simulation (IsoScore* of mini-batches vs batch size) as CSV
     istar figure         one of the paper's figures (PNG and PDF)
     istar profile        isotropy of a pretrained model: static embeddings and every layer, one revision
-    istar profile-aggregate   the profiles as one CSV (results/aggregate/profiles.csv)
+    istar profile-aggregate   the profiles as CSVs (results/aggregate/profiles.csv, profile_projections.csv)
+    istar profile-check  pythia-70m's I(W) against the four numbers Machina & Mercer publish (needs the hub)
 
 Run ``istar SUBCOMMAND --help`` for the options. Multi-process:
 ``accelerate launch --multi_gpu --num_processes 2 -m istar train …``.
@@ -47,7 +48,8 @@ SUBCOMMANDS = {
     "stability": ("istar.steps.stability", "simulate Fig. 2's data: IsoScore* of mini-batches vs batch size"),
     "figure": ("istar.report.figures", "draw one of the paper's figures from the aggregate CSVs"),
     "profile": ("istar.steps.profile", "isotropy of a pretrained model's static embeddings and every layer (one revision)"),
-    "profile-aggregate": ("istar.report.profile_aggregate", "collect isotropy profiles into one CSV"),
+    "profile-aggregate": ("istar.report.profile_aggregate", "collect isotropy profiles into CSVs"),
+    "profile-check": ("istar.steps.profile_check", "compare a model's I(W) with published numbers (default: pythia-70m)"),
 }
 
 

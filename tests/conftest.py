@@ -50,7 +50,7 @@ def prepared(tmp_path_factory):
         key = (task, train, evaluation)
         if key not in cache:
             out = tmp_path_factory.mktemp(f"data-{task}")
-            prepare_task(task, out, source="mirror", mirror=TEST_DATA, allow_standin=True,
+            prepare_task(task, out, source="mirror", mirror=TEST_DATA, subset=True, allow_standin=True,
                          max_train_samples=train, max_eval_samples=evaluation, seed=0)
             cache[key] = out
         return cache[key]

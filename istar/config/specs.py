@@ -294,6 +294,9 @@ class ProfileSpec(Spec):
     batch_size: int = config_field("profile.batch_size", positive=True)
     max_length: int = config_field("profile.max_length", positive=True)
     dtype: str = config_field("profile.dtype", choices=PROFILE_DTYPES)
+    twonn_tokens: int = config_field("profile.twonn_tokens")
+    twonn_discard: float = config_field("analysis.twonn_discard")
+    projection_rows: int = config_field("profile.projection_rows", positive=True)
     device: str = option("auto", help="auto (cuda if available), cpu, cuda or cuda:N")
     seed: int = option(0, help="seed of the document order")
 
@@ -306,6 +309,10 @@ class ProfileSpec(Spec):
             raise SpecError(f"sigma_tokens must be 0 (no IsoScore*) or at least 2; got {self.sigma_tokens}")
         if not 0.0 <= self.zeta <= 1.0:
             raise SpecError(f"zeta must lie in [0, 1]; got {self.zeta}")
+        if self.twonn_tokens in (1, 2) or self.twonn_tokens < 0:
+            raise SpecError(f"twonn_tokens must be 0 (no TwoNN) or at least 3; got {self.twonn_tokens}")
+        if not 0.0 <= self.twonn_discard < 1.0:
+            raise SpecError(f"twonn_discard must lie in [0, 1); got {self.twonn_discard}")
         if self.dtype not in PROFILE_DTYPES:
             raise SpecError(f"dtype must be one of {', '.join(PROFILE_DTYPES)}; got {self.dtype!r}")
 

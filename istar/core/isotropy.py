@@ -38,6 +38,8 @@ __all__ = [
     "shrink_covariance",
     "CovarianceAccumulator",
     "average_cosine_similarity",
+    "partition_isotropy_one_sign",
+    "FP32_EXP_LIMIT",
     "partition_isotropy",
 ]
 
@@ -427,3 +429,41 @@ def partition_isotropy(X) -> float:
     projections = X @ eigenvectors  # (n, d): cᵀx for every point and eigenvector
     log_z = torch.cat([torch.logsumexp(projections, dim=0), torch.logsumexp(-projections, dim=0)])
     return float(torch.exp(log_z.min() - log_z.max()))
+
+
+FP32_EXP_LIMIT = math.log(torch.finfo(torch.float32).max)
+"""≈ 88.72: the largest exponent whose plain ``exp`` is finite in float32 (above it, inf)."""
+
+
+def partition_isotropy_one_sign(X, eigenvectors) -> tuple[float, float]:
+    """Partition isotropy with **one sign per eigenvector**, as a solver returned them.
+
+    I₁(X) = min_j Z(c_j) / max_j Z(c_j), Z(c) = Σ_x exp(cᵀx), over the d given columns c_j
+    only (not their negatives): the recipe of Machina & Mercer's public code (NAACL 2024),
+    which takes ``eigh(XᵀX)``'s columns as returned. Flipping the sign of one column can change
+    I₁ (Z(−c) ≠ Z(c)); :func:`partition_isotropy` takes ±c and cannot, and is ≤ I₁.
+
+    The ratio is computed from log Z(c) = logsumexp_x cᵀx in float64, so it is finite where
+    a plain exp would overflow: ``max_exponent`` = max over x and j of c_jᵀx says whether it
+    would (a float32 exp overflows above :data:`FP32_EXP_LIMIT`).
+
+    Parameters
+    ----------
+    X : array (n, d), n ≥ 1, the rows the sums run over (every row, none dropped).
+    eigenvectors : array (d, d), the directions c_j as columns (any signs).
+
+    Returns
+    -------
+    (I₁ in (0, 1], max_exponent).
+    """
+    X = torch.as_tensor(X).to(torch.float64)
+    C = torch.as_tensor(eigenvectors).to(device=X.device, dtype=torch.float64)
+    if X.ndim != 2 or X.shape[0] < 1:
+        raise ValueError(f"X must have shape (n, d); got {tuple(X.shape)}")
+    if C.ndim != 2 or C.shape[0] != X.shape[1]:
+        raise ValueError(f"eigenvectors must have shape (d, k) with d = {X.shape[1]}; got {tuple(C.shape)}")
+    if not torch.isfinite(X).all():
+        raise ValueError("X contains NaN or inf")
+    projections = X @ C  # (n, k): cᵀx for every row and direction
+    log_z = torch.logsumexp(projections, dim=0)
+    return float(torch.exp(log_z.min() - log_z.max())), float(projections.max())

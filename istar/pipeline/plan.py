@@ -244,5 +244,7 @@ def profile_spec(config: dict, *, model: str, revision: str, text: str, out: str
                        text=text, out=out, split=profile["split"], tokens=profile["tokens"],
                        sigma_tokens=profile["sigma_tokens"], zeta=profile["zeta"], batch_size=profile["batch_size"],
                        max_length=profile["max_length"], dtype=profile["dtype"],
+                       twonn_tokens=profile["twonn_tokens"], twonn_discard=config["analysis"]["twonn_discard"],
+                       projection_rows=profile["projection_rows"],
                        # a job granted no GPU stays on the CPU even on a machine that has one
                        device="auto" if profile["gpus"] else "cpu")

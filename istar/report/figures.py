@@ -18,7 +18,7 @@ from pathlib import Path
 from istar.config.schema import default_of
 
 __all__ = ["FigureSpec", "FIGURES", "FIGURE_NAMES", "STUDY_FIGURES", "PROFILE_FIGURES", "STABILITY_CSV",
-           "PROFILES_CSV", "get_figure", "enabled_figures",
+           "PROFILES_CSV", "PROJECTIONS_CSV", "get_figure", "enabled_figures",
            "figure_csv", "draw"]
 
 STABILITY_CSV = "fig2_stability"
@@ -26,6 +26,9 @@ STABILITY_CSV = "fig2_stability"
 
 PROFILES_CSV = "profiles"
 """Stem of the CSV of the isotropy profiles (``istar profile-aggregate``) in the aggregate folder."""
+
+PROJECTIONS_CSV = "profile_projections"
+"""Stem of the CSV of the embedding matrices' 2-D projections (``istar profile-aggregate``), beside it."""
 
 
 ANALYSIS_ZETA = default_of("analysis.zeta")
@@ -88,14 +91,21 @@ FIGURES: dict[str, FigureSpec] = {
                    "IsoScore, IsoScore* and average cosine similarity of every hidden state of the pretrained "
                    "models, against relative depth.", module="istar.report.profile_plots"),
         FigureSpec("profile_steps", "profile", PROFILES_CSV, "istar profile-aggregate",
-                   "Input-embedding I(W) and last-layer IsoScore and IsoScore* across training checkpoints.",
-                   module="istar.report.profile_plots"),
+                   "The headline measures (I(W) of both embedding matrices as the NAACL paper computes it, raw "
+                   "and centred; last-layer IsoScore, IsoScore*, average cosine, TwoNN and effective rank) "
+                   "against training step, model size as colour.", module="istar.report.profile_plots"),
         FigureSpec("profile_sizes", "profile", PROFILES_CSV, "istar profile-aggregate",
                    "Input-embedding I(W) and last-layer IsoScore and IsoScore* against model size.",
                    module="istar.report.profile_plots"),
         FigureSpec("profile_final_norm", "profile", PROFILES_CSV, "istar profile-aggregate",
                    "IsoScore and IsoScore* of the last block's output before and after the final norm.",
                    module="istar.report.profile_plots"),
+        FigureSpec("profile_gallery", "profile", PROJECTIONS_CSV, "istar profile-aggregate",
+                   "2-D SVD projections of the input and output embedding matrices, raw and centred, one row "
+                   "per model at its latest revision.", module="istar.report.profile_plots"),
+        FigureSpec("profile_gallery_steps", "profile", PROJECTIONS_CSV, "istar profile-aggregate",
+                   "2-D SVD projections of the embedding matrices at every training checkpoint, one column "
+                   "per checkpoint.", module="istar.report.profile_plots"),
     )
 }
 
@@ -144,7 +154,7 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("which", choices=FIGURE_NAMES, help="the figure to draw")
     parser.add_argument("--aggregate-dir", type=Path, default=Path("results/aggregate"),
                         help="folder of the CSVs the figures read: runs.csv, layers.csv, dims.csv, "
-                        f"{STABILITY_CSV}.csv and {PROFILES_CSV}.csv (default: %(default)s)")
+                        f"{STABILITY_CSV}.csv, {PROFILES_CSV}.csv and {PROJECTIONS_CSV}.csv (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None,
                         help="PNG path; the PDF goes next to it (default: results/figures/WHICH.png)")
     parser.add_argument("--analysis-zeta", type=float, default=ANALYSIS_ZETA,

@@ -6,8 +6,12 @@ the same questions of Pythia checkpoints; IsoScore is docs/method.md §1, IsoSco
 static embeddings — the input matrix W_in (V, d) and, where it is not tied to it, the
 output matrix W_out (V, d), each raw and mean-centred:
     IsoScore (a covariance measure, so centring does not change it: reported once),
-    the partition isotropy I(W) of Mu et al. (both signs of each eigenvector, see
-    :func:`istar.core.isotropy.partition_isotropy`), the average cosine similarity of all pairs;
+    the partition isotropy I(W) of Mu et al. twice — over both signs of each eigenvector
+    (``partition_isotropy_both_signs``, :func:`istar.core.isotropy.partition_isotropy`) and with
+    the one sign the solver returns, as Machina & Mercer's code computes it
+    (``partition_isotropy_solver_signs``, :func:`solver_eigenvectors`) —, the average cosine
+    similarity of all pairs; and a 2-D projection of a seeded sample of rows onto the top two
+    right singular vectors (the projection galleries);
 
 contextual representations — the non-padding tokens of a text sample, every hidden state
 l = 0 (embeddings) … L, and for models with a final norm the last layer *before* it
@@ -16,10 +20,13 @@ l = 0 (embeddings) … L, and for models with a final norm the last layer *befor
     the sample, the average cosine similarity, the share of the total variance in the
     top-1 and top-10 coordinates and in the first principal component, the number of
     outlier coordinates (variance > OUTLIER_FACTOR × the mean coordinate variance), the
-    mean norm; and the spread of the final norm's gain vector.
+    mean norm, the effective rank of the covariance spectrum and the TwoNN intrinsic
+    dimension of the first ``twonn_tokens`` measured tokens; and the spread of the final
+    norm's gain vector.
 
-Memory is O(L·d²): each hidden state is folded into its own streaming accumulators batch
-by batch (:class:`~istar.core.isotropy.CovarianceAccumulator`), no activations are kept. The
+Memory is O(L·d² + L·twonn_tokens·d): each hidden state is folded into its own streaming
+accumulators batch by batch (:class:`~istar.core.isotropy.CovarianceAccumulator`); only the TwoNN
+sample of token vectors is kept (float32). The
 result, with its provenance (source, revision, resolved commit, tokens, layers, cost),
 is one JSON file. Loading is in :mod:`istar.models.pretrained`.
 """
@@ -36,13 +43,15 @@ import torch
 
 from istar import __version__
 from istar.io import artifacts
-from istar.core.isotropy import (CovarianceAccumulator, average_cosine_similarity, isoscore_from_eigenvalues,
-                       isoscore_star_from_covariance, partition_isotropy)
+from istar.core.isotropy import (FP32_EXP_LIMIT, CovarianceAccumulator, average_cosine_similarity,
+                                 isoscore_from_eigenvalues, isoscore_star_from_covariance, partition_isotropy,
+                                 partition_isotropy_one_sign)
+from istar.core.twonn import twonn_dimension
 from istar.models.hidden_states import hidden_state_pass
 from istar.config.specs import ProfileSpec, add_spec_arguments, spec_from_cli
 
-__all__ = ["OUTLIER_FACTOR", "static_measures", "layer_measures", "read_texts", "profile_model",
-           "run_profile"]
+__all__ = ["OUTLIER_FACTOR", "solver_eigenvectors", "effective_rank", "static_measures", "projection",
+           "layer_measures", "read_texts", "profile_model", "run_profile"]
 
 OUTLIER_FACTOR = 5.0
 """A coordinate is an outlier dimension when its variance exceeds this multiple of the mean coordinate variance."""
@@ -68,13 +77,50 @@ def _variance_shares(cov: torch.Tensor, eigenvalues: torch.Tensor) -> dict:
     }
 
 
-def static_measures(W: torch.Tensor, chunk: int = 8192) -> dict:
-    """Isotropy of an embedding matrix W (V, d), rows = vocabulary entries.
+def effective_rank(eigenvalues: torch.Tensor) -> float:
+    """Effective rank exp(H(p)) of a spectrum λ (d,) ≥ 0, p = λ / Σλ, H the Shannon entropy (nats).
 
-    Returns ``isoscore`` (of the rows' covariance, the same raw or centred),
-    ``partition_isotropy`` and ``average_cosine`` raw, the same two with suffix ``_centred``
-    after subtracting the mean row, ``mean_norm``, ``zero_rows`` (all-zero rows, left out of
-    the cosine measures), plus the variance shares of :func:`layer_measures`. Float64 throughout; the covariance is streamed in chunks.
+    Roy & Vetterli (2007): 1 when one direction holds all the variance, d when all hold the
+    same share. (The participation ratio (Σλ)² / Σλ² is not reported: it is 1 + (d − 1) ×
+    IsoScore*(ζ = 0), already in the profile.)
+    """
+    p = eigenvalues.to(torch.float64) / eigenvalues.sum()
+    p = p[p > 0]
+    return float(torch.exp(-(p * torch.log(p)).sum()))
+
+
+def solver_eigenvectors(W: torch.Tensor) -> torch.Tensor:
+    """Eigenvectors (d, d), as columns, of WᵀW the way Machina & Mercer's script obtains them.
+
+    Their code multiplies the float32 weights on the CPU (``torch.mm(Wᵀ, W)``) and takes
+    ``torch.linalg.eigh``'s columns with the signs it returns. Which sign comes back is a
+    property of the solver, its precision and its device, not of W, so it is reproduced
+    here as they ran it (float32, CPU); the result is float64 for the sums that follow.
+    """
+    W32 = W.detach().to("cpu", torch.float32)
+    return torch.linalg.eigh(W32.T @ W32).eigenvectors.to(torch.float64)
+
+
+def _partition_measures(W: torch.Tensor, suffix: str) -> dict:
+    """Both I(W) definitions of W (V, d) float64, and the largest exponent of the one-sign recipe."""
+    solver, max_exponent = partition_isotropy_one_sign(W, solver_eigenvectors(W).to(W.device))
+    return {f"partition_isotropy_both_signs{suffix}": partition_isotropy(W),
+            f"partition_isotropy_solver_signs{suffix}": solver,
+            f"solver_signs_max_exponent{suffix}": max_exponent,
+            f"solver_signs_fp32_overflow{suffix}": max_exponent > FP32_EXP_LIMIT}
+
+
+def static_measures(W: torch.Tensor, chunk: int = 8192) -> dict:
+    """Isotropy of an embedding matrix W (V, d), rows = vocabulary entries (every row, padding included).
+
+    Returns ``isoscore`` (of the rows' covariance, the same raw or centred); raw, and with
+    suffix ``_centred`` after subtracting the mean row: ``partition_isotropy_both_signs``
+    (min/max over ±c), ``partition_isotropy_solver_signs`` (the NAACL paper's recipe, one sign
+    per eigenvector as returned), ``solver_signs_max_exponent`` (max cᵀw of that recipe) and
+    ``solver_signs_fp32_overflow`` (whether a plain float32 exp of it is inf, as in the
+    authors' code), ``average_cosine``; ``mean_norm``, ``zero_rows`` (all-zero rows, left out
+    of the cosine measures), plus the variance shares of :func:`layer_measures`. Float64
+    throughout; the covariance is streamed in chunks.
     """
     W = W.detach().to(torch.float64)
     # Rows of zeros (a padding embedding initialised to zero, unused tokens) have no direction:
@@ -89,8 +135,8 @@ def static_measures(W: torch.Tensor, chunk: int = 8192) -> dict:
     return {
         "rows": int(W.shape[0]), "dim": int(W.shape[1]),
         "isoscore": isoscore_from_eigenvalues(eigenvalues),
-        "partition_isotropy": partition_isotropy(W),
-        "partition_isotropy_centred": partition_isotropy(centred),
+        **_partition_measures(W, ""),
+        **_partition_measures(centred, "_centred"),
         "average_cosine": average_cosine_similarity(W[nonzero]),
         "average_cosine_centred": average_cosine_similarity(centred[torch.linalg.vector_norm(centred, dim=1) > 0]),
         "zero_rows": int((~nonzero).sum()),
@@ -99,30 +145,77 @@ def static_measures(W: torch.Tensor, chunk: int = 8192) -> dict:
     }
 
 
-class LayerStats:
-    """Streaming statistics of one hidden state: covariance, Σ x/‖x‖ and Σ ‖x‖ (O(d²) memory)."""
+def projection(W: torch.Tensor, rows: torch.Tensor) -> dict:
+    """2-D SVD projection of W (V, d) float64: the ``rows`` (k,) onto its top two right singular vectors.
 
-    def __init__(self, dim: int, device):
+    Raw: the singular vectors of W (eigenvectors of WᵀW), so a common offset of the rows
+    shows as a cloud away from the origin; centred: those of W − mean, coordinates of the
+    centred rows. A singular vector's sign is arbitrary: each axis is oriented so that the
+    sum of the cubed coordinates of all V rows is ≥ 0 (the mean is 0 after centring, so it
+    cannot orient those axes; with an offset the cubes follow it). Returns ``{"raw": {"x", "y"}, "centred": {...}}``
+    (lists of k floats, 5 significant digits).
+    """
+    result = {}
+    for name, matrix in (("raw", W), ("centred", W - W.mean(dim=0))):
+        axes = torch.linalg.eigh(matrix.T @ matrix).eigenvectors[:, [-1, -2]]  # (d, 2), largest first
+        axes = axes * torch.where(((matrix @ axes) ** 3).sum(dim=0) < 0, -1.0, 1.0)
+        coordinates = (matrix[rows] @ axes).cpu()
+        result[name] = {axis: [float(f"{v:.5g}") for v in coordinates[:, i].tolist()]
+                        for i, axis in enumerate("xy")}
+    return result
+
+
+def _projection_sample(vocabulary: int, size: int, seed: int) -> torch.Tensor:
+    """A seeded sample of ``size`` row indices (all rows if the vocabulary is smaller), ascending."""
+    if size >= vocabulary:
+        return torch.arange(vocabulary)
+    return torch.randperm(vocabulary, generator=torch.Generator().manual_seed(seed))[:size].sort().values
+
+
+class LayerStats:
+    """Streaming statistics of one hidden state: covariance, Σ x/‖x‖ and Σ ‖x‖ (O(d²) memory),
+    and the first ``keep`` token vectors as they came (float32, on the CPU) for TwoNN."""
+
+    def __init__(self, dim: int, device, keep: int):
         self.covariance = CovarianceAccumulator(dim, device=device)
         self.unit_sum = torch.zeros(dim, dtype=torch.float64, device=device)
         self.norm_sum = 0.0
+        self.keep = keep
+        self.sample: list[torch.Tensor] = []
+        self.kept = 0
 
     @torch.no_grad()
     def add(self, rows: torch.Tensor) -> None:
         """Fold in token vectors (k, d) (padding already removed)."""
         self.covariance.add(rows)
+        if self.kept < self.keep:
+            taken = rows[:self.keep - self.kept].detach().to("cpu", torch.float32)
+            self.sample.append(taken)
+            self.kept += len(taken)
         rows = rows.to(torch.float64)
         norms = torch.linalg.vector_norm(rows, dim=1)
         self.unit_sum += (rows / norms.clamp_min(1e-300)[:, None]).sum(dim=0)
         self.norm_sum += float(norms.sum())
 
 
-def layer_measures(stats: LayerStats, sigma_s: torch.Tensor | None, zeta: float) -> dict:
+def _twonn(stats: LayerStats, discard: float) -> float | None:
+    """TwoNN of the kept token vectors; None when it is undefined (fewer than 3 distinct vectors…)."""
+    if not stats.sample:
+        return None
+    try:
+        return twonn_dimension(torch.cat(stats.sample), discard_fraction=discard)
+    except ValueError:
+        return None
+
+
+def layer_measures(stats: LayerStats, sigma_s: torch.Tensor | None, zeta: float, twonn_discard: float) -> dict:
     """The contextual measures of one hidden state from its statistics.
 
     ``isoscore_star`` is IsoScore*(Σ_X, ζ, Σ_S) (docs/method.md §2) with Σ_S from the
     disjoint sample (None: not computed). ``average_cosine`` is exact over all pairs of
-    the N tokens: (‖Σ x̂‖² − N) / (N(N − 1)).
+    the N tokens: (‖Σ x̂‖² − N) / (N(N − 1)). ``effective_rank`` is that of the covariance
+    spectrum (:func:`effective_rank`); ``twonn`` the TwoNN intrinsic dimension (docs/method.md
+    §5) of the first ``twonn_tokens`` measured token vectors (None when undefined or twonn_tokens is 0).
     """
     n = stats.covariance.count
     cov = stats.covariance.covariance()
@@ -133,6 +226,9 @@ def layer_measures(stats: LayerStats, sigma_s: torch.Tensor | None, zeta: float)
         "isoscore_star": float(isoscore_star_from_covariance(cov, zeta, sigma_s)) if sigma_s is not None else None,
         "average_cosine": float((stats.unit_sum @ stats.unit_sum - n) / (n * (n - 1))),
         "mean_norm": stats.norm_sum / n,
+        "effective_rank": effective_rank(eigenvalues),
+        "twonn": _twonn(stats, twonn_discard),
+        "twonn_tokens": stats.kept,
         **_variance_shares(cov, eigenvalues),
     }
     return result
@@ -219,7 +315,7 @@ def collect(loaded, texts: list[str], spec: ProfileSpec) -> tuple[list[LayerStat
             states, mask = batch.states, batch.mask
             if not measured:
                 dim = states[0].shape[-1]
-                measured = [LayerStats(dim, device) for _ in states]
+                measured = [LayerStats(dim, device, spec.twonn_tokens) for _ in states]
                 sigma = [CovarianceAccumulator(dim, device=device) for _ in states]
             to_sigma = _budget_mask(mask, need["sigma"])
             to_measure = _budget_mask(mask & ~to_sigma, need["measured"])
@@ -252,16 +348,22 @@ def profile_model(spec: ProfileSpec) -> dict:
         torch.cuda.reset_peak_memory_stats()
     loaded = load_for_profile(spec)
     texts = read_texts(spec.text, spec.split)
-    static = {"input": static_measures(loaded.input_embeddings)}
+    matrices = {"input": loaded.input_embeddings}
     if loaded.output_embeddings is not None:
-        static["output"] = static_measures(loaded.output_embeddings)
+        matrices["output"] = loaded.output_embeddings
+    static, projections = {}, {}
+    for which, W in matrices.items():
+        static[which] = static_measures(W)
+        rows = _projection_sample(W.shape[0], spec.projection_rows, spec.seed)
+        projections[which] = {"rows": int(W.shape[0]), "sampled_rows": len(rows), "seed": spec.seed,
+                              **projection(W.detach().to(torch.float64), rows.to(W.device))}
     measured, sigma, cost = collect(loaded, texts, spec)
     num_states = loaded.num_layers + 1
     layers = []
     for index, (stats, accumulator) in enumerate(zip(measured, sigma)):
         sigma_s = accumulator.covariance() if accumulator.count >= 2 else None
         name = "pre_final_norm" if index == num_states else index
-        layers.append({"layer": name, **layer_measures(stats, sigma_s, spec.zeta)})
+        layers.append({"layer": name, **layer_measures(stats, sigma_s, spec.zeta, spec.twonn_discard)})
     tokens = measured[0].covariance.count
     # every token the pass read: the measured ones and those of Σ_S
     read = tokens + (sigma[0].count if sigma else 0)
@@ -277,6 +379,7 @@ def profile_model(spec: ProfileSpec) -> dict:
                        "istar_version": __version__, "torch_version": torch.__version__},
         "cost": cost,
         "static": static,
+        "projections": projections,
         "layers": layers,
         "final_norm_gain": gain_spread(loaded.final_norm.weight) if loaded.final_norm is not None
         and getattr(loaded.final_norm, "weight", None) is not None else None,

@@ -51,8 +51,9 @@ BOTH = [pytest.param(TEST_DATA, SLICE_ROWS, id="test-data"),
 
 @lru_cache(maxsize=None)
 def _mirror_load(task, allow_standin=False, seed=0, mirror=TEST_DATA):
+    # the test data holds a subset of each release on purpose; the full releases are checked against the official counts
     return load_task(task, source="mirror", mirror=mirror, allow_standin=allow_standin,
-                     seed=seed)
+                     seed=seed, subset=mirror == TEST_DATA)
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +229,7 @@ def test_a_skipped_test_fails_the_run_and_the_last_lines_say_why(tmp_path):
                                            ("squad", "squad/train-v1.1.json")])
 def test_missing_train_split_names_file_and_options(task, missing):
     with pytest.raises(MissingSplitError) as info:
-        load_task(task, source="mirror", mirror=TEST_DATA)
+        load_task(task, source="mirror", mirror=TEST_DATA, subset=True)
     message = str(info.value)
     assert isinstance(info.value, ValueError)
     assert str(TEST_DATA.resolve() / missing) in message
@@ -238,7 +239,7 @@ def test_missing_train_split_names_file_and_options(task, missing):
 
 def test_qqp_missing_both_splits_is_an_error_even_with_standin():
     with pytest.raises(MissingSplitError, match="none is possible") as info:
-        load_task("qqp", source="mirror", mirror=TEST_DATA, allow_standin=True)
+        load_task("qqp", source="mirror", mirror=TEST_DATA, subset=True, allow_standin=True)
     for name in ("glue/QQP/train.tsv", "glue/QQP/dev.tsv"):
         assert str(TEST_DATA.resolve() / name) in str(info.value)
 
@@ -255,7 +256,7 @@ def test_qnli_standin_is_deterministic_and_disjoint(mirror_load):
     assert provenance["standin"] is True
     assert "glue/QNLI/train.tsv" in provenance["standin_note"]
     assert "glue/QNLI/dev.tsv" in provenance["standin_note"]
-    again, _ = load_task("qnli", source="mirror", mirror=TEST_DATA, allow_standin=True)
+    again, _ = load_task("qnli", source="mirror", mirror=TEST_DATA, subset=True, allow_standin=True)
     pd.testing.assert_frame_equal(again["validation"], validation)
     other = mirror_load("qnli", allow_standin=True, seed=1)[0]["validation"]
     assert set(other["idx"]) != set(validation["idx"])
@@ -278,7 +279,7 @@ def test_squad_standin_splits_by_title(mirror_load):
 
 
 def test_prepare_task_flags_standin_in_meta(tmp_path):
-    meta = prepare_task("qnli", tmp_path / "qnli", source="mirror", mirror=TEST_DATA,
+    meta = prepare_task("qnli", tmp_path / "qnli", source="mirror", mirror=TEST_DATA, subset=True,
                         allow_standin=True, max_train_samples=100)
     on_disk = read_meta(tmp_path / "qnli")
     assert on_disk == meta
@@ -393,7 +394,7 @@ def test_malformed_sst5_tree_and_squad_answer(tiny_mirror):
 
 
 def test_subsampling_is_seeded_capped_and_keeps_order(tmp_path):
-    kwargs = dict(source="mirror", mirror=TEST_DATA, max_train_samples=50, max_eval_samples=30)
+    kwargs = dict(source="mirror", mirror=TEST_DATA, subset=True, max_train_samples=50, max_eval_samples=30)
     first = prepare_task("rte", tmp_path / "a", seed=3, **kwargs)
     prepare_task("rte", tmp_path / "b", seed=3, **kwargs)
     prepare_task("rte", tmp_path / "c", seed=4, **kwargs)
@@ -405,21 +406,21 @@ def test_subsampling_is_seeded_capped_and_keeps_order(tmp_path):
     assert first["rows"] == {"train": 50, "validation": 30}
     assert first["rows_before_subsampling"] == {"train": 500, "validation": 100}
     assert first["max_train_samples"] == 50 and first["seed"] == 3
-    full = prepare_task("rte", tmp_path / "d", source="mirror", mirror=TEST_DATA,
+    full = prepare_task("rte", tmp_path / "d", source="mirror", mirror=TEST_DATA, subset=True,
                         max_eval_samples=10_000)
     assert full["rows"] == {"train": 500, "validation": 100}
     with pytest.raises(ValueError, match="max_train_samples must be an integer >= 1"):
-        prepare_task("rte", tmp_path / "e", source="mirror", mirror=TEST_DATA, max_train_samples=0)
+        prepare_task("rte", tmp_path / "e", source="mirror", mirror=TEST_DATA, subset=True, max_train_samples=0)
 
 
 def test_prepare_task_writes_three_files_read_back_equal(mirror_load, tmp_path):
     out = tmp_path / "stsb"
-    meta = prepare_task("stsb", out, source="mirror", mirror=TEST_DATA)
+    meta = prepare_task("stsb", out, source="mirror", mirror=TEST_DATA, subset=True)
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.parquet",
                                                      "validation.parquet"]
     for split, frame in mirror_load("stsb")[0].items():
         pd.testing.assert_frame_equal(read_split(out, split), frame)
-    cola = prepare_task("cola", tmp_path / "cola", source="mirror", mirror=TEST_DATA)
+    cola = prepare_task("cola", tmp_path / "cola", source="mirror", mirror=TEST_DATA, subset=True)
     assert cola["labels"]["validation"]["counts"] == {"0": 29, "1": 71}
     for split, frame in mirror_load("cola")[0].items():  # text_b: all null, still str
         pd.testing.assert_frame_equal(read_split(tmp_path / "cola", split), frame)
@@ -510,7 +511,7 @@ def test_module_cli_runs_as_a_subprocess(tmp_path):
     out = tmp_path / "rte"
     result = subprocess.run(
         [sys.executable, "-m", "istar", "prepare-data", "--task", "rte", "--out", str(out),
-         "--mirror", str(TEST_DATA), "--max-train-samples", "50"],
+         "--mirror", str(TEST_DATA), "--subset", "--max-train-samples", "50"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )

@@ -105,7 +105,7 @@ def test_gpu_study_config_dry_run(tmp_path):
 
     config = yaml.safe_load((REPO / "config" / "gpu-study.yaml").read_text())
     assert config["training"]["gpus"] == 1 and config["training"]["mixed_precision"] == "fp16"
-    config["data"].update(source="mirror", mirror=str(TEST_DATA))  # offline: a dry run only asks that the files exist
+    config["data"].update(source="mirror", mirror=str(TEST_DATA), subset=True)  # offline: a dry run only asks that the files exist
     configfile = tmp_path / "gpu-study.yaml"
     configfile.write_text(yaml.safe_dump(config))
     result = snakemake(tmp_path, "-n", "--resources", "gpu=1", configfile=configfile)

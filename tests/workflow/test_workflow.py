@@ -42,7 +42,7 @@ def test_anisotropy_config_dry_run_plans_the_model_by_checkpoint_grid(tmp_path):
     result = snakemake(tmp_path, "-n", "profiles", configfile=REPO / "config" / "anisotropy.yaml", env=online)
     assert result.returncode == 0, result.stderr[-3000:]
     assert planned_jobs(result.stdout) == {"prepare_data": 1, "profile": 8 * 21 + 5, "profile_aggregate": 1,
-                                           "figure": 4, "profiles": 1}
+                                           "figure": 6, "profiles": 1}
     config = yaml.safe_load((REPO / "config" / "anisotropy.yaml").read_text())
     pythia = {name: entry for name, entry in config["profile"]["models"].items() if name.startswith("pythia-")}
     assert sorted(entry["source"] for entry in pythia.values()) == sorted(

@@ -10,7 +10,12 @@ from istar.report.aggregate import AGGREGATE_NAMES
 from istar.io.artifacts import read_json
 from istar.config.schema import STUDIES, ConfigError
 from istar.pipeline.validate import validate_config
-from istar.report.figures import PROFILE_FIGURES, PROFILES_CSV, enabled_figures
+from istar.report.figures import (
+    PROFILE_FIGURES,
+    PROFILES_CSV,
+    PROJECTIONS_CSV,
+    enabled_figures,
+)
 from istar.config.layout import (
     AGGREGATE,
     DATA,
@@ -69,6 +74,7 @@ PROFILES = [
     for name, revision in profile_targets(config)
 ]
 PROFILES_TABLE = AGGREGATE.format(name=PROFILES_CSV)
+PROJECTIONS_TABLE = AGGREGATE.format(name=PROJECTIONS_CSV)
 AGGREGATES = expand(AGGREGATE, name=AGGREGATE_NAMES)
 
 

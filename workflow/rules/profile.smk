@@ -1,5 +1,6 @@
 # Isotropy profiles of pretrained models (config section `profile`): one JSON per model ×
-# revision, collected into results/aggregate/profiles.csv, which the profile figures read.
+# revision, collected into results/aggregate/profiles.csv (and the embedding projections into
+# profile_projections.csv), which the profile figures read.
 # `snakemake profiles` builds this stage alone; profile.enabled adds it to `all` and the report.
 
 
@@ -29,19 +30,22 @@ rule profile_aggregate:
     input:
         PROFILES,
     output:
-        PROFILES_TABLE,
+        table=PROFILES_TABLE,
+        projections=PROJECTIONS_TABLE,
     log:
         "logs/profile_aggregate.log",
     conda:
         "../../envs/report.yaml"
     shell:
-        "python -m istar profile-aggregate {input} --out {output} > {log} 2>&1"
+        "python -m istar profile-aggregate {input} --out {output.table} "
+        "--projections-out {output.projections} > {log} 2>&1"
 
 
 rule profiles:
     input:
         PROFILES,
         PROFILES_TABLE,
+        PROJECTIONS_TABLE,
         expand(
             "results/figures/{figure}.{ext}",
             figure=PROFILE_FIGURES,
