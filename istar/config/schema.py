@@ -25,10 +25,12 @@ __all__ = ["ConfigError", "SCHEMA_PATH", "STUDIES", "RENAMED_KEYS", "load_schema
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "config.schema.yaml"
 RENAMED_KEYS = {
+    "profile": "survey",
     "shrinkage.layers": "penalty.layers",
     "shrinkage.global_penalty": "penalty.global_penalty",
 }
-"""Old config key → its new name. The old one still works, with a one-line notice naming the new key."""
+"""Old config key (a section, or ``section.key``) → its new name. The old one still works, with a
+one-line notice naming the new key."""
 
 STUDIES = ("lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep", "single_layer")
 
@@ -156,6 +158,15 @@ def default_of(key: str):
 def _rename_keys(config: dict) -> None:
     """Move each old key of :data:`RENAMED_KEYS` to its new name, in place, with one notice on stderr."""
     for old, new in RENAMED_KEYS.items():
+        if "." not in old:  # a whole section
+            if old in config:
+                if new in config:
+                    raise ConfigError(f"config sections '{old}' and '{new}' are both given; '{old}' is the old name "
+                                      f"of '{new}': keep only '{new}'")
+                config[new] = config.pop(old)
+                print(f"istar: config section '{old}' is deprecated; rename it to '{new}' (the old name still works "
+                      "for now)", file=sys.stderr)
+            continue
         (old_section, old_name), (new_section, new_name) = old.split("."), new.split(".")
         section = config.get(old_section)
         if not isinstance(section, dict) or old_name not in section:

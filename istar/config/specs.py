@@ -24,13 +24,14 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from istar.io import artifacts
 from istar.config.schema import default_of, schema_entry
 from istar.registry import precisions
 from istar.registry.methods import METHOD_NAMES, get_method
 from istar.registry.tasks import TASKS
 
 __all__ = ["PrepareDataSpec", "HoldoutSpec", "ModelData", "TrainSpec", "EvaluateSpec", "ActivationsSpec", "ShrinkageSpec", "AnalyzeSpec",
-           "MeasureSpec", "ProfileSpec", "add_spec_arguments", "spec_from_cli", "PRECISIONS", "PROFILE_DTYPES",
+           "MeasureSpec", "SurveySpec", "add_spec_arguments", "spec_from_cli", "PRECISIONS", "PROFILE_DTYPES",
            "AS_GIVEN"]
 
 PRECISIONS = tuple(precisions.PRECISIONS)
@@ -92,13 +93,20 @@ class Spec:
         if getattr(self, "mixed_precision", "no") not in PRECISIONS:
             raise SpecError(f"mixed_precision must be one of {', '.join(PRECISIONS)}; got {self.mixed_precision!r}")
 
+    def output_folders(self) -> list[Path]:
+        """The folders the step writes into: an ``output="folder"`` field itself, an
+        ``output="file"`` field's parent (checked by :func:`istar.io.artifacts.check_writable`)."""
+        kinds = {f.name: f.metadata.get("output") for f in dataclasses.fields(self)}
+        return [Path(getattr(self, name)) if kind == "folder" else Path(getattr(self, name)).parent
+                for name, kind in kinds.items() if kind is not None]
+
 
 @dataclass(frozen=True, kw_only=True)
 class PrepareDataSpec(Spec):
     """The data step (:func:`istar.data.prepare_task`): one task's splits, normalised, as parquet."""
 
     task: str = option(help="task key", flag="--task", choices=tuple(TASKS))
-    out: str = option(help="folder for train.parquet, validation.parquet and meta.json", flag="--out")
+    out: str = option(help="folder for train.parquet, validation.parquet and meta.json", flag="--out", output="folder")
     source: str = config_field("data.source", choices=("auto", "mirror", "hub"))
     mirror: typing.Optional[str] = config_field("data.mirror")
     revision: typing.Optional[str] = option(None, help="hub dataset revision: a branch, tag or 40-hex commit "
@@ -147,7 +155,7 @@ class ModelData(Spec):
 class TrainSpec(ModelData):
     """Everything a fine-tuning run depends on (:func:`istar.steps.train.train`); saved in ``run_config.json``."""
 
-    output_dir: str = option(help="run folder", flag="--out")
+    output_dir: str = option(help="run folder", flag="--out", output="folder")
     method: str = option("base", help="the fine-tuning method (istar.registry.methods)", choices=METHOD_NAMES)
     lam: float = option(0.0, help="λ, the penalty weight (istar: required; cosreg: default 1)")
     zeta: float = option(default_of("$defs.zeta"), help="ζ ∈ [0, 1], weight of Σ_S in IsoScore* (istar)")
@@ -196,7 +204,7 @@ class TrainSpec(ModelData):
 class EvaluateSpec(ModelData):
     """The evaluation step (:func:`istar.steps.evaluate.evaluate_checkpoint`)."""
 
-    out: str = option(help="output JSON file", flag="--out")
+    out: str = option(help="output JSON file", flag="--out", output="file")
     split: str = option("validation", help="which prepared split", choices=("train", "validation"))
     batch_size: int = config_field("training.eval_batch_size", positive=True)
 
@@ -205,7 +213,7 @@ class EvaluateSpec(ModelData):
 class ActivationsSpec(ModelData):
     """The activations step (:func:`istar.steps.activations.extract_activations`)."""
 
-    out: str = option(help="output .safetensors file", flag="--out")
+    out: str = option(help="output .safetensors file", flag="--out", output="file")
     split: str = option("validation", help="which prepared split", choices=("train", "validation"))
     batch_size: int = config_field("training.eval_batch_size", positive=True)
     token_sample: int = config_field("analysis.token_sample", positive=True)
@@ -216,7 +224,7 @@ class ActivationsSpec(ModelData):
 class ShrinkageSpec(ModelData):
     """The Σ_S step (:func:`istar.steps.shrinkage.compute_shrinkage_file`)."""
 
-    out: str = option(help="output Σ_S file", flag="--out")
+    out: str = option(help="output Σ_S file", flag="--out", output="file")
     layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
     rows: int = config_field("shrinkage.rows", positive=True)
     batch_size: int = config_field("training.eval_batch_size", positive=True)
@@ -229,7 +237,7 @@ class AnalyzeSpec(Spec):
 
     activations: str = option(help="the run's activations .safetensors file", flag="--activations")
     sigma_s: str = option(help="the Σ_S file of the pretrained model on the task", flag="--sigma-s")
-    out: str = option(help="output analysis.json", flag="--out")
+    out: str = option(help="output analysis.json", flag="--out", output="file")
     zeta: float = config_field("analysis.zeta")
     twonn_discard: float = config_field("analysis.twonn_discard")
     layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
@@ -243,7 +251,7 @@ class MeasureSpec(Spec):
     runs: list[str] = option(help="run folders, each holding the fine-tuned model/", flag="--runs")
     data_dir: str = option(help="prepared task folder (train/validation parquet + meta.json)", flag="--data")
     sigma_s: str = option(help="the Σ_S file of the pretrained model on the task", flag="--sigma-s")
-    out: str = option(help="output JSON file", flag="--out")
+    out: str = option(help="output JSON file", flag="--out", output="file")
     evaluate: bool = option(False, help="also compute each model's metrics on the split")
     split: str = option("validation", help="which prepared split", choices=("train", "validation"))
     max_length: int = config_field("training.max_length", positive=True)
@@ -278,25 +286,25 @@ AS_GIVEN = "as-given"
 
 
 @dataclass(frozen=True, kw_only=True)
-class ProfileSpec(Spec):
-    """The profile step (:func:`istar.steps.profile.run_profile`): isotropy of one pretrained model at one revision."""
+class SurveySpec(Spec):
+    """The profile step (:func:`istar.steps.survey.run_profile`): isotropy of one pretrained model at one revision."""
 
     model: str = option(help="hub id, local folder, package:NAME/SUBFOLDER, or a .gguf file "
                              "(path or package:NAME/FILE.gguf)", flag="--model")
     text: str = option(help="text sample: a prepared task folder (istar prepare-data) or a UTF-8 text file, "
                             "one document per line", flag="--text")
-    out: str = option(help="output JSON file", flag="--out")
+    out: str = option(help="output JSON file", flag="--out", output="file")
     revision: typing.Optional[str] = option(None, help="hub revision: branch, tag or commit (hub ids only)")
-    split: str = config_field("profile.split", choices=("train", "validation"))
-    tokens: int = config_field("profile.tokens", positive=True)
-    sigma_tokens: int = config_field("profile.sigma_tokens")
-    zeta: float = config_field("profile.zeta")
-    batch_size: int = config_field("profile.batch_size", positive=True)
-    max_length: int = config_field("profile.max_length", positive=True)
-    dtype: str = config_field("profile.dtype", choices=PROFILE_DTYPES)
-    twonn_tokens: int = config_field("profile.twonn_tokens")
+    split: str = config_field("survey.split", choices=("train", "validation"))
+    tokens: int = config_field("survey.tokens", positive=True)
+    sigma_tokens: int = config_field("survey.sigma_tokens")
+    zeta: float = config_field("survey.zeta")
+    batch_size: int = config_field("survey.batch_size", positive=True)
+    max_length: int = config_field("survey.max_length", positive=True)
+    dtype: str = config_field("survey.dtype", choices=PROFILE_DTYPES)
+    twonn_tokens: int = config_field("survey.twonn_tokens")
     twonn_discard: float = config_field("analysis.twonn_discard")
-    projection_rows: int = config_field("profile.projection_rows", positive=True)
+    projection_rows: int = config_field("survey.projection_rows", positive=True)
     device: str = option("auto", help="auto (cuda if available), cpu, cuda or cuda:N")
     seed: int = option(0, help="seed of the document order")
 
@@ -377,6 +385,8 @@ def spec_from_cli(args: argparse.Namespace):
             given["lam"] = method.default_lam if method.takes("lam") else 0.0
         spec = spec_class(**given)
     spec.validate()
+    # Before the step loads a model or data: a read-only or unwritable output is named now.
+    artifacts.check_writable(*spec.output_folders())
     return spec
 
 

@@ -22,10 +22,17 @@ content, recorded where the artifact's provenance lives:
 A mismatch raises :class:`DamagedArtifactError`, one line naming the file, saying it is
 damaged and giving the command that rebuilds it. Timestamps play no part: a damaged file
 with its old modification time is caught too.
+
+Storage: a write the disk refuses raises a :class:`StorageError` naming the path, what was
+kept and the fix. :func:`atomic_path` turns a full disk (or quota) into :class:`OutOfSpaceError`
+(the previous file is kept, the partial one removed: the same command redoes the write once
+space is freed) and a folder that cannot be written into :class:`NotWritableError`;
+:func:`check_writable` raises the latter before a step loads its model and data.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -34,7 +41,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "write_json", "write_text", "replace_directory", "DamagedArtifactError",
+__all__ = ["StorageError", "OutOfSpaceError", "NotWritableError", "storage_errors", "storage_error", "check_writable", "atomic_path", "write_json", "write_text", "replace_directory", "DamagedArtifactError",
            "file_digest", "verify_file", "record_digests", "verify_digests", "DIGESTS", "tensor_digest",
            "save_tensors", "load_tensors", "read_json", "verify_artifact"]
 
@@ -46,10 +53,134 @@ class DamagedArtifactError(ValueError):
     """A file whose content is not what was written; the message says how to rebuild it."""
 
     def __init__(self, path, problem: str, target=None):
-        self.path = Path(path)
+        self.path, self.problem = Path(path), problem
         target = target if target is not None else path
         super().__init__(f"{path} is damaged ({problem}): rebuild it with `snakemake --forcerun {target}` "
                          f"(or delete it and run the step that wrote it again)")
+
+
+class StorageError(OSError):
+    """A write the file system refused; the message names the path, what was kept and the fix."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.errno = code
+
+
+class OutOfSpaceError(StorageError):
+    """No space (or quota) left while writing ``path``; ``kept`` says what is still there."""
+
+    def __init__(self, path, kept: str):
+        self.path = Path(path)
+        super().__init__(f"no space left on the disk of {path} while writing it ({_free_space(self.path)} free "
+                         f"now): {kept}. Free space there (`df -h {_existing(self.path)}`) and run the same "
+                         "command again", errno.ENOSPC)
+
+
+class NotWritableError(StorageError):
+    """An output folder that cannot be written (read-only file system, permissions)."""
+
+    def __init__(self, folder, reason: str, code: int):
+        super().__init__(f"cannot write to {folder} ({reason}): choose an output folder on a writable disk, or make "
+                         "this one writable, and run the command again; nothing was changed", code)
+
+
+# A full disk or quota, by errno or (safetensors: an error with text only) by message. torch's zip
+# writer reports it only as a RuntimeError "unexpected pos …" or "file write failed": an I/O
+# error while less than NEARLY_FULL is free (partial output still in place) counts as a full disk.
+_OUT_OF_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_OUT_OF_SPACE_TEXT = ("No space left on device", "Disk quota exceeded", "File too large", "os error 28")
+_NOT_WRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM}
+NEARLY_FULL = 1 << 20  # bytes
+
+
+def _existing(path: Path) -> Path:
+    """``path`` or its nearest existing parent (where ``df`` and ``statvfs`` can look)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _free_bytes(path: Path) -> int:
+    stats = os.statvfs(_existing(path))
+    return stats.f_bavail * stats.f_frsize
+
+
+def _free_space(path: Path) -> str:
+    try:
+        return f"{_free_bytes(path) / 2**20:.1f} MiB"
+    except OSError:
+        return "unknown"
+
+
+def _chain(error: BaseException):
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def is_out_of_space(error: BaseException, path) -> bool:
+    """Whether ``error``, raised while writing ``path``, means the disk (or quota) is full."""
+    if isinstance(error, OutOfSpaceError):
+        return True
+    if not isinstance(error, (OSError, RuntimeError)) and "Safetensor" not in type(error).__name__:
+        return False  # not an I/O failure (KeyboardInterrupt, a bug in the writer, …)
+    for cause in _chain(error):
+        if isinstance(cause, OSError) and cause.errno in _OUT_OF_SPACE:
+            return True
+        if any(text in str(cause) for text in _OUT_OF_SPACE_TEXT):
+            return True
+    try:
+        return _free_bytes(Path(path)) < NEARLY_FULL
+    except OSError:
+        return False
+
+
+def storage_error(error: BaseException, path, kept: str | None, existed: bool) -> BaseException:
+    """The :class:`StorageError` that ``error``, raised while writing ``path``, stands for (or ``error``
+    itself). Call it before a partial output is removed: its size is what shows a full disk."""
+    path = Path(path)
+    if isinstance(error, StorageError):
+        return error
+    if is_out_of_space(error, path):
+        return OutOfSpaceError(path, kept or (f"the previous {path.name} is kept unchanged" if existed
+                                             else f"{path.name} was not written"))
+    if isinstance(error, OSError) and error.errno in _NOT_WRITABLE:
+        return NotWritableError(path.parent, error.strerror, error.errno)
+    return error
+
+
+@contextmanager
+def storage_errors(path, kept: str | None = None):
+    """Run a write of ``path`` (a file or a folder): a full disk raises :class:`OutOfSpaceError`, a
+    refused write :class:`NotWritableError`, both naming ``path``. ``kept``: what is still there
+    (default: the previous ``path`` if it exists, else that nothing was written). Wrap the write
+    itself, inside any clean-up of its partial output."""
+    existed = Path(path).exists()
+    try:
+        yield
+    except BaseException as error:
+        translated = storage_error(error, path, kept, existed)
+        if translated is error:
+            raise
+        raise translated from error
+
+
+def check_writable(*folders) -> None:
+    """Create each folder (with its parents) and a file in it, then remove the file: a folder that
+    cannot be written raises :class:`NotWritableError` before any work starts."""
+    for folder in map(Path, folders):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".istar-write-check-", dir=folder)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as error:
+            if error.errno in _OUT_OF_SPACE:
+                raise OutOfSpaceError(folder, "nothing was written") from None
+            raise NotWritableError(folder, error.strerror or str(error), error.errno or errno.EIO) from None
 
 
 def _normal_mode() -> int:
@@ -59,12 +190,18 @@ def _normal_mode() -> int:
 
 
 @contextmanager
-def atomic_path(path):
-    """Yield a temporary path next to ``path``; on success rename it to ``path`` (umask's normal mode)."""
+def atomic_path(path, kept: str | None = None):
+    """Yield a temporary path next to ``path``; on success rename it to ``path`` (umask's normal mode).
+
+    A full disk or a refused write raises a :class:`StorageError` naming ``path`` (see
+    :func:`storage_errors`; ``kept`` overrides what it says was kept), after the partial file is removed.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with storage_errors(path, kept):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    existed = path.exists()
     try:
         yield Path(tmp)
         # Set after the writer ran: some writers (safetensors) recreate the file with their own mode.
@@ -72,9 +209,12 @@ def atomic_path(path):
         with open(tmp, "rb+") as handle:  # on disk before the rename, so a crash cannot leave it empty
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
+        translated = storage_error(error, path, kept, existed)  # before the partial file is removed
         Path(tmp).unlink(missing_ok=True)
-        raise
+        if translated is error:
+            raise
+        raise translated from None
 
 
 def write_text(path, text: str) -> None:

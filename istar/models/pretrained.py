@@ -1,4 +1,4 @@
-"""Loading any pretrained model for ``istar profile``: encoders, causal LMs, GGUF files.
+"""Loading any pretrained model for ``istar survey``: encoders, causal LMs, GGUF files.
 
 - An encoder (config ``architectures`` without a causal-LM head, e.g. BERT) loads with
   ``AutoModel``; it has only an input embedding matrix.
@@ -87,7 +87,7 @@ def _device(name: str) -> torch.device:
 
 
 def load_for_profile(spec) -> LoadedModel:
-    """Load the model and tokenizer a :class:`~istar.steps.profile.ProfileSpec` names, in eval mode on its device."""
+    """Load the model and tokenizer a :class:`~istar.steps.survey.SurveySpec` names, in eval mode on its device."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     device = _device(spec.device)

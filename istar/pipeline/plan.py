@@ -12,13 +12,13 @@ from pathlib import Path
 
 from istar.config.layout import Setting, heldout_folder
 from istar.registry.methods import get_method
-from istar.config.specs import AS_GIVEN, HoldoutSpec, MeasureSpec, PrepareDataSpec, ProfileSpec, ShrinkageSpec, TrainSpec
+from istar.config.specs import AS_GIVEN, HoldoutSpec, MeasureSpec, PrepareDataSpec, SurveySpec, ShrinkageSpec, TrainSpec
 from istar.registry.tasks import SPLITS, TASKS
 
 __all__ = ["search_settings", "selected_setting", "final_settings", "study_runs",
            "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "prepare_data_inputs",
            "train_spec", "heldout_name", "holdout_spec",
-           "shrinkage_spec", "measure_spec", "AS_GIVEN", "profile_targets", "profile_text_task", "profile_spec"]
+           "shrinkage_spec", "measure_spec", "AS_GIVEN", "survey_targets", "survey_text_task", "survey_spec"]
 
 
 def _training_grid(search: dict) -> list[tuple]:
@@ -225,22 +225,22 @@ def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sig
 
 # ----------------------------------------------------------------------------- isotropy profiles
 
-def profile_targets(config: dict) -> list[tuple[str, str]]:
-    """(model short name, revision label) of every profile the ``profile`` section asks for."""
-    return [(name, revision) for name, entry in config["profile"]["models"].items()
+def survey_targets(config: dict) -> list[tuple[str, str]]:
+    """(model short name, revision label) of every profile the ``survey`` section asks for."""
+    return [(name, revision) for name, entry in config["survey"]["models"].items()
             for revision in (entry.get("revisions") or [AS_GIVEN])]
 
 
-def profile_text_task(config: dict) -> str | None:
-    """The task whose prepared split is the profiles' text sample, or None when ``profile.text`` is a file."""
-    text = config["profile"]["text"]
+def survey_text_task(config: dict) -> str | None:
+    """The task whose prepared split is the profiles' text sample, or None when ``survey.text`` is a file."""
+    text = config["survey"]["text"]
     return text if text in TASKS else None
 
 
-def profile_spec(config: dict, *, model: str, revision: str, text: str, out: str) -> ProfileSpec:
+def survey_spec(config: dict, *, model: str, revision: str, text: str, out: str) -> SurveySpec:
     """One model × revision profile; ``text``: the prepared task folder or the text file."""
-    profile = config["profile"]
-    return ProfileSpec(model=profile["models"][model]["source"], revision=None if revision == AS_GIVEN else revision,
+    profile = config["survey"]
+    return SurveySpec(model=profile["models"][model]["source"], revision=None if revision == AS_GIVEN else revision,
                        text=text, out=out, split=profile["split"], tokens=profile["tokens"],
                        sigma_tokens=profile["sigma_tokens"], zeta=profile["zeta"], batch_size=profile["batch_size"],
                        max_length=profile["max_length"], dtype=profile["dtype"],

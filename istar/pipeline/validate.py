@@ -179,9 +179,9 @@ def _check_profile(config: dict) -> None:
     from istar.models.loading import check_model_available, gguf_location
     from istar.registry.tasks import TASKS
 
-    profile = config["profile"]
+    profile = config["survey"]
     for name, entry in profile["models"].items():
-        key, source, revisions = f"profile.models.{name}", entry["source"], entry.get("revisions") or []
+        key, source, revisions = f"survey.models.{name}", entry["source"], entry.get("revisions") or []
         try:
             gguf = gguf_location(source)
         except ValueError as error:
@@ -199,7 +199,7 @@ def _check_profile(config: dict) -> None:
                 raise ConfigError(f"config key '{key}': {problem}")
     text = profile["text"]
     if profile["models"] and text not in TASKS and not Path(text).is_file():
-        raise ConfigError(f"config key 'profile.text': {text!r} is neither a task key ({', '.join(TASKS)}) nor an "
+        raise ConfigError(f"config key 'survey.text': {text!r} is neither a task key ({', '.join(TASKS)}) nor an "
                           f"existing text file (resolved from {Path.cwd()})")
     if text in TASKS and profile["models"]:
         _check_data(config["data"], [text])

@@ -1,9 +1,9 @@
 """The paper's figures: one registry of what each reads and draws, and the ``istar figure`` command.
 
 Each figure is enabled by one switch of the config (``studies.<study>.enabled`` for the I-STAR
-paper's figures, ``profile.enabled`` for the isotropy profiles), reads one CSV of
+paper's figures, ``survey.enabled`` for the isotropy profiles), reads one CSV of
 ``results/aggregate/`` and is drawn by one function of :mod:`istar.report.plots` or
-:mod:`istar.report.profile_plots`. The workflow imports this module (rules ``stability`` and
+:mod:`istar.report.survey_plots`. The workflow imports this module (rules ``stability`` and
 ``figure``), so it imports neither matplotlib nor torch itself: the drawing function is looked
 up when a figure is drawn.
 """
@@ -25,10 +25,10 @@ STABILITY_CSV = "fig2_stability"
 """Stem of the CSV the Fig. 2 simulation writes (``istar stability``) next to the aggregate CSVs."""
 
 PROFILES_CSV = "profiles"
-"""Stem of the CSV of the isotropy profiles (``istar profile-aggregate``) in the aggregate folder."""
+"""Stem of the CSV of the isotropy profiles (``istar survey-aggregate``) in the aggregate folder."""
 
 PROJECTIONS_CSV = "profile_projections"
-"""Stem of the CSV of the embedding matrices' 2-D projections (``istar profile-aggregate``), beside it."""
+"""Stem of the CSV of the embedding matrices' 2-D projections (``istar survey-aggregate``), beside it."""
 
 
 ANALYSIS_ZETA = default_of("analysis.zeta")
@@ -42,7 +42,7 @@ class FigureSpec:
     name : ``"fig2"`` … ``"fig8"``, ``"profile_layers"`` …; also the stem of the PNG and PDF and the
         name of the drawing function in ``module``.
     switch : the config section whose ``enabled`` key draws the figure (``studies.lambda_sweep``,
-        ``profile``); None: always drawn (its data comes from the final runs every config has).
+        ``survey``); None: always drawn (its data comes from the final runs every config has).
     data : stem of the CSV in the aggregate folder that the figure reads (``runs`` → ``runs.csv``).
     step : the command that writes that CSV.
     caption : one sentence saying what the figure shows.
@@ -87,25 +87,25 @@ FIGURES: dict[str, FigureSpec] = {
                    "Performance with I-STAR on one layer at a time against the global penalty."),
         FigureSpec("sigma_epochs", None, "epochs", "istar aggregate",
                    "IsoScore of Σ_S after each epoch of fine-tuning, base, CosReg and I-STAR."),
-        FigureSpec("profile_layers", "profile", PROFILES_CSV, "istar profile-aggregate",
+        FigureSpec("profile_layers", "survey", PROFILES_CSV, "istar survey-aggregate",
                    "IsoScore, IsoScore* and average cosine similarity of every hidden state of the pretrained "
-                   "models, against relative depth.", module="istar.report.profile_plots"),
-        FigureSpec("profile_steps", "profile", PROFILES_CSV, "istar profile-aggregate",
+                   "models, against relative depth.", module="istar.report.survey_plots"),
+        FigureSpec("profile_steps", "survey", PROFILES_CSV, "istar survey-aggregate",
                    "The headline measures (I(W) of both embedding matrices as the NAACL paper computes it, raw "
                    "and centred; last-layer IsoScore, IsoScore*, average cosine, TwoNN and effective rank) "
-                   "against training step, model size as colour.", module="istar.report.profile_plots"),
-        FigureSpec("profile_sizes", "profile", PROFILES_CSV, "istar profile-aggregate",
+                   "against training step, model size as colour.", module="istar.report.survey_plots"),
+        FigureSpec("profile_sizes", "survey", PROFILES_CSV, "istar survey-aggregate",
                    "Input-embedding I(W) and last-layer IsoScore and IsoScore* against model size.",
-                   module="istar.report.profile_plots"),
-        FigureSpec("profile_final_norm", "profile", PROFILES_CSV, "istar profile-aggregate",
+                   module="istar.report.survey_plots"),
+        FigureSpec("profile_final_norm", "survey", PROFILES_CSV, "istar survey-aggregate",
                    "IsoScore and IsoScore* of the last block's output before and after the final norm.",
-                   module="istar.report.profile_plots"),
-        FigureSpec("profile_gallery", "profile", PROJECTIONS_CSV, "istar profile-aggregate",
+                   module="istar.report.survey_plots"),
+        FigureSpec("profile_gallery", "survey", PROJECTIONS_CSV, "istar survey-aggregate",
                    "2-D SVD projections of the input and output embedding matrices, raw and centred, one row "
-                   "per model at its latest revision.", module="istar.report.profile_plots"),
-        FigureSpec("profile_gallery_steps", "profile", PROJECTIONS_CSV, "istar profile-aggregate",
+                   "per model at its latest revision.", module="istar.report.survey_plots"),
+        FigureSpec("profile_gallery_steps", "survey", PROJECTIONS_CSV, "istar survey-aggregate",
                    "2-D SVD projections of the embedding matrices at every training checkpoint, one column "
-                   "per checkpoint.", module="istar.report.profile_plots"),
+                   "per checkpoint.", module="istar.report.survey_plots"),
     )
 }
 
@@ -116,7 +116,7 @@ STUDY_FIGURES: dict[str, str] = {spec.switch.removeprefix("studies."): spec.name
                                   if spec.switch and spec.switch.startswith("studies.")}
 """Config study → the figure it draws."""
 
-PROFILE_FIGURES: tuple[str, ...] = tuple(spec.name for spec in FIGURES.values() if spec.switch == "profile")
+PROFILE_FIGURES: tuple[str, ...] = tuple(spec.name for spec in FIGURES.values() if spec.switch == "survey")
 """The figures of the isotropy profiles."""
 
 

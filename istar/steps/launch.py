@@ -13,12 +13,19 @@ Snakemake does not assign GPUs to local jobs. Unless ``CUDA_VISIBLE_DEVICES`` is
 (as SLURM does), the launcher claims N GPUs for the job's lifetime with lock files in the
 system's temporary folder and sets ``CUDA_VISIBLE_DEVICES`` to them, so two 1-GPU jobs under
 ``--resources gpu=2`` do not both land on GPU 0.
+
+The launcher never leaves its child behind: SIGTERM, SIGINT and SIGHUP it receives are
+forwarded to the child (``istar train`` then saves a state and exits 128 + signal), and the
+launcher waits for it and returns its status. The child runs in its own session, so a
+terminal's Ctrl-C (sent to the whole foreground group) reaches it once, through the launcher;
+and it is asked to stop (SIGTERM) by the kernel should the launcher itself be killed (SIGKILL).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import fcntl
 import os
 import signal
@@ -31,7 +38,10 @@ from pathlib import Path
 
 from istar.registry.precisions import PRECISIONS
 
-__all__ = ["launch_command", "claim_gpus"]
+__all__ = ["launch_command", "claim_gpus", "run_child", "FORWARDED_SIGNALS"]
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def free_port() -> int:
@@ -106,11 +116,37 @@ def run_cli(args) -> int:
         env["CUDA_VISIBLE_DEVICES"] = ""  # a job granted no GPU runs on the CPU even where GPUs exist
     if args.gpus == 0 or "CUDA_VISIBLE_DEVICES" in os.environ:
         print("launching:", " ".join(command), flush=True)
-        return exit_status(subprocess.call(command, env=env), step[0])
+        return exit_status(run_child(command, env), step[0])
     with claim_gpus(args.gpus, visible_gpu_count()) as gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         print(f"launching on GPU(s) {env['CUDA_VISIBLE_DEVICES']}:", " ".join(command), flush=True)
-        return exit_status(subprocess.call(command, env=env), step[0])
+        return exit_status(run_child(command, env), step[0])
+
+
+def _stop_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the launcher dies (Linux; elsewhere a no-op)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+
+def run_child(command: list[str], env: dict) -> int:
+    """Run ``command`` to its end, forwarding :data:`FORWARDED_SIGNALS`; returns its return code.
+
+    The child gets its own session (a terminal's or a process group's signal reaches it through
+    this forwarding only, once) and SIGTERM should this process die first.
+    """
+    child = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_stop_with_parent)
+
+    def forward(signum, frame):
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+
+    previous = {number: signal.signal(number, forward) for number in FORWARDED_SIGNALS}
+    try:
+        return child.wait()  # (PEP 475: the wait goes on after each forwarded signal)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def exit_status(returncode: int, step: str) -> int:

@@ -4,6 +4,12 @@ A run saves its accelerate state (model, optimizer, scheduler, RNGs, progress, Î
 ``OUT/resume/state-{step}`` together with ``fingerprint.json``: every input that defines the
 run's result (:func:`run_fingerprint`). A later start resumes the newest state only when the
 fingerprint is unchanged; otherwise the state is discarded with one line naming what changed.
+Each state also records the sha256 of its files (``digests.json``), checked before it is
+loaded: a damaged state is discarded with one line, and the run falls back to an older
+complete state or starts afresh.
+
+SIGTERM and SIGINT during training (:class:`StopRequest`) are acted on at the next optimizer
+step boundary: a state is saved there and :class:`Interrupted` says where and how to resume.
 """
 
 from __future__ import annotations
@@ -11,7 +17,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
+import signal
+import threading
 from pathlib import Path
 
 from istar import __version__
@@ -20,7 +29,7 @@ from istar.config.specs import TrainSpec
 from istar.registry.methods import get_method
 
 __all__ = ["run_fingerprint", "fingerprint_hash", "changed_settings", "latest_state", "matching_state", "save_state",
-           "restore_log"]
+           "restore_log", "StopRequest", "Interrupted"]
 
 # Settings that change neither the arithmetic nor the data order of a run: a state saved under
 # other values of these is still the same run.
@@ -61,21 +70,45 @@ def changed_settings(saved: dict, current: dict) -> list[str]:
     return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
 
 
-def latest_state(resume_dir: Path) -> Path | None:
-    """The newest complete saved state (a folder with a COMPLETE marker), or None."""
+def complete_states(resume_dir: Path) -> list[Path]:
+    """The complete saved states (folders with a COMPLETE marker), newest first."""
     if not resume_dir.is_dir():
-        return None
+        return []
     complete = [p for p in resume_dir.glob("state-*") if (p / "COMPLETE").is_file()]
-    return max(complete, key=lambda p: int(p.name.split("-")[1]), default=None)
+    return sorted(complete, key=lambda p: int(p.name.split("-")[1]), reverse=True)
+
+
+def latest_state(resume_dir: Path) -> Path | None:
+    """The newest complete saved state, or None."""
+    return next(iter(complete_states(resume_dir)), None)
+
+
+def _intact(state: Path, print_fn) -> bool:
+    """Whether ``state``'s files match the hashes recorded when it was saved; a damaged state is
+    removed, with one line naming it."""
+    try:
+        artifacts.verify_digests(state)  # (a state saved before states recorded digests is not checked)
+        return True
+    except artifacts.DamagedArtifactError as error:
+        problem = f"{error.path.name}: {error.problem}"
+    older = [p for p in complete_states(state.parent) if p != state]
+    then = f"falling back to {older[0].name}" if older else "starting afresh"
+    print_fn(f"discarding the damaged saved state {state} ({problem}); {then} (`--restart` starts afresh without "
+             "reading saved states)")
+    shutil.rmtree(state, ignore_errors=True)
+    return False
 
 
 def matching_state(resume_dir: Path, fingerprint: dict, print_fn=print) -> Path | None:
-    """The newest saved state of this very run; states of a run with other settings are discarded.
+    """The newest intact saved state of this very run; damaged states and states of a run with
+    other settings are discarded.
 
-    A state whose ``fingerprint.json`` differs from ``fingerprint`` (or has none) cannot be
-    resumed without mixing two runs: it is removed, with one line naming what changed.
+    A state whose files differ from its ``digests.json`` is removed with one line, and the next
+    older complete state is tried. A state whose ``fingerprint.json`` differs from ``fingerprint``
+    (or has none) cannot be resumed without mixing two runs: it is removed, with one line naming
+    what changed.
     """
-    state = latest_state(resume_dir)
+    state = next((s for s in complete_states(resume_dir) if _intact(s, print_fn)), None)
     if state is None:
         return None
     saved_path = state / "fingerprint.json"
@@ -91,18 +124,33 @@ def matching_state(resume_dir: Path, fingerprint: dict, print_fn=print) -> Path 
 
 
 def save_state(accelerator, resume_dir: Path, step: int, log_path: Path, fingerprint: dict) -> None:
-    """Save the accelerate state atomically as ``state-{step}`` with the run's fingerprint; drop older states."""
+    """Save the accelerate state atomically as ``state-{step}`` with the run's fingerprint and the
+    hashes of its files; drop older states.
+
+    A full disk raises :class:`istar.artifacts.OutOfSpaceError` naming the state and the one
+    kept (the previous state stays until the new one is complete; the partial one is removed).
+    """
     final = resume_dir / f"state-{step:08d}"
     staging = resume_dir / f".staging-{step:08d}"
     if accelerator.is_main_process:
         shutil.rmtree(staging, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(staging))
+    previous = latest_state(resume_dir)
+    kept = (f"the previous state {previous} is kept, and the same command resumes from it" if previous is not None
+            else "no state was saved before, so the run will start afresh")
+    try:
+        with artifacts.storage_errors(final, kept):
+            accelerator.save_state(str(staging))
+            if accelerator.is_main_process:
+                if log_path.exists():
+                    shutil.copy2(log_path, staging / "train_log.csv")
+                (staging / "fingerprint.json").write_text(json.dumps(fingerprint, sort_keys=True, indent=1))
+                artifacts.record_digests(staging)  # checked before the state is loaded again
+                (staging / "COMPLETE").write_text(f"step {step}\n")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     if accelerator.is_main_process:
-        if log_path.exists():
-            shutil.copy2(log_path, staging / "train_log.csv")
-        (staging / "fingerprint.json").write_text(json.dumps(fingerprint, sort_keys=True, indent=1))
-        (staging / "COMPLETE").write_text(f"step {step}\n")
         artifacts.replace_directory(staging, final)
         for old in resume_dir.glob("state-*"):
             if old != final:
@@ -117,3 +165,58 @@ def restore_log(log_path: Path, state: Path | None) -> None:
         shutil.copy2(saved, log_path)
     else:
         log_path.unlink(missing_ok=True)
+
+
+class Interrupted(Exception):
+    """Training stopped by a signal after saving its state; ``signum`` gives the exit status 128 + signum."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+
+
+class StopRequest:
+    """SIGTERM and SIGINT while the block runs are remembered, not acted on at once: the training
+    loop asks :meth:`requested` at each optimizer step boundary, saves a state and stops there.
+
+    (SLURM sends SIGTERM and waits a grace period before SIGKILL; a terminal's Ctrl-C sends
+    SIGINT.) A repeated signal does not stop the save â€” several processes of one job often get
+    the same signal twice (from the scheduler and from a launcher forwarding it); SIGKILL stops
+    at once, losing the steps since the last saved state.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # (only it may set handlers)
+            for number in self.SIGNALS:
+                self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc_info):
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        return False
+
+    def _handle(self, signum, frame) -> None:
+        # os.write, not print: a handler may run in the middle of another write to stderr.
+        name = signal.Signals(signum).name
+        if self.signum is None:
+            self.signum = signum
+            os.write(2, f"\n{name} received: saving a resume state at the end of this optimizer step, then "
+                        "stopping (SIGKILL stops at once, losing the steps since the last saved state)\n".encode())
+        else:
+            os.write(2, f"\n{name} received again: already stopping after saving a resume state\n".encode())
+
+    def requested(self, accelerator) -> int | None:
+        """The signal to stop for, agreed by every process (each may have received it, or not)."""
+        if accelerator.num_processes == 1:
+            return self.signum
+        import torch
+
+        received = accelerator.gather(torch.tensor([self.signum or 0], device=accelerator.device))
+        return int(received.max().item()) or None

@@ -15,7 +15,14 @@ progress, current Σ_S, training log) is saved atomically at every epoch end and
 ``checkpoint_every`` optimizer steps under ``OUT/resume/``; the same command resumes from
 the newest one — but only when the run's fingerprint (:func:`istar.steps.resume.run_fingerprint`: every setting,
 the data, Σ_S and the model it starts from) is unchanged. A state of a run whose settings
-changed is discarded with one line naming what changed, and the run starts afresh.
+changed is discarded with one line naming what changed, and the run starts afresh; a damaged
+state (its files differ from the hashes saved with it) is discarded with one line too.
+
+Faults a cluster delivers (docs/reliability.md): SIGTERM or SIGINT saves a state at the next
+optimizer step boundary and exits 128 + signal with one line naming the state (the same command
+resumes); one process writes a run folder at a time (:mod:`istar.io.runlock`); the folder's
+writability is checked before the model and data are loaded; a full disk names the file and
+the state kept, and the same command resumes once space is freed.
 Outputs appear atomically when the run is done:
 
     OUT/metrics.json        per-epoch and final metrics (the last file written; content hash and
@@ -31,17 +38,21 @@ training data) and records its IsoScore per epoch in metrics.json (``sigma_s_iso
 index = epochs trained): how isotropy moves during fine-tuning, at the cost of one
 inference pass over those rows per epoch.
 
-The module runs a little past 400 lines because the loop and the Σ_S passes and saves it
-interleaves read best in one file; resume states and fingerprints live in :mod:`istar.steps.resume`.
+The module runs to about 500 lines because the loop and the Σ_S passes, saves and stops it
+interleaves read best in one file; resume states, fingerprints and the stop request live in
+:mod:`istar.steps.resume`, the writer lock in :mod:`istar.io.runlock`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import math
+import os
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +65,9 @@ from istar.io import artifacts
 from istar.data.encoding import EpochShuffleSampler
 from istar.steps.evaluate import evaluate_model
 from istar.core.isotropy import isoscore_star_from_covariance
-from istar.steps.resume import fingerprint_hash, latest_state, matching_state, restore_log, run_fingerprint, save_state
+from istar.io.runlock import writer_lock
+from istar.steps.resume import (Interrupted, StopRequest, fingerprint_hash, latest_state, matching_state,
+                                restore_log, run_fingerprint, save_state)
 from istar.steps.run_folder import clear_earlier_outputs, model_sha256
 from istar.registry.precisions import PRECISIONS
 from istar.core.regularizers import Penalty, resolve_layers
@@ -160,8 +173,13 @@ def train(spec: TrainSpec, restart: bool = False) -> dict:
     out = Path(spec.output_dir)
     resume_dir = out / "resume"
     created_resume_dir = not resume_dir.exists()
+    # Before any model or data is loaded: the folder must be writable, and this run its only writer.
+    artifacts.check_writable(out)
+    # One lock per run: the main process holds it for all (RANK is set by accelerate/torchrun).
+    lock = writer_lock(out) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext()
     try:
-        return _train(spec, out, resume_dir, restart)
+        with lock:
+            return _train(spec, out, resume_dir, restart)
     except BaseException:
         # A run that failed before saving any state leaves no empty folder behind.
         if created_resume_dir and resume_dir.is_dir() and not any(resume_dir.iterdir()):
@@ -215,7 +233,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
     accelerator.wait_for_everyone()
     state = latest_state(resume_dir)  # every process sees what the main process kept
     if state is not None:
-        accelerator.load_state(str(state))
+        _load_state(accelerator, state)
         accelerator.print(f"resuming from {state} (epoch {progress.epoch + 1}, batch {progress.batches_in_epoch}, step {progress.step})")
     if accelerator.is_main_process:
         # A folder reused (another setting, or the same one trained again) must not keep the old
@@ -244,7 +262,41 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         + (f" (asked for {spec.mixed_precision})" if precision != requested else "")
         + f" | {total_steps} optimizer steps")
     start_time = time.perf_counter()
+    with StopRequest() as stop:
+        _loop(run, stop, model, optimizer, scheduler, train_loader, eval_loader, eval_columns, eval_features,
+              train_features, progress, sigma_device, distributed)
+    return _finish(run, unwrapped, progress, time.perf_counter() - start_time)
 
+
+def _load_state(accelerator, state: Path) -> None:
+    try:
+        accelerator.load_state(str(state))
+    except Exception as error:
+        # The model may be half overwritten by now: this process cannot start afresh by itself.
+        raise ValueError(f"the saved state {state} cannot be loaded ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''}): run the same command with `--restart` "
+                         f"to start this run afresh (or remove {state.parent})") from None
+
+
+def _stop_if_asked(run: Run, stop: StopRequest, progress: Progress, save: bool) -> None:
+    """At a step boundary: if a signal asked to stop, save a state (``save``) and raise :class:`Interrupted`."""
+    signum = stop.requested(run.step.accelerator)
+    if signum is None:
+        return
+    if save:
+        save_state(run.step.accelerator, run.resume_dir, progress.step, run.log_path, run.fingerprint)
+    state = latest_state(run.resume_dir)
+    raise Interrupted(signum, f"stopped by {signal.Signals(signum).name} after optimizer step {progress.step} "
+                              f"(epoch {progress.epoch + (1 if progress.batches_in_epoch else 0)}); the state is saved in "
+                              f"{state}: run the same command again to resume from it")
+
+
+def _loop(run: Run, stop: StopRequest, model, optimizer, scheduler, train_loader, eval_loader, eval_columns, eval_features,
+          train_features, progress: Progress, sigma_device, distributed: bool) -> None:
+    """The epochs still to train (from ``progress``): steps, periodic states, evaluation, Σ_S, epoch-end state."""
+    spec, accelerator, task = run.spec, run.step.accelerator, run.step.task
+    resume_dir, fingerprint = run.resume_dir, run.fingerprint
+    unwrapped = accelerator.unwrap_model(model)
     for epoch in range(progress.epoch, spec.epochs):
         loader = train_loader
         if progress.batches_in_epoch:
@@ -276,8 +328,10 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
                     _append_log(run.log_path, row)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", **({"iso*": f"{row['isoscore_star']:.3f}"} if row["isoscore_star"] != "" else {}))
             sums = {}
-            if spec.checkpoint_every and progress.step % spec.checkpoint_every == 0:
+            checkpoint = spec.checkpoint_every and progress.step % spec.checkpoint_every == 0
+            if checkpoint:
                 save_state(accelerator, resume_dir, progress.step, run.log_path, fingerprint)
+            _stop_if_asked(run, stop, progress, save=not checkpoint)
         bar.close()
 
         result = evaluate_model(model, eval_loader, task, accelerator, features=eval_features, columns=eval_columns)
@@ -286,8 +340,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         progress.epoch, progress.batches_in_epoch = epoch + 1, 0
         sigma_device = _track_sigma(run, unwrapped, train_features, epoch + 1, progress, sigma_device)
         save_state(accelerator, resume_dir, progress.step, run.log_path, fingerprint)
-
-    return _finish(run, unwrapped, progress, time.perf_counter() - start_time)
+        _stop_if_asked(run, stop, progress, save=False)
 
 
 def _sigma_pass(run: Run, model, train_features, epoch: int):
@@ -383,29 +436,48 @@ def _finish(run: Run, model, progress: Progress, seconds: float) -> dict:
         "sigma_s_isoscore": progress.sigma_isoscore, "fingerprint": fingerprint,
     }
     if accelerator.is_main_process:
-        staging = out / ".model-staging"
-        shutil.rmtree(staging, ignore_errors=True)
-        model.save_pretrained(staging, save_function=accelerator.save)
-        step.tokenizer.save_pretrained(staging)
-        artifacts.record_digests(staging)  # checked whenever the model is loaded again
-        artifacts.replace_directory(staging, out / "model")
-        with artifacts.atomic_path(out / "train_log.csv") as tmp:
-            shutil.copy2(run.log_path, tmp) if run.log_path.exists() else tmp.write_text(",".join(LOG_COLUMNS) + "\n")
-        report["model_sha256"] = model_sha256(out / "model")
-        artifacts.write_json(out / "run_config.json", {
-            **dataclasses.asdict(spec), "model_path": step.model_path, "task": task.key,
-            "precision": {"requested": spec.mixed_precision, "effective": run.precision},
-            "num_processes": accelerator.num_processes, "device": accelerator.device.type,
-            "total_optimizer_steps": run.total_steps, "train_seconds": round(seconds, 2),
-            "model_source": step.model_name, "data_meta": meta, "fingerprint": fingerprint, "fingerprint_inputs": run.fingerprint,
-            "istar_version": __version__, "torch_version": torch.__version__,
-        }, digest=True)
-        # Last, as the completion mark; its hash and model_sha256 are checked by every reader (istar.steps.run_folder).
-        report = artifacts.write_json(out / "metrics.json", report, digest=True)
+        state = latest_state(run.resume_dir)
+        kept = (f"the trained state {state} is kept (metrics.json is written last, so the run is not marked done); "
+                "the same command finishes the run from it")
+        try:
+            report = _write_outputs(run, model, report, seconds)
+        except artifacts.OutOfSpaceError as error:
+            raise artifacts.OutOfSpaceError(error.path, kept) from None
         shutil.rmtree(run.resume_dir, ignore_errors=True)
     accelerator.wait_for_everyone()
     accelerator.print(f"done: {task.metric} = {final.get(task.metric, float('nan')):.4f} -> {out}")
     return report
+
+
+def _write_outputs(run: Run, model, report: dict, seconds: float) -> dict:
+    """The final model, log, run_config.json and metrics.json (last), each atomically; returns the
+    report as written (with its content hash and the model's)."""
+    spec, step, out = run.spec, run.step, run.out
+    accelerator, task = step.accelerator, step.task
+    staging = out / ".model-staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        with artifacts.storage_errors(out / "model"):
+            model.save_pretrained(staging, save_function=accelerator.save)
+            step.tokenizer.save_pretrained(staging)
+            artifacts.record_digests(staging)  # checked whenever the model is loaded again
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    artifacts.replace_directory(staging, out / "model")
+    with artifacts.atomic_path(out / "train_log.csv") as tmp:
+        shutil.copy2(run.log_path, tmp) if run.log_path.exists() else tmp.write_text(",".join(LOG_COLUMNS) + "\n")
+    report["model_sha256"] = model_sha256(out / "model")
+    artifacts.write_json(out / "run_config.json", {
+        **dataclasses.asdict(spec), "model_path": step.model_path, "task": task.key,
+        "precision": {"requested": spec.mixed_precision, "effective": run.precision},
+        "num_processes": accelerator.num_processes, "device": accelerator.device.type,
+        "total_optimizer_steps": run.total_steps, "train_seconds": round(seconds, 2),
+        "model_source": step.model_name, "data_meta": step.meta, "fingerprint": report["fingerprint"],
+        "fingerprint_inputs": run.fingerprint, "istar_version": __version__, "torch_version": torch.__version__,
+    }, digest=True)
+    # Last, as the completion mark; its hash and model_sha256 are checked by every reader (istar.steps.run_folder).
+    return artifacts.write_json(out / "metrics.json", report, digest=True)
 
 
 # ------------------------------------------------------------------------------------- CLI

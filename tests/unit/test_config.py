@@ -258,3 +258,9 @@ def test_an_old_key_still_works_with_a_notice_naming_the_new_one(capsys):
                        "'penalty.global_penalty' (the old name still works for now)"]
     with pytest.raises(ConfigError, match="'shrinkage.layers' and 'penalty.layers' are both given"):
         validate_config({"shrinkage": {"layers": 1}, "penalty": {"layers": 2}}, check_paths=False)
+
+
+def test_the_old_profile_section_still_works_as_survey(capsys):
+    config = validate_config({"profile": {"enabled": True, "tokens": 500}}, check_paths=False)
+    assert config["survey"]["enabled"] and config["survey"]["tokens"] == 500 and "profile" not in config
+    assert "config section 'profile' is deprecated; rename it to 'survey'" in capsys.readouterr().err

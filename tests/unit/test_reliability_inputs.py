@@ -102,14 +102,14 @@ def smollm():
 def test_truncated_gguf_is_named_by_config_validation_and_at_load(smollm, tmp_path, keep):
     short = cut(smollm, tmp_path / "decoder.gguf", keep)
     config = default_config()
-    config["profile"] = {"models": {"smol": {"source": str(short)}}, "text": "rte"}
+    config["survey"] = {"models": {"smol": {"source": str(short)}}, "text": "rte"}
     with pytest.raises(ConfigError) as error:
         validate_config(config)
-    assert str(error.value).startswith("config key 'profile.models.smol.source'")
+    assert str(error.value).startswith("config key 'survey.models.smol.source'")
     assert f"{short} is incomplete" in str(error.value)
     text = tmp_path / "text.txt"
     text.write_text("One short document.\nAnother one.\n")
-    result = istar_cli("profile", "--model", short, "--text", text, "--out", tmp_path / "profile.json", "--device", "cpu")
+    result = istar_cli("survey", "--model", short, "--text", text, "--out", tmp_path / "survey.json", "--device", "cpu")
     one_line_error(result, short, "is incomplete", "download it again")
 
 

@@ -13,7 +13,7 @@ from workflow_helpers import ENV, REPO
 # Used by the report and data-preparation steps only; a model step that imports them pays
 # their import time (pandas alone is about a fifth of torch's) in every job.
 NOT_ON_STEP_PATHS = ("pandas", "matplotlib", "datasets", "seaborn")
-STEP_MODULES = ("train", "evaluate", "shrinkage", "measure", "activations", "analyze", "profile", "launch")
+STEP_MODULES = ("train", "evaluate", "shrinkage", "measure", "activations", "analyze", "survey", "launch")
 
 
 def loaded_after(code: str) -> set[str]:

@@ -41,10 +41,10 @@ def test_anisotropy_config_dry_run_plans_the_model_by_checkpoint_grid(tmp_path):
     online = {**{k: v for k, v in ENV.items() if k != "HF_HUB_OFFLINE"}, "HF_HOME": str(tmp_path / "hf")}
     result = snakemake(tmp_path, "-n", "profiles", configfile=REPO / "config" / "anisotropy.yaml", env=online)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert planned_jobs(result.stdout) == {"prepare_data": 1, "profile": 8 * 21 + 5, "profile_aggregate": 1,
+    assert planned_jobs(result.stdout) == {"prepare_data": 1, "survey": 8 * 21 + 5, "survey_aggregate": 1,
                                            "figure": 6, "profiles": 1}
     config = yaml.safe_load((REPO / "config" / "anisotropy.yaml").read_text())
-    pythia = {name: entry for name, entry in config["profile"]["models"].items() if name.startswith("pythia-")}
+    pythia = {name: entry for name, entry in config["survey"]["models"].items() if name.startswith("pythia-")}
     assert sorted(entry["source"] for entry in pythia.values()) == sorted(
         f"EleutherAI/pythia-{size}" for size in ("70m", "160m", "410m", "1b", "1.4b", "2.8b", "6.9b", "12b"))
     for entry in pythia.values():

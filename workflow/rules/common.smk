@@ -38,9 +38,9 @@ from istar.pipeline.plan import (
     needs_sigma,
     prepare_data_inputs,
     prepare_data_spec,
-    profile_spec,
-    profile_targets,
-    profile_text_task,
+    survey_spec,
+    survey_targets,
+    survey_text_task,
     search_settings,
     selected_setting,
     shrinkage_spec,
@@ -59,7 +59,7 @@ config.update(_validated)
 MODELS = list(config["models"])
 TASKS = list(config["tasks"])
 # the tasks whose data is prepared: the fine-tuning tasks and the profiles' text sample
-_profile_task = profile_text_task(config)
+_profile_task = survey_text_task(config)
 DATA_TASKS = TASKS + ([_profile_task] if _profile_task not in [None, *TASKS] else [])
 TRAINING = config["training"]
 GPUS = TRAINING["gpus"]
@@ -71,7 +71,7 @@ HELDOUT = heldout_name(config)
 SEARCH_TAG, SEARCH_DATA, SEARCH_SIGMA, SEARCH_RUN = search_templates(HELDOUT)
 PROFILES = [
     PROFILE.format(pmodel=name, revision=revision)
-    for name, revision in profile_targets(config)
+    for name, revision in survey_targets(config)
 ]
 PROFILES_TABLE = AGGREGATE.format(name=PROFILES_CSV)
 PROJECTIONS_TABLE = AGGREGATE.format(name=PROJECTIONS_CSV)
@@ -212,18 +212,18 @@ def measure_spec_json(wildcards, input, output):
 
 
 def profile_text_input(wildcards):
-    """The prepared task folder's files, or the text file (profile.text)."""
-    task = profile_text_task(config)
-    return prepared_files(task) if task else config["profile"]["text"]
+    """The prepared task folder's files, or the text file (survey.text)."""
+    task = survey_text_task(config)
+    return prepared_files(task) if task else config["survey"]["text"]
 
 
-def profile_spec_json(wildcards, output):
-    task = profile_text_task(config)
-    return profile_spec(
+def survey_spec_json(wildcards, output):
+    task = survey_text_task(config)
+    return survey_spec(
         config,
         model=wildcards.pmodel,
         revision=wildcards.revision,
-        text=DATA.format(task=task) if task else config["profile"]["text"],
+        text=DATA.format(task=task) if task else config["survey"]["text"],
         out=output[0],
     ).to_json()
 

@@ -1,10 +1,10 @@
-# Isotropy profiles of pretrained models (config section `profile`): one JSON per model ×
+# Isotropy surveys of pretrained models (config section `survey`): one profile JSON per model ×
 # revision, collected into results/aggregate/profiles.csv (and the embedding projections into
 # profile_projections.csv), which the profile figures read.
-# `snakemake profiles` builds this stage alone; profile.enabled adds it to `all` and the report.
+# `snakemake surveys` builds this stage alone; survey.enabled adds it to `all` and the report.
 
 
-rule profile:
+rule survey:
     input:
         text=profile_text_input,
     output:
@@ -17,16 +17,16 @@ rule profile:
         "../../envs/istar.yaml"
     threads: TRAINING["threads"]
     resources:
-        gpu=config["profile"]["gpus"],
+        gpu=config["survey"]["gpus"],
         mem_mb=TRAINING["mem_mb"],
         runtime=TRAINING["runtime"],
     params:
-        spec=profile_spec_json,
+        spec=survey_spec_json,
     shell:
-        "OMP_NUM_THREADS={threads} python -m istar profile --spec {params.spec:q} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} python -m istar survey --spec {params.spec:q} > {log} 2>&1"
 
 
-rule profile_aggregate:
+rule survey_aggregate:
     input:
         PROFILES,
     output:
@@ -37,11 +37,11 @@ rule profile_aggregate:
     conda:
         "../../envs/report.yaml"
     shell:
-        "python -m istar profile-aggregate {input} --out {output.table} "
+        "python -m istar survey-aggregate {input} --out {output.table} "
         "--projections-out {output.projections} > {log} 2>&1"
 
 
-rule profiles:
+rule surveys:
     input:
         PROFILES,
         PROFILES_TABLE,

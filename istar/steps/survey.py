@@ -1,6 +1,6 @@
 """The profile step: isotropy of a pretrained model's static embeddings and of every layer.
 
-``istar profile`` measures one model at one revision (Machina & Mercer, NAACL 2024, asked
+``istar survey`` measures one model at one revision (Machina & Mercer, NAACL 2024, asked
 the same questions of Pythia checkpoints; IsoScore is docs/method.md §1, IsoScore* §2):
 
 static embeddings — the input matrix W_in (V, d) and, where it is not tied to it, the
@@ -48,7 +48,7 @@ from istar.core.isotropy import (FP32_EXP_LIMIT, CovarianceAccumulator, average_
                                  partition_isotropy_one_sign)
 from istar.core.twonn import twonn_dimension
 from istar.models.hidden_states import hidden_state_pass
-from istar.config.specs import ProfileSpec, add_spec_arguments, spec_from_cli
+from istar.config.specs import SurveySpec, add_spec_arguments, spec_from_cli
 
 __all__ = ["OUTLIER_FACTOR", "solver_eigenvectors", "effective_rank", "static_measures", "projection",
            "layer_measures", "read_texts", "profile_model", "run_profile"]
@@ -270,7 +270,7 @@ def read_texts(source: str, split: str = "validation") -> list[str]:
     return texts
 
 
-def _batches(texts: list[str], spec: ProfileSpec):
+def _batches(texts: list[str], spec: SurveySpec):
     """Documents in a seeded order, ``batch_size`` at a time."""
     order = list(range(len(texts)))
     random.Random(spec.seed).shuffle(order)
@@ -289,7 +289,7 @@ def _budget_mask(mask: torch.Tensor, remaining: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def collect(loaded, texts: list[str], spec: ProfileSpec) -> tuple[list[LayerStats], list[CovarianceAccumulator], dict]:
+def collect(loaded, texts: list[str], spec: SurveySpec) -> tuple[list[LayerStats], list[CovarianceAccumulator], dict]:
     """Stream the text through the model: statistics of the measured and the Σ_S samples.
 
     The first ``sigma_tokens`` non-padding tokens (document order fixed by ``seed``) feed
@@ -339,7 +339,7 @@ def collect(loaded, texts: list[str], spec: ProfileSpec) -> tuple[list[LayerStat
     return measured, sigma, cost
 
 
-def profile_model(spec: ProfileSpec) -> dict:
+def profile_model(spec: SurveySpec) -> dict:
     """Load the model, measure it, return the profile (see the module docstring)."""
     from istar.models.pretrained import load_for_profile, parameter_count
 
@@ -396,7 +396,7 @@ def _peak_memory(device: torch.device) -> dict:
             "peak_memory_of": "cpu (max RSS of the process)"}
 
 
-def run_profile(spec: ProfileSpec) -> dict:
+def run_profile(spec: SurveySpec) -> dict:
     """The profile step: measure and write ``spec.out`` (JSON) atomically. Returns the profile."""
     result = profile_model(spec)
     artifacts.write_json(spec.out, result)
@@ -414,7 +414,7 @@ def run_profile(spec: ProfileSpec) -> dict:
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    add_spec_arguments(parser, ProfileSpec)
+    add_spec_arguments(parser, SurveySpec)
 
 
 def run_cli(args) -> int:

@@ -1,7 +1,7 @@
 """Isotropy profiles collected into CSVs: a row per model × revision × measured matrix or layer,
 and the embedding matrices' 2-D projections (a row per drawn point).
 
-``istar profile-aggregate results/profile/*/*.json --out results/aggregate/profiles.csv
+``istar survey-aggregate results/profile/*/*.json --out results/aggregate/profiles.csv
 --projections-out results/aggregate/profile_projections.csv``.
 The model's short name and the revision label come from the workflow's layout
 (``results/profile/{model}/{revision}.json``); a revision named ``stepN`` (Pythia's training
@@ -10,7 +10,7 @@ checkpoints) is placed at training step N (column ``step``, empty otherwise).
 Columns: ``model``, ``revision``, ``step``, ``parameters``, ``num_layers``, ``hidden_size``,
 ``kind`` (``input_embeddings``, ``output_embeddings``, ``layer`` or ``pre_final_norm``),
 ``layer`` (hidden-state index, 0 = embeddings; the pre-norm row carries L), ``depth``
-(layer / L), the measures of :mod:`istar.steps.profile` (empty where a kind has none) and
+(layer / L), the measures of :mod:`istar.steps.survey` (empty where a kind has none) and
 ``final_norm_gain_cv`` (the spread of the final norm's gain, per profile). The two I(W)
 definitions are ``partition_isotropy_both_signs`` and ``partition_isotropy_solver_signs`` (the
 NAACL paper's), each also ``_centred``; ``solver_signs_fp32_overflow`` says where the authors'

