@@ -2,6 +2,7 @@
 
     istar config         validate a workflow config (defaults filled in)
     istar prepare-data   normalise a task's splits to parquet (+ meta.json)
+    istar holdout-data   cut a prepared training split into the search's part and the held-out part that scores it
     istar shrinkage      Σ_S of a model on a task's training data
     istar train          fine-tune with base / cosreg / istar (run under `accelerate launch` for several processes)
     istar evaluate       metrics of a saved model on a prepared split
@@ -34,6 +35,7 @@ from istar.steps.tracking import TrackerUnavailableError
 SUBCOMMANDS = {
     "config": ("istar.pipeline.validate", "validate a workflow config and print it with every default filled in"),
     "prepare-data": ("istar.data", "normalise a task's splits to parquet (+ meta.json)"),
+    "holdout-data": ("istar.data.holdout", "cut a prepared training split into a search part and a held-out part"),
     "pin-model": ("istar.models.loading", "resolve a model source's hub revision to its commit, once (a pin file)"),
     "shrinkage": ("istar.steps.shrinkage", "Σ_S of a model on a task's training data"),
     "train": ("istar.steps.train", "fine-tune with base / cosreg / istar"),

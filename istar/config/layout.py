@@ -5,6 +5,10 @@
     resources/shrinkage/{model}/{task}/sigma0.pt           Σ_S of the pretrained model (real tokens;
                                                            sigma0_allpos.pt: every padded position)
     results/search/{model}/{task}/{setting}/seed{seed}     a search run
+    resources/data/{task}/{heldout}                        the held-out selection split (search part + held-out rows)
+    resources/shrinkage/{model}/{task}/{heldout}/sigma0.pt Σ_S of the search part
+    results/search/{heldout}/{model}/{task}/{setting}/seed{seed}
+                                                           a search run scored on the held-out rows
     results/runs/{model}/{task}/{setting}/seed{seed}       a final or study run
     results/selection/{model}/{task}/best.json             the search's choice
     results/measures/{model}/{task}/{setting}/seeds{seeds}.json
@@ -33,16 +37,20 @@ from istar.core.tokens import TOKEN_SELECTION_NAMES, TOKEN_SELECTIONS, get_token
 from istar.registry.methods import METHOD_PATTERN, get_method
 
 __all__ = ["Setting", "RunPath", "format_number", "parse_run_dir", "seed_of", "seeds_token", "DATA", "MODEL_PIN", "SIGMA",
-           "SIGMA_ALL_POSITIONS", "sigma_template", "DEFAULT_TOKENS", "SEARCH_RUN", "RUN", "SELECTION", "MEASURES", "PROFILE", "AGGREGATE", "WILDCARD_CONSTRAINTS"]
+           "SIGMA_ALL_POSITIONS", "sigma_template", "DEFAULT_TOKENS", "SEARCH_RUN", "heldout_folder", "search_templates",
+           "RUN", "SELECTION", "MEASURES", "PROFILE", "AGGREGATE", "WILDCARD_CONSTRAINTS"]
 
 DATA = "resources/data/{task}"
 MODEL_PIN = "resources/models/{model}.json"
 SHRINKAGE = "resources/shrinkage/{model}/{task}/"
 
 
-def sigma_template(tokens: str) -> str:
-    """The pretrained Σ_S of a token selection: ``…/sigma0.pt`` (real tokens), ``…/sigma0_allpos.pt``."""
-    return f"{SHRINKAGE}sigma0{get_token_selection(tokens).suffix}.pt"
+def sigma_template(tokens: str, heldout: str | None = None) -> str:
+    """The pretrained Σ_S of a token selection: ``…/sigma0.pt`` (real tokens), ``…/sigma0_allpos.pt``;
+    in the held-out split's folder (``…/{heldout}/sigma0.pt``) when ``heldout`` names one
+    (:func:`heldout_folder`): the Σ_S of the search part, for the search runs."""
+    folder = f"{SHRINKAGE}{heldout}/" if heldout else SHRINKAGE
+    return f"{folder}sigma0{get_token_selection(tokens).suffix}.pt"
 
 
 SIGMA = sigma_template("real")
@@ -55,6 +63,22 @@ SELECTION = "results/selection/{model}/{task}/best.json"
 MEASURES = "results/measures/{model}/{task}/{setting}/seeds{seeds}.json"
 PROFILE = "results/profile/{pmodel}/{revision}.json"
 AGGREGATE = "results/aggregate/{name}.csv"
+
+
+def heldout_folder(fraction: float, seed: int) -> str:
+    """The ``{heldout}`` part of the held-out selection split's paths: ``heldout0.2_seed0``."""
+    return f"heldout{format_number(fraction)}_seed{int(seed)}"
+
+
+def search_templates(heldout: str | None) -> tuple[str, str, str, str]:
+    """(tag, data, Σ_S, run) templates of the search: the task's own data, Σ_S and
+    ``results/search/…`` when ``heldout`` is None (the validation protocol), else the held-out
+    split's (``heldout`` from :func:`heldout_folder`); ``tag`` is ``"{heldout}/"`` or ``""``, the
+    prefix of the search's log and benchmark paths."""
+    if heldout is None:
+        return "", DATA, SIGMA, SEARCH_RUN
+    return (f"{heldout}/", f"{DATA}/{heldout}", sigma_template("real", heldout),
+            SEARCH_RUN.replace("results/search/", f"results/search/{heldout}/"))
 
 WILDCARD_CONSTRAINTS = {
     "model": "[A-Za-z0-9][A-Za-z0-9.-]*",

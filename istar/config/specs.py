@@ -31,7 +31,7 @@ from istar.registry import precisions
 from istar.registry.methods import METHOD_NAMES, get_method
 from istar.registry.tasks import TASKS
 
-__all__ = ["PrepareDataSpec", "ModelData", "TrainSpec", "EvaluateSpec", "ActivationsSpec", "ShrinkageSpec", "AnalyzeSpec",
+__all__ = ["PrepareDataSpec", "HoldoutSpec", "ModelData", "TrainSpec", "EvaluateSpec", "ActivationsSpec", "ShrinkageSpec", "AnalyzeSpec",
            "MeasureSpec", "SurveySpec", "add_spec_arguments", "spec_from_cli", "PRECISIONS", "PROFILE_DTYPES",
            "AS_GIVEN"]
 
@@ -121,6 +121,25 @@ class PrepareDataSpec(Spec):
     max_train_samples: typing.Optional[int] = config_field("data.max_train_samples")
     max_eval_samples: typing.Optional[int] = config_field("data.max_eval_samples")
     seed: int = config_field("data.seed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HoldoutSpec(Spec):
+    """The held-out selection split (:func:`istar.data.holdout.holdout_split`): a prepared task's
+    training rows cut into the search's training part and the held-out part that scores it."""
+
+    data_dir: str = option(help="prepared task folder whose train.parquet is cut", flag="--data")
+    out: str = option(help="folder for the search's train.parquet (the rest), validation.parquet (the held-out "
+                           "rows) and meta.json", flag="--out")
+    fraction: float = config_field("search.heldout_fraction")
+    seed: int = config_field("search.heldout_seed")
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0 < self.fraction <= 0.5:
+            raise SpecError(f"fraction must be in (0, 0.5] (the share of the training rows held out); got {self.fraction}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise SpecError(f"seed must be an integer >= 0; got {self.seed!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,7 +17,7 @@ from istar.data.hub import HubUnavailableError, load_hub
 from istar.data.mirror import MIRROR_ENV, load_mirror, resolve_mirror
 from istar.data.storage import write_prepared
 
-__all__ = ["SOURCES", "load_task", "prepare_task", "add_cli_arguments", "run_cli"]
+__all__ = ["SOURCES", "load_task", "prepare_task", "label_summary", "add_cli_arguments", "run_cli"]
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def _subsample(frame: pd.DataFrame, max_samples: int | None, seed: int,
     return frame.iloc[keep].reset_index(drop=True)
 
 
-def _label_summary(frame: pd.DataFrame, task: Task) -> dict:
+def label_summary(frame: pd.DataFrame, task: Task) -> dict:
     """Label counts (classification), score range (regression) or article count (qa)."""
     if task.kind == "classification":
         counts = np.bincount(frame["label"].to_numpy(), minlength=task.num_labels)
@@ -207,7 +207,7 @@ def prepare_task(
         "max_train_samples": max_train_samples,
         "max_eval_samples": max_eval_samples,
         "seed": seed,
-        "labels": {split: _label_summary(kept[split], spec) for split in SPLITS},
+        "labels": {split: label_summary(kept[split], spec) for split in SPLITS},
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "istar_version": __version__,
     }

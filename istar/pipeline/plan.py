@@ -10,15 +10,15 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from istar.config.layout import DEFAULT_TOKENS, Setting
+from istar.config.layout import DEFAULT_TOKENS, Setting, heldout_folder
 from istar.core.tokens import TOKEN_SELECTION_NAMES, get_token_selection
 from istar.registry.methods import get_method
-from istar.config.specs import AS_GIVEN, MeasureSpec, PrepareDataSpec, SurveySpec, ShrinkageSpec, TrainSpec
+from istar.config.specs import AS_GIVEN, HoldoutSpec, MeasureSpec, PrepareDataSpec, SurveySpec, ShrinkageSpec, TrainSpec
 from istar.registry.tasks import SPLITS, TASKS
 
 __all__ = ["search_settings", "selected_setting", "final_settings", "study_runs",
            "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "prepare_data_inputs",
-           "train_spec",
+           "train_spec", "heldout_name", "holdout_spec",
            "shrinkage_spec", "measure_spec", "AS_GIVEN", "survey_targets", "survey_text_task", "survey_spec"]
 
 
@@ -166,6 +166,27 @@ def prepare_data_inputs(config: dict, task: str) -> list[str]:
         return []
     files = (root / mirror_file(task, split) for split in SPLITS)
     return [str(path) for path in files if path.is_file()]
+
+
+def heldout_name(config: dict) -> str | None:
+    """The held-out selection split's folder name (``heldout0.2_seed0``), or None when the search is
+    scored on the validation split (``search.selection_split``, the paper's protocol).
+
+    The workflow puts this name into the paths of the held-out data, the search's Σ_S and the
+    search runs, so a changed fraction or seed is a new path. Which protocol a selection used is
+    recorded by the data itself (:mod:`istar.data.holdout`), not by this name.
+    """
+    search = config["search"]
+    if search["selection_split"] == "validation":
+        return None
+    return heldout_folder(search["heldout_fraction"], search["heldout_seed"])
+
+
+def holdout_spec(config: dict, *, data_dir: str, out: str) -> HoldoutSpec:
+    """The cut of ``data_dir``'s training split into the search's part and the held-out part."""
+    search = config["search"]
+    return HoldoutSpec(data_dir=data_dir, out=out, fraction=float(search["heldout_fraction"]),
+                       seed=int(search["heldout_seed"]))
 
 
 def _model_data(config: dict, model: str, task: str, data_dir: str) -> dict:

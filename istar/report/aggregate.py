@@ -1,4 +1,4 @@
-"""The aggregate step: every study's run folders, measurements and selections collected into five CSV files.
+"""The aggregate step: every study's run folders, measurements and selections collected into six CSV files.
 
 Each run enters under a *study* name (free text; the workflow uses ``search``, ``final``,
 ``lambda_sweep``, ``cosreg_means``, ``twonn``, ``layerwise``, ``zeta_sweep``,
@@ -27,7 +27,13 @@ these files, whose columns are fixed:
     epochs (0 = the pretrained model), and ``score``, the headline metric after that epoch
     (empty for epoch 0).
 ``selection.csv`` — one row per selection file (:mod:`istar.report.select`), columns
-    :data:`SELECTION_COLUMNS` (``score_std`` empty for a single seed).
+    :data:`SELECTION_COLUMNS` (``score_std`` empty for a single seed; ``protocol`` the split
+    the search was scored on, see :data:`istar.report.select.PROTOCOLS`, with the held-out
+    split's fraction and seed, empty under the validation protocol; ``settings`` the number
+    of settings searched).
+``paired.csv`` — one row per (model, task, method ≠ base) of the final study: the mean
+    paired difference method − base over the seeds both ran and its 95 % Student-t interval,
+    columns :data:`istar.report.paired.PAIRED_COLUMNS` (see :mod:`istar.report.paired`).
 ``provenance.csv`` — where each result's code came from (:mod:`istar.io.provenance`): one row
     per run folder, per measurement file and one for this aggregation (``kind`` run /
     measurement / aggregate), columns :data:`PROVENANCE_COLUMNS`: the git commit, whether the
@@ -63,15 +69,16 @@ LAYERS_COLUMNS = (*RUN_KEYS, "seed", "hidden_state", "isoscore_star", "isoscore"
                   "standin")
 DIMS_COLUMNS = (*RUN_KEYS, "seed", "dim", "mean", "std")
 EPOCHS_COLUMNS = (*RUN_KEYS, "seed", "epoch", "sigma_s_isoscore", "score")
-AGGREGATE_NAMES = ("runs", "layers", "dims", "epochs", "selection")
+AGGREGATE_NAMES = ("runs", "layers", "dims", "epochs", "selection", "paired")
 """The CSV files of the aggregate step (stems), in the order they are written."""
 PROVENANCE_NAME = "provenance"
 """The provenance CSV's stem (written with the aggregates; the report shows it)."""
 PROVENANCE_COLUMNS = ("kind", "path", "git_commit", "git_dirty", "git_diff_sha256", "note", "istar", "torch",
                       "transformers", "accelerate", "python")
 SELECTION_COLUMNS = ("model", "task", "metric", "lam", "zeta", "batch_size", "epochs", "learning_rate", "score",
-                     "score_std", "seeds", "standin")
-INTEGER_COLUMNS = ("layer", "batch_size", "epochs", "seed", "hidden_state", "dim", "seeds", "epoch")
+                     "score_std", "seeds", "standin", "protocol", "heldout_fraction", "heldout_seed", "settings")
+INTEGER_COLUMNS = ("layer", "batch_size", "epochs", "seed", "hidden_state", "dim", "seeds", "epoch", "heldout_seed",
+                   "settings")
 SORT_KEYS = ("study", "model", "task", "method", "lam", "zeta", "layer", "tokens", "seed", "setting", "batch_size", "epochs",
              "learning_rate", "run_dir")
 NAN = float("nan")
@@ -156,7 +163,8 @@ def _selection_row(path: Path) -> dict:
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}: it was not written by `istar select`")
     row = {name: selection[name] for name in SELECTION_COLUMNS}
-    row.update(zeta=_number(row["zeta"]), score_std=_number(row["score_std"]), standin=bool(row["standin"]))
+    row.update(zeta=_number(row["zeta"]), score_std=_number(row["score_std"]), standin=bool(row["standin"]),
+               heldout_fraction=_number(row["heldout_fraction"]))
     return row
 
 
@@ -184,15 +192,15 @@ def _provenance_rows(run_dirs, measure_files, out_dir) -> list[dict]:
 
 
 def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
-    """Collect runs and selections into ``runs.csv``, ``layers.csv``, ``dims.csv``, ``epochs.csv`` and
-    ``selection.csv``, and where their code came from into ``provenance.csv``.
+    """Collect runs and selections into ``runs.csv``, ``layers.csv``, ``dims.csv``, ``epochs.csv``, ``selection.csv``
+    and ``paired.csv``, and where their code came from into ``provenance.csv``.
 
     Parameters
     ----------
     run_specs : sequence of (study, run folder); every folder must hold metrics.json and
         run_config.json (a finished run).
     selection_files : sequence of ``best.json`` files written by :func:`istar.report.select.select_best`.
-    out_dir : folder for the five CSV files (created; each written atomically).
+    out_dir : folder for the six CSV files (created; each written atomically).
     measure_files : files written by :func:`istar.steps.measure.measure_runs`; a run found in one
         of them gets its analysis (a run in several files: the last one given; measurements of
         one model agree up to floating-point noise). Keys are run folders as the measurement
@@ -200,9 +208,11 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
 
     Returns
     -------
-    dict with keys ``runs``, ``layers``, ``dims``, ``epochs``, ``selection``, ``provenance``: the DataFrames written, with
+    dict with keys :data:`AGGREGATE_NAMES` and ``provenance``: the DataFrames written, with
     the columns of the module docstring (integer columns as nullable ``Int64``).
     """
+    from .paired import paired_differences  # here: pandas and SciPy stay out of the workflow's DAG build
+
     analyses = _analyses(measure_files)
     seen, entries = set(), []
     for study, run_dir in run_specs:
@@ -239,9 +249,11 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
                         for dim, (mean, std) in enumerate(zip(last["mean"], last["std"], strict=True)))
     selection_rows = sorted((_selection_row(Path(path)) for path in selection_files),
                             key=lambda row: (row["model"], row["task"]))
+    runs_frame = _frame(run_rows, RUNS_COLUMNS)
     frames = dict(zip(AGGREGATE_NAMES, (
-        _frame(run_rows, RUNS_COLUMNS), _frame(layer_rows, LAYERS_COLUMNS), _frame(dim_rows, DIMS_COLUMNS),
-        _frame(epoch_rows, EPOCHS_COLUMNS), _frame(selection_rows, SELECTION_COLUMNS)), strict=True))
+        runs_frame, _frame(layer_rows, LAYERS_COLUMNS), _frame(dim_rows, DIMS_COLUMNS),
+        _frame(epoch_rows, EPOCHS_COLUMNS), _frame(selection_rows, SELECTION_COLUMNS),
+        paired_differences(runs_frame)), strict=True))
     frames[PROVENANCE_NAME] = _frame(_provenance_rows([entry[2]["run_dir"] for entry in entries], measure_files,
                                                       out_dir), PROVENANCE_COLUMNS)
     out_dir = Path(out_dir)
@@ -253,7 +265,8 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", required=True,
-                        help="folder for runs.csv, layers.csv, dims.csv, epochs.csv, selection.csv, provenance.csv")
+                        help="folder for runs.csv, layers.csv, dims.csv, epochs.csv, selection.csv, paired.csv, "
+                             "provenance.csv")
     parser.add_argument("--selection", action="extend", nargs="*", default=[], metavar="BEST_JSON",
                         help="selection files written by `istar select`")
     parser.add_argument("--measures", action="extend", nargs="*", default=[], metavar="MEASURES_JSON",

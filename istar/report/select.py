@@ -8,14 +8,22 @@ the smaller |λ|, then the smaller ζ (none counts as 0), then the setting given
 A mean that is NaN ranks last. Output (``best.json``)::
 
     {"model", "task", "metric", "method", "lam", "zeta", "layers", "batch_size", "epochs",
-     "learning_rate", "score", "score_std", "seeds", "standin",
+     "learning_rate", "score", "score_std", "seeds", "standin", "protocol", "heldout_fraction",
+     "heldout_seed", "settings",
      "candidates": [{"method", "lam", "zeta", "layers", "batch_size", "epochs",
                      "learning_rate", "score", "score_std", "seeds", "runs"}, ...]}
 
 ``score`` is the mean over seeds of the final metric, ``score_std`` its sample standard
 deviation (divide by seeds − 1; ``null`` for one seed); ``candidates`` lists every setting,
-best first, with its run folders. ``model`` is the model's short name (see
-:func:`model_short_name`).
+best first, with its run folders; ``settings`` counts them. ``model`` is the model's short
+name (see :func:`model_short_name`).
+
+``protocol`` (a key of :data:`PROTOCOLS`) says which rows the search was scored on. It is
+read from the runs themselves, not from an option: each run's ``run_config.json`` holds the
+``meta.json`` of the data it trained and was evaluated on, and a held-out split made by
+:mod:`istar.data.holdout` records there its fraction and seed (``heldout_fraction``,
+``heldout_seed``; ``null`` under the validation protocol). Runs of both kinds mixed are an
+error.
 """
 
 from __future__ import annotations
@@ -23,16 +31,50 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from istar.config.layout import parse_run_dir, seed_of
 from istar.io import artifacts
 from istar.steps.run_folder import read_finished_run
 
-__all__ = ["read_run", "model_short_name", "setting_name", "select_best", "SETTING_KEYS"]
+__all__ = ["read_run", "model_short_name", "setting_name", "select_best", "SETTING_KEYS", "PROTOCOLS",
+           "protocol_note"]
 
 SETTING_KEYS = ("method", "lam", "zeta", "layers", "batch_size", "epochs", "learning_rate")
 """What defines a setting: runs that agree on all of these differ only by their seed."""
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A way of scoring the search, and the sentence the tables print about it.
+
+    ``note`` is formatted with ``settings`` (how many settings were searched), ``fraction``
+    and ``seed`` (the held-out split's, when there is one).
+    """
+
+    key: str
+    note: str
+
+
+PROTOCOLS: dict[str, Protocol] = {protocol.key: protocol for protocol in (
+    Protocol("validation", "λ and ζ were chosen on the validation split that the table reports (the paper's "
+             "protocol): the I-STAR row is the best of {settings} searched settings scored on the very rows it is "
+             "reported on, so it is biased upward (selection bias), and more so the more settings are searched and "
+             "the smaller the split."),
+    Protocol("heldout", "λ and ζ were chosen on a held-out {fraction:.0%} of the training split (seed {seed}); the "
+             "{settings} searched settings trained on the rest, and the final runs on the full training split. The "
+             "validation split the table reports took no part in the choice."),
+)}
+"""The selection protocols (search.selection_split in the config), keyed as best.json records them."""
+
+
+def protocol_note(protocol: str, *, settings, fraction: float | None = None, seed: int | None = None) -> str:
+    """The tables' sentence about ``protocol`` (a key of :data:`PROTOCOLS`)."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown selection protocol {protocol!r} in selection.csv; known: {', '.join(PROTOCOLS)}: "
+                         "rerun `istar select` and `istar aggregate`")
+    return PROTOCOLS[protocol].note.format(settings=settings, fraction=fraction, seed=seed)
 
 
 def model_short_name(run_dir: Path, config_model: str) -> str:
@@ -64,8 +106,10 @@ def read_run(run_dir) -> dict:
     dict with ``run_dir`` (str), ``model`` (short name), ``task``, ``setting`` (folder name),
     the :data:`SETTING_KEYS`, ``tokens`` (the penalty's token selection), ``seed``, ``metric`` (the task's headline metric), ``final``
     (the final evaluation's metrics, dict), ``standin`` (bool), ``history`` (the evaluation
-    after each epoch) and ``sigma_s_isoscore`` (IsoScore of Σ_S after 0, 1, … epochs; empty
-    for runs written before it was recorded).
+    after each epoch), ``sigma_s_isoscore`` (IsoScore of Σ_S after 0, 1, … epochs; empty
+    for runs written before it was recorded) and ``heldout`` (the ``heldout`` record of the
+    data's meta.json when the run trained on a held-out split of :mod:`istar.data.holdout`,
+    else None).
     """
     metrics, config = read_finished_run(run_dir)
     run_dir = Path(run_dir)
@@ -83,6 +127,7 @@ def read_run(run_dir) -> dict:
         "learning_rate": float(config["learning_rate"]), "seed": int(metrics["seed"]), "metric": metrics["metric"],
         "final": dict(metrics["final"]), "standin": bool(metrics.get("standin", False)),
         "history": list(metrics.get("epochs", [])), "sigma_s_isoscore": list(metrics.get("sigma_s_isoscore", [])),
+        "heldout": (config.get("data_meta") or {}).get("heldout"),
     }
 
 
@@ -137,9 +182,18 @@ def select_best(run_dirs, out=None, metric: str | None = None) -> dict:
     candidates.sort(key=lambda c: (math.inf if math.isnan(c["score"]) else -c["score"], abs(c["lam"]), c["zeta"] or 0.0))
     best = candidates[0]
     model, task = pairs[0]
+    heldout = {json.dumps(run["heldout"], sort_keys=True) for run in runs}
+    if len(heldout) > 1:
+        raise ValueError(f"the search runs of {model} × {task} were scored on different splits ({len(heldout)} kinds: "
+                         "the validation split and/or held-out splits of the training data): select from runs of one "
+                         "protocol only (search.selection_split)")
+    heldout = runs[0]["heldout"]
+    protocol = {"protocol": "heldout" if heldout else "validation",
+                "heldout_fraction": heldout["fraction"] if heldout else None,
+                "heldout_seed": heldout["seed"] if heldout else None, "settings": len(candidates)}
     result = {"model": model, "task": task, "metric": metric, **{k: best[k] for k in SETTING_KEYS},
               "score": best["score"], "score_std": best["score_std"], "seeds": best["seeds"],
-              "standin": any(run["standin"] for run in runs), "candidates": candidates}
+              "standin": any(run["standin"] for run in runs), **protocol, "candidates": candidates}
     if out is not None:
         result = artifacts.write_json(out, result, digest=True)  # what was written, its hash included
     return result
@@ -158,5 +212,5 @@ def run_cli(args) -> int:
     print(f"{result['model']} × {result['task']}: best of {len(result['candidates'])} setting(s) is {result['method']} "
           f"λ = {result['lam']:g}, ζ = {result['zeta']}, batch size {result['batch_size']}, {result['epochs']} epochs, "
           f"learning rate {result['learning_rate']:g}: {result['metric']} = {result['score']:.4f}{spread} over "
-          f"{result['seeds']} seed(s) -> {args.out}")
+          f"{result['seeds']} seed(s), scored on the {result['protocol']} split -> {args.out}")
     return 0

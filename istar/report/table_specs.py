@@ -17,13 +17,15 @@ __all__ = ["TableSpec", "TABLES", "TABLE_NAMES", "get_table", "enabled_tables", 
 class TableSpec:
     """A table: ``name`` (the stem of its files, ``results/tables/{name}.{csv,md,tex}``), ``switch``
     (the config section whose ``enabled`` key asks for it; None: always), ``data`` (the aggregate
-    CSV it reads, ``runs`` or ``selection``) and ``builder`` (``module:function`` returning a
-    :class:`istar.report.table_render.Table` from that CSV's DataFrame)."""
+    CSV it reads, ``runs`` or ``selection``), ``builder`` (``module:function`` returning a
+    :class:`istar.report.table_render.Table` from that CSV's DataFrame) and ``states_protocol``
+    (the builder also takes the selection CSV, to state the selection protocol in a footnote)."""
 
     name: str
     switch: str | None
     data: str
     builder: str
+    states_protocol: bool = False
 
     def enabled(self, config: dict) -> bool:
         if self.switch is None:
@@ -37,7 +39,7 @@ class TableSpec:
 TABLES: dict[str, TableSpec] = {
     spec.name: spec
     for spec in (
-        TableSpec("table1", None, "runs", "istar.report.tables:table1"),
+        TableSpec("table1", None, "runs", "istar.report.tables:table1", states_protocol=True),
         TableSpec("table2", None, "selection", "istar.report.tables:table2"),
         TableSpec("padding", "studies.padding", "runs", "istar.report.padding_study:padding_table"),
     )
@@ -58,7 +60,10 @@ def enabled_tables(config: dict) -> list[str]:
     return [spec.name for spec in TABLES.values() if spec.enabled(config)]
 
 
-def build(name: str, frame):
-    """Build table ``name`` from the DataFrame of its CSV."""
-    module, function = get_table(name).builder.split(":")
-    return getattr(importlib.import_module(module), function)(frame)
+def build(name: str, frame, selection=None):
+    """Build table ``name`` from the DataFrame of its CSV (and, for a table that states the selection
+    protocol, the selection CSV's DataFrame or None)."""
+    spec = get_table(name)
+    module, function = spec.builder.split(":")
+    builder = getattr(importlib.import_module(module), function)
+    return builder(frame, selection) if spec.states_protocol else builder(frame)

@@ -8,9 +8,16 @@ What the cells hold
 -------------------
 - Scores are shown ×100 with one decimal (accuracy, Matthews and Pearson correlation are
   fractions in the aggregate CSV); SQuAD's F1 and exact match are already percentages.
-- A cell is ``mean ± std`` over seeds, the std with ddof = 1. A cell from a single seed has
-  no std: it is shown as the mean alone (``71.3``), never as ``± 0.0``, and a footnote says so.
-- SQuAD cells are ``F1/EM``, each the mean over seeds (no std, as in the brief of Table 1).
+- A cell is ``mean ± std (n=k)`` over its k seeds, the std with ddof = 1. A cell from a single
+  seed has no std: it is shown as the mean alone (``71.3 (n=1)``), never as ``± 0.0``, and a
+  footnote says so.
+- SQuAD cells are ``F1/EM (n=k)``, each the mean over seeds (no std, as in the brief of Table 1).
+- Below each model's methods, one row per method against Base (``I-STAR − Base``): the mean
+  paired difference over the seeds both ran, in the units shown, with its 95 % Student-t
+  interval (n − 1 degrees of freedom, :mod:`istar.report.paired`): ``+1.2 [+0.3, +2.1]‡ (n=5)``, the
+  ``‡`` where the interval excludes 0. Seeds that only one side ran are named in a footnote.
+- A footnote states the protocol that chose I-STAR's λ and ζ (from ``selection.csv``,
+  :data:`istar.report.select.PROTOCOLS`) and what it costs.
 - Best method per model and task: the highest mean *at the precision shown* (SQuAD: F1);
   ties are all marked.
 - Tasks trained/evaluated on a stand-in split (made from the dev set because the real
@@ -28,6 +35,8 @@ import pandas as pd
 
 from istar.report.aggregate_csv import read_aggregate, require_columns
 from istar.registry.methods import METHOD_NAMES, METHODS
+from istar.report.paired import LEVEL, REFERENCE, paired_differences
+from istar.report.select import protocol_note
 from istar.report.table_render import Table, latex_escape, render_csv, render_latex, render_markdown, write_table
 from istar.registry.tasks import get_task, ordered_tasks
 
@@ -48,6 +57,9 @@ STANDIN_NOTE = (
 
 RUNS_COLUMNS = ("study", "model", "task", "method", "setting", "seed", "score", "f1", "exact_match", "standin")
 SELECTION_COLUMNS = ("model", "task", "lam", "zeta", "standin")
+PROTOCOL_COLUMNS = ("protocol", "heldout_fraction", "heldout_seed", "settings")
+EXCLUDES_ZERO = "‡"
+"""Appended to a difference whose interval excludes 0."""
 
 
 # --------------------------------------------------------------------------------------
@@ -78,20 +90,24 @@ def _standin_footnote(columns: list[str], standin: list[bool]) -> list[str]:
     return [f"† {', '.join(flagged)}: {STANDIN_NOTE}"]
 
 
-def table1(runs: pd.DataFrame) -> Table:
-    """Table 1: Base vs CosReg vs I-STAR per model and task, mean ± std over seeds.
+def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
+    """Table 1: Base vs CosReg vs I-STAR per model and task, mean ± std over seeds, and each
+    method's paired difference from Base with its 95 % interval.
 
     Parameters
     ----------
     runs : DataFrame
         ``runs.csv`` of ``istar aggregate``; only rows with ``study == "final"`` are used.
         Each model × task × method must have a single setting there (the chosen one).
+    selection : DataFrame, optional
+        ``selection.csv`` of ``istar aggregate``: which protocol chose I-STAR's setting (a
+        footnote). None: the footnote says that the protocol is not known.
 
     Returns
     -------
     Table
-        Rows model × method (Base, CosReg, I-STAR), columns the tasks present in registry
-        order, cells as described in the module docstring.
+        Rows model × method (Base, CosReg, I-STAR), then model × ``method − Base``; columns
+        the tasks present in registry order; cells as described in the module docstring.
 
     Raises
     ------
@@ -120,8 +136,9 @@ def table1(runs: pd.DataFrame) -> Table:
     tasks = ordered_tasks(final["task"])
     models = list(dict.fromkeys(final["model"]))
     groups = {key: group for key, group in final.groupby(["model", "method", "task"])}
+    paired = {(row.model, row.method, row.task): row for row in paired_differences(final).itertuples()}
 
-    index, cells, best, seed_counts = [], [], [], set()
+    index, cells, best, seed_counts, unpaired = [], [], [], set(), []
     for model in models:
         methods = [m for m in METHOD_NAMES if (final["model"].eq(model) & final["method"].eq(m)).any()]
         block = [[_table1_cell(groups.get((model, method, task)), get_task(task).kind == "qa") for task in tasks]
@@ -132,6 +149,14 @@ def table1(runs: pd.DataFrame) -> Table:
             cells.append([text for text, _, _ in row])
             best.append([key is not None and key == top for (_, key, _), top in zip(row, tops)])
             seed_counts.update(n for _, _, n in row if n)
+        for method in [m for m in methods if m != REFERENCE] if REFERENCE in methods else []:
+            label = f"{METHODS[method].label} − {METHODS[REFERENCE].label}"
+            index.append([model, label])
+            cells.append([_difference_cell(paired.get((model, method, task)), get_task(task).kind == "qa")
+                          for task in tasks])
+            best.append([False] * len(tasks))
+            unpaired += [f"{model} {get_task(task).display} {label}: {paired[(model, method, task)].unpaired}"
+                         for task in tasks if (model, method, task) in paired and paired[(model, method, task)].unpaired]
 
     standin = [bool(final.loc[final["task"] == task, "standin"].any()) for task in tasks]
     seeds = "–".join(str(n) for n in sorted({min(seed_counts), max(seed_counts)})) if seed_counts else "0"
@@ -140,13 +165,20 @@ def table1(runs: pd.DataFrame) -> Table:
         by_metric.setdefault(get_task(task).metric, []).append(get_task(task).display)
     scores = "; ".join(f"{METRIC_NOTES.get(metric, metric)} for {', '.join(names)}" for metric, names in by_metric.items())
     footnotes = [
-        f"Scores: {scores}. Mean ± standard deviation (ddof = 1) over seeds; a cell without ± comes "
-        "from a single seed. Bold: best method per model and task (at the precision shown; ties all marked)."
-    ] + _standin_footnote([get_task(t).display for t in tasks], standin)
+        f"Scores: {scores}. Mean ± standard deviation (ddof = 1) over the n seeds of each cell; a cell without ± "
+        "comes from a single seed. Bold: best method per model and task (at the precision shown; ties all marked).",
+        f"Rows “method − Base”: the mean paired difference over the n seeds both ran (method minus Base, seed by "
+        f"seed; SQuAD: F1), in the units shown, with its {LEVEL:.0%} confidence interval from Student's t with "
+        f"n − 1 degrees of freedom; {EXCLUDES_ZERO}: the interval excludes 0. n = 1: no interval.",
+    ]
+    if unpaired:
+        footnotes.append("Seeds run by one side only, left out of the differences: " + "; ".join(unpaired) + ".")
+    footnotes.append(_protocol_footnote(selection))
+    footnotes += _standin_footnote([get_task(t).display for t in tasks], standin)
     return Table(
         name="table1",
         caption=f"Performance of {_listing([method.label for method in METHODS.values()])} per model and task "
-        f"({seeds} seeds).",
+        f"({seeds} seeds), and each method's paired difference from Base with its {LEVEL:.0%} interval.",
         index_names=["Model", "Method"],
         index=index,
         columns=[get_task(t).display for t in tasks],
@@ -167,12 +199,38 @@ def _table1_cell(group: pd.DataFrame | None, qa: bool) -> tuple[str, float | Non
         if n == 0:
             return "–", None, 0
         em_text = "–" if math.isnan(em) else f"{em:.1f}"
-        return f"{f1:.1f}/{em_text}", round(f1, 1), n
+        return f"{f1:.1f}/{em_text} (n={n})", round(f1, 1), n
     mean, std, n = _mean_std(group["score"] * 100.0)
     if n == 0:
         return "–", None, 0
     text = f"{mean:.1f}" if n == 1 else f"{mean:.1f} ± {std:.1f}"
-    return text, round(mean, 1), n
+    return f"{text} (n={n})", round(mean, 1), n
+
+
+def _difference_cell(row, qa: bool) -> str:
+    """``+1.2 [+0.3, +2.1]‡ (n=5)`` from a row of :func:`istar.report.paired.paired_differences`."""
+    if row is None or row.n == 0:
+        return "– (n=0)"
+    scale = 1.0 if qa else 100.0  # SQuAD's F1 is a percentage already; the other metrics are fractions
+    text = f"{row.mean_difference * scale:+.1f}"
+    if row.n >= 2:
+        text += f" [{row.ci_low * scale:+.1f}, {row.ci_high * scale:+.1f}]" + (EXCLUDES_ZERO if row.excludes_zero else "")
+    return f"{text} (n={row.n})"
+
+
+def _protocol_footnote(selection: pd.DataFrame | None) -> str:
+    """Which protocol chose I-STAR's λ and ζ, and what it costs (one sentence per protocol found)."""
+    if selection is None or selection.empty:
+        return "I-STAR's setting: the selection protocol is not recorded here (no selection.csv given)."
+    require_columns(selection, PROTOCOL_COLUMNS, "selection.csv")
+    notes = []
+    for _, row in selection.drop_duplicates(list(PROTOCOL_COLUMNS[:3])).iterrows():
+        fraction = None if pd.isna(row["heldout_fraction"]) else float(row["heldout_fraction"])
+        seed = None if pd.isna(row["heldout_seed"]) else int(row["heldout_seed"])
+        settings = selection.loc[selection["protocol"] == row["protocol"], "settings"].astype(int)
+        count = f"{settings.min()}" if settings.min() == settings.max() else f"{settings.min()}–{settings.max()}"
+        notes.append(protocol_note(row["protocol"], settings=count, fraction=fraction, seed=seed))
+    return "I-STAR's setting: " + " ".join(notes)
 
 
 def table2(selection: pd.DataFrame) -> Table:
@@ -272,7 +330,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=Path, default=Path("results/aggregate/runs.csv"),
                         help="runs.csv of `istar aggregate` (table1, padding; default: %(default)s)")
     parser.add_argument("--selection", type=Path, default=Path("results/aggregate/selection.csv"),
-                        help="selection.csv of `istar aggregate` (table2; default: %(default)s)")
+                        help="selection.csv of `istar aggregate` (table2; table1: the selection protocol's footnote, "
+                        "left out when the file does not exist; default: %(default)s)")
     parser.add_argument("--out-prefix", type=Path, default=None,
                         help="output path without suffix; writes .csv, .md and .tex (default: results/tables/WHICH)")
 
@@ -281,8 +340,11 @@ def run_cli(args: argparse.Namespace) -> int:
     """Build the chosen table from its CSV and write it; print the files written."""
     from istar.report.table_specs import build, get_table
 
-    source = {"runs": args.runs, "selection": args.selection}[get_table(args.which).data]
-    table = build(args.which, read_aggregate(source))
+    spec = get_table(args.which)
+    source = {"runs": args.runs, "selection": args.selection}[spec.data]
+    # a table that states the selection protocol reads it when the selection exists (it is drawn without it too)
+    selection = read_aggregate(args.selection) if spec.states_protocol and args.selection.is_file() else None
+    table = build(args.which, read_aggregate(source), selection=selection)
     for path in write_table(table, args.out_prefix or Path("results/tables") / args.which):
         print(path)
     return 0

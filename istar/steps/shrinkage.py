@@ -228,6 +228,8 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
     rows = merge_layers(per_layer, indices).count
     provenance = {
         "model": step.model_name, "model_path": step.model_path, "task": task.key, "split": "train",
+        # a held-out selection split's record (istar.data.holdout): which training rows Σ_S saw
+        "data_dir": spec.data_dir, "heldout": step.meta.get("heldout"),
         "standin": step.standin, "layer_spec": spec.layers, "tokens": spec.tokens, "batch_size": spec.batch_size,
         "requested_rows": spec.rows, "max_length": spec.max_length, "seed": spec.seed,
         "num_processes": accelerator.num_processes, "seconds": round(time.perf_counter() - start, 2),

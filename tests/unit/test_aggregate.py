@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -33,7 +34,10 @@ EXPECTED_LAYERS_COLUMNS = ["study", "model", "task", "method", "setting", "lam",
 EXPECTED_DIMS_COLUMNS = ["study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens", "seed", "dim",
                          "mean", "std"]
 EXPECTED_SELECTION_COLUMNS = ["model", "task", "metric", "lam", "zeta", "batch_size", "epochs", "learning_rate",
-                              "score", "score_std", "seeds", "standin"]
+                              "score", "score_std", "seeds", "standin", "protocol", "heldout_fraction", "heldout_seed",
+                              "settings"]
+EXPECTED_PAIRED_COLUMNS = ["study", "model", "task", "method", "reference", "metric", "n", "mean_difference",
+                           "sd_difference", "ci_low", "ci_high", "level", "excludes_zero", "seeds", "unpaired"]
 
 # (setting folder, method, λ, layers, seed, analysed)
 RUNS = [
@@ -149,6 +153,28 @@ def test_selection_metric_option_and_errors(runs, search, tmp_path):
         select_best([search[0], search[0]])
 
 
+
+def test_selection_reads_the_protocol_from_the_runs_data(search, tmp_path):
+    """A search run whose data is a held-out split says so in run_config.json; select reports it,
+    and refuses runs scored on different splits."""
+    heldout = {"of": "resources/data/rte", "of_train_sha256": None, "fraction": 0.25, "seed": 3, "unit": "row",
+               "held_out": 12, "units": 48}
+    moved = []
+    for index, run in enumerate(search):
+        copy = tmp_path / "results" / "search" / "heldout0.25_seed3" / "tiny" / "rte" / run.parent.name / run.name
+        shutil.copytree(run, copy)
+        config = json.loads((copy / "run_config.json").read_text())
+        config["data_meta"] = {**config["data_meta"], "heldout": heldout}
+        artifacts.write_json(copy / "run_config.json", config, digest=True)  # a new hash: readers check it
+        moved.append(copy)
+    best = select_best(moved)
+    assert (best["protocol"], best["heldout_fraction"], best["heldout_seed"], best["settings"]) == ("heldout", 0.25, 3, 3)
+    assert (best["lam"], best["model"]) == (-3.0, "tiny")  # the same choice as from the same scores
+    assert select_best(search)["protocol"] == "validation"
+    with pytest.raises(ValueError, match="scored on different splits.*search.selection_split"):
+        select_best([*search[:2], *moved[2:]])
+
+
 def test_select_cli(search, tmp_path):
     out = tmp_path / "best.json"
     done = subprocess.run([sys.executable, "-m", "istar", "select", "--task-metric", "accuracy", "--out", str(out),
@@ -182,7 +208,8 @@ def test_exact_columns(aggregated):
     assert list(RUNS_COLUMNS) == EXPECTED_RUNS_COLUMNS and list(LAYERS_COLUMNS) == EXPECTED_LAYERS_COLUMNS
     assert list(DIMS_COLUMNS) == EXPECTED_DIMS_COLUMNS and list(SELECTION_COLUMNS) == EXPECTED_SELECTION_COLUMNS
     for name, columns in [("runs", EXPECTED_RUNS_COLUMNS), ("layers", EXPECTED_LAYERS_COLUMNS),
-                          ("dims", EXPECTED_DIMS_COLUMNS), ("selection", EXPECTED_SELECTION_COLUMNS)]:
+                          ("dims", EXPECTED_DIMS_COLUMNS), ("selection", EXPECTED_SELECTION_COLUMNS),
+                          ("paired", EXPECTED_PAIRED_COLUMNS)]:
         assert read_csv(aggregated["out"] / f"{name}.csv")[0] == columns
         assert list(aggregated["frames"][name].columns) == columns
 
@@ -253,6 +280,25 @@ def test_layers_dims_and_selection_csv(aggregated):
     row = selection.iloc[0]
     assert (row["model"], row["task"], row["lam"], row["zeta"], row["seeds"]) == ("tiny", "rte", -3.0, 0.4, 2)
     assert row["score"] == pytest.approx(0.8) and row["score_std"] == pytest.approx(math.sqrt(0.005))
+    # the search trained and was scored on the task's own splits: the paper's protocol
+    assert row["protocol"] == "validation" and pd.isna(row["heldout_fraction"]) and row["settings"] == 3
+
+
+def test_paired_csv_equals_scipy_on_the_final_runs(aggregated):
+    from scipy import stats
+
+    runs = pd.read_csv(aggregated["out"] / "runs.csv")
+    paired = pd.read_csv(aggregated["out"] / "paired.csv").set_index("method")
+    final = runs[runs["study"] == "final"].set_index(["method", "seed"])["score"]
+    assert sorted(paired.index) == ["cosreg", "istar"] and set(paired["reference"]) == {"base"}
+    assert paired.at["istar", "unpaired"] == "istar: 1" and paired.at["istar", "n"] == 1  # base ran seed 0 only
+    for method, row in paired.iterrows():
+        seeds = sorted(set(final[method].index) & set(final["base"].index))
+        a, b = final[method].loc[seeds].to_numpy(), final["base"].loc[seeds].to_numpy()
+        assert row["n"] == len(seeds) and row["mean_difference"] == pytest.approx(np.mean(a - b))
+        if len(seeds) > 1:
+            interval = stats.ttest_rel(a, b).confidence_interval(0.95)
+            assert (row["ci_low"], row["ci_high"]) == pytest.approx((interval.low, interval.high))
 
 
 def test_epochs_csv_has_the_final_runs_sigma_isoscore_per_epoch(aggregated):
@@ -277,7 +323,8 @@ def test_epochs_csv_has_the_final_runs_sigma_isoscore_per_epoch(aggregated):
 def test_empty_inputs_and_errors(runs, tmp_path):
     frames = aggregate([], [], tmp_path / "empty")
     for name, columns in [("runs", EXPECTED_RUNS_COLUMNS), ("layers", EXPECTED_LAYERS_COLUMNS),
-                          ("dims", EXPECTED_DIMS_COLUMNS), ("selection", EXPECTED_SELECTION_COLUMNS)]:
+                          ("dims", EXPECTED_DIMS_COLUMNS), ("selection", EXPECTED_SELECTION_COLUMNS),
+                          ("paired", EXPECTED_PAIRED_COLUMNS)]:
         assert read_csv(tmp_path / "empty" / f"{name}.csv") == [columns] and frames[name].empty
     unfinished = tmp_path / "runs" / "tiny" / "rte" / "base" / "seed9"
     unfinished.mkdir(parents=True)

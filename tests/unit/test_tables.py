@@ -75,11 +75,14 @@ def test_table1_numbers_and_layout():
     assert table.columns == ["RTE", "CoLA", "SQuAD"]  # registry order
     assert [labels[1] for labels in table.index[:3]] == ["Base", "CosReg", "I-STAR"]
     rte = 100 * np.array(SCORES["bert"]["istar"]["rte"])
-    assert _cell(table, "bert", "I-STAR", "RTE")[0] == f"{rte.mean():.1f} ± {rte.std(ddof=1):.1f}" == "73.0 ± 2.0"
-    assert _cell(table, "bert", "Base", "CoLA")[0] == "56.0 ± 1.0"
-    assert _cell(table, "bert", "Base", "SQuAD")[0] == "88.0/80.0"
-    assert _cell(table, "bert", "I-STAR", "SQuAD")[0] == f"{np.mean([88.0, 88.5, 88.6]):.1f}/{np.mean([80.0, 80.5, 80.6]):.1f}"
-    assert _cell(table, "distil_bert", "Base", "RTE")[0] == "60.0"  # one seed: no ± std
+    assert _cell(table, "bert", "I-STAR", "RTE")[0] == f"{rte.mean():.1f} ± {rte.std(ddof=1):.1f} (n=3)" == "73.0 ± 2.0 (n=3)"
+    assert _cell(table, "bert", "Base", "CoLA")[0] == "56.0 ± 1.0 (n=3)"
+    assert _cell(table, "bert", "Base", "SQuAD")[0] == "88.0/80.0 (n=3)"
+    assert (_cell(table, "bert", "I-STAR", "SQuAD")[0]
+            == f"{np.mean([88.0, 88.5, 88.6]):.1f}/{np.mean([80.0, 80.5, 80.6]):.1f} (n=3)")
+    assert _cell(table, "distil_bert", "Base", "RTE")[0] == "60.0 (n=1)"  # one seed: no ± std
+    # the paired rows follow each model's methods
+    assert [labels[1] for labels in table.index[:5]] == ["Base", "CosReg", "I-STAR", "CosReg − Base", "I-STAR − Base"]
 
 
 def test_table1_best_marks():
@@ -90,11 +93,11 @@ def test_table1_best_marks():
     assert _cell(table, "distil_bert", "CosReg", "SQuAD")[1]
     # a tie at the precision shown marks both
     assert _cell(table, "distil_bert", "CosReg", "RTE")[1] and _cell(table, "distil_bert", "I-STAR", "RTE")[1]
-    assert sum(map(sum, table.best)) == 2 * 3 + 1  # one per model × task, plus the tie
+    assert sum(map(sum, table.best)) == 2 * 3 + 1  # one per model × task, plus the tie (never a difference row)
     csv_text = tables.render_csv(table)
-    assert "bert,I-STAR,73.0 ± 2.0*," in csv_text and "bert,Base,72.0 ± 2.0," in csv_text
-    assert "**73.0 ± 2.0**" in tables.render_markdown(table)
-    assert r"\textbf{73.0 $\pm$ 2.0}" in tables.render_latex(table)
+    assert "bert,I-STAR,73.0 ± 2.0 (n=3)*," in csv_text and "bert,Base,72.0 ± 2.0 (n=3)," in csv_text
+    assert "**73.0 ± 2.0 (n=3)**" in tables.render_markdown(table)
+    assert r"\textbf{73.0 $\pm$ 2.0 (n=3)}" in tables.render_latex(table)
 
 
 def test_table1_standin_dagger_and_footnote():
@@ -190,7 +193,7 @@ def test_cli_writes_three_files(tmp_path):
         assert result.returncode == 0, result.stderr
         for suffix in (".csv", ".md", ".tex"):
             assert prefix.with_name(which + suffix).stat().st_size > 100
-    assert pd.read_csv(tmp_path / "tables" / "table1.csv").shape == (6, 5)
+    assert pd.read_csv(tmp_path / "tables" / "table1.csv").shape == (10, 5)  # 2 models × (3 methods + 2 differences)
     assert not list((tmp_path / "tables").glob(".*"))
     result = subprocess.run([sys.executable, "-m", "istar", "table", "table1", "--runs", str(tmp_path / "nope.csv")],
                             capture_output=True, text=True)
@@ -221,3 +224,97 @@ def test_padding_table_and_figure_from_runs():
     assert len(fig.axes[0].containers) == 3
     with pytest.raises(ValueError, match="enable studies.padding"):
         padding_table(runs[runs["study"] == "final"])
+
+
+# --------------------------------------------------------------------------------------
+# paired differences against Base: the intervals are SciPy's paired t-test intervals
+# --------------------------------------------------------------------------------------
+
+from scipy import stats  # noqa: E402
+
+from istar.report.paired import paired_differences, paired_interval  # noqa: E402
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 10])
+def test_paired_interval_equals_scipy(n):
+    rng = np.random.default_rng(n)
+    base, method = rng.normal(0.7, 0.02, n), rng.normal(0.71, 0.02, n)
+    mean, sd, low, high = paired_interval(method - base)
+    expected = stats.ttest_rel(method, base).confidence_interval(0.95)
+    assert (low, high) == pytest.approx((expected.low, expected.high), rel=1e-12, abs=1e-15)
+    assert (low, high) == pytest.approx(stats.t.interval(0.95, n - 1, loc=mean, scale=stats.sem(method - base)))
+    assert mean == pytest.approx(np.mean(method - base)) and sd == pytest.approx(np.std(method - base, ddof=1))
+
+
+def test_paired_interval_edge_cases():
+    assert np.isnan(paired_interval([0.02])[2])  # n = 1: no interval
+    assert paired_interval([0.01, 0.01, 0.01])[2:] == (0.01, 0.01)  # sd 0: a point
+    with pytest.raises(ValueError, match="NaN differences"):
+        paired_interval([0.1, np.nan])
+    with pytest.raises(ValueError, match="non-empty"):
+        paired_interval([])
+
+
+def _unpaired_runs() -> pd.DataFrame:
+    """make_runs with bert's I-STAR seed 0 missing on RTE and an extra I-STAR seed 7 on CoLA."""
+    runs = make_runs()
+    runs = runs[~((runs.model == "bert") & (runs.task == "rte") & (runs.method == "istar") & (runs.seed == 0))]
+    extra = runs[(runs.model == "bert") & (runs.task == "cola") & (runs.method == "istar") & (runs.seed == 0)].copy()
+    return pd.concat([runs, extra.assign(seed=7, score=0.9)], ignore_index=True)
+
+
+def test_paired_differences_pair_by_seed_and_name_unpaired_seeds():
+    runs = _unpaired_runs()
+    paired = paired_differences(runs).set_index(["model", "task", "method"])
+    scores = SCORES["bert"]
+    row = paired.loc[("bert", "rte", "istar")]
+    base, istar = np.array(scores["base"]["rte"][1:]), np.array(scores["istar"]["rte"][1:])
+    expected = stats.ttest_rel(istar, base).confidence_interval(0.95)
+    assert row.n == 2 and row.seeds == "1 2" and row.unpaired == "base: 0"
+    assert (row.ci_low, row.ci_high) == pytest.approx((expected.low, expected.high))
+    cola = paired.loc[("bert", "cola", "istar")]
+    assert cola.n == 3 and cola.unpaired == "istar: 7"  # seed 7's 0.9 is not in the difference
+    assert cola.mean_difference == pytest.approx(np.mean(np.subtract(scores["istar"]["cola"], scores["base"]["cola"])))
+    # one seed: a difference, no interval
+    single = paired.loc[("distil_bert", "rte", "cosreg")]
+    assert single.n == 1 and single.mean_difference == pytest.approx(0.01) and pd.isna(single.ci_low)
+    assert pd.isna(single.excludes_zero)
+    # the search rows are not compared
+    assert set(paired["study"]) == {"final"} and len(paired) == 2 * 3 * 2
+
+
+def test_table1_difference_rows_show_scipy_intervals_marks_and_seed_counts():
+    runs = _unpaired_runs()
+    table = tables.table1(runs)
+    scores = SCORES["bert"]
+    for method, label in (("cosreg", "CosReg − Base"), ("istar", "I-STAR − Base")):
+        for task, column, scale in (("rte", "RTE", 100.0), ("cola", "CoLA", 100.0), ("squad", "SQuAD", 1.0)):
+            seeds = [1, 2] if (method, task) == ("istar", "rte") else [0, 1, 2]
+            a = np.array(scores[method][task])[seeds] * scale
+            b = np.array(scores["base"][task])[seeds] * scale
+            ci = stats.ttest_rel(a, b).confidence_interval(0.95)
+            mark = "‡" if ci.low > 0 or ci.high < 0 else ""
+            expected = f"{np.mean(a - b):+.1f} [{ci.low:+.1f}, {ci.high:+.1f}]{mark} (n={len(seeds)})"
+            assert _cell(table, "bert", label, column) == (expected, False), (method, task)
+    # CosReg is below Base on CoLA on every seed: its interval excludes 0; I-STAR on RTE (2 seeds) does not
+    assert _cell(table, "bert", "CosReg − Base", "CoLA")[0].endswith("‡ (n=3)")
+    assert "‡" not in _cell(table, "bert", "I-STAR − Base", "RTE")[0]
+    assert _cell(table, "distil_bert", "I-STAR − Base", "CoLA")[0] == "+2.0 (n=1)"
+    notes = " ".join(table.footnotes)
+    assert "Student's t with n − 1 degrees of freedom" in notes and "95%" in notes
+    assert "bert RTE I-STAR − Base: base: 0" in notes and "bert CoLA I-STAR − Base: istar: 7" in notes
+    latex = tables.render_latex(table)
+    assert r"I-STAR $-$ Base" in latex and r"$^\ddagger$" in latex and "‡" not in latex and "−" not in latex
+
+
+def test_table1_states_the_selection_protocol():
+    selection = make_selection().assign(protocol="validation", heldout_fraction=np.nan, heldout_seed=pd.NA,
+                                        settings=24)
+    notes = " ".join(tables.table1(make_runs(), selection).footnotes)
+    assert "the paper's protocol" in notes and "best of 24 searched settings" in notes and "biased upward" in notes
+    heldout = selection.assign(protocol="heldout", heldout_fraction=0.2, heldout_seed=3)
+    notes = " ".join(tables.table1(make_runs(), heldout).footnotes)
+    assert "held-out 20% of the training split (seed 3)" in notes and "took no part in the choice" in notes
+    assert "not recorded" in " ".join(tables.table1(make_runs()).footnotes)
+    with pytest.raises(ValueError, match="unknown selection protocol 'test'"):
+        tables.table1(make_runs(), selection.assign(protocol="test"))

@@ -24,17 +24,19 @@ from istar.config.layout import (
     MODEL_PIN,
     PROFILE,
     RUN,
-    SEARCH_RUN,
     SELECTION,
     SIGMA,
     SIGMA_ALL_POSITIONS,
     WILDCARD_CONSTRAINTS,
     Setting,
+    search_templates,
     seeds_token,
     sigma_template,
 )
 from istar.pipeline.plan import (
     final_settings,
+    heldout_name,
+    holdout_spec,
     measure_spec,
     needs_sigma,
     prepare_data_inputs,
@@ -65,6 +67,11 @@ DATA_TASKS = TASKS + ([_profile_task] if _profile_task not in [None, *TASKS] els
 TRAINING = config["training"]
 GPUS = TRAINING["gpus"]
 
+# The search reads the task's own splits (scored on the validation split, the paper's
+# protocol) or, under search.selection_split: heldout, a held-out split of the training rows
+# made by the holdout_data rule, with a Σ_S of its own; the final runs always read DATA.
+HELDOUT = heldout_name(config)
+SEARCH_TAG, SEARCH_DATA, SEARCH_SIGMA, SEARCH_RUN = search_templates(HELDOUT)
 PROFILES = [
     PROFILE.format(pmodel=name, revision=revision)
     for name, revision in survey_targets(config)
@@ -93,28 +100,39 @@ def data_files(wildcards):
     return prepared_files(wildcards.task)
 
 
+def search_data_files(wildcards):
+    folder = SEARCH_DATA.format(task=wildcards.task)
+    return [
+        f"{folder}/{name}"
+        for name in ("train.parquet", "validation.parquet", "meta.json")
+    ]
+
+
 def model_source(wildcards):
     """The pretrained model's pin file, written by pin_model, so every step loads the same commit."""
     return MODEL_PIN.format(model=wildcards.model)
 
 
-def sigma_path(wildcards, setting: Setting) -> str:
-    """The pretrained Σ_S over the rows the setting's penalty reads."""
-    return sigma_template(setting.tokens).format(
+def sigma_path(wildcards, setting: Setting, heldout=None) -> str:
+    """The pretrained Σ_S over the rows the setting's penalty reads (of the search part under heldout)."""
+    return sigma_template(setting.tokens, heldout).format(
         model=wildcards.model, task=wildcards.task
     )
 
 
-def sigma_input(wildcards):
-    setting = Setting.parse(wildcards.setting)
-    return sigma_path(wildcards, setting) if needs_sigma(setting) else []
+def sigma_input_of(heldout=None):
+    def sigma_input(wildcards):
+        setting = Setting.parse(wildcards.setting)
+        return sigma_path(wildcards, setting, heldout) if needs_sigma(setting) else []
+
+    return sigma_input
 
 
 # Each step gets its whole spec as one JSON argument (istar.pipeline.plan builds it from the config);
 # a changed spec is a changed param, so Snakemake reruns exactly the jobs whose spec changed.
 
 
-def train_spec_json(run_pattern):
+def train_spec_json(run_pattern, data_pattern=DATA, heldout=None):
     def spec(wildcards):
         setting = Setting.parse(wildcards.setting)
         return train_spec(
@@ -123,9 +141,9 @@ def train_spec_json(run_pattern):
             task=wildcards.task,
             setting=setting,
             seed=int(wildcards.seed),
-            data_dir=DATA.format(task=wildcards.task),
+            data_dir=data_pattern.format(task=wildcards.task),
             output_dir=run_pattern.format(**wildcards),
-            sigma_s=sigma_path(wildcards, setting),
+            sigma_s=sigma_path(wildcards, setting, heldout),
         ).to_json()
 
     return spec
@@ -141,18 +159,26 @@ def prepare_data_sources(wildcards):
     return prepare_data_inputs(config, wildcards.task)
 
 
-def shrinkage_spec_json(tokens):
+def shrinkage_spec_json(tokens, data_pattern=DATA):
     def spec(wildcards, output):
         return shrinkage_spec(
             config,
             model=model_source(wildcards),
             task=wildcards.task,
-            data_dir=DATA.format(task=wildcards.task),
+            data_dir=data_pattern.format(task=wildcards.task),
             out=output.sigma,
             tokens=tokens,
         ).to_json()
 
     return spec
+
+
+def holdout_spec_json(wildcards):
+    return holdout_spec(
+        config,
+        data_dir=DATA.format(task=wildcards.task),
+        out=SEARCH_DATA.format(task=wildcards.task),
+    ).to_json()
 
 
 def measures_file(model, task, study, setting: Setting) -> str:

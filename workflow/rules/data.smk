@@ -16,3 +16,30 @@ rule prepare_data:
         spec=prepare_data_spec_json,
     shell:
         "python -m istar prepare-data --spec {params.spec:q} > {log} 2>&1"
+
+
+# search.selection_split: heldout - the search trains on part of the training split and is
+# scored on the rest (istar.data.holdout); the final runs keep the whole training split.
+if HELDOUT:
+
+    # bookkeeping, like prepare_data: it stays on the submitting host under a cluster profile
+    localrules:
+        holdout_data,
+
+    rule holdout_data:
+        input:
+            data_files,
+        output:
+            train=f"{SEARCH_DATA}/train.parquet",
+            validation=f"{SEARCH_DATA}/validation.parquet",
+            meta=f"{SEARCH_DATA}/meta.json",
+        log:
+            f"logs/holdout_data/{{task}}/{HELDOUT}.log",
+        benchmark:
+            f"benchmarks/holdout_data/{{task}}/{HELDOUT}.tsv"
+        conda:
+            "../../envs/istar.yaml"
+        params:
+            spec=holdout_spec_json,
+        shell:
+            "python -m istar holdout-data --spec {params.spec:q} > {log} 2>&1"

@@ -35,3 +35,36 @@ use rule shrinkage as shrinkage_all_positions with:
         "benchmarks/shrinkage/{model}/{task}_allpos.tsv"
     params:
         spec=shrinkage_spec_json("all_positions"),
+
+
+# Under search.selection_split: heldout the search's Σ_S comes from its own training part, so
+# no statistic of the held-out rows reaches the runs they score.
+if HELDOUT:
+
+    use rule shrinkage as shrinkage_search with:
+        input:
+            data=search_data_files,
+            model=model_source,
+        output:
+            sigma=SEARCH_SIGMA,
+            provenance=SEARCH_SIGMA.replace(".pt", ".json"),
+        log:
+            f"logs/shrinkage/{SEARCH_TAG}{{model}}/{{task}}.log",
+        benchmark:
+            f"benchmarks/shrinkage/{SEARCH_TAG}{{model}}/{{task}}.tsv"
+        params:
+            spec=shrinkage_spec_json("real", SEARCH_DATA),
+
+    use rule shrinkage as shrinkage_search_all_positions with:
+        input:
+            data=search_data_files,
+            model=model_source,
+        output:
+            sigma=sigma_template("all_positions", HELDOUT),
+            provenance=sigma_template("all_positions", HELDOUT).replace(".pt", ".json"),
+        log:
+            f"logs/shrinkage/{SEARCH_TAG}{{model}}/{{task}}_allpos.log",
+        benchmark:
+            f"benchmarks/shrinkage/{SEARCH_TAG}{{model}}/{{task}}_allpos.tsv"
+        params:
+            spec=shrinkage_spec_json("all_positions", SEARCH_DATA),

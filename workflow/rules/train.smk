@@ -7,7 +7,7 @@ rule train:
     input:
         data=data_files,
         model=model_source,
-        sigma=sigma_input,
+        sigma=sigma_input_of(),
     output:
         metrics=f"{RUN}/metrics.json",
         log=f"{RUN}/train_log.csv",
@@ -32,9 +32,14 @@ rule train:
         "train --spec {params.spec:q} > {log} 2>&1"
 
 
-# The search stage trains the same way; its model folders are deleted once the metrics exist
-# unless search.keep_checkpoints is set.
+# The search stage trains the same way, on SEARCH_DATA (the task's splits, or a held-out split
+# of its training rows: search.selection_split); its model folders are deleted once the
+# metrics exist unless search.keep_checkpoints is set.
 use rule train as train_search with:
+    input:
+        data=search_data_files,
+        model=model_source,
+        sigma=sigma_input_of(HELDOUT),
     output:
         metrics=f"{SEARCH_RUN}/metrics.json",
         log=f"{SEARCH_RUN}/train_log.csv",
@@ -45,9 +50,9 @@ use rule train as train_search with:
             else temp(directory(f"{SEARCH_RUN}/model"))
         ),
     log:
-        "logs/finetune_search/{model}/{task}/{setting}/seed{seed}.log",
+        f"logs/finetune_search/{SEARCH_TAG}{{model}}/{{task}}/{{setting}}/seed{{seed}}.log",
     benchmark:
-        "benchmarks/finetune_search/{model}/{task}/{setting}/seed{seed}.tsv"
+        f"benchmarks/finetune_search/{SEARCH_TAG}{{model}}/{{task}}/{{setting}}/seed{{seed}}.tsv"
     params:
-        spec=train_spec_json(SEARCH_RUN),
+        spec=train_spec_json(SEARCH_RUN, SEARCH_DATA, HELDOUT),
         precision=TRAINING["mixed_precision"],

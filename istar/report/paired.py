@@ -1,0 +1,127 @@
+"""Paired differences between each method and the baseline over the seeds both ran.
+
+Base and the regularised runs of one model × task share their seeds, and a seed fixes the
+data order, the classifier's initialisation and dropout for every method alike. The
+comparison that uses this is *paired*: for each seed s run by both sides,
+d_s = score(method, s) − score(base, s), and over the n paired seeds
+
+    d̄ = (1/n) Σ_s d_s,    s_d = sqrt(Σ_s (d_s − d̄)² / (n − 1)),
+    95 % interval: d̄ ± t_{0.975, n−1} · s_d / √n
+
+(Student's t with n − 1 degrees of freedom; the same interval as a paired t-test, e.g.
+``scipy.stats.ttest_rel(method, base).confidence_interval()``). With n = 1 there is no
+interval. A seed that only one side ran does not enter the difference; it is listed in
+``unpaired`` so a table can say so. Scores are in the units of ``runs.csv`` (fractions,
+SQuAD's F1 in percent); the tables scale them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+__all__ = ["PAIRED_COLUMNS", "LEVEL", "REFERENCE", "paired_interval", "paired_differences"]
+
+REFERENCE = "base"
+"""The method every other one is compared with (a key of :data:`istar.registry.methods.METHODS`)."""
+
+LEVEL = 0.95
+"""Coverage of the intervals the tables and ``paired.csv`` report."""
+
+PAIRED_COLUMNS = ("study", "model", "task", "method", "reference", "metric", "n", "mean_difference",
+                  "sd_difference", "ci_low", "ci_high", "level", "excludes_zero", "seeds", "unpaired")
+"""Columns of :func:`paired_differences` (``results/aggregate/paired.csv``)."""
+
+
+def paired_interval(differences, level: float = LEVEL) -> tuple[float, float, float, float]:
+    """Mean, sample sd and the Student-t confidence interval of paired differences.
+
+    Parameters
+    ----------
+    differences : sequence of float, shape (n,)
+        d_s per paired seed, NaNs not allowed (drop them first).
+    level : float in (0, 1)
+        Coverage of the two-sided interval.
+
+    Returns
+    -------
+    (mean, sd, low, high); sd, low and high are NaN for n < 2. When every difference is equal
+    (sd = 0) the interval is the single point ``[mean, mean]``.
+    """
+    d = np.asarray(differences, dtype=np.float64)
+    if d.ndim != 1 or len(d) == 0:
+        raise ValueError(f"paired_interval needs a non-empty 1-d sequence of differences, got shape {d.shape}")
+    if np.isnan(d).any():
+        raise ValueError("paired_interval got NaN differences: drop the seeds without a score first")
+    if not 0 < level < 1:
+        raise ValueError(f"the interval's level must be in (0, 1), got {level!r}")
+    n, mean = len(d), float(d.mean())
+    if n < 2:
+        return mean, math.nan, math.nan, math.nan
+    sd = float(d.std(ddof=1))
+    half = float(stats.t.ppf(0.5 + level / 2, df=n - 1)) * sd / math.sqrt(n)
+    return mean, sd, mean - half, mean + half
+
+
+def _seed_scores(group: pd.DataFrame, what: str) -> dict[int, float]:
+    """Seed → score of one method's runs (a seed given twice is an error; missing scores dropped)."""
+    duplicated = group["seed"][group["seed"].duplicated()]
+    if len(duplicated):
+        raise ValueError(f"{what} has seed {int(duplicated.iloc[0])} more than once: give each run once "
+                         "(one setting per method in the final study)")
+    scores = group.dropna(subset=["score"])
+    return {int(seed): float(score) for seed, score in zip(scores["seed"], scores["score"])}
+
+
+def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str = REFERENCE,
+                       level: float = LEVEL) -> pd.DataFrame:
+    """Every method against ``reference`` per model × task, paired by seed.
+
+    Parameters
+    ----------
+    runs : DataFrame
+        ``runs.csv`` of ``istar aggregate`` (columns study, model, task, method, seed, metric,
+        score at least); only rows of ``study`` are used.
+    study, reference : the study whose runs are compared and the method they are compared with.
+    level : coverage of the intervals.
+
+    Returns
+    -------
+    DataFrame with :data:`PAIRED_COLUMNS`, one row per model × task × method ≠ reference that
+    has runs on both sides: ``n`` paired seeds, ``mean_difference`` d̄ (method − reference,
+    in the score's units), ``sd_difference`` s_d, ``ci_low``/``ci_high`` (NaN for n < 2),
+    ``excludes_zero`` (True/False; NA for n < 2), ``seeds`` the paired seeds (space-separated),
+    ``unpaired`` the seeds only one side ran, as ``base: 3; istar: 4`` (empty when none).
+    """
+    missing = [c for c in ("study", "model", "task", "method", "seed", "metric", "score") if c not in runs.columns]
+    if missing:
+        raise ValueError(f"runs.csv lacks the column(s) {', '.join(missing)}: was it written by `istar aggregate`?")
+    chosen = runs[runs["study"] == study]
+    rows = []
+    for (model, task), block in chosen.groupby(["model", "task"], sort=False):
+        methods = {method: group for method, group in block.groupby("method", sort=False)}
+        if reference not in methods:
+            continue
+        base = _seed_scores(methods[reference], f"{study} runs of {reference} for {model} on {task}")
+        for method, group in methods.items():
+            if method == reference:
+                continue
+            other = _seed_scores(group, f"{study} runs of {method} for {model} on {task}")
+            paired = sorted(set(base) & set(other))
+            only = [(name, sorted(set(mine) - set(theirs)))
+                    for name, mine, theirs in ((reference, base, other), (method, other, base))]
+            unpaired = "; ".join(f"{name}: {' '.join(map(str, seeds))}" for name, seeds in only if seeds)
+            if paired:
+                mean, sd, low, high = paired_interval([other[s] - base[s] for s in paired], level)
+            else:
+                mean = sd = low = high = math.nan
+            rows.append({"study": study, "model": model, "task": task, "method": method, "reference": reference,
+                         "metric": group["metric"].iloc[0], "n": len(paired), "mean_difference": mean,
+                         "sd_difference": sd, "ci_low": low, "ci_high": high, "level": level,
+                         "excludes_zero": pd.NA if math.isnan(low) else bool(low > 0 or high < 0),
+                         "seeds": " ".join(map(str, paired)), "unpaired": unpaired})
+    frame = pd.DataFrame(rows, columns=list(PAIRED_COLUMNS))
+    return frame.astype({"n": "Int64", "excludes_zero": "boolean"})

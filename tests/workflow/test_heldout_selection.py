@@ -1,0 +1,54 @@
+"""A real workflow run under search.selection_split: heldout: the search never trains on, nor
+takes Σ_S from, the training rows that score it; the final runs train on the full training
+split; the selection, Table 1 and the report name the protocol."""
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from istar.data import read_split
+from workflow_helpers import load_test_config, save_tiny_model, snakemake, write_project
+
+
+def test_heldout_workflow_never_trains_the_search_on_its_scoring_rows(tmp_path):
+    config = load_test_config("tiny")
+    config["data"]["subset"] = True  # tests/data holds a slice of each release
+    config["search"].update(selection_split="heldout", heldout_fraction=0.25, heldout_seed=1)
+    config["studies"] = {name: {"enabled": False} for name in config["studies"]}
+    write_project(tmp_path, config)
+    save_tiny_model(tmp_path / "tiny-bert")
+    result = snakemake(tmp_path, "--cores", "2")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+
+    full, heldout_dir = tmp_path / "resources/data/rte", tmp_path / "resources/data/rte/heldout0.25_seed1"
+    full_train, reported = read_split(full, "train"), read_split(full, "validation")
+    search_train, held = read_split(heldout_dir, "train"), read_split(heldout_dir, "validation")
+    assert len(held) == 8 and set(search_train["idx"]).isdisjoint(held["idx"])
+    assert set(held["idx"]) | set(search_train["idx"]) == set(full_train["idx"])
+
+    search_runs = sorted((tmp_path / "results/search/heldout0.25_seed1/tiny/rte").glob("*/seed0"))
+    assert len(search_runs) == 2  # λ ∈ {−1, 1} × ζ = 0.2
+    for run in search_runs:
+        run_config = json.loads((run / "run_config.json").read_text())
+        assert run_config["data_dir"] == "resources/data/rte/heldout0.25_seed1"
+        assert run_config["sigma_s"] == "resources/shrinkage/tiny/rte/heldout0.25_seed1/sigma0.pt"
+        assert run_config["data_meta"]["rows"] == {"train": 24, "validation": 8}
+    sigma = json.loads((tmp_path / "resources/shrinkage/tiny/rte/heldout0.25_seed1/sigma0.json").read_text())
+    assert sigma["data_dir"] == "resources/data/rte/heldout0.25_seed1" and sigma["heldout"]["seed"] == 1
+    assert json.loads((tmp_path / "resources/shrinkage/tiny/rte/sigma0.json").read_text())["heldout"] is None
+
+    best = json.loads((tmp_path / "results/selection/tiny/rte/best.json").read_text())
+    assert (best["protocol"], best["heldout_fraction"], best["heldout_seed"], best["settings"]) == ("heldout", 0.25, 1, 2)
+    for setting in ("base", "cosreg_lam1", f"istar_lam{best['lam']:g}_zeta0.2"):
+        final = json.loads((tmp_path / f"results/runs/tiny/rte/{setting}/seed0/run_config.json").read_text())
+        assert final["data_dir"] == "resources/data/rte"  # the final runs train on the full training split
+        assert final["data_meta"]["rows"]["train"] == len(full_train) and "heldout" not in final["data_meta"]
+    assert len(reported) == 24
+    selection = pd.read_csv(tmp_path / "results/aggregate/selection.csv")
+    assert selection["protocol"].tolist() == ["heldout"]
+    table = (tmp_path / "results/tables/table1.md").read_text()
+    assert "held-out 25% of the training split (seed 1)" in table and "I-STAR − Base" in table
+    assert np.isclose(pd.read_csv(tmp_path / "results/aggregate/paired.csv")["n"], 1).all()
+    report = (tmp_path / "results/report.html").read_text()
+    assert "Selection protocol: held-out" in report and "search.selection_split: heldout" in report
