@@ -30,6 +30,7 @@ import signal
 import sys
 
 from istar.io.revisions import RevisionUnavailableError
+from istar.steps.tracking import TrackerUnavailableError
 
 SUBCOMMANDS = {
     "config": ("istar.pipeline.validate", "validate a workflow config and print it with every default filled in"),
@@ -89,7 +90,7 @@ def main(argv=None) -> int:
     try:
         module = importlib.import_module(args.module)
         return module.run_cli(args)
-    except (ValueError, FileNotFoundError, RevisionUnavailableError) as error:
+    except (ValueError, FileNotFoundError, RevisionUnavailableError, TrackerUnavailableError) as error:
         print(f"istar {args.command}: error: {error}", file=sys.stderr)
         return 2
     except (StorageError, FolderLockedError) as error:

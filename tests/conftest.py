@@ -60,6 +60,8 @@ def prepared(tmp_path_factory):
 
 HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 HUB_DECODER = "istar-test/tiny-neox"
+HUB_ENCODERS = {"modernbert": "istar-test/tiny-modernbert", "deberta_v3": "istar-test/tiny-deberta-v3",
+                "roberta": "istar-test/tiny-roberta"}
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +70,8 @@ def hub(tmp_path_factory):
 
     Serves ``sentence-transformers/all-MiniLM-L6-v2`` (the packaged MiniLM's files; branches
     ``main`` and ``v2``, which differs in its README), a tiny GPT-NeoX ``istar-test/tiny-neox`` at
-    branches ``step0`` and ``step1000`` (other weights; ``decoder_commits``) and the dataset repos of
+    branches ``step0`` and ``step1000`` (other weights; ``decoder_commits``), tiny random ModernBERT,
+    DeBERTa-v3 and RoBERTa encoders (``HUB_ENCODERS``, ``encoder_commits``) and the dataset repos of
     tests/support/hub_repos.py built from the test data. Yields the server with ``small_mirror`` (the
     mirror rows the datasets were built from), ``model_commits`` and ``dataset_commits``; use
     ``monkeypatch.setenv`` with ``hub.env(tmp_path / "hf")`` to point clients at it.
@@ -90,6 +93,10 @@ def hub(tmp_path_factory):
     server.decoder_commits = {
         step: server.add_repo("models", HUB_DECODER, {step: tiny_model_files("gpt_neox", root / step, seed)})[step]
         for seed, step in enumerate(("step0", "step1000"))}
+    # newer encoders, tiny and random, built from their configs (tests/workflow/test_encoders.py)
+    server.encoder_commits = {
+        repo_id: server.add_repo("models", repo_id, {"main": tiny_model_files(kind, root / kind)})["main"]
+        for kind, repo_id in HUB_ENCODERS.items()}
     server.small_mirror = small_mirror(TEST_DATA, root / "small-mirror")
     server.dataset_commits = {repo_id: server.add_repo("datasets", repo_id, {"main": content})["main"]
                               for repo_id, content in dataset_repos(server.small_mirror).items()}

@@ -44,7 +44,10 @@ PROFILE_DTYPES = ("float32", "bfloat16", "float16")
 def config_field(key: str, **metadata):
     """A spec field whose default and help come from the workflow schema's ``key``."""
     entry = schema_entry(key)
-    return field(default=entry["default"], metadata={"help": entry.get("description", ""), "config": key, **metadata})
+    metadata = {"help": entry.get("description", ""), "config": key, **metadata}
+    if isinstance(entry["default"], list):  # a fresh list per spec
+        return field(default_factory=lambda: list(entry["default"]), metadata=metadata)
+    return field(default=entry["default"], metadata=metadata)
 
 
 def option(default=dataclasses.MISSING, help: str = "", **metadata):
@@ -180,6 +183,9 @@ class TrainSpec(ModelData):
     seed: int = option(0, help="run seed (Python, NumPy, torch, data order)")
     checkpoint_every: int = config_field("training.checkpoint_every")
     log_every: int = option(1, help="write a train_log.csv row every K optimizer steps", positive=True)
+    trackers: list[str] = config_field("tracking.trackers")
+    mlflow_tracking_uri: typing.Optional[str] = config_field("tracking.mlflow_tracking_uri")
+    tracking_experiment: str = config_field("tracking.experiment")
 
     def validate(self) -> None:
         super().validate()
@@ -203,6 +209,10 @@ class TrainSpec(ModelData):
             raise SpecError(f"warmup_ratio must lie in [0, 1); got {self.warmup_ratio}")
         if self.checkpoint_every < 0:
             raise SpecError(f"checkpoint_every must be ≥ 0; got {self.checkpoint_every}")
+        known = schema_entry("tracking.trackers")["items"]["enum"]
+        unknown = sorted(set(self.trackers) - set(known))
+        if unknown:
+            raise SpecError(f"unknown tracker(s) {', '.join(unknown)} in trackers; choose from {', '.join(known)}")
 
     @property
     def penalty_layers(self):
@@ -358,8 +368,9 @@ def add_spec_arguments(parser: argparse.ArgumentParser, spec_class: type) -> Non
                                        "the other options are then not allowed, except --mixed-precision")
     for f in dataclasses.fields(spec_class):
         flag, dest = _flag(f), f.name
-        required = f.default is dataclasses.MISSING
-        help_text = f.metadata.get("help", "") + ("" if required else f" (default: {f.default})")
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        help_text = f.metadata.get("help", "") + ("" if required else f" (default: {default})")
         if hints[f.name] is bool:
             parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
             continue
@@ -389,7 +400,8 @@ def spec_from_cli(args: argparse.Namespace):
         spec = dataclasses.replace(spec_class.from_json(args.spec), **given)
     else:
         missing = [_flag_of(spec_class, f.name) for f in dataclasses.fields(spec_class)
-                   if f.default is dataclasses.MISSING and f.name not in given]
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                   and f.name not in given]
         if missing:
             raise SpecError(f"missing {', '.join(missing)} (or give the whole specification with --spec)")
         if spec_class is TrainSpec and "lam" not in given:

@@ -30,7 +30,7 @@ from istar.io.revisions import DEFAULT_REVISION, OFFLINE_FIX, RevisionUnavailabl
 from istar.models.files import folder_weights_problem, gguf_problem
 from istar.registry.tasks import Task
 
-__all__ = ["ModelSource", "parse_model_source", "resolve_model_source", "pin_model", "check_model_available", "gguf_location", "configured_source",
+__all__ = ["ModelSource", "parse_model_source", "hidden_states_problem", "resolve_model_source", "pin_model", "check_model_available", "gguf_location", "configured_source",
            "load_tokenizer", "load_model", "add_cli_arguments", "run_cli"]
 
 PACKAGE_PREFIX = "package:"
@@ -209,6 +209,39 @@ def load_tokenizer(source: str):
     return AutoTokenizer.from_pretrained(name, use_fast=True, **kwargs)
 
 
+def hidden_states_problem(settings: dict) -> str | None:
+    """Why a model with this ``config.json`` cannot serve here, or None.
+
+    Every step reads one stack of per-layer token states, ``outputs.hidden_states`` of a
+    sequence-classification (or QA) model: (embeddings, layer 1, …, layer L), each (B, T, d).
+    Refused: a ``model_type`` transformers does not know; encoder-decoders (their outputs hold
+    separate encoder and decoder stacks); architectures without a sequence-classification head;
+    and heads that neither record hidden states nor take ``output_hidden_states``.
+    """
+    import inspect
+
+    import transformers
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+    model_type = settings.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        return (f"model_type {model_type!r} is unknown to transformers {transformers.__version__} "
+                "(a newer transformers may know it)")
+    if settings.get("is_encoder_decoder", False):
+        return (f"{model_type} is an encoder-decoder: its outputs hold separate encoder and decoder hidden states, "
+                "not the one stack of per-layer token states (embeddings, layer 1 … L) that the penalties and "
+                "analyses read; use an encoder")
+    head = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
+    if head is None:
+        return f"{model_type} has no sequence-classification head in transformers, so it cannot be fine-tuned here"
+    head_class = getattr(transformers, head)
+    recorded = getattr(head_class, "_can_record_outputs", None) or {}
+    if "hidden_states" not in recorded and "output_hidden_states" not in inspect.signature(head_class.forward).parameters:
+        return f"{head} returns no per-layer hidden states (output_hidden_states), which the penalties and analyses read"
+    return None
+
+
 def load_model(source: str, task: Task):
     """An encoder with the head ``task`` needs, loaded from a model source.
 
@@ -217,9 +250,13 @@ def load_model(source: str, task: Task):
     newly initialised unless the source already has one of the right shape (a fine-tuned
     checkpoint), so seed torch before calling.
     """
-    from transformers import AutoModelForQuestionAnswering, AutoModelForSequenceClassification
+    from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoModelForSequenceClassification
 
     name, kwargs = _pretrained_arguments(source)
+    # the config validation checks local folders; a hub model is checked here, before its weights load
+    problem = hidden_states_problem(AutoConfig.from_pretrained(name, **kwargs).to_dict())
+    if problem is not None:
+        raise ValueError(f"model {source}: {problem}")
     if task.kind == "qa":
         return AutoModelForQuestionAnswering.from_pretrained(name, **kwargs)
     problem_type = "regression" if task.kind == "regression" else "single_label_classification"

@@ -68,7 +68,9 @@ def model_depth(folder) -> int:
     """L, the number of transformer layers of a saved model, from ``folder/config.json``.
 
     Raises ValueError when the file is not a usable Hugging Face config (no ``model_type``
-    or no layer count), so a broken folder is caught before any job loads it.
+    or no layer count) or its architecture cannot give per-layer hidden states
+    (:func:`istar.models.loading.hidden_states_problem`: the reason is named), so a broken or
+    unsuitable folder is caught before any job loads it.
     """
     path = Path(folder) / "config.json"
     try:
@@ -82,6 +84,11 @@ def model_depth(folder) -> int:
     depth = next((settings[key] for key in ("num_hidden_layers", "n_layers", "num_layers") if key in settings), None)
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
         raise ValueError(f"{path} gives no layer count (num_hidden_layers): not a usable encoder")
+    from istar.models.loading import hidden_states_problem
+
+    problem = hidden_states_problem(settings)
+    if problem is not None:
+        raise ValueError(f"{path}: {problem}")
     return depth
 
 

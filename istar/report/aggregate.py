@@ -34,6 +34,11 @@ these files, whose columns are fixed:
 ``paired.csv`` — one row per (model, task, method ≠ base) of the final study: the mean
     paired difference method − base over the seeds both ran and its 95 % Student-t interval,
     columns :data:`istar.report.paired.PAIRED_COLUMNS` (see :mod:`istar.report.paired`).
+``provenance.csv`` — where each result's code came from (:mod:`istar.io.provenance`): one row
+    per run folder, per measurement file and one for this aggregation (``kind`` run /
+    measurement / aggregate), columns :data:`PROVENANCE_COLUMNS`: the git commit, whether the
+    checkout had uncommitted changes and their hash, and the package versions; ``note`` says
+    why a commit is missing (not a git checkout, or a result written before provenance was recorded).
 
 Rows are sorted by (study, model, task, method, lam, zeta, layer, tokens, seed), empty values
 first, then by setting, batch size, epochs, learning rate and folder; layers.csv and dims.csv
@@ -54,7 +59,7 @@ from istar.steps.measure import read_measures
 from istar.report.select import read_run
 
 __all__ = ["aggregate", "parse_run_spec", "RUNS_COLUMNS", "LAYERS_COLUMNS", "DIMS_COLUMNS", "EPOCHS_COLUMNS",
-           "SELECTION_COLUMNS", "AGGREGATE_NAMES"]
+           "SELECTION_COLUMNS", "AGGREGATE_NAMES", "PROVENANCE_COLUMNS", "PROVENANCE_NAME"]
 
 METRIC_COLUMNS = ("accuracy", "f1", "exact_match", "matthews", "pearson", "spearman", "eval_loss")
 RUN_KEYS = ("study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens")
@@ -66,6 +71,10 @@ DIMS_COLUMNS = (*RUN_KEYS, "seed", "dim", "mean", "std")
 EPOCHS_COLUMNS = (*RUN_KEYS, "seed", "epoch", "sigma_s_isoscore", "score")
 AGGREGATE_NAMES = ("runs", "layers", "dims", "epochs", "selection", "paired")
 """The CSV files of the aggregate step (stems), in the order they are written."""
+PROVENANCE_NAME = "provenance"
+"""The provenance CSV's stem (written with the aggregates; the report shows it)."""
+PROVENANCE_COLUMNS = ("kind", "path", "git_commit", "git_dirty", "git_diff_sha256", "note", "istar", "torch",
+                      "transformers", "accelerate", "python")
 SELECTION_COLUMNS = ("model", "task", "metric", "lam", "zeta", "batch_size", "epochs", "learning_rate", "score",
                      "score_std", "seeds", "standin", "protocol", "heldout_fraction", "heldout_seed", "settings")
 INTEGER_COLUMNS = ("layer", "batch_size", "epochs", "seed", "hidden_state", "dim", "seeds", "epoch", "heldout_seed",
@@ -159,9 +168,32 @@ def _selection_row(path: Path) -> dict:
     return row
 
 
+def _provenance_row(kind: str, path, recorded: dict | None) -> dict:
+    if recorded is None:
+        return {"kind": kind, "path": str(path), "note": "not recorded (written before provenance was recorded)"}
+    git, versions = recorded["git"], recorded["versions"]
+    return {"kind": kind, "path": str(path), "git_commit": git["commit"], "git_dirty": git.get("dirty"),
+            "git_diff_sha256": git.get("diff_sha256"), "note": git.get("note"),
+            **{name: versions.get(name) for name in PROVENANCE_COLUMNS[6:]}}
+
+
+def _provenance_rows(run_dirs, measure_files, out_dir) -> list[dict]:
+    """provenance.csv: each distinct run folder, each measurement file, then this aggregation."""
+    from istar.io.provenance import code_provenance
+
+    rows = []
+    for run_dir in dict.fromkeys(str(d) for d in run_dirs):
+        recorded = artifacts.read_json(Path(run_dir) / "run_config.json").get("provenance")
+        rows.append(_provenance_row("run", run_dir, recorded))
+    for path in measure_files:
+        rows.append(_provenance_row("measurement", path, artifacts.read_json(path).get("provenance")))
+    rows.append(_provenance_row("aggregate", out_dir, code_provenance()))
+    return rows
+
+
 def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
     """Collect runs and selections into ``runs.csv``, ``layers.csv``, ``dims.csv``, ``epochs.csv``, ``selection.csv``
-    and ``paired.csv``.
+    and ``paired.csv``, and where their code came from into ``provenance.csv``.
 
     Parameters
     ----------
@@ -176,7 +208,7 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
 
     Returns
     -------
-    dict with keys :data:`AGGREGATE_NAMES`: the DataFrames written, with
+    dict with keys :data:`AGGREGATE_NAMES` and ``provenance``: the DataFrames written, with
     the columns of the module docstring (integer columns as nullable ``Int64``).
     """
     from .paired import paired_differences  # here: pandas and SciPy stay out of the workflow's DAG build
@@ -222,6 +254,8 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
         runs_frame, _frame(layer_rows, LAYERS_COLUMNS), _frame(dim_rows, DIMS_COLUMNS),
         _frame(epoch_rows, EPOCHS_COLUMNS), _frame(selection_rows, SELECTION_COLUMNS),
         paired_differences(runs_frame)), strict=True))
+    frames[PROVENANCE_NAME] = _frame(_provenance_rows([entry[2]["run_dir"] for entry in entries], measure_files,
+                                                      out_dir), PROVENANCE_COLUMNS)
     out_dir = Path(out_dir)
     for name, frame in frames.items():
         with artifacts.atomic_path(out_dir / f"{name}.csv") as tmp:
@@ -230,7 +264,9 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out-dir", required=True, help="folder for runs.csv, layers.csv, dims.csv, epochs.csv, selection.csv, paired.csv")
+    parser.add_argument("--out-dir", required=True,
+                        help="folder for runs.csv, layers.csv, dims.csv, epochs.csv, selection.csv, paired.csv, "
+                             "provenance.csv")
     parser.add_argument("--selection", action="extend", nargs="*", default=[], metavar="BEST_JSON",
                         help="selection files written by `istar select`")
     parser.add_argument("--measures", action="extend", nargs="*", default=[], metavar="MEASURES_JSON",

@@ -70,7 +70,8 @@ class Step:
         return make_loader(features, self.tokenizer, batch_size, sampler=sampler, pad_to_multiple_of=pad_to_multiple_of)
 
 
-def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumulation_steps: int = 1) -> Step:
+def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumulation_steps: int = 1,
+              log_with: list | None = None, project_dir: str | None = None) -> Step:
     """Open a model step.
 
     Parameters
@@ -81,6 +82,7 @@ def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumu
         depends on this seed only (training, Σ_S of a pretrained model); None leaves the
         random state alone.
     gradient_accumulation_steps : passed to the ``Accelerator`` (training only).
+    log_with, project_dir : accelerate's trackers and their logging folder (training only, :mod:`istar.steps.tracking`).
     """
     from accelerate import Accelerator, PartialState
     from accelerate.utils import set_seed
@@ -96,7 +98,8 @@ def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumu
     # The device is known before the Accelerator exists (PartialState is the process's shared
     # state); the precision it gets is the one that runs there (istar.registry.precisions).
     precision = run_precision(spec.mixed_precision, PartialState().device.type)
-    accelerator = Accelerator(mixed_precision=precision.key, gradient_accumulation_steps=gradient_accumulation_steps)
+    accelerator = Accelerator(mixed_precision=precision.key, gradient_accumulation_steps=gradient_accumulation_steps,
+                              log_with=log_with or None, project_dir=project_dir)
     meta = read_meta(spec.data_dir)
     task = get_task(meta["task"])
     model_path = Path(resolve_model_source(spec.model))

@@ -15,7 +15,10 @@ manual work. One job per setting rather than two or three per run keeps the pape
 (docs/architecture.md). The output, written once at the end (atomically, with its hash)::
 
     {"split", "sigma_s", "zeta", "evaluated": bool,
-     "runs": {RUN_FOLDER: {"evaluation": {…} or null, "analysis": {…}, "trained_on": TOKENS}, …}}
+     "runs": {RUN_FOLDER: {"evaluation": {…} or null, "analysis": {…}, "trained_on": TOKENS}, …},
+     "provenance": {"git": {…}, "versions": {…}}}
+
+``provenance`` is the code that measured (:func:`istar.io.provenance.code_provenance`).
 
 ``trained_on`` is the run's token selection (``penalty.tokens`` in its run_config.json: which
 positions its penalty and Σ_S read); the analysis itself always reads the real tokens of the
@@ -32,6 +35,7 @@ import gc
 from pathlib import Path
 
 from istar.io import artifacts
+from istar.io.provenance import code_provenance
 from istar.config.specs import MeasureSpec, add_spec_arguments, spec_from_cli
 
 __all__ = ["measure_runs", "read_measures"]
@@ -69,7 +73,8 @@ def measure_runs(spec: MeasureSpec) -> dict:
               + (f", {evaluation['metric']} {evaluation['metrics'][evaluation['metric']]:.4f}" if evaluation else ""))
         del step, tensors
         gc.collect()  # one model at a time: the next run's is loaded into the memory this one held
-    result = {"split": spec.split, "sigma_s": spec.sigma_s, "zeta": spec.zeta, "evaluated": spec.evaluate, "runs": runs}
+    result = {"split": spec.split, "sigma_s": spec.sigma_s, "zeta": spec.zeta, "evaluated": spec.evaluate, "runs": runs,
+              "provenance": code_provenance()}
     if main_process:
         result = artifacts.write_json(spec.out, result, digest=True)
     return result

@@ -29,12 +29,15 @@ from istar.config.specs import TrainSpec
 from istar.registry.methods import get_method
 
 __all__ = ["run_fingerprint", "fingerprint_hash", "changed_settings", "latest_state", "matching_state", "save_state",
-           "restore_log", "StopRequest", "Interrupted"]
+           "restore_log", "saved_tracking", "StopRequest", "Interrupted"]
 
 # Settings that change neither the arithmetic nor the data order of a run: a state saved under
 # other values of these is still the same run.
-NOT_IN_FINGERPRINT = ("output_dir", "checkpoint_every", "mixed_precision")
-# (mixed_precision is the precision asked for; the one that actually runs enters as "precision".)
+NOT_IN_FINGERPRINT = ("output_dir", "checkpoint_every", "mixed_precision", "trackers", "mlflow_tracking_uri",
+                      "tracking_experiment")
+# (mixed_precision is the precision asked for; the one that actually runs enters as "precision".
+# Where a run's curves are shown, and the code's provenance (git commit), are not part of it:
+# a new commit or another tracker must not invalidate finished runs or resume states.)
 
 
 def run_fingerprint(spec: TrainSpec, meta: dict, model_path: str, num_processes: int, precision: str) -> dict:
@@ -123,9 +126,13 @@ def matching_state(resume_dir: Path, fingerprint: dict, print_fn=print) -> Path 
     return None
 
 
-def save_state(accelerator, resume_dir: Path, step: int, log_path: Path, fingerprint: dict) -> None:
+def save_state(accelerator, resume_dir: Path, step: int, log_path: Path, fingerprint: dict,
+               tracking: dict | None = None) -> None:
     """Save the accelerate state atomically as ``state-{step}`` with the run's fingerprint and the
     hashes of its files; drop older states.
+
+    ``tracking`` (:meth:`istar.steps.tracking.Tracking.state`: the tracker run ids) is kept as
+    ``tracking.json`` so that a resumed run continues the same tracker runs.
 
     A full disk raises :class:`istar.artifacts.OutOfSpaceError` naming the state and the one
     kept (the previous state stays until the new one is complete; the partial one is removed).
@@ -145,6 +152,7 @@ def save_state(accelerator, resume_dir: Path, step: int, log_path: Path, fingerp
                 if log_path.exists():
                     shutil.copy2(log_path, staging / "train_log.csv")
                 (staging / "fingerprint.json").write_text(json.dumps(fingerprint, sort_keys=True, indent=1))
+                (staging / "tracking.json").write_text(json.dumps(tracking or {}, sort_keys=True))
                 artifacts.record_digests(staging)  # checked before the state is loaded again
                 (staging / "COMPLETE").write_text(f"step {step}\n")
     except BaseException:
@@ -156,6 +164,12 @@ def save_state(accelerator, resume_dir: Path, step: int, log_path: Path, fingerp
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
+
+
+def saved_tracking(state: Path | None) -> dict:
+    """The tracker run ids a saved state kept (empty for a fresh start or a state saved without trackers)."""
+    path = state / "tracking.json" if state is not None else None
+    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
 
 
 def restore_log(log_path: Path, state: Path | None) -> None:

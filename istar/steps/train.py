@@ -33,6 +33,10 @@ Outputs appear atomically when the run is done:
     OUT/run_config.json     the resolved configuration, precision and environment
     OUT/model/              the final model and tokenizer (save_pretrained)
     OUT/sigma_epoch{e}.pt   the Σ_S used in epoch e (I-STAR)
+    OUT/tracking/           TensorBoard and DVCLive files, when ``trackers`` asks for them (:mod:`istar.steps.tracking`)
+
+``run_config.json`` also records the code's provenance (:mod:`istar.io.provenance`: git commit,
+uncommitted changes, package versions); the trackers show the same curves live.
 
 Every run, whatever its method, also measures Σ_S of its current model before training and
 after every epoch (the same statistic I-STAR recomputes, on ``shrinkage_rows`` rows of the
@@ -64,19 +68,21 @@ from tqdm.auto import tqdm
 
 from istar import __version__
 from istar.io import artifacts
+from istar.io.provenance import code_provenance
 from istar.data.encoding import EpochShuffleSampler
 from istar.steps.evaluate import evaluate_model
 from istar.core.isotropy import isoscore_star_from_covariance
 from istar.core.tokens import get_token_selection
 from istar.io.runlock import writer_lock
 from istar.steps.resume import (Interrupted, StopRequest, fingerprint_hash, latest_state, matching_state,
-                                restore_log, run_fingerprint, save_state)
+                                restore_log, run_fingerprint, save_state, saved_tracking)
 from istar.steps.run_folder import clear_earlier_outputs, model_sha256
 from istar.registry.precisions import PRECISIONS
 from istar.core.regularizers import Penalty, resolve_layers
 from istar.registry.methods import get_method
 from istar.steps.shrinkage import accumulate_shrinkage, load_layer_statistics, load_shrinkage, merge_layers, save_shrinkage
 from istar.config.specs import TrainSpec, add_spec_arguments, spec_from_cli
+from istar.steps.tracking import Tracking, settings_as_parameters
 
 __all__ = ["TrainSpec", "train", "optimization_step", "build_optimizer"]
 
@@ -161,7 +167,13 @@ class Run:
     log_path: Path
     precision: str
     fingerprint: dict
+    tracking: Tracking
     total_steps: int = 0
+
+    def save_state(self, step: int) -> None:
+        """A resumable state; the trackers hold every point up to it first."""
+        self.tracking.commit()
+        save_state(self.step.accelerator, self.resume_dir, step, self.log_path, self.fingerprint, self.tracking.state())
 
 
 def train(spec: TrainSpec, restart: bool = False) -> dict:
@@ -197,13 +209,16 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
 
     from istar.steps.common import open_step
 
+    tracking = Tracking(spec.trackers, out, spec.tracking_experiment, spec.mlflow_tracking_uri)
+    tracking.preflight()  # a tracking server that does not answer stops the run before anything is loaded
     # The given Σ_S is read (hash, NaN / inf) before the model and data are loaded.
     given_sigma = load_layer_statistics(spec.sigma_s) if get_method(spec.method).needs_sigma_s(spec.zeta) else None
     # (files written before the setting existed hold real-token rows)
     if given_sigma is not None and given_sigma[1].get("tokens", "real") != spec.tokens:
         raise ValueError(f"{spec.sigma_s} holds Σ_S of {given_sigma[1].get('tokens', 'real')} rows but this run's "
                          f"penalty reads {spec.tokens} rows: compute it with `istar shrinkage --tokens {spec.tokens}`")
-    step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps)
+    step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps,
+                     log_with=tracking.log_with, project_dir=tracking.project_dir)
     accelerator, task, model = step.accelerator, step.task, step.model
     precision = step.precision.label
     distributed = accelerator.num_processes > 1
@@ -238,7 +253,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
 
     fingerprint = run_fingerprint(spec, step.meta, step.model_path, accelerator.num_processes, precision)
     run = Run(spec=spec, step=step, out=out, resume_dir=resume_dir, log_path=resume_dir / "train_log.csv",
-              precision=precision, fingerprint=fingerprint, total_steps=total_steps)
+              precision=precision, fingerprint=fingerprint, tracking=tracking, total_steps=total_steps)
     state = matching_state(resume_dir, fingerprint, accelerator.print) if accelerator.is_main_process else None
     accelerator.wait_for_everyone()
     state = latest_state(resume_dir)  # every process sees what the main process kept
@@ -250,6 +265,8 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         # metrics.json and model/ beside the new run's state.
         clear_earlier_outputs(out, resuming=state is not None, print_fn=accelerator.print)
         restore_log(run.log_path, state)
+    tracking.start(accelerator, settings_as_parameters(spec, code_provenance()),
+                   resume_step=progress.step if state is not None else None, saved=saved_tracking(state))
 
     unwrapped = accelerator.unwrap_model(model)
     if given_sigma is not None and progress.sigma_s is None:
@@ -263,6 +280,7 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         sigma = (progress.sigma_s if progress.sigma_s is not None
                  else _sigma_pass(run, unwrapped, train_features, 0)[1].covariance().cpu())
         progress.sigma_isoscore.append(_isoscore(sigma))
+        tracking.log({"sigma_s_isoscore": progress.sigma_isoscore[0]}, step=0)
     sigma_device = progress.sigma_s.to(accelerator.device) if progress.sigma_s is not None else None
 
     requested = PRECISIONS[spec.mixed_precision].label
@@ -294,7 +312,7 @@ def _stop_if_asked(run: Run, stop: StopRequest, progress: Progress, save: bool) 
     if signum is None:
         return
     if save:
-        save_state(run.step.accelerator, run.resume_dir, progress.step, run.log_path, run.fingerprint)
+        run.save_state(progress.step)
     state = latest_state(run.resume_dir)
     raise Interrupted(signum, f"stopped by {signal.Signals(signum).name} after optimizer step {progress.step} "
                               f"(epoch {progress.epoch + (1 if progress.batches_in_epoch else 0)}); the state is saved in "
@@ -336,11 +354,13 @@ def _loop(run: Run, stop: StopRequest, model, optimizer, scheduler, train_loader
                 row = _log_row(accelerator, sums, progress.step, epoch + 1, scheduler.get_last_lr()[0], spec.tokens)
                 if accelerator.is_main_process:
                     _append_log(run.log_path, row)
+                    run.tracking.log({f"train/{key}": row[key] for key in LOG_COLUMNS if key not in ("step", "epoch")},
+                                 step=progress.step)
                 bar.set_postfix(loss=f"{row['loss']:.4f}", **({"iso*": f"{row['isoscore_star']:.3f}"} if row["isoscore_star"] != "" else {}))
             sums = {}
             checkpoint = spec.checkpoint_every and progress.step % spec.checkpoint_every == 0
             if checkpoint:
-                save_state(accelerator, resume_dir, progress.step, run.log_path, fingerprint)
+                run.save_state(progress.step)
             _stop_if_asked(run, stop, progress, save=not checkpoint)
         bar.close()
 
@@ -349,7 +369,9 @@ def _loop(run: Run, stop: StopRequest, model, optimizer, scheduler, train_loader
         accelerator.print(f"epoch {epoch + 1}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
         progress.epoch, progress.batches_in_epoch = epoch + 1, 0
         sigma_device = _track_sigma(run, unwrapped, train_features, epoch + 1, progress, sigma_device)
-        save_state(accelerator, resume_dir, progress.step, run.log_path, fingerprint)
+        run.tracking.log({"epoch": epoch + 1, "sigma_s_isoscore": progress.sigma_isoscore[-1],
+                      **{f"eval/{key}": value for key, value in result.items()}}, step=progress.step)
+        run.save_state(progress.step)
         _stop_if_asked(run, stop, progress, save=False)
 
 
@@ -457,6 +479,7 @@ def _finish(run: Run, model, progress: Progress, seconds: float) -> dict:
         except artifacts.OutOfSpaceError as error:
             raise artifacts.OutOfSpaceError(error.path, kept) from None
         shutil.rmtree(run.resume_dir, ignore_errors=True)
+    run.tracking.finish()
     accelerator.wait_for_everyone()
     accelerator.print(f"done: {task.metric} = {final.get(task.metric, float('nan')):.4f} -> {out}")
     return report
@@ -488,6 +511,7 @@ def _write_outputs(run: Run, model, report: dict, seconds: float) -> dict:
         "total_optimizer_steps": run.total_steps, "train_seconds": round(seconds, 2),
         "model_source": step.model_name, "data_meta": step.meta, "fingerprint": report["fingerprint"],
         "fingerprint_inputs": run.fingerprint, "istar_version": __version__, "torch_version": torch.__version__,
+        "provenance": code_provenance(), "trackers": {"names": list(spec.trackers), **run.tracking.state()},
     }, digest=True)
     # Last, as the completion mark; its hash and model_sha256 are checked by every reader (istar.steps.run_folder).
     return artifacts.write_json(out / "metrics.json", report, digest=True)

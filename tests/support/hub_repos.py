@@ -180,11 +180,15 @@ def dataset_repos(small: Path) -> dict[str, dict[str, bytes]]:
 
 def tiny_model_files(kind: str, folder: Path, seed: int = 0) -> dict[str, Path]:
     """Files of a tiny randomly initialised model with the packaged MiniLM's BERT tokenizer, saved to
-    ``folder``; relative path -> file. ``kind``: an encoder (bert, albert, distilbert) or a causal
-    LM with its own output matrix and a final LayerNorm, as Pythia has (gpt_neox); hidden size 32, 2 layers."""
+    ``folder``; relative path -> file. ``kind``: an encoder (bert, albert, distilbert; the newer
+    roberta, deberta_v3 — DeBERTa-v2's code with v3's settings: relative positions in 256 log
+    buckets, no absolute positions, shared attention keys — and modernbert: rotary positions,
+    local attention in every other layer) or a causal LM with its own output matrix and a final
+    LayerNorm, as Pythia has (gpt_neox); hidden size 32, 2 layers. The encoders' padding id is the
+    tokenizer's (0), so that padded positions are the ones the attention mask hides."""
     import torch
-    from transformers import (AlbertConfig, AutoModel, AutoModelForCausalLM, BertConfig, DistilBertConfig,
-                              GPTNeoXConfig)
+    from transformers import (AlbertConfig, AutoModel, AutoModelForCausalLM, BertConfig, DebertaV2Config,
+                              DistilBertConfig, GPTNeoXConfig, ModernBertConfig, RobertaConfig)
 
     from istar.models.loading import load_tokenizer
 
@@ -193,6 +197,17 @@ def tiny_model_files(kind: str, folder: Path, seed: int = 0) -> dict[str, Path]:
         "albert": AlbertConfig(embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                intermediate_size=64),
         "distilbert": DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64),
+        # RoBERTa's positions start after the padding id: 512 tokens need 514 positions
+        "roberta": RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                 pad_token_id=0, max_position_embeddings=514),
+        "deberta_v3": DebertaV2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                      pad_token_id=0, relative_attention=True, position_buckets=256,
+                                      pos_att_type=["p2c", "c2p"], max_relative_positions=-1, norm_rel_ebd="layer_norm",
+                                      share_att_key=True, position_biased_input=False),
+        "modernbert": ModernBertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                       intermediate_size=64, pad_token_id=0, cls_token_id=101, sep_token_id=102,
+                                       bos_token_id=101, eos_token_id=102, global_attn_every_n_layers=2,
+                                       local_attention=16, max_position_embeddings=512),
         "gpt_neox": GPTNeoXConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                   intermediate_size=64, tie_word_embeddings=False),
     }

@@ -156,3 +156,16 @@ class HubServer:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+def reload_hub_constants(monkeypatch):
+    """huggingface_hub reads HF_ENDPOINT / HF_HOME / offline at import: set its constants as a new process would."""
+    import huggingface_hub.constants as constants
+
+    home = Path(os.environ["HF_HOME"])
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") in ("1", "true")
+    for name, value in {"ENDPOINT": os.environ["HF_ENDPOINT"], "HF_HOME": str(home),
+                        "HF_HUB_CACHE": str(home / "hub"), "HF_HUB_OFFLINE": offline}.items():
+        monkeypatch.setattr(constants, name, value)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        os.environ["HF_ENDPOINT"] + "/{repo_id}/resolve/{revision}/{filename}")

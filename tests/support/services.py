@@ -12,6 +12,9 @@ import time
 from pathlib import Path
 
 APT_TIMEOUT = 600
+# `istar` under two gloo ranks on the CPU (prefix the venv's bin folder to the first item; set ACCELERATE_USE_CPU=true)
+ACCELERATE_2_CPU = ("accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                    "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "istar")
 
 
 def missing_programs(programs: list[str]) -> list[str]:
@@ -102,3 +105,68 @@ class Daemons:
                     process.kill()
                     process.wait(timeout=15)
         self.processes.clear()
+
+
+class MlflowServer:
+    """A real MLflow tracking server on 127.0.0.1 (SQLite store under ``root``), stopped by its PID.
+
+    ``mlflow server`` starts uvicorn and a job runner as its children; it runs in a session of
+    its own, so ``stop()`` ends that process group (the group's id is the PID started here).
+    """
+
+    def __init__(self, root: Path, port: int | None = None):
+        self.root = root
+        self.port = port or free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 120.0) -> "MlflowServer":
+        import sys
+        import urllib.request
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        mlflow = Path(sys.executable).with_name("mlflow")
+        log = open(self.root / "server.log", "a")
+        self.process = subprocess.Popen(
+            [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+             "--artifacts-destination", str(self.root / "artifacts")],
+            stdout=log, stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {self.process.returncode}: {self.log()[-1500:]}")
+            try:
+                with urllib.request.urlopen(self.uri + "/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"mlflow server did not answer within {timeout:.0f} s: {self.log()[-1500:]}")
+
+    def log(self) -> str:
+        path = self.root / "server.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=20)
+        try:  # children that outlived it (the group's id is still the PID started here)
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        # the children (uvicorn) must have let the port go before a test reuses it
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) != 0:
+                    return
+            time.sleep(0.2)

@@ -15,8 +15,8 @@ import pytest
 
 from istar.config.specs import MeasureSpec, ShrinkageSpec, TrainSpec
 from istar.io import artifacts
-from istar.report.aggregate import (DIMS_COLUMNS, LAYERS_COLUMNS, RUNS_COLUMNS, SELECTION_COLUMNS, aggregate,
-                             parse_run_spec)
+from istar.report.aggregate import (DIMS_COLUMNS, LAYERS_COLUMNS, PROVENANCE_COLUMNS, RUNS_COLUMNS, SELECTION_COLUMNS,
+                                    aggregate, parse_run_spec)
 from istar.steps.measure import measure_runs
 from istar.report.select import select_best
 from istar.steps.shrinkage import compute_shrinkage_file
@@ -212,6 +212,22 @@ def test_exact_columns(aggregated):
                           ("paired", EXPECTED_PAIRED_COLUMNS)]:
         assert read_csv(aggregated["out"] / f"{name}.csv")[0] == columns
         assert list(aggregated["frames"][name].columns) == columns
+
+
+def test_provenance_csv_names_the_code_of_every_run_and_measurement(aggregated):
+    provenance = pd.read_csv(aggregated["out"] / "provenance.csv", keep_default_na=False)
+    assert list(provenance.columns) == list(PROVENANCE_COLUMNS)
+    runs = pd.read_csv(aggregated["out"] / "runs.csv")
+    kinds = provenance["kind"].tolist()
+    assert kinds == ["run"] * runs["run_dir"].nunique() + ["measurement", "aggregate"]
+    assert set(provenance.loc[provenance["kind"] == "run", "path"]) == set(runs["run_dir"])
+    for _, row in provenance.iterrows():  # these tests run from a git checkout
+        recorded = json.loads((Path(row["path"]) / "run_config.json").read_text())["provenance"] \
+            if row["kind"] == "run" else None
+        assert len(row["git_commit"]) == 40 and row["torch"] and row["transformers"]
+        if recorded is not None:
+            assert row["git_commit"] == recorded["git"]["commit"]
+            assert row["git_diff_sha256"] == (recorded["git"]["diff_sha256"] or "")
 
 
 def test_runs_csv_rows_values_and_nan(aggregated):

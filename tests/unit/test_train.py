@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from services import ACCELERATE_2_CPU
 
 from istar.steps.activations import load_activations
 from istar.core.isotropy import isoscore_star_from_covariance
@@ -146,8 +147,6 @@ def test_resume_after_kill_equals_uninterrupted_run(tiny_model_dir, prepared, si
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-ACCELERATE_2_CPU = ("accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                    "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "istar")
 
 
 @pytest.mark.slow

@@ -17,6 +17,8 @@ import yaml
 from hub_repos import tiny_model_files
 from workflow_helpers import load_test_config, planned_jobs
 
+from hub_server import reload_hub_constants
+
 from istar.data import prepare_task, read_meta, read_split
 from istar.models.loading import check_model_available, load_model, load_tokenizer, parse_model_source, pin_model
 from istar.io.revisions import RevisionUnavailableError, resolve_revision
@@ -32,21 +34,10 @@ def online(hub, tmp_path, monkeypatch):
     for name, value in hub.env(tmp_path / "hf").items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("ISTAR_DATA_MIRROR", raising=False)
-    _reload_hub_constants(monkeypatch)
+    reload_hub_constants(monkeypatch)
     return tmp_path / "hf"
 
 
-def _reload_hub_constants(monkeypatch):
-    """huggingface_hub reads HF_ENDPOINT / HF_HOME / offline at import: set its constants as a new process would."""
-    import huggingface_hub.constants as constants
-
-    home = Path(os.environ["HF_HOME"])
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") in ("1", "true")
-    for name, value in {"ENDPOINT": os.environ["HF_ENDPOINT"], "HF_HOME": str(home),
-                        "HF_HUB_CACHE": str(home / "hub"), "HF_HUB_OFFLINE": offline}.items():
-        monkeypatch.setattr(constants, name, value)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        os.environ["HF_ENDPOINT"] + "/{repo_id}/resolve/{revision}/{filename}")
 
 
 # ------------------------------------------------------------------ datasets: nine tasks
@@ -119,7 +110,7 @@ def test_pin_model_cli_writes_the_commit_steps_load(hub, online, tmp_path):
 def test_offline_missing_model_is_one_clear_line(hub, online, monkeypatch, tmp_path):
     pin_model(HUB_MODEL)  # nothing downloaded yet: the cache knows no ref
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    _reload_hub_constants(monkeypatch)
+    reload_hub_constants(monkeypatch)
     message = check_model_available(f"{HUB_MODEL}@v2")
     assert message == (f"model '{HUB_MODEL}' at revision 'v2' is not in the local Hugging Face cache and "
                        "HF_HUB_OFFLINE is set; fix: run once with internet (HF_HUB_OFFLINE unset) so the hub "
@@ -138,7 +129,7 @@ def test_offline_missing_model_is_one_clear_line(hub, online, monkeypatch, tmp_p
 def test_offline_after_one_online_load_uses_the_cached_commit(hub, online, monkeypatch):
     load_tokenizer(f"{HUB_MODEL}@v2")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    _reload_hub_constants(monkeypatch)
+    reload_hub_constants(monkeypatch)
     assert check_model_available(f"{HUB_MODEL}@v2") is None
     assert pin_model(f"{HUB_MODEL}@v2")["commit"] == hub.model_commits["v2"]
 

@@ -106,6 +106,14 @@ def test_tiny_workflow_produces_every_output(tiny_project):
             assert (results / "figures" / f"{figure}.{ext}").stat().st_size > 1000
     report = (results / "report.html").read_text(errors="replace")
     assert "table1.csv" in report and "fig8.png" in report
+    # where the code of every run and measurement came from, shown in the report
+    assert "provenance.csv" in report
+    provenance = pd.read_csv(results / "aggregate" / "provenance.csv")
+    assert provenance["kind"].value_counts().to_dict() == {
+        "run": runs["run_dir"].nunique(), "measurement": len(measured), "aggregate": 1}
+    for run in final["run_dir"]:
+        git = json.loads((tiny_project / run / "run_config.json").read_text())["provenance"]["git"]
+        assert len(git["commit"]) == 40  # the istar package's checkout, even though the workflow runs elsewhere
     # search model folders are temporary; final ones are kept
     assert not list((results / "search").glob("*/*/*/seed*/model"))
     assert planned_jobs(snakemake(tiny_project, "-n").stdout) == {}

@@ -7,6 +7,11 @@ rule aggregate:
         aggregate_inputs,
     output:
         AGGREGATES,
+        provenance=report(
+            PROVENANCE_CSV,
+            caption="../report/provenance.rst",
+            category="Provenance",
+        ),
     log:
         "logs/aggregate/aggregate.log",
     benchmark:

@@ -6,7 +6,7 @@ import json
 
 from snakemake.exceptions import WorkflowError
 
-from istar.report.aggregate import AGGREGATE_NAMES
+from istar.report.aggregate import AGGREGATE_NAMES, PROVENANCE_NAME
 from istar.io.artifacts import read_json
 from istar.config.schema import STUDIES, ConfigError
 from istar.pipeline.validate import validate_config
@@ -79,6 +79,7 @@ PROFILES = [
 PROFILES_TABLE = AGGREGATE.format(name=PROFILES_CSV)
 PROJECTIONS_TABLE = AGGREGATE.format(name=PROJECTIONS_CSV)
 AGGREGATES = expand(AGGREGATE, name=AGGREGATE_NAMES)
+PROVENANCE_CSV = AGGREGATE.format(name=PROVENANCE_NAME)
 
 
 wildcard_constraints:

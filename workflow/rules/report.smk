@@ -92,6 +92,7 @@ rule report:
         TABLES,
         FIGURES,
         "results/config.yaml",
+        PROVENANCE_CSV,
     output:
         "results/report.html",
     log:

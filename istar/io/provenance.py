@@ -1,0 +1,92 @@
+"""Where a result's code came from: the workflow's git commit, uncommitted changes, package versions.
+
+Every run (``run_config.json``), measurement file and the report record :func:`code_provenance`::
+
+    {"git": {"commit": "…40 hex…", "dirty": true, "diff_sha256": "…", "root": "/path/to/checkout"},
+     "versions": {"istar": "0.1.0", "torch": "2.13.0", "transformers": …, "accelerate": …, "python": "3.11.7"}}
+
+The checkout is the one holding the imported ``istar`` package (the code that ran: the
+workflow's own checkout, or an editable install of it); when the package lies outside any
+checkout, the one holding the working directory (Snakemake runs every job from the workflow's root). ``dirty`` is true when tracked files differ from the commit or untracked,
+non-ignored files exist; ``diff_sha256`` hashes those changes (``git diff HEAD --binary`` and
+the untracked files' names and contents), so two results with the same commit and hash ran
+the same code. Outside a git checkout (or without git) ``git`` is
+``{"commit": null, "note": "not a git checkout: …"}``, naming both places looked at.
+
+Provenance is not part of a run's fingerprint (:mod:`istar.steps.resume`): a new commit must not
+invalidate finished runs or resume states.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import subprocess
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+__all__ = ["code_provenance", "git_provenance", "package_versions", "KEY_PACKAGES"]
+
+# The packages whose versions can change a result.
+KEY_PACKAGES = ("istar", "torch", "transformers", "accelerate", "numpy", "scipy", "tokenizers", "safetensors")
+
+
+def _git(root: Path, *args: str, binary: bool = False):
+    result = subprocess.run(["git", "-C", str(root), *args], capture_output=True, check=True, timeout=60)
+    return result.stdout if binary else result.stdout.decode().strip()
+
+
+def git_provenance(where: Path | str | None = None) -> dict:
+    """The commit of the git checkout holding ``where`` (default: the working directory), and its changes."""
+    where = Path.cwd() if where is None else Path(where)
+    try:
+        root = Path(_git(where, "rev-parse", "--show-toplevel"))
+        commit = _git(root, "rev-parse", "HEAD")
+    except FileNotFoundError:
+        return {"commit": None, "note": "git is not installed: the code version is unknown"}
+    except subprocess.CalledProcessError as error:
+        reason = (error.stderr or b"").decode().strip().splitlines()
+        return {"commit": None, "note": f"not a git checkout: {where} ({reason[0] if reason else 'git failed'})"}
+    diff = _git(root, "diff", "HEAD", "--binary", binary=True)
+    untracked = _git(root, "ls-files", "--others", "--exclude-standard", "-z", binary=True).decode().split("\0")
+    digest = hashlib.sha256(diff)
+    for name in sorted(n for n in untracked if n):
+        path = root / name
+        digest.update(name.encode() + b"\0")
+        if path.is_file():
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    dirty = bool(diff) or any(untracked)
+    return {"commit": commit, "dirty": dirty, "diff_sha256": digest.hexdigest() if dirty else None, "root": str(root)}
+
+
+def package_versions() -> dict:
+    versions = {}
+    for name in KEY_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    if versions["istar"] is None:  # the package run from a checkout without being installed
+        from istar import __version__
+
+        versions["istar"] = __version__
+    versions["python"] = platform.python_version()
+    return versions
+
+
+@lru_cache(maxsize=4)
+def _provenance(cwd: str) -> dict:
+    package = Path(__file__).resolve().parents[1]
+    git = git_provenance(package)
+    if git["commit"] is None:
+        git = git_provenance(cwd)
+        if git["commit"] is None:
+            git["note"] = f"not a git checkout: neither the istar package ({package}) nor the working directory ({cwd})"
+    return {"git": git, "versions": package_versions()}
+
+
+def code_provenance() -> dict:
+    """:func:`git_provenance` of the code's checkout and :func:`package_versions` (once per process and directory)."""
+    return json.loads(json.dumps(_provenance(str(Path.cwd()))))  # a copy: callers may extend it
