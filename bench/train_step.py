@@ -35,9 +35,9 @@ def step_times(repeats: int, length: int) -> dict[tuple[str, str], float]:
     """Median step time (s) per (method, precision)."""
     from accelerate.utils import convert_to_fp32
 
+    from istar.core.regularizers import cosreg_penalty, istar_penalty
     from istar.data import load_task
     from istar.models.loading import load_model, load_tokenizer
-    from istar.core.regularizers import cosreg_penalty, istar_penalty
     from istar.registry.tasks import get_task
 
     splits, _ = load_task("rte", source="mirror", mirror=MIRROR)

@@ -5,9 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import BertConfig, BertModel
-
 from mirrors import FULL_MIRROR, FULL_MIRROR_MISSING, TEST_DATA
+from transformers import BertConfig, BertModel
 
 
 def tiny_bert_config(**overrides) -> BertConfig:

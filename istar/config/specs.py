@@ -24,9 +24,9 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from istar.io import artifacts
 from istar.config.schema import default_of, schema_entry
 from istar.core.tokens import TOKEN_SELECTION_NAMES
+from istar.io import artifacts
 from istar.registry import precisions
 from istar.registry.methods import METHOD_NAMES, get_method
 from istar.registry.tasks import TASKS

@@ -27,7 +27,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-
 __all__ = [
     "accuracy",
     "f1_binary",

@@ -14,9 +14,9 @@ import logging
 
 import pandas as pd
 
+from istar.data.normalise import check_split, conform
 from istar.io.revisions import RevisionUnavailableError, resolve_revision
 from istar.registry.tasks import SPLITS, Task
-from istar.data.normalise import check_split, conform
 
 __all__ = ["HUB_DATASETS", "HubUnavailableError", "load_hub"]
 

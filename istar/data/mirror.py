@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from istar.io.artifacts import file_digest
-from istar.registry.tasks import SPLITS, Task, get_task
 from istar.data.normalise import check_split, conform
 from istar.data.readers import GLUE_TSV, read_glue_tsv, read_squad_json, read_sst5
 from istar.data.standin import missing_split_message, standin_split
+from istar.io.artifacts import file_digest
+from istar.registry.tasks import SPLITS, Task, get_task
 
 __all__ = ["MIRROR_ENV", "MissingSplitError", "IncompleteSplitError", "mirror_file", "missing_mirror_files",
            "resolve_mirror", "load_mirror"]

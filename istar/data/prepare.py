@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 
 from istar import __version__
-from istar.registry.tasks import SPLITS, Task, get_task
 from istar.data.hub import HubUnavailableError, load_hub
 from istar.data.mirror import MIRROR_ENV, load_mirror, resolve_mirror
 from istar.data.storage import write_prepared
+from istar.registry.tasks import SPLITS, Task, get_task
 
 __all__ = ["SOURCES", "load_task", "prepare_task", "label_summary", "add_cli_arguments", "run_cli"]
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from istar.registry.tasks import TASKS, Task
 from istar.data.normalise import split_schema
+from istar.registry.tasks import TASKS, Task
 
 __all__ = ["GLUE_TSV", "read_glue_tsv", "parse_tree", "read_sst5", "read_squad_json"]
 

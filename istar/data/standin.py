@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from istar.registry.tasks import Task
 from istar.data.hub import HUB_DATASETS
+from istar.registry.tasks import Task
 
 __all__ = ["standin_split", "missing_split_message"]
 

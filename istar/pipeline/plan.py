@@ -11,9 +11,9 @@ import itertools
 from pathlib import Path
 
 from istar.config.layout import DEFAULT_TOKENS, Setting, heldout_folder
+from istar.config.specs import AS_GIVEN, HoldoutSpec, MeasureSpec, PrepareDataSpec, ShrinkageSpec, SurveySpec, TrainSpec
 from istar.core.tokens import TOKEN_SELECTION_NAMES, get_token_selection
 from istar.registry.methods import get_method
-from istar.config.specs import AS_GIVEN, HoldoutSpec, MeasureSpec, PrepareDataSpec, SurveySpec, ShrinkageSpec, TrainSpec
 from istar.registry.tasks import SPLITS, TASKS
 
 __all__ = ["search_settings", "selected_setting", "final_settings", "study_runs",

@@ -26,10 +26,10 @@ from matplotlib import colormaps
 from matplotlib.container import ErrorbarContainer
 from matplotlib.figure import Figure
 
-from istar.report.aggregate_csv import require_columns
 from istar.io.artifacts import atomic_path
 from istar.registry.methods import METHOD_NAMES, METHODS
 from istar.registry.tasks import TASKS, get_task, ordered_tasks
+from istar.report.aggregate_csv import require_columns
 
 __all__ = ["LAMBDA_CMAP", "PERFORMANCE_LABELS", "HIGHLIGHT", "PANEL_SIZE", "study_rows", "with_performance",
            "summary", "yerr", "series_styles", "panels", "panel_series", "error_line", "legend_entries",

@@ -21,11 +21,11 @@ import math
 import pandas as pd
 from matplotlib.figure import Figure
 
-from istar.report import figure_parts as parts
 from istar.core.tokens import TOKEN_SELECTIONS
 from istar.registry.methods import METHODS
-from istar.report.table_render import Table
 from istar.registry.tasks import get_task, ordered_tasks
+from istar.report import figure_parts as parts
+from istar.report.table_render import Table
 
 __all__ = ["padding_rows", "variant_label", "padding_table", "padding"]
 

@@ -17,11 +17,11 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from istar.core.fig2 import STABILITY_COLUMNS, fig2_true_value
+from istar.registry.tasks import get_task
 from istar.report import figure_parts as parts
 from istar.report.aggregate_csv import require_columns
 from istar.report.figures import ANALYSIS_ZETA
-from istar.core.fig2 import STABILITY_COLUMNS, fig2_true_value
-from istar.registry.tasks import get_task
 
 __all__ = ["fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8", "sigma_epochs"]
 

@@ -30,8 +30,8 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from istar.report.aggregate_csv import require_columns
 from istar.config.specs import AS_GIVEN
+from istar.report.aggregate_csv import require_columns
 from istar.report.survey_aggregate import PROFILE_COLUMNS, PROJECTION_COLUMNS
 
 __all__ = ["profile_layers", "profile_steps", "profile_sizes", "profile_final_norm", "profile_gallery",

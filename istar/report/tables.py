@@ -33,12 +33,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from istar.report.aggregate_csv import read_aggregate, require_columns
 from istar.registry.methods import METHOD_NAMES, METHODS
+from istar.registry.tasks import get_task, ordered_tasks
+from istar.report.aggregate_csv import read_aggregate, require_columns
 from istar.report.paired import LEVEL, REFERENCE, paired_differences
 from istar.report.select import protocol_note
 from istar.report.table_render import Table, latex_escape, render_csv, render_latex, render_markdown, write_table
-from istar.registry.tasks import get_task, ordered_tasks
 
 __all__ = ["Table", "table1", "table2", "write_table", "render_csv", "render_markdown", "render_latex", "latex_escape"]
 

@@ -24,10 +24,10 @@ import torch
 from tqdm.auto import tqdm
 
 from istar import __version__
+from istar.config.specs import ActivationsSpec, add_spec_arguments, spec_from_cli
+from istar.core.isotropy import CovarianceAccumulator
 from istar.io import artifacts
 from istar.models.hidden_states import hidden_state_pass
-from istar.core.isotropy import CovarianceAccumulator
-from istar.config.specs import ActivationsSpec, add_spec_arguments, spec_from_cli
 
 __all__ = ["activation_statistics", "extract_activations", "load_activations"]
 

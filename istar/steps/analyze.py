@@ -34,13 +34,13 @@ from pathlib import Path
 
 import torch
 
+from istar.config.specs import AnalyzeSpec, add_spec_arguments, spec_from_cli
+from istar.core.isotropy import CovarianceAccumulator, isoscore_star_from_covariance
+from istar.core.regularizers import LayerSpec, resolve_layers
+from istar.core.twonn import twonn_dimension
 from istar.io import artifacts
 from istar.steps.activations import load_activations
-from istar.core.isotropy import CovarianceAccumulator, isoscore_star_from_covariance
-from istar.core.twonn import twonn_dimension
-from istar.core.regularizers import LayerSpec, resolve_layers
 from istar.steps.shrinkage import load_layer_statistics, merge_layers
-from istar.config.specs import AnalyzeSpec, add_spec_arguments, spec_from_cli
 
 __all__ = ["analyze_run", "analyze_statistics"]
 

@@ -84,13 +84,13 @@ def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumu
     gradient_accumulation_steps : passed to the ``Accelerator`` (training only).
     log_with, project_dir : accelerate's trackers and their logging folder (training only, :mod:`istar.steps.tracking`).
     """
+    from pathlib import Path
+
     from accelerate import Accelerator, PartialState
     from accelerate.utils import set_seed
 
-    from pathlib import Path
-
-    from istar.io.artifacts import verify_digests
     from istar.data import read_meta
+    from istar.io.artifacts import verify_digests
     from istar.models.loading import load_model, load_tokenizer, resolve_model_source
     from istar.registry.precisions import run_precision
     from istar.registry.tasks import get_task

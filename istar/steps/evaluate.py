@@ -14,11 +14,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from istar.io import artifacts
+from istar.config.specs import EvaluateSpec, add_spec_arguments, spec_from_cli
 from istar.core import metrics
 from istar.data import qa
 from istar.data.encoding import MODEL_INPUTS, Features
-from istar.config.specs import EvaluateSpec, add_spec_arguments, spec_from_cli
+from istar.io import artifacts
 from istar.registry.tasks import Task
 
 __all__ = ["evaluate_model", "evaluation_report", "evaluate_checkpoint"]

@@ -34,9 +34,9 @@ import argparse
 import gc
 from pathlib import Path
 
+from istar.config.specs import MeasureSpec, add_spec_arguments, spec_from_cli
 from istar.io import artifacts
 from istar.io.provenance import code_provenance
-from istar.config.specs import MeasureSpec, add_spec_arguments, spec_from_cli
 
 __all__ = ["measure_runs", "read_measures"]
 

@@ -24,8 +24,8 @@ import threading
 from pathlib import Path
 
 from istar import __version__
-from istar.io import artifacts
 from istar.config.specs import TrainSpec
+from istar.io import artifacts
 from istar.registry.methods import get_method
 
 __all__ = ["run_fingerprint", "fingerprint_hash", "changed_settings", "latest_state", "matching_state", "save_state",

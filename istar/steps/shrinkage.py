@@ -12,8 +12,8 @@ order, so all processes hold the identical Σ_S.
 from __future__ import annotations
 
 import argparse
-import json
 import contextlib
+import json
 import math
 import time
 from pathlib import Path
@@ -22,13 +22,13 @@ import torch
 from tqdm.auto import tqdm
 
 from istar import __version__
-from istar.io import artifacts
-from istar.data.encoding import EpochShuffleSampler
-from istar.models.hidden_states import hidden_state_pass
+from istar.config.specs import ShrinkageSpec, add_spec_arguments, spec_from_cli
 from istar.core.isotropy import CovarianceAccumulator
 from istar.core.regularizers import LayerSpec, resolve_layers
-from istar.config.specs import ShrinkageSpec, add_spec_arguments, spec_from_cli
 from istar.core.tokens import get_token_selection
+from istar.data.encoding import EpochShuffleSampler
+from istar.io import artifacts
+from istar.models.hidden_states import hidden_state_pass
 
 __all__ = ["NonFiniteStatistics", "accumulate_shrinkage", "merge_layers", "merge_across_processes", "save_shrinkage", "load_shrinkage", "load_layer_statistics", "compute_shrinkage_file"]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from istar.io.artifacts import atomic_path
 from istar.core.fig2 import STABILITY_COLUMNS, fig2_variances
 from istar.core.isotropy import isoscore_star_from_covariance
+from istar.io.artifacts import atomic_path
 
 __all__ = ["FIG2_BATCH_SIZES", "FIG2_ZETAS", "fig2_data",
            "write_stability"]

@@ -42,13 +42,19 @@ from pathlib import Path
 import torch
 
 from istar import __version__
-from istar.io import artifacts
-from istar.core.isotropy import (FP32_EXP_LIMIT, CovarianceAccumulator, average_cosine_similarity,
-                                 isoscore_from_eigenvalues, isoscore_star_from_covariance, partition_isotropy,
-                                 partition_isotropy_one_sign)
-from istar.core.twonn import twonn_dimension
-from istar.models.hidden_states import hidden_state_pass
 from istar.config.specs import SurveySpec, add_spec_arguments, spec_from_cli
+from istar.core.isotropy import (
+    FP32_EXP_LIMIT,
+    CovarianceAccumulator,
+    average_cosine_similarity,
+    isoscore_from_eigenvalues,
+    isoscore_star_from_covariance,
+    partition_isotropy,
+    partition_isotropy_one_sign,
+)
+from istar.core.twonn import twonn_dimension
+from istar.io import artifacts
+from istar.models.hidden_states import hidden_state_pass
 
 __all__ = ["OUTLIER_FACTOR", "solver_eigenvectors", "effective_rank", "static_measures", "projection",
            "layer_measures", "read_texts", "profile_model", "run_profile"]

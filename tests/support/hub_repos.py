@@ -187,8 +187,17 @@ def tiny_model_files(kind: str, folder: Path, seed: int = 0) -> dict[str, Path]:
     LayerNorm, as Pythia has (gpt_neox); hidden size 32, 2 layers. The encoders' padding id is the
     tokenizer's (0), so that padded positions are the ones the attention mask hides."""
     import torch
-    from transformers import (AlbertConfig, AutoModel, AutoModelForCausalLM, BertConfig, DebertaV2Config,
-                              DistilBertConfig, GPTNeoXConfig, ModernBertConfig, RobertaConfig)
+    from transformers import (
+        AlbertConfig,
+        AutoModel,
+        AutoModelForCausalLM,
+        BertConfig,
+        DebertaV2Config,
+        DistilBertConfig,
+        GPTNeoXConfig,
+        ModernBertConfig,
+        RobertaConfig,
+    )
 
     from istar.models.loading import load_tokenizer
 

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import torch
 import yaml
-from transformers import BertConfig, BertModel
-
 from mirrors import REPO, TEST_DATA
+from transformers import BertConfig, BertModel
 
 TEST_CONFIGS = REPO / ".test" / "config"
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")

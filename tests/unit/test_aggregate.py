@@ -15,10 +15,17 @@ import pytest
 
 from istar.config.specs import MeasureSpec, ShrinkageSpec, TrainSpec
 from istar.io import artifacts
-from istar.report.aggregate import (DIMS_COLUMNS, LAYERS_COLUMNS, PROVENANCE_COLUMNS, RUNS_COLUMNS, SELECTION_COLUMNS,
-                                    aggregate, parse_run_spec)
-from istar.steps.measure import measure_runs
+from istar.report.aggregate import (
+    DIMS_COLUMNS,
+    LAYERS_COLUMNS,
+    PROVENANCE_COLUMNS,
+    RUNS_COLUMNS,
+    SELECTION_COLUMNS,
+    aggregate,
+    parse_run_spec,
+)
 from istar.report.select import select_best
+from istar.steps.measure import measure_runs
 from istar.steps.shrinkage import compute_shrinkage_file
 from istar.steps.train import train
 
@@ -303,7 +310,7 @@ def test_paired_csv_equals_scipy_on_the_final_runs(aggregated):
 
 def test_epochs_csv_has_the_final_runs_sigma_isoscore_per_epoch(aggregated):
     epochs = pd.read_csv(aggregated["out"] / "epochs.csv")
-    assert list(epochs.columns) == [*EXPECTED_DIMS_COLUMNS[:9], "epoch", "sigma_s_isoscore", "score"]
+    assert list(epochs.columns) == [*EXPECTED_DIMS_COLUMNS[:10], "epoch", "sigma_s_isoscore", "score"]
     assert set(epochs["study"]) == {"final"}  # neither search nor figure-study runs
     # four final runs (base, CosReg, I-STAR × 2 seeds), each before training and after its one epoch
     assert len(epochs) == 4 * 2 and list(epochs["epoch"][:2]) == [0, 1]

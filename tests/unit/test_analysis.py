@@ -10,13 +10,18 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from istar.config.specs import ActivationsSpec, ShrinkageSpec, TrainSpec
+from istar.core.isotropy import (
+    CovarianceAccumulator,
+    average_cosine_similarity,
+    isoscore,
+    isoscore_star_from_covariance,
+)
+from istar.core.twonn import twonn_dimension
 from istar.steps.activations import extract_activations, load_activations
 from istar.steps.analyze import analyze_run
-from istar.core.isotropy import CovarianceAccumulator, average_cosine_similarity, isoscore, isoscore_star_from_covariance
 from istar.steps.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage, save_shrinkage
-from istar.config.specs import ActivationsSpec, ShrinkageSpec, TrainSpec
 from istar.steps.train import train
-from istar.core.twonn import twonn_dimension
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -174,8 +179,8 @@ def test_cli(run, result, tmp_path):
 def test_measure_equals_the_separate_steps(run, result, tmp_path):
     """`istar measure` (the workflow's one process per setting) writes what `istar evaluate`,
     `istar activations` and `istar analyze` write one by one."""
-    from istar.steps.evaluate import evaluate_checkpoint
     from istar.config.specs import EvaluateSpec
+    from istar.steps.evaluate import evaluate_checkpoint
 
     out = tmp_path / "measures.json"
     command = [sys.executable, "-m", "istar", "measure", "--runs", str(run["run"]), "--data", str(run["data"]),

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from istar.config.schema import ConfigError
-from istar.pipeline.validate import load_config, validate_config
-from istar.config.layout import Setting
-from istar.pipeline.plan import final_settings, search_settings, study_runs
 from mirrors import TEST_DATA
+
+from istar.config.layout import Setting
+from istar.config.schema import ConfigError
+from istar.pipeline.plan import final_settings, search_settings, study_runs
+from istar.pipeline.validate import load_config, validate_config
 
 REPO = Path(__file__).resolve().parents[2]
 

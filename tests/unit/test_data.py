@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from mirrors import FULL_MIRROR, TEST_DATA
 
 from istar.data import (
     MissingSplitError,
@@ -24,7 +25,6 @@ from istar.data import (
     run_cli,
 )
 from istar.registry.tasks import TASKS
-from mirrors import FULL_MIRROR, TEST_DATA
 
 REPO = Path(__file__).parents[2]
 

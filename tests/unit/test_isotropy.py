@@ -7,8 +7,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from istar.core.isotropy import (CovarianceAccumulator, average_cosine_similarity, isoscore, isoscore_from_eigenvalues,
-                            isoscore_star, isoscore_star_from_covariance, partition_isotropy, shrink_covariance)
+from istar.core.isotropy import (
+    CovarianceAccumulator,
+    average_cosine_similarity,
+    isoscore,
+    isoscore_from_eigenvalues,
+    isoscore_star,
+    isoscore_star_from_covariance,
+    partition_isotropy,
+    shrink_covariance,
+)
 from istar.core.twonn import twonn_dimension
 
 

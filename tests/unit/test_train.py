@@ -13,12 +13,12 @@ import pytest
 import torch
 from services import ACCELERATE_2_CPU
 
-from istar.steps.activations import load_activations
-from istar.core.isotropy import isoscore_star_from_covariance
-from istar.steps.launch import free_port
-from istar.registry.precisions import cpu_has_native_bf16
-from istar.steps.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage
 from istar.config.specs import ShrinkageSpec, TrainSpec
+from istar.core.isotropy import isoscore_star_from_covariance
+from istar.registry.precisions import cpu_has_native_bf16
+from istar.steps.activations import load_activations
+from istar.steps.launch import free_port
+from istar.steps.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage
 from istar.steps.train import train
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

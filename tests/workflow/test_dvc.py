@@ -19,7 +19,6 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-
 from services import Daemons, ensure_debian_packages, free_port, program, wait_for_port
 from workflow_helpers import ENV, REPO, load_test_config, planned_jobs, save_tiny_model, snakemake
 

@@ -9,7 +9,6 @@ import json
 
 import pytest
 import torch
-
 from conftest import HUB_ENCODERS
 from hub_server import reload_hub_constants
 

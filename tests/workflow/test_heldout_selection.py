@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 import pandas as pd
+from workflow_helpers import load_test_config, save_tiny_model, snakemake, write_project
 
 from istar.data import read_split
-from workflow_helpers import load_test_config, save_tiny_model, snakemake, write_project
 
 
 def test_heldout_workflow_never_trains_the_search_on_its_scoring_rows(tmp_path):

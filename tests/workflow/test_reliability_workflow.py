@@ -13,9 +13,16 @@ from base64 import urlsafe_b64decode
 from pathlib import Path
 
 import pytest
-
-from workflow_helpers import ENV, REPO, SNAKEMAKE, load_test_config, planned_jobs, save_tiny_model, snakemake, \
-    write_project
+from workflow_helpers import (
+    ENV,
+    REPO,
+    SNAKEMAKE,
+    load_test_config,
+    planned_jobs,
+    save_tiny_model,
+    snakemake,
+    write_project,
+)
 
 pytestmark = pytest.mark.slow
 

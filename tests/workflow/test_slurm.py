@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from istar.registry.precisions import run_precision
 from services import Daemons, ensure_debian_packages, free_port, program
 from workflow_helpers import ENV, REPO, SNAKEMAKE, load_test_config, save_tiny_model, write_project
+
+from istar.registry.precisions import run_precision
 
 PROGRAMS = ["slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "srun", "scancel", "munged"]
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from services import ACCELERATE_2_CPU, MlflowServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]

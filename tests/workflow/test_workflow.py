@@ -8,7 +8,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
 from workflow_helpers import ENV, REPO, clean_clone, planned_jobs, save_tiny_model, snakemake, write_project
 
 PAPER_JOBS = {
