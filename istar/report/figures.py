@@ -35,6 +35,17 @@ ANALYSIS_ZETA = default_of("analysis.zeta")
 """The ζ of the IsoScore* analysis when none is given (the schema's ``analysis.zeta``)."""
 
 
+def switch_enabled(switch: str | None, config: dict) -> bool:
+    """Whether the config section ``switch`` (dotted, e.g. ``studies.padding``) is enabled in a
+    validated config; None is a figure or table every config draws."""
+    if switch is None:
+        return True
+    section = config
+    for key in switch.split("."):
+        section = section[key]
+    return bool(section["enabled"])
+
+
 @dataclass(frozen=True)
 class FigureSpec:
     """A figure of the paper.
@@ -60,12 +71,7 @@ class FigureSpec:
 
     def enabled(self, config: dict) -> bool:
         """Whether a validated config asks for this figure."""
-        if self.switch is None:
-            return True
-        section = config
-        for key in self.switch.split("."):
-            section = section[key]
-        return bool(section["enabled"])
+        return switch_enabled(self.switch, config)
 
 
 FIGURES: dict[str, FigureSpec] = {

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+from istar.report.figures import switch_enabled
+
 __all__ = ["TableSpec", "TABLES", "TABLE_NAMES", "get_table", "enabled_tables", "build"]
 
 
@@ -28,12 +30,8 @@ class TableSpec:
     states_protocol: bool = False
 
     def enabled(self, config: dict) -> bool:
-        if self.switch is None:
-            return True
-        section = config
-        for key in self.switch.split("."):
-            section = section[key]
-        return bool(section["enabled"])
+        """Whether a validated config asks for this table."""
+        return switch_enabled(self.switch, config)
 
 
 TABLES: dict[str, TableSpec] = {
