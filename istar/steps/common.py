@@ -87,7 +87,7 @@ def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumu
     from pathlib import Path
 
     from accelerate import Accelerator, PartialState
-    from accelerate.utils import set_seed
+    from accelerate.utils import parse_flag_from_env, set_seed
 
     from istar.data import read_meta
     from istar.io.artifacts import verify_digests
@@ -97,7 +97,10 @@ def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumu
 
     # The device is known before the Accelerator exists (PartialState is the process's shared
     # state); the precision it gets is the one that runs there (istar.registry.precisions).
-    precision = run_precision(spec.mixed_precision, PartialState().device.type)
+    # PartialState must read ACCELERATE_USE_CPU as the Accelerator does: created without it, the
+    # shared state of a multi-process CPU run (gloo) has one process, and every rank runs alone.
+    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
+    precision = run_precision(spec.mixed_precision, state.device.type)
     accelerator = Accelerator(mixed_precision=precision.key, gradient_accumulation_steps=gradient_accumulation_steps,
                               log_with=log_with or None, project_dir=project_dir)
     meta = read_meta(spec.data_dir)
