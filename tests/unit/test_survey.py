@@ -381,7 +381,7 @@ def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path)
     for figure in PROFILE_FIGURES:
         assert (tmp_path / "results/figures" / f"{figure}.png").stat().st_size > 10_000, figure
     # a finished stage plans nothing more
-    assert planned_jobs(snakemake(tmp_path, "-n", "profiles", env=env).stdout) == {}
+    assert planned_jobs(snakemake(tmp_path, "-n", "surveys", env=env).stdout) == {}
 
 
 # ------------------------------------------------------------------ the aggregate CSV and the figures

@@ -40,10 +40,10 @@ def test_paper_config_dry_run_shows_the_full_study(tmp_path):
 def test_anisotropy_config_dry_run_plans_the_model_by_checkpoint_grid(tmp_path):
     """config/anisotropy.yaml: Pythia's 8 sizes × 21 checkpoints and 5 more models, without reaching the hub."""
     online = {**{k: v for k, v in ENV.items() if k != "HF_HUB_OFFLINE"}, "HF_HOME": str(tmp_path / "hf")}
-    result = snakemake(tmp_path, "-n", "profiles", configfile=REPO / "config" / "anisotropy.yaml", env=online)
+    result = snakemake(tmp_path, "-n", "surveys", configfile=REPO / "config" / "anisotropy.yaml", env=online)
     assert result.returncode == 0, result.stderr[-3000:]
     assert planned_jobs(result.stdout) == {"prepare_data": 1, "survey": 8 * 21 + 5, "survey_aggregate": 1,
-                                           "figure": 6, "profiles": 1}
+                                           "figure": 6, "surveys": 1}
     config = yaml.safe_load((REPO / "config" / "anisotropy.yaml").read_text())
     pythia = {name: entry for name, entry in config["survey"]["models"].items() if name.startswith("pythia-")}
     assert sorted(entry["source"] for entry in pythia.values()) == sorted(
