@@ -24,6 +24,8 @@ ENV.pop("MLFLOW_TRACKING_URI", None)
 
 
 @pytest.fixture(scope="module")
+DVC = str(Path(sys.executable).parent / "dvc")  # this environment's, whatever PATH holds
+
 def mlflow_server(tmp_path_factory):
     server = MlflowServer(tmp_path_factory.mktemp("mlflow")).start()
     yield server
@@ -58,9 +60,9 @@ def tensorboard_scalars(run: Path) -> dict:
 def dvc_plots(project: Path, run: Path) -> dict:
     """metric → [(step, value)] as `dvc plots show` renders DVCLive's files (in a DVC project around the run)."""
     if not (project / ".dvc").is_dir():
-        subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=project, check=True, env=ENV)
+        subprocess.run([DVC, "init", "--no-scm", "-q"], cwd=project, check=True, env=ENV)
     metrics = run / "tracking" / "dvclive" / "plots" / "metrics"
-    result = subprocess.run(["dvc", "plots", "show", "-x", "step", "--json", str(metrics.relative_to(project))], cwd=project,
+    result = subprocess.run([DVC, "plots", "show", "-x", "step", "--json", str(metrics.relative_to(project))], cwd=project,
                             capture_output=True, text=True, env=ENV, timeout=300)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)["data"]
