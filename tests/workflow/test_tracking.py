@@ -23,9 +23,10 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 ENV.pop("MLFLOW_TRACKING_URI", None)
 
 
-@pytest.fixture(scope="module")
 DVC = str(Path(sys.executable).parent / "dvc")  # this environment's, whatever PATH holds
 
+
+@pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     server = MlflowServer(tmp_path_factory.mktemp("mlflow")).start()
     yield server
