@@ -243,8 +243,8 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         resume_dir.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     num_hidden, hidden_size = model.config.num_hidden_layers + 1, model.config.hidden_size
-    # (the baseline penalises no layer)
-    layer_indices = resolve_layers(spec.penalty_layers, num_hidden) if spec.penalty_layers is not None else None
+    # the layers the penalty reads and Σ_S is measured over (the registry gives every method some)
+    layer_indices = resolve_layers(spec.penalty_layers, num_hidden)
     set_seed(spec.seed, device_specific=True)
 
     selection = get_token_selection(spec.tokens)
