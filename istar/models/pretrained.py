@@ -22,6 +22,7 @@ import torch
 
 from istar.io import artifacts
 from istar.models.loading import gguf_location, resolve_model_source
+from istar.registry.precisions import run_dtype
 
 __all__ = ["LoadedModel", "load_for_profile", "find_final_norm", "parameter_count", "is_causal"]
 
@@ -91,7 +92,9 @@ def load_for_profile(spec) -> LoadedModel:
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     device = _device(spec.device)
-    dtype = getattr(torch, spec.dtype)
+    # On a CPU a reduced dtype runs as bfloat16 where the processor has it natively, else float32.
+    dtype_name = run_dtype(spec.dtype, device.type)
+    dtype = getattr(torch, dtype_name)
     gguf = gguf_location(spec.model)
     if gguf is not None:
         if spec.revision:
@@ -135,5 +138,6 @@ def load_for_profile(spec) -> LoadedModel:
         input_embeddings=inputs, output_embeddings=None if tied else outputs, has_output_matrix=outputs is not None,
         final_norm=norm, final_norm_name=norm_name, num_layers=int(model.config.num_hidden_layers),
         hidden_size=int(inputs.shape[1]), provenance={**provenance, "architecture": type(model).__name__,
-                                                      "causal": causal, "dtype": spec.dtype, "device": str(device)},
+                                                      "causal": causal, "dtype": dtype_name, "dtype_requested": spec.dtype,
+                                                      "device": str(device)},
     )

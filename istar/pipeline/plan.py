@@ -228,24 +228,30 @@ def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: i
 
 def shrinkage_spec(config: dict, *, model: str, task: str, data_dir: str, out: str,
                    tokens: str = DEFAULT_TOKENS) -> ShrinkageSpec:
-    """Σ_S of the pretrained model on the task's training data, over the rows ``tokens`` selects (fp32;
-    batches of the evaluation batch size, or of the training batch size where padding counts)."""
+    """Σ_S of the pretrained model on the task's training data, over the rows ``tokens`` selects
+    (batches of the evaluation batch size, or of the training batch size where padding counts).
+
+    Its forward passes run in the fine-tuning precision, as the per-epoch Σ_S inside the runs
+    does, so the initial and the recomputed Σ_S come from the same arithmetic; the covariance
+    is accumulated in float64 either way."""
     training = config["training"]
     uses_training = get_token_selection(tokens).sigma_uses_training_batches
     return ShrinkageSpec(**_model_data(config, model, task, data_dir), out=out, layers=config["penalty"]["layers"],
                          tokens=tokens, rows=config["shrinkage"]["rows"],
-                         batch_size=training["batch_size"] if uses_training else training["eval_batch_size"])
+                         batch_size=training["batch_size"] if uses_training else training["eval_batch_size"],
+                         mixed_precision=training["mixed_precision"])
 
 
 def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sigma_s: str, out: str) -> MeasureSpec:
-    """Evaluation, activations and analysis of a setting's runs (fp32). Every run is evaluated: the
-    forward pass costs little beside the activations' and gives each run its fp32 score."""
+    """Evaluation, activations and analysis of a setting's runs, in the fine-tuning precision (the
+    score a run reports is then the one its training evaluated; statistics stay float32/float64).
+    Every run is evaluated: the forward pass costs little beside the activations'."""
     training, analysis = config["training"], config["analysis"]
     return MeasureSpec(runs=list(runs), data_dir=data_dir, sigma_s=sigma_s, out=out, evaluate=True,
                        max_length=task_max_length(config, task), doc_stride=training["doc_stride"],
                        batch_size=training["eval_batch_size"], token_sample=analysis["token_sample"],
                        zeta=analysis["zeta"], twonn_discard=analysis["twonn_discard"],
-                       layers=config["penalty"]["layers"])
+                       layers=config["penalty"]["layers"], mixed_precision=training["mixed_precision"])
 
 
 # ----------------------------------------------------------------------------- isotropy profiles

@@ -13,7 +13,9 @@ processors with bf16 instructions (x86 AVX512-BF16 or AMX, Arm's BF16 extension)
 its matrix products natively — a MiniLM-L6 training step took 0.59–0.66 × its fp32 time here
 (``bench/RESULTS.md``). Without those instructions bf16 has no hardware path and no
 speed-up to offer for its lost precision, so such a CPU runs fp32 whatever was asked. The effective precision is
-what ``run_config.json`` and the resume fingerprint record. Under any autocast, IsoScore*,
+what ``run_config.json`` and the resume fingerprint record. The workflow's Σ_S and measure jobs
+run in the fine-tuning precision (``istar.pipeline.plan``), and a profile's ``survey.dtype``
+follows the same CPU rule (:func:`run_dtype`). Under any autocast, IsoScore*,
 Σ_S and every d × d reduction compute in float32 or float64 (``istar.isotropy``,
 ``istar.regularizers``).
 """
@@ -24,7 +26,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PRECISIONS", "Precision", "cpu_has_native_bf16", "run_precision"]
+__all__ = ["PRECISIONS", "Precision", "cpu_has_native_bf16", "run_dtype", "run_precision"]
 
 
 @dataclass(frozen=True)
@@ -34,17 +36,19 @@ class Precision:
     key : the value in the config and accelerate's ``mixed_precision`` ("no", "fp16", "bf16").
     label : how runs record it (``no`` is recorded as ``fp32``).
     reduced_on_cpu : whether a CPU runs it as bf16 where bf16 is native (else fp32).
+    dtype : the torch dtype of weights held in this precision (``survey.dtype`` names them so).
     """
 
     key: str
     label: str
     reduced_on_cpu: bool
+    dtype: str
 
 
 PRECISIONS: dict[str, Precision] = {p.key: p for p in (
-    Precision("no", "fp32", reduced_on_cpu=False),
-    Precision("fp16", "fp16", reduced_on_cpu=True),
-    Precision("bf16", "bf16", reduced_on_cpu=True),
+    Precision("no", "fp32", reduced_on_cpu=False, dtype="float32"),
+    Precision("fp16", "fp16", reduced_on_cpu=True, dtype="float16"),
+    Precision("bf16", "bf16", reduced_on_cpu=True, dtype="bfloat16"),
 )}
 
 # CPU feature flags (Linux /proc/cpuinfo) that give native bf16 matrix products.
@@ -101,3 +105,13 @@ def run_precision(requested: str, device_type: str, native_bf16: bool | None = N
         return asked
     native = cpu_has_native_bf16() if native_bf16 is None else native_bf16
     return PRECISIONS["bf16"] if native else PRECISIONS["no"]
+
+
+def run_dtype(requested: str, device_type: str, native_bf16: bool | None = None) -> str:
+    """The weights' dtype that runs when ``requested`` (a torch dtype name: float32, float16,
+    bfloat16) is asked for on a device of ``device_type``: the rule of :func:`run_precision`
+    (on a CPU, float16 and bfloat16 run as bfloat16 where it is native, else as float32)."""
+    by_dtype = {entry.dtype: entry for entry in PRECISIONS.values()}
+    if requested not in by_dtype:
+        raise ValueError(f"dtype must be one of {', '.join(by_dtype)}; got {requested!r}")
+    return run_precision(by_dtype[requested].key, device_type, native_bf16).dtype

@@ -14,7 +14,7 @@ keep one per run; ``istar activations`` and ``istar analyze`` write and read suc
 manual work. One job per setting rather than two or three per run keeps the paper's DAG small
 (docs/architecture.md). The output, written once at the end (atomically, with its hash)::
 
-    {"split", "sigma_s", "zeta", "evaluated": bool,
+    {"split", "sigma_s", "zeta", "evaluated": bool, "precision": the forward passes' (as they ran),
      "runs": {RUN_FOLDER: {"evaluation": {…} or null, "analysis": {…}, "trained_on": TOKENS}, …},
      "provenance": {"git": {…}, "versions": {…}}}
 
@@ -60,10 +60,10 @@ def measure_runs(spec: MeasureSpec) -> dict:
         read_finished_run(run)  # one finished run's outputs, unchanged, no training state beside them
     # Σ_S read (hash, NaN / inf) before the first model is evaluated, not after.
     load_layer_statistics(spec.sigma_s)
-    runs, main_process = {}, True
+    runs, main_process, precision = {}, True, None
     for run in tqdm(spec.runs, desc="runs measured", unit="run"):
         step = open_step(spec.model_data(run))
-        main_process = step.accelerator.is_main_process
+        main_process, precision = step.accelerator.is_main_process, step.precision.label
         evaluation = evaluation_report(step, spec.split, spec.batch_size) if spec.evaluate else None
         tensors, metadata = activation_statistics(step, spec.split, spec.batch_size, spec.token_sample, spec.seed)
         analysis = analyze_statistics(tensors, metadata, spec.sigma_s, spec.zeta, twonn_discard=spec.twonn_discard,
@@ -73,8 +73,8 @@ def measure_runs(spec: MeasureSpec) -> dict:
               + (f", {evaluation['metric']} {evaluation['metrics'][evaluation['metric']]:.4f}" if evaluation else ""))
         del step, tensors
         gc.collect()  # one model at a time: the next run's is loaded into the memory this one held
-    result = {"split": spec.split, "sigma_s": spec.sigma_s, "zeta": spec.zeta, "evaluated": spec.evaluate, "runs": runs,
-              "provenance": code_provenance()}
+    result = {"split": spec.split, "sigma_s": spec.sigma_s, "zeta": spec.zeta, "evaluated": spec.evaluate,
+              "precision": precision, "runs": runs, "provenance": code_provenance()}
     if main_process:
         result = artifacts.write_json(spec.out, result, digest=True)
     return result

@@ -232,6 +232,8 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
         "data_dir": spec.data_dir, "heldout": step.meta.get("heldout"),
         "standin": step.standin, "layer_spec": spec.layers, "tokens": spec.tokens, "batch_size": spec.batch_size,
         "requested_rows": spec.rows, "max_length": spec.max_length, "seed": spec.seed,
+        # the forward passes' precision as it ran (istar.registry.precisions); the sums are float64
+        "precision": step.precision.label,
         "num_processes": accelerator.num_processes, "seconds": round(time.perf_counter() - start, 2),
     }
     provenance["num_layers"] = len(per_layer) - 1

@@ -190,6 +190,8 @@ def test_measure_equals_the_separate_steps(run, result, tmp_path):
     assert "1 run(s) measured" in done.stdout
     measures = json.loads(out.read_text())
     assert list(measures["runs"]) == [str(run["run"])] and measures["evaluated"] is True
+    assert measures["precision"] == "fp32"  # what ran: no precision was asked for
+    assert json.loads(run["sigma"].with_suffix(".json").read_text())["precision"] == "fp32"
     entry = measures["runs"][str(run["run"])]
     assert entry["analysis"] == {key: value for key, value in json.loads(json.dumps(result)).items() if key != "sha256"}
     evaluation = evaluate_checkpoint(EvaluateSpec(model=str(run["run"] / "model"), data_dir=str(run["data"]),

@@ -5,8 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from istar.registry.precisions import BF16_CPU_FLAGS, PRECISIONS, cpu_flags, cpu_has_native_bf16, run_precision
+import yaml
+
+from istar.pipeline.plan import measure_spec, shrinkage_spec
+from istar.pipeline.validate import validate_config
+from istar.registry.precisions import (BF16_CPU_FLAGS, PRECISIONS, cpu_flags, cpu_has_native_bf16, run_dtype,
+                                       run_precision)
 from istar.steps.launch import launch_command
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("requested, native, device, expected", [
@@ -19,6 +26,31 @@ def test_run_precision_policy(requested, native, device, expected):
     ran = run_precision(requested, device, native_bf16=native)
     assert ran.label == expected
     assert ran is PRECISIONS[ran.key]  # the key goes to accelerate as it is
+
+
+@pytest.mark.parametrize("requested, native, device, expected", [
+    ("float32", True, "cpu", "float32"), ("bfloat16", True, "cpu", "bfloat16"), ("float16", True, "cpu", "bfloat16"),
+    ("bfloat16", False, "cpu", "float32"), ("float16", False, "cpu", "float32"),
+    ("float16", False, "cuda", "float16"), ("bfloat16", False, "cuda", "bfloat16"),
+])
+def test_profile_dtype_follows_the_same_rule(requested, native, device, expected):
+    assert run_dtype(requested, device, native_bf16=native) == expected
+
+
+def test_unknown_dtype_is_named():
+    with pytest.raises(ValueError, match=r"one of float32, float16, bfloat16; got 'int8'"):
+        run_dtype("int8", "cpu")
+
+
+@pytest.mark.parametrize("precision", ["no", "fp16", "bf16"])
+def test_sigma_and_measure_jobs_run_in_the_training_precision(precision):
+    # The initial Σ_S and the measurements use the arithmetic of the runs they serve.
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["training"]["mixed_precision"] = precision
+    config = validate_config(config)
+    sigma = shrinkage_spec(config, model="m", task="rte", data_dir="d", out="s.pt")
+    measured = measure_spec(config, runs=["r"], task="rte", data_dir="d", sigma_s="s.pt", out="m.json")
+    assert sigma.mixed_precision == measured.mixed_precision == measured.model_data("r").mixed_precision == precision
 
 
 def test_unknown_precision_is_named():

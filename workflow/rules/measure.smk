@@ -27,6 +27,7 @@ rule measure:
         runtime=TRAINING["runtime"],
     params:
         spec=measure_spec_json,
+        precision=TRAINING["mixed_precision"],
     shell:
-        "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision no -- "
+        "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision {params.precision} -- "
         "measure --spec {params.spec:q} > {log} 2>&1"

@@ -18,8 +18,9 @@ rule shrinkage:
         runtime=60,
     params:
         spec=shrinkage_spec_json("real"),
+        precision=TRAINING["mixed_precision"],
     shell:
-        "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision no -- "
+        "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision {params.precision} -- "
         "shrinkage --spec {params.spec:q} > {log} 2>&1"
 
 
@@ -35,6 +36,7 @@ use rule shrinkage as shrinkage_all_positions with:
         "benchmarks/shrinkage/{model}/{task}_allpos.tsv"
     params:
         spec=shrinkage_spec_json("all_positions"),
+        precision=TRAINING["mixed_precision"],
 
 
 # Under search.selection_split: heldout the search's Σ_S comes from its own training part, so
@@ -54,6 +56,7 @@ if HELDOUT:
             f"benchmarks/shrinkage/{SEARCH_TAG}{{model}}/{{task}}.tsv"
         params:
             spec=shrinkage_spec_json("real", SEARCH_DATA),
+            precision=TRAINING["mixed_precision"],
 
     use rule shrinkage as shrinkage_search_all_positions with:
         input:
@@ -68,3 +71,4 @@ if HELDOUT:
             f"benchmarks/shrinkage/{SEARCH_TAG}{{model}}/{{task}}_allpos.tsv"
         params:
             spec=shrinkage_spec_json("all_positions", SEARCH_DATA),
+            precision=TRAINING["mixed_precision"],
