@@ -46,6 +46,12 @@ class Task:
     metrics: tuple[str, ...]
     rows: tuple[int, int]
 
+    @property
+    def percent_scale(self) -> float:
+        """What turns the headline score into percent for tables: 100 for the fractions
+        (accuracy, F1, correlations), 1 for SQuAD's F1 and exact match, percentages already."""
+        return 1.0 if self.kind == "qa" else 100.0
+
 
 TASKS: dict[str, Task] = {
     task.key: task

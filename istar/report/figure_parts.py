@@ -73,7 +73,7 @@ def study_rows(df: pd.DataFrame, study: str, source: str, value: str, columns=()
 
 def with_performance(runs: pd.DataFrame) -> pd.DataFrame:
     """Add ``performance``: the headline score ×100, except SQuAD (already a percentage)."""
-    scale = runs["task"].map(lambda key: 1.0 if get_task(key).kind == "qa" else 100.0)
+    scale = runs["task"].map(lambda key: get_task(key).percent_scale)
     return runs.assign(performance=runs["score"] * scale)
 
 

@@ -11,7 +11,9 @@ sequence, as the authors' code does (``penalty.tokens``, docs/method.md §7). Bo
   split (the measurement analyses real tokens whatever the run trained on, so the three
   variants are compared on the same rows), at the analysis's ζ.
 
-Cells and points are means over seeds with the standard deviation (ddof = 1).
+Cells and points are means over seeds with the standard deviation (ddof = 1). The table adds,
+per I-STAR variant, its paired difference from the baseline over the seeds both ran, with the
+95 % Student-t interval of :mod:`istar.report.paired`, for the score and for IsoScore*.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from istar.core.tokens import TOKEN_SELECTIONS
 from istar.registry.methods import METHODS
 from istar.registry.tasks import get_task, ordered_tasks
 from istar.report import figure_parts as parts
+from istar.report.paired import EXCLUDES_ZERO, LEVEL, REFERENCE, difference_cell, paired_differences
 from istar.report.table_render import Table
 
 __all__ = ["padding_rows", "variant_label", "padding_table", "padding"]
 
-COLUMNS = ("study", "model", "task", "method", "lam", "zeta", "tokens", "seed", "score", "isoscore_star", "standin")
+COLUMNS = ("study", "model", "task", "method", "lam", "zeta", "tokens", "seed", "metric", "score", "isoscore_star",
+           "standin")
 
 
 def variant_label(method: str, tokens: str) -> str:
@@ -51,6 +55,15 @@ def _order(rows: pd.DataFrame) -> list[str]:
     return [v for v in dict.fromkeys(order) if v in set(rows["variant"])]
 
 
+def _paired(rows: pd.DataFrame, value: str) -> dict[tuple[str, str, str], object]:
+    """(model, variant, task) → the paired difference of ``value`` from the baseline's (a row of
+    :func:`istar.report.paired.paired_differences`), for every variant but the baseline."""
+    frame = rows.assign(method=rows["variant"], score=rows[value])
+    reference = METHODS[REFERENCE].label  # the baseline takes no token selection: its variant is its label
+    return {(row.model, row.method, row.task): row
+            for row in paired_differences(frame, study="padding", reference=reference).itertuples()}
+
+
 def _cell(values: pd.Series, scale: float = 1.0, digits: int = 1) -> str:
     values = values.dropna().astype(float) * scale
     if values.empty:
@@ -70,16 +83,21 @@ def padding_table(runs: pd.DataFrame) -> Table:
     Returns
     -------
     Table with columns ``{task} score`` (×100, one decimal) and ``{task} IsoScore*`` (three
-    decimals) per task, cells ``mean ± std`` over seeds (a single seed: the value alone); the
-    λ | ζ of each model × task in a footnote.
+    decimals) per task, cells ``mean ± std`` over seeds (a single seed: the value alone), then
+    per I-STAR variant a row ``variant − Base``: the paired difference over the seeds both ran
+    with its 95 % interval and n (``‡``: the interval excludes 0); the λ | ζ of each
+    model × task in a footnote.
     """
     rows = padding_rows(runs)
     tasks = ordered_tasks(rows["task"])
     models = list(dict.fromkeys(rows["model"]))
+    scores, isoscores = _paired(rows, "score"), _paired(rows, "isoscore_star")
+    base = METHODS[REFERENCE].label
     index, cells = [], []
     for model in models:
         block = rows[rows["model"] == model]
-        for variant in _order(block):
+        variants = _order(block)
+        for variant in variants:
             mine = block[block["variant"] == variant]
             row = []
             for task in tasks:
@@ -87,6 +105,11 @@ def padding_table(runs: pd.DataFrame) -> Table:
                 row += [_cell(cell["performance"]), _cell(cell["isoscore_star"], digits=3)]
             index.append([model, variant])
             cells.append(row)
+        for variant in (v for v in variants if v != base):
+            index.append([model, f"{variant} − {base}"])
+            cells.append([cell for task in tasks for cell in (
+                difference_cell(scores.get((model, variant, task)), get_task(task).percent_scale),
+                difference_cell(isoscores.get((model, variant, task)), 1.0, digits=3))])
     standin = rows.groupby("task")["standin"].agg(lambda v: bool(v.astype(str).str.lower().isin(["true", "1"]).any()))
     settings = []
     istar = rows[rows["method"] == "istar"]
@@ -107,7 +130,10 @@ def padding_table(runs: pd.DataFrame) -> Table:
         best=[[False] * len(columns) for _ in cells],
         footnotes=["Score: the headline metric ×100 (SQuAD F1 as is); IsoScore*: global IsoScore* of the final "
                    "model's real tokens on the validation split (analysis ζ). Mean ± standard deviation (ddof = 1) "
-                   "over seeds. " + "; ".join(settings) + "."],
+                   "over seeds. " + "; ".join(settings) + ".",
+                   f"Rows “variant − {base}”: the mean paired difference over the n seeds both ran (variant minus "
+                   f"{base}, seed by seed), with its {LEVEL:.0%} confidence interval from Student's t with n − 1 "
+                   f"degrees of freedom; {EXCLUDES_ZERO}: the interval excludes 0. n = 1: no interval."],
     )
 
 

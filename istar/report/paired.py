@@ -23,13 +23,17 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-__all__ = ["PAIRED_COLUMNS", "LEVEL", "REFERENCE", "paired_interval", "paired_differences"]
+__all__ = ["PAIRED_COLUMNS", "EXCLUDES_ZERO", "LEVEL", "REFERENCE", "difference_cell", "paired_interval",
+           "paired_differences"]
 
 REFERENCE = "base"
 """The method every other one is compared with (a key of :data:`istar.registry.methods.METHODS`)."""
 
 LEVEL = 0.95
 """Coverage of the intervals the tables and ``paired.csv`` report."""
+
+EXCLUDES_ZERO = "‡"
+"""Appended to a difference whose interval excludes 0."""
 
 PAIRED_COLUMNS = ("study", "model", "task", "method", "reference", "metric", "n", "mean_difference",
                   "sd_difference", "ci_low", "ci_high", "level", "excludes_zero", "seeds", "unpaired")
@@ -125,3 +129,19 @@ def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str 
                          "seeds": " ".join(map(str, paired)), "unpaired": unpaired})
     frame = pd.DataFrame(rows, columns=list(PAIRED_COLUMNS))
     return frame.astype({"n": "Int64", "excludes_zero": "boolean"})
+
+
+def difference_cell(row, scale: float = 100.0, digits: int = 1) -> str:
+    """A table cell ``+1.2 [+0.3, +2.1]‡ (n=5)`` from a row of :func:`paired_differences`.
+
+    ``scale`` multiplies the difference and its interval (100 for scores kept as fractions, 1
+    for SQuAD's F1 and for IsoScore*), ``digits`` are the decimals shown; "– (n=0)" where no
+    seed was paired, no interval where one was.
+    """
+    if row is None or row.n == 0:
+        return "– (n=0)"
+    text = f"{row.mean_difference * scale:+.{digits}f}"
+    if row.n >= 2:
+        text += (f" [{row.ci_low * scale:+.{digits}f}, {row.ci_high * scale:+.{digits}f}]"
+                 + (EXCLUDES_ZERO if row.excludes_zero else ""))
+    return f"{text} (n={row.n})"

@@ -36,7 +36,7 @@ import pandas as pd
 from istar.registry.methods import METHOD_NAMES, METHODS
 from istar.registry.tasks import get_task, ordered_tasks
 from istar.report.aggregate_csv import read_aggregate, require_columns
-from istar.report.paired import LEVEL, REFERENCE, paired_differences
+from istar.report.paired import EXCLUDES_ZERO, LEVEL, REFERENCE, difference_cell, paired_differences
 from istar.report.select import protocol_note
 from istar.report.table_render import Table, latex_escape, render_csv, render_latex, render_markdown, write_table
 
@@ -58,8 +58,6 @@ STANDIN_NOTE = (
 RUNS_COLUMNS = ("study", "model", "task", "method", "setting", "seed", "score", "f1", "exact_match", "standin")
 SELECTION_COLUMNS = ("model", "task", "lam", "zeta", "standin")
 PROTOCOL_COLUMNS = ("protocol", "heldout_fraction", "heldout_seed", "settings")
-EXCLUDES_ZERO = "‡"
-"""Appended to a difference whose interval excludes 0."""
 
 
 # --------------------------------------------------------------------------------------
@@ -152,7 +150,7 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
         for method in [m for m in methods if m != REFERENCE] if REFERENCE in methods else []:
             label = f"{METHODS[method].label} − {METHODS[REFERENCE].label}"
             index.append([model, label])
-            cells.append([_difference_cell(paired.get((model, method, task)), get_task(task).kind == "qa")
+            cells.append([difference_cell(paired.get((model, method, task)), get_task(task).percent_scale)
                           for task in tasks])
             best.append([False] * len(tasks))
             unpaired += [f"{model} {get_task(task).display} {label}: {paired[(model, method, task)].unpaired}"
@@ -205,17 +203,6 @@ def _table1_cell(group: pd.DataFrame | None, qa: bool) -> tuple[str, float | Non
         return "–", None, 0
     text = f"{mean:.1f}" if n == 1 else f"{mean:.1f} ± {std:.1f}"
     return f"{text} (n={n})", round(mean, 1), n
-
-
-def _difference_cell(row, qa: bool) -> str:
-    """``+1.2 [+0.3, +2.1]‡ (n=5)`` from a row of :func:`istar.report.paired.paired_differences`."""
-    if row is None or row.n == 0:
-        return "– (n=0)"
-    scale = 1.0 if qa else 100.0  # SQuAD's F1 is a percentage already; the other metrics are fractions
-    text = f"{row.mean_difference * scale:+.1f}"
-    if row.n >= 2:
-        text += f" [{row.ci_low * scale:+.1f}, {row.ci_high * scale:+.1f}]" + (EXCLUDES_ZERO if row.excludes_zero else "")
-    return f"{text} (n={row.n})"
 
 
 def _protocol_footnote(selection: pd.DataFrame | None) -> str:

@@ -212,14 +212,21 @@ def test_padding_table_and_figure_from_runs():
                                                      ("istar", "istar_lam-1_zeta0.2_allpos", "all_positions", allpos, 0.25)):
             rows.append({"study": "padding", "model": "m", "task": "rte", "method": method, "setting": setting,
                          "lam": 0.0 if method == "base" else -1.0, "zeta": None if method == "base" else 0.2,
-                         "tokens": tokens, "seed": seed, "score": score, "isoscore_star": iso, "standin": False})
+                         "tokens": tokens, "seed": seed, "metric": "accuracy", "score": score, "isoscore_star": iso,
+                         "standin": False})
     runs = pd.DataFrame(rows + [{**rows[0], "study": "final"}])
     table = padding_table(runs)
-    assert table.index == [["m", "Base"], ["m", "I-STAR, real tokens"], ["m", "I-STAR, all positions"]]
+    assert table.index == [["m", "Base"], ["m", "I-STAR, real tokens"], ["m", "I-STAR, all positions"],
+                           ["m", "I-STAR, real tokens − Base"], ["m", "I-STAR, all positions − Base"]]
     assert table.columns == ["RTE score", "RTE IsoScore*"]
     assert table.cells[0] == ["62.0 ± 2.8", "0.300 ± 0.000"]
     assert table.cells[1] == ["64.0 ± 2.8", "0.105 ± 0.007"]
     assert table.cells[2][0] == "59.0 ± 1.4" and "2 seeds" in table.caption and "λ = -1, ζ = 0.2" in table.footnotes[0]
+    # The difference rows: SciPy's paired t interval of variant − Base, seed by seed (here n = 2).
+    assert table.cells[3] == ["+2.0 [+2.0, +2.0]‡ (n=2)", "-0.195 [-0.259, -0.131]‡ (n=2)"]
+    low, high = stats.ttest_rel([0.58, 0.60], [0.60, 0.64]).confidence_interval(0.95)
+    assert table.cells[4][0] == f"-3.0 [{100 * low:+.1f}, {100 * high:+.1f}] (n=2)"
+    assert "Student's t" in table.footnotes[1]
     fig = padding(runs)
     assert len(fig.axes[0].containers) == 3
     with pytest.raises(ValueError, match="enable studies.padding"):
