@@ -180,7 +180,9 @@ def legend_entries(axes) -> dict[str, object]:
 def figure_legend(fig: Figure, axes, markerscale: float = 1.0) -> None:
     """One legend below the panels, with as many columns as the figure's width holds."""
     entries = legend_entries(axes)
-    ncols = max(1, min(len(entries), int(fig.get_figwidth() // 2.2)))
+    # a column: the marker and about 0.065 inch per character of the longest label, at least 2.2 inches
+    column = max(2.2, 0.5 + 0.065 * max((len(label) for label in entries), default=0))
+    ncols = max(1, min(len(entries), int(fig.get_figwidth() // column)))
     fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncols=ncols, fontsize="small",
                frameon=False, markerscale=markerscale)
 

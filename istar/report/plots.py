@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from istar.core.fig2 import STABILITY_COLUMNS, fig2_true_value
+from istar.core.tokens import TOKEN_SELECTIONS
 from istar.registry.tasks import get_task
 from istar.report import figure_parts as parts
 from istar.report.aggregate_csv import require_columns
@@ -280,13 +281,20 @@ def sigma_epochs(epochs: pd.DataFrame) -> Figure:
     -------
     Figure
         One panel per model × task; per panel one line per (method, λ): the mean over
-        seeds, error bars the std.
+        seeds, error bars the std. Where the runs' Σ_S read different rows (``tokens``: the
+        baseline's real tokens, a run with ``penalty.tokens: all_positions`` every padded
+        position), each label says which, since padding alone moves the IsoScore.
     """
     rows = parts.study_rows(epochs, "final", "epochs.csv", "sigma_s_isoscore", ("epoch",))
     summary = parts.summary(rows, ["model", "task", "method", "lam", "epoch"], ["sigma_s_isoscore"])
+    read = rows.groupby(["method", "lam"])["tokens"].agg(lambda t: ", ".join(
+        TOKEN_SELECTIONS[key].label for key in dict.fromkeys(t))) if "tokens" in rows else None
+    mixed = read is not None and read.nunique() > 1
     fig, axes = parts.panels(rows)
     for _, ax, _, series in parts.panel_series(summary, axes):
         for label, colour, line in series:
+            if mixed:
+                label = f"{label} (Σ_S over {read[(line['method'].iloc[0], line['lam'].iloc[0])]})"
             parts.error_line(ax, line, "epoch", "sigma_s_isoscore", colour, label)
         ax.set_xlabel("Epochs of fine-tuning (0 = pretrained)")
         ax.set_ylabel("IsoScore of Σ_S")

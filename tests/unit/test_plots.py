@@ -253,3 +253,19 @@ def test_cli_writes_png_and_pdf(tmp_path):
     result = subprocess.run([sys.executable, "-m", "istar", "figure", "fig5", "--aggregate-dir", str(aggregate)],
                             capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 2 and "layers.csv does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("istar_tokens", ["real", "all_positions"])
+def test_sigma_epochs_says_which_rows_each_sigma_read_when_they_differ(istar_tokens):
+    from istar.report.figures import draw
+
+    rows = [{"study": "final", "model": "m", "task": "rte", "method": method, "setting": method, "lam": lam,
+             "seed": seed, "tokens": tokens, "epoch": epoch, "sigma_s_isoscore": 0.2 + 0.01 * epoch + 0.001 * seed}
+            for method, lam, tokens in (("base", 0.0, "real"), ("istar", -1.0, istar_tokens))
+            for seed in (0, 1) for epoch in (0, 1)]
+    fig = draw("sigma_epochs", pd.DataFrame(rows))
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    if istar_tokens == "real":  # the same rows everywhere: nothing to say
+        assert labels == ["Base", "I-STAR λ = −1"]
+    else:  # padding alone moves the IsoScore, so the legend names the rows
+        assert labels == ["Base (Σ_S over real tokens)", "I-STAR λ = −1 (Σ_S over all positions)"]
