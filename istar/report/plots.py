@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from istar.core.fig2 import STABILITY_COLUMNS, fig2_true_value
+from istar.config.layout import DEFAULT_TOKENS
 from istar.core.tokens import TOKEN_SELECTIONS
 from istar.registry.tasks import get_task
 from istar.report import figure_parts as parts
@@ -287,8 +288,9 @@ def sigma_epochs(epochs: pd.DataFrame) -> Figure:
     """
     rows = parts.study_rows(epochs, "final", "epochs.csv", "sigma_s_isoscore", ("epoch",))
     summary = parts.summary(rows, ["model", "task", "method", "lam", "epoch"], ["sigma_s_isoscore"])
+    # runs recorded before the token selection existed have none: they read the default rows
     read = rows.groupby(["method", "lam"])["tokens"].agg(lambda t: ", ".join(
-        TOKEN_SELECTIONS[key].label for key in dict.fromkeys(t))) if "tokens" in rows else None
+        TOKEN_SELECTIONS[key].label for key in dict.fromkeys(t.fillna(DEFAULT_TOKENS)))) if "tokens" in rows else None
     mixed = read is not None and read.nunique() > 1
     fig, axes = parts.panels(rows)
     for _, ax, _, series in parts.panel_series(summary, axes):

@@ -267,5 +267,8 @@ def test_sigma_epochs_says_which_rows_each_sigma_read_when_they_differ(istar_tok
     labels = fig.axes[0].get_legend_handles_labels()[1]
     if istar_tokens == "real":  # the same rows everywhere: nothing to say
         assert labels == ["Base", "I-STAR λ = −1"]
+        # runs recorded before the token selection existed read the default rows
+        old = draw("sigma_epochs", pd.DataFrame(rows).assign(tokens=None))
+        assert old.axes[0].get_legend_handles_labels()[1] == labels
     else:  # padding alone moves the IsoScore, so the legend names the rows
         assert labels == ["Base (Σ_S over real tokens)", "I-STAR λ = −1 (Σ_S over all positions)"]
