@@ -55,13 +55,16 @@ def _order(rows: pd.DataFrame) -> list[str]:
     return [v for v in dict.fromkeys(order) if v in set(rows["variant"])]
 
 
+BASE = METHODS[REFERENCE].label
+"""The baseline's variant: it takes no token selection, so its variant is its method's label."""
+
+
 def _paired(rows: pd.DataFrame, value: str) -> dict[tuple[str, str, str], object]:
     """(model, variant, task) → the paired difference of ``value`` from the baseline's (a row of
     :func:`istar.report.paired.paired_differences`), for every variant but the baseline."""
     frame = rows.assign(method=rows["variant"], score=rows[value])
-    reference = METHODS[REFERENCE].label  # the baseline takes no token selection: its variant is its label
     return {(row.model, row.method, row.task): row
-            for row in paired_differences(frame, study="padding", reference=reference).itertuples()}
+            for row in paired_differences(frame, study="padding", reference=BASE).itertuples()}
 
 
 def _cell(values: pd.Series, scale: float = 1.0, digits: int = 1) -> str:
@@ -92,7 +95,6 @@ def padding_table(runs: pd.DataFrame) -> Table:
     tasks = ordered_tasks(rows["task"])
     models = list(dict.fromkeys(rows["model"]))
     scores, isoscores = _paired(rows, "score"), _paired(rows, "isoscore_star")
-    base = METHODS[REFERENCE].label
     index, cells = [], []
     for model in models:
         block = rows[rows["model"] == model]
@@ -105,8 +107,8 @@ def padding_table(runs: pd.DataFrame) -> Table:
                 row += [_cell(cell["performance"]), _cell(cell["isoscore_star"], digits=3)]
             index.append([model, variant])
             cells.append(row)
-        for variant in (v for v in variants if v != base):
-            index.append([model, f"{variant} − {base}"])
+        for variant in (v for v in variants if v != BASE):
+            index.append([model, f"{variant} − {BASE}"])
             cells.append([cell for task in tasks for cell in (
                 difference_cell(scores.get((model, variant, task)), get_task(task).percent_scale),
                 difference_cell(isoscores.get((model, variant, task)), 1.0, digits=3))])
@@ -131,8 +133,8 @@ def padding_table(runs: pd.DataFrame) -> Table:
         footnotes=["Score: the headline metric ×100 (SQuAD F1 as is); IsoScore*: global IsoScore* of the final "
                    "model's real tokens on the validation split (analysis ζ). Mean ± standard deviation (ddof = 1) "
                    "over seeds. " + "; ".join(settings) + ".",
-                   f"Rows “variant − {base}”: the mean paired difference over the n seeds both ran (variant minus "
-                   f"{base}, seed by seed), with its {LEVEL:.0%} confidence interval from Student's t with n − 1 "
+                   f"Rows “variant − {BASE}”: the mean paired difference over the n seeds both ran (variant minus "
+                   f"{BASE}, seed by seed), with its {LEVEL:.0%} confidence interval from Student's t with n − 1 "
                    f"degrees of freedom; {EXCLUDES_ZERO}: the interval excludes 0. n = 1: no interval."],
     )
 

@@ -17,8 +17,8 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from istar.core.fig2 import STABILITY_COLUMNS, fig2_true_value
 from istar.config.layout import DEFAULT_TOKENS
+from istar.core.fig2 import STABILITY_COLUMNS, fig2_true_value
 from istar.core.tokens import TOKEN_SELECTIONS
 from istar.registry.tasks import get_task
 from istar.report import figure_parts as parts
