@@ -380,7 +380,8 @@ def verify_artifact(path, target=None) -> None:
 
     A folder: its ``digests.json``; ``*.parquet``: the hash in the ``meta.json`` beside it;
     ``*.safetensors`` and Σ_S ``*.pt``: the tensors' hash; ``*.json``: its syntax and
-    ``sha256`` if it has one. Raises :class:`DamagedArtifactError`.
+    ``sha256`` if it has one, and for a prepared task folder's ``meta.json`` (the workflow's
+    handle on the folder) every split it lists (``split_sha256``). Raises :class:`DamagedArtifactError`.
     """
     path = Path(path)
     if path.is_dir():
@@ -390,4 +391,8 @@ def verify_artifact(path, target=None) -> None:
     elif path.suffix in (".safetensors", ".pt") and path.is_file():
         load_tensors(path, target)
     elif path.suffix == ".json" and path.is_file():
-        read_json(path, target)
+        content = read_json(path, target)
+        splits = content.get("split_sha256", {}) if isinstance(content, dict) else {}
+        for name, digest in splits.items():
+            if (path.parent / name).is_file():
+                verify_file(path.parent / name, digest, target)

@@ -132,6 +132,17 @@ def test_an_intact_prepared_folder_passes_the_check_before_jobs_start(prepared):
         artifacts.verify_artifact(folder / name)
 
 
+def test_the_check_of_meta_json_covers_the_splits_it_lists(prepared):
+    # the rules take a prepared folder through its meta.json alone, so the check before jobs start
+    # reaches the splits through it
+    folder = prepared("rte", 48, 24)
+    flip_byte(folder / "validation.parquet")
+    with pytest.raises(DamagedArtifactError) as error:
+        artifacts.verify_artifact(folder / "meta.json")
+    assert f"{folder / 'validation.parquet'} is damaged" in str(error.value)
+    assert f"--forcerun {folder / 'validation.parquet'}" in str(error.value)
+
+
 def test_damaged_model_folder_names_the_file(tiny_model_dir, tmp_path):
     folder = tmp_path / "model"
     shutil.copytree(tiny_model_dir, folder)

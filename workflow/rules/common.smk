@@ -87,25 +87,12 @@ wildcard_constraints:
     task="|".join(DATA_TASKS),
 
 
-def prepared_files(task):
-    # (a plain list: Snakemake's expand costs about 1 s over the paper's 3,400 jobs)
-    folder = DATA.format(task=task)
-    return [
-        f"{folder}/{name}"
-        for name in ("train.parquet", "validation.parquet", "meta.json")
-    ]
-
-
-def data_files(wildcards):
-    return prepared_files(wildcards.task)
-
-
-def search_data_files(wildcards):
-    folder = SEARCH_DATA.format(task=wildcards.task)
-    return [
-        f"{folder}/{name}"
-        for name in ("train.parquet", "validation.parquet", "meta.json")
-    ]
+# A prepared task folder is an input through its meta.json alone: prepare_data (and holdout_data)
+# write it last, with the sha256 of each split, which every step checks when it reads a split
+# and the onstart check verifies before any job starts. One input per folder rather than three
+# is part of what keeps the paper's DAG (about 2,200 jobs) quick to plan (bench/RESULTS.md).
+DATA_MANIFEST = f"{DATA}/meta.json"
+SEARCH_DATA_MANIFEST = f"{SEARCH_DATA}/meta.json"
 
 
 def model_source(wildcards):
@@ -220,9 +207,9 @@ def measure_spec_json(wildcards, input, output):
 
 
 def profile_text_input(wildcards):
-    """The prepared task folder's files, or the text file (survey.text)."""
+    """The prepared task folder's meta.json, or the text file (survey.text)."""
     task = survey_text_task(config)
-    return prepared_files(task) if task else config["survey"]["text"]
+    return DATA_MANIFEST.format(task=task) if task else config["survey"]["text"]
 
 
 def survey_spec_json(wildcards, output):
@@ -281,20 +268,16 @@ def search_runs(model, task) -> list[str]:
     ]
 
 
-def run_outputs(model, task, study, setting: Setting, seed) -> list[str]:
-    run = RUN.format(model=model, task=task, setting=setting.name, seed=seed)
-    return [f"{run}/metrics.json", measures_file(model, task, study, setting)]
-
-
-def known_run_outputs() -> list[str]:
-    """Outputs of the runs known before the search finishes (so a dry run shows them)."""
+def known_measures() -> list[str]:
+    """The measurement files of the runs known before the search finishes: each measure job
+    needs its runs' models, so these bring every such run into the DAG (and a dry run).
+    """
     return sorted(
         {
-            path
+            measures_file(model, task, study, setting)
             for model in MODELS
             for task in TASKS
-            for study, setting, seed in planned_runs(model, task, None)
-            for path in run_outputs(model, task, study, setting, seed)
+            for study, setting, _ in planned_runs(model, task, None)
         }
     )
 

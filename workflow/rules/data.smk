@@ -28,7 +28,7 @@ if HELDOUT:
 
     rule holdout_data:
         input:
-            data_files,
+            DATA_MANIFEST,
         output:
             train=f"{SEARCH_DATA}/train.parquet",
             validation=f"{SEARCH_DATA}/validation.parquet",

@@ -7,7 +7,7 @@
 
 rule measure:
     input:
-        data=data_files,
+        data=DATA_MANIFEST,
         models=measured_models,
         sigma=SIGMA,
     output:

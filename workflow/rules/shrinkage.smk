@@ -1,7 +1,7 @@
 rule shrinkage:
     input:
-        data=data_files,
-        model=model_source,
+        data=DATA_MANIFEST,
+        model=MODEL_PIN,
     output:
         sigma=SIGMA,
         provenance=SIGMA.replace(".pt", ".json"),
@@ -45,8 +45,8 @@ if HELDOUT:
 
     use rule shrinkage as shrinkage_search with:
         input:
-            data=search_data_files,
-            model=model_source,
+            data=SEARCH_DATA_MANIFEST,
+            model=MODEL_PIN,
         output:
             sigma=SEARCH_SIGMA,
             provenance=SEARCH_SIGMA.replace(".pt", ".json"),
@@ -60,8 +60,8 @@ if HELDOUT:
 
     use rule shrinkage as shrinkage_search_all_positions with:
         input:
-            data=search_data_files,
-            model=model_source,
+            data=SEARCH_DATA_MANIFEST,
+            model=MODEL_PIN,
         output:
             sigma=sigma_template("all_positions", HELDOUT),
             provenance=sigma_template("all_positions", HELDOUT).replace(".pt", ".json"),
