@@ -1,8 +1,8 @@
 """Reliability of the Snakemake workflow on a tiny project (issue 11, cases 3 and 5).
 
 One slow test, one small project run once: an interrupted post-checkpoint job is not
-accepted as finished, and a damaged input stops the run before any job starts, so the
-failed rerun deletes nothing.
+accepted as finished, and a damaged input of the jobs to run stops the run before any job
+starts, so the failed rerun deletes nothing.
 """
 
 import os
@@ -94,11 +94,15 @@ def test_interrupted_post_checkpoint_run_and_damaged_input(tmp_path):
     assert not incomplete_marks(tmp_path)
     assert planned_jobs(snakemake(tmp_path, "-n").stdout) == {}
 
-    # 2. A truncated train.parquet (new timestamp: everything built from it looks outdated).
+    # 2. A truncated train.parquet (with a new timestamp). The rules take a prepared folder
+    # through its meta.json, so its timestamp makes nothing look outdated; the jobs asked to run
+    # again (here every fine-tuning run) have their inputs checked, the splits meta.json lists
+    # included, before any of them starts.
     before = snapshot(tmp_path)
     parquet = tmp_path / "resources/data/rte/train.parquet"
     parquet.write_bytes(parquet.read_bytes()[:200])
-    failed = snakemake(tmp_path, "--cores", "2")
+    assert planned_jobs(snakemake(tmp_path, "-n").stdout) == {}
+    failed = snakemake(tmp_path, "--cores", "2", "--forcerun", "train")
     assert failed.returncode != 0
     text = failed.stdout + failed.stderr
     assert "resources/data/rte/train.parquet is damaged" in text, text[-3000:]
