@@ -132,10 +132,11 @@ def test_an_intact_prepared_folder_passes_the_check_before_jobs_start(prepared):
         artifacts.verify_artifact(folder / name)
 
 
-def test_the_check_of_meta_json_covers_the_splits_it_lists(prepared):
+def test_the_check_of_meta_json_covers_the_splits_it_lists(prepared, tmp_path):
     # the rules take a prepared folder through its meta.json alone, so the check before jobs start
     # reaches the splits through it
-    folder = prepared("rte", 48, 24)
+    folder = tmp_path / "rte"
+    shutil.copytree(prepared("rte", 48, 24), folder)  # (a copy: the fixture's folder is shared)
     flip_byte(folder / "validation.parquet")
     with pytest.raises(DamagedArtifactError) as error:
         artifacts.verify_artifact(folder / "meta.json")
