@@ -10,7 +10,8 @@
     results/search/{heldout}/{model}/{task}/{setting}/seed{seed}
                                                            a search run scored on the held-out rows
     results/runs/{model}/{task}/{setting}/seed{seed}       a final or study run
-    results/selection/{model}/{task}/best.json             the search's choice
+    results/selection/{model}/{task}/best.json             the search's choice (or the λ | ζ fixed in advance)
+    results/selection/{model}/{task}/padding.json          the padding study's own tuning choice
     results/measures/{model}/{task}/{setting}/seeds{seeds}.json
                                                            evaluation + analysis of a setting's runs
     results/profile/{pmodel}/{revision}.json               an isotropy profile
@@ -38,7 +39,7 @@ from istar.registry.methods import METHOD_PATTERN, get_method
 
 __all__ = ["Setting", "RunPath", "format_number", "parse_run_dir", "seed_of", "seeds_token", "DATA", "MODEL_PIN", "SIGMA",
            "SIGMA_ALL_POSITIONS", "sigma_template", "DEFAULT_TOKENS", "SEARCH_RUN", "heldout_folder", "search_templates",
-           "RUN", "SELECTION", "MEASURES", "PROFILE", "AGGREGATE", "WILDCARD_CONSTRAINTS"]
+           "RUN", "SELECTION", "TUNED_SELECTION", "MEASURES", "PROFILE", "AGGREGATE", "WILDCARD_CONSTRAINTS"]
 
 DATA = "resources/data/{task}"
 MODEL_PIN = "resources/models/{model}.json"
@@ -58,6 +59,7 @@ SIGMA_ALL_POSITIONS = sigma_template("all_positions")
 SEARCH_RUN = "results/search/{model}/{task}/{setting}/seed{seed}"
 RUN = "results/runs/{model}/{task}/{setting}/seed{seed}"
 SELECTION = "results/selection/{model}/{task}/best.json"
+TUNED_SELECTION = "results/selection/{model}/{task}/padding.json"
 # one file per setting and set of seeds (seeds0_1_2): the studies that ask for the same setting
 # and seeds share it
 MEASURES = "results/measures/{model}/{task}/{setting}/seeds{seeds}.json"

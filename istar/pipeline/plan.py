@@ -16,7 +16,8 @@ from istar.core.tokens import TOKEN_SELECTION_NAMES, get_token_selection
 from istar.registry.methods import get_method
 from istar.registry.tasks import SPLITS, TASKS
 
-__all__ = ["search_settings", "selected_setting", "final_settings", "study_runs",
+__all__ = ["search_settings", "selected_setting", "fixed_setting", "fixed_choice_args", "final_settings",
+           "tuned_tokens", "tuning_settings", "tuned_setting", "study_runs",
            "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "prepare_data_inputs",
            "train_spec", "heldout_name", "holdout_spec",
            "shrinkage_spec", "measure_spec", "AS_GIVEN", "survey_targets", "survey_text_task", "survey_spec"]
@@ -54,6 +55,28 @@ def selected_setting(selection: dict, config: dict) -> Setting:
                    learning_rate=float(selection["learning_rate"]) if searched else None)
 
 
+def tuned_setting(selection: dict) -> Setting:
+    """The padding study's tuned I-STAR variant a tuning ``padding.json`` (``istar select``) names: its λ, ζ
+    and token selection, trained with the ``training`` section's values like the grid it won."""
+    return Setting("istar", lam=float(selection["lam"]), zeta=float(selection["zeta"]), tokens=selection["tokens"])
+
+
+def fixed_setting(config: dict, model: str, task: str) -> Setting | None:
+    """The I-STAR setting fixed in advance for ``model`` × ``task`` (``final.istar``, the confirmatory
+    protocol), or None when that pair is searched. It trains with the ``training`` section's values."""
+    fixed = config["final"]["istar"].get(model, {}).get(task)
+    if fixed is None:
+        return None
+    return Setting("istar", lam=float(fixed["lam"]), zeta=float(fixed["zeta"]), tokens=config_tokens(config))
+
+
+def fixed_choice_args(config: dict, model: str, task: str) -> dict:
+    """The arguments of :func:`istar.report.select.fixed_choice` (``istar select --fixed``) for a fixed pair."""
+    setting = fixed_setting(config, model, task)
+    return {"model": model, "task": task, "lam": setting.lam, "zeta": setting.zeta, "tokens": setting.tokens,
+            "layers": config["penalty"]["layers"]}
+
+
 def trains_training_grid(config: dict) -> bool:
     return _training_grid(config["search"]) != [(None, None, None)]
 
@@ -64,30 +87,50 @@ def final_settings(config: dict, selection: Setting | None) -> list[Setting]:
     ``selection`` None gives the runs that do not depend on the search (base and CosReg when
     the training hyperparameters are not searched); with a selection all three.
     """
-    base = Setting("base")
-    cosreg = Setting("cosreg", lam=float(config["final"]["cosreg_lambda"]), tokens=config_tokens(config))
+    methods = config["final"]["methods"]
+    others = [Setting("base")] + ([Setting("cosreg", lam=float(config["final"]["cosreg_lambda"]),
+                                           tokens=config_tokens(config))] if "cosreg" in methods else [])
     if selection is None:
-        return [] if trains_training_grid(config) else [base, cosreg]
-    return [base.with_training(selection), cosreg.with_training(selection), selection]
+        return [] if trains_training_grid(config) else others
+    return [setting.with_training(selection) for setting in others] + [selection]
 
 
-def study_seeds(config: dict, study: str) -> list[int]:
-    """The seeds of the final runs (``study == "final"``) or of a figure study."""
-    return list(config["final"]["seeds"]) if study == "final" else study_scope(config, study)[2]
+def tuned_tokens(config: dict) -> list[str]:
+    """The token selections of the padding study's tuned variants: those other than ``penalty.tokens``
+    (``studies.padding`` with ``lam: tuned``; empty otherwise)."""
+    if config["studies"]["padding"]["lam"] != "tuned":
+        return []
+    return [key for key in TOKEN_SELECTION_NAMES if key != config_tokens(config)]
 
 
-def study_scope(config: dict, study: str) -> tuple[list[str], list[str], list[int]]:
-    """(models, tasks, seeds) of a study; empty lists in the config mean all / the final seeds."""
+def tuning_settings(config: dict) -> list[Setting]:
+    """The padding study's tuning grid (``studies.padding.tuning``): I-STAR over λ × ζ with each tuned token selection."""
+    grid = config["studies"]["padding"]["tuning"]
+    return [Setting("istar", lam=float(lam), zeta=float(zeta), tokens=tokens)
+            for tokens in tuned_tokens(config) for lam in grid["lambdas"] for zeta in grid["zetas"]]
+
+
+def study_seeds(config: dict, study: str, task: str) -> list[int]:
+    """The seeds of the final runs (``study == "final"``) or of a figure study on ``task``: the
+    study's own seeds, else the final stage's for that task (``final.seeds_by_task``, else ``final.seeds``)."""
+    final = config["final"]
+    final_seeds = list(final["seeds_by_task"].get(task) or final["seeds"])
+    return final_seeds if study == "final" else list(config["studies"][study]["seeds"] or final_seeds)
+
+
+def study_scope(config: dict, study: str) -> tuple[list[str], list[str]]:
+    """(models, tasks) of a study; empty lists in the config mean all."""
     spec = config["studies"][study]
-    return (spec["models"] or list(config["models"]), spec["tasks"] or list(config["tasks"]),
-            spec["seeds"] or list(config["final"]["seeds"]))
+    return spec["models"] or list(config["models"]), spec["tasks"] or list(config["tasks"])
 
 
-def study_settings(config: dict, study: str, selection: Setting | None, num_layers: int | None = None) -> list[Setting] | None:
+def study_settings(config: dict, study: str, selection: Setting | None, num_layers: int | None = None,
+                   tuned: Setting | None = None) -> list[Setting] | None:
     """The settings of a figure study for one model × task.
 
     Returns None when the study needs the search's choice (``lam: selected``) and
-    ``selection`` is None; ``num_layers`` (L) is needed for ``single_layer`` with ``layers: all``.
+    ``selection`` is None, or the padding study's own tuning (``lam: tuned``) and ``tuned`` (its
+    choice) is None; ``num_layers`` (L) is needed for ``single_layer`` with ``layers: all``.
     """
     spec, tokens = config["studies"][study], config_tokens(config)
     if study in ("lambda_sweep", "twonn", "layerwise"):
@@ -101,6 +144,10 @@ def study_settings(config: dict, study: str, selection: Setting | None, num_laye
         lam = selection.lam if spec["lam"] == "selected" else float(spec["lam"])
         return [Setting("istar", lam=lam, zeta=float(zeta), tokens=tokens) for zeta in spec["zetas"]]
     if study == "padding":
+        if spec["lam"] == "tuned":
+            if selection is None or tuned is None:
+                return None
+            return [Setting("base"), selection, tuned]
         if "selected" in (spec["lam"], spec["zeta"]) and selection is None:
             return None
         lam = selection.lam if spec["lam"] == "selected" else float(spec["lam"])
@@ -119,15 +166,15 @@ def study_settings(config: dict, study: str, selection: Setting | None, num_laye
 
 
 def study_runs(config: dict, study: str, model: str, task: str, selection: Setting | None,
-               num_layers: int | None = None) -> list[tuple[Setting, int]] | None:
-    """(setting, seed) pairs of a study for one model × task (None: needs the search's choice)."""
-    models, tasks, seeds = study_scope(config, study)
+               num_layers: int | None = None, tuned: Setting | None = None) -> list[tuple[Setting, int]] | None:
+    """(setting, seed) pairs of a study for one model × task (None: needs the search's or the tuning's choice)."""
+    models, tasks = study_scope(config, study)
     if model not in models or task not in tasks or not config["studies"][study]["enabled"]:
         return []
-    settings = study_settings(config, study, selection, num_layers)
+    settings = study_settings(config, study, selection, num_layers, tuned)
     if settings is None:
         return None
-    return [(setting, seed) for setting in settings for seed in seeds]
+    return [(setting, seed) for setting in settings for seed in study_seeds(config, study, task)]
 
 
 # ------------------------------------------------------------------------------------- specs

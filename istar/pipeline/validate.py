@@ -55,6 +55,27 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
                           f"training.qa_max_length = {training['qa_max_length']}, so each window still holds the question")
     if 0.0 in config["search"]["lambdas"]:
         raise ConfigError("config key 'search.lambdas': λ = 0 is the baseline, which the final stage runs anyway; remove it")
+    for model, tasks_fixed in config["final"]["istar"].items():
+        if model not in models:
+            raise ConfigError(f"config key 'final.istar.{model}': {model!r} is not a configured model; use one of "
+                              f"{list(models)}")
+        for task, fixed in tasks_fixed.items():
+            if task not in tasks:
+                raise ConfigError(f"config key 'final.istar.{model}.{task}': {task!r} is not in 'tasks' ({tasks}); "
+                                  "add it there or remove the entry")
+            if fixed["lam"] == 0:
+                raise ConfigError(f"config key 'final.istar.{model}.{task}.lam': λ = 0 is the baseline; fix a non-zero λ")
+    for task in config["final"]["seeds_by_task"]:
+        if task not in tasks:
+            raise ConfigError(f"config key 'final.seeds_by_task.{task}': {task!r} is not in 'tasks' ({tasks}); add it "
+                              "there or remove the entry")
+    padding = config["studies"]["padding"]
+    if (padding["lam"] == "tuned") != (padding["zeta"] == "tuned"):
+        raise ConfigError("config keys 'studies.padding.lam' and 'studies.padding.zeta': tuned goes with tuned (the "
+                          "tuning grid chooses λ and ζ together); set both to tuned or neither")
+    if 0.0 in padding["tuning"]["lambdas"]:
+        raise ConfigError("config key 'studies.padding.tuning.lambdas': λ = 0 is the baseline, which the study runs "
+                          "anyway; remove it")
     if config["final"]["cosreg_lambda"] == 0:
         raise ConfigError("config key 'final.cosreg_lambda': λ = 0 turns CosReg off, so its runs would be a second baseline "
                           "labelled CosReg; give a non-zero λ (the paper's is 1.0)")

@@ -163,7 +163,7 @@ def _selection_row(path: Path) -> dict:
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}: it was not written by `istar select`")
     row = {name: selection[name] for name in SELECTION_COLUMNS}
-    row.update(zeta=_number(row["zeta"]), score_std=_number(row["score_std"]), standin=bool(row["standin"]),
+    row.update(zeta=_number(row["zeta"]), score=_number(row["score"]), score_std=_number(row["score_std"]), standin=bool(row["standin"]),
                heldout_fraction=_number(row["heldout_fraction"]))
     return row
 

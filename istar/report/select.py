@@ -24,6 +24,10 @@ read from the runs themselves, not from an option: each run's ``run_config.json`
 :mod:`istar.data.holdout` records there its fraction and seed (``heldout_fraction``,
 ``heldout_seed``; ``null`` under the validation protocol). Runs of both kinds mixed are an
 error.
+
+Under the confirmatory protocol (config ``final.istar``) nothing is searched: :func:`fixed_choice`
+writes the same file for the λ and ζ fixed in advance, with ``protocol`` ``"fixed"``, ``settings``
+0, no score and no candidates.
 """
 
 from __future__ import annotations
@@ -38,10 +42,10 @@ from istar.config.layout import parse_run_dir, seed_of
 from istar.io import artifacts
 from istar.steps.run_folder import read_finished_run
 
-__all__ = ["read_run", "model_short_name", "setting_name", "select_best", "SETTING_KEYS", "PROTOCOLS",
+__all__ = ["read_run", "model_short_name", "setting_name", "select_best", "fixed_choice", "SETTING_KEYS", "PROTOCOLS",
            "protocol_note"]
 
-SETTING_KEYS = ("method", "lam", "zeta", "layers", "batch_size", "epochs", "learning_rate")
+SETTING_KEYS = ("method", "lam", "zeta", "layers", "tokens", "batch_size", "epochs", "learning_rate")
 """What defines a setting: runs that agree on all of these differ only by their seed."""
 
 
@@ -65,6 +69,8 @@ PROTOCOLS: dict[str, Protocol] = {protocol.key: protocol for protocol in (
     Protocol("heldout", "λ and ζ were chosen on a held-out {fraction:.0%} of the training split (seed {seed}); the "
              "{settings} searched settings trained on the rest, and the final runs on the full training split. The "
              "validation split the table reports took no part in the choice."),
+    Protocol("fixed", "λ and ζ were fixed in advance for each model and task (the confirmatory protocol, config "
+             "final.istar), with no search: no selection bias, and no tuning advantage over Base."),
 )}
 """The selection protocols (search.selection_split in the config), keyed as best.json records them."""
 
@@ -199,14 +205,53 @@ def select_best(run_dirs, out=None, metric: str | None = None) -> dict:
     return result
 
 
+def fixed_choice(*, model: str, task: str, lam: float, zeta: float, tokens: str, layers, out=None) -> dict:
+    """The ``best.json`` of a model × task whose I-STAR λ and ζ were fixed in advance (no search).
+
+    Parameters
+    ----------
+    model, task : the model's short name and the task key.
+    lam, zeta : the fixed λ and ζ (config ``final.istar``).
+    tokens, layers : the penalty's token selection and layers (config ``penalty``).
+    out : where to write it (atomically, with its content hash); None writes nothing.
+
+    Returns
+    -------
+    dict in the format of the module docstring: ``protocol`` ``"fixed"``, ``settings`` 0, ``score``
+    and ``score_std`` None, ``seeds`` 0, no candidates; batch size, epochs and learning rate None
+    (the training section's values, as for every run that is not searched over them).
+    """
+    from istar.registry.tasks import get_task
+
+    result = {"model": model, "task": task, "metric": get_task(task).metric, "method": "istar", "lam": float(lam),
+              "zeta": float(zeta), "layers": layers, "tokens": tokens, "batch_size": None, "epochs": None,
+              "learning_rate": None, "score": None, "score_std": None, "seeds": 0, "standin": False,
+              "protocol": "fixed", "heldout_fraction": None, "heldout_seed": None, "settings": 0, "candidates": []}
+    if out is not None:
+        result = artifacts.write_json(out, result, digest=True)
+    return result
+
+
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output best.json")
     parser.add_argument("--task-metric", dest="metric", default=None,
                         help="metric to rank settings by (default: the task's headline metric in metrics.json)")
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="finished search runs of one model and task")
+    parser.add_argument("--fixed", default=None, metavar="JSON",
+                        help="no search: write the choice fixed in advance, given as JSON with model, task, lam, "
+                        "zeta, tokens and layers (the workflow's confirmatory protocol, config final.istar)")
+    parser.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="finished search runs of one model and task")
 
 
 def run_cli(args) -> int:
+    if args.fixed is not None:
+        if args.run_dirs:
+            raise ValueError("istar select: give either --fixed or search run folders, not both")
+        result = fixed_choice(**json.loads(args.fixed), out=args.out)
+        print(f"{result['model']} × {result['task']}: I-STAR λ = {result['lam']:g}, ζ = {result['zeta']:g} fixed in "
+              f"advance (no search) -> {args.out}")
+        return 0
+    if not args.run_dirs:
+        raise ValueError("istar select: no search run folders given (or --fixed for a choice fixed in advance)")
     result = select_best(args.run_dirs, out=args.out, metric=args.metric)
     spread = "" if result["score_std"] is None else f" ± {result['score_std']:.4f}"
     print(f"{result['model']} × {result['task']}: best of {len(result['candidates'])} setting(s) is {result['method']} "

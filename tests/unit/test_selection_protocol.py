@@ -18,7 +18,9 @@ from istar.report.select import PROTOCOLS
 
 def test_the_schema_offers_exactly_the_registered_protocols():
     search = load_schema()["properties"]["search"]["properties"]
-    assert search["selection_split"]["enum"] == list(PROTOCOLS)
+    # the two splits a search can be scored on, and the protocol with no search (final.istar)
+    assert search["selection_split"]["enum"] + ["fixed"] == list(PROTOCOLS)
+    assert "istar" in load_schema()["properties"]["final"]["properties"]
     assert search["selection_split"]["default"] == "validation"  # the paper's protocol stays the default
 
 

@@ -26,6 +26,7 @@ from istar.config.layout import (
     RUN,
     SELECTION,
     SIGMA,
+    TUNED_SELECTION,
     SIGMA_ALL_POSITIONS,
     WILDCARD_CONSTRAINTS,
     Setting,
@@ -34,7 +35,12 @@ from istar.config.layout import (
     sigma_template,
 )
 from istar.pipeline.plan import (
+    study_scope,
     final_settings,
+    fixed_choice_args,
+    fixed_setting,
+    tuned_setting,
+    tuning_settings,
     heldout_name,
     holdout_spec,
     measure_spec,
@@ -174,7 +180,7 @@ def measures_file(model, task, study, setting: Setting) -> str:
         model=model,
         task=task,
         setting=setting.name,
-        seeds=seeds_token(study_seeds(config, study)),
+        seeds=seeds_token(study_seeds(config, study, task)),
     )
 
 
@@ -227,40 +233,87 @@ def survey_spec_json(wildcards, output):
 
 
 def selection(model, task) -> Setting:
-    """The I-STAR setting the search chose (waits for the `select` checkpoint)."""
+    """The I-STAR setting fixed in advance (final.istar), or the one the search chose (waits
+    for the `select` checkpoint)."""
+    fixed = fixed_setting(config, model, task)
+    if fixed is not None:
+        return fixed
     # read_json checks the content hash `istar select` recorded: an edited choice is named
     return selected_setting(
         read_json(checkpoints.select.get(model=model, task=task).output[0]), config
     )
 
 
+def tuned_choice(model, task) -> Setting | None:
+    """The padding study's tuned variant (waits for the `select_tuned` checkpoint); None
+    when the study takes no tuning for this model × task."""
+    if not tuning_runs(model, task):
+        return None
+    return tuned_setting(
+        read_json(checkpoints.select_tuned.get(model=model, task=task).output[0])
+    )
+
+
+def depth_file(model, task) -> str:
+    """The pretrained Σ_S provenance of the config's token selection: it records L."""
+    sigma = sigma_template(config["penalty"]["tokens"])
+    return sigma.format(model=model, task=task).replace(".pt", ".json")
+
+
+def needs_depth(model, task) -> bool:
+    """Whether the single-layer study penalises every layer (1..L) of this model × task."""
+    study = config["studies"]["single_layer"]
+    models, tasks = study_scope(config, "single_layer")
+    return (
+        study["enabled"] and study["layers"] == "all" and model in models and task in tasks
+    )
+
+
 def num_layers(model, task) -> int:
-    with open(SIGMA.format(model=model, task=task).replace(".pt", ".json")) as handle:
+    """L of the model. Where λ | ζ is fixed in advance no search precedes it: the `select` job
+    then takes the Σ_S provenance as its input, and this waits for that checkpoint."""
+    if fixed_setting(config, model, task) is not None:
+        checkpoints.select.get(model=model, task=task)
+    with open(depth_file(model, task)) as handle:
         return json.load(handle)["num_layers"]
 
 
-def planned_runs(model, task, chosen: Setting | None) -> list[tuple[str, Setting, int]]:
+def select_inputs(wildcards) -> list[str]:
+    """The search runs' metrics; where λ | ζ is fixed, the file that gives L when a study needs it."""
+    model, task = wildcards.model, wildcards.task
+    if fixed_setting(config, model, task) is not None:
+        return [depth_file(model, task)] if needs_depth(model, task) else []
+    return [f"{run}/metrics.json" for run in search_runs(model, task)]
+
+
+def planned_runs(
+    model, task, chosen: Setting | None, tuned: Setting | None = None
+) -> list[tuple[str, Setting, int]]:
     """(study, setting, seed) of the final stage and the figure studies for a model × task.
 
-    With ``chosen`` None: only the runs that do not depend on the search's choice.
+    With ``chosen`` None: only the runs that do not depend on the search's choice; with
+    ``tuned`` None, none of the padding study's when it takes its own tuning.
     """
     runs = [
         ("final", s, seed)
         for s in final_settings(config, chosen)
-        for seed in study_seeds(config, "final")
+        for seed in study_seeds(config, "final", task)
     ]
     for study in STUDIES:
         layers = (
             num_layers(model, task)
-            if study == "single_layer" and chosen is not None
+            if study == "single_layer" and chosen is not None and needs_depth(model, task)
             else None
         )
-        found = study_runs(config, study, model, task, chosen, layers)
+        found = study_runs(config, study, model, task, chosen, layers, tuned)
         runs += [(study, s, seed) for s, seed in (found or [])]
     return runs
 
 
 def search_runs(model, task) -> list[str]:
+    """The search's runs of a model × task; none where its λ | ζ is fixed in advance."""
+    if fixed_setting(config, model, task) is not None:
+        return []
     return [
         SEARCH_RUN.format(model=model, task=task, setting=s.name, seed=seed)
         for s in search_settings(config)
@@ -268,16 +321,39 @@ def search_runs(model, task) -> list[str]:
     ]
 
 
+def tuning_runs(model, task) -> list[str]:
+    """The padding study's tuning runs of a model × task (search runs of its own grid)."""
+    models, tasks = study_scope(config, "padding")
+    if not config["studies"]["padding"]["enabled"] or model not in models or task not in tasks:
+        return []
+    return [
+        SEARCH_RUN.format(model=model, task=task, setting=s.name, seed=seed)
+        for s in tuning_settings(config)
+        for seed in config["studies"]["padding"]["tuning"]["seeds"]
+    ]
+
+
+def select_args(wildcards) -> str:
+    """`istar select`'s arguments: the search runs, or --fixed with the λ | ζ fixed in advance."""
+    if fixed_setting(config, wildcards.model, wildcards.task) is not None:
+        fixed = json.dumps(fixed_choice_args(config, wildcards.model, wildcards.task))
+        return f"--fixed '{fixed}'"
+    return " ".join(search_runs(wildcards.model, wildcards.task))
+
+
 def known_measures() -> list[str]:
-    """The measurement files of the runs known before the search finishes: each measure job
-    needs its runs' models, so these bring every such run into the DAG (and a dry run).
+    """The measurement files of the runs known before the search finishes (all of them where
+    λ | ζ is fixed in advance): each measure job needs its runs' models, so these bring every
+    such run into the DAG (and a dry run).
     """
     return sorted(
         {
             measures_file(model, task, study, setting)
             for model in MODELS
             for task in TASKS
-            for study, setting, _ in planned_runs(model, task, None)
+            for study, setting, _ in planned_runs(
+                model, task, fixed_setting(config, model, task)
+            )
         }
     )
 
@@ -288,10 +364,13 @@ def all_run_specs() -> list[tuple[str, str]]:
     for model in MODELS:
         for task in TASKS:
             specs += [("search", run) for run in search_runs(model, task)]
+            specs += [("padding_tuning", run) for run in tuning_runs(model, task)]
             chosen = selection(model, task)
             specs += [
                 (study, RUN.format(model=model, task=task, setting=s.name, seed=seed))
-                for study, s, seed in planned_runs(model, task, chosen)
+                for study, s, seed in planned_runs(
+                    model, task, chosen, tuned_choice(model, task)
+                )
             ]
     return specs
 
@@ -303,13 +382,21 @@ def all_measures() -> list[str]:
             measures_file(model, task, study, s)
             for model in MODELS
             for task in TASKS
-            for study, s, _ in planned_runs(model, task, selection(model, task))
+            for study, s, _ in planned_runs(
+                model, task, selection(model, task), tuned_choice(model, task)
+            )
         }
     )
 
 
 SELECTIONS = [
     SELECTION.format(model=model, task=task) for model in MODELS for task in TASKS
+]
+TUNED_SELECTIONS = [
+    TUNED_SELECTION.format(model=model, task=task)
+    for model in MODELS
+    for task in TASKS
+    if tuning_runs(model, task)
 ]
 
 

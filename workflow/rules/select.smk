@@ -1,13 +1,11 @@
-# The search's choice per model × task: a checkpoint, because the final I-STAR runs (and the
-# ζ-sweep and one-layer studies) are only known once it has run.
+# The search's choice per model × task (or the λ | ζ fixed in advance, final.istar): a
+# checkpoint, because the final I-STAR runs (and the ζ-sweep and one-layer studies) are only
+# known once it has run.
 
 
 checkpoint select:
     input:
-        lambda wildcards: [
-            f"{run}/metrics.json"
-            for run in search_runs(wildcards.model, wildcards.task)
-        ],
+        select_inputs,
     output:
         SELECTION,
     log:
@@ -17,6 +15,28 @@ checkpoint select:
     conda:
         "../../envs/istar.yaml"
     params:
-        runs=lambda wildcards: search_runs(wildcards.model, wildcards.task),
+        args=select_args,
+    shell:
+        "python -m istar select --out {output} {params.args} > {log} 2>&1"
+
+
+# The padding study's own tuning (studies.padding lam/zeta: tuned): the best of its grid for
+# the token selection that penalty.tokens does not cover, chosen the same way.
+checkpoint select_tuned:
+    input:
+        lambda wildcards: [
+            f"{run}/metrics.json"
+            for run in tuning_runs(wildcards.model, wildcards.task)
+        ],
+    output:
+        TUNED_SELECTION,
+    log:
+        "logs/select_tuned/{model}/{task}.log",
+    benchmark:
+        "benchmarks/select_tuned/{model}/{task}.tsv"
+    conda:
+        "../../envs/istar.yaml"
+    params:
+        runs=lambda wildcards: tuning_runs(wildcards.model, wildcards.task),
     shell:
         "python -m istar select --out {output} {params.runs} > {log} 2>&1"
