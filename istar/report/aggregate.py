@@ -1,4 +1,4 @@
-"""The aggregate step: every study's run folders, measurements and selections collected into six CSV files.
+"""The aggregate step: every study's run folders, measurements and selections collected into seven CSV files.
 
 Each run enters under a *study* name (free text; the workflow uses ``search``, ``final``,
 ``lambda_sweep``, ``cosreg_means``, ``twonn``, ``layerwise``, ``zeta_sweep``,
@@ -32,8 +32,13 @@ these files, whose columns are fixed:
     split's fraction and seed, empty under the validation protocol; ``settings`` the number
     of settings searched).
 ``paired.csv`` — one row per (model, task, method ≠ base) of the final study: the mean
-    paired difference method − base over the seeds both ran and its 95 % Student-t interval,
-    columns :data:`istar.report.paired.PAIRED_COLUMNS` (see :mod:`istar.report.paired`).
+    paired difference method − base over the seeds both ran, its 95 % Student-t interval, the
+    paired t-test's p-value, its Holm-adjusted p-value across the rows, and the minimum
+    detectable effect at 80 % power, columns :data:`istar.report.paired.PAIRED_COLUMNS` (see
+    :mod:`istar.report.paired`).
+``pooled.csv`` — the final study's mean paired gain of each method over all cells (and per model),
+    pooled by a DerSimonian–Laird random-effects meta-analysis in points, columns
+    :data:`istar.report.paired.POOLED_COLUMNS`.
 ``provenance.csv`` — where each result's code came from (:mod:`istar.io.provenance`): one row
     per run folder, per measurement file and one for this aggregation (``kind`` run /
     measurement / aggregate), columns :data:`PROVENANCE_COLUMNS`: the git commit, whether the
@@ -69,7 +74,7 @@ LAYERS_COLUMNS = (*RUN_KEYS, "seed", "hidden_state", "isoscore_star", "isoscore"
                   "standin")
 DIMS_COLUMNS = (*RUN_KEYS, "seed", "dim", "mean", "std")
 EPOCHS_COLUMNS = (*RUN_KEYS, "seed", "epoch", "sigma_s_isoscore", "score")
-AGGREGATE_NAMES = ("runs", "layers", "dims", "epochs", "selection", "paired")
+AGGREGATE_NAMES = ("runs", "layers", "dims", "epochs", "selection", "paired", "pooled")
 """The CSV files of the aggregate step (stems), in the order they are written."""
 PROVENANCE_NAME = "provenance"
 """The provenance CSV's stem (written with the aggregates; the report shows it)."""
@@ -200,7 +205,7 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
     run_specs : sequence of (study, run folder); every folder must hold metrics.json and
         run_config.json (a finished run).
     selection_files : sequence of ``best.json`` files written by :func:`istar.report.select.select_best`.
-    out_dir : folder for the six CSV files (created; each written atomically).
+    out_dir : folder for the seven CSV files (created; each written atomically).
     measure_files : files written by :func:`istar.steps.measure.measure_runs`; a run found in one
         of them gets its analysis (a run in several files: the last one given; measurements of
         one model agree up to floating-point noise). Keys are run folders as the measurement
@@ -211,7 +216,9 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
     dict with keys :data:`AGGREGATE_NAMES` and ``provenance``: the DataFrames written, with
     the columns of the module docstring (integer columns as nullable ``Int64``).
     """
-    from .paired import paired_differences  # here: pandas and SciPy stay out of the workflow's DAG build
+    from istar.registry.tasks import get_task
+
+    from .paired import paired_differences, pooled_gains  # here: pandas and SciPy stay out of the workflow's DAG build
 
     analyses = _analyses(measure_files)
     seen, entries = set(), []
@@ -250,10 +257,12 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
     selection_rows = sorted((_selection_row(Path(path)) for path in selection_files),
                             key=lambda row: (row["model"], row["task"]))
     runs_frame = _frame(run_rows, RUNS_COLUMNS)
+    paired = paired_differences(runs_frame)
+    scales = {task: get_task(task).percent_scale for task in set(paired["task"])}
     frames = dict(zip(AGGREGATE_NAMES, (
         runs_frame, _frame(layer_rows, LAYERS_COLUMNS), _frame(dim_rows, DIMS_COLUMNS),
         _frame(epoch_rows, EPOCHS_COLUMNS), _frame(selection_rows, SELECTION_COLUMNS),
-        paired_differences(runs_frame)), strict=True))
+        paired, pooled_gains(paired, scales)), strict=True))
     frames[PROVENANCE_NAME] = _frame(_provenance_rows([entry[2]["run_dir"] for entry in entries], measure_files,
                                                       out_dir), PROVENANCE_COLUMNS)
     out_dir = Path(out_dir)
@@ -266,7 +275,7 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", required=True,
                         help="folder for runs.csv, layers.csv, dims.csv, epochs.csv, selection.csv, paired.csv, "
-                             "provenance.csv")
+                             "pooled.csv, provenance.csv")
     parser.add_argument("--selection", action="extend", nargs="*", default=[], metavar="BEST_JSON",
                         help="selection files written by `istar select`")
     parser.add_argument("--measures", action="extend", nargs="*", default=[], metavar="MEASURES_JSON",

@@ -27,7 +27,8 @@ from istar.core.tokens import TOKEN_SELECTIONS
 from istar.registry.methods import METHODS
 from istar.registry.tasks import get_task, ordered_tasks
 from istar.report import figure_parts as parts
-from istar.report.paired import EXCLUDES_ZERO, LEVEL, REFERENCE, difference_cell, paired_differences
+from istar.report.inference import POWER
+from istar.report.paired import LEVEL, REFERENCE, SIGNIFICANT, difference_cell, paired_differences, power_cell
 from istar.report.table_render import Table
 
 __all__ = ["padding_rows", "variant_label", "padding_table", "padding"]
@@ -112,11 +113,16 @@ def padding_table(runs: pd.DataFrame) -> Table:
             cells.append([cell for task in tasks for cell in (
                 difference_cell(scores.get((model, variant, task)), get_task(task).percent_scale),
                 difference_cell(isoscores.get((model, variant, task)), 1.0, digits=3))])
+            index.append([model, f"{variant} − {BASE}: test"])
+            cells.append([cell for task in tasks for cell in (
+                power_cell(scores.get((model, variant, task)), get_task(task).percent_scale),
+                power_cell(isoscores.get((model, variant, task)), 1.0, digits=3))])
     standin = rows.groupby("task")["standin"].agg(lambda v: bool(v.astype(str).str.lower().isin(["true", "1"]).any()))
     settings = []
     istar = rows[rows["method"] == "istar"]
-    for (model, task), group in istar.groupby(["model", "task"], sort=False):
-        settings.append(f"{model} on {get_task(task).display}: λ = {group['lam'].iloc[0]:g}, ζ = {group['zeta'].iloc[0]:g}")
+    for (model, task, variant), group in istar.groupby(["model", "task", "variant"], sort=False):
+        settings.append(f"{model} on {get_task(task).display}, {variant}: λ = {group['lam'].iloc[0]:g}, "
+                        f"ζ = {group['zeta'].iloc[0]:g}")
     counts = sorted(set(rows.groupby(["model", "task", "variant"])["seed"].nunique()))
     seeds = f"{'–'.join(map(str, counts))} seed{'s' if counts != [1] else ''}"
     columns = [f"{get_task(t).display} {q}" for t in tasks for q in ("score", "IsoScore*")]
@@ -135,8 +141,26 @@ def padding_table(runs: pd.DataFrame) -> Table:
                    "over seeds. " + "; ".join(settings) + ".",
                    f"Rows “variant − {BASE}”: the mean paired difference over the n seeds both ran (variant minus "
                    f"{BASE}, seed by seed), with its {LEVEL:.0%} confidence interval from Student's t with n − 1 "
-                   f"degrees of freedom; {EXCLUDES_ZERO}: the interval excludes 0. n = 1: no interval."],
+                   f"degrees of freedom; n = 1: no interval. Rows “…: test”: the paired t-test's p-value, the "
+                   "p-value after Holm's correction across the table's differences of the same measure (scores and "
+                   f"IsoScore* are two families), {SIGNIFICANT} on the difference where it is below {1 - LEVEL:g}, and "
+                   f"the minimum detectable effect at {POWER:.0%} power for the n and paired sd observed.",
+                   *tuning_note(runs)],
     )
+
+
+def tuning_note(runs: pd.DataFrame) -> list[str]:
+    """A footnote on the tuned variant's own grid (``studies.padding`` with ``lam: tuned``), from its
+    ``padding_tuning`` rows in runs.csv: how many settings and seeds, scored on which split."""
+    tuning = runs[runs["study"] == "padding_tuning"]
+    if tuning.empty:
+        return []
+    settings = tuning.groupby(["model", "task", "tokens", "lam", "zeta"]).ngroups
+    seeds = sorted(tuning["seed"].dropna().astype(int).unique())
+    return [f"The variant over {', '.join(TOKEN_SELECTIONS[t].label for t in sorted(set(tuning['tokens'])))} took the "
+            f"λ | ζ its own grid chose: the best mean score of {settings} setting(s) over seeds "
+            f"{', '.join(map(str, seeds))}, on the search's selection split (the validation split unless "
+            "search.selection_split is heldout, which then favours this variant)."]
 
 
 def padding(runs: pd.DataFrame, analysis_zeta: float = 0.2) -> Figure:
@@ -160,21 +184,25 @@ def padding(runs: pd.DataFrame, analysis_zeta: float = 0.2) -> Figure:
     fig, axes = parts.panels(rows)
     for (model, task), ax in axes.items():
         panel = summary[(summary["model"] == model) & (summary["task"] == task)]
+        istar = rows[(rows["model"] == model) & (rows["task"] == task) & (rows["method"] == "istar")]
+        shared = istar[["lam", "zeta"]].drop_duplicates()
         for variant in _order(panel):
             point = panel[panel["variant"] == variant]
             method, tokens = point["method"].iloc[0], point["tokens"].iloc[0]
+            label = variant
+            if len(shared) > 1 and method == "istar":  # a tuned variant: each says its own λ | ζ
+                own = istar[istar["variant"] == variant].iloc[0]
+                label = f"{variant} (λ = {own['lam']:g}, ζ = {own['zeta']:g})"
             ax.errorbar(point["isoscore_star_mean"], point["performance_mean"],
                         xerr=parts.yerr(point["isoscore_star_std"]), yerr=parts.yerr(point["performance_std"]),
                         fmt=TOKEN_SELECTIONS[tokens].marker if METHODS[method].takes("tokens") else "o",
                         markersize=6, capsize=2, color=METHODS[method].colour,
                         markerfacecolor="white" if not TOKEN_SELECTIONS[tokens].masked else METHODS[method].colour,
-                        label=variant)
+                        label=label)
         ax.set_xlabel(f"IsoScore* of real tokens (ζ = {analysis_zeta:g})")
         ax.set_ylabel(parts.PERFORMANCE_LABELS[get_task(task).metric])
-        lam = panel.merge(rows[["model", "task", "variant", "lam", "zeta"]], on=["model", "task", "variant"])
-        istar = lam[lam["method"] == "istar"]
-        if not istar.empty and not math.isnan(float(istar["zeta"].iloc[0])):
-            ax.set_title(f"{ax.get_title()} (λ = {istar['lam'].iloc[0]:g}, ζ = {istar['zeta'].iloc[0]:g})",
+        if len(shared) == 1 and not math.isnan(float(shared["zeta"].iloc[0])):
+            ax.set_title(f"{ax.get_title()} (λ = {shared['lam'].iloc[0]:g}, ζ = {shared['zeta'].iloc[0]:g})",
                          fontsize="medium")
     parts.figure_legend(fig, axes.values())
     return fig

@@ -13,6 +13,13 @@ d_s = score(method, s) − score(base, s), and over the n paired seeds
 interval. A seed that only one side ran does not enter the difference; it is listed in
 ``unpaired`` so a table can say so. Scores are in the units of ``runs.csv`` (fractions,
 SQuAD's F1 in percent); the tables scale them.
+
+Every comparison also says what it could have shown (:mod:`istar.report.inference`): the
+paired t-test's p-value, the p-value after Holm's correction across all the comparisons of one
+call (one table's family: every model × task × method), and the minimum detectable effect, the
+true difference the test would find with 80 % power at α = 0.05 given n and the observed s_d.
+A difference is marked (``‡``) where the Holm-adjusted p-value is below α. :func:`pooled_gains`
+pools the cells of each method by a random-effects meta-analysis, in points (the tables' units).
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-__all__ = ["PAIRED_COLUMNS", "EXCLUDES_ZERO", "LEVEL", "REFERENCE", "difference_cell", "paired_interval",
-           "paired_differences"]
+from istar.report.inference import holm, minimum_detectable_effect, paired_t_pvalue, random_effects
+
+__all__ = ["PAIRED_COLUMNS", "POOLED_COLUMNS", "SIGNIFICANT", "LEVEL", "REFERENCE", "difference_cell", "power_cell",
+           "paired_interval", "paired_differences", "pooled_gains", "format_p"]
 
 REFERENCE = "base"
 """The method every other one is compared with (a key of :data:`istar.registry.methods.METHODS`)."""
@@ -32,12 +41,18 @@ REFERENCE = "base"
 LEVEL = 0.95
 """Coverage of the intervals the tables and ``paired.csv`` report."""
 
-EXCLUDES_ZERO = "‡"
-"""Appended to a difference whose interval excludes 0."""
+SIGNIFICANT = "‡"
+"""Appended to a difference whose Holm-adjusted p-value is below α (significant after correcting for
+every comparison of its table)."""
 
 PAIRED_COLUMNS = ("study", "model", "task", "method", "reference", "metric", "n", "mean_difference",
-                  "sd_difference", "ci_low", "ci_high", "level", "excludes_zero", "seeds", "unpaired")
+                  "sd_difference", "ci_low", "ci_high", "level", "excludes_zero", "p_value", "p_holm", "significant",
+                  "mde", "seeds", "unpaired")
 """Columns of :func:`paired_differences` (``results/aggregate/paired.csv``)."""
+
+POOLED_COLUMNS = ("study", "method", "reference", "scope", "k", "mean", "se", "ci_low", "ci_high", "p_value", "mde",
+                  "tau2", "i2", "positive_cells", "significant_gains", "significant_losses", "cells_left_out")
+"""Columns of :func:`pooled_gains` (``results/aggregate/pooled.csv``)."""
 
 
 def paired_interval(differences, level: float = LEVEL) -> tuple[float, float, float, float]:
@@ -97,8 +112,11 @@ def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str 
     DataFrame with :data:`PAIRED_COLUMNS`, one row per model × task × method ≠ reference that
     has runs on both sides: ``n`` paired seeds, ``mean_difference`` d̄ (method − reference,
     in the score's units), ``sd_difference`` s_d, ``ci_low``/``ci_high`` (NaN for n < 2),
-    ``excludes_zero`` (True/False; NA for n < 2), ``seeds`` the paired seeds (space-separated),
-    ``unpaired`` the seeds only one side ran, as ``base: 3; istar: 4`` (empty when none).
+    ``excludes_zero`` (True/False; NA for n < 2), ``p_value`` (paired t-test, two-sided),
+    ``p_holm`` (Holm-adjusted across the rows returned), ``significant`` (``p_holm`` < α; NA
+    without a test), ``mde`` (minimum detectable effect at 80 % power, the score's units),
+    ``seeds`` the paired seeds (space-separated), ``unpaired`` the seeds only one side ran, as
+    ``base: 3; istar: 4`` (empty when none).
     """
     missing = [c for c in ("study", "model", "task", "method", "seed", "metric", "score") if c not in runs.columns]
     if missing:
@@ -126,22 +144,87 @@ def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str 
                          "metric": group["metric"].iloc[0], "n": len(paired), "mean_difference": mean,
                          "sd_difference": sd, "ci_low": low, "ci_high": high, "level": level,
                          "excludes_zero": pd.NA if math.isnan(low) else bool(low > 0 or high < 0),
+                         "p_value": paired_t_pvalue(mean, sd, len(paired)),
+                         "mde": minimum_detectable_effect(len(paired), sd, alpha=1 - level),
                          "seeds": " ".join(map(str, paired)), "unpaired": unpaired})
     frame = pd.DataFrame(rows, columns=list(PAIRED_COLUMNS))
-    return frame.astype({"n": "Int64", "excludes_zero": "boolean"})
+    frame["p_holm"] = holm(frame["p_value"].to_numpy(dtype=float)) if len(frame) else []
+    frame["significant"] = [pd.NA if math.isnan(p) else bool(p < 1 - level) for p in frame["p_holm"]]
+    return frame.astype({"n": "Int64", "excludes_zero": "boolean", "significant": "boolean"})
+
+
+def pooled_gains(paired: pd.DataFrame, scales: dict[str, float], level: float = LEVEL) -> pd.DataFrame:
+    """Each method's mean paired gain over the cells of a study, pooled by a random-effects meta-analysis.
+
+    Parameters
+    ----------
+    paired : rows of :func:`paired_differences`.
+    scales : task → the factor that puts its score in points (``Task.percent_scale``): cells of
+        different metrics are pooled in the tables' units, as the paper averages its Table 1.
+    level : coverage of the pooled interval (its test's α is 1 − level).
+
+    Returns
+    -------
+    DataFrame with :data:`POOLED_COLUMNS`: per study × method, one row over every model
+    (``scope`` ``all``) and one per model (``scope`` the model's name) when there are several:
+    ``k`` cells pooled (those with n ≥ 2 and s_d > 0; the others are named in
+    ``cells_left_out``), the DerSimonian–Laird ``mean``, ``se``, interval, ``p_value``, ``mde``
+    (the pooled gain detectable with 80 % power), ``tau2`` and ``i2``, all in points; and over the
+    same cells ``positive_cells`` (mean difference > 0), ``significant_gains`` and
+    ``significant_losses`` (Holm-adjusted p < α, by sign).
+    """
+    rows = []
+    for (study, method, reference), block in paired.groupby(["study", "method", "reference"], sort=False):
+        scopes = [("all", block)]
+        if block["model"].nunique() > 1:
+            scopes += list(block.groupby("model", sort=False))
+        for scope, cells in scopes:
+            usable = cells[(cells["n"] >= 2) & (cells["sd_difference"] > 0)]
+            left_out = cells.drop(usable.index)
+            significant = usable["significant"].fillna(False).astype(bool)
+            row = {"study": study, "method": method, "reference": reference, "scope": scope, "k": len(usable),
+                   "positive_cells": int((usable["mean_difference"] > 0).sum()),
+                   "significant_gains": int((significant & (usable["mean_difference"] > 0)).sum()),
+                   "significant_losses": int((significant & (usable["mean_difference"] < 0)).sum()),
+                   "cells_left_out": " ".join(f"{m}/{t}" for m, t in zip(left_out["model"], left_out["task"]))}
+            if len(usable):
+                factor = usable["task"].map(scales).to_numpy(dtype=float)
+                estimates = usable["mean_difference"].to_numpy(dtype=float) * factor
+                spread = usable["sd_difference"].to_numpy(dtype=float) * factor
+                pooled = random_effects(estimates, spread ** 2 / usable["n"].to_numpy(dtype=float), alpha=1 - level)
+                row |= {"mean": pooled.mean, "se": pooled.se, "ci_low": pooled.ci_low, "ci_high": pooled.ci_high,
+                        "p_value": pooled.p_value, "mde": pooled.mde, "tau2": pooled.tau2, "i2": pooled.i2}
+            rows.append(row)
+    frame = pd.DataFrame(rows, columns=list(POOLED_COLUMNS))
+    return frame.astype({"k": "Int64", "positive_cells": "Int64", "significant_gains": "Int64",
+                         "significant_losses": "Int64"})
 
 
 def difference_cell(row, scale: float = 100.0, digits: int = 1) -> str:
     """A table cell ``+1.2 [+0.3, +2.1]‡ (n=5)`` from a row of :func:`paired_differences`.
 
     ``scale`` multiplies the difference and its interval (100 for scores kept as fractions, 1
-    for SQuAD's F1 and for IsoScore*), ``digits`` are the decimals shown; "– (n=0)" where no
-    seed was paired, no interval where one was.
+    for SQuAD's F1 and for IsoScore*), ``digits`` are the decimals shown; ``‡`` where the
+    Holm-adjusted p-value is below α; "– (n=0)" where no seed was paired, no interval where one was.
     """
     if row is None or row.n == 0:
         return "– (n=0)"
     text = f"{row.mean_difference * scale:+.{digits}f}"
     if row.n >= 2:
         text += (f" [{row.ci_low * scale:+.{digits}f}, {row.ci_high * scale:+.{digits}f}]"
-                 + (EXCLUDES_ZERO if row.excludes_zero else ""))
+                 + (SIGNIFICANT if row.significant is not pd.NA and row.significant else ""))
     return f"{text} (n={row.n})"
+
+
+def power_cell(row, scale: float = 100.0, digits: int = 1) -> str:
+    """A table cell ``p = 0.031, Holm 0.250; MDE 1.4`` from a row of :func:`paired_differences`:
+    what the comparison could show (the minimum detectable effect scaled like the difference);
+    "–" without a test (n < 2)."""
+    if row is None or row.n < 2 or math.isnan(row.p_value):
+        return "–"
+    return f"p = {format_p(row.p_value)}, Holm {format_p(row.p_holm)}; MDE {row.mde * scale:.{digits}f}"
+
+
+def format_p(value: float) -> str:
+    """A p-value as the tables print it: three decimals, ``<0.001`` below that."""
+    return "<0.001" if value < 0.001 else f"{value:.3f}"

@@ -15,7 +15,10 @@ What the cells hold
 - Below each model's methods, one row per method against Base (``I-STAR − Base``): the mean
   paired difference over the seeds both ran, in the units shown, with its 95 % Student-t
   interval (n − 1 degrees of freedom, :mod:`istar.report.paired`): ``+1.2 [+0.3, +2.1]‡ (n=5)``, the
-  ``‡`` where the interval excludes 0. Seeds that only one side ran are named in a footnote.
+  ``‡`` where the paired t-test stays significant after Holm's correction across every
+  difference of the table; and below it what that comparison could show: its p-value, the
+  Holm-adjusted p-value and the minimum detectable effect at 80 % power
+  (``p = 0.031, Holm 0.250; MDE 1.4``). Seeds that only one side ran are named in a footnote.
 - A footnote states the protocol that chose I-STAR's λ and ζ (from ``selection.csv``,
   :data:`istar.report.select.PROTOCOLS`) and what it costs.
 - Best method per model and task: the highest mean *at the precision shown* (SQuAD: F1);
@@ -36,7 +39,8 @@ import pandas as pd
 from istar.registry.methods import METHOD_NAMES, METHODS
 from istar.registry.tasks import get_task, ordered_tasks
 from istar.report.aggregate_csv import read_aggregate, require_columns
-from istar.report.paired import EXCLUDES_ZERO, LEVEL, REFERENCE, difference_cell, paired_differences
+from istar.report.inference import POWER
+from istar.report.paired import LEVEL, REFERENCE, SIGNIFICANT, difference_cell, paired_differences, power_cell
 from istar.report.select import protocol_note
 from istar.report.table_render import Table, latex_escape, render_csv, render_latex, render_markdown, write_table
 
@@ -134,7 +138,9 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
     tasks = ordered_tasks(final["task"])
     models = list(dict.fromkeys(final["model"]))
     groups = {key: group for key, group in final.groupby(["model", "method", "task"])}
-    paired = {(row.model, row.method, row.task): row for row in paired_differences(final).itertuples()}
+    differences = paired_differences(final)
+    paired = {(row.model, row.method, row.task): row for row in differences.itertuples()}
+    n_tests = int(differences["p_value"].notna().sum())
 
     index, cells, best, seed_counts, unpaired = [], [], [], set(), []
     for model in models:
@@ -153,6 +159,10 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
             cells.append([difference_cell(paired.get((model, method, task)), get_task(task).percent_scale)
                           for task in tasks])
             best.append([False] * len(tasks))
+            index.append([model, f"{label}: test"])
+            cells.append([power_cell(paired.get((model, method, task)), get_task(task).percent_scale)
+                          for task in tasks])
+            best.append([False] * len(tasks))
             unpaired += [f"{model} {get_task(task).display} {label}: {paired[(model, method, task)].unpaired}"
                          for task in tasks if (model, method, task) in paired and paired[(model, method, task)].unpaired]
 
@@ -167,7 +177,12 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
         "comes from a single seed. Bold: best method per model and task (at the precision shown; ties all marked).",
         f"Rows “method − Base”: the mean paired difference over the n seeds both ran (method minus Base, seed by "
         f"seed; SQuAD: F1), in the units shown, with its {LEVEL:.0%} confidence interval from Student's t with "
-        f"n − 1 degrees of freedom; {EXCLUDES_ZERO}: the interval excludes 0. n = 1: no interval.",
+        f"n − 1 degrees of freedom. n = 1: no interval.",
+        f"Rows “method − Base: test”: the paired t-test's two-sided p-value, the p-value after Holm's correction "
+        f"across all {n_tests} differences of this table ({SIGNIFICANT} on the difference: Holm-adjusted p < "
+        f"{1 - LEVEL:g}), and the minimum detectable effect (MDE): the true difference this comparison finds with "
+        f"{POWER:.0%} power at α = {1 - LEVEL:g} given its n and observed paired standard deviation, in the units "
+        "shown. A difference smaller than its MDE can hide behind a non-significant result.",
     ]
     if unpaired:
         footnotes.append("Seeds run by one side only, left out of the differences: " + "; ".join(unpaired) + ".")
@@ -175,8 +190,9 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
     footnotes += _standin_footnote([get_task(t).display for t in tasks], standin)
     return Table(
         name="table1",
-        caption=f"Performance of {_listing([method.label for method in METHODS.values()])} per model and task "
-        f"({seeds} seeds), and each method's paired difference from Base with its {LEVEL:.0%} interval.",
+        caption=f"Performance of {_listing([METHODS[m].label for m in METHOD_NAMES if m in set(final['method'])])} "
+        f"per model and task ({seeds} seeds), and each method's paired difference from Base with its {LEVEL:.0%} "
+        "interval, p-values and minimum detectable effect.",
         index_names=["Model", "Method"],
         index=index,
         columns=[get_task(t).display for t in tasks],

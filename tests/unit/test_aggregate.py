@@ -44,7 +44,11 @@ EXPECTED_SELECTION_COLUMNS = ["model", "task", "metric", "lam", "zeta", "batch_s
                               "score", "score_std", "seeds", "standin", "protocol", "heldout_fraction", "heldout_seed",
                               "settings"]
 EXPECTED_PAIRED_COLUMNS = ["study", "model", "task", "method", "reference", "metric", "n", "mean_difference",
-                           "sd_difference", "ci_low", "ci_high", "level", "excludes_zero", "seeds", "unpaired"]
+                           "sd_difference", "ci_low", "ci_high", "level", "excludes_zero", "p_value", "p_holm",
+                           "significant", "mde", "seeds", "unpaired"]
+EXPECTED_POOLED_COLUMNS = ["study", "method", "reference", "scope", "k", "mean", "se", "ci_low", "ci_high", "p_value",
+                           "mde", "tau2", "i2", "positive_cells", "significant_gains", "significant_losses",
+                           "cells_left_out"]
 
 # (setting folder, method, λ, layers, seed, analysed)
 RUNS = [
@@ -216,7 +220,7 @@ def test_exact_columns(aggregated):
     assert list(DIMS_COLUMNS) == EXPECTED_DIMS_COLUMNS and list(SELECTION_COLUMNS) == EXPECTED_SELECTION_COLUMNS
     for name, columns in [("runs", EXPECTED_RUNS_COLUMNS), ("layers", EXPECTED_LAYERS_COLUMNS),
                           ("dims", EXPECTED_DIMS_COLUMNS), ("selection", EXPECTED_SELECTION_COLUMNS),
-                          ("paired", EXPECTED_PAIRED_COLUMNS)]:
+                          ("paired", EXPECTED_PAIRED_COLUMNS), ("pooled", EXPECTED_POOLED_COLUMNS)]:
         assert read_csv(aggregated["out"] / f"{name}.csv")[0] == columns
         assert list(aggregated["frames"][name].columns) == columns
 
@@ -331,7 +335,7 @@ def test_empty_inputs_and_errors(runs, tmp_path):
     frames = aggregate([], [], tmp_path / "empty")
     for name, columns in [("runs", EXPECTED_RUNS_COLUMNS), ("layers", EXPECTED_LAYERS_COLUMNS),
                           ("dims", EXPECTED_DIMS_COLUMNS), ("selection", EXPECTED_SELECTION_COLUMNS),
-                          ("paired", EXPECTED_PAIRED_COLUMNS)]:
+                          ("paired", EXPECTED_PAIRED_COLUMNS), ("pooled", EXPECTED_POOLED_COLUMNS)]:
         assert read_csv(tmp_path / "empty" / f"{name}.csv") == [columns] and frames[name].empty
     unfinished = tmp_path / "runs" / "tiny" / "rte" / "base" / "seed9"
     unfinished.mkdir(parents=True)

@@ -82,7 +82,8 @@ def test_table1_numbers_and_layout():
             == f"{np.mean([88.0, 88.5, 88.6]):.1f}/{np.mean([80.0, 80.5, 80.6]):.1f} (n=3)")
     assert _cell(table, "distil_bert", "Base", "RTE")[0] == "60.0 (n=1)"  # one seed: no ± std
     # the paired rows follow each model's methods
-    assert [labels[1] for labels in table.index[:5]] == ["Base", "CosReg", "I-STAR", "CosReg − Base", "I-STAR − Base"]
+    assert [labels[1] for labels in table.index[:7]] == ["Base", "CosReg", "I-STAR", "CosReg − Base",
+                                                         "CosReg − Base: test", "I-STAR − Base", "I-STAR − Base: test"]
 
 
 def test_table1_best_marks():
@@ -193,7 +194,7 @@ def test_cli_writes_three_files(tmp_path):
         assert result.returncode == 0, result.stderr
         for suffix in (".csv", ".md", ".tex"):
             assert prefix.with_name(which + suffix).stat().st_size > 100
-    assert pd.read_csv(tmp_path / "tables" / "table1.csv").shape == (10, 5)  # 2 models × (3 methods + 2 differences)
+    assert pd.read_csv(tmp_path / "tables" / "table1.csv").shape == (14, 5)  # 2 models × (3 methods + 2 × 2 comparison rows)
     assert not list((tmp_path / "tables").glob(".*"))
     result = subprocess.run([sys.executable, "-m", "istar", "table", "table1", "--runs", str(tmp_path / "nope.csv")],
                             capture_output=True, text=True)
@@ -217,15 +218,19 @@ def test_padding_table_and_figure_from_runs():
     runs = pd.DataFrame(rows + [{**rows[0], "study": "final"}])
     table = padding_table(runs)
     assert table.index == [["m", "Base"], ["m", "I-STAR, real tokens"], ["m", "I-STAR, all positions"],
-                           ["m", "I-STAR, real tokens − Base"], ["m", "I-STAR, all positions − Base"]]
+                           ["m", "I-STAR, real tokens − Base"], ["m", "I-STAR, real tokens − Base: test"],
+                           ["m", "I-STAR, all positions − Base"], ["m", "I-STAR, all positions − Base: test"]]
     assert table.columns == ["RTE score", "RTE IsoScore*"]
     assert table.cells[0] == ["62.0 ± 2.8", "0.300 ± 0.000"]
     assert table.cells[1] == ["64.0 ± 2.8", "0.105 ± 0.007"]
     assert table.cells[2][0] == "59.0 ± 1.4" and "2 seeds" in table.caption and "λ = -1, ζ = 0.2" in table.footnotes[0]
     # The difference rows: SciPy's paired t interval of variant − Base, seed by seed (here n = 2).
-    assert table.cells[3] == ["+2.0 [+2.0, +2.0]‡ (n=2)", "-0.195 [-0.259, -0.131]‡ (n=2)"]
+    # every seed moved by +2.0: p = 0, significant after Holm across the two score differences
+    assert table.cells[3][0] == "+2.0 [+2.0, +2.0]‡ (n=2)"
+    assert table.cells[3][1].startswith("-0.195 [-0.259, -0.131]")
     low, high = stats.ttest_rel([0.58, 0.60], [0.60, 0.64]).confidence_interval(0.95)
-    assert table.cells[4][0] == f"-3.0 [{100 * low:+.1f}, {100 * high:+.1f}] (n=2)"
+    assert table.cells[5][0] == f"-3.0 [{100 * low:+.1f}, {100 * high:+.1f}] (n=2)"
+    assert table.cells[4][0].startswith("p = <0.001, Holm <0.001; MDE 0.0")
     assert "Student's t" in table.footnotes[1]
     fig = padding(runs)
     assert len(fig.axes[0].containers) == 3
@@ -290,28 +295,40 @@ def test_paired_differences_pair_by_seed_and_name_unpaired_seeds():
     assert set(paired["study"]) == {"final"} and len(paired) == 2 * 3 * 2
 
 
-def test_table1_difference_rows_show_scipy_intervals_marks_and_seed_counts():
+def test_table1_difference_rows_show_scipy_intervals_holm_marks_power_and_seed_counts():
+    from statsmodels.stats.multitest import multipletests
+    from statsmodels.stats.power import TTestPower
+
     runs = _unpaired_runs()
     table = tables.table1(runs)
     scores = SCORES["bert"]
+    cells = {}
     for method, label in (("cosreg", "CosReg − Base"), ("istar", "I-STAR − Base")):
         for task, column, scale in (("rte", "RTE", 100.0), ("cola", "CoLA", 100.0), ("squad", "SQuAD", 1.0)):
             seeds = [1, 2] if (method, task) == ("istar", "rte") else [0, 1, 2]
             a = np.array(scores[method][task])[seeds] * scale
             b = np.array(scores["base"][task])[seeds] * scale
-            ci = stats.ttest_rel(a, b).confidence_interval(0.95)
-            mark = "‡" if ci.low > 0 or ci.high < 0 else ""
-            expected = f"{np.mean(a - b):+.1f} [{ci.low:+.1f}, {ci.high:+.1f}]{mark} (n={len(seeds)})"
-            assert _cell(table, "bert", label, column) == (expected, False), (method, task)
-    # CosReg is below Base on CoLA on every seed: its interval excludes 0; I-STAR on RTE (2 seeds) does not
-    assert _cell(table, "bert", "CosReg − Base", "CoLA")[0].endswith("‡ (n=3)")
-    assert "‡" not in _cell(table, "bert", "I-STAR − Base", "RTE")[0]
+            cells[(label, column)] = (a, b, stats.ttest_rel(a, b))
+    # the family: every difference of the table with a test (distil_bert's cells have one seed each)
+    keys = list(cells)
+    adjusted = dict(zip(keys, multipletests([cells[k][2].pvalue for k in keys], method="holm")[1]))
+    for (label, column), (a, b, test) in cells.items():
+        ci = test.confidence_interval(0.95)
+        mark = "‡" if adjusted[(label, column)] < 0.05 else ""
+        expected = f"{np.mean(a - b):+.1f} [{ci.low:+.1f}, {ci.high:+.1f}]{mark} (n={len(a)})"
+        assert _cell(table, "bert", label, column) == (expected, False), (label, column)
+        mde = TTestPower().solve_power(None, nobs=len(a), alpha=0.05, power=0.8) * np.std(a - b, ddof=1)
+        p = lambda v: "<0.001" if v < 0.001 else f"{v:.3f}"  # noqa: E731
+        assert _cell(table, "bert", f"{label}: test", column)[0] == (
+            f"p = {p(test.pvalue)}, Holm {p(adjusted[(label, column)])}; MDE {mde:.1f}")
+    assert _cell(table, "distil_bert", "I-STAR − Base: test", "CoLA")[0] == "–"  # one seed: no test
     assert _cell(table, "distil_bert", "I-STAR − Base", "CoLA")[0] == "+2.0 (n=1)"
     notes = " ".join(table.footnotes)
     assert "Student's t with n − 1 degrees of freedom" in notes and "95%" in notes
+    assert "Holm's correction across all 6 differences" in notes and "80% power" in notes
     assert "bert RTE I-STAR − Base: base: 0" in notes and "bert CoLA I-STAR − Base: istar: 7" in notes
     latex = tables.render_latex(table)
-    assert r"I-STAR $-$ Base" in latex and r"$^\ddagger$" in latex and "‡" not in latex and "−" not in latex
+    assert r"I-STAR $-$ Base" in latex and "‡" not in latex and "−" not in latex
 
 
 def test_table1_states_the_selection_protocol():

@@ -1,0 +1,112 @@
+"""The inference behind every comparison the workflow prints, against statsmodels and SciPy on the same numbers."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+from statsmodels.stats.meta_analysis import combine_effects
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestPower
+
+from istar.report.inference import holm, minimum_detectable_effect, paired_t_pvalue, random_effects
+from istar.report.paired import paired_differences, pooled_gains
+
+RNG = np.random.default_rng(7)
+
+
+def test_the_paired_p_value_is_scipys_paired_t_test():
+    method, base = RNG.normal(0.80, 0.02, 12), RNG.normal(0.79, 0.02, 12)
+    d = method - base
+    assert paired_t_pvalue(d.mean(), d.std(ddof=1), len(d)) == pytest.approx(stats.ttest_rel(method, base).pvalue,
+                                                                            rel=1e-12)
+    assert math.isnan(paired_t_pvalue(0.1, math.nan, 1))
+    assert paired_t_pvalue(0.0, 0.0, 3) == 1.0 and paired_t_pvalue(0.01, 0.0, 3) == 0.0
+
+
+@pytest.mark.parametrize("p", [[0.01, 0.04, 0.03, 0.005, 0.5], [0.2, 0.2, 0.2], list(RNG.uniform(0, 0.1, 27)), [0.04]])
+def test_holm_equals_statsmodels(p):
+    assert holm(p) == pytest.approx(multipletests(p, alpha=0.05, method="holm")[1], abs=1e-15)
+
+
+def test_holm_leaves_comparisons_without_a_test_out_of_the_family():
+    adjusted = holm([0.01, math.nan, 0.04])
+    assert math.isnan(adjusted[1])
+    assert adjusted[[0, 2]] == pytest.approx(multipletests([0.01, 0.04], method="holm")[1])
+    with pytest.raises(ValueError, match="outside"):
+        holm([0.5, 1.5])
+
+
+@pytest.mark.parametrize("n", [3, 5, 20, 60])
+def test_the_minimum_detectable_effect_is_the_power_calculation_of_statsmodels(n):
+    sd = 2.2
+    effect = TTestPower().solve_power(effect_size=None, nobs=n, alpha=0.05, power=0.8, alternative="two-sided")
+    assert minimum_detectable_effect(n, sd) == pytest.approx(effect * sd, rel=1e-6)
+    # and at that effect the test has exactly the power asked for
+    assert TTestPower().power(minimum_detectable_effect(n, sd) / sd, n, 0.05) == pytest.approx(0.8, abs=1e-6)
+
+
+def test_the_minimum_detectable_effect_of_a_degenerate_comparison():
+    assert math.isnan(minimum_detectable_effect(1, 2.0)) and minimum_detectable_effect(4, 0.0) == 0.0
+
+
+@pytest.mark.parametrize("k", [2, 9, 27])
+def test_the_random_effects_pool_equals_statsmodels_dersimonian_laird(k):
+    estimates = RNG.normal(0.3, 2.0, k)  # spread well beyond the sampling error: τ² > 0
+    variances = RNG.uniform(0.05, 0.5, k)
+    pooled = random_effects(estimates, variances)
+    reference = combine_effects(estimates, variances, method_re="dl")
+    assert reference.tau2 > 0
+    frame = reference.summary_frame()
+    assert pooled.mean == pytest.approx(frame.loc["random effect", "eff"], rel=1e-10)
+    assert pooled.se == pytest.approx(frame.loc["random effect", "sd_eff"], rel=1e-10)
+    assert pooled.ci_low == pytest.approx(frame.loc["random effect", "ci_low"], rel=1e-10)
+    assert pooled.ci_high == pytest.approx(frame.loc["random effect", "ci_upp"], rel=1e-10)
+    assert pooled.tau2 == pytest.approx(reference.tau2, rel=1e-10)
+    assert pooled.q == pytest.approx(reference.q, rel=1e-10)
+    assert pooled.i2 == pytest.approx(reference.i2, rel=1e-10)
+    assert pooled.p_value == pytest.approx(2 * stats.norm.sf(abs(pooled.mean) / pooled.se))
+
+
+@pytest.mark.parametrize("k", [1, 9])
+def test_without_heterogeneity_the_pool_is_the_fixed_effect_one(k):
+    # DerSimonian and Laird truncate τ² at 0 (so does R's metafor); statsmodels 0.15 keeps the negative
+    # moment estimate in its random-effects row, so compare with its fixed-effect row, which τ² = 0 gives.
+    estimates = RNG.normal(0.3, 0.05, k)
+    variances = RNG.uniform(0.5, 1.0, k)
+    pooled = random_effects(estimates, variances)
+    reference = combine_effects(estimates, variances, method_re="dl")
+    frame = reference.summary_frame()
+    assert pooled.tau2 == 0.0
+    assert pooled.mean == pytest.approx(frame.loc["fixed effect", "eff"], rel=1e-10)
+    assert pooled.se == pytest.approx(frame.loc["fixed effect", "sd_eff"], rel=1e-10)
+
+
+def test_random_effects_refuses_cells_without_a_variance():
+    with pytest.raises(ValueError, match="fewer than two seeds"):
+        random_effects([0.1, 0.2], [0.01, 0.0])
+
+
+def _runs(cells: dict) -> pd.DataFrame:
+    rows = []
+    for (task, method), scores in cells.items():
+        rows += [{"study": "final", "model": "m", "task": task, "method": method, "seed": seed, "metric": "accuracy",
+                  "score": score} for seed, score in enumerate(scores)]
+    return pd.DataFrame(rows)
+
+
+def test_paired_rows_carry_p_holm_and_mde_and_pool_in_points():
+    runs = _runs({("sst2", "base"): [0.80, 0.82, 0.81, 0.79], ("sst2", "istar"): [0.83, 0.84, 0.82, 0.81],
+                  ("mrpc", "base"): [0.70, 0.72, 0.74, 0.71], ("mrpc", "istar"): [0.69, 0.73, 0.72, 0.70]})
+    paired = paired_differences(runs)
+    assert list(paired["p_holm"]) == pytest.approx(list(multipletests(paired["p_value"], method="holm")[1]))
+    for row in paired.itertuples():
+        assert row.mde == pytest.approx(TTestPower().solve_power(None, nobs=4, alpha=0.05, power=0.8) * row.sd_difference,
+                                        rel=1e-6)
+        assert row.significant == (row.p_holm < 0.05)
+    pooled = pooled_gains(paired, {"sst2": 100.0, "mrpc": 100.0}).set_index("scope").loc["all"]
+    variances = ((paired["sd_difference"] * 100) ** 2 / paired["n"].astype(float)).to_numpy(dtype=float)
+    assert pooled["mean"] == pytest.approx(random_effects(paired["mean_difference"].to_numpy(dtype=float) * 100,
+                                                          variances).mean)
+    assert pooled["k"] == 2 and pooled["positive_cells"] == 1
