@@ -20,14 +20,16 @@ class TableSpec:
     """A table: ``name`` (the stem of its files, ``results/tables/{name}.{csv,md,tex}``), ``switch``
     (the config section whose ``enabled`` key asks for it; None: always), ``data`` (the aggregate
     CSV it reads, ``runs`` or ``selection``), ``builder`` (``module:function`` returning a
-    :class:`istar.report.table_render.Table` from that CSV's DataFrame) and ``states_protocol``
-    (the builder also takes the selection CSV, to state the selection protocol in a footnote)."""
+    :class:`istar.report.table_render.Table` from that CSV's DataFrame), ``states_protocol``
+    (the builder also takes the selection CSV, to state the selection protocol in a footnote)
+    and ``reads_stability`` (it also takes Fig. 2's simulation, when that study is on)."""
 
     name: str
     switch: str | None
     data: str
     builder: str
     states_protocol: bool = False
+    reads_stability: bool = False
 
     def enabled(self, config: dict) -> bool:
         """Whether a validated config asks for this table."""
@@ -40,6 +42,9 @@ TABLES: dict[str, TableSpec] = {
         TableSpec("table1", None, "runs", "istar.report.tables:table1", states_protocol=True),
         TableSpec("table2", None, "selection", "istar.report.tables:table2"),
         TableSpec("padding", "studies.padding", "runs", "istar.report.padding_study:padding_table"),
+        TableSpec("claims", None, "runs", "istar.report.claims:claims_table", states_protocol=True,
+                  reads_stability=True),
+        TableSpec("seeds", None, "runs", "istar.report.tables:seed_table"),
     )
 }
 
@@ -58,10 +63,12 @@ def enabled_tables(config: dict) -> list[str]:
     return [spec.name for spec in TABLES.values() if spec.enabled(config)]
 
 
-def build(name: str, frame, selection=None):
+def build(name: str, frame, selection=None, stability=None):
     """Build table ``name`` from the DataFrame of its CSV (and, for a table that states the selection
-    protocol, the selection CSV's DataFrame or None)."""
+    protocol, the selection CSV's DataFrame or None; for one that reads Fig. 2's simulation, its
+    DataFrame or None)."""
     spec = get_table(name)
     module, function = spec.builder.split(":")
     builder = getattr(importlib.import_module(module), function)
-    return builder(frame, selection) if spec.states_protocol else builder(frame)
+    extra = ([selection] if spec.states_protocol else []) + ([stability] if spec.reads_stability else [])
+    return builder(frame, *extra)

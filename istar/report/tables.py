@@ -44,7 +44,7 @@ from istar.report.paired import LEVEL, REFERENCE, SIGNIFICANT, difference_cell, 
 from istar.report.select import protocol_note
 from istar.report.table_render import Table, latex_escape, render_csv, render_latex, render_markdown, write_table
 
-__all__ = ["Table", "table1", "table2", "write_table", "render_csv", "render_markdown", "render_latex", "latex_escape"]
+__all__ = ["Table", "table1", "table2", "seed_table", "write_table", "render_csv", "render_markdown", "render_latex", "latex_escape"]
 
 METRIC_NOTES = {
     "accuracy": "accuracy (%)",
@@ -301,6 +301,54 @@ def table2(selection: pd.DataFrame) -> Table:
     )
 
 
+def seed_table(runs: pd.DataFrame) -> Table:
+    """Per-seed results of the final study: what every mean and paired difference of Table 1 is made of.
+
+    Parameters
+    ----------
+    runs : DataFrame
+        ``runs.csv`` of ``istar aggregate``; rows with ``study == "final"``.
+
+    Returns
+    -------
+    Table
+        Rows model × task × seed; columns each method's score (×100 for fractions; SQuAD: F1),
+        then each method − Base on that seed. "–" where a method did not run that seed.
+    """
+    require_columns(runs, ("study", "model", "task", "method", "seed", "score"), "runs.csv")
+    final = runs[runs["study"] == "final"]
+    if final.empty:
+        raise ValueError("runs.csv has no rows with study == 'final': run the workflow's final stage, then "
+                         "`istar aggregate`")
+    methods = [m for m in METHOD_NAMES if m in set(final["method"])]
+    others = [m for m in methods if m != REFERENCE] if REFERENCE in methods else []
+    scores = final.groupby(["model", "task", "seed", "method"])["score"].first()
+    index, cells = [], []
+    for model in dict.fromkeys(final["model"]):
+        for task in ordered_tasks(final.loc[final["model"] == model, "task"]):
+            scale = get_task(task).percent_scale
+            for seed in sorted(final.loc[(final["model"] == model) & (final["task"] == task), "seed"].astype(int).unique()):
+                value = {m: scores.get((model, task, seed, m), math.nan) * scale for m in methods}
+                row = ["–" if math.isnan(value[m]) else f"{value[m]:.1f}" for m in methods]
+                row += ["–" if math.isnan(value[m] - value[REFERENCE]) else f"{value[m] - value[REFERENCE]:+.1f}"
+                        for m in others]
+                index.append([model, get_task(task).display, str(seed)])
+                cells.append(row)
+    columns = [METHODS[m].label for m in methods] + [f"{METHODS[m].label} − {METHODS[REFERENCE].label}" for m in others]
+    return Table(
+        name="seeds",
+        caption="Every final run's score, seed by seed, and each method's difference from Base on the same seed.",
+        index_names=["Model", "Task", "Seed"],
+        index=index,
+        columns=columns,
+        standin=[False] * len(columns),
+        cells=cells,
+        best=[[False] * len(columns) for _ in cells],
+        footnotes=["Scores ×100 for fractions (SQuAD: F1 as is); a seed fixes the data order, the classifier's "
+                   "initialisation and dropout for every method alike, which is what pairs them."],
+    )
+
+
 def _listing(names: list[str]) -> str:
     """``["a", "b", "c"]`` → ``"a, b and c"``."""
     return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
@@ -329,12 +377,15 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     from istar.report.table_specs import TABLE_NAMES
 
     parser.add_argument("which", choices=TABLE_NAMES,
-                        help="table1: performance; table2: chosen λ | ζ; padding: the padding study")
+                        help="table1: performance; table2: chosen λ | ζ; padding: the padding study; claims: the paper's "
+                        "claims and their verdicts; seeds: every final run's score")
     parser.add_argument("--runs", type=Path, default=Path("results/aggregate/runs.csv"),
                         help="runs.csv of `istar aggregate` (table1, padding; default: %(default)s)")
     parser.add_argument("--selection", type=Path, default=Path("results/aggregate/selection.csv"),
                         help="selection.csv of `istar aggregate` (table2; table1: the selection protocol's footnote, "
                         "left out when the file does not exist; default: %(default)s)")
+    parser.add_argument("--stability", type=Path, default=None,
+                        help="fig2_stability.csv of `istar stability` (claims; left out when not given)")
     parser.add_argument("--out-prefix", type=Path, default=None,
                         help="output path without suffix; writes .csv, .md and .tex (default: results/tables/WHICH)")
 
@@ -347,7 +398,8 @@ def run_cli(args: argparse.Namespace) -> int:
     source = {"runs": args.runs, "selection": args.selection}[spec.data]
     # a table that states the selection protocol reads it when the selection exists (it is drawn without it too)
     selection = read_aggregate(args.selection) if spec.states_protocol and args.selection.is_file() else None
-    table = build(args.which, read_aggregate(source), selection=selection)
+    stability = read_aggregate(args.stability) if spec.reads_stability and args.stability else None
+    table = build(args.which, read_aggregate(source), selection=selection, stability=stability)
     for path in write_table(table, args.out_prefix or Path("results/tables") / args.which):
         print(path)
     return 0

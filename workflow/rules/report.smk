@@ -3,12 +3,21 @@
 # Which CSV a figure reads comes from the registry istar.report.figures.
 
 from istar.report.figures import FIGURE_NAMES, STABILITY_CSV, figure_csv
+from istar.report.table_specs import get_table
+
+
+def table_stability_input(wildcards) -> list[str]:
+    """Fig. 2's simulation, for a table that reads it while that study is on."""
+    wanted = get_table(wildcards.table).reads_stability
+    enabled = config["studies"]["stability"]["enabled"]
+    return [f"results/aggregate/{STABILITY_CSV}.csv"] if wanted and enabled else []
 
 
 rule table:
     input:
         runs="results/aggregate/runs.csv",
         selection="results/aggregate/selection.csv",
+        stability=table_stability_input,
     output:
         csv=report(
             "results/tables/{table}.csv",
@@ -25,9 +34,13 @@ rule table:
         table="|".join(TABLE_NAMES),
     conda:
         "../../envs/report.yaml"
+    params:
+        stability=lambda wildcards, input: (
+            f"--stability {input.stability}" if input.stability else ""
+        ),
     shell:
         "python -m istar table {wildcards.table} --runs {input.runs} --selection {input.selection} "
-        "--out-prefix results/tables/{wildcards.table} > {log} 2>&1"
+        "{params.stability} --out-prefix results/tables/{wildcards.table} > {log} 2>&1"
 
 
 rule stability:
