@@ -16,7 +16,7 @@ from istar.core.tokens import TOKEN_SELECTION_NAMES, get_token_selection
 from istar.registry.methods import get_method
 from istar.registry.tasks import SPLITS, TASKS
 
-__all__ = ["search_settings", "selected_setting", "fixed_setting", "fixed_choice_args", "final_settings",
+__all__ = ["search_settings", "selected_setting", "fixed_setting", "fixed_choice_args", "final_settings", "baseline_choices",
            "tuned_tokens", "tuning_settings", "tuned_setting", "study_runs",
            "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "prepare_data_inputs",
            "train_spec", "heldout_name", "holdout_spec",
@@ -39,11 +39,24 @@ def config_tokens(config: dict) -> str:
 
 
 def search_settings(config: dict) -> list[Setting]:
-    """Stage 1: I-STAR over λ × ζ (× batch size × epochs × learning rate when searched)."""
+    """Stage 1: I-STAR over λ × ζ (× batch size × epochs × learning rate when searched); with
+    ``search.tune_baselines``, also the final stage's other methods over the training grid."""
     search, tokens = config["search"], config_tokens(config)
-    return [Setting("istar", lam=float(lam), zeta=float(zeta), tokens=tokens, batch_size=bs, epochs=ep,
-                    learning_rate=lr)
-            for lam, zeta, (bs, ep, lr) in itertools.product(search["lambdas"], search["zetas"], _training_grid(search))]
+    grid = _training_grid(search)
+    settings = [Setting("istar", lam=float(lam), zeta=float(zeta), tokens=tokens, batch_size=bs, epochs=ep,
+                        learning_rate=lr)
+                for lam, zeta, (bs, ep, lr) in itertools.product(search["lambdas"], search["zetas"], grid)]
+    if search["tune_baselines"]:
+        settings += [baseline.with_training(Setting("base", batch_size=bs, epochs=ep, learning_rate=lr))
+                     for baseline in _baselines(config) for bs, ep, lr in grid]
+    return settings
+
+
+def _baselines(config: dict) -> list[Setting]:
+    """The final stage's methods other than I-STAR, at their configured λ (``final.methods``)."""
+    methods = config["final"]["methods"]
+    return [Setting("base")] + ([Setting("cosreg", lam=float(config["final"]["cosreg_lambda"]),
+                                         tokens=config_tokens(config))] if "cosreg" in methods else [])
 
 
 def selected_setting(selection: dict, config: dict) -> Setting:
@@ -81,18 +94,28 @@ def trains_training_grid(config: dict) -> bool:
     return _training_grid(config["search"]) != [(None, None, None)]
 
 
-def final_settings(config: dict, selection: Setting | None) -> list[Setting]:
-    """Stage 2: base, CosReg (λ = final.cosreg_lambda) and the chosen I-STAR setting.
+def final_settings(config: dict, selection: Setting | None, baselines: dict[str, Setting] | None = None) -> list[Setting]:
+    """Stage 2: base, CosReg (λ = final.cosreg_lambda; if in ``final.methods``) and the chosen I-STAR setting.
 
     ``selection`` None gives the runs that do not depend on the search (base and CosReg when
-    the training hyperparameters are not searched); with a selection all three.
+    the training hyperparameters are not searched); with a selection all of them. The baselines
+    train with I-STAR's training values, or, under ``search.tune_baselines``, with their own
+    (``baselines``: method → its best setting, :func:`baseline_choices`).
     """
-    methods = config["final"]["methods"]
-    others = [Setting("base")] + ([Setting("cosreg", lam=float(config["final"]["cosreg_lambda"]),
-                                           tokens=config_tokens(config))] if "cosreg" in methods else [])
+    others = _baselines(config)
     if selection is None:
         return [] if trains_training_grid(config) else others
-    return [setting.with_training(selection) for setting in others] + [selection]
+    chosen = baselines or {}
+    return [chosen.get(setting.method) or setting.with_training(selection) for setting in others] + [selection]
+
+
+def baseline_choices(selection: dict) -> dict[str, Setting]:
+    """Method → the baseline setting a ``best.json`` chose for it (``baselines``, written when
+    ``search.tune_baselines`` searched the baselines too); {} otherwise."""
+    return {method: Setting(method, lam=float(choice["lam"]), tokens=choice["tokens"],
+                            batch_size=int(choice["batch_size"]), epochs=int(choice["epochs"]),
+                            learning_rate=float(choice["learning_rate"]))
+            for method, choice in (selection.get("baselines") or {}).items()}
 
 
 def tuned_tokens(config: dict) -> list[str]:

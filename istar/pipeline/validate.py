@@ -65,6 +65,10 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
                                   "add it there or remove the entry")
             if fixed["lam"] == 0:
                 raise ConfigError(f"config key 'final.istar.{model}.{task}.lam': λ = 0 is the baseline; fix a non-zero λ")
+    search = config["search"]
+    if search["tune_baselines"] and not (search["batch_sizes"] or search["epochs"] or search["learning_rates"]):
+        raise ConfigError("config key 'search.tune_baselines': the baselines have nothing to be tuned on; give "
+                          "search.batch_sizes, search.epochs and search.learning_rates (the training grid) or turn it off")
     for task in config["final"]["seeds_by_task"]:
         if task not in tasks:
             raise ConfigError(f"config key 'final.seeds_by_task.{task}': {task!r} is not in 'tasks' ({tasks}); add it "

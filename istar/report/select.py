@@ -9,11 +9,13 @@ A mean that is NaN ranks last. Output (``best.json``)::
 
     {"model", "task", "metric", "method", "lam", "zeta", "layers", "batch_size", "epochs",
      "learning_rate", "score", "score_std", "seeds", "standin", "protocol", "heldout_fraction",
-     "heldout_seed", "settings",
+     "heldout_seed", "settings", "baselines",
      "candidates": [{"method", "lam", "zeta", "layers", "batch_size", "epochs",
                      "learning_rate", "score", "score_std", "seeds", "runs"}, ...]}
 
-``score`` is the mean over seeds of the final metric, ``score_std`` its sample standard
+``baselines`` maps each other method searched beside I-STAR (``search.tune_baselines``) to its own
+best setting (the :data:`SETTING_KEYS`, ``score``, ``seeds``); empty otherwise. The top-level choice
+is always I-STAR's when I-STAR was searched. ``score`` is the mean over seeds of the final metric, ``score_std`` its sample standard
 deviation (divide by seeds − 1; ``null`` for one seed); ``candidates`` lists every setting,
 best first, with its run folders; ``settings`` counts them. ``model`` is the model's short
 name (see :func:`model_short_name`).
@@ -186,7 +188,13 @@ def select_best(run_dirs, out=None, metric: str | None = None) -> dict:
                            "seeds": len(members), "runs": [run["run_dir"] for run in members]})
     # stable sort: settings tied on all three keys keep the order in which they were given
     candidates.sort(key=lambda c: (math.inf if math.isnan(c["score"]) else -c["score"], abs(c["lam"]), c["zeta"] or 0.0))
-    best = candidates[0]
+    # I-STAR's choice is the selection; baselines searched beside it (search.tune_baselines) each get their own
+    istar = [c for c in candidates if c["method"] == "istar"]
+    best = (istar or candidates)[0]
+    baselines = {}
+    for candidate in candidates:
+        if candidate["method"] != best["method"]:
+            baselines.setdefault(candidate["method"], {k: candidate[k] for k in (*SETTING_KEYS, "score", "seeds")})
     model, task = pairs[0]
     heldout = {json.dumps(run["heldout"], sort_keys=True) for run in runs}
     if len(heldout) > 1:
@@ -199,7 +207,8 @@ def select_best(run_dirs, out=None, metric: str | None = None) -> dict:
                 "heldout_seed": heldout["seed"] if heldout else None, "settings": len(candidates)}
     result = {"model": model, "task": task, "metric": metric, **{k: best[k] for k in SETTING_KEYS},
               "score": best["score"], "score_std": best["score_std"], "seeds": best["seeds"],
-              "standin": any(run["standin"] for run in runs), **protocol, "candidates": candidates}
+              "standin": any(run["standin"] for run in runs), **protocol, "baselines": baselines,
+              "candidates": candidates}
     if out is not None:
         result = artifacts.write_json(out, result, digest=True)  # what was written, its hash included
     return result

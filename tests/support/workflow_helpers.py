@@ -53,11 +53,13 @@ def write_project(workdir: Path, config: dict | None = None) -> Path:
     return path
 
 
-def snakemake(workdir: Path, *args: str, configfile: Path | None = None, timeout: int = 1200, snakefile: Path | None = None,
-              env: dict | None = None):
-    """Run Snakemake on the project's workflow with ``workdir`` as working directory (``env``: default ENV)."""
+def snakemake(workdir: Path, *args: str, configfile: Path | list[Path] | None = None, timeout: int = 1200,
+              snakefile: Path | None = None, env: dict | None = None):
+    """Run Snakemake on the project's workflow with ``workdir`` as working directory (``env``: default ENV);
+    ``configfile`` one file or several, merged in order as Snakemake does."""
+    configfiles = configfile if isinstance(configfile, list) else [configfile or workdir / "config.yaml"]
     command = [SNAKEMAKE, "--snakefile", str(snakefile or REPO / "workflow" / "Snakefile"),
-               "--directory", str(workdir), "--configfile", str(configfile or workdir / "config.yaml"), *args]
+               "--directory", str(workdir), "--configfile", *map(str, configfiles), *args]
     return subprocess.run(command, cwd=workdir, env=env or ENV, capture_output=True, text=True, timeout=timeout)
 
 

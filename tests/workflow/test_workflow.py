@@ -37,6 +37,22 @@ def test_paper_config_dry_run_shows_the_full_study(tmp_path):
     print(f"paper.yaml dry run: {sum(jobs.values())} jobs planned in {seconds:.1f} s")
 
 
+def test_confirmatory_paper_config_runs_no_search(tmp_path):
+    """config/paper-confirmatory.yaml over paper.yaml: λ | ζ fixed to Table 2, so no search job, and every
+    final I-STAR run is planned from the start at its fixed setting."""
+    online = {**{k: v for k, v in ENV.items() if k != "HF_HUB_OFFLINE"}, "HF_HOME": str(tmp_path / "hf")}
+    configs = [REPO / "config" / "paper.yaml", REPO / "config" / "paper-confirmatory.yaml"]
+    result = snakemake(tmp_path, "-n", configfile=configs, env=online)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = planned_jobs(result.stdout)
+    assert "train_search" not in jobs and jobs["select"] == 27
+    assert "--fixed '{\"model\": \"bert\", \"task\": \"sst2\", \"lam\": -5.0, \"zeta\": 0.2" in result.stdout
+    for run in ("bert/sst2/istar_lam-5_zeta0.2_allpos/seed4", "distilbert/cola/istar_lam-3_zeta0.4_allpos/seed0"):
+        assert f"results/runs/{run}" in result.stdout
+    # final: 27 cells × (Base, CosReg, I-STAR) × 5 seeds, all known before any job runs
+    assert jobs["train"] >= 27 * 3 * 5 + 945
+
+
 def test_anisotropy_config_dry_run_plans_the_model_by_checkpoint_grid(tmp_path):
     """config/anisotropy.yaml: Pythia's 8 sizes × 21 checkpoints and 5 more models, without reaching the hub."""
     online = {**{k: v for k, v in ENV.items() if k != "HF_HUB_OFFLINE"}, "HF_HOME": str(tmp_path / "hf")}

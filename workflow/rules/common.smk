@@ -36,6 +36,7 @@ from istar.config.layout import (
 )
 from istar.pipeline.plan import (
     study_scope,
+    baseline_choices,
     final_settings,
     fixed_choice_args,
     fixed_setting,
@@ -244,6 +245,15 @@ def selection(model, task) -> Setting:
     )
 
 
+def baselines_chosen(model, task) -> dict:
+    """Method → its own tuned baseline setting (search.tune_baselines), else {}."""
+    if fixed_setting(config, model, task) is not None or not config["search"]["tune_baselines"]:
+        return {}
+    return baseline_choices(
+        read_json(checkpoints.select.get(model=model, task=task).output[0])
+    )
+
+
 def tuned_choice(model, task) -> Setting | None:
     """The padding study's tuned variant (waits for the `select_tuned` checkpoint); None
     when the study takes no tuning for this model × task."""
@@ -287,22 +297,34 @@ def select_inputs(wildcards) -> list[str]:
 
 
 def planned_runs(
-    model, task, chosen: Setting | None, tuned: Setting | None = None
+    model,
+    task,
+    chosen: Setting | None,
+    tuned: Setting | None = None,
+    before_checkpoints: bool = False,
 ) -> list[tuple[str, Setting, int]]:
     """(study, setting, seed) of the final stage and the figure studies for a model × task.
 
     With ``chosen`` None: only the runs that do not depend on the search's choice; with
-    ``tuned`` None, none of the padding study's when it takes its own tuning.
+    ``tuned`` None, none of the padding study's when it takes its own tuning;
+    ``before_checkpoints``: none that wait for a checkpoint (the one-layer study's depth).
     """
     runs = [
         ("final", s, seed)
-        for s in final_settings(config, chosen)
+        for s in final_settings(
+            config,
+            chosen,
+            None if chosen is None or before_checkpoints else baselines_chosen(model, task),
+        )
         for seed in study_seeds(config, "final", task)
     ]
     for study in STUDIES:
         layers = (
             num_layers(model, task)
-            if study == "single_layer" and chosen is not None and needs_depth(model, task)
+            if study == "single_layer"
+            and chosen is not None
+            and needs_depth(model, task)
+            and not before_checkpoints
             else None
         )
         found = study_runs(config, study, model, task, chosen, layers, tuned)
@@ -352,7 +374,7 @@ def known_measures() -> list[str]:
             for model in MODELS
             for task in TASKS
             for study, setting, _ in planned_runs(
-                model, task, fixed_setting(config, model, task)
+                model, task, fixed_setting(config, model, task), before_checkpoints=True
             )
         }
     )
