@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 
 from istar.registry.precisions import run_precision
-from istar.steps.shrinkage import load_shrinkage
+from istar.core.shrinkage import load_shrinkage
 
 from .isoscore_star import time_methods
 from .measure import REPO, child_env, make_batch, measured_istar, median_times

@@ -55,7 +55,8 @@ def main(argv=None) -> dict:
     from istar.config.specs import ShrinkageSpec, TrainSpec
     from istar.data import prepare_task, read_split
     from istar.models.loading import load_tokenizer
-    from istar.steps.shrinkage import compute_shrinkage_file, load_shrinkage
+    from istar.core.shrinkage import load_shrinkage
+    from istar.steps.shrinkage import compute_shrinkage_file
     from istar.steps.train import train
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -1,12 +1,17 @@
 """I-STAR: IsoScore*-based stable anisotropic regularisation (Rudman & Eickhoff, ICLR 2024).
 
-Library: ``isotropy`` (IsoScore, IsoScore*, streaming covariance, TwoNN and comparison
-measures) and ``regularizers`` (the I-STAR and CosReg penalties on model hidden states).
-Engine and workflow steps, each behind a subcommand of the ``istar`` command (``istar.cli``):
-``data``, ``shrinkage``, ``train``, ``evaluate``, ``activations``, ``analysis``, ``measure``,
-``selection``, ``aggregate``, ``tables``, ``plots``; ``config`` and ``plan`` serve the Snakemake workflow.
+The library, for your own training code (every name below is importable from ``istar``):
 
-The library names below are imported on first use, so that ``import istar.pipeline.validate`` (which
+- measures: :func:`isoscore`, :func:`isoscore_star` (differentiable), :func:`twonn_dimension`,
+  :func:`average_cosine_similarity`, :class:`CovarianceAccumulator`, and a model's isotropy in
+  memory, per layer: :func:`measure_isotropy`, :class:`IsotropyMetric` (streaming);
+- penalties: :func:`istar_penalty`, :func:`global_istar_penalty`, :func:`cosreg_penalty`, each
+  returning a :class:`Penalty`; :func:`shrinkage_covariance` computes the Σ_S they shrink towards;
+- ``transformers.Trainer``: :class:`IStarTrainer` (or :class:`IStarTrainerMixin` beside another
+  Trainer subclass) with :class:`IStarConfig`.
+
+The workflow's steps are subcommands of the ``istar`` command (:mod:`istar.cli`).
+The names are imported on first use, so that ``import istar.pipeline.validate`` (which
 Snakemake does while it builds the DAG) does not pull in torch.
 """
 
@@ -21,7 +26,16 @@ _LIBRARY = {
     "partition_isotropy": "core.isotropy",
     "twonn_dimension": "core.twonn",
     "cosreg_penalty": "core.regularizers",
+    "global_istar_penalty": "core.regularizers",
     "istar_penalty": "core.regularizers",
+    "Penalty": "core.regularizers",
+    "shrinkage_covariance": "models.shrinkage",
+    "measure_isotropy": "models.measurement",
+    "IsotropyMetric": "core.measurement",
+    "IsotropyReport": "core.measurement",
+    "IStarConfig": "integrations.trainer",
+    "IStarTrainer": "integrations.trainer",
+    "IStarTrainerMixin": "integrations.trainer",
 }
 
 __all__ = sorted(_LIBRARY)

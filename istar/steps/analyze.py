@@ -3,7 +3,7 @@
 Inputs are the run's activation statistics (:mod:`istar.steps.activations`: streaming statistics of
 *all* non-padding evaluation tokens per hidden state, the [CLS] vectors, a token sample), from
 an activations file (``istar analyze``) or in memory (:mod:`istar.steps.measure`, the workflow's way),
-and the pretrained Σ_S file of the same model × task (:mod:`istar.steps.shrinkage`: every hidden
+and the pretrained Σ_S file of the same model × task (:mod:`istar.steps.shrinkage`, read by :mod:`istar.core.shrinkage`: every hidden
 state's training-data statistics). Output ``analysis.json``::
 
     {"model", "task", "split", "standin", "zeta", "sigma_s": path, "tokens": N,
@@ -37,10 +37,10 @@ import torch
 from istar.config.specs import AnalyzeSpec, add_spec_arguments, spec_from_cli
 from istar.core.isotropy import CovarianceAccumulator, isoscore_star_from_covariance
 from istar.core.regularizers import LayerSpec, resolve_layers
+from istar.core.shrinkage import load_layer_statistics, merge_layers
 from istar.core.twonn import twonn_dimension
 from istar.io import artifacts
 from istar.steps.activations import load_activations
-from istar.steps.shrinkage import load_layer_statistics, merge_layers
 
 __all__ = ["analyze_run", "analyze_statistics"]
 

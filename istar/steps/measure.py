@@ -45,12 +45,13 @@ def measure_runs(spec: MeasureSpec) -> dict:
     """The measurement step: see the module docstring. Returns what was written to ``spec.out``."""
     from tqdm.auto import tqdm
 
+    from istar.core.shrinkage import load_layer_statistics
+
     from istar.steps.activations import activation_statistics
     from istar.steps.analyze import analyze_statistics
     from istar.steps.common import open_step
     from istar.steps.evaluate import evaluation_report
     from istar.steps.run_folder import read_finished_run
-    from istar.steps.shrinkage import load_layer_statistics
 
     spec.validate()
     missing = [run for run in spec.runs if not (Path(run) / "model").is_dir()]

@@ -70,11 +70,13 @@ from istar import __version__
 from istar.config.specs import TrainSpec, add_spec_arguments, spec_from_cli
 from istar.core.isotropy import isoscore_star_from_covariance
 from istar.core.regularizers import Penalty, resolve_layers
+from istar.core.shrinkage import load_layer_statistics, load_shrinkage, merge_layers, save_shrinkage
 from istar.core.tokens import get_token_selection
 from istar.data.encoding import EpochShuffleSampler
 from istar.io import artifacts
 from istar.io.provenance import code_provenance
 from istar.io.runlock import writer_lock
+from istar.models.shrinkage import accumulate_shrinkage
 from istar.registry.methods import get_method
 from istar.registry.precisions import PRECISIONS
 from istar.steps.evaluate import evaluate_model
@@ -90,13 +92,6 @@ from istar.steps.resume import (
     saved_tracking,
 )
 from istar.steps.run_folder import clear_earlier_outputs, model_sha256
-from istar.steps.shrinkage import (
-    accumulate_shrinkage,
-    load_layer_statistics,
-    load_shrinkage,
-    merge_layers,
-    save_shrinkage,
-)
 from istar.steps.tracking import Tracking, settings_as_parameters
 
 __all__ = ["TrainSpec", "train", "optimization_step", "build_optimizer"]

@@ -20,7 +20,8 @@ from istar.core.isotropy import (
 from istar.core.twonn import twonn_dimension
 from istar.steps.activations import extract_activations, load_activations
 from istar.steps.analyze import analyze_run
-from istar.steps.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage, save_shrinkage
+from istar.core.shrinkage import load_layer_statistics, load_shrinkage, save_shrinkage
+from istar.steps.shrinkage import compute_shrinkage_file
 from istar.steps.train import train
 
 REPO = Path(__file__).resolve().parents[2]

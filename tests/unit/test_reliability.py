@@ -42,7 +42,7 @@ def accumulators(layers=3, dim=8, seed=0):
 
 @pytest.fixture
 def sigma_file(tmp_path):
-    from istar.steps.shrinkage import save_shrinkage
+    from istar.core.shrinkage import save_shrinkage
 
     path = tmp_path / "sigma0.pt"
     save_shrinkage(path, accumulators(), [1, 2], {"model": "tiny", "task": "rte"})
@@ -50,7 +50,7 @@ def sigma_file(tmp_path):
 
 
 def test_sigma_round_trip_without_pickle(sigma_file):
-    from istar.steps.shrinkage import load_layer_statistics, load_shrinkage, merge_layers
+    from istar.core.shrinkage import load_layer_statistics, load_shrinkage, merge_layers
 
     sigma, provenance = load_shrinkage(sigma_file)
     expected = merge_layers(accumulators(), [1, 2]).covariance()
@@ -65,7 +65,7 @@ def test_sigma_round_trip_without_pickle(sigma_file):
 @pytest.mark.parametrize("damage", [truncate, flip_byte, lambda p: p.write_bytes(b"garbage" * 10)],
                          ids=["truncated", "flipped-byte-same-mtime", "garbage"])
 def test_damaged_sigma_names_the_file(sigma_file, damage):
-    from istar.steps.shrinkage import load_shrinkage
+    from istar.core.shrinkage import load_shrinkage
 
     damage(sigma_file)
     with pytest.raises(DamagedArtifactError) as error:
@@ -77,7 +77,7 @@ def test_damaged_sigma_names_the_file(sigma_file, damage):
 
 def test_pickled_sigma_is_refused_without_unpickling(tmp_path):
     """An old-format or hostile pickle is never unpickled (no code runs)."""
-    from istar.steps.shrinkage import load_shrinkage
+    from istar.core.shrinkage import load_shrinkage
 
     path = tmp_path / "sigma0.pt"
     torch.save({"per_layer": {"count": torch.tensor([1])}, "provenance": {}}, path)

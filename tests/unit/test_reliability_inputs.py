@@ -134,7 +134,7 @@ def accumulators(layers=3, dim=32):
 
 
 def test_non_finite_sigma_is_not_written(tmp_path):
-    from istar.steps.shrinkage import save_shrinkage
+    from istar.core.shrinkage import save_shrinkage
 
     path = tmp_path / "sigma0.pt"
     per_layer = accumulators()
@@ -148,7 +148,7 @@ def test_non_finite_sigma_is_not_written(tmp_path):
 def nan_sigma(tmp_path):
     """A Σ_S file of the tiny model's size (d = 32, 3 hidden states) with NaN in its statistics and
     a valid content hash: what an older writer, or a run of a diverged model, left behind."""
-    from istar.steps.shrinkage import save_shrinkage
+    from istar.core.shrinkage import save_shrinkage
 
     path = tmp_path / "sigma0.pt"
     save_shrinkage(path, accumulators(), [1, 2], {"model": "tiny", "task": "rte"})
@@ -159,7 +159,7 @@ def nan_sigma(tmp_path):
 
 
 def test_non_finite_sigma_is_named_where_it_is_read(nan_sigma):
-    from istar.steps.shrinkage import load_shrinkage
+    from istar.core.shrinkage import load_shrinkage
 
     with pytest.raises(DamagedArtifactError) as error:
         load_shrinkage(nan_sigma)

@@ -18,7 +18,8 @@ from istar.core.isotropy import isoscore_star_from_covariance
 from istar.registry.precisions import cpu_has_native_bf16
 from istar.steps.activations import load_activations
 from istar.steps.launch import free_port
-from istar.steps.shrinkage import compute_shrinkage_file, load_layer_statistics, load_shrinkage
+from istar.core.shrinkage import load_layer_statistics, load_shrinkage
+from istar.steps.shrinkage import compute_shrinkage_file
 from istar.steps.train import train
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

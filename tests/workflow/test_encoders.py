@@ -19,7 +19,8 @@ from istar.data.encoding import encode_split, make_loader
 from istar.models.loading import load_model, load_tokenizer
 from istar.registry.tasks import get_task
 from istar.steps.measure import measure_runs
-from istar.steps.shrinkage import compute_shrinkage_file, load_shrinkage
+from istar.core.shrinkage import load_shrinkage
+from istar.steps.shrinkage import compute_shrinkage_file
 from istar.steps.train import train
 
 LAYERS = 2  # tiny_model_files: 2 layers of width 32

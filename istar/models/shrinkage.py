@@ -1,0 +1,171 @@
+"""Σ_S of a model: forward passes over data, token rows streamed into per-layer statistics.
+
+:func:`shrinkage_covariance` is the library's entry point (``istar.shrinkage_covariance``): a
+model and batches (or texts and a tokenizer) in, the (d, d) Σ_S that
+:func:`istar.core.regularizers.istar_penalty` takes out. :func:`accumulate_shrinkage` is the
+pass behind it and behind ``istar shrinkage``, fine-tuning's per-epoch Σ_S and the Trainer
+integration: every hidden state's statistics (:mod:`istar.core.shrinkage`), merged across
+processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterable, Iterator, Sequence
+
+import torch
+
+from istar.core.isotropy import CovarianceAccumulator
+from istar.core.regularizers import LayerSpec, resolve_layers
+from istar.core.shrinkage import add_hidden_states, layer_accumulators, current_processes, merge_across_processes, merge_layers
+from istar.core.tokens import get_token_selection
+from istar.models.hidden_states import hidden_state_pass
+
+__all__ = ["default_rows", "progress_disabled", "accumulate_shrinkage", "shrinkage_covariance", "text_batches"]
+
+
+def default_rows() -> int:
+    """The row budget of Σ_S when none is given: the config schema's ``shrinkage.rows`` (250,000, the paper's)."""
+    from istar.config.schema import default_of
+
+    return int(default_of("shrinkage.rows"))
+
+
+def progress_disabled(show: bool = True) -> bool:
+    """Whether a progress bar stays hidden: not asked for (``show``), or ``TQDM_DISABLE`` set to a true value."""
+    return not show or os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@torch.no_grad()
+def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSpec = "all", max_rows: int | None = None,
+                         accelerator=None, description: str = "Σ_S", tokens: str = "real",
+                         progress: bool = True) -> list[CovarianceAccumulator]:
+    """Accumulate per-layer token statistics until the selected layers gave ``max_rows`` rows.
+
+    Every hidden state (embeddings and each layer) gets its own accumulator, at no extra
+    forward cost; Σ_S of any layer selection is then the merge of those layers'
+    accumulators (:func:`istar.core.shrinkage.merge_layers`).
+
+    Parameters
+    ----------
+    model : a Hugging Face model (unwrapped); run in eval mode here, its mode restored after.
+    loader : batches with ``input_ids`` and ``attention_mask`` (B, T); targets are ignored.
+        Under several processes each process reads its own shard (a loader prepared by
+        accelerate, or one with a ``DistributedSampler``).
+    layers : the selection whose rows (tokens × selected layers) are counted against
+        ``max_rows`` (see :data:`istar.core.regularizers.LayerSpec`).
+    max_rows : stop once the selected layers hold this many rows, all processes together;
+        fewer if the data runs out. None: :func:`default_rows`.
+    accelerator : an ``accelerate.Accelerator`` for autocast and the merge across processes;
+        None runs on the model's device and merges through ``torch.distributed`` when a
+        process group with several ranks is initialised (:func:`istar.core.shrinkage.current_processes`).
+    description : the progress bar's label.
+    tokens : which positions of each (padded) batch are rows (:data:`istar.core.tokens.TOKEN_SELECTIONS`):
+        ``real`` the attention-masked tokens, ``all_positions`` all B·T positions.
+    progress : show a progress bar (on the main process, counting batches out of the loader's
+        length; ``TQDM_DISABLE=1`` hides it too).
+
+    Returns
+    -------
+    list of L + 1 CovarianceAccumulator, index = hidden state (0 = embeddings); identical
+    on every process. Hidden states holding NaN or inf raise :class:`istar.core.shrinkage.NonFiniteStatistics`.
+    """
+    from tqdm.auto import tqdm
+
+    max_rows = default_rows() if max_rows is None else int(max_rows)
+    if max_rows < 2:
+        raise ValueError(f"max_rows = {max_rows}: Σ_S needs at least 2 rows (the default is {default_rows():,})")
+    processes = current_processes(accelerator)
+    target = math.ceil(max_rows / processes.size)
+    device = next(model.parameters()).device
+    # Accumulators exist before the first batch: a process whose shard is empty still joins the merge.
+    per_layer = layer_accumulators(model.config.num_hidden_layers + 1, model.config.hidden_size, device=device)
+    selected = resolve_layers(layers, len(per_layer))
+    selection = get_token_selection(tokens)
+    main = accelerator.is_local_main_process if accelerator is not None else int(os.environ.get("LOCAL_RANK", "0")) == 0
+    autocast = accelerator.autocast if accelerator is not None else contextlib.nullcontext
+    total = len(loader) if hasattr(loader, "__len__") else None
+    with tqdm(total=total, unit="batch", desc=description, disable=progress_disabled(progress and main),
+              leave=False) as bar:
+        for batch in hidden_state_pass(model, loader, device=device, autocast=autocast):
+            add_hidden_states(per_layer, batch.states, selection.mask(batch.mask))
+            rows = sum(per_layer[i].count for i in selected)
+            bar.update(1)
+            bar.set_postfix_str(f"{rows:,} of {target:,} rows", refresh=False)
+            if rows >= target:
+                break
+    per_layer = [merge_across_processes(accumulator, processes) for accumulator in per_layer]
+    if per_layer[0].count == 0:
+        raise ValueError("the data loader yielded no batches: cannot estimate Σ_S")
+    return per_layer
+
+
+def text_batches(texts: Sequence, tokenizer, batch_size: int = 32, max_length: int = 128,
+                 shard: tuple[int, int] = (0, 1)) -> Iterator[dict]:
+    """Tokenised, padded batches of ``texts``: strings, or (text, text) pairs for paired tasks.
+
+    ``shard = (rank, processes)`` keeps every ``processes``-th text from ``rank`` on, so that
+    each process of a data-parallel run reads its own part.
+    """
+    rank, processes = shard
+    texts = list(texts)[rank::processes]
+    if texts and not isinstance(texts[0], (str, tuple, list)):
+        raise TypeError(f"texts must be strings or (text, text) pairs; got {type(texts[0]).__name__} "
+                        "(pass tokenised batches as a DataLoader instead, without tokenizer=)")
+    for start in range(0, len(texts), batch_size):
+        chunk = texts[start:start + batch_size]
+        paired = not isinstance(chunk[0], str)
+        first = [item[0] for item in chunk] if paired else chunk
+        second = [item[1] for item in chunk] if paired else None
+        yield dict(tokenizer(first, second, padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
+
+
+def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSpec = "all", tokens: str = "real",
+                         max_rows: int | None = None, batch_size: int = 32, max_length: int = 128,
+                         accelerator=None, progress: bool = True) -> torch.Tensor:
+    """Σ_S of ``model`` on ``data``: the shrinkage covariance :func:`istar.core.regularizers.istar_penalty` takes.
+
+    The covariance of the token vectors at ``layers`` and ``tokens`` (the same selections the
+    penalty is given), from forward passes without gradients, over at least ``max_rows`` rows
+    or all of ``data`` (docs/method.md §3). Rows are never stacked: the sums are float64 and
+    O(d²) per hidden state.
+
+    The paper recomputes Σ_S from the current model at the start of every epoch; call this
+    again then (see :func:`istar.core.regularizers.istar_penalty`).
+
+    Parameters
+    ----------
+    model : a Hugging Face encoder (unwrapped: ``accelerator.unwrap_model(model)`` under
+        accelerate); its training mode is restored afterwards.
+    data : batches with ``input_ids`` and ``attention_mask`` (a ``DataLoader``; other keys are
+        ignored; under several processes, each process's shard); or, with ``tokenizer``,
+        a sequence of texts, or of (text, text) pairs.
+    tokenizer : tokenises ``data`` when it holds texts (split across processes automatically).
+    layers : the hidden states whose rows form Σ_S (see :data:`istar.core.regularizers.LayerSpec`).
+    tokens : ``"real"`` (attention-masked tokens) or ``"all_positions"`` (every padded position).
+    max_rows : the row budget (tokens × selected layers, all processes together); None: the
+        schema's ``shrinkage.rows``, 250,000 as in the paper.
+    batch_size, max_length : how texts are batched and truncated (with ``tokenizer`` only).
+    accelerator : an ``accelerate.Accelerator`` (autocast, merge); without one, an initialised
+        ``torch.distributed`` group is used to merge, and one process needs nothing.
+    progress : show a progress bar (``TQDM_DISABLE=1`` hides it too).
+
+    Returns
+    -------
+    (d, d) float64 tensor on the model's device, identical on every process.
+
+    Examples
+    --------
+    >>> sigma_s = istar.shrinkage_covariance(model, train_loader, max_rows=20_000)   # doctest: +SKIP
+    >>> sigma_s = istar.shrinkage_covariance(model, sentences, tokenizer)           # doctest: +SKIP
+    """
+    if tokenizer is not None:
+        processes = current_processes(accelerator)
+        data = list(text_batches(data, tokenizer, batch_size, max_length, shard=(processes.rank, processes.size)))
+    elif isinstance(data, (str, bytes)) or (isinstance(data, Sequence) and data and isinstance(data[0], str)):
+        raise TypeError("data holds texts: pass the tokenizer too (shrinkage_covariance(model, texts, tokenizer))")
+    per_layer = accumulate_shrinkage(model, data, layers, max_rows, accelerator, tokens=tokens, progress=progress)
+    indices = resolve_layers(layers, len(per_layer))
+    return merge_layers(per_layer, indices).covariance().to(next(model.parameters()).device)
