@@ -89,7 +89,8 @@ def _check_zeta(zeta: float, sigma_s, d: int, device) -> torch.Tensor | None:
         raise ValueError(f"zeta = {zeta} > 0 needs a shrinkage covariance sigma_s of shape ({d}, {d})")
     sigma_s = _as_covariance(sigma_s, "sigma_s")
     if sigma_s.shape[0] != d:
-        raise ValueError(f"sigma_s has shape {tuple(sigma_s.shape)} but the points have d = {d}")
+        raise ValueError(f"sigma_s has shape {tuple(sigma_s.shape)} but the points have d = {d}: compute Σ_S on the "
+                         "same model (istar.shrinkage_covariance)")
     if not torch.isfinite(sigma_s).all():
         raise ValueError("sigma_s contains NaN or inf")
     return sigma_s.to(device=device, dtype=torch.float64)

@@ -22,7 +22,7 @@ import torch
 from istar.core.isotropy import isoscore_star, isoscore_star_from_covariance
 from istar.core.tokens import get_token_selection
 
-__all__ = ["Penalty", "resolve_layers", "parse_layer_spec", "token_rows", "istar_penalty", "global_istar_penalty",
+__all__ = ["Penalty", "resolve_layers", "parse_layer_spec", "check_hidden_states", "token_rows", "istar_penalty", "global_istar_penalty",
            "global_isoscore_star", "cosreg_penalty", "LayerSpec"]
 
 LayerSpec = Union[str, int, Sequence[int]]
@@ -86,14 +86,42 @@ def parse_layer_spec(text: str) -> LayerSpec:
     return indices[0] if len(indices) == 1 else indices
 
 
-def token_rows(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, layers: LayerSpec = "all",
+def check_hidden_states(hidden_states, attention_mask, tokens: str = "real"):
+    """The hidden states as a list of (B, T, d) tensors and a (B, T) mask, or an error naming the fix."""
+    if hidden_states is None:
+        raise ValueError("hidden_states is None: call the model with output_hidden_states=True "
+                         "(outputs = model(**batch, output_hidden_states=True)) and pass outputs.hidden_states")
+    if isinstance(hidden_states, torch.Tensor):
+        raise ValueError(f"hidden_states is one tensor of shape {tuple(hidden_states.shape)}; pass the tuple "
+                         "outputs.hidden_states of a model called with output_hidden_states=True (embeddings + one "
+                         "(B, T, d) tensor per layer), not last_hidden_state")
+    hidden_states = list(hidden_states)
+    if not hidden_states or any(not isinstance(h, torch.Tensor) or h.ndim != 3 for h in hidden_states):
+        shapes = [tuple(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__ for h in hidden_states]
+        raise ValueError(f"hidden_states must be a tuple of (B, T, d) tensors, one per hidden state (the model's "
+                         f"outputs.hidden_states with output_hidden_states=True); got {shapes}")
+    if attention_mask is None:
+        if get_token_selection(tokens).masked:
+            raise ValueError("attention_mask is None: pass batch['attention_mask'] (the tokenizer returns it; keep it "
+                             "in the batch) so that padding is left out, or tokens='all_positions' to read every "
+                             "position of the padded batch")
+        attention_mask = torch.ones(hidden_states[0].shape[:2], dtype=torch.bool, device=hidden_states[0].device)
+    if tuple(attention_mask.shape) != tuple(hidden_states[0].shape[:2]):
+        raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} does not match hidden states "
+                         f"{tuple(hidden_states[0].shape[:2])} (batch, tokens): pass the mask of the same batch "
+                         "the model was called with")
+    return hidden_states, attention_mask
+
+
+def token_rows(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor | None, layers: LayerSpec = "all",
                tokens: str = "real") -> torch.Tensor:
     """The token vectors of the selected layers, stacked: X̃ of the paper's Fig. 1.
 
     Parameters
     ----------
-    hidden_states : tuple of L + 1 tensors (B, T, d).
-    attention_mask : (B, T), non-zero at real tokens.
+    hidden_states : tuple of L + 1 tensors (B, T, d) (``outputs.hidden_states`` of a model
+        called with ``output_hidden_states=True``).
+    attention_mask : (B, T), non-zero at real tokens; may be None with ``tokens="all_positions"``.
     layers : see :data:`LayerSpec`.
     tokens : a key of :data:`istar.core.tokens.TOKEN_SELECTIONS`: ``real`` keeps the positions where the mask is
         non-zero, ``all_positions`` all B·T positions.
@@ -102,13 +130,17 @@ def token_rows(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tens
     -------
     tensor (len(layers) · M, d), M = number of selected positions in the batch (real tokens,
     or B·T); differentiable.
+
+    Raises
+    ------
+    ValueError
+        Naming the fix, for the common mistakes: no hidden states (the model was called without
+        ``output_hidden_states=True``), one tensor instead of the tuple, a missing or
+        mismatched attention mask.
     """
+    hidden_states, attention_mask = check_hidden_states(hidden_states, attention_mask, tokens)
     indices = resolve_layers(layers, len(hidden_states))
     mask = get_token_selection(tokens).mask(attention_mask)
-    if mask.shape != hidden_states[0].shape[:2]:
-        raise ValueError(
-            f"attention_mask shape {tuple(mask.shape)} does not match hidden states {tuple(hidden_states[0].shape[:2])}"
-        )
     if len(indices) == 1:
         return hidden_states[indices[0]][mask]
     return torch.stack([hidden_states[i] for i in indices])[:, mask].flatten(0, 1)
@@ -128,17 +160,38 @@ def istar_penalty(
 
     Parameters
     ----------
-    hidden_states, attention_mask : model outputs and mask, see module docstring.
-    lam : λ; λ < 0 lowers isotropy (the paper's winning direction), λ > 0 raises it.
+    hidden_states, attention_mask : model outputs and mask, see module docstring
+        (``outputs.hidden_states`` of ``model(**batch, output_hidden_states=True)`` and
+        ``batch["attention_mask"]``).
+    lam : λ; λ < 0 lowers isotropy (the paper's winning direction), λ > 0 raises it; 0 adds
+        nothing to the gradient but still logs IsoScore*.
     zeta : ζ ∈ [0, 1], weight of Σ_S in the shrinkage (0 = batch covariance alone).
-    sigma_s : (d, d) shrinkage covariance Σ_S from the same layer selection; may be None
-        when ζ = 0. Move it to the model's device once, outside the training loop.
+    sigma_s : (d, d) shrinkage covariance Σ_S of the same layers and tokens, from
+        :func:`istar.models.shrinkage.shrinkage_covariance` (``istar.shrinkage_covariance``);
+        may be None when ζ = 0. Keep it on the model's device (it is returned there).
     layers : which hidden states form X̃ (default: every transformer layer, no embeddings).
     tokens : which positions form X̃ (:data:`istar.core.tokens.TOKEN_SELECTIONS`; Σ_S must come from the same selection).
 
     Returns
     -------
     Penalty with ``term`` (float32) and ``logs = {"isoscore_star": score, "penalty_rows": rows of X̃}``.
+
+    Notes
+    -----
+    **Refresh Σ_S every epoch.** The paper computes Σ_S from the pretrained model before
+    training and again from the current model at the start of every later epoch; a Σ_S kept
+    from the pretrained model for the whole run is not what it trained with. In a plain loop::
+
+        for epoch in range(epochs):
+            sigma_s = istar.shrinkage_covariance(model, sigma_loader, layers=layers, tokens=tokens)
+            for batch in train_loader:
+                outputs = model(**batch, output_hidden_states=True)
+                penalty = istar.istar_penalty(outputs.hidden_states, batch["attention_mask"],
+                                              lam=-1.0, zeta=0.2, sigma_s=sigma_s, layers=layers, tokens=tokens)
+                (outputs.loss + penalty.term).backward()
+                ...
+
+    :class:`istar.integrations.trainer.IStarTrainer` does this for a ``transformers.Trainer``.
     """
     rows = token_rows(hidden_states, attention_mask, layers, tokens)
     score = isoscore_star(rows, zeta=zeta, sigma_s=sigma_s)
@@ -201,6 +254,12 @@ def global_isoscore_star(rows: torch.Tensor, zeta: float, sigma_s: torch.Tensor 
     return isoscore_star_from_covariance(second_moment / (count - 1), zeta, sigma_s)
 
 
+def _several_processes() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def global_istar_penalty(
     hidden_states: Sequence[torch.Tensor],
     attention_mask: torch.Tensor,
@@ -213,10 +272,16 @@ def global_istar_penalty(
 ) -> Penalty:
     """:func:`istar_penalty` on the global batch of all data-parallel processes.
 
-    Same arguments and result as :func:`istar_penalty`; needs an initialised
-    ``torch.distributed`` process group. The public reference code penalises each
-    process's local batch instead.
+    Same arguments and result as :func:`istar_penalty`. Under several processes (an
+    initialised ``torch.distributed`` group: ``accelerate launch``, ``torchrun``) the score is
+    IsoScore* of every process's rows together; in one process (``python script.py``, or no
+    process group) the global batch is the local one, and this is exactly
+    :func:`istar_penalty`, so one script runs both ways. The public reference code penalises
+    each process's local batch instead.
     """
+    if not _several_processes():
+        return istar_penalty(hidden_states, attention_mask, lam=lam, zeta=zeta, sigma_s=sigma_s, layers=layers,
+                             tokens=tokens)
     rows = token_rows(hidden_states, attention_mask, layers, tokens)
     score = global_isoscore_star(rows, zeta, sigma_s)
     return Penalty(term=(lam * (1.0 - score)).to(torch.float32),

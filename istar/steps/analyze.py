@@ -35,10 +35,10 @@ from pathlib import Path
 import torch
 
 from istar.config.specs import AnalyzeSpec, add_spec_arguments, spec_from_cli
-from istar.core.isotropy import CovarianceAccumulator, isoscore_star_from_covariance
-from istar.core.regularizers import LayerSpec, resolve_layers
-from istar.core.shrinkage import load_layer_statistics, merge_layers
-from istar.core.twonn import twonn_dimension
+from istar.core.isotropy import CovarianceAccumulator
+from istar.core.measurement import isotropy_of_statistics
+from istar.core.regularizers import LayerSpec
+from istar.core.shrinkage import load_layer_statistics
 from istar.io import artifacts
 from istar.steps.activations import load_activations
 
@@ -86,12 +86,6 @@ def _checked(tensors: dict[str, torch.Tensor], metadata: dict[str, str], source:
         raise ValueError(f"{source} lacks the tensors {', '.join(absent[:5])}{' …' if len(absent) > 5 else ''} "
                          f"for its {hidden_states} hidden states")
     return hidden_states, count
-
-
-def _cosine_similarity(unit_sum: torch.Tensor, count: int) -> float:
-    """Average cosine similarity over all N(N − 1) ordered pairs of distinct tokens from Σ x̂."""
-    unit_sum = unit_sum.double()
-    return float((unit_sum @ unit_sum - count) / (count * (count - 1)))
 
 
 def analyze_run(activations_path, sigma_path, zeta: float, out=None, twonn_discard: float = 0.1,
@@ -142,10 +136,6 @@ def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     """
     sigma_path = Path(sigma_path)
     zeta = float(zeta)
-    if not 0.0 <= zeta <= 1.0:
-        raise ValueError(f"zeta must lie in [0, 1] (0 = no shrinkage, 1 = Σ_S alone); got {zeta}")
-    if not 0.0 <= twonn_discard < 1.0:
-        raise ValueError(f"twonn_discard must lie in [0, 1); got {twonn_discard}")
     hidden_states, count = _checked(tensors, metadata, source)
     sigma_layers, provenance = load_layer_statistics(sigma_path)
     dim = tensors["token_mean.layer0"].numel()
@@ -156,36 +146,17 @@ def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     if provenance.get("task") not in (None, metadata["task"]):
         raise ValueError(f"the Σ_S file {sigma_path} was computed on task {provenance['task']!r} but {source} "
                          f"is of task {metadata['task']!r}")
-    selection = resolve_layers(layers, hidden_states)
     eval_layers = _layer_accumulators(tensors, count, hidden_states, source=source)
-
-    def scores(cov_x: torch.Tensor, sigma_s: torch.Tensor) -> tuple[float, float]:
-        return (float(isoscore_star_from_covariance(cov_x, zeta, sigma_s)),
-                float(isoscore_star_from_covariance(cov_x, 0.0)))
-
-    union = merge_layers(eval_layers, selection)
-    global_star, global_iso = scores(union.covariance(), merge_layers(sigma_layers, selection).covariance())
-    warnings: list[str] = []
-    per_layer = []
-    for layer in range(hidden_states):
-        star, iso = scores(eval_layers[layer].covariance(), sigma_layers[layer].covariance())
-        try:
-            twonn = twonn_dimension(tensors[f"cls.layer{layer}"], discard_fraction=twonn_discard)
-        except ValueError as error:
-            twonn = None
-            warnings.append(f"layer {layer}: TwoNN of the [CLS] vectors is undefined ({error})")
-        per_layer.append({"layer": layer, "isoscore_star": star, "isoscore": iso, "twonn_cls": twonn,
-                          "cosine_similarity": _cosine_similarity(tensors[f"token_unit_sum.layer{layer}"], count),
-                          "tokens": count})
+    report = isotropy_of_statistics(eval_layers, [tensors[f"token_unit_sum.layer{layer}"] for layer in range(hidden_states)],
+                                    [tensors[f"cls.layer{layer}"] for layer in range(hidden_states)], zeta=zeta,
+                                    sigma_s=sigma_layers, layers=layers, twonn_discard=twonn_discard).to_dict()
     return {
         "model": metadata["model"], "task": metadata["task"], "split": metadata["split"],
         "standin": bool(json.loads(metadata.get("standin", "false"))), "zeta": zeta, "sigma_s": str(sigma_path),
-        "tokens": count,
-        "global": {"layers": selection, "isoscore_star": global_star, "isoscore": global_iso, "rows": union.count},
-        "layers": per_layer,
+        "tokens": count, "global": report["global"], "layers": report["layers"],
         "last_layer": {"mean": tensors["last_layer_token_mean"].double().tolist(),
                        "std": tensors["last_layer_token_std"].double().tolist()},
-        "warnings": warnings,
+        "warnings": report["warnings"],
     }
 
 

@@ -80,3 +80,119 @@ def test_texts_without_a_tokenizer_are_named():
                                              intermediate_size=16))
     with pytest.raises(TypeError, match="pass the tokenizer too"):
         istar.shrinkage_covariance(model, ["a sentence", "another"])
+
+
+# ----------------------------------------------------------------------------- measurement in memory
+
+
+def test_measure_isotropy_equals_what_istar_analyze_reports(tiny_model_dir, prepared, tmp_path):
+    """The in-memory measurement and the file steps (``istar activations`` + ``istar analyze``, which ``istar
+    measure`` runs in one job) give the same numbers on the same validation rows, with the same Σ_S file."""
+    from istar.config.specs import ActivationsSpec, ShrinkageSpec
+    from istar.steps.activations import extract_activations
+    from istar.steps.analyze import analyze_run
+    from istar.steps.shrinkage import compute_shrinkage_file
+
+    data = prepared("rte")
+    sigma, activations = tmp_path / "sigma0.pt", tmp_path / "activations.safetensors"
+    compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(data), out=str(sigma), rows=10**9,
+                                         max_length=64))
+    extract_activations(ActivationsSpec(model=str(tiny_model_dir), data_dir=str(data), out=str(activations),
+                                        max_length=64, batch_size=8))
+    analysis = analyze_run(activations, sigma, zeta=0.2)
+    model = BertModel.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    report = istar.measure_isotropy(model, _texts(data, "validation"), tokenizer, sigma_s=sigma, zeta=0.2,
+                                    max_length=64, batch_size=5, progress=False)
+    assert isinstance(report.overall.isoscore_star, float) and isinstance(report.layers[1].twonn_cls, float)
+    ours = report.to_dict()
+    assert ours["global"]["layers"] == analysis["global"]["layers"] == [1, 2]
+    assert ours["global"]["rows"] == analysis["global"]["rows"]
+    for key in ("isoscore_star", "isoscore"):
+        assert ours["global"][key] == pytest.approx(analysis["global"][key], rel=1e-6)
+    for mine, theirs in zip(ours["layers"], analysis["layers"], strict=True):
+        assert mine["tokens"] == theirs["tokens"] and mine["layer"] == theirs["layer"]
+        for key in ("isoscore_star", "isoscore", "cosine_similarity", "twonn_cls"):
+            if theirs[key] is None:  # TwoNN of layer 0's identical [CLS] embeddings
+                assert mine[key] is None
+            else:
+                assert mine[key] == pytest.approx(theirs[key], rel=1e-5), (mine["layer"], key)
+    assert ours["warnings"] == analysis["warnings"]
+
+
+def test_isotropy_metric_streams_batches_and_takes_a_sigma_tensor(tiny_bert):
+    """Batches streamed into the metric give the scores of the rows stacked; one (d, d) Σ_S scores the overall
+    cloud only; the return types are floats."""
+    torch.manual_seed(1)
+    ids = torch.randint(0, 100, (6, 10))
+    mask = torch.ones(6, 10, dtype=torch.long)
+    mask[3:, 7:] = 0
+    with torch.no_grad():
+        states = tiny_bert(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    rows = torch.cat([states[1][mask.bool()], states[2][mask.bool()], states[3][mask.bool()]])
+    sigma = torch.cov(rows.double().T) * 0.5 + torch.eye(16, dtype=torch.float64)
+    metric = istar.IsotropyMetric(zeta=0.3, sigma_s=sigma)
+    metric.update([s[:3] for s in states], mask[:3])
+    metric.update([s[3:] for s in states], mask[3:])
+    report = metric.compute()
+    assert report.overall.isoscore_star == pytest.approx(float(istar.isoscore_star(rows.double(), 0.3, sigma)), rel=1e-6)
+    assert report.overall.isoscore == pytest.approx(istar.isoscore(rows.double()), rel=1e-6)
+    assert report.layers[2].isoscore == pytest.approx(istar.isoscore(states[2][mask.bool()].double()), rel=1e-6)
+    assert report.layers[2].isoscore_star is None and report.tokens == int(mask.sum())
+    assert report.layers[3].cosine_similarity == pytest.approx(
+        istar.average_cosine_similarity(states[3][mask.bool()]), rel=1e-6)
+    metric.reset()
+    with pytest.raises(ValueError, match="no batch was added"):
+        metric.compute()
+
+
+# ----------------------------------------------------------------------------- the common mistakes
+
+
+@pytest.fixture
+def batch_outputs(tiny_bert):
+    ids = torch.randint(0, 100, (4, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(4, 9, dtype=torch.long)
+    mask[2:, 6:] = 0
+    return tiny_bert(input_ids=ids, attention_mask=mask, output_hidden_states=True), mask
+
+
+def test_a_model_called_without_hidden_states_is_named(tiny_bert, batch_outputs):
+    outputs, mask = batch_outputs
+    plain = tiny_bert(input_ids=torch.ones(4, 9, dtype=torch.long), attention_mask=mask)
+    for penalty in (istar.istar_penalty, istar.global_istar_penalty):
+        with pytest.raises(ValueError, match=r"hidden_states is None: call the model with output_hidden_states=True"):
+            penalty(plain.hidden_states, mask, lam=-1.0, zeta=0.0, sigma_s=None)
+    with pytest.raises(ValueError, match="not last_hidden_state"):
+        istar.cosreg_penalty(outputs.last_hidden_state, mask)
+    with pytest.raises(ValueError, match=r"tuple of \(B, T, d\) tensors"):
+        istar.istar_penalty([h[0] for h in outputs.hidden_states], mask, lam=1.0, zeta=0.0, sigma_s=None)
+
+
+def test_a_missing_or_mismatched_mask_is_named(batch_outputs):
+    outputs, mask = batch_outputs
+    with pytest.raises(ValueError, match=r"attention_mask is None: pass batch\['attention_mask'\]"):
+        istar.istar_penalty(outputs.hidden_states, None, lam=-1.0, zeta=0.0, sigma_s=None)
+    with pytest.raises(ValueError, match=r"attention_mask shape \(4, 8\) does not match hidden states \(4, 9\)"):
+        istar.cosreg_penalty(outputs.hidden_states, mask[:, :8])
+    # every padded position needs no mask: the rows are all B·T positions
+    everything = istar.istar_penalty(outputs.hidden_states, None, lam=-1.0, zeta=0.0, sigma_s=None, tokens="all_positions")
+    assert int(everything.logs["penalty_rows"]) == 3 * 4 * 9
+
+
+def test_a_sigma_of_another_model_is_named(batch_outputs):
+    outputs, mask = batch_outputs
+    with pytest.raises(ValueError, match="compute Σ_S on the same model"):
+        istar.istar_penalty(outputs.hidden_states, mask, lam=-1.0, zeta=0.2, sigma_s=torch.eye(8))
+
+
+def test_the_global_penalty_in_one_process_is_the_local_one(batch_outputs):
+    """No process group (plain ``python``): the global batch is the local batch, so one script runs under
+    ``python`` and under ``accelerate launch``."""
+    outputs, mask = batch_outputs
+    sigma = torch.eye(16, dtype=torch.float64)
+    local = istar.istar_penalty(outputs.hidden_states, mask, lam=-1.0, zeta=0.2, sigma_s=sigma)
+    overall = istar.global_istar_penalty(outputs.hidden_states, mask, lam=-1.0, zeta=0.2, sigma_s=sigma)
+    assert float(overall.term) == float(local.term) and float(overall.logs["isoscore_star"]) == float(
+        local.logs["isoscore_star"])
+    assert isinstance(istar.Penalty(term=local.term), istar.Penalty)

@@ -1,0 +1,239 @@
+"""A model's isotropy per layer, from streamed statistics: what ``istar measure`` reports, in memory.
+
+For every hidden state l = 0 (embeddings) … L of the batches seen (docs/method.md §2, §5):
+
+- ``isoscore``: IsoScore of the covariance of its real (non-padding) token vectors;
+- ``isoscore_star``: IsoScore* of the same covariance shrunk towards that layer's own Σ_S with
+  weight ζ (None without a Σ_S);
+- ``twonn_cls``: the TwoNN intrinsic dimension of its first-token ([CLS]) vectors (None where
+  it is undefined, e.g. fewer than 3 distinct vectors; the reason is in ``warnings``);
+- ``cosine_similarity``: the exact average cosine similarity over all pairs of distinct
+  tokens, (‖Σ x̂‖² − N)/(N(N − 1)) from the running sum of unit vectors;
+
+and ``overall``: the union of the selected layers' tokens, whose IsoScore* uses the Σ_S of the
+same selection (the global I-STAR penalty's point cloud).
+
+:class:`IsotropyMetric` accumulates batches (``update`` / ``compute`` / ``reset``, in the manner
+of a torchmetrics metric, without the dependency) in O(L·d²) memory plus the [CLS] vectors;
+:func:`isotropy_of_statistics` scores accumulated statistics, and is what both the metric and
+the ``istar analyze`` / ``istar measure`` steps (:mod:`istar.steps.analyze`) call.
+
+Return types: everything here is a Python ``float`` (or None), as are the non-differentiable
+measures (:func:`istar.core.isotropy.isoscore`, :func:`istar.core.twonn.twonn_dimension`);
+only what training differentiates (:func:`istar.core.isotropy.isoscore_star` and the
+penalties) returns tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from istar.core.isotropy import CovarianceAccumulator, isoscore_star_from_covariance
+from istar.core.regularizers import LayerSpec, check_hidden_states, resolve_layers
+from istar.core.shrinkage import current_processes, load_layer_statistics, merge_across_processes, merge_layers
+from istar.core.twonn import twonn_dimension
+
+__all__ = ["LayerIsotropy", "OverallIsotropy", "IsotropyReport", "cosine_from_unit_sum", "isotropy_of_statistics",
+           "IsotropyMetric"]
+
+
+@dataclass(frozen=True)
+class LayerIsotropy:
+    """One hidden state's measures (see the module docstring); ``tokens`` = N, the rows behind them."""
+
+    layer: int
+    isoscore_star: float | None
+    isoscore: float
+    twonn_cls: float | None
+    cosine_similarity: float
+    tokens: int
+
+
+@dataclass(frozen=True)
+class OverallIsotropy:
+    """The union of the selected layers' tokens: ``rows`` = N · len(layers)."""
+
+    layers: list[int]
+    isoscore_star: float | None
+    isoscore: float
+    rows: int
+
+
+@dataclass(frozen=True)
+class IsotropyReport:
+    """What :class:`IsotropyMetric` and :func:`istar.models.measurement.measure_isotropy` return.
+
+    ``layers[l]`` is hidden state l (0 = embeddings); :meth:`to_dict` gives the ``global`` /
+    ``layers`` part of ``istar analyze``'s JSON.
+    """
+
+    zeta: float
+    tokens: int
+    overall: OverallIsotropy
+    layers: list[LayerIsotropy]
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"zeta": self.zeta, "tokens": self.tokens, "global": asdict(self.overall),
+                "layers": [asdict(layer) for layer in self.layers], "warnings": list(self.warnings)}
+
+
+def cosine_from_unit_sum(unit_sum: torch.Tensor, count: int) -> float:
+    """Average cosine similarity over all N(N − 1) ordered pairs of distinct rows from Σ x̂ (x̂ = x/‖x‖)."""
+    unit_sum = unit_sum.double()
+    return float((unit_sum @ unit_sum - count) / (count * (count - 1)))
+
+
+def _sigma_layers(sigma_s, num_hidden_states: int, dim: int) -> list[CovarianceAccumulator] | torch.Tensor | None:
+    """Σ_S as given: a Σ_S file's path → its per-layer statistics; accumulators or a (d, d) tensor as they are."""
+    if sigma_s is None or isinstance(sigma_s, torch.Tensor):
+        if sigma_s is not None and tuple(sigma_s.shape) != (dim, dim):
+            raise ValueError(f"sigma_s has shape {tuple(sigma_s.shape)} but the hidden states have d = {dim}: "
+                             "compute Σ_S on the same model (istar.shrinkage_covariance)")
+        return sigma_s
+    if isinstance(sigma_s, (str, Path)):
+        sigma_s, _ = load_layer_statistics(sigma_s)
+    sigma_s = list(sigma_s)
+    if len(sigma_s) != num_hidden_states or sigma_s[0].dim != dim:
+        raise ValueError(f"the Σ_S statistics ({len(sigma_s)} hidden states of dimension {sigma_s[0].dim}) do not match "
+                         f"the model ({num_hidden_states} hidden states of dimension {dim}): use the Σ_S of the same model")
+    return sigma_s
+
+
+def isotropy_of_statistics(per_layer: Sequence[CovarianceAccumulator], unit_sums: Sequence[torch.Tensor],
+                           cls: Sequence[torch.Tensor] | None, *, zeta: float = 0.2, sigma_s=None,
+                           layers: LayerSpec = "all", twonn_discard: float = 0.1) -> IsotropyReport:
+    """Score accumulated token statistics (the module docstring's measures).
+
+    Parameters
+    ----------
+    per_layer : one accumulator per hidden state, each over the same N tokens.
+    unit_sums : per hidden state, Σ x/‖x‖ over those tokens (d,).
+    cls : per hidden state, the (n, d) first-token vectors for TwoNN; None leaves TwoNN out.
+    zeta : ζ ∈ [0, 1], the weight of Σ_S in IsoScore* (0 = IsoScore).
+    sigma_s : the per-layer Σ_S statistics (a list of accumulators, e.g. from
+        :func:`istar.models.shrinkage.accumulate_shrinkage`, or the path of a Σ_S file): every
+        layer's IsoScore* uses its own Σ_S, the overall one the merge over ``layers``; or one
+        (d, d) Σ_S of the ``layers`` selection (from ``istar.shrinkage_covariance``), which
+        scores ``overall`` only; or None (no IsoScore* unless ζ = 0).
+    layers : the hidden states of ``overall`` (see :data:`istar.core.regularizers.LayerSpec`).
+    twonn_discard : fraction in [0, 1) of the largest neighbour ratios left out of the TwoNN fit.
+    """
+    zeta = float(zeta)
+    if not 0.0 <= zeta <= 1.0:
+        raise ValueError(f"zeta must lie in [0, 1] (0 = no shrinkage, 1 = Σ_S alone); got {zeta}")
+    if not 0.0 <= twonn_discard < 1.0:
+        raise ValueError(f"twonn_discard must lie in [0, 1); got {twonn_discard}")
+    count = per_layer[0].count
+    if count < 2:
+        raise ValueError(f"{count} token(s) were measured; the covariance needs at least 2")
+    sigma_s = _sigma_layers(sigma_s, len(per_layer), per_layer[0].dim)
+    selection = resolve_layers(layers, len(per_layer))
+
+    def star(cov: torch.Tensor, sigma: torch.Tensor | None) -> float | None:
+        if zeta == 0.0:
+            return float(isoscore_star_from_covariance(cov, 0.0))
+        return None if sigma is None else float(isoscore_star_from_covariance(cov, zeta, sigma))
+
+    per_layer_sigma = sigma_s if isinstance(sigma_s, list) else None
+    union = merge_layers(per_layer, selection)
+    overall_sigma = (merge_layers(per_layer_sigma, selection).covariance() if per_layer_sigma is not None
+                     else sigma_s)
+    union_cov = union.covariance()
+    overall = OverallIsotropy(selection, star(union_cov, overall_sigma),
+                              float(isoscore_star_from_covariance(union_cov, 0.0)), union.count)
+    warnings, scored = [], []
+    for layer, accumulator in enumerate(per_layer):
+        cov = accumulator.covariance()
+        twonn = None
+        if cls is not None:
+            try:
+                twonn = twonn_dimension(cls[layer], discard_fraction=twonn_discard)
+            except ValueError as error:
+                warnings.append(f"layer {layer}: TwoNN of the [CLS] vectors is undefined ({error})")
+        sigma = per_layer_sigma[layer].covariance() if per_layer_sigma is not None else None
+        scored.append(LayerIsotropy(layer, star(cov, sigma), float(isoscore_star_from_covariance(cov, 0.0)), twonn,
+                                    cosine_from_unit_sum(unit_sums[layer], count), count))
+    return IsotropyReport(zeta, count, overall, scored, warnings)
+
+
+class IsotropyMetric:
+    """Streaming per-layer isotropy of a model's hidden states (the module docstring's measures).
+
+    >>> metric = IsotropyMetric(zeta=0.2, sigma_s="sigma0.pt")          # doctest: +SKIP
+    >>> for batch in loader:                                           # doctest: +SKIP
+    ...     out = model(**batch, output_hidden_states=True)
+    ...     metric.update(out.hidden_states, batch["attention_mask"])
+    >>> report = metric.compute()                                      # doctest: +SKIP
+    >>> report.layers[-1].isoscore, report.overall.isoscore_star       # doctest: +SKIP
+
+    Parameters
+    ----------
+    zeta, sigma_s, layers, twonn_discard : as in :func:`isotropy_of_statistics`.
+    twonn : keep the [CLS] vectors for TwoNN (n × d floats per layer); False leaves TwoNN out.
+
+    Only real tokens (attention mask 1) are rows, as in ``istar measure``. Under several
+    processes, :meth:`compute` merges every process's statistics (and [CLS] vectors), so every
+    process gets the same report.
+    """
+
+    def __init__(self, zeta: float = 0.2, sigma_s=None, layers: LayerSpec = "all", twonn_discard: float = 0.1,
+                 twonn: bool = True):
+        self.zeta, self.sigma_s, self.layers, self.twonn_discard, self.twonn = zeta, sigma_s, layers, twonn_discard, twonn
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every batch."""
+        self._per_layer: list[CovarianceAccumulator] = []
+        self._unit_sums: list[torch.Tensor] = []
+        self._cls: list[list[torch.Tensor]] = []
+
+    @torch.no_grad()
+    def update(self, hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor) -> None:
+        """Add one batch: ``outputs.hidden_states`` (L + 1 tensors (B, T, d)) and its (B, T) attention mask."""
+        hidden_states, attention_mask = check_hidden_states(hidden_states, attention_mask, "real")
+        if not self._per_layer:
+            dim = hidden_states[0].shape[-1]
+            self._per_layer = [CovarianceAccumulator(dim) for _ in hidden_states]
+            self._unit_sums = [torch.zeros(dim, dtype=torch.float64) for _ in hidden_states]
+            self._cls = [[] for _ in hidden_states]
+        elif len(hidden_states) != len(self._per_layer):
+            raise ValueError(f"this batch has {len(hidden_states)} hidden states, earlier ones {len(self._per_layer)}: "
+                             "measure one model per metric (or call reset())")
+        mask = attention_mask.bool()
+        for layer, hidden in enumerate(hidden_states):
+            rows = hidden.float()[mask].cpu()
+            self._per_layer[layer].add(rows)
+            self._unit_sums[layer] += torch.nn.functional.normalize(rows.double(), dim=1).sum(dim=0)
+            if self.twonn:
+                self._cls[layer].append(hidden[:, 0].float().cpu())
+
+    def compute(self, accelerator=None) -> IsotropyReport:
+        """The report over every batch since the last :meth:`reset`, merged across processes
+        (through ``accelerator`` if given, else an initialised ``torch.distributed`` group)."""
+        if not self._per_layer:
+            raise ValueError("no batch was added: call update(outputs.hidden_states, attention_mask) first")
+        processes = current_processes(accelerator)
+        per_layer = [merge_across_processes(accumulator, processes) for accumulator in self._per_layer]
+        unit_sums, cls = list(self._unit_sums), None
+        if self.twonn:
+            cls = [torch.cat(vectors) for vectors in self._cls]
+        if processes.gather is not None:
+            unit_sums = [processes.gather(s.to(processes.device)[None]).sum(dim=0).cpu() for s in unit_sums]
+            if cls is not None:
+                cls = [_gather_rows(vectors, processes) for vectors in cls]
+        return isotropy_of_statistics(per_layer, unit_sums, cls, zeta=self.zeta, sigma_s=self.sigma_s,
+                                      layers=self.layers, twonn_discard=self.twonn_discard)
+
+
+def _gather_rows(rows: torch.Tensor, processes) -> torch.Tensor:
+    """Every process's (n_p, d) rows, concatenated in rank order (n_p may differ: padded for the gather)."""
+    sizes = processes.gather(torch.tensor([rows.shape[0]], device=processes.device)).cpu().tolist()
+    padded = torch.zeros(max(sizes), rows.shape[1], dtype=rows.dtype)
+    padded[:rows.shape[0]] = rows
+    gathered = processes.gather(padded.to(processes.device)[None]).cpu()
+    return torch.cat([part[:size] for part, size in zip(gathered, sizes)])
