@@ -1,7 +1,7 @@
 """The package's layers, read from its own imports (ast): each layer imports only the layers below it.
 
 The order is the architecture (see each subpackage's ``__init__`` and docs/architecture.md):
-``io → core → registry → config → data → models → steps → report → pipeline``, with the
+``io → core → registry → config → data → models → integrations → steps → report → pipeline``, with the
 command line (:mod:`istar.cli`) on top. Every import counts, function-level ones included:
 a lazy import is still a dependency.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "istar"
-LAYERS = ("io", "core", "registry", "config", "data", "models", "steps", "report", "pipeline")
+LAYERS = ("io", "core", "registry", "config", "data", "models", "integrations", "steps", "report", "pipeline")
 TOP = {"cli", "__main__", "__init__"}
 # report draws figures and tables from CSVs; torch would cost every report job seconds of start-up
 NEVER_IMPORTED = {"report": {"torch", "transformers", "accelerate", "datasets"}}

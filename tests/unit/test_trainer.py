@@ -1,0 +1,112 @@
+"""The shipped ``transformers.Trainer`` integration, trained for real: the packaged MiniLM on a few SST-2 rows of
+tests/data (short sequences, a few optimizer steps, one process, CPU), and under accelerate with two gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from trainer_runs import MINILM, trainer_for
+
+import istar
+from istar.models.loading import resolve_model_source
+
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
+
+
+def training_logs(trainer) -> list[dict]:
+    return [entry for entry in trainer.state.log_history if "isoscore_star" in entry]
+
+
+@pytest.fixture(scope="module")
+def three_runs(tmp_path_factory):
+    """I-STAR λ = −1, λ = +1 and the base run (λ = 0: no gradient from the penalty, IsoScore* still logged),
+    2 epochs × 3 optimizer steps of 8 sentences, the same seed."""
+    runs = {}
+    for name, lam in (("lower", -1.0), ("base", 0.0), ("raise", 1.0)):
+        trainer = trainer_for(tmp_path_factory.mktemp(name), istar.IStarConfig(lam=lam, zeta=0.2, sigma_rows=1000))
+        trainer.train()
+        runs[name] = trainer
+    return runs
+
+
+def test_the_penalty_moves_the_logged_isoscore_star_against_the_base_run(three_runs):
+    logs = {name: training_logs(trainer) for name, trainer in three_runs.items()}
+    assert [len(entries) for entries in logs.values()] == [6, 6, 6]
+    first = [entries[0]["isoscore_star"] for entries in logs.values()]
+    assert max(first) - min(first) < 1e-6, first  # the same seed: the same model and batch at step 1
+    late = {name: np.mean([entry["isoscore_star"] for entry in entries[-3:]]) for name, entries in logs.items()}
+    assert late["lower"] < late["base"] < late["raise"], late
+    for entries in logs.values():  # the Trainer's loss is the task loss plus the penalty, micro-batch means
+        for entry in entries:
+            assert entry["loss"] == pytest.approx(entry["task_loss"] + entry["istar_penalty"], abs=1e-4), entry
+    assert all(entry["istar_penalty"] == 0.0 for entry in logs["base"])
+
+
+def test_sigma_is_computed_before_training_and_at_each_epoch(three_runs):
+    trainer = three_runs["lower"]
+    refreshes = [entry for entry in trainer.state.log_history if "sigma_s_isoscore" in entry]
+    assert [entry["step"] for entry in refreshes] == [0, 3]
+    assert trainer.sigma_epoch == 1 and trainer.sigma_s.shape == (384, 384) and trainer.sigma_s.dtype == torch.float64
+    assert 0 < refreshes[0]["sigma_s_isoscore"] < 1 and refreshes[0]["sigma_s_isoscore"] != refreshes[1]["sigma_s_isoscore"]
+
+
+def test_evaluate_and_compute_metrics_are_untouched(three_runs):
+    """Evaluation asks for no hidden states, so the predictions compute_metrics gets are the logits alone."""
+    result = three_runs["lower"].evaluate()
+    assert 0.0 <= result["eval_accuracy"] <= 1.0 and np.isfinite(result["eval_loss"])
+    prediction = three_runs["raise"].predict(three_runs["raise"].eval_dataset)
+    assert prediction.predictions.shape == (16, 2)
+
+
+def test_gradient_accumulation_and_bf16_scale_the_penalty_like_the_task_loss(tmp_path):
+    """Two micro-batches per optimizer step under bf16 autocast: the logged loss (what the Trainer
+    backpropagates, summed over the step) is still the micro-batch mean of task loss + penalty."""
+    trainer = trainer_for(tmp_path, istar.IStarConfig(lam=-1.0, zeta=0.2, sigma_rows=2000), gradient_accumulation_steps=2,
+                          per_device_train_batch_size=4, max_steps=2, bf16=True)
+    trainer.train()
+    logs = training_logs(trainer)
+    assert len(logs) == 2
+    for entry in logs:
+        assert entry["loss"] == pytest.approx(entry["task_loss"] + entry["istar_penalty"], abs=2e-3), entry
+        assert entry["istar_penalty"] < 0
+
+
+def test_training_batches_without_a_mask_are_named(tmp_path):
+    from transformers import AutoTokenizer
+
+    trainer = trainer_for(tmp_path, istar.IStarConfig(lam=-1.0, zeta=0.0), max_steps=1)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(MINILM))
+    trainer.train_dataset = trainer.train_dataset.remove_columns(["attention_mask"])
+    trainer.data_collator = lambda rows: {k: v for k, v in
+                                         __import__("transformers").DataCollatorWithPadding(tokenizer)(rows).items()
+                                         if k != "attention_mask"}
+    with pytest.raises(ValueError, match="the training batches have no attention_mask"):
+        trainer.train()
+    with pytest.raises(TypeError, match=r"istar=IStarConfig\(lam=..., zeta=...\)"):
+        istar.IStarTrainer(model=trainer.model, args=trainer.args, istar={"lam": -1})
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_share_sigma_and_log_the_global_penalty(tmp_path):
+    """``accelerate launch`` with two CPU processes: Σ_S merged to the same matrix on both ranks, the global
+    penalty's IsoScore* logged, evaluate() with compute_metrics on the sharded split."""
+    from services import ACCELERATE_2_CPU
+
+    launcher = [str(Path(sys.executable).parent / ACCELERATE_2_CPU[0]), *ACCELERATE_2_CPU[1:-2]]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    result = subprocess.run([*launcher, str(SUPPORT / "trainer_two_ranks.py"), str(tmp_path)], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["world_size"] == ranks[1]["world_size"] == 2
+    assert ranks[0]["sigma_checksum"] == ranks[1]["sigma_checksum"]
+    logs = ranks[0]["logs"]
+    assert logs and all(0 < entry["isoscore_star"] < 1 for entry in logs)
+    assert 0.0 <= ranks[0]["eval_accuracy"] <= 1.0
