@@ -57,7 +57,10 @@ SUBCOMMANDS = {
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only the module of ``command`` is imported (so ``istar --help`` is instant)."""
+    from istar import __version__
+
     parser = argparse.ArgumentParser(prog="istar", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"istar {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
     for name, (module, summary) in SUBCOMMANDS.items():
         sub = subparsers.add_parser(name, help=summary, description=summary)
