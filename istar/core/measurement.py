@@ -176,6 +176,8 @@ class IsotropyMetric:
     zeta, sigma_s, layers, twonn_discard : as in :func:`isotropy_of_statistics`.
     twonn : keep the [CLS] vectors for TwoNN (n × d floats per layer); False leaves TwoNN out.
 
+    Notes
+    -----
     Only real tokens (attention mask 1) are rows, as in ``istar measure``. Under several
     processes, :meth:`compute` merges every process's statistics (and [CLS] vectors), so every
     process gets the same report.

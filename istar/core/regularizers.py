@@ -34,6 +34,8 @@ LayerSpec = Union[str, int, Sequence[int]]
 class Penalty:
     """A loss term and what to log about it.
 
+    Attributes
+    ----------
     term : 0-d tensor (float32) to add to the task loss; carries the gradient.
     logs : detached 0-d tensors, e.g. ``{"isoscore_star": …}`` or ``{"cosine_similarity": …}``.
         Call ``.item()`` only when logging, to avoid a device sync on every step.
@@ -239,6 +241,8 @@ def global_isoscore_star(rows: torch.Tensor, zeta: float, sigma_s: torch.Tensor 
     rows : (n_p, d) this process's token rows (n_p may differ between processes).
     zeta, sigma_s : as in :func:`istar.core.isotropy.isoscore_star`.
 
+    Notes
+    -----
     The global row count, mean and centred second moment are summed over processes, so the
     score equals IsoScore* of all rows stacked. Every process adds the same score to its
     loss; data-parallel training averages parameter gradients over processes, and the

@@ -67,6 +67,8 @@ def merge_layers(per_layer: Sequence[CovarianceAccumulator], indices: Sequence[i
 class Processes:
     """This process's place among the data-parallel processes, and how it gathers from them.
 
+    Attributes
+    ----------
     rank, size : this process's index and the number of processes (0 and 1 alone).
     gather : concatenates a tensor from every process along dimension 0, in rank order (as
         ``accelerator.gather``); None in one process.

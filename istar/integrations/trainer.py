@@ -55,6 +55,8 @@ LOG_KEYS = ("task_loss", "istar_penalty", "isoscore_star")
 class IStarConfig:
     """The I-STAR settings of a Trainer run; defaults from the workflow's config schema.
 
+    Attributes
+    ----------
     lam : λ; < 0 lowers isotropy (the paper's winning direction), > 0 raises it, 0 trains as
         the Trainer alone but still logs IsoScore* (a baseline to compare with).
     zeta : ζ ∈ [0, 1], the weight of Σ_S in IsoScore*; 0 needs no Σ_S (none is computed).
