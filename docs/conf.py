@@ -26,10 +26,10 @@ myst_heading_anchors = 3
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"  # the docstrings' Parameters sections say what each argument is
-autodoc_default_options = {"members": True, "show-inheritance": False}
 napoleon_google_docstring = False
 napoleon_numpy_docstring = True
 napoleon_use_rtype = False
+napoleon_use_ivar = True  # dataclass fields as a field list, as parameters are
 
 html_theme = "pydata_sphinx_theme"
 html_title = f"istar {__version__}"

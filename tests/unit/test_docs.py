@@ -1,10 +1,13 @@
 """The repository stands on its own: its documentation is complete, generated parts are current,
 and nothing points outside it."""
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # Tests and test configs (.test/) may name the larger data mirror that sits beside a checkout.
@@ -48,3 +51,65 @@ def test_the_docs_the_readme_links_exist():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     for link in re.findall(r"\]\(((?:docs|config|bench)/[^)#]+)\)", readme):
         assert (REPO / link).is_file(), link
+
+
+# ----------------------------------------------------------------------------- the documentation site and its examples
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+FENCE = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
+IMPORTS_ISTAR = re.compile(r"^\s*(import istar\b|from istar\b)", re.M)
+
+
+def pages_with_istar_code() -> list[Path]:
+    return [page for page in PAGES if any(IMPORTS_ISTAR.search(block) for block in FENCE.findall(page.read_text("utf-8")))]
+
+
+def test_the_pages_with_library_code_are_found():
+    names = {page.relative_to(REPO).as_posix() for page in pages_with_istar_code()}
+    assert {"README.md", "docs/library.md"} <= names, names
+
+
+@pytest.mark.parametrize("page", pages_with_istar_code(), ids=lambda page: page.relative_to(REPO).as_posix())
+def test_every_code_block_that_imports_istar_runs(page, hub, tmp_path):
+    """A page's Python blocks run in order as one script (a later block uses an earlier one's names), in a
+    fresh folder. The model they name is downloaded first from the local hub server (tests/support/hub_server.py)
+    into a fresh cache, which the page then reads offline (as after a first download with internet)."""
+    from conftest import HUB_MODEL
+
+    script = "\n\n".join(FENCE.findall(page.read_text(encoding="utf-8")))
+    env = {**os.environ, **hub.env(tmp_path / "hf"), "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if HUB_MODEL in script:
+        download = f"from huggingface_hub import snapshot_download; snapshot_download({HUB_MODEL!r})"
+        subprocess.run([sys.executable, "-c", download], env=env, check=True, capture_output=True, timeout=300)
+    env["HF_HUB_OFFLINE"] = "1"
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, f"{page.name}:\n{result.stderr[-4000:]}"
+
+
+def test_the_documentation_site_builds_without_a_warning(tmp_path):
+    """sphinx-build -W: a warning (a broken docstring, a missing page or link target) fails the build."""
+    result = subprocess.run([sys.executable, "-m", "sphinx", "-E", "-W", "--keep-going", "-q", "-b", "html",
+                             str(REPO / "docs"), str(tmp_path / "site")], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    for page in ("index.html", "library.html", "api/penalties.html", "configuration.html", "citing.html"):
+        assert (tmp_path / "site" / page).is_file(), page
+    api = (tmp_path / "site" / "api" / "penalties.html").read_text(encoding="utf-8")
+    assert "shrinkage_covariance" in api and "Refresh Σ_S every epoch" in api  # generated from the docstrings
+    configuration = (tmp_path / "site" / "configuration.html").read_text(encoding="utf-8")
+    assert "shrinkage.recompute_every_epoch" in configuration  # the reference generated from the schema
+
+
+def test_the_software_is_licensed_citable_and_versioned():
+    import yaml
+
+    from istar import __version__
+
+    assert (REPO / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")
+    citation = yaml.safe_load((REPO / "CITATION.cff").read_text(encoding="utf-8"))
+    assert citation["version"] == __version__ and citation["license"] == "MIT"
+    assert [reference["title"] for reference in citation["references"]] == [
+        "Stable Anisotropic Regularization", "Anisotropy is Not Inherent to Transformers"]
+    assert f"## [{__version__}]" in (REPO / "CHANGELOG.md").read_text(encoding="utf-8")
+    version = subprocess.run([sys.executable, "-m", "istar", "--version"], capture_output=True, text=True, cwd=REPO)
+    assert version.returncode == 0 and version.stdout.strip() == f"istar {__version__}"
