@@ -34,7 +34,7 @@ import torch
 
 from istar.core.isotropy import CovarianceAccumulator, isoscore_star_from_covariance
 from istar.core.regularizers import LayerSpec, check_hidden_states, resolve_layers
-from istar.core.shrinkage import current_processes, load_layer_statistics, merge_across_processes, merge_layers
+from istar.core.shrinkage import Processes, current_processes, load_layer_statistics, merge_across_processes, merge_layers
 from istar.core.twonn import twonn_dimension
 
 __all__ = ["LayerIsotropy", "OverallIsotropy", "IsotropyReport", "cosine_from_unit_sum", "isotropy_of_statistics",
@@ -214,12 +214,13 @@ class IsotropyMetric:
             if self.twonn:
                 self._cls[layer].append(hidden[:, 0].float().cpu())
 
-    def compute(self, accelerator=None) -> IsotropyReport:
+    def compute(self, accelerator=None, sync: bool = True) -> IsotropyReport:
         """The report over every batch since the last :meth:`reset`, merged across processes
-        (through ``accelerator`` if given, else an initialised ``torch.distributed`` group)."""
+        (through ``accelerator`` if given, else an initialised ``torch.distributed`` group; every
+        process must call it then). ``sync=False`` reports this process's batches alone."""
         if not self._per_layer:
             raise ValueError("no batch was added: call update(outputs.hidden_states, attention_mask) first")
-        processes = current_processes(accelerator)
+        processes = current_processes(accelerator) if sync else Processes()
         per_layer = [merge_across_processes(accumulator, processes) for accumulator in self._per_layer]
         unit_sums, cls = list(self._unit_sums), None
         if self.twonn:
