@@ -36,8 +36,10 @@ class Penalty:
 
     Attributes
     ----------
-    term : 0-d tensor (float32) to add to the task loss; carries the gradient.
-    logs : detached 0-d tensors, e.g. ``{"isoscore_star": …}`` or ``{"cosine_similarity": …}``.
+    term : torch.Tensor
+        0-d (float32), to add to the task loss; carries the gradient.
+    logs : dict of str to torch.Tensor
+        Detached 0-d tensors, e.g. ``{"isoscore_star": …}`` or ``{"cosine_similarity": …}``.
         Call ``.item()`` only when logging, to avoid a device sync on every step.
     """
 

@@ -53,18 +53,28 @@ LOG_KEYS = ("task_loss", "istar_penalty", "isoscore_star")
 
 @dataclass(frozen=True)
 class IStarConfig:
-    """The I-STAR settings of a Trainer run; defaults from the workflow's config schema.
+    """The I-STAR settings of a Trainer run; the defaults are the workflow's (its config schema).
 
     Attributes
     ----------
-    lam : λ; < 0 lowers isotropy (the paper's winning direction), > 0 raises it, 0 trains as
-        the Trainer alone but still logs IsoScore* (a baseline to compare with).
-    zeta : ζ ∈ [0, 1], the weight of Σ_S in IsoScore*; 0 needs no Σ_S (none is computed).
-    layers : the hidden states the penalty reads (``"all"``: every transformer layer).
-    tokens : ``"real"`` (attention-masked tokens) or ``"all_positions"`` (every padded position).
-    sigma_rows : Σ_S's row budget (tokens × layers; 250,000 as in the paper).
-    recompute_every_epoch : recompute Σ_S from the current model at each epoch's start (the paper does).
-    global_penalty : under several processes, penalise the global batch's IsoScore*.
+    lam : float
+        λ; < 0 lowers isotropy (the paper's winning direction), > 0 raises it, 0 trains as the
+        Trainer alone but still logs IsoScore* (a baseline to compare with).
+    zeta : float
+        ζ ∈ [0, 1], the weight of Σ_S in IsoScore*; 0 needs no Σ_S (none is computed).
+    layers : str, int or list of int
+        The hidden states the penalty reads (default ``"all"``: every transformer layer; see
+        :data:`istar.core.regularizers.LayerSpec`).
+    tokens : str
+        ``"real"`` (the attention-masked tokens, the default) or ``"all_positions"`` (every
+        padded position, as the authors' code).
+    sigma_rows : int
+        Σ_S's row budget, tokens × layers (default 250,000, as in the paper).
+    recompute_every_epoch : bool
+        Recompute Σ_S from the current model at each epoch's start (default True, as the paper).
+    global_penalty : bool
+        Under several processes, penalise the global batch's IsoScore* (default False, as the
+        authors' code: each process its own batch).
     """
 
     lam: float
