@@ -69,19 +69,32 @@ def test_the_pages_with_library_code_are_found():
     assert {"README.md", "docs/library.md"} <= names, names
 
 
-@pytest.mark.parametrize("page", pages_with_istar_code(), ids=lambda page: page.relative_to(REPO).as_posix())
-def test_every_code_block_that_imports_istar_runs(page, hub, tmp_path):
-    """A page's Python blocks run in order as one script (a later block uses an earlier one's names), in a
-    fresh folder. The model they name is downloaded first from the local hub server (tests/support/hub_server.py)
-    into a fresh cache, which the page then reads offline (as after a first download with internet)."""
-    from conftest import HUB_MODEL
+def cached_hub_model(hf_home: Path) -> None:
+    """The Hugging Face cache as a first download of the hub MiniLM the pages name leaves it: its files (those of
+    the packaged MiniLM, which the test hub serves under that id too) in ``hub/models--…/snapshots/COMMIT``."""
+    from conftest import HUB_MODEL, MINILM
 
+    from istar.models.loading import resolve_model_source
+
+    source = Path(resolve_model_source(MINILM))
+    repo = hf_home / "hub" / f"models--{HUB_MODEL.replace('/', '--')}"
+    commit = "0" * 40
+    for path in (p for p in source.rglob("*") if p.is_file()):
+        target = repo / "snapshots" / commit / path.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(path)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+
+
+@pytest.mark.parametrize("page", pages_with_istar_code(), ids=lambda page: page.relative_to(REPO).as_posix())
+def test_every_code_block_that_imports_istar_runs(page, tmp_path):
+    """A page's Python blocks run in order as one script (a later block uses an earlier one's names), in a
+    fresh folder, offline, the model they name read from a Hugging Face cache that holds it."""
     script = "\n\n".join(FENCE.findall(page.read_text(encoding="utf-8")))
-    env = {**os.environ, **hub.env(tmp_path / "hf"), "TQDM_DISABLE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if HUB_MODEL in script:
-        download = f"from huggingface_hub import snapshot_download; snapshot_download({HUB_MODEL!r})"
-        subprocess.run([sys.executable, "-c", download], env=env, check=True, capture_output=True, timeout=300)
-    env["HF_HUB_OFFLINE"] = "1"
+    cached_hub_model(tmp_path / "hf")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, f"{page.name}:\n{result.stderr[-4000:]}"
