@@ -137,7 +137,7 @@ class HoldoutSpec(Spec):
     def validate(self) -> None:
         super().validate()
         if not 0 < self.fraction <= 0.5:
-            raise SpecError(f"fraction must be in (0, 0.5] (the share of the training rows held out); got {self.fraction}")
+            raise SpecError(f"fraction must be in (0, 0.5] (the share of the groups of training rows held out); got {self.fraction}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise SpecError(f"seed must be an integer >= 0; got {self.seed!r}")
 
