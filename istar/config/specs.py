@@ -150,6 +150,7 @@ class ModelData(Spec):
     data_dir: str = option(help="prepared task folder (train/validation parquet + meta.json)", flag="--data")
     max_length: int = config_field("training.max_length", positive=True)
     doc_stride: int = config_field("training.doc_stride", positive=True)
+    segment_ids: bool = config_field("training.segment_ids")
     # Direct calls run in fp32 unless asked; a request runs as istar.registry.precisions.run_precision decides
     # for the device (on a CPU: bf16 where native, else fp32).
     mixed_precision: str = option("no", help=PRECISION_HELP, choices=PRECISIONS)
@@ -280,6 +281,7 @@ class MeasureSpec(Spec):
     split: str = option("validation", help="which prepared split", choices=("train", "validation"))
     max_length: int = config_field("training.max_length", positive=True)
     doc_stride: int = config_field("training.doc_stride", positive=True)
+    segment_ids: bool = config_field("training.segment_ids")
     batch_size: int = config_field("training.eval_batch_size", positive=True)
     token_sample: int = config_field("analysis.token_sample", positive=True)
     seed: int = option(0, help="seed of the token sample")
@@ -302,7 +304,7 @@ class MeasureSpec(Spec):
     def model_data(self, run: str) -> ModelData:
         """The model-and-data spec of one run's fine-tuned model (for :func:`istar.steps.common.open_step`)."""
         return ModelData(model=str(Path(run) / "model"), data_dir=self.data_dir, max_length=self.max_length,
-                         doc_stride=self.doc_stride, mixed_precision=self.mixed_precision)
+                         doc_stride=self.doc_stride, segment_ids=self.segment_ids, mixed_precision=self.mixed_precision)
 
 
 AS_GIVEN = "as-given"

@@ -192,7 +192,7 @@ def holdout_spec(config: dict, *, data_dir: str, out: str) -> HoldoutSpec:
 def _model_data(config: dict, model: str, task: str, data_dir: str) -> dict:
     training = config["training"]
     return {"model": model, "data_dir": data_dir, "max_length": task_max_length(config, task),
-            "doc_stride": training["doc_stride"]}
+            "doc_stride": training["doc_stride"], "segment_ids": training["segment_ids"]}
 
 
 def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: int, data_dir: str, output_dir: str,
@@ -249,7 +249,7 @@ def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sig
     training, analysis = config["training"], config["analysis"]
     return MeasureSpec(runs=list(runs), data_dir=data_dir, sigma_s=sigma_s, out=out, evaluate=True,
                        max_length=task_max_length(config, task), doc_stride=training["doc_stride"],
-                       batch_size=training["eval_batch_size"], token_sample=analysis["token_sample"],
+                       segment_ids=training["segment_ids"], batch_size=training["eval_batch_size"], token_sample=analysis["token_sample"],
                        zeta=analysis["zeta"], twonn_discard=analysis["twonn_discard"],
                        layers=config["penalty"]["layers"], mixed_precision=training["mixed_precision"])
 
