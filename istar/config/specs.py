@@ -28,6 +28,7 @@ from istar.config.schema import default_of, schema_entry
 from istar.core.tokens import TOKEN_SELECTION_NAMES
 from istar.io import artifacts
 from istar.registry import precisions
+from istar.registry.analysis import SIGMA_SOURCES, get_sigma_source
 from istar.registry.methods import METHOD_NAMES, get_method
 from istar.registry.tasks import TASKS
 
@@ -275,8 +276,11 @@ class MeasureSpec(Spec):
 
     runs: list[str] = option(help="run folders, each holding the fine-tuned model/", flag="--runs")
     data_dir: str = option(help="prepared task folder (train/validation parquet + meta.json)", flag="--data")
-    sigma_s: str = option(help="the Σ_S file of the pretrained model on the task", flag="--sigma-s")
     out: str = option(help="output JSON file", flag="--out", output="file")
+    sigma_s_model: str = config_field("analysis.sigma_s_model", choices=tuple(SIGMA_SOURCES))
+    sigma_s: typing.Optional[str] = option(None, help="the Σ_S file of the pretrained model on the task "
+                                                      "(sigma_s_model pretrained)", flag="--sigma-s")
+    shrinkage_rows: int = config_field("shrinkage.rows", positive=True)
     evaluate: bool = option(False, help="also compute each model's metrics on the split")
     split: str = option("validation", help="which prepared split", choices=("train", "validation"))
     max_length: int = config_field("training.max_length", positive=True)
@@ -300,6 +304,11 @@ class MeasureSpec(Spec):
             raise SpecError(f"zeta must lie in [0, 1]; got {self.zeta}")
         if not 0.0 <= self.twonn_discard < 1.0:
             raise SpecError(f"twonn_discard must lie in [0, 1); got {self.twonn_discard}")
+        if self.sigma_s_model not in SIGMA_SOURCES:
+            raise SpecError(f"sigma_s_model must be one of {', '.join(SIGMA_SOURCES)}; got {self.sigma_s_model!r}")
+        if (self.sigma_s is not None) != get_sigma_source(self.sigma_s_model).reads_file:
+            raise SpecError("--sigma-s (the pretrained model's Σ_S file) goes with --sigma-s-model pretrained, and "
+                            f"only with it; got sigma_s_model {self.sigma_s_model} and sigma_s {self.sigma_s!r}")
 
     def model_data(self, run: str) -> ModelData:
         """The model-and-data spec of one run's fine-tuned model (for :func:`istar.steps.common.open_step`)."""

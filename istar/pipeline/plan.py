@@ -13,6 +13,7 @@ from pathlib import Path
 from istar.config.layout import DEFAULT_TOKENS, Setting, heldout_folder
 from istar.config.specs import AS_GIVEN, HoldoutSpec, MeasureSpec, PrepareDataSpec, ShrinkageSpec, SurveySpec, TrainSpec
 from istar.core.tokens import TOKEN_SELECTION_NAMES, get_token_selection
+from istar.registry.analysis import get_sigma_source
 from istar.registry.methods import get_method
 from istar.registry.tasks import SPLITS, TASKS
 
@@ -245,11 +246,15 @@ def shrinkage_spec(config: dict, *, model: str, task: str, data_dir: str, out: s
 def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sigma_s: str, out: str) -> MeasureSpec:
     """Evaluation, activations and analysis of a setting's runs, in the fine-tuning precision (the
     score a run reports is then the one its training evaluated; statistics stay float32/float64).
-    Every run is evaluated: the forward pass costs little beside the activations'."""
+    Every run is evaluated: the forward pass costs little beside the activations'. ``sigma_s`` (the
+    pretrained Σ_S file) is passed where ``analysis.sigma_s_model`` reads it."""
     training, analysis = config["training"], config["analysis"]
-    return MeasureSpec(runs=list(runs), data_dir=data_dir, sigma_s=sigma_s, out=out, evaluate=True,
-                       max_length=task_max_length(config, task), doc_stride=training["doc_stride"],
-                       segment_ids=training["segment_ids"], batch_size=training["eval_batch_size"], token_sample=analysis["token_sample"],
+    reads_file = get_sigma_source(analysis["sigma_s_model"]).reads_file
+    return MeasureSpec(runs=list(runs), data_dir=data_dir, sigma_s=sigma_s if reads_file else None, out=out,
+                       evaluate=True, sigma_s_model=analysis["sigma_s_model"],
+                       shrinkage_rows=config["shrinkage"]["rows"], max_length=task_max_length(config, task),
+                       doc_stride=training["doc_stride"], segment_ids=training["segment_ids"],
+                       batch_size=training["eval_batch_size"], token_sample=analysis["token_sample"],
                        zeta=analysis["zeta"], twonn_discard=analysis["twonn_discard"],
                        layers=config["penalty"]["layers"], mixed_precision=training["mixed_precision"])
 

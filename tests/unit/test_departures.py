@@ -90,3 +90,57 @@ def test_the_paper_config_names_its_evidence_for_each_departure():
         line = next(line for line in text.splitlines() if line.strip().startswith(key))
         assert ".py" in line, line
     assert yaml.safe_load(text)["training"]["segment_ids"] is False
+
+
+# -------------------------------------------------------------------- Σ_S of the analysis
+
+
+def test_the_analysis_uses_the_fine_tuned_models_own_sigma_when_asked(tiny_model_dir, prepared, tmp_path):
+    """fine_tuned: each run's analysis equals one against `istar shrinkage` of that run's model (the same
+    rows and order as the pretrained Σ_S), and differs from the analysis against the pretrained Σ_S."""
+    from istar.config.specs import MeasureSpec, ShrinkageSpec, TrainSpec
+    from istar.registry.analysis import SIGMA_SOURCES
+    from istar.steps.measure import measure_runs
+    from istar.steps.shrinkage import compute_shrinkage_file
+    from istar.steps.train import train
+
+    data, run = prepared("rte", 48, 24), tmp_path / "run"
+    train(TrainSpec(model=str(tiny_model_dir), data_dir=str(data), output_dir=str(run), method="base", epochs=1,
+                    batch_size=16, learning_rate=1e-3))
+    pretrained, fine_tuned = tmp_path / "sigma0.pt", tmp_path / "sigma_fine_tuned.pt"
+    for model, out in ((tiny_model_dir, pretrained), (run / "model", fine_tuned)):
+        compute_shrinkage_file(ShrinkageSpec(model=str(model), data_dir=str(data), out=str(out), rows=2000))
+
+    def analysis(name, **sigma):
+        spec = MeasureSpec(runs=[str(run)], data_dir=str(data), out=str(tmp_path / f"{name}.json"), shrinkage_rows=2000,
+                           **sigma)
+        return measure_runs(spec)["runs"][str(run)]["analysis"]
+
+    own = analysis("own", sigma_s_model="fine_tuned")
+    from_file = analysis("file", sigma_s=str(fine_tuned))
+    from_pretrained = analysis("pretrained", sigma_s=str(pretrained))
+    assert own["sigma_s"].startswith(f"the fine-tuned model of {run}")
+    assert {**own, "sigma_s": None} == {**from_file, "sigma_s": None}
+    assert own["global"]["isoscore_star"] != pytest.approx(from_pretrained["global"]["isoscore_star"], abs=1e-4)
+    assert own["global"]["isoscore"] == from_pretrained["global"]["isoscore"]  # ζ = 0 reads no Σ_S
+    assert set(SIGMA_SOURCES) == set(paper_schema_enum("analysis", "sigma_s_model"))
+
+
+def paper_schema_enum(section: str, key: str) -> list:
+    from istar.config.schema import load_schema
+
+    return load_schema()["properties"][section]["properties"][key]["enum"]
+
+
+def test_the_sigma_model_reaches_the_measure_spec():
+    assert paper_config()["analysis"]["sigma_s_model"] == "fine_tuned"
+    config = validate_config({"analysis": {"sigma_s_model": "fine_tuned"}}, check_paths=False)
+    spec = measure_spec(config, runs=["r"], task="rte", data_dir="d", sigma_s="s.pt", out="m.json")
+    assert (spec.sigma_s_model, spec.sigma_s, spec.shrinkage_rows) == ("fine_tuned", None, 250000)
+    default = measure_spec(validate_config({}, check_paths=False), runs=["r"], task="rte", data_dir="d",
+                           sigma_s="s.pt", out="m.json")
+    assert (default.sigma_s_model, default.sigma_s) == ("pretrained", "s.pt")
+    from istar.config.specs import MeasureSpec, SpecError
+
+    with pytest.raises(SpecError, match="goes with --sigma-s-model pretrained"):
+        MeasureSpec(runs=["r"], data_dir="d", out="m.json", sigma_s_model="fine_tuned", sigma_s="s.pt").validate()
