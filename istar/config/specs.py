@@ -116,6 +116,9 @@ class PrepareDataSpec(Spec):
     mirror: typing.Optional[str] = config_field("data.mirror")
     revision: typing.Optional[str] = option(None, help="hub dataset revision: a branch, tag or 40-hex commit "
                                                        "(default: main); meta.json records its commit")
+    hub_dataset: typing.Optional[str] = option(None, help="which hub dataset the task is read from, where it has "
+                                                          "several (sst5: SetFit/sst5 or stanfordnlp/sst; default: "
+                                                          "the first; data.hub_datasets)")
     allow_standin: bool = config_field("data.allow_standin")
     standin_fraction: float = config_field("data.standin_fraction")
     subset: bool = config_field("data.subset")
@@ -342,6 +345,9 @@ class SurveySpec(Spec):
     projection_rows: int = config_field("survey.projection_rows", positive=True)
     device: str = option("auto", help="auto (cuda if available), cpu, cuda or cuda:N")
     seed: int = option(0, help="seed of the document order")
+    trust_remote_code: bool = option(False, help="run the model code its repository ships (needed by models "
+                                                 "whose architecture transformers lacks, e.g. CrystalCoder; "
+                                                 "survey.models.NAME.trust_remote_code)")
 
     def validate(self) -> None:
         super().validate()

@@ -150,7 +150,8 @@ def prepare_data_spec(config: dict, *, task: str, out: str) -> PrepareDataSpec:
     """One task's data as the ``data`` section asks (a hub revision only where one is pinned)."""
     data = config["data"]
     return PrepareDataSpec(task=task, out=out, source=data["source"], mirror=data["mirror"],
-                           revision=data["hub_revisions"].get(task), allow_standin=data["allow_standin"],
+                           revision=data["hub_revisions"].get(task), hub_dataset=data["hub_datasets"].get(task),
+                           allow_standin=data["allow_standin"],
                            standin_fraction=data["standin_fraction"], max_train_samples=data["max_train_samples"],
                            max_eval_samples=data["max_eval_samples"], seed=data["seed"], subset=data["subset"])
 
@@ -276,7 +277,9 @@ def survey_text_task(config: dict) -> str | None:
 def survey_spec(config: dict, *, model: str, revision: str, text: str, out: str) -> SurveySpec:
     """One model × revision profile; ``text``: the prepared task folder or the text file."""
     profile = config["survey"]
-    return SurveySpec(model=profile["models"][model]["source"], revision=None if revision == AS_GIVEN else revision,
+    entry = profile["models"][model]
+    return SurveySpec(model=entry["source"], revision=None if revision == AS_GIVEN else revision,
+                       trust_remote_code=entry["trust_remote_code"],
                        text=text, out=out, split=profile["split"], tokens=profile["tokens"],
                        sigma_tokens=profile["sigma_tokens"], zeta=profile["zeta"], batch_size=profile["batch_size"],
                        max_length=profile["max_length"], dtype=profile["dtype"],

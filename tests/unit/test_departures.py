@@ -144,3 +144,108 @@ def test_the_sigma_model_reaches_the_measure_spec():
 
     with pytest.raises(SpecError, match="goes with --sigma-s-model pretrained"):
         MeasureSpec(runs=["r"], data_dir="d", out="m.json", sigma_s_model="fine_tuned", sigma_s="s.pt").validate()
+
+
+# ------------------------------------------------------------------ the survey (NAACL 2024)
+
+
+REMOTE_CONFIG = '''from transformers import GPTNeoXConfig
+
+
+class TinyRemoteConfig(GPTNeoXConfig):
+    model_type = "tiny_remote"
+'''
+REMOTE_MODEL = '''from transformers import GPTNeoXForCausalLM
+
+from .configuration_tiny_remote import TinyRemoteConfig
+
+
+class TinyRemoteForCausalLM(GPTNeoXForCausalLM):
+    config_class = TinyRemoteConfig
+'''
+
+
+@pytest.fixture
+def remote_code_model(tmp_path, monkeypatch):
+    """A tiny causal LM whose folder ships its own model code (auto_map), as LLM360/CrystalCoder's repo does."""
+    import json
+
+    import transformers.dynamic_module_utils as modules
+    from hub_repos import tiny_model_files
+
+    monkeypatch.setattr(modules, "HF_MODULES_CACHE", str(tmp_path / "modules"))  # the copied code stays here
+    folder = tmp_path / "tiny-remote"
+    tiny_model_files("gpt_neox", folder)
+    (folder / "configuration_tiny_remote.py").write_text(REMOTE_CONFIG)
+    (folder / "modeling_tiny_remote.py").write_text(REMOTE_MODEL)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="tiny_remote", architectures=["TinyRemoteForCausalLM"],
+                  auto_map={"AutoConfig": "configuration_tiny_remote.TinyRemoteConfig",
+                            "AutoModelForCausalLM": "modeling_tiny_remote.TinyRemoteForCausalLM"})
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_model_with_its_own_code_needs_trust_remote_code(remote_code_model, tmp_path):
+    from istar.config.specs import SurveySpec
+    from istar.steps.survey import profile_model
+
+    text = tmp_path / "text.txt"
+    text.write_text("A short line of text for the profile.\nAnother line, a little longer than the first one.\n" * 20)
+    spec = dict(model=str(remote_code_model), text=str(text), out=str(tmp_path / "p.json"), tokens=40, sigma_tokens=40,
+                twonn_tokens=0, device="cpu", max_length=16)
+    with pytest.raises(ValueError, match="set trust_remote_code: true for it under survey.models"):
+        profile_model(SurveySpec(**spec))
+    profile = profile_model(SurveySpec(**spec, trust_remote_code=True))
+    assert profile["provenance"]["architecture"] == "TinyRemoteForCausalLM"
+    assert profile["provenance"]["trust_remote_code"] is True and set(profile["static"]) == {"input", "output"}
+
+
+def test_survey_settings_reach_the_spec_and_the_naacl_config_uses_the_authors_values():
+    from istar.pipeline.plan import survey_spec
+
+    naacl = load_config(REPO / "config" / "anisotropy.yaml", check_paths=False)
+    assert naacl["survey"]["dtype"] == "float32"  # partition_function.py loads with from_pretrained's default
+    assert naacl["survey"]["models"]["crystalcoder"]["trust_remote_code"] is True
+    assert naacl["survey"]["models"]["pythia-70m"]["trust_remote_code"] is False  # the schema's default, filled in
+    spec = survey_spec(naacl, model="crystalcoder", revision="as-given", text="t", out="o.json")
+    assert spec.trust_remote_code is True and spec.dtype == "float32"
+
+
+def test_a_tied_decoders_single_matrix_is_its_output_matrix():
+    """OPT and Falcon share one matrix between input and output; Machina & Mercer's code reports it as
+    emb_out (partition_function.py, falcon_get_embeddings and opt_get_embeddings), and so does the survey."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    from istar.models.pretrained import LoadedModel
+
+    torch.manual_seed(0)
+    model = OPTForCausalLM(OPTConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, ffn_dim=32,
+                                     num_attention_heads=2, word_embed_proj_dim=16, max_position_embeddings=32))
+    inputs, outputs = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    assert outputs.data_ptr() == inputs.data_ptr()  # tied: one matrix
+    common = dict(model=model, backbone=model.model, tokenizer=None, device=torch.device("cpu"), final_norm=None,
+                  final_norm_name=None, num_layers=1, hidden_size=16, provenance={})
+    tied = LoadedModel(**common, input_embeddings=inputs, output_embeddings=None, has_output_matrix=True)
+    assert list(tied.static_matrices) == ["output"] and tied.static_matrices["output"] is inputs
+    encoder = LoadedModel(**common, input_embeddings=inputs, output_embeddings=None, has_output_matrix=False)
+    assert list(encoder.static_matrices) == ["input"]
+
+
+# ------------------------------------------------------------------------------ SST-5's source
+
+
+def test_the_hub_dataset_choice_is_the_registrys_and_reaches_prepare_data():
+    from istar.data.hub import HUB_SOURCES
+    from istar.pipeline.plan import prepare_data_spec
+
+    from istar.config.schema import load_schema
+
+    entries = load_schema()["properties"]["data"]["properties"]["hub_datasets"]["properties"]
+    assert {task: entry["enum"] for task, entry in entries.items()} == {
+        task: [source.hub_id for source in sources] for task, sources in HUB_SOURCES.items() if len(sources) > 1}
+    assert all(entry["default"] == HUB_SOURCES[task][0].hub_id for task, entry in entries.items())
+    paper = paper_config()
+    assert paper["data"]["hub_datasets"]["sst5"] == "stanfordnlp/sst"
+    assert prepare_data_spec(paper, task="sst5", out="o").hub_dataset == "stanfordnlp/sst"
+    assert prepare_data_spec(validate_config({}, check_paths=False), task="sst5", out="o").hub_dataset == "SetFit/sst5"
