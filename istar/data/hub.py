@@ -35,7 +35,7 @@ class HubDataset:
     """A hub dataset a task can be read from.
 
     hub_id, config : the repo and its config (None: the repo's only one).
-    text : the columns of ``text_a`` and ``text_b`` (None for single-sentence tasks; unused for QA).
+    text : the columns of ``text_a`` and ``text_b`` (``text_b`` None for single-sentence tasks; unused for QA).
     bins : where a float label is cut into classes (an edge belongs to the class below it);
         None: the labels are the task's as they are.
     """
