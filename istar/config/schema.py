@@ -73,16 +73,28 @@ def resolve_ref(schema: dict, root: dict) -> dict:
     return {**resolve_ref(target, root), **{k: v for k, v in schema.items() if k != "$ref"}}
 
 
+def _entries(schema: dict, root: dict) -> dict:
+    """The schema of a mapping's values where they are objects with properties (survey.models.NAME), else {}."""
+    others = schema.get("additionalProperties")
+    others = resolve_ref(others, root) if isinstance(others, dict) else {}
+    return others if "properties" in others else {}
+
+
 def fill_defaults(instance: dict, schema: dict, root: dict) -> None:
-    for name, subschema in schema.get("properties", {}).items():
+    named = schema.get("properties", {})
+    for name, subschema in named.items():
         subschema = resolve_ref(subschema, root)
         if name not in instance and "default" in subschema:
             instance[name] = copy.deepcopy(subschema["default"])
-        if isinstance(instance.get(name), dict) and "properties" in subschema:
+        if isinstance(instance.get(name), dict) and ("properties" in subschema or _entries(subschema, root)):
             # A copy per key: YAML aliases (&a … *a) share one dict, which must not collect
             # the defaults of every section it stands in.
             instance[name] = dict(instance[name])
             fill_defaults(instance[name], subschema, root)
+    entries = _entries(schema, root)
+    for name in [key for key, value in instance.items() if entries and key not in named and isinstance(value, dict)]:
+        instance[name] = dict(instance[name])
+        fill_defaults(instance[name], entries, root)
 
 
 def _key(path) -> str:

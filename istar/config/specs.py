@@ -28,6 +28,7 @@ from istar.config.schema import default_of, schema_entry
 from istar.core.tokens import TOKEN_SELECTION_NAMES
 from istar.io import artifacts
 from istar.registry import precisions
+from istar.registry.analysis import SIGMA_SOURCES, get_sigma_source
 from istar.registry.methods import METHOD_NAMES, get_method
 from istar.registry.tasks import TASKS
 
@@ -115,6 +116,9 @@ class PrepareDataSpec(Spec):
     mirror: typing.Optional[str] = config_field("data.mirror")
     revision: typing.Optional[str] = option(None, help="hub dataset revision: a branch, tag or 40-hex commit "
                                                        "(default: main); meta.json records its commit")
+    hub_dataset: typing.Optional[str] = option(None, help="which hub dataset the task is read from, where it has "
+                                                          "several (sst5: SetFit/sst5 or stanfordnlp/sst; default: "
+                                                          "the first; data.hub_datasets)")
     allow_standin: bool = config_field("data.allow_standin")
     standin_fraction: float = config_field("data.standin_fraction")
     subset: bool = config_field("data.subset")
@@ -137,7 +141,7 @@ class HoldoutSpec(Spec):
     def validate(self) -> None:
         super().validate()
         if not 0 < self.fraction <= 0.5:
-            raise SpecError(f"fraction must be in (0, 0.5] (the share of the training rows held out); got {self.fraction}")
+            raise SpecError(f"fraction must be in (0, 0.5] (the share of the groups of training rows held out); got {self.fraction}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise SpecError(f"seed must be an integer >= 0; got {self.seed!r}")
 
@@ -150,6 +154,7 @@ class ModelData(Spec):
     data_dir: str = option(help="prepared task folder (train/validation parquet + meta.json)", flag="--data")
     max_length: int = config_field("training.max_length", positive=True)
     doc_stride: int = config_field("training.doc_stride", positive=True)
+    segment_ids: bool = config_field("training.segment_ids")
     # Direct calls run in fp32 unless asked; a request runs as istar.registry.precisions.run_precision decides
     # for the device (on a CPU: bf16 where native, else fp32).
     mixed_precision: str = option("no", help=PRECISION_HELP, choices=PRECISIONS)
@@ -274,12 +279,16 @@ class MeasureSpec(Spec):
 
     runs: list[str] = option(help="run folders, each holding the fine-tuned model/", flag="--runs")
     data_dir: str = option(help="prepared task folder (train/validation parquet + meta.json)", flag="--data")
-    sigma_s: str = option(help="the Σ_S file of the pretrained model on the task", flag="--sigma-s")
     out: str = option(help="output JSON file", flag="--out", output="file")
+    sigma_s_model: str = config_field("analysis.sigma_s_model", choices=tuple(SIGMA_SOURCES))
+    sigma_s: typing.Optional[str] = option(None, help="the Σ_S file of the pretrained model on the task "
+                                                      "(sigma_s_model pretrained)", flag="--sigma-s")
+    shrinkage_rows: int = config_field("shrinkage.rows", positive=True)
     evaluate: bool = option(False, help="also compute each model's metrics on the split")
     split: str = option("validation", help="which prepared split", choices=("train", "validation"))
     max_length: int = config_field("training.max_length", positive=True)
     doc_stride: int = config_field("training.doc_stride", positive=True)
+    segment_ids: bool = config_field("training.segment_ids")
     batch_size: int = config_field("training.eval_batch_size", positive=True)
     token_sample: int = config_field("analysis.token_sample", positive=True)
     seed: int = option(0, help="seed of the token sample")
@@ -298,11 +307,16 @@ class MeasureSpec(Spec):
             raise SpecError(f"zeta must lie in [0, 1]; got {self.zeta}")
         if not 0.0 <= self.twonn_discard < 1.0:
             raise SpecError(f"twonn_discard must lie in [0, 1); got {self.twonn_discard}")
+        if self.sigma_s_model not in SIGMA_SOURCES:
+            raise SpecError(f"sigma_s_model must be one of {', '.join(SIGMA_SOURCES)}; got {self.sigma_s_model!r}")
+        if (self.sigma_s is not None) != get_sigma_source(self.sigma_s_model).reads_file:
+            raise SpecError("--sigma-s (the pretrained model's Σ_S file) goes with --sigma-s-model pretrained, and "
+                            f"only with it; got sigma_s_model {self.sigma_s_model} and sigma_s {self.sigma_s!r}")
 
     def model_data(self, run: str) -> ModelData:
         """The model-and-data spec of one run's fine-tuned model (for :func:`istar.steps.common.open_step`)."""
         return ModelData(model=str(Path(run) / "model"), data_dir=self.data_dir, max_length=self.max_length,
-                         doc_stride=self.doc_stride, mixed_precision=self.mixed_precision)
+                         doc_stride=self.doc_stride, segment_ids=self.segment_ids, mixed_precision=self.mixed_precision)
 
 
 AS_GIVEN = "as-given"
@@ -331,6 +345,9 @@ class SurveySpec(Spec):
     projection_rows: int = config_field("survey.projection_rows", positive=True)
     device: str = option("auto", help="auto (cuda if available), cpu, cuda or cuda:N")
     seed: int = option(0, help="seed of the document order")
+    trust_remote_code: bool = option(False, help="run the model code its repository ships (needed by models "
+                                                 "whose architecture transformers lacks, e.g. CrystalCoder; "
+                                                 "survey.models.NAME.trust_remote_code)")
 
     def validate(self) -> None:
         super().validate()

@@ -47,7 +47,7 @@ class Features(Dataset):
 
 
 def encode_split(frame: Mapping[str, Sequence], task: Task, tokenizer, max_length: int, doc_stride: int = 128,
-                 with_labels: bool = True, for_qa_eval: bool = False) -> Features:
+                 with_labels: bool = True, for_qa_eval: bool = False, segment_ids: bool = True) -> Features:
     """Tokenise a normalised split.
 
     Parameters
@@ -60,6 +60,10 @@ def encode_split(frame: Mapping[str, Sequence], task: Task, tokenizer, max_lengt
     doc_stride : QA only: context tokens shared by consecutive windows.
     with_labels : include targets (``labels``, or ``start_positions``/``end_positions``).
     for_qa_eval : QA only: make evaluation windows with ``example_ids`` and ``offset_mapping``.
+    segment_ids : classification and regression: keep the tokenizer's ``token_type_ids`` (where it
+        makes them); False leaves them out, so the model reads every position as segment 0, as
+        the authors' classification collate does (``training.segment_ids``, docs/method.md §7).
+        QA windows always keep them.
     """
     if task.kind == "qa":
         if for_qa_eval:
@@ -76,7 +80,8 @@ def encode_split(frame: Mapping[str, Sequence], task: Task, tokenizer, max_lengt
 
     second = list(frame["text_b"]) if task.paired else None
     encoded = tokenizer(list(frame["text_a"]), second, truncation=True, max_length=max_length)
-    columns = {k: encoded[k] for k in MODEL_INPUTS if k in encoded}
+    inputs = MODEL_INPUTS if segment_ids else tuple(k for k in MODEL_INPUTS if k != "token_type_ids")
+    columns = {k: encoded[k] for k in inputs if k in encoded}
     if with_labels:
         cast = float if task.kind == "regression" else int
         columns["labels"] = [cast(label) for label in frame["label"]]

@@ -4,18 +4,43 @@ Under ``search.selection_split: heldout`` the search must not be scored on the v
 that Table 1 reports. This step cuts the prepared training split (``DATA/train.parquet``) into
 
 - ``OUT/train.parquet``: the rows the search trains on (and takes Σ_S from), and
-- ``OUT/validation.parquet``: the held-out rows that score it, a seeded ``fraction`` of them,
+- ``OUT/validation.parquet``: the held-out rows that score it,
 
-so that every search step reads ``OUT`` exactly as it would read a prepared task folder. The
-two parts are disjoint and together are the training split, each in its original order.
-SQuAD is cut by article (``title``): the questions of one article share its paragraphs, so
-holding out questions alone would let the search train on the contexts it is scored on. The
-other tasks are cut by row. The draw is ``fraction`` × (rows or articles), rounded, at least
-one and at most all but one, without replacement from ``numpy.random.default_rng((seed, 3))``.
+so that every search step reads ``OUT`` exactly as it would read a prepared task folder. Each
+part keeps the rows' original order.
+
+**Groups, not rows.** A row-by-row cut leaks: GLUE's SST-2 training rows are the phrases of the
+parse trees of about 6,900 sentences, so most phrases drawn at random lie inside rows the search
+trains on; pair tasks (MRPC, QQP, QNLI, RTE, STS-B) reuse one sentence in several pairs; SQuAD's
+questions share their article's paragraphs. So the cut draws whole *groups*, decided by the
+task's ``heldout_grouping`` (:mod:`istar.registry.tasks`, :data:`GROUPINGS`):
+
+- ``source_sentence`` (SST-2): a row's groups are the *maximal* rows that contain it as a
+  whole-token span (a maximal row is one contained in no other row: in SST-2, the sentences);
+  a maximal row contains itself;
+- ``shared_sentence`` (pair tasks): the connected components of the graph whose nodes are the
+  sentence texts and whose edges are the pairs, so no sentence is on both sides;
+- ``identical_text`` (CoLA, SST-5): rows with the same text;
+- ``article`` (SQuAD): the article (``title``).
+
+Texts are compared as whitespace-separated tokens (``" a  b "`` is ``a b``). A seeded
+``fraction`` of the groups is held out, rounded, at least one and at most all but one, drawn
+without replacement from ``numpy.random.default_rng((seed, 3))`` over the groups in the order
+of their first row. A row all of whose groups are held out is held out; a row none of whose
+groups is held out is a search-training row; a row with groups on both sides (a short phrase
+common to a held-out and a kept sentence: "the film") goes to neither side and is counted as
+*dropped*. Only ``source_sentence`` gives a row several groups, so only it drops rows.
+
+By construction no held-out row is a whole-token span of a search-training row (for SST-2: if
+it were, every sentence containing the training row would contain it too, and those are kept),
+and under ``shared_sentence`` no sentence is on both sides. :func:`heldout_overlap` measures it
+on the written parts and ``meta.json`` records the measurement.
 
 ``OUT/meta.json`` is the source folder's, with ``rows`` and ``labels`` of the two parts and a
-``heldout`` record: ``{"of", "of_train_sha256", "fraction", "seed", "unit", "held_out",
-"units"}`` (``held_out`` of ``units`` rows or articles). Training steps copy ``meta.json`` into
+``heldout`` record: ``{"of", "of_train_sha256", "fraction", "seed", "grouping", "unit",
+"held_out", "units", "rows": {"held_out", "search_train", "dropped"}, "overlap"}``
+(``held_out`` of ``units`` groups, each a ``unit``: sentence, component, text or article;
+``overlap`` as :func:`heldout_overlap` returns it). Training steps copy ``meta.json`` into
 ``run_config.json``, which is how :func:`istar.report.select.select_best` knows the protocol.
 The final runs keep training on ``DATA``, the full training split.
 """
@@ -23,6 +48,8 @@ The final runs keep training on ``DATA``, the full training split.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -31,12 +58,240 @@ import numpy as np
 from istar import __version__
 from istar.data.prepare import label_summary
 from istar.data.storage import read_meta, read_split, write_prepared
-from istar.registry.tasks import get_task
+from istar.registry.tasks import Task, get_task
 
-__all__ = ["HOLDOUT_STREAM", "holdout_split", "add_cli_arguments", "run_cli"]
+__all__ = ["HOLDOUT_STREAM", "MIN_OVERLAP_WORDS", "Grouping", "GROUPINGS", "Membership", "heldout_overlap",
+           "holdout_split", "add_cli_arguments", "run_cli"]
 
 HOLDOUT_STREAM = 3
 """The random stream of the held-out draw (prepare-data's subsampling uses 1 and 2 with the data seed)."""
+
+MIN_OVERLAP_WORDS = 5
+"""Held-out rows shorter than this are left out of the overlap measure: a phrase of a word or two
+("the film") occurs everywhere and says nothing about a shared source sentence."""
+
+
+# ------------------------------------------------------------------------------ whole-token spans
+
+
+_HASH_SEED = 20240507
+"""Fixes the random token codes and bases of the span keys (any fixed value: keys are compared
+within one call only)."""
+
+
+class _Spans:
+    """Texts as token sequences, with a 128-bit key for any contiguous span of any of them.
+
+    The key of tokens t_0 … t_{k−1} is, in each of two independent streams, Σ_j r(t_j)·B^{−j}
+    modulo 2^64, r a random 64-bit code per distinct token and B a random odd base: it depends on
+    the tokens alone, not on where the span sits, and is computed for every span of a given
+    length at once from prefix sums. Two different spans share a key with probability about
+    2^−128 per pair, so equal keys are taken as equal spans.
+    """
+
+    def __init__(self, texts: Sequence[str]):
+        words = [text.split() for text in texts]
+        self.lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+        self.starts = np.zeros(len(words), dtype=np.int64)
+        np.cumsum(self.lengths[:-1], out=self.starts[1:])
+        vocabulary: dict[str, int] = {}
+        ids = np.fromiter((vocabulary.setdefault(w, len(vocabulary)) for row in words for w in row),
+                          dtype=np.int64, count=int(self.lengths.sum()))
+        rng = np.random.default_rng(_HASH_SEED)
+        self._prefix, self._powers = [], []
+        for _ in range(2):
+            codes = rng.integers(1, 2**63, size=max(len(vocabulary), 1), dtype=np.uint64)
+            base = int(rng.integers(2**32, 2**63)) | 1
+            powers = np.cumprod(np.full(len(ids) + 1, base, dtype=np.uint64))
+            powers = np.concatenate([np.ones(1, np.uint64), powers[:-1]])  # B^i
+            inverse = np.cumprod(np.full(len(ids) + 1, pow(base, -1, 2**64), dtype=np.uint64))
+            inverse = np.concatenate([np.ones(1, np.uint64), inverse[:-1]])  # B^−i
+            prefix = np.zeros(len(ids) + 1, dtype=np.uint64)
+            np.cumsum(codes[ids] * inverse[:-1], out=prefix[1:])
+            self._prefix.append(prefix)
+            self._powers.append(powers)
+
+    def keys(self, positions: np.ndarray, lengths) -> np.ndarray:
+        """Keys (void 16 bytes) of the spans starting at flat token ``positions`` with ``lengths``."""
+        halves = [(prefix[positions + lengths] - prefix[positions]) * powers[positions]
+                  for prefix, powers in zip(self._prefix, self._powers)]
+        return np.ascontiguousarray(np.stack(halves, axis=1)).view("V16").ravel()
+
+    def full_keys(self, texts: np.ndarray | None = None) -> np.ndarray:
+        """Keys of whole texts (all, or the indices ``texts``)."""
+        texts = np.arange(len(self.lengths)) if texts is None else texts
+        return self.keys(self.starts[texts], self.lengths[texts])
+
+    def spans(self, length: int, texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, owning text) of every span of ``length`` tokens of the given texts (those that long)."""
+        texts = texts[self.lengths[texts] >= length]
+        counts = self.lengths[texts] - length + 1
+        owners = np.repeat(texts, counts)
+        offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        return self.keys(self.starts[owners] + offsets, length), owners
+
+
+def _normalised(texts) -> list[str]:
+    return [" ".join(str(text).split()) for text in texts]
+
+
+def _first_appearance_codes(values) -> tuple[np.ndarray, int]:
+    """Integer codes of ``values`` numbered in the order of their first appearance."""
+    import pandas as pd
+
+    codes, uniques = pd.factorize(pd.Series(list(values), dtype=object), sort=False)
+    return codes.astype(np.int64), len(uniques)
+
+
+# ------------------------------------------------------------------------------------ groupings
+
+
+@dataclass(frozen=True)
+class Membership:
+    """Which groups each row belongs to: the pairs (``rows[i]``, ``groups[i]``), every row at least
+    once; ``count`` groups, numbered in the order of their first row."""
+
+    rows: np.ndarray
+    groups: np.ndarray
+    count: int
+
+
+def _one_group_per_row(codes: np.ndarray, count: int) -> Membership:
+    return Membership(rows=np.arange(len(codes)), groups=codes, count=count)
+
+
+def _source_sentences(frame) -> Membership:
+    """``source_sentence``: each row in every maximal row that contains it as a whole-token span."""
+    texts = _normalised(frame["text_a"])
+    codes, distinct = _first_appearance_codes(texts)
+    unique_texts = [""] * distinct
+    for text, code in zip(texts, codes.tolist()):
+        unique_texts[code] = text
+    spans = _Spans(unique_texts)
+    keys, lengths, everything = spans.full_keys(), spans.lengths, np.arange(distinct)
+    # A text is maximal when it is no proper span of another text (containment is transitive, so
+    # a text inside a longer one is inside a maximal one).
+    contained = np.zeros(distinct, dtype=bool)
+    for length in np.unique(lengths):
+        these = np.flatnonzero(lengths == length)
+        longer = everything[lengths > length]
+        if len(longer):
+            contained[these] = np.isin(keys[these], spans.spans(int(length), longer)[0])
+    maximal = np.flatnonzero(~contained)
+    group_of_maximal = np.full(distinct, -1, dtype=np.int64)
+    group_of_maximal[maximal] = np.arange(len(maximal))  # first-appearance order, as the codes
+    # Every (text, maximal text containing it): the spans of the maximal texts that are texts.
+    pairs_text, pairs_group = [], []
+    for length in np.unique(lengths):
+        these = np.flatnonzero(lengths == length)
+        order = np.argsort(keys[these])
+        sorted_keys = keys[these][order]
+        span_keys, owners = spans.spans(int(length), maximal)
+        where = np.minimum(np.searchsorted(sorted_keys, span_keys), len(sorted_keys) - 1)
+        hit = sorted_keys[where] == span_keys
+        pairs_text.append(these[order][where[hit]])
+        pairs_group.append(group_of_maximal[owners[hit]])
+    text_group = np.unique(np.stack([np.concatenate(pairs_text), np.concatenate(pairs_group)]), axis=1)
+    # to rows: each row takes the groups of its text
+    by_text = np.argsort(codes, kind="stable")
+    first = np.searchsorted(codes[by_text], np.arange(distinct))
+    per_text = np.bincount(codes, minlength=distinct)
+    copies = per_text[text_group[0]]
+    rows = by_text[np.repeat(first[text_group[0]], copies) + _ranks(copies)]
+    return Membership(rows=rows, groups=np.repeat(text_group[1], copies), count=len(maximal))
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """0, 1, …, c − 1 for each c in ``counts``, concatenated."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def _shared_sentences(frame) -> Membership:
+    """``shared_sentence``: rows joined by any sentence they share, transitively (connected components)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    first, second = _normalised(frame["text_a"]), _normalised(frame["text_b"])
+    codes, count = _first_appearance_codes(first + second)
+    a, b = codes[:len(first)], codes[len(first):]
+    graph = coo_matrix((np.ones(len(a)), (a, b)), shape=(count, count))
+    _, component = connected_components(graph, directed=False)
+    groups, number = _first_appearance_codes(component[a])
+    return _one_group_per_row(groups, number)
+
+
+def _identical_texts(frame) -> Membership:
+    return _one_group_per_row(*_first_appearance_codes(_normalised(frame["text_a"])))
+
+
+def _articles(frame) -> Membership:
+    return _one_group_per_row(*_first_appearance_codes(frame["title"]))
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """How a task's training rows are grouped for the held-out cut.
+
+    key : the name a task's ``heldout_grouping`` gives.
+    unit : what one group is, in words (``meta.json``'s ``heldout.unit`` and the CLI's line).
+    members : the training frame → its :class:`Membership`.
+    """
+
+    key: str
+    unit: str
+    members: Callable[[object], Membership]
+
+
+GROUPINGS: dict[str, Grouping] = {g.key: g for g in (
+    Grouping("source_sentence", "sentence", _source_sentences),
+    Grouping("shared_sentence", "component", _shared_sentences),
+    Grouping("identical_text", "text", _identical_texts),
+    Grouping("article", "article", _articles),
+)}
+
+
+# -------------------------------------------------------------------------------------- overlap
+
+
+def heldout_overlap(train, heldout, task: Task, min_words: int = MIN_OVERLAP_WORDS) -> dict:
+    """What the held-out rows share with the rows the search trains on.
+
+    - single-sentence tasks: of the held-out rows of at least ``min_words`` whitespace tokens,
+      how many occur verbatim, as a whole-token span, inside some training row;
+    - sentence pairs: of the distinct sentences of the held-out pairs, how many are a sentence of
+      some training pair;
+    - SQuAD: of the distinct held-out paragraphs, how many are a training question's paragraph.
+
+    Returns ``{"measure": what was counted, "checked": n, "found": k, "share": k / n (None when n = 0)}``.
+    """
+    if task.kind == "qa":
+        contexts = set(_normalised(train["context"]))
+        checked = sorted(set(_normalised(heldout["context"])))
+        found = sum(text in contexts for text in checked)
+        measure = "held-out paragraphs that are a training question's paragraph"
+    elif task.paired:
+        sentences = set(_normalised(train["text_a"])) | set(_normalised(train["text_b"]))
+        checked = sorted(set(_normalised(heldout["text_a"])) | set(_normalised(heldout["text_b"])))
+        found = sum(text in sentences for text in checked)
+        measure = "held-out sentences that are a sentence of a training pair"
+    else:
+        training = _normalised(train["text_a"])
+        candidates = [text for text in _normalised(heldout["text_a"]) if len(text.split()) >= min_words]
+        spans = _Spans(training + candidates)
+        inside = np.arange(len(training))
+        queries = np.arange(len(training), len(training) + len(candidates))
+        query_keys, query_lengths = spans.full_keys(queries), spans.lengths[queries]
+        hits = np.zeros(len(candidates), dtype=bool)
+        for length in np.unique(query_lengths):
+            these = query_lengths == length
+            hits[these] = np.isin(query_keys[these], spans.spans(int(length), inside)[0])
+        checked, found = candidates, int(hits.sum())
+        measure = f"held-out rows of {min_words} or more words found inside a training row"
+    return {"measure": measure, "checked": len(checked), "found": int(found),
+            "share": found / len(checked) if checked else None}
+
+
+# ------------------------------------------------------------------------------------------ cut
 
 
 def holdout_split(data_dir, out_dir, fraction: float, seed: int) -> dict:
@@ -46,7 +301,7 @@ def holdout_split(data_dir, out_dir, fraction: float, seed: int) -> dict:
     ----------
     data_dir : a folder written by :func:`istar.data.prepare_task`.
     out_dir : the folder to write (``train.parquet``, ``validation.parquet``, ``meta.json``).
-    fraction : share of the rows (SQuAD: articles) held out, in (0, 0.5].
+    fraction : share of the groups held out (see the module docstring), in (0, 0.5].
     seed : integer >= 0, the draw's seed.
 
     Returns
@@ -57,25 +312,35 @@ def holdout_split(data_dir, out_dir, fraction: float, seed: int) -> dict:
         raise ValueError(f"the held-out fraction must be in (0, 0.5], got {fraction!r} (search.heldout_fraction)")
     parent = read_meta(data_dir)
     task = get_task(parent["task"])
+    grouping = GROUPINGS[task.heldout_grouping]
     train = read_split(data_dir, "train")
-    unit = "article" if task.kind == "qa" else "row"
-    keys = train["title"].to_numpy() if task.kind == "qa" else np.arange(len(train))
-    units = list(dict.fromkeys(keys.tolist()))
-    if len(units) < 2:
-        raise ValueError(f"{data_dir}/train.parquet has {len(units)} {unit}(s): a held-out split needs at least two; "
-                         "raise data.max_train_samples or use search.selection_split: validation")
-    count = min(max(1, round(fraction * len(units))), len(units) - 1)
+    members = grouping.members(train)
+    if members.count < 2:
+        raise ValueError(f"{data_dir}/train.parquet has {members.count} {grouping.unit}(s) ({grouping.key}): a held-out "
+                         "split needs at least two; raise data.max_train_samples or use search.selection_split: validation")
+    count = min(max(1, round(fraction * members.count)), members.count - 1)
     rng = np.random.default_rng((seed, HOLDOUT_STREAM))
-    chosen = {units[i] for i in rng.choice(len(units), size=count, replace=False)}
-    held = np.fromiter((key in chosen for key in keys.tolist()), dtype=bool, count=len(keys))
-    parts = {"train": train[~held].reset_index(drop=True), "validation": train[held].reset_index(drop=True)}
+    chosen = np.zeros(members.count, dtype=bool)
+    chosen[rng.choice(members.count, size=count, replace=False)] = True
+    held_groups = np.bincount(members.rows, weights=chosen[members.groups], minlength=len(train))
+    all_groups = np.bincount(members.rows, minlength=len(train))
+    held, kept = held_groups == all_groups, held_groups == 0
+    parts = {"train": train[kept].reset_index(drop=True), "validation": train[held].reset_index(drop=True)}
+    if not len(parts["train"]) or not len(parts["validation"]):
+        empty = "search-training" if not len(parts["train"]) else "held-out"
+        raise ValueError(f"the {empty} part of {data_dir}/train.parquet is empty after holding out {count} of "
+                         f"{members.count} {grouping.unit}s: raise data.max_train_samples or change search.heldout_seed")
     inherited = {k: v for k, v in parent.items() if k not in ("rows", "labels", "split_sha256", "created", "istar_version")}
     meta = {
         **inherited,
         "rows": {split: len(frame) for split, frame in parts.items()},
         "labels": {split: label_summary(frame, task) for split, frame in parts.items()},
         "heldout": {"of": str(data_dir), "of_train_sha256": parent.get("split_sha256", {}).get("train.parquet"),
-                    "fraction": fraction, "seed": seed, "unit": unit, "held_out": count, "units": len(units)},
+                    "fraction": fraction, "seed": seed, "grouping": grouping.key, "unit": grouping.unit,
+                    "held_out": count, "units": members.count,
+                    "rows": {"held_out": int(held.sum()), "search_train": int(kept.sum()),
+                             "dropped": int(len(train) - held.sum() - kept.sum())},
+                    "overlap": heldout_overlap(parts["train"], parts["validation"], task)},
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "istar_version": __version__,
     }
@@ -96,7 +361,11 @@ def run_cli(args: argparse.Namespace) -> int:
     spec = spec_from_cli(args)
     meta = holdout_split(spec.data_dir, spec.out, spec.fraction, spec.seed)
     heldout = meta["heldout"]
-    print(f"{meta['task']}: {meta['rows']['validation']:,} of {meta['rows']['validation'] + meta['rows']['train']:,} "
+    rows, overlap = heldout["rows"], heldout["overlap"]
+    print(f"{meta['task']}: {rows['held_out']:,} of {rows['held_out'] + rows['search_train'] + rows['dropped']:,} "
           f"training rows held out ({heldout['held_out']} of {heldout['units']} {heldout['unit']}s, seed "
-          f"{heldout['seed']}) -> {Path(spec.out)}")
+          f"{heldout['seed']}), {rows['search_train']:,} left to the search, {rows['dropped']:,} dropped (on both "
+          f"sides) -> {Path(spec.out)}")
+    share = "n/a" if overlap["share"] is None else f"{overlap['share']:.1%}"
+    print(f"overlap: {overlap['found']:,} of {overlap['checked']:,} {overlap['measure']} ({share})")
     return 0

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from istar import __version__
-from istar.data.hub import HubUnavailableError, load_hub
+from istar.data.hub import HubUnavailableError, hub_source, load_hub
 from istar.data.mirror import MIRROR_ENV, load_mirror, resolve_mirror
 from istar.data.storage import write_prepared
 from istar.registry.tasks import SPLITS, Task, get_task
@@ -34,6 +34,7 @@ def load_task(
     seed: int = 0,
     revision: str | None = None,
     subset: bool = False,
+    hub_dataset: str | None = None,
 ) -> tuple[dict[str, pd.DataFrame], dict]:
     """Load a task's train and validation splits, normalised.
 
@@ -60,6 +61,9 @@ def load_task(
     subset : bool, default=False
         The mirror holds a subset of the release's rows on purpose (config/demo-data). Without
         it a mirror file whose row count is not the official one (a file cut short) raises.
+    hub_dataset : str, optional
+        Which of the task's hub datasets (:data:`istar.data.hub.HUB_SOURCES`; default its
+        first). Hub sources only: a mirror holds the release the first one equals.
 
     Returns
     -------
@@ -108,11 +112,15 @@ def load_task(
         if source == "auto":
             logger.warning("data source auto: no mirror folder (%s: %s), so %s comes from the hub",
                            origin, root, spec.key)
-        splits, provenance = load_hub(spec, revision)
+        splits, provenance = load_hub(spec, revision, hub_dataset)
     else:
         if revision is not None:
             raise ValueError(f"a dataset revision ({revision!r}) applies to the hub only, but {spec.key} comes "
                              f"from the mirror {root}; drop the revision or use source 'hub'")
+        if hub_source(spec.key, hub_dataset) is not hub_source(spec.key):
+            raise ValueError(f"the hub dataset {hub_dataset!r} applies to the hub only, but {spec.key} comes from the "
+                             f"mirror {root}, which holds the release of {hub_source(spec.key).hub_id}; use source "
+                             f"'hub' or data.hub_datasets.{spec.key}: {hub_source(spec.key).hub_id}")
         splits, provenance = load_mirror(spec, root, allow_standin, standin_fraction, seed, subset)
         provenance.update(hub_revision=None, hub_commit=None)
     provenance["source_requested"] = source
@@ -160,12 +168,13 @@ def prepare_task(
     standin_fraction: float = 0.2,
     revision: str | None = None,
     subset: bool = False,
+    hub_dataset: str | None = None,
 ) -> dict:
     """Load a task, subsample it and write ``train.parquet``, ``validation.parquet``, ``meta.json``.
 
     Parameters
     ----------
-    task, source, mirror, allow_standin, standin_fraction, seed, revision, subset
+    task, source, mirror, allow_standin, standin_fraction, seed, revision, subset, hub_dataset
         As in :func:`load_task`; ``seed`` also drives the subsampling.
     out_dir : str or Path
         Folder to write to (created if needed). A ``meta.json`` already there is removed
@@ -193,7 +202,7 @@ def prepare_task(
     splits, provenance = load_task(task, source=source, mirror=mirror,
                                    allow_standin=allow_standin,
                                    standin_fraction=standin_fraction, seed=seed, revision=revision,
-                                   subset=subset)
+                                   subset=subset, hub_dataset=hub_dataset)
     caps = {"train": max_train_samples, "validation": max_eval_samples}
     kept = {split: _subsample(splits[split], caps[split], seed, stream)
             for stream, split in enumerate(SPLITS, start=1)}
@@ -233,6 +242,7 @@ def run_cli(args: argparse.Namespace) -> int:
             allow_standin=spec.allow_standin, max_train_samples=spec.max_train_samples,
             max_eval_samples=spec.max_eval_samples, seed=spec.seed,
             standin_fraction=spec.standin_fraction, revision=spec.revision, subset=spec.subset,
+            hub_dataset=spec.hub_dataset,
         )
     except (ValueError, OSError, HubUnavailableError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -3,8 +3,12 @@
 - An encoder (config ``architectures`` without a causal-LM head, e.g. BERT) loads with
   ``AutoModel``; it has only an input embedding matrix.
 - A causal LM (``*ForCausalLM``, ``*LMHeadModel``: GPT-NeoX/Pythia, GPT-2, OPT, Llama, …)
-  loads with ``AutoModelForCausalLM``; its output matrix is measured unless it is tied to
-  the input one. The forward passes run the backbone only (no logits).
+  loads with ``AutoModelForCausalLM``; its input and output matrices are measured, and where they
+  are one shared (tied) matrix, as in OPT and Falcon, it is measured once under the label
+  ``output``, as Machina & Mercer's code labels it (docs/method.md §7). The forward passes run
+  the backbone only (no logits).
+- A model whose repository ships its own modelling code (CrystalCoder) loads only with
+  ``trust_remote_code`` (``survey.models.NAME.trust_remote_code``), which runs that code.
 - A ``.gguf`` file (a path, or ``package:NAME/FILE.gguf`` inside an installed package)
   loads through transformers' GGUF reader (needs the ``gguf`` package; quantised weights
   are dequantised to float32).
@@ -45,6 +49,15 @@ class LoadedModel:
     num_layers: int
     hidden_size: int
     provenance: dict
+
+    @property
+    def static_matrices(self) -> dict[str, torch.Tensor]:
+        """The embedding matrices a profile measures, by label: an encoder's input matrix; a causal
+        LM's input and output matrices, or its one shared matrix as ``output`` (Machina & Mercer's
+        label for OPT's and Falcon's: ``emb_in = None``, the shared matrix as ``emb_out``)."""
+        if self.output_embeddings is not None:
+            return {"input": self.input_embeddings, "output": self.output_embeddings}
+        return {"output" if self.has_output_matrix else "input": self.input_embeddings}
 
 
 def is_causal(config) -> bool:
@@ -117,7 +130,15 @@ def load_for_profile(spec) -> LoadedModel:
         kwargs = {"local_files_only": local, **({"revision": commit} if commit else {})}
         provenance = {"model": spec.model, "revision": spec.revision, "model_path": location, "commit": commit,
                       "format": "transformers"}
-    config = AutoConfig.from_pretrained(location, **kwargs)
+    kwargs["trust_remote_code"] = spec.trust_remote_code
+    try:
+        config = AutoConfig.from_pretrained(location, **kwargs)
+    except ValueError as error:
+        if "trust_remote_code" not in str(error) or spec.trust_remote_code:
+            raise
+        raise ValueError(f"{spec.model} ships its own model code, which runs only when allowed: set "
+                         "trust_remote_code: true for it under survey.models (istar survey: --trust-remote-code), "
+                         "having read that code") from None
     # GGUF configs carry no ``architectures``; every architecture GGUF stores is a causal LM.
     causal = gguf is not None or is_causal(config)
     loader = AutoModelForCausalLM if causal else AutoModel
@@ -139,5 +160,5 @@ def load_for_profile(spec) -> LoadedModel:
         final_norm=norm, final_norm_name=norm_name, num_layers=int(model.config.num_hidden_layers),
         hidden_size=int(inputs.shape[1]), provenance={**provenance, "architecture": type(model).__name__,
                                                       "causal": causal, "dtype": dtype_name, "dtype_requested": spec.dtype,
-                                                      "device": str(device)},
+                                                      "device": str(device), "trust_remote_code": spec.trust_remote_code},
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 from istar.config.layout import DEFAULT_TOKENS, Setting, heldout_folder
 from istar.config.specs import AS_GIVEN, HoldoutSpec, MeasureSpec, PrepareDataSpec, ShrinkageSpec, SurveySpec, TrainSpec
 from istar.core.tokens import TOKEN_SELECTION_NAMES, get_token_selection
+from istar.registry.analysis import get_sigma_source
 from istar.registry.methods import get_method
 from istar.registry.tasks import SPLITS, TASKS
 
@@ -219,7 +220,8 @@ def prepare_data_spec(config: dict, *, task: str, out: str) -> PrepareDataSpec:
     """One task's data as the ``data`` section asks (a hub revision only where one is pinned)."""
     data = config["data"]
     return PrepareDataSpec(task=task, out=out, source=data["source"], mirror=data["mirror"],
-                           revision=data["hub_revisions"].get(task), allow_standin=data["allow_standin"],
+                           revision=data["hub_revisions"].get(task), hub_dataset=data["hub_datasets"].get(task),
+                           allow_standin=data["allow_standin"],
                            standin_fraction=data["standin_fraction"], max_train_samples=data["max_train_samples"],
                            max_eval_samples=data["max_eval_samples"], seed=data["seed"], subset=data["subset"])
 
@@ -262,7 +264,7 @@ def holdout_spec(config: dict, *, data_dir: str, out: str) -> HoldoutSpec:
 def _model_data(config: dict, model: str, task: str, data_dir: str) -> dict:
     training = config["training"]
     return {"model": model, "data_dir": data_dir, "max_length": task_max_length(config, task),
-            "doc_stride": training["doc_stride"]}
+            "doc_stride": training["doc_stride"], "segment_ids": training["segment_ids"]}
 
 
 def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: int, data_dir: str, output_dir: str,
@@ -315,10 +317,14 @@ def shrinkage_spec(config: dict, *, model: str, task: str, data_dir: str, out: s
 def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sigma_s: str, out: str) -> MeasureSpec:
     """Evaluation, activations and analysis of a setting's runs, in the fine-tuning precision (the
     score a run reports is then the one its training evaluated; statistics stay float32/float64).
-    Every run is evaluated: the forward pass costs little beside the activations'."""
+    Every run is evaluated: the forward pass costs little beside the activations'. ``sigma_s`` (the
+    pretrained Σ_S file) is passed where ``analysis.sigma_s_model`` reads it."""
     training, analysis = config["training"], config["analysis"]
-    return MeasureSpec(runs=list(runs), data_dir=data_dir, sigma_s=sigma_s, out=out, evaluate=True,
-                       max_length=task_max_length(config, task), doc_stride=training["doc_stride"],
+    reads_file = get_sigma_source(analysis["sigma_s_model"]).reads_file
+    return MeasureSpec(runs=list(runs), data_dir=data_dir, sigma_s=sigma_s if reads_file else None, out=out,
+                       evaluate=True, sigma_s_model=analysis["sigma_s_model"],
+                       shrinkage_rows=config["shrinkage"]["rows"], max_length=task_max_length(config, task),
+                       doc_stride=training["doc_stride"], segment_ids=training["segment_ids"],
                        batch_size=training["eval_batch_size"], token_sample=analysis["token_sample"],
                        zeta=analysis["zeta"], twonn_discard=analysis["twonn_discard"],
                        layers=config["penalty"]["layers"], mixed_precision=training["mixed_precision"])
@@ -341,7 +347,9 @@ def survey_text_task(config: dict) -> str | None:
 def survey_spec(config: dict, *, model: str, revision: str, text: str, out: str) -> SurveySpec:
     """One model × revision profile; ``text``: the prepared task folder or the text file."""
     profile = config["survey"]
-    return SurveySpec(model=profile["models"][model]["source"], revision=None if revision == AS_GIVEN else revision,
+    entry = profile["models"][model]
+    return SurveySpec(model=entry["source"], revision=None if revision == AS_GIVEN else revision,
+                       trust_remote_code=entry["trust_remote_code"],
                        text=text, out=out, split=profile["split"], tokens=profile["tokens"],
                        sigma_tokens=profile["sigma_tokens"], zeta=profile["zeta"], batch_size=profile["batch_size"],
                        max_length=profile["max_length"], dtype=profile["dtype"],

@@ -35,6 +35,10 @@ class Task:
     rows : the official (train, validation) row counts of the public release (SQuAD: questions;
         GLUE, SST-5 and SQuAD v1.1 as published, equal to the Hugging Face hub's splits). A mirror
         file with another count is refused unless the data are declared a subset (``data.subset``).
+    heldout_grouping : which rows must stay together when part of the training split is held out
+        to score the search (:data:`istar.data.holdout.GROUPINGS`): ``source_sentence`` where rows
+        are phrases of longer rows (GLUE's SST-2), ``shared_sentence`` where pairs reuse sentences,
+        ``identical_text`` for whole sentences, ``article`` for SQuAD's questions.
     """
 
     key: str
@@ -45,6 +49,7 @@ class Task:
     metric: str
     metrics: tuple[str, ...]
     rows: tuple[int, int]
+    heldout_grouping: str
 
     @property
     def percent_scale(self) -> float:
@@ -56,15 +61,15 @@ class Task:
 TASKS: dict[str, Task] = {
     task.key: task
     for task in (
-        Task("sst2", "SST-2", "classification", 2, False, "accuracy", ("accuracy",), (67_349, 872)),
-        Task("qnli", "QNLI", "classification", 2, True, "accuracy", ("accuracy",), (104_743, 5_463)),
-        Task("rte", "RTE", "classification", 2, True, "accuracy", ("accuracy",), (2_490, 277)),
-        Task("mrpc", "MRPC", "classification", 2, True, "accuracy", ("accuracy", "f1"), (3_668, 408)),
-        Task("qqp", "QQP", "classification", 2, True, "accuracy", ("accuracy", "f1"), (363_846, 40_430)),
-        Task("cola", "CoLA", "classification", 2, False, "matthews", ("matthews", "accuracy"), (8_551, 1_043)),
-        Task("stsb", "STS-B", "regression", 1, True, "pearson", ("pearson", "spearman"), (5_749, 1_500)),
-        Task("sst5", "SST-5", "classification", 5, False, "accuracy", ("accuracy",), (8_544, 1_101)),
-        Task("squad", "SQuAD", "qa", 0, True, "f1", ("f1", "exact_match"), (87_599, 10_570)),
+        Task("sst2", "SST-2", "classification", 2, False, "accuracy", ("accuracy",), (67_349, 872), "source_sentence"),
+        Task("qnli", "QNLI", "classification", 2, True, "accuracy", ("accuracy",), (104_743, 5_463), "shared_sentence"),
+        Task("rte", "RTE", "classification", 2, True, "accuracy", ("accuracy",), (2_490, 277), "shared_sentence"),
+        Task("mrpc", "MRPC", "classification", 2, True, "accuracy", ("accuracy", "f1"), (3_668, 408), "shared_sentence"),
+        Task("qqp", "QQP", "classification", 2, True, "accuracy", ("accuracy", "f1"), (363_846, 40_430), "shared_sentence"),
+        Task("cola", "CoLA", "classification", 2, False, "matthews", ("matthews", "accuracy"), (8_551, 1_043), "identical_text"),
+        Task("stsb", "STS-B", "regression", 1, True, "pearson", ("pearson", "spearman"), (5_749, 1_500), "shared_sentence"),
+        Task("sst5", "SST-5", "classification", 5, False, "accuracy", ("accuracy",), (8_544, 1_101), "identical_text"),
+        Task("squad", "SQuAD", "qa", 0, True, "f1", ("f1", "exact_match"), (87_599, 10_570), "article"),
     )
 }
 

@@ -47,6 +47,9 @@ LABELS = {"isoscore": "IsoScore", "isoscore_star": "IsoScore*", "average_cosine"
           IW: "I(W) of the input embeddings (one-sign recipe)"}
 PANELS = (("input", False), ("input", True), ("output", False), ("output", True))
 """The gallery's columns: matrix × centred."""
+MISSING_MATRIX = {"output": "no output matrix\n(an encoder)",
+                  "input": "one shared matrix,\nshown as the output (tied)"}
+"""Why a gallery panel is empty: a tied causal LM's single matrix is labelled output (docs/method.md §8)."""
 
 
 def _checked(df: pd.DataFrame, columns=PROFILE_COLUMNS, source=SOURCE) -> pd.DataFrame:
@@ -281,7 +284,7 @@ def profile_gallery(df: pd.DataFrame) -> Figure:
         for ax, (matrix, centred) in zip(row, PANELS):
             panel = points[(points["matrix"] == matrix) & (points["centred"] == centred)]
             if panel.empty:
-                _note(ax, "no separate output matrix\n(tied to the input, or none)")
+                _note(ax, MISSING_MATRIX[matrix])
             else:
                 _scatter_panel(ax, panel, half_width)
             ax.set_title(_panel_title(matrix, centred), fontsize=8)

@@ -3,10 +3,12 @@
 Inputs are the run's activation statistics (:mod:`istar.steps.activations`: streaming statistics of
 *all* non-padding evaluation tokens per hidden state, the [CLS] vectors, a token sample), from
 an activations file (``istar analyze``) or in memory (:mod:`istar.steps.measure`, the workflow's way),
-and the pretrained Σ_S file of the same model × task (:mod:`istar.steps.shrinkage`, read by :mod:`istar.core.shrinkage`: every hidden
-state's training-data statistics). Output ``analysis.json``::
+and a Σ_S of the same model × task (:mod:`istar.steps.shrinkage`, read by :mod:`istar.core.shrinkage`:
+every hidden state's training-data statistics): the pretrained model's file, or the fine-tuned
+model's own, measured in memory by :mod:`istar.steps.measure` (``analysis.sigma_s_model``,
+docs/method.md §7). Output ``analysis.json``::
 
-    {"model", "task", "split", "standin", "zeta", "sigma_s": path, "tokens": N,
+    {"model", "task", "split", "standin", "zeta", "sigma_s": its file, or the model it was measured from, "tokens": N,
      "global": {"layers": [l, ...], "isoscore_star", "isoscore", "rows"},
      "layers": [{"layer": l, "isoscore_star", "isoscore", "twonn_cls", "cosine_similarity",
                  "tokens"}, ... for l = 0 (embeddings) .. L],
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,7 +45,23 @@ from istar.core.shrinkage import load_layer_statistics
 from istar.io import artifacts
 from istar.steps.activations import load_activations
 
-__all__ = ["analyze_run", "analyze_statistics"]
+__all__ = ["ShrinkageReference", "analyze_run", "analyze_statistics"]
+
+
+@dataclass(frozen=True)
+class ShrinkageReference:
+    """The Σ_S an analysis shrinks towards: every hidden state's statistics (index = hidden state),
+    their provenance, and how the output names them (a file's path, or the model they came from)."""
+
+    per_layer: list[CovarianceAccumulator]
+    provenance: dict
+    name: str
+
+    @classmethod
+    def read(cls, path) -> "ShrinkageReference":
+        """The Σ_S file ``path`` (written by ``istar shrinkage``)."""
+        per_layer, provenance = load_layer_statistics(path)
+        return cls(per_layer, provenance, str(path))
 
 
 def _layer_accumulators(tensors: dict[str, torch.Tensor], count: int, num_hidden_states: int,
@@ -95,7 +114,8 @@ def analyze_run(activations_path, sigma_path, zeta: float, out=None, twonn_disca
     Parameters
     ----------
     activations_path : the run's ``activations.safetensors`` (see :mod:`istar.steps.activations`).
-    sigma_path, zeta, twonn_discard, layers : see :func:`analyze_statistics`.
+    sigma_path : a Σ_S file of the same model × task (``istar shrinkage``).
+    zeta, twonn_discard, layers : see :func:`analyze_statistics`.
     out : where to write the result as JSON (atomically); None writes nothing.
 
     Returns
@@ -113,7 +133,7 @@ def analyze_run(activations_path, sigma_path, zeta: float, out=None, twonn_disca
     return result
 
 
-def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str], sigma_path, zeta: float,
+def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str], sigma, zeta: float,
                        twonn_discard: float = 0.1, layers: LayerSpec = "all", source: str = "the activations") -> dict:
     """The analysis of activation statistics, in memory or read from a file.
 
@@ -121,8 +141,8 @@ def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     ----------
     tensors, metadata : what :func:`istar.steps.activations.activation_statistics` returns (or
         :func:`istar.steps.activations.load_activations` reads).
-    sigma_path : the Σ_S ``.pt`` file of the same model × task (see :mod:`istar.steps.shrinkage`);
-        it must hold statistics of the same dimension d and number of hidden states L + 1.
+    sigma : a :class:`ShrinkageReference`, or the path of a Σ_S file (see :mod:`istar.steps.shrinkage`),
+        of the same model × task: statistics of the same dimension d and number of hidden states L + 1.
     zeta : float in [0, 1], the shrinkage weight ζ of IsoScore* (0 = vanilla IsoScore).
     twonn_discard : fraction in [0, 1) of the largest μ = r₂/r₁ left out of the TwoNN fit.
     layers : the hidden states whose union forms the ``global`` point cloud ("all" =
@@ -134,17 +154,17 @@ def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     -------
     dict in the format of the module docstring.
     """
-    sigma_path = Path(sigma_path)
+    reference = sigma if isinstance(sigma, ShrinkageReference) else ShrinkageReference.read(sigma)
     zeta = float(zeta)
     hidden_states, count = _checked(tensors, metadata, source)
-    sigma_layers, provenance = load_layer_statistics(sigma_path)
+    sigma_layers, provenance = reference.per_layer, reference.provenance
     dim = tensors["token_mean.layer0"].numel()
     if sigma_layers[0].dim != dim or len(sigma_layers) != hidden_states:
         raise ValueError(
-            f"the Σ_S file {sigma_path} ({len(sigma_layers)} hidden states of dimension {sigma_layers[0].dim}) does "
+            f"the Σ_S {reference.name} ({len(sigma_layers)} hidden states of dimension {sigma_layers[0].dim}) does "
             f"not match {source} ({hidden_states} hidden states of dimension {dim}): use the Σ_S of the same model")
     if provenance.get("task") not in (None, metadata["task"]):
-        raise ValueError(f"the Σ_S file {sigma_path} was computed on task {provenance['task']!r} but {source} "
+        raise ValueError(f"the Σ_S {reference.name} was computed on task {provenance['task']!r} but {source} "
                          f"is of task {metadata['task']!r}")
     eval_layers = _layer_accumulators(tensors, count, hidden_states, source=source)
     report = isotropy_of_statistics(eval_layers, [tensors[f"token_unit_sum.layer{layer}"] for layer in range(hidden_states)],
@@ -152,7 +172,7 @@ def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str
                                     sigma_s=sigma_layers, layers=layers, twonn_discard=twonn_discard).to_dict()
     return {
         "model": metadata["model"], "task": metadata["task"], "split": metadata["split"],
-        "standin": bool(json.loads(metadata.get("standin", "false"))), "zeta": zeta, "sigma_s": str(sigma_path),
+        "standin": bool(json.loads(metadata.get("standin", "false"))), "zeta": zeta, "sigma_s": reference.name,
         "tokens": count, "global": report["global"], "layers": report["layers"],
         "last_layer": {"mean": tensors["last_layer_token_mean"].double().tolist(),
                        "std": tensors["last_layer_token_std"].double().tolist()},

@@ -62,7 +62,8 @@ class Step:
 
         columns = self.columns(split) if columns is None else columns
         return encode_split(columns, self.task, self.tokenizer, self.spec.max_length, self.spec.doc_stride,
-                            with_labels=with_labels, for_qa_eval=for_qa_eval and self.task.kind == "qa")
+                            with_labels=with_labels, for_qa_eval=for_qa_eval and self.task.kind == "qa",
+                            segment_ids=self.spec.segment_ids)
 
     def loader(self, features, batch_size: int, *, sampler=None, pad_to_multiple_of: int | None = None):
         from istar.data.encoding import make_loader

@@ -6,7 +6,11 @@ setting with the seeds the output's path names) the saved model is loaded once a
 1. evaluated on the split, in the spec's precision (``evaluate``; the workflow always asks), as
    :func:`istar.steps.evaluate.evaluation_report`;
 2. run over the split for its activation statistics (:func:`istar.steps.activations.activation_statistics`);
-3. analysed against the pretrained Σ_S (:func:`istar.steps.analyze.analyze_statistics`).
+3. analysed (:func:`istar.steps.analyze.analyze_statistics`) against a Σ_S chosen by ``sigma_s_model``
+   (``analysis.sigma_s_model``, :mod:`istar.registry.analysis`): the pretrained model's file
+   ``sigma_s``, or — ``fine_tuned``, as the authors' analysis — the run's own model's, measured here
+   over ``shrinkage_rows`` rows of the training split exactly as ``istar shrinkage`` measures the
+   pretrained model's (real tokens, the order of seed 0, the batch size ``batch_size``).
 
 The statistics stay in memory: an activations file holds every [CLS] vector of every layer
 (for QQP's 40k validation pairs and BERT-base about 1.6 GB per run), so the workflow does not
@@ -14,7 +18,8 @@ keep one per run; ``istar activations`` and ``istar analyze`` write and read suc
 manual work. One job per setting rather than two or three per run keeps the paper's DAG small
 (docs/architecture.md). The output, written once at the end (atomically, with its hash)::
 
-    {"split", "sigma_s", "zeta", "evaluated": bool, "precision": the forward passes' (as they ran),
+    {"split", "sigma_s": the pretrained Σ_S file or null, "sigma_s_model", "zeta", "evaluated": bool,
+     "precision": the forward passes' (as they ran),
      "runs": {RUN_FOLDER: {"evaluation": {…} or null, "analysis": {…}, "trained_on": TOKENS}, …},
      "provenance": {"git": {…}, "versions": {…}}}
 
@@ -45,10 +50,9 @@ def measure_runs(spec: MeasureSpec) -> dict:
     """The measurement step: see the module docstring. Returns what was written to ``spec.out``."""
     from tqdm.auto import tqdm
 
-    from istar.core.shrinkage import load_layer_statistics
-
+    from istar.registry.analysis import get_sigma_source
     from istar.steps.activations import activation_statistics
-    from istar.steps.analyze import analyze_statistics
+    from istar.steps.analyze import ShrinkageReference, analyze_statistics
     from istar.steps.common import open_step
     from istar.steps.evaluate import evaluation_report
     from istar.steps.run_folder import read_finished_run
@@ -60,25 +64,37 @@ def measure_runs(spec: MeasureSpec) -> dict:
     for run in spec.runs:
         read_finished_run(run)  # one finished run's outputs, unchanged, no training state beside them
     # Σ_S read (hash, NaN / inf) before the first model is evaluated, not after.
-    load_layer_statistics(spec.sigma_s)
+    pretrained = ShrinkageReference.read(spec.sigma_s) if get_sigma_source(spec.sigma_s_model).reads_file else None
     runs, main_process, precision = {}, True, None
     for run in tqdm(spec.runs, desc="runs measured", unit="run"):
         step = open_step(spec.model_data(run))
         main_process, precision = step.accelerator.is_main_process, step.precision.label
         evaluation = evaluation_report(step, spec.split, spec.batch_size) if spec.evaluate else None
         tensors, metadata = activation_statistics(step, spec.split, spec.batch_size, spec.token_sample, spec.seed)
-        analysis = analyze_statistics(tensors, metadata, spec.sigma_s, spec.zeta, twonn_discard=spec.twonn_discard,
+        sigma = pretrained or _fine_tuned_sigma(step, spec, run)
+        analysis = analyze_statistics(tensors, metadata, sigma, spec.zeta, twonn_discard=spec.twonn_discard,
                                       layers=spec.layers, source=f"the activations of run {run}")
         runs[run] = {"evaluation": evaluation, "analysis": analysis, "trained_on": _trained_on(run)}
         print(f"{run}: global IsoScore* (ζ = {spec.zeta}) {analysis['global']['isoscore_star']:.4f}"
               + (f", {evaluation['metric']} {evaluation['metrics'][evaluation['metric']]:.4f}" if evaluation else ""))
         del step, tensors
         gc.collect()  # one model at a time: the next run's is loaded into the memory this one held
-    result = {"split": spec.split, "sigma_s": spec.sigma_s, "zeta": spec.zeta, "evaluated": spec.evaluate,
+    result = {"split": spec.split, "sigma_s": spec.sigma_s, "sigma_s_model": spec.sigma_s_model, "zeta": spec.zeta,
+              "evaluated": spec.evaluate,
               "precision": precision, "runs": runs, "provenance": code_provenance()}
     if main_process:
         result = artifacts.write_json(spec.out, result, digest=True)
     return result
+
+
+def _fine_tuned_sigma(step, spec: MeasureSpec, run: str):
+    """Σ_S of the run's fine-tuned model: the statistic ``istar shrinkage`` takes of the pretrained one."""
+    from istar.steps.analyze import ShrinkageReference
+    from istar.steps.shrinkage import training_statistics
+
+    per_layer = training_statistics(step, spec.layers, spec.shrinkage_rows, spec.batch_size, seed=0)
+    return ShrinkageReference(per_layer, {"task": step.task.key, "model": f"{run}/model"},
+                              f"the fine-tuned model of {run} ({per_layer[0].count:,} training tokens per layer)")
 
 
 def _trained_on(run: str) -> str:

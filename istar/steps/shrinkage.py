@@ -17,12 +17,32 @@ from pathlib import Path
 
 from istar.config.specs import ShrinkageSpec, add_spec_arguments, spec_from_cli
 from istar.core.regularizers import resolve_layers
+from istar.core.regularizers import LayerSpec
 from istar.core.shrinkage import NonFiniteStatistics, merge_layers, save_shrinkage
 from istar.data.encoding import EpochShuffleSampler
 from istar.io import artifacts
 from istar.models.shrinkage import accumulate_shrinkage
 
-__all__ = ["compute_shrinkage_file"]
+__all__ = ["training_statistics", "compute_shrinkage_file"]
+
+
+def training_statistics(step, layers: LayerSpec, rows: int, batch_size: int, seed: int, tokens: str = "real") -> list:
+    """Every hidden state's statistics (:class:`istar.core.isotropy.CovarianceAccumulator`, index =
+    hidden state) of ``step``'s model over its task's training split, read in an order fixed by
+    ``seed`` until ``layers`` hold ``rows`` rows: Σ_S of that model (the pretrained one for
+    ``istar shrinkage``, a fine-tuned one for the measurement's ``analysis.sigma_s_model``)."""
+    from accelerate.data_loader import prepare_data_loader
+
+    accelerator = step.accelerator
+    model = step.model.to(accelerator.device)
+    features = step.features("train", with_labels=False)
+    loader = step.loader(features, batch_size, sampler=EpochShuffleSampler(len(features), seed))
+    # even_batches=False: accelerate would otherwise repeat rows to even out the shards, and Σ_S
+    # would count them twice.
+    loader = prepare_data_loader(loader, accelerator.device, accelerator.num_processes, accelerator.process_index,
+                                 put_on_device=True, even_batches=False)
+    return accumulate_shrinkage(model, loader, layers, rows, accelerator, description=f"Σ_S {step.task.key}",
+                                tokens=tokens)
 
 
 def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
@@ -32,25 +52,15 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
     provenance (model, task, rows, layers, …) are written to ``spec.out``, the provenance also
     to ``spec.out`` with the suffix ``.json``. Returns the provenance.
     """
-    from accelerate.data_loader import prepare_data_loader
-
     from istar.steps.common import open_step
 
     spec.validate()
     step = open_step(spec, model_seed=spec.seed)
     accelerator, task = step.accelerator, step.task
-    model = step.model.to(accelerator.device)
-    features = step.features("train", with_labels=False)
-    loader = step.loader(features, spec.batch_size, sampler=EpochShuffleSampler(len(features), spec.seed))
-    # even_batches=False: accelerate would otherwise repeat rows to even out the shards, and Σ_S
-    # would count them twice.
-    loader = prepare_data_loader(loader, accelerator.device, accelerator.num_processes, accelerator.process_index,
-                                 put_on_device=True, even_batches=False)
-    indices = resolve_layers(spec.layers, model.config.num_hidden_layers + 1)
+    indices = resolve_layers(spec.layers, step.model.config.num_hidden_layers + 1)
     start = time.perf_counter()
     try:
-        per_layer = accumulate_shrinkage(model, loader, spec.layers, spec.rows, accelerator,
-                                         description=f"Σ_S {task.key}", tokens=spec.tokens)
+        per_layer = training_statistics(step, spec.layers, spec.rows, spec.batch_size, spec.seed, spec.tokens)
     except NonFiniteStatistics as error:
         raise NonFiniteStatistics(f"Σ_S for {spec.out} is not finite: {error}; nothing was written") from None
     rows = merge_layers(per_layer, indices).count

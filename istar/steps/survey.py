@@ -3,8 +3,9 @@
 ``istar survey`` measures one model at one revision (Machina & Mercer, NAACL 2024, asked
 the same questions of Pythia checkpoints; IsoScore is docs/method.md §1, IsoScore* §2):
 
-static embeddings — the input matrix W_in (V, d) and, where it is not tied to it, the
-output matrix W_out (V, d), each raw and mean-centred:
+static embeddings — the input matrix W_in (V, d) and a causal LM's output matrix W_out (V, d)
+(a single shared matrix, OPT's or Falcon's, is reported once as ``output``, as Machina & Mercer
+label it: :attr:`istar.models.pretrained.LoadedModel.static_matrices`), each raw and mean-centred:
     IsoScore (a covariance measure, so centring does not change it: reported once),
     the partition isotropy I(W) of Mu et al. twice — over both signs of each eigenvector
     (``partition_isotropy_both_signs``, :func:`istar.core.isotropy.partition_isotropy`) and with
@@ -354,9 +355,7 @@ def profile_model(spec: SurveySpec) -> dict:
         torch.cuda.reset_peak_memory_stats()
     loaded = load_for_profile(spec)
     texts = read_texts(spec.text, spec.split)
-    matrices = {"input": loaded.input_embeddings}
-    if loaded.output_embeddings is not None:
-        matrices["output"] = loaded.output_embeddings
+    matrices = loaded.static_matrices
     static, projections = {}, {}
     for which, W in matrices.items():
         static[which] = static_measures(W)

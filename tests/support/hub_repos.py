@@ -10,6 +10,10 @@ the three hub dataset repos the loader uses, laid out and typed as on huggingfac
   (RTE/QNLI entailment = 0) or, for STS-B, float32;
 - ``SetFit/sst5``: ``train.jsonl``, ``dev.jsonl``, ``test.jsonl`` with ``text``, ``label`` (int,
   0-4) and ``label_text``, no card configs (the library maps ``dev`` to validation);
+- ``stanfordnlp/sst``: its ``default`` config as parquet files (``default/{split}-00000-of-00001.parquet``,
+  listed in the card) with ``sentence``, ``label`` (float32, a sentiment in [0, 1]), ``tokens`` and
+  ``tree``; each sentiment is chosen inside the bin of the tree's root label (the real one is the
+  sentence's own score, whose bin the tree's label is), near its lower or upper edge;
 - ``rajpurkar/squad``: ``plain_text/{train,validation}-00000-of-00001.parquet`` with ``id``,
   ``title``, ``context``, ``question`` and ``answers`` {``text``: list of str,
   ``answer_start``: list of int32}.
@@ -136,7 +140,7 @@ def _glue_card(counts: dict[str, dict[str, int]]) -> bytes:
 
 
 def dataset_repos(small: Path) -> dict[str, dict[str, bytes]]:
-    """Hub repo id -> files (path -> bytes) of nyu-mll/glue, SetFit/sst5 and rajpurkar/squad."""
+    """Hub repo id -> files (path -> bytes) of nyu-mll/glue, SetFit/sst5, stanfordnlp/sst and rajpurkar/squad."""
     glue, counts = {}, {}
     for task, folder in GLUE_FOLDERS.items():
         counts[task] = {}
@@ -154,6 +158,21 @@ def dataset_repos(small: Path) -> dict[str, dict[str, bytes]]:
         sst5[f"{stem}.jsonl"] = "".join(
             json.dumps({"text": text, "label": label, "label_text": label_names[label]}) + "\n"
             for label, text in trees).encode()
+
+    sentiment = {}
+    for split, stem in (("train", "train"), ("validation", "dev"), ("test", "dev")):
+        lines = (small / f"sst5/{stem}.txt").read_text(encoding="utf-8").splitlines()
+        trees = [parse_tree(line) for line in lines if line.strip()]
+        # inside the bin of the label: 0.2·k + 0.01 or 0.2·k + 0.19 (alternately), as float32
+        scores = [round(0.2 * label + (0.01 if i % 2 else 0.19), 2) for i, (label, _) in enumerate(trees)]
+        table = pa.table({"sentence": pa.array([text for _, text in trees], pa.string()),
+                          "label": pa.array(scores, pa.float32()),
+                          "tokens": pa.array(["|".join(text.split()) for _, text in trees], pa.string()),
+                          "tree": pa.array([""] * len(trees), pa.string())})
+        sentiment[f"default/{split}-00000-of-00001.parquet"] = _parquet(table)
+    sentiment["README.md"] = ("---\n" + yaml.safe_dump({"configs": [{"config_name": "default", "data_files": [
+        {"split": s, "path": f"default/{s}-00000-of-00001.parquet"} for s in ("train", "validation", "test")]}]},
+        sort_keys=False) + "---\n# Stanford Sentiment Treebank (test copy)\n").encode()
 
     squad = {}
     answers_type = pa.struct([("text", pa.list_(pa.string())), ("answer_start", pa.list_(pa.int32()))])
@@ -175,7 +194,7 @@ def dataset_repos(small: Path) -> dict[str, dict[str, bytes]]:
                 {"name": "answers", "sequence": [{"name": "text", "dtype": "string"},
                                                  {"name": "answer_start", "dtype": "int32"}]}]},
         }, sort_keys=False) + "---\n# SQuAD (test copy)\n").encode()
-    return {"nyu-mll/glue": glue, "SetFit/sst5": sst5, "rajpurkar/squad": squad}
+    return {"nyu-mll/glue": glue, "SetFit/sst5": sst5, "stanfordnlp/sst": sentiment, "rajpurkar/squad": squad}
 
 
 def tiny_model_files(kind: str, folder: Path, seed: int = 0) -> dict[str, Path]:

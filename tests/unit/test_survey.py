@@ -315,7 +315,8 @@ def test_gguf_decoder_profile(tmp_path, text_file):
     result = json.loads(out.read_text())
     provenance, layers = result["provenance"], result["layers"]
     assert provenance["causal"] and provenance["num_layers"] == 30 and provenance["hidden_size"] == 576
-    assert provenance["tied_embeddings"] and set(result["static"]) == {"input"}
+    # one shared matrix, labelled output as Machina & Mercer label OPT's and Falcon's
+    assert provenance["tied_embeddings"] and set(result["static"]) == {"output"}
     assert len(provenance["file_sha256"]) == 64
     assert [entry["layer"] for entry in layers] == [*range(31), "pre_final_norm"]
     assert provenance["final_norm"] == "norm" and result["final_norm_gain"]["std"] > 0
@@ -325,7 +326,7 @@ def test_gguf_decoder_profile(tmp_path, text_file):
     from istar.models.pretrained import load_for_profile
 
     W = load_for_profile(SurveySpec(model=SMOLLM, text=str(text_file), out="unused", device="cpu")).input_embeddings
-    check_static_independently(result["static"]["input"], W.detach().double().numpy())
+    check_static_independently(result["static"]["output"], W.detach().double().numpy())
 
 
 # ------------------------------------------------------------------ the profile stage of the workflow
@@ -374,7 +375,8 @@ def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path)
     layers = table[(table["kind"] == "layer") & table["model"].isin(["minilm", "smollm2"])]
     assert layers["twonn"].gt(1).all() and layers["effective_rank"].gt(1).all() and (layers["twonn_tokens"] == 300).all()
     points = pd.read_csv(tmp_path / "results/aggregate/profile_projections.csv")
-    # minilm and smollm2: input only (an encoder; tied); neox: input and output at two revisions; raw and centred
+    # minilm and smollm2: one matrix (an encoder's input; a tied decoder's shared one, labelled output); neox:
+    # input and output at two revisions; raw and centred
     assert len(points) == 2 * (1 + 1 + 2 * 2) * 1000
     from istar.report.figures import PROFILE_FIGURES
 
@@ -487,7 +489,7 @@ def test_profile_figures_draw_and_say_what_they_cannot_show(name, tmp_path):
     assert isinstance(fig, Figure)
     drawn = sum(len(ax.lines) + len(ax.collections) + len(ax.patches) for ax in fig.axes)
     # the gallery's row of the encoder (no output matrix) says so in its two output panels
-    assert drawn > 0 and notes_in(fig) == (["no separate output matrix\n(tied to the input, or none)"] * 2
+    assert drawn > 0 and notes_in(fig) == (["no output matrix\n(an encoder)"] * 2
                                            if name == "profile_gallery" else [])
     if name == "profile_gallery_steps":  # p70m and p160m, 4 panels each, a column per checkpoint
         assert len(fig.axes) == 8 * 2 and sum(len(ax.collections) for ax in fig.axes) == 16

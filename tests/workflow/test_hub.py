@@ -215,3 +215,25 @@ def test_offline_dataset_from_the_cache_same_commit_else_one_line(hub, hub_prepa
     assert result.returncode == 1 and not (tmp_path / "missing" / "meta.json").exists()
     assert result.stderr.strip().splitlines()[-1].startswith(
         "error: dataset 'nyu-mll/glue' at revision 'v9' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set")
+
+
+def test_sst5_from_the_authors_hub_dataset_bins_its_sentiment_scores(hub, online, tmp_path):
+    """data.hub_datasets.sst5: stanfordnlp/sst (the authors' `sst`), its float sentiment cut into the five
+    classes, gives the rows and labels of the trees; its commit and id go into meta.json."""
+    from istar.data.hub import hub_source
+
+    out, mirrored = tmp_path / "sst", tmp_path / "mirror"
+    meta = prepare_task("sst5", out, source="hub", hub_dataset="stanfordnlp/sst")
+    prepare_task("sst5", mirrored, source="mirror", mirror=hub.small_mirror, subset=True)
+    for split in SPLITS:
+        pd.testing.assert_frame_equal(read_split(out, split), read_split(mirrored, split))
+    assert (meta["hub_id"], meta["hub_config"]) == ("stanfordnlp/sst", "default")
+    assert meta["hub_commit"] == hub.dataset_commits["stanfordnlp/sst"]
+    # an edge belongs to the class below it, as np.digitize(..., right=True) in the authors' code
+    assert hub_source("sst5", "stanfordnlp/sst").labels([0.0, 0.2, 0.2001, 0.4, 0.5, 0.8, 0.8001, 1.0]) == \
+        [0, 0, 1, 1, 2, 3, 4, 4]
+    with pytest.raises(ValueError, match="applies to the hub only"):
+        prepare_task("sst5", tmp_path / "x", source="mirror", mirror=hub.small_mirror, subset=True,
+                     hub_dataset="stanfordnlp/sst")
+    with pytest.raises(ValueError, match="choose one of SetFit/sst5, stanfordnlp/sst"):
+        prepare_task("sst5", tmp_path / "y", source="hub", hub_dataset="sst")
