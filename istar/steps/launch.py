@@ -9,6 +9,10 @@
 - ``--gpus N > 1``: ``accelerate launch --multi_gpu --num_processes N --mixed_precision fp16``
   on a free port, so several multi-GPU jobs can share a machine.
 
+On a site that takes GPUs as a SLURM generic resource only (``gres``, the rule's ``gpu`` set to 0
+so that no ``--gpus`` is asked for), ``--gpus 0`` runs on the GPUs SLURM granted the job step
+(:func:`granted_gpus`).
+
 Snakemake does not assign GPUs to local jobs. Unless ``CUDA_VISIBLE_DEVICES`` is already set
 (as SLURM does; it must then name at least N devices), the launcher claims N GPUs for the job's
 lifetime with lock files in the system's temporary folder and sets ``CUDA_VISIBLE_DEVICES`` to
@@ -43,7 +47,7 @@ from pathlib import Path
 
 from istar.registry.precisions import PRECISIONS
 
-__all__ = ["launch_command", "claim_gpus", "child_environment", "run_child", "FORWARDED_SIGNALS",
+__all__ = ["launch_command", "claim_gpus", "granted_gpus", "child_environment", "run_child", "FORWARDED_SIGNALS",
            "SAVE_GRACE_SECONDS"]
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -144,6 +148,16 @@ def _locked(path: Path):
         os.close(handle)
 
 
+def granted_gpus(asked: int, environ: dict) -> int:
+    """The GPUs the step runs on: ``asked`` (Snakemake's resources.gpu), or, where that is 0 and SLURM
+    granted the job step GPUs as a generic resource (``gres`` on sites that reject ``--gpus``, with
+    the rule's ``gpu`` set to 0 so the executor plugin does not ask with --gpus), their number."""
+    step_gpus = environ.get("SLURM_STEP_GPUS", "")
+    if asked == 0 and step_gpus:
+        return len(step_gpus.split(","))
+    return asked
+
+
 def child_environment(gpus: int, environ: dict) -> dict:
     """The environment of the step on ``gpus`` GPUs; a preset ``CUDA_VISIBLE_DEVICES`` must name enough of them."""
     env = dict(environ)
@@ -171,16 +185,17 @@ def run_cli(args) -> int:
     step = args.step[1:] if args.step[:1] == ["--"] else args.step
     if not step:
         raise ValueError("nothing to launch: give the step after --, e.g. istar launch --gpus 2 -- train …")
-    command = launch_command(args.gpus, args.mixed_precision, step)
-    env = child_environment(args.gpus, os.environ)
-    if args.gpus == 0:
+    count = granted_gpus(args.gpus, os.environ)
+    command = launch_command(count, args.mixed_precision, step)
+    env = child_environment(count, os.environ)
+    if count == 0:
         print("launching on the CPU:", " ".join(command), flush=True)
         return exit_status(run_child(command, env), step[0])
     if "CUDA_VISIBLE_DEVICES" in os.environ:
-        print(f"launching on GPU(s) {env['CUDA_VISIBLE_DEVICES']} (CUDA_VISIBLE_DEVICES as given):", " ".join(command),
-              flush=True)
+        given = "granted by SLURM as a generic resource" if count != args.gpus else "CUDA_VISIBLE_DEVICES as given"
+        print(f"launching on GPU(s) {env['CUDA_VISIBLE_DEVICES']} ({given}):", " ".join(command), flush=True)
         return exit_status(run_child(command, env), step[0])
-    with claim_gpus(args.gpus, visible_gpu_count()) as gpus:
+    with claim_gpus(count, visible_gpu_count()) as gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         print(f"launching on GPU(s) {env['CUDA_VISIBLE_DEVICES']} (claimed):", " ".join(command), flush=True)
         return exit_status(run_child(command, env), step[0])
