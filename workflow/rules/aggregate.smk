@@ -17,7 +17,7 @@ rule aggregate:
     benchmark:
         "benchmarks/aggregate/aggregate.tsv"
     conda:
-        "../../envs/istar.yaml"
+        CPU_ENV
     params:
         specs=lambda wildcards: " ".join(
             f"{study}={run}" for study, run in all_run_specs()

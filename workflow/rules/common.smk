@@ -66,6 +66,12 @@ _profile_task = survey_text_task(config)
 DATA_TASKS = TASKS + ([_profile_task] if _profile_task not in [None, *TASKS] else [])
 TRAINING = config["training"]
 GPUS = TRAINING["gpus"]
+# Each rule's environment under --sdm conda: conda-forge's CUDA build of PyTorch for the jobs that
+# get GPUs, the CPU build elsewhere. Named, not detected: environments are created on the
+# submitting host, which on a cluster often has no GPU.
+CPU_ENV = "../../envs/istar-cpu.yaml"
+GPU_ENV = "../../envs/istar.yaml"
+TRAINING_ENV = GPU_ENV if GPUS else CPU_ENV
 
 # The search reads the task's own splits (scored on the validation split, the paper's
 # protocol) or, under search.selection_split: heldout, a held-out split of the training rows

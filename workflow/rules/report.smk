@@ -24,7 +24,7 @@ rule table:
     wildcard_constraints:
         table="|".join(TABLE_NAMES),
     conda:
-        "../../envs/report.yaml"
+        CPU_ENV
     shell:
         "python -m istar table {wildcards.table} --runs {input.runs} --selection {input.selection} "
         "--out-prefix results/tables/{wildcards.table} > {log} 2>&1"
@@ -38,7 +38,7 @@ rule stability:
     benchmark:
         "benchmarks/stability.tsv"
     conda:
-        "../../envs/report.yaml"
+        CPU_ENV
     params:
         repeats=config["studies"]["stability"]["repeats"],
     shell:
@@ -62,7 +62,7 @@ rule figure:
     wildcard_constraints:
         figure="|".join(FIGURE_NAMES),
     conda:
-        "../../envs/report.yaml"
+        CPU_ENV
     params:
         zeta=config["analysis"]["zeta"],
     shell:
@@ -82,7 +82,7 @@ rule run_config:
     log:
         "logs/run_config.log",
     conda:
-        "../../envs/report.yaml"
+        CPU_ENV
     shell:
         "python -m istar config {input} --out {output} > {log} 2>&1"
 

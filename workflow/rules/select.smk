@@ -15,7 +15,7 @@ checkpoint select:
     benchmark:
         "benchmarks/select/{model}/{task}.tsv"
     conda:
-        "../../envs/istar.yaml"
+        CPU_ENV
     params:
         runs=lambda wildcards: search_runs(wildcards.model, wildcards.task),
     shell:
