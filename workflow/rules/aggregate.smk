@@ -27,3 +27,19 @@ rule aggregate:
     shell:
         "python -m istar aggregate --out-dir results/aggregate {params.specs} --selection {params.selections} "
         "--measures {params.measures} > {log} 2>&1"
+
+
+# Table 1's cells, the λ sweep and the Σ_S curves in the form DVC compares across experiments
+# (dvc.yaml: metrics and plots; `dvc exp show`, `dvc exp diff`, `dvc plots diff`).
+rule experiment:
+    input:
+        expand(AGGREGATE, name=["runs", "paired", "epochs"]),
+    output:
+        metrics=EXPERIMENT_METRICS,
+        plots=[directory(folder) for folder in EXPERIMENT_PLOTS],
+    log:
+        "logs/aggregate/experiment.log",
+    conda:
+        CPU_ENV
+    shell:
+        "python -m istar experiment --aggregate-dir results/aggregate --out-dir results/experiment > {log} 2>&1"
