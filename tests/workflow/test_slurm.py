@@ -309,7 +309,7 @@ def test_a_two_gpu_fine_tuning_job_is_one_task_on_two_gpus(slurm, tmp_path):
     launches one training with two processes on them. Seed 0 asks with --gpus (the profile), seed 1
     with --gres, as the profile's comment shows for sites that reject --gpus; the two run at once."""
     config = load_test_config("slurm", model_dir=save_tiny_model(tmp_path / "tiny-bert"))
-    config["training"]["gpus"] = 2
+    config["training"].update(gpus=2, runtime=60)  # (minutes: no early stop signal on a busy machine)
     config["final"]["seeds"] = [0, 1]
     workdir = tmp_path / "project"
     write_project(workdir, config)
@@ -319,7 +319,7 @@ def test_a_two_gpu_fine_tuning_job_is_one_task_on_two_gpus(slurm, tmp_path):
     returncode, output = run_logged(
         cluster_command(workdir, *targets, set_resources=(
             "train:gpu=0 if wildcards.seed == '1' else 2", "train:gres='gpu:2' if wildcards.seed == '1' else ''")),
-        workdir, env, tmp_path / "snakemake.log", timeout=600)
+        workdir, env, tmp_path / "snakemake.log", timeout=1800)
     assert returncode == 0, output[-6000:] + slurm.logs()
 
     submitted = submitted_jobs(output)
@@ -372,49 +372,65 @@ def signal_lead_seconds() -> int:
 
 
 def test_a_job_past_its_time_limit_is_stopped_ahead_of_it_resubmitted_and_resumes(slurm, tmp_path):
-    """A base run of 40 epochs × 125 optimizer steps (two to four minutes here) with a first time limit it
-    cannot finish in. slurmctld checks time limits every 30 s and sends the profile's early SIGTERM at
-    the first check within lead + 30 s of the limit: with a limit of lead/60 + 2 minutes, 90 to 120 s
-    into the job, well after training has started. The resubmitted job (the profile's retry) gets 10
-    minutes."""
+    """A base run of 40 epochs × 125 optimizer steps (two minutes or more here). Once it has logged its
+    first optimizer step, its time limit is cut to the minute it has run plus the profile's lead plus
+    one (`scontrol update`, as an administrator can): shorter than the training, and late enough that
+    startup, which on a busy machine takes minutes, is over. slurmctld checks time limits every 30 s
+    and sends the early SIGTERM at the first check within lead + 30 s of the limit; the job saves its
+    state, fails, and the profile's retry submits it again with the rule's runtime."""
     model = save_tiny_model(tmp_path / "tiny-bert")
     config = load_test_config("slurm", model_dir=model)
     config["data"]["max_train_samples"] = 500
-    config["training"].update(epochs=40, batch_size=4)
+    config["training"].update(epochs=40, batch_size=4, runtime=60)
     on_slurm, local = tmp_path / "slurm", tmp_path / "local"
     for workdir in (on_slurm, local):
         write_project(workdir, config)
     target = f"{run_folder(0)}/metrics.json"
-    first_limit = signal_lead_seconds() // 60 + 2
+    run = on_slurm / run_folder(0)
+    lead = signal_lead_seconds()
 
     start = time.perf_counter()
     # the reference: the same run, uninterrupted, on the local CPU beside the cluster run
     local_run = subprocess.Popen([*snakemake_command(local, target), "--cores", "1", "--resources", "gpu=0"],
                                  cwd=local, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "snakemake.log"
+    with log.open("w") as out:
+        cluster_run = subprocess.Popen(cluster_command(on_slurm, target), cwd=on_slurm, env=slurm.env, stdout=out,
+                                       stderr=subprocess.STDOUT)
     try:
-        returncode, output = run_logged(
-            cluster_command(on_slurm, target, set_resources=(f"train:runtime={first_limit} if attempt == 1 else 10",)),
-            on_slurm, slurm.env, tmp_path / "snakemake.log", timeout=900)
-        local_output, _ = local_run.communicate(timeout=900)
+        deadline = time.monotonic() + 1800
+        while not (submitted := submitted_jobs(log.read_text())) or not (run / "resume" / "train_log.csv").is_file():
+            assert cluster_run.poll() is None, log.read_text()[-6000:]
+            assert time.monotonic() < deadline, "no optimizer step on SLURM in 30 minutes"
+            time.sleep(1)
+        first = submitted[0][0]
+        elapsed = duration(slurm.jobs()[first]["RunTime"])
+        cut = -(-elapsed // 60) + lead // 60 + 1  # minutes
+        update = slurm.run("scontrol", "update", f"JobId={first}", f"TimeLimit={cut}")
+        assert update.returncode == 0, update.stderr
+        returncode = cluster_run.wait(timeout=1800)
+        local_output, _ = local_run.communicate(timeout=1800)
     finally:
-        if local_run.poll() is None:
-            local_run.kill()
-            local_run.wait()
+        for process in (cluster_run, local_run):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     seconds = time.perf_counter() - start
+    output = log.read_text(errors="replace")
     assert returncode == 0, output[-8000:] + slurm.logs()
     assert local_run.returncode == 0, local_output[-5000:]
 
     submitted = submitted_jobs(output)
     assert [rule for _, rule in submitted] == ["train", "train"], output[-6000:]
-    (first, _), (second, _) = submitted
+    second = submitted[1][0]
     jobs = slurm.jobs()
     # the first job stopped on the early signal, before its limit, and failed (no TIMEOUT, no SIGKILL)
-    assert jobs[first]["TimeLimit"] == f"00:{first_limit:02d}:00", jobs[first]
+    assert duration(jobs[first]["TimeLimit"]) == 60 * cut, jobs[first]
     assert jobs[first]["JobState"] == "FAILED" and jobs[first]["Reason"] == "NonZeroExitCode", jobs[first]
-    assert duration(jobs[first]["RunTime"]) < 60 * first_limit, jobs[first]
-    assert jobs[second]["TimeLimit"] == "00:10:00" and jobs[second]["JobState"] == "COMPLETED", jobs[second]
+    assert duration(jobs[first]["RunTime"]) < 60 * cut, jobs[first]
+    assert jobs[second]["JobState"] == "COMPLETED", jobs[second]
+    assert duration(jobs[second]["TimeLimit"]) == 60 * config["training"]["runtime"], jobs[second]
 
-    run = on_slurm / run_folder(0)
     stopped = re.search(r"istar train: stopped by SIGTERM after optimizer step (\d+) \(epoch \d+\); the state is saved "
                         rf"in {re.escape(str(run))}/resume/(state-\d+)", output)
     assert stopped, output[-8000:]
@@ -432,8 +448,8 @@ def test_a_job_past_its_time_limit_is_stopped_ahead_of_it_resubmitted_and_resume
     assert rows == list(csv.DictReader((reference / "train_log.csv").open()))
     assert json.loads((run / "metrics.json").read_text()) == json.loads((reference / "metrics.json").read_text())
     assert not (run / "resume").exists()
-    print(f"time-limit run: job {first} stopped after optimizer step {step} of {total} "
-          f"({jobs[first]['RunTime']} of {jobs[first]['TimeLimit']}), job {second} resumed and finished in "
+    print(f"time-limit run: job {first} cut to {cut} min after {elapsed} s, stopped after optimizer step {step} of "
+          f"{total} ({jobs[first]['RunTime']} of {jobs[first]['TimeLimit']}), job {second} resumed and finished in "
           f"{jobs[second]['RunTime']}; {len(rows)} steps logged; {seconds:.0f} s in all")
 
 
