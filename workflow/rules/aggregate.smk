@@ -34,9 +34,10 @@ rule aggregate:
 rule experiment:
     input:
         expand(AGGREGATE, name=["runs", "paired", "epochs"]),
+    # metrics.json is written last; the curves beside it (lambda_sweep/, sigma_epochs/, declared as
+    # DVC plots) are the step's to keep current, as a run's train_log.csv beside its metrics.json.
     output:
-        metrics=EXPERIMENT_METRICS,
-        plots=[directory(folder) for folder in EXPERIMENT_PLOTS],
+        EXPERIMENT_METRICS,
     log:
         "logs/aggregate/experiment.log",
     conda:

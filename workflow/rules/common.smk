@@ -86,10 +86,6 @@ PROFILES_TABLE = AGGREGATE.format(name=PROFILES_CSV)
 PROJECTIONS_TABLE = AGGREGATE.format(name=PROJECTIONS_CSV)
 AGGREGATES = expand(AGGREGATE, name=AGGREGATE_NAMES)
 EXPERIMENT_METRICS = "results/experiment/metrics.json"
-EXPERIMENT_PLOTS = [
-    "results/experiment/lambda_sweep",
-    "results/experiment/sigma_epochs",
-]
 PROVENANCE_CSV = AGGREGATE.format(name=PROVENANCE_NAME)
 
 
