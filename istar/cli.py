@@ -11,6 +11,7 @@
     istar analyze        IsoScore*, IsoScore, TwoNN and cosine similarity per layer of a run
     istar measure        evaluation, activations and analysis of several runs in one process (the workflow's)
     istar aggregate      collect runs into the aggregate CSVs; istar select: best search setting
+    istar experiment     Table 1's cells, the λ sweep and Σ_S curves as DVC metrics and plots
     istar table          Table 1 / Table 2 as CSV, Markdown and LaTeX
     istar stability      Fig. 2's simulation (IsoScore* of mini-batches vs batch size) as CSV
     istar figure         one of the paper's figures (PNG and PDF)
@@ -45,6 +46,7 @@ SUBCOMMANDS = {
     "analyze": ("istar.steps.analyze", "isotropy and intrinsic dimension of a run's activations"),
     "measure": ("istar.steps.measure", "evaluation, activations and analysis of several fine-tuned runs in one process"),
     "aggregate": ("istar.report.aggregate", "collect runs into the aggregate CSVs"),
+    "experiment": ("istar.report.experiment", "Table 1's cells, the λ sweep and Σ_S curves as DVC metrics and plots"),
     "select": ("istar.report.select", "pick the best search setting of a model and task"),
     "table": ("istar.report.tables", "render Table 1 / Table 2 from the aggregate CSVs"),
     "stability": ("istar.steps.stability", "simulate Fig. 2's data: IsoScore* of mini-batches vs batch size"),

@@ -9,16 +9,25 @@
 - ``--gpus N > 1``: ``accelerate launch --multi_gpu --num_processes N --mixed_precision fp16``
   on a free port, so several multi-GPU jobs can share a machine.
 
+On a site that takes GPUs as a SLURM generic resource only (``gres``, the rule's ``gpu`` set to 0
+so that no ``--gpus`` is asked for), ``--gpus 0`` runs on the GPUs SLURM granted the job step
+(:func:`granted_gpus`).
+
 Snakemake does not assign GPUs to local jobs. Unless ``CUDA_VISIBLE_DEVICES`` is already set
-(as SLURM does), the launcher claims N GPUs for the job's lifetime with lock files in the
-system's temporary folder and sets ``CUDA_VISIBLE_DEVICES`` to them, so two 1-GPU jobs under
-``--resources gpu=2`` do not both land on GPU 0.
+(as SLURM does; it must then name at least N devices), the launcher claims N GPUs for the job's
+lifetime with lock files in the system's temporary folder and sets ``CUDA_VISIBLE_DEVICES`` to
+them, so two 1-GPU jobs under ``--resources gpu=2`` do not both land on GPU 0. A claim takes
+all N GPUs at once or none (:func:`claim_gpus`): a job that holds some GPUs while it waits for
+more could wait forever on another job doing the same.
 
 The launcher never leaves its child behind: SIGTERM, SIGINT and SIGHUP it receives are
-forwarded to the child (``istar train`` then saves a state and exits 128 + signal), and the
-launcher waits for it and returns its status. The child runs in its own session, so a
-terminal's Ctrl-C (sent to the whole foreground group) reaches it once, through the launcher;
-and it is asked to stop (SIGTERM) by the kernel should the launcher itself be killed (SIGKILL).
+forwarded to the child's process group (accelerate's process and, for one GPU, the ``istar``
+step it starts; ``istar train`` then saves a state and exits 128 + signal), and after such a
+signal the launcher also waits for the processes the child leaves behind (it is their
+subreaper), so a state being saved is not cut short when a scheduler ends the job step with
+the launcher. The child runs in its own session, so a terminal's Ctrl-C (sent to the whole
+foreground group) reaches it once, through the launcher; and it is asked to stop (SIGTERM) by
+the kernel should the launcher itself be killed (SIGKILL).
 """
 
 from __future__ import annotations
@@ -38,10 +47,17 @@ from pathlib import Path
 
 from istar.registry.precisions import PRECISIONS
 
-__all__ = ["launch_command", "claim_gpus", "run_child", "FORWARDED_SIGNALS"]
+__all__ = ["launch_command", "claim_gpus", "granted_gpus", "child_environment", "run_child", "FORWARDED_SIGNALS",
+           "SAVE_GRACE_SECONDS"]
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_PR_SET_CHILD_SUBREAPER = 36
+# torchrun (accelerate's multi-GPU launcher) SIGKILLs its workers 30 s after passing a stop signal
+# on, by default. Saving a fine-tuning state (a BERT-base's weights and AdamW moments, 1.3 GB) on
+# a shared file system can take longer; profiles/slurm asks SLURM for the stop signal this many
+# seconds ahead of a job's time limit, and torchrun gets as long.
+SAVE_GRACE_SECONDS = 120
 
 
 def free_port() -> int:
@@ -74,28 +90,87 @@ def visible_gpu_count() -> int:
 
 @contextlib.contextmanager
 def claim_gpus(count: int, total: int, lock_dir: Path | None = None, poll_seconds: float = 5.0):
-    """Hold ``count`` of the GPUs 0..total−1 (exclusive file locks) while the block runs; yields their ids."""
+    """Hold ``count`` of the GPUs 0..total−1 (exclusive file locks) while the block runs; yields their ids.
+
+    All or nothing: each attempt, made under one machine-wide claim lock, takes ``count`` free
+    GPUs or, finding too few, takes none and waits ``poll_seconds`` before the next. No process
+    holds some GPUs while it waits for others, so two that each want every GPU cannot deadlock.
+    """
     if count > total:
-        raise ValueError(f"the job asks for {count} GPU(s) but this machine shows {total}")
+        raise ValueError(f"the job asks for {count} GPU(s) but this machine shows {total}; lower training.gpus "
+                         f"(or --resources gpu=N), or run it where {count} GPU(s) are visible")
     lock_dir = Path(lock_dir or tempfile.gettempdir())
-    held: list[tuple[int, object]] = []
+    while True:
+        with _locked(lock_dir / "istar-gpu-claim.lock"):
+            held = _take_free(lock_dir, count, total)
+        if held is not None:
+            break
+        time.sleep(poll_seconds)
     try:
-        while len(held) < count:
-            for gpu in range(total):
-                if len(held) == count or any(g == gpu for g, _ in held):
-                    continue
-                handle = open(lock_dir / f"istar-gpu-{gpu}.lock", "w")
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    held.append((gpu, handle))
-                except BlockingIOError:
-                    handle.close()
-            if len(held) < count:
-                time.sleep(poll_seconds)
         yield [gpu for gpu, _ in held]
     finally:
         for _, handle in held:
-            handle.close()
+            os.close(handle)
+
+
+def _take_free(lock_dir: Path, count: int, total: int) -> list[tuple[int, int]] | None:
+    """``count`` of the GPUs whose locks are free, locked now (GPU id, descriptor); None if fewer are free."""
+    taken: list[tuple[int, int]] = []
+    for gpu in range(total):
+        if len(taken) == count:
+            break
+        handle = _open_lock(lock_dir / f"istar-gpu-{gpu}.lock")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            taken.append((gpu, handle))
+        except BlockingIOError:
+            os.close(handle)
+    if len(taken) < count:
+        for _, handle in taken:
+            os.close(handle)
+        return None
+    return taken
+
+
+def _open_lock(path: Path) -> int:
+    # Read-only, created world-readable: another user's job on the same machine can open (and
+    # flock) the same file; opening it for writing would need write permission on it.
+    return os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    handle = _open_lock(path)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)
+
+
+def granted_gpus(asked: int, environ: dict) -> int:
+    """The GPUs the step runs on: ``asked`` (Snakemake's resources.gpu), or, where that is 0 and SLURM
+    granted the job step GPUs as a generic resource (``gres`` on sites that reject ``--gpus``, with
+    the rule's ``gpu`` set to 0 so the executor plugin does not ask with --gpus), their number."""
+    step_gpus = environ.get("SLURM_STEP_GPUS", "")
+    if asked == 0 and step_gpus:
+        return len(step_gpus.split(","))
+    return asked
+
+
+def child_environment(gpus: int, environ: dict) -> dict:
+    """The environment of the step on ``gpus`` GPUs; a preset ``CUDA_VISIBLE_DEVICES`` must name enough of them."""
+    env = dict(environ)
+    if gpus == 0:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a job granted no GPU runs on the CPU even where GPUs exist
+        return env
+    preset = environ.get("CUDA_VISIBLE_DEVICES")
+    if preset is not None and len([d for d in preset.split(",") if d.strip()]) < gpus:
+        raise ValueError(f"the job asks for {gpus} GPU(s) but CUDA_VISIBLE_DEVICES={preset!r} names fewer; "
+                         f"ask the scheduler for {gpus} GPU(s), or unset CUDA_VISIBLE_DEVICES to let istar claim them")
+    if gpus > 1:
+        env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SAVE_GRACE_SECONDS))
+    return env
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,16 +185,19 @@ def run_cli(args) -> int:
     step = args.step[1:] if args.step[:1] == ["--"] else args.step
     if not step:
         raise ValueError("nothing to launch: give the step after --, e.g. istar launch --gpus 2 -- train …")
-    command = launch_command(args.gpus, args.mixed_precision, step)
-    env = dict(os.environ)
-    if args.gpus == 0:
-        env["CUDA_VISIBLE_DEVICES"] = ""  # a job granted no GPU runs on the CPU even where GPUs exist
-    if args.gpus == 0 or "CUDA_VISIBLE_DEVICES" in os.environ:
-        print("launching:", " ".join(command), flush=True)
+    count = granted_gpus(args.gpus, os.environ)
+    command = launch_command(count, args.mixed_precision, step)
+    env = child_environment(count, os.environ)
+    if count == 0:
+        print("launching on the CPU:", " ".join(command), flush=True)
         return exit_status(run_child(command, env), step[0])
-    with claim_gpus(args.gpus, visible_gpu_count()) as gpus:
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        given = "granted by SLURM as a generic resource" if count != args.gpus else "CUDA_VISIBLE_DEVICES as given"
+        print(f"launching on GPU(s) {env['CUDA_VISIBLE_DEVICES']} ({given}):", " ".join(command), flush=True)
+        return exit_status(run_child(command, env), step[0])
+    with claim_gpus(count, visible_gpu_count()) as gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-        print(f"launching on GPU(s) {env['CUDA_VISIBLE_DEVICES']}:", " ".join(command), flush=True)
+        print(f"launching on GPU(s) {env['CUDA_VISIBLE_DEVICES']} (claimed):", " ".join(command), flush=True)
         return exit_status(run_child(command, env), step[0])
 
 
@@ -129,24 +207,48 @@ def _stop_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
+def _adopt_orphans() -> None:
+    """Become the subreaper of this process's descendants: those whose parent dies are reparented here (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
 def run_child(command: list[str], env: dict) -> int:
     """Run ``command`` to its end, forwarding :data:`FORWARDED_SIGNALS`; returns its return code.
 
     The child gets its own session (a terminal's or a process group's signal reaches it through
-    this forwarding only, once) and SIGTERM should this process die first.
+    this forwarding only, once) and SIGTERM should this process die first. A forwarded signal
+    goes to the child's whole process group: ``accelerate launch`` dies of it at once, while the
+    step it started (in the same group) saves a state first. After a forwarded signal this
+    process also waits for every descendant left behind, so it ends after them.
     """
+    _adopt_orphans()
     child = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_stop_with_parent)
+    stopping = []
 
     def forward(signum, frame):
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
+        stopping.append(signum)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signum)
 
     previous = {number: signal.signal(number, forward) for number in FORWARDED_SIGNALS}
     try:
-        return child.wait()  # (PEP 475: the wait goes on after each forwarded signal)
+        returncode = child.wait()  # (PEP 475: the wait goes on after each forwarded signal)
+        if stopping:
+            _wait_for_orphans()
+        return returncode
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+
+
+def _wait_for_orphans() -> None:
+    """Reap the descendants reparented to this process until none is left."""
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            return
 
 
 def exit_status(returncode: int, step: str) -> int:

@@ -9,6 +9,7 @@ on 127.0.0.1 (skipped where sshd or dvc-ssh is not available)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -29,7 +30,7 @@ GIT_ENV = {**ENV, "PATH": f"{BIN}:{ENV.get('PATH', '')}", "DVC_NO_ANALYTICS": "1
            "GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@example.org",
            "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@example.org"}
 ARTIFACTS = ("results", "resources", "logs", "benchmarks")
-LAMBDA_CHANGE_JOBS = {"train": 1, "measure": 1, "aggregate": 1, "table": 3, "figure": 8,
+LAMBDA_CHANGE_JOBS = {"train": 1, "measure": 1, "aggregate": 1, "experiment": 1, "table": 3, "figure": 8,
                       "run_config": 1, "report": 1, "all": 1}
 
 
@@ -283,3 +284,57 @@ def test_ssh_remote_push_and_pull(origin, sshd, tmp_path):
         print(f"\nSSH remote: push {push:.1f} s, pull {pull:.1f} s")
     finally:
         sh(origin.repo, "dvc", "remote", "remove", "ssh", check=False)
+
+
+def experiments(shown: list) -> dict[str, dict]:
+    """`dvc exp show --json` → experiment name → {"params": {file: values}, "metrics": {file: values}}."""
+    found = {}
+    for baseline in shown:
+        for branch in baseline.get("experiments") or []:
+            for rev in branch.get("revs") or []:
+                data = rev.get("data") or {}
+                found[rev.get("name") or rev["rev"]] = {
+                    kind: {path: (entry or {}).get("data") for path, entry in (data.get(kind) or {}).items()}
+                    for kind in ("params", "metrics")}
+    return found
+
+
+def test_two_experiments_at_two_lambdas_compare_side_by_side(origin, tmp_path):
+    """`dvc exp run -S` on the tiny config at two CosReg λ, in a clone that pulled the study: the
+    resolved settings are the experiments' params, Table 1's cells their metrics."""
+    repo = clone(origin.repo, tmp_path / "experiments")
+    sh(repo, "scripts/dvc-pull", timeout=900)
+    seconds = {}
+    for lam in (2, -1):
+        start = time.perf_counter()
+        # (++: set the key, or add it where the config file leaves it to its default, as tiny.yaml does)
+        sh(repo, "dvc", "exp", "run", "--name", f"cosreg{lam}", "-S", f"config/tiny.yaml:++final.cosreg_lambda={lam}",
+           timeout=1800)
+        seconds[lam] = time.perf_counter() - start
+    found = experiments(json.loads(sh(repo, "dvc", "exp", "show", "--json").stdout))
+    settings, metrics = "results/experiment/settings.yaml", "results/experiment/metrics.json"
+    assert {"cosreg2", "cosreg-1"} <= set(found), sorted(found)
+    cells = {}
+    for lam in (2, -1):
+        shown = found[f"cosreg{lam}"]
+        assert shown["params"][settings]["final"]["cosreg_lambda"] == lam, shown["params"]
+        assert shown["params"][settings]["search"]["lambdas"] == [-1, 1]  # the resolved config, side by side
+        cells[lam] = shown["metrics"][metrics]["tiny"]["rte"]
+        assert set(cells[lam]) == {"base", "cosreg", "istar"}, cells[lam]
+        # (one seed: the interval is null in metrics.json, which DVC leaves out)
+        assert {"mean", "isoscore_star", "seeds", "difference", "pairs"} <= set(cells[lam]["cosreg"]), cells[lam]
+    assert cells[2]["base"] == cells[-1]["base"]  # Base did not rerun
+    assert cells[2]["cosreg"]["isoscore_star"] != cells[-1]["cosreg"]["isoscore_star"], cells
+    assert cells[2]["cosreg"]["difference"] == cells[2]["cosreg"]["mean"] - cells[2]["base"]["mean"]  # one seed
+
+    diff = sh(repo, "dvc", "exp", "diff", "cosreg2", "cosreg-1", "--json")
+    changed = json.loads(diff.stdout)
+    assert "final.cosreg_lambda" in changed["params"][settings], changed["params"]
+    assert "tiny.rte.cosreg.isoscore_star" in changed["metrics"][metrics], changed["metrics"]
+    # the λ sweep and the Σ_S curves, declared as plots, with their points
+    plots = json.loads(sh(repo, "dvc", "plots", "show", "--json", "--split").stdout)
+    assert not plots.get("errors"), plots["errors"]
+    names = " ".join(plots["data"])
+    assert "lambda_sweep/tiny-rte.csv" in names and "sigma_epochs/tiny-rte-cosreg.csv" in names, sorted(plots["data"])
+    print(f"\ndvc exp run at CosReg λ = 2, -1: {seconds[2]:.0f} s, {seconds[-1]:.0f} s; CosReg IsoScore* "
+          f"{cells[2]['cosreg']['isoscore_star']:.4f} vs {cells[-1]['cosreg']['isoscore_star']:.4f}")

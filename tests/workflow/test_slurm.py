@@ -1,9 +1,14 @@
 """The cluster profile against a real SLURM: a single-node cluster from Debian's packages
-(slurm-wlm 22.05, munge; see /work/shared/docs/SLURM.md) started by the test, with two pretend
-GPUs. A tiny workflow with training.gpus: 1 goes through `--profile profiles/slurm`: training
-jobs ask SLURM for a GPU, run accelerate (fp16 asked; on this CPU-only torch bf16 where the processor
-has it natively, else fp32) and give
-the same results as a plain local CPU run of the same config.
+(slurm-wlm 22.05, munge; see /work/shared/docs/SLURM.md) started by the test, with four pretend
+GPUs. Through `--profile profiles/slurm`:
+
+- a tiny workflow with training.gpus: 1: training jobs ask SLURM for a GPU, run accelerate (fp16
+  asked; on this CPU-only torch bf16 where the processor has it natively, else fp32) and give the
+  same results as a plain local CPU run of the same config;
+- a fine-tuning job with training.gpus: 2 is one task on two GPUs, asked for with --gpus and, as
+  sites that reject --gpus do, with --gres;
+- a fine-tuning job whose time limit is shorter than its training gets the profile's early
+  SIGTERM, saves a state, is submitted again and resumes, and ends as an uninterrupted run.
 
 Nothing global is changed besides installing the packages when they are missing: the cluster's
 configuration, state, logs, munge key and socket live in a temporary folder and SLURM finds
@@ -12,6 +17,7 @@ started. Skips with the reason where SLURM cannot be installed or started."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import pwd
@@ -20,6 +26,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -27,12 +34,14 @@ import yaml
 from services import Daemons, ensure_debian_packages, free_port, program
 from workflow_helpers import ENV, REPO, SNAKEMAKE, load_test_config, save_tiny_model, write_project
 
+from istar.config.layout import RUN
 from istar.registry.precisions import run_precision
 
 PROGRAMS = ["slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "srun", "scancel", "munged"]
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 # Rules whose jobs go to SLURM (the others are localrules) and whether they ask for a GPU.
 CLUSTER_RULES = {"shrinkage": True, "train_search": True, "train": True, "measure": True}
+FAKE_GPUS = 4
 
 
 class Cluster:
@@ -43,8 +52,9 @@ class Cluster:
         return subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=timeout)
 
     def jobs(self) -> dict[str, dict[str, str]]:
-        """SLURM job id → its fields in `scontrol show job` (finished jobs stay MinJobAge seconds)."""
-        out = self.run("scontrol", "--oneliner", "show", "job").stdout
+        """SLURM job id → its fields in `scontrol -d show job` (finished jobs stay MinJobAge seconds); with -d,
+        JOB_GRES is what the job was allocated, e.g. gpu:2."""
+        out = self.run("scontrol", "--details", "--oneliner", "show", "job").stdout
         jobs = {}
         for line in out.splitlines():
             fields = dict(re.findall(r"(\w+)=(\S*)", line))
@@ -56,6 +66,13 @@ class Cluster:
         """Ids of the jobs slurmctld logged as completed (jobcomp/filetxt)."""
         text = self.jobcomp.read_text() if self.jobcomp.exists() else ""
         return set(re.findall(r"JobId=(\d+) .*JobState=COMPLETED", text))
+
+    def finished(self) -> dict[str, dict[str, str]]:
+        """SLURM job id → its record in the jobcomp log (kept after slurmctld forgets the job):
+        JobState, TimeLimit in minutes, StartTime, EndTime, ExitCode."""
+        text = self.jobcomp.read_text() if self.jobcomp.exists() else ""
+        return {fields["JobId"]: fields for fields in (dict(re.findall(r"(\w+)=(\S*)", line)) for line in text.splitlines())
+                if "JobId" in fields}
 
     def logs(self) -> str:
         return "\n".join(f"--- {name}\n{self.daemons.output(name)[-2000:]}" for name, _ in self.daemons.processes)
@@ -72,11 +89,13 @@ def write_configuration(base: Path, host: str, node: str, munge_socket: Path) ->
     for name in ("ctld", "spool", "log"):
         (base / name).mkdir()
     # Pretend GPUs: character devices (a count-only gres.conf line drains the node, regular files
-    # are rejected); both are the null device.
-    gpus = [base / f"fakegpu{i}" for i in range(2)]
+    # are rejected); all are the null device. Four, so that two 2-GPU jobs run at once.
+    gpus = [base / f"fakegpu{i}" for i in range(FAKE_GPUS)]
     for gpu in gpus:
         os.mknod(gpu, 0o666 | 0o020000, os.makedev(1, 3))
     conf = base / "slurm.conf"
+    # OverTimeLimit and KillWait as SLURM's defaults, written out: a job is ended at its time limit
+    # with SIGTERM, then SIGKILL 30 s later (the time-limit test relies on the profile's earlier signal).
     conf.write_text(f"""\
 ClusterName=istartest
 SlurmctldHost={host}
@@ -102,12 +121,14 @@ SelectTypeParameters=CR_Core_Memory
 ReturnToService=2
 MpiDefault=none
 MinJobAge=600
+OverTimeLimit=0
+KillWait=30
 GresTypes=gpu
 DefMemPerCPU=1000
-{node} Gres=gpu:2
+{node} Gres=gpu:{FAKE_GPUS}
 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """)
-    (base / "gres.conf").write_text(f"NodeName={host} Name=gpu File={base}/fakegpu[0-1]\n")
+    (base / "gres.conf").write_text(f"NodeName={host} Name=gpu File={base}/fakegpu[0-{FAKE_GPUS - 1}]\n")
     return conf
 
 
@@ -265,7 +286,186 @@ def test_tiny_workflow_through_slurm_matches_a_local_run(slurm, tmp_path):
     print(f"SLURM run of {len(submitted)} cluster jobs (and the local run beside it): {seconds:.0f} s")
 
 
-def snakemake_command(workdir: Path) -> list[str]:
+def snakemake_command(workdir: Path, *targets: str) -> list[str]:
     """The command workflow_helpers.snakemake runs, for a run with its own environment."""
-    return [SNAKEMAKE, "--snakefile", str(REPO / "workflow" / "Snakefile"), "--directory", str(workdir),
+    return [SNAKEMAKE, *targets, "--snakefile", str(REPO / "workflow" / "Snakefile"), "--directory", str(workdir),
             "--configfile", str(workdir / "config.yaml")]
+
+
+def submitted_jobs(output: str) -> list[tuple[str, str]]:
+    """(SLURM job id, rule) of every job the profile submitted, in order."""
+    return re.findall(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: \S+/slurm_logs/rule_(\w+)/", output)
+
+
+def cluster_command(workdir: Path, *targets: str, set_resources: tuple[str, ...] = ()) -> list[str]:
+    command = [*snakemake_command(workdir, *targets), "--profile", str(REPO / "profiles" / "slurm"),
+               "--workflow-profile", "none", "--slurm-init-seconds-before-status-checks", "1",
+               "--slurm-keep-successful-logs"]
+    return command + (["--set-resources", *set_resources] if set_resources else [])
+
+
+def run_folder(seed: int, setting: str = "base") -> str:
+    return RUN.format(model="tiny", task="rte", setting=setting, seed=seed)
+
+
+def training_log(workdir: Path, seed: int, setting: str = "base") -> str:
+    return (workdir / "logs" / "finetune" / "tiny" / "rte" / setting / f"seed{seed}.log").read_text(errors="replace")
+
+
+def test_a_two_gpu_fine_tuning_job_is_one_task_on_two_gpus(slurm, tmp_path):
+    """training.gpus: 2 as the paper runs it: SLURM grants two GPUs to one job of one task, and the job
+    launches one training with two processes on them. Seed 0 asks with --gpus (the profile), seed 1
+    with --gres, as the profile's comment shows for sites that reject --gpus; the two run at once."""
+    config = load_test_config("slurm", model_dir=save_tiny_model(tmp_path / "tiny-bert"))
+    config["training"].update(gpus=2, runtime=60)  # (minutes: no early stop signal on a busy machine)
+    config["final"]["seeds"] = [0, 1]
+    workdir = tmp_path / "project"
+    write_project(workdir, config)
+    targets = [f"{run_folder(seed)}/metrics.json" for seed in (0, 1)]
+    # This torch has no CUDA: the two processes on the two pretend GPUs are gloo ranks on the CPU.
+    env = {**slurm.env, "ACCELERATE_USE_CPU": "true"}
+    returncode, output = run_logged(
+        cluster_command(workdir, *targets, set_resources=(
+            "train:gpu=0 if wildcards.seed == '1' else 2", "train:gres='gpu:2' if wildcards.seed == '1' else ''")),
+        workdir, env, tmp_path / "snakemake.log", timeout=1800)
+    assert returncode == 0, output[-6000:] + slurm.logs()
+
+    submitted = submitted_jobs(output)
+    assert [rule for _, rule in submitted] == ["train", "train"], output[-6000:]
+    jobs = slurm.jobs()
+    for jobid, _ in submitted:
+        assert jobs[jobid]["JobState"] == "COMPLETED" and jobs[jobid]["NumTasks"] == "1", jobs[jobid]
+        assert jobs[jobid]["JOB_GRES"] == "gpu:2", jobs[jobid]
+    asked = sorted((jobs[jobid].get("TresPerJob", ""), jobs[jobid].get("TresPerNode", "")) for jobid, _ in submitted)
+    assert asked == [("", "gres:gpu:2"), ("gres:gpu:2", "")]  # --gres=gpu:2 and --gpus=2
+
+    steps_per_epoch = -(-config["data"]["max_train_samples"] // (config["training"]["batch_size"] * 2))
+    devices = {}
+    for seed, given in ((0, "CUDA_VISIBLE_DEVICES as given"), (1, "granted by SLURM as a generic resource")):
+        launches = [line for line in training_log(workdir, seed).splitlines() if line.startswith("launching")]
+        assert len(launches) == 1, launches
+        launch = re.match(rf"launching on GPU\(s\) (\d+),(\d+) \({given}\): ", launches[0])
+        assert launch and launch.group(1) != launch.group(2), launches
+        devices[seed] = {int(launch.group(1)), int(launch.group(2))}
+        assert "--num_processes 2" in launches[0] and "--multi_gpu" in launches[0]
+        run = workdir / run_folder(seed)
+        assert json.loads((run / "run_config.json").read_text())["num_processes"] == 2
+        steps = list(csv.DictReader((run / "train_log.csv").open()))
+        assert [int(row["step"]) for row in steps] == list(range(1, steps_per_epoch * config["training"]["epochs"] + 1))
+    # the two jobs ran at once, on different GPUs of the four
+    assert jobs[submitted[0][0]]["StartTime"] == jobs[submitted[1][0]]["StartTime"]
+    assert devices[0].isdisjoint(devices[1]), devices
+    print("2-GPU jobs: " + ", ".join(f"{jobid} (JOB_GRES={jobs[jobid]['JOB_GRES']}, NumTasks={jobs[jobid]['NumTasks']}, "
+                                     f"{jobs[jobid]['RunTime']})" for jobid, _ in submitted)
+          + f"; GPUs seen by seed: {devices}")
+
+
+def run_logged(command: list[str], cwd: Path, env: dict, log: Path, timeout: float) -> tuple[int | None, str]:
+    """Run Snakemake with its output in ``log``: (return code, or None after ``timeout`` s, the output)."""
+    with log.open("w") as out:
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            returncode = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            returncode = None
+    return returncode, log.read_text(errors="replace")
+
+
+def signal_lead_seconds() -> int:
+    """How long before a fine-tuning job's time limit the profile asks SLURM for SIGTERM."""
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    return int(re.fullmatch(r"'--signal=TERM@(\d+)'", profile["set-resources"]["train"]["slurm_extra"]).group(1))
+
+
+def test_a_job_past_its_time_limit_is_stopped_ahead_of_it_resubmitted_and_resumes(slurm, tmp_path):
+    """A base run of 40 epochs × 125 optimizer steps (two minutes or more here). Once it has logged its
+    first optimizer step, its time limit is cut to the minute it has run plus the profile's lead plus
+    one (`scontrol update`, as an administrator can): shorter than the training, and late enough that
+    startup, which on a busy machine takes minutes, is over. slurmctld checks time limits every 30 s
+    and sends the early SIGTERM at the first check within lead + 30 s of the limit; the job saves its
+    state, fails, and the profile's retry submits it again with the rule's runtime."""
+    model = save_tiny_model(tmp_path / "tiny-bert")
+    config = load_test_config("slurm", model_dir=model)
+    config["data"]["max_train_samples"] = 500
+    config["training"].update(epochs=40, batch_size=4, runtime=60)
+    on_slurm, local = tmp_path / "slurm", tmp_path / "local"
+    for workdir in (on_slurm, local):
+        write_project(workdir, config)
+    target = f"{run_folder(0)}/metrics.json"
+    run = on_slurm / run_folder(0)
+    lead = signal_lead_seconds()
+
+    start = time.perf_counter()
+    # the reference: the same run, uninterrupted, on the local CPU beside the cluster run
+    local_run = subprocess.Popen([*snakemake_command(local, target), "--cores", "1", "--resources", "gpu=0"],
+                                 cwd=local, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "snakemake.log"
+    with log.open("w") as out:
+        cluster_run = subprocess.Popen(cluster_command(on_slurm, target), cwd=on_slurm, env=slurm.env, stdout=out,
+                                       stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 1800
+        while not (submitted := submitted_jobs(log.read_text())) or not (run / "resume" / "train_log.csv").is_file():
+            assert cluster_run.poll() is None, log.read_text()[-6000:]
+            assert time.monotonic() < deadline, "no optimizer step on SLURM in 30 minutes"
+            time.sleep(1)
+        first = submitted[0][0]
+        elapsed = duration(slurm.jobs()[first]["RunTime"])
+        cut = -(-elapsed // 60) + lead // 60 + 1  # minutes
+        update = slurm.run("scontrol", "update", f"JobId={first}", f"TimeLimit={cut}")
+        assert update.returncode == 0, update.stderr
+        returncode = cluster_run.wait(timeout=1800)
+        local_output, _ = local_run.communicate(timeout=1800)
+    finally:
+        for process in (cluster_run, local_run):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    seconds = time.perf_counter() - start
+    output = log.read_text(errors="replace")
+    assert returncode == 0, output[-8000:] + slurm.logs()
+    assert local_run.returncode == 0, local_output[-5000:]
+
+    submitted = submitted_jobs(output)
+    assert [rule for _, rule in submitted] == ["train", "train"], output[-6000:]
+    second = submitted[1][0]
+    jobs = slurm.finished()  # (the jobcomp log: slurmctld forgets a job MinJobAge after its end)
+    ran = {jobid: (datetime.fromisoformat(jobs[jobid]["EndTime"]) - datetime.fromisoformat(jobs[jobid]["StartTime"]))
+           .total_seconds() for jobid in (first, second)}
+    # the first job stopped on the early signal, before its limit, and failed (no TIMEOUT, no SIGKILL)
+    assert jobs[first]["TimeLimit"] == str(cut) and jobs[first]["JobState"] == "FAILED", jobs[first]
+    assert ran[first] < 60 * cut, jobs[first]
+    assert jobs[second]["JobState"] == "COMPLETED", jobs[second]
+    assert jobs[second]["TimeLimit"] == str(config["training"]["runtime"]), jobs[second]
+
+    # (the step prints the run folder as the workflow names it, relative to the working directory)
+    folder = re.escape(run_folder(0))
+    stopped = re.search(rf"istar train: stopped by SIGTERM after optimizer step (\d+) \(epoch \d+\); the state is saved "
+                        rf"in {folder}/resume/(state-\d+)", output)
+    assert stopped, output[-8000:]
+    step, state = int(stopped.group(1)), stopped.group(2)
+    resumed = re.search(rf"resuming from {folder}/resume/{state} \(epoch \d+, batch \d+, step (\d+)\)",
+                        training_log(on_slurm, 0))
+    assert resumed and int(resumed.group(1)) == step, training_log(on_slurm, 0)[-3000:]
+
+    # the resumed run is the uninterrupted one: every optimizer step logged once, the same scores
+    total = config["training"]["epochs"] * 500 // 4
+    assert 0 < step < total
+    reference = local / run_folder(0)
+    rows = list(csv.DictReader((run / "train_log.csv").open()))
+    assert [int(row["step"]) for row in rows] == list(range(1, total + 1))
+    assert rows == list(csv.DictReader((reference / "train_log.csv").open()))
+    assert json.loads((run / "metrics.json").read_text()) == json.loads((reference / "metrics.json").read_text())
+    assert not (run / "resume").exists()
+    print(f"time-limit run: job {first} cut to {cut} min after {elapsed} s, stopped after optimizer step {step} of "
+          f"{total} ({ran[first]:.0f} s of {cut} min), job {second} resumed and finished in {ran[second]:.0f} s; "
+          f"{len(rows)} steps logged; {seconds:.0f} s in all")
+
+
+def duration(text: str) -> int:
+    """Seconds in SLURM's [D-]HH:MM:SS."""
+    days, _, clock = text.rpartition("-")
+    hours, minutes, seconds = map(int, clock.split(":"))
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds

@@ -17,7 +17,7 @@ rule aggregate:
     benchmark:
         "benchmarks/aggregate/aggregate.tsv"
     conda:
-        "../../envs/istar.yaml"
+        CPU_ENV
     params:
         specs=lambda wildcards: " ".join(
             f"{study}={run}" for study, run in all_run_specs()
@@ -27,3 +27,20 @@ rule aggregate:
     shell:
         "python -m istar aggregate --out-dir results/aggregate {params.specs} --selection {params.selections} "
         "--measures {params.measures} > {log} 2>&1"
+
+
+# Table 1's cells, the λ sweep and the Σ_S curves in the form DVC compares across experiments
+# (dvc.yaml: metrics and plots; `dvc exp show`, `dvc exp diff`, `dvc plots diff`).
+rule experiment:
+    input:
+        expand(AGGREGATE, name=["runs", "paired", "epochs"]),
+    # metrics.json is written last; the curves beside it (lambda_sweep/, sigma_epochs/, declared as
+    # DVC plots) are the step's to keep current, as a run's train_log.csv beside its metrics.json.
+    output:
+        EXPERIMENT_METRICS,
+    log:
+        "logs/aggregate/experiment.log",
+    conda:
+        CPU_ENV
+    shell:
+        "python -m istar experiment --aggregate-dir results/aggregate --out-dir results/experiment > {log} 2>&1"

@@ -11,12 +11,13 @@ from istar.io.artifacts import read_json
 from istar.config.schema import STUDIES, ConfigError
 from istar.pipeline.validate import validate_config
 from istar.report.figures import (
+    STABILITY_CSV,
     PROFILE_FIGURES,
     PROFILES_CSV,
     PROJECTIONS_CSV,
     enabled_figures,
 )
-from istar.report.table_specs import TABLE_NAMES, enabled_tables
+from istar.report.table_specs import TABLE_NAMES, enabled_tables, get_table
 from istar.config.layout import (
     AGGREGATE,
     DATA,
@@ -73,6 +74,12 @@ _profile_task = survey_text_task(config)
 DATA_TASKS = TASKS + ([_profile_task] if _profile_task not in [None, *TASKS] else [])
 TRAINING = config["training"]
 GPUS = TRAINING["gpus"]
+# Each rule's environment under --sdm conda: conda-forge's CUDA build of PyTorch for the jobs that
+# get GPUs, the CPU build elsewhere. Named, not detected: environments are created on the
+# submitting host, which on a cluster often has no GPU.
+CPU_ENV = "../../envs/istar-cpu.yaml"
+GPU_ENV = "../../envs/istar.yaml"
+TRAINING_ENV = GPU_ENV if GPUS else CPU_ENV
 
 # The search reads the task's own splits (scored on the validation split, the paper's
 # protocol) or, under search.selection_split: heldout, a held-out split of the training rows
@@ -86,6 +93,7 @@ PROFILES = [
 PROFILES_TABLE = AGGREGATE.format(name=PROFILES_CSV)
 PROJECTIONS_TABLE = AGGREGATE.format(name=PROJECTIONS_CSV)
 AGGREGATES = expand(AGGREGATE, name=AGGREGATE_NAMES)
+EXPERIMENT_METRICS = "results/experiment/metrics.json"
 PROVENANCE_CSV = AGGREGATE.format(name=PROVENANCE_NAME)
 
 
@@ -247,7 +255,10 @@ def selection(model, task) -> Setting:
 
 def baselines_chosen(model, task) -> dict:
     """Method → its own tuned baseline setting (search.tune_baselines), else {}."""
-    if fixed_setting(config, model, task) is not None or not config["search"]["tune_baselines"]:
+    if (
+        fixed_setting(config, model, task) is not None
+        or not config["search"]["tune_baselines"]
+    ):
         return {}
     return baseline_choices(
         read_json(checkpoints.select.get(model=model, task=task).output[0])
@@ -275,7 +286,10 @@ def needs_depth(model, task) -> bool:
     study = config["studies"]["single_layer"]
     models, tasks = study_scope(config, "single_layer")
     return (
-        study["enabled"] and study["layers"] == "all" and model in models and task in tasks
+        study["enabled"]
+        and study["layers"] == "all"
+        and model in models
+        and task in tasks
     )
 
 
@@ -314,7 +328,11 @@ def planned_runs(
         for s in final_settings(
             config,
             chosen,
-            None if chosen is None or before_checkpoints else baselines_chosen(model, task),
+            (
+                None
+                if chosen is None or before_checkpoints
+                else baselines_chosen(model, task)
+            ),
         )
         for seed in study_seeds(config, "final", task)
     ]
@@ -346,7 +364,11 @@ def search_runs(model, task) -> list[str]:
 def tuning_runs(model, task) -> list[str]:
     """The padding study's tuning runs of a model × task (search runs of its own grid)."""
     models, tasks = study_scope(config, "padding")
-    if not config["studies"]["padding"]["enabled"] or model not in models or task not in tasks:
+    if (
+        not config["studies"]["padding"]["enabled"]
+        or model not in models
+        or task not in tasks
+    ):
         return []
     return [
         SEARCH_RUN.format(model=model, task=task, setting=s.name, seed=seed)
@@ -435,3 +457,10 @@ TABLES = expand(
 FIGURES = expand(
     "results/figures/{figure}.{ext}", figure=enabled_figures(config), ext=["png", "pdf"]
 )
+
+
+def table_stability_input(wildcards) -> list[str]:
+    """Fig. 2's simulation, for a table that reads it while that study is on."""
+    wanted = get_table(wildcards.table).reads_stability
+    enabled = config["studies"]["stability"]["enabled"]
+    return [AGGREGATE.format(name=STABILITY_CSV)] if wanted and enabled else []

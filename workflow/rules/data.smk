@@ -11,7 +11,7 @@ rule prepare_data:
     benchmark:
         "benchmarks/prepare_data/{task}.tsv"
     conda:
-        "../../envs/istar.yaml"
+        CPU_ENV
     params:
         spec=prepare_data_spec_json,
     shell:
@@ -38,7 +38,7 @@ if HELDOUT:
         benchmark:
             f"benchmarks/holdout_data/{{task}}/{HELDOUT}.tsv"
         conda:
-            "../../envs/istar.yaml"
+            CPU_ENV
         params:
             spec=holdout_spec_json,
         shell:

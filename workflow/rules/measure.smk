@@ -17,7 +17,7 @@ rule measure:
     benchmark:
         "benchmarks/measure/{model}/{task}/{setting}/seeds{seeds}.tsv"
     conda:
-        "../../envs/istar.yaml"
+        TRAINING_ENV
     threads: TRAINING["threads"]
     resources:
         gpu=min(GPUS, 1),

@@ -11,7 +11,7 @@ rule pin_model:
     log:
         "logs/pin_model/{model}.log",
     conda:
-        "../../envs/istar.yaml"
+        CPU_ENV
     params:
         source=lambda wildcards: config["models"][wildcards.model],
     shell:

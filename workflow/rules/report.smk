@@ -3,14 +3,6 @@
 # Which CSV a figure reads comes from the registry istar.report.figures.
 
 from istar.report.figures import FIGURE_NAMES, STABILITY_CSV, figure_csv
-from istar.report.table_specs import get_table
-
-
-def table_stability_input(wildcards) -> list[str]:
-    """Fig. 2's simulation, for a table that reads it while that study is on."""
-    wanted = get_table(wildcards.table).reads_stability
-    enabled = config["studies"]["stability"]["enabled"]
-    return [f"results/aggregate/{STABILITY_CSV}.csv"] if wanted and enabled else []
 
 
 rule table:
@@ -33,7 +25,7 @@ rule table:
     wildcard_constraints:
         table="|".join(TABLE_NAMES),
     conda:
-        "../../envs/report.yaml"
+        CPU_ENV
     params:
         stability=lambda wildcards, input: (
             f"--stability {input.stability}" if input.stability else ""
@@ -51,7 +43,7 @@ rule stability:
     benchmark:
         "benchmarks/stability.tsv"
     conda:
-        "../../envs/report.yaml"
+        CPU_ENV
     params:
         repeats=config["studies"]["stability"]["repeats"],
     shell:
@@ -75,7 +67,7 @@ rule figure:
     wildcard_constraints:
         figure="|".join(FIGURE_NAMES),
     conda:
-        "../../envs/report.yaml"
+        CPU_ENV
     params:
         zeta=config["analysis"]["zeta"],
     shell:
@@ -95,7 +87,7 @@ rule run_config:
     log:
         "logs/run_config.log",
     conda:
-        "../../envs/report.yaml"
+        CPU_ENV
     shell:
         "python -m istar config {input} --out {output} > {log} 2>&1"
 

@@ -13,7 +13,7 @@ checkpoint select:
     benchmark:
         "benchmarks/select/{model}/{task}.tsv"
     conda:
-        "../../envs/istar.yaml"
+        CPU_ENV
     params:
         args=select_args,
     shell:

@@ -10,7 +10,7 @@ rule shrinkage:
     benchmark:
         "benchmarks/shrinkage/{model}/{task}.tsv"
     conda:
-        "../../envs/istar.yaml"
+        TRAINING_ENV
     threads: TRAINING["threads"]
     resources:
         gpu=min(GPUS, 1),

@@ -14,7 +14,7 @@ rule survey:
     benchmark:
         "benchmarks/profile/{pmodel}/{revision}.tsv"
     conda:
-        "../../envs/istar.yaml"
+        GPU_ENV if config["survey"]["gpus"] else CPU_ENV
     threads: TRAINING["threads"]
     resources:
         gpu=config["survey"]["gpus"],
@@ -35,7 +35,7 @@ rule survey_aggregate:
     log:
         "logs/profile_aggregate.log",
     conda:
-        "../../envs/report.yaml"
+        CPU_ENV
     shell:
         "python -m istar survey-aggregate {input} --out {output.table} "
         "--projections-out {output.projections} > {log} 2>&1"

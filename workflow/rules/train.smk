@@ -20,7 +20,7 @@ rule train:
     benchmark:
         "benchmarks/finetune/{model}/{task}/{setting}/seed{seed}.tsv"
     conda:
-        "../../envs/istar.yaml"
+        TRAINING_ENV
     threads: TRAINING["threads"]
     resources:
         gpu=GPUS,
