@@ -95,7 +95,7 @@ GPU_STUDY_JOBS = {
     "prepare_data": 5, "pin_model": 1, "shrinkage": 5, "train_search": 10, "select": 5,
     # one measure job per setting: base, CosReg, I-STAR λ = ±1 (Fig. 6 measures the same settings)
     "train": 5 * 12, "measure": 5 * 4,
-    "run_config": 1, "aggregate": 1, "experiment": 1, "table": 2, "figure": 3, "report": 1, "all": 1,  # figures: Figs. 3 and 6, Σ_S across epochs
+    "run_config": 1, "aggregate": 1, "experiment": 1, "table": 4, "figure": 3, "report": 1, "all": 1,  # figures: Figs. 3 and 6, Σ_S across epochs
 }
 
 

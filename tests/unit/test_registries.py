@@ -135,9 +135,9 @@ def test_table_registry_follows_the_study_switches():
     from istar.report.table_specs import TABLES, enabled_tables, get_table
 
     studies = {study: {"enabled": False} for study in _schema()["properties"]["studies"]["properties"]}
-    assert enabled_tables({"studies": studies}) == ["table1", "table2"]
+    assert enabled_tables({"studies": studies}) == ["table1", "table2", "claims", "seeds"]
     studies["padding"]["enabled"] = True
-    assert enabled_tables({"studies": studies}) == ["table1", "table2", "padding"]
+    assert enabled_tables({"studies": studies}) == ["table1", "table2", "padding", "claims", "seeds"]
     for spec in TABLES.values():
         module, function = spec.builder.split(":")
         assert callable(getattr(importlib.import_module(module), function)), spec.name
