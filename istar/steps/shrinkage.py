@@ -30,7 +30,7 @@ from istar.data.encoding import EpochShuffleSampler
 from istar.io import artifacts
 from istar.models.hidden_states import hidden_state_pass
 
-__all__ = ["NonFiniteStatistics", "accumulate_shrinkage", "merge_layers", "merge_across_processes", "save_shrinkage", "load_shrinkage", "load_layer_statistics", "compute_shrinkage_file"]
+__all__ = ["NonFiniteStatistics", "accumulate_shrinkage", "check_sigma_fits", "merge_layers", "merge_across_processes", "save_shrinkage", "load_shrinkage", "load_layer_statistics", "compute_shrinkage_file"]
 
 
 class NonFiniteStatistics(ValueError):
@@ -169,6 +169,23 @@ def load_layer_statistics(path) -> tuple[list[CovarianceAccumulator], dict]:
     per_layer = [CovarianceAccumulator.from_state_dict({"count": int(c), "mean": m, "m2": m2})
                  for c, m, m2 in zip(tensors["per_layer.count"], tensors["per_layer.mean"], tensors["per_layer.m2"])]
     return per_layer, json.loads(metadata["provenance"])
+
+
+def check_sigma_fits(path, statistics: tuple[list[CovarianceAccumulator], dict], *, task: str | None = None,
+                     data=None, shape: tuple[int, int] | None = None, model=None) -> None:
+    """Refuse the Σ_S file ``path`` (its :func:`load_layer_statistics`) when it is of another task than
+    ``task`` (that of the prepared folder ``data``) or of another shape than ``shape`` = (d, L + 1) of
+    ``model``: a ValueError naming both, raised where a step opens the file, before any forward pass.
+    Provenance written before a field existed is not judged on it."""
+    per_layer, provenance = statistics
+    theirs = provenance.get("task")
+    if task is not None and theirs not in (None, task):
+        raise ValueError(f"{path} holds Σ_S of task {theirs!r}, but the data {data} is of task {task!r}: give the "
+                         f"Σ_S of the pretrained model on {task} (`istar shrinkage` on {data})")
+    if shape is not None and (per_layer[0].dim, len(per_layer)) != tuple(shape):
+        raise ValueError(f"{path} holds Σ_S of {len(per_layer)} hidden states of dimension {per_layer[0].dim}, but "
+                         f"the model {model} has {shape[1]} of dimension {shape[0]}: it is another model's Σ_S; give "
+                         "the Σ_S of the same pretrained model")
 
 
 def load_shrinkage(path, expected_layers: list[int] | None = None, expected_dim: int | None = None) -> tuple[torch.Tensor, dict]:
