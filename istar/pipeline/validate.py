@@ -105,12 +105,14 @@ def _path_names(config: dict):
         for revision in entry.get("revisions") or []:
             yield f"survey.models.{_shown(name)}.revisions", f"revision {_shown(revision)!r}", \
                 last(PROFILE.format(pmodel=name, revision=revision)), "name the revision by a shorter branch, tag or commit"
+    final = config["final"]
     for study in ("final", *STUDIES):
-        seeds = study_seeds(config, study)
-        if seeds:
-            key = "final.seeds" if study == "final" or not config["studies"][study]["seeds"] else f"studies.{study}.seeds"
+        for task in config["tasks"]:
+            seeds = study_seeds(config, study, task)
+            key = (f"studies.{study}.seeds" if study != "final" and config["studies"][study]["seeds"] else
+                   f"final.seeds_by_task.{task}" if final["seeds_by_task"].get(task) else "final.seeds")
             yield key, f"the measurement file of these {len(seeds)} seeds", \
-                last(MEASURES.format(model="m", task="t", setting="s", seeds=seeds_token(seeds))), \
+                last(MEASURES.format(model="m", task=task, setting="s", seeds=seeds_token(seeds))), \
                 "use fewer seeds (one measurement file names every seed of a setting)"
     if "tensorboard" in config["tracking"]["trackers"]:
         yield "tracking.experiment", "the experiment (TensorBoard's folder under RUN/tracking/tensorboard)", \
