@@ -43,13 +43,27 @@ class ConfigError(ValueError):
 def load_schema(path=SCHEMA_PATH) -> dict:
     """The schema as a dict, read once per process (treat it as read-only)."""
     # libyaml's parser where PyYAML has it: the workflow reads the schema each time it builds a DAG
-    return yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def load_yaml(path) -> dict:
-    """A YAML config file as a dict ({} if empty); a syntax error → one-line ConfigError ``FILE:LINE:COLUMN: …``."""
+    """A YAML config file as a dict ({} if empty).
+
+    Refused with one-line :class:`ConfigError`: a syntax error (``FILE:LINE:COLUMN: …``), a key
+    written twice in one mapping (YAML would keep the last silently: a section written twice loses
+    every value of the first), bytes that are not UTF-8 (file, line and column).
+    """
+    from istar.io.text import NotUtf8Error, read_utf8
+
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        loader = yaml.SafeLoader(read_utf8(path))
+    except NotUtf8Error as error:
+        raise ConfigError(str(error)) from None
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            _check_unique_keys(node, path, [])
+        data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
@@ -57,9 +71,38 @@ def load_yaml(path) -> dict:
         raise ConfigError(f"{where}: invalid YAML: {problem}") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: invalid YAML: {' '.join(str(error).split())}") from None
+    finally:
+        loader.dispose()
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"{path}: the configuration must be a mapping of keys to values, not {type(data).__name__}")
     return data or {}
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _check_unique_keys(node, path, keys: list, checked: set | None = None) -> None:
+    """Refuse a key written twice in one mapping of a composed YAML document (``<<`` merges may repeat)."""
+    checked = set() if checked is None else checked
+    if id(node) in checked:  # an alias: its node was checked where the anchor is
+        return
+    checked.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        seen = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != _MERGE_TAG:
+                name = (key.tag, key.value)
+                if name in seen:
+                    first, second = seen[name].start_mark.line + 1, key.start_mark.line + 1
+                    raise ConfigError(
+                        f"{path}:{second}:{key.start_mark.column + 1}: config key '{_key([*keys, key.value])}' is "
+                        f"written twice (lines {first} and {second}): YAML keeps only the last, so what line {first} "
+                        "sets would be silently dropped; merge the two into one")
+                seen[name] = key
+            _check_unique_keys(value, path, [*keys, key.value if isinstance(key, yaml.ScalarNode) else "?"], checked)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _check_unique_keys(item, path, [*keys, index], checked)
 
 
 def resolve_ref(schema: dict, root: dict) -> dict:

@@ -23,7 +23,7 @@ from istar import __version__
 from istar.core.isotropy import CovarianceAccumulator
 from istar.io.sigma_file import first_non_finite, read_sigma_file, write_sigma_file
 
-__all__ = ["NonFiniteStatistics", "layer_accumulators", "add_hidden_states", "merge_layers", "Processes", "current_processes",
+__all__ = ["NonFiniteStatistics", "layer_accumulators", "add_hidden_states", "merge_layers", "check_sigma_fits", "Processes", "current_processes",
            "merge_across_processes", "save_shrinkage", "load_layer_statistics", "load_shrinkage"]
 
 
@@ -144,6 +144,23 @@ def save_shrinkage(path, per_layer: list[CovarianceAccumulator], layers: list[in
     if bad is not None:
         raise NonFiniteStatistics(f"Σ_S for {path} is not finite (NaN or inf in {bad}); nothing was written")
     write_sigma_file(path, tensors, provenance)
+
+
+def check_sigma_fits(path, per_layer: Sequence[CovarianceAccumulator], provenance: dict, *, task: str | None = None,
+                     data=None, shape: tuple[int, int] | None = None, model=None) -> None:
+    """Refuse the Σ_S file ``path`` (its statistics ``per_layer`` and ``provenance``, as
+    :func:`load_layer_statistics` returns them) when it is of another task than ``task`` (that of the
+    prepared folder ``data``) or of another shape than ``shape`` = (d, L + 1) of ``model``: a
+    ValueError naming both, raised where a step opens the file, before any forward pass.
+    Provenance written before a field existed is not judged on it."""
+    theirs = provenance.get("task")
+    if task is not None and theirs not in (None, task):
+        raise ValueError(f"{path} holds Σ_S of task {theirs!r}, but the data {data} is of task {task!r}: give the "
+                         f"Σ_S of the pretrained model on {task} (`istar shrinkage` on {data})")
+    if shape is not None and (per_layer[0].dim, len(per_layer)) != tuple(shape):
+        raise ValueError(f"{path} holds Σ_S of {len(per_layer)} hidden states of dimension {per_layer[0].dim}, but "
+                         f"the model {model} has {shape[1]} of dimension {shape[0]}: it is another model's Σ_S; give "
+                         "the Σ_S of the same pretrained model")
 
 
 def load_layer_statistics(path) -> tuple[list[CovarianceAccumulator], dict]:

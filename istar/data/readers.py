@@ -9,6 +9,7 @@ number, so that every error names file and line. TSV files are read with quoting
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from istar.data.normalise import split_schema
+from istar.io.text import read_utf8
 from istar.registry.tasks import TASKS, Task
 
 __all__ = ["GLUE_TSV", "read_glue_tsv", "parse_tree", "read_sst5", "read_squad_json"]
@@ -73,11 +75,11 @@ def read_glue_tsv(path: Path, layout: TsvLayout, task: Task) -> tuple[pd.DataFra
 
     Returns the split (columns ``idx``, ``text_a``, ``text_b``, ``label``) and, per row, its
     line number in the file. Raises ValueError naming the file and line for a wrong header,
-    a wrong number of fields or an unreadable label.
+    a wrong number of fields or an unreadable label, and the column too for a byte that is not UTF-8.
     """
     label_index = {name: k for k, name in enumerate(layout.label_names or ())}
     texts_a, texts_b, labels, lines = [], [], [], []
-    with open(path, encoding="utf-8-sig", newline="") as handle:
+    with io.StringIO(read_utf8(path, skip_bom=True), newline="") as handle:
         reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
         header_pending = layout.header is not None
         for row in reader:
@@ -168,7 +170,7 @@ def parse_tree(line: str) -> tuple[int, str]:
 def read_sst5(path: Path) -> tuple[pd.DataFrame, list[int]]:
     """Parse an SST-5 tree file (one tree a line); rows and their line numbers."""
     texts, labels, lines = [], [], []
-    with open(path, encoding="utf-8") as handle:
+    with io.StringIO(read_utf8(path), newline=None) as handle:  # universal newlines, as open() reads
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -191,8 +193,7 @@ def read_sst5(path: Path) -> tuple[pd.DataFrame, list[int]]:
 def read_squad_json(path: Path) -> pd.DataFrame:
     """Parse a SQuAD v1.1 json file into one row per question."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
+        document = json.loads(read_utf8(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid json ({exc})") from None
     rows, where = [], "the top level"

@@ -6,6 +6,7 @@ presence means the folder is complete.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 # pandas and pyarrow are imported inside the functions: the model steps read a split with
 # read_columns (pyarrow only, when the step reads its data) and must not pay pandas' import.
 
-__all__ = ["write_prepared", "read_split", "read_columns", "read_meta"]
+__all__ = ["write_prepared", "read_split", "read_columns", "read_meta", "data_fingerprint"]
 
 
 def write_prepared(out_dir: str | Path, task: Task, splits: dict[str, pd.DataFrame], meta: dict) -> None:
@@ -98,3 +99,9 @@ def read_meta(data_dir: str | Path) -> dict:
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not valid json ({exc}); "
                          f"{_prepare_hint(Path(data_dir)).replace(' first', ' again')}") from None
+
+
+def data_fingerprint(meta: dict) -> str:
+    """The hash of a prepared folder's ``meta.json`` without its creation time (the same data prepared
+    twice is the same data): the ``data`` entry of a run's fingerprint, which ``istar measure`` compares."""
+    return hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != "created"}, sort_keys=True).encode()).hexdigest()

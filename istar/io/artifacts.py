@@ -27,7 +27,10 @@ Storage: a write the disk refuses raises a :class:`StorageError` naming the path
 kept and the fix. :func:`atomic_path` turns a full disk (or quota) into :class:`OutOfSpaceError`
 (the previous file is kept, the partial one removed: the same command redoes the write once
 space is freed) and a folder that cannot be written into :class:`NotWritableError`;
-:func:`check_writable` raises the latter before a step loads its model and data.
+:func:`check_writable` raises the latter before a step loads its model and data, and
+:func:`check_free_space` raises :class:`NotEnoughSpaceError` before a step writes what it knows
+will not fit. :func:`name_problem` says why a name cannot be a file name on the common file
+systems (length, characters), so a configuration is refused before any job writes it.
 """
 
 from __future__ import annotations
@@ -41,12 +44,21 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["StorageError", "OutOfSpaceError", "NotWritableError", "storage_errors", "storage_error", "check_writable", "atomic_path", "write_json", "write_text", "replace_directory", "DamagedArtifactError",
+__all__ = ["NAME_MAX", "TEMP_NAME_EXTRA", "NOT_IN_NAMES", "name_problem", "StorageError", "OutOfSpaceError", "NotEnoughSpaceError", "format_bytes", "check_free_space", "NotWritableError", "storage_errors", "storage_error", "check_writable", "atomic_path", "write_json", "write_text", "replace_directory", "DamagedArtifactError",
            "file_digest", "verify_file", "record_digests", "verify_digests", "DIGESTS", "tensor_digest",
            "save_tensors", "load_tensors", "read_json", "verify_artifact"]
 
 DIGESTS = "digests.json"
 _CHUNK = 1 << 20
+NAME_MAX = 255
+"""The longest file or folder name, in bytes, of the common file systems (ext4, XFS, Btrfs, ZFS, APFS;
+NTFS and exFAT count 255 UTF-16 units)."""
+TEMP_NAME_EXTRA = len(".") + len(".") + 8 + len(".tmp")
+"""What :func:`atomic_path` adds to a file's name for its temporary copy (``.NAME.`` + mkstemp's 8
+random characters + ``.tmp``): a name the project writes must leave room for it."""
+NOT_IN_NAMES = frozenset('/\\:*?"<>|') | frozenset(map(chr, range(32)))
+"""Characters a file or folder name cannot hold on one of the common file systems (``/`` and NUL
+anywhere; the rest on NTFS, exFAT and SMB shares), control characters included."""
 
 
 class DamagedArtifactError(ValueError):
@@ -57,6 +69,20 @@ class DamagedArtifactError(ValueError):
         target = target if target is not None else path
         super().__init__(f"{path} is damaged ({problem}): rebuild it with `snakemake --forcerun {target}` "
                          f"(or delete it and run the step that wrote it again)")
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a file the project writes on a common file system (one phrase), or None."""
+    bad = sorted({char for char in name if char in NOT_IN_NAMES})
+    if bad:
+        return f"holds {', '.join(map(repr, bad))}, which file systems do not allow in a name"
+    if name in ("", ".", ".."):
+        return "is not a usable name"
+    size, room = len(name.encode("utf-8")), NAME_MAX - TEMP_NAME_EXTRA
+    if size > room:
+        return (f"is {size} bytes long: file systems take names of at most {NAME_MAX} bytes, and a write adds "
+                f"{TEMP_NAME_EXTRA} for its temporary copy, so at most {room}")
+    return None
 
 
 class StorageError(OSError):
@@ -75,6 +101,30 @@ class OutOfSpaceError(StorageError):
         super().__init__(f"no space left on the disk of {path} while writing it ({_free_space(self.path)} free "
                          f"now): {kept}. Free space there (`df -h {_existing(self.path)}`) and run the same "
                          "command again", errno.ENOSPC)
+
+
+class NotEnoughSpaceError(StorageError):
+    """Found before any work: the disk of ``folder`` has less free space than a step will write there."""
+
+    def __init__(self, folder, needed: int, free: int, what: str, done: str):
+        self.needed, self.free = needed, free
+        super().__init__(f"not enough free space for {folder}: {what}, about {format_bytes(needed)} more than is "
+                         f"there now, but the disk has {format_bytes(free)} free: free at least "
+                         f"{format_bytes(needed - free)} more (`df -h {_existing(Path(folder))}`) or choose an output "
+                         f"folder on another disk, and run the same command again; {done}", errno.ENOSPC)
+
+
+def format_bytes(size: int) -> str:
+    """A size for a message: ``12.3 MiB``, ``1.25 GiB``."""
+    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+
+
+def check_free_space(folder, needed: int, what: str, done: str) -> None:
+    """Raise :class:`NotEnoughSpaceError` unless the disk of ``folder`` has ``needed`` bytes free
+    (``what``: what needs them; ``done``: what was done so far, for the message)."""
+    free = _free_bytes(Path(folder))
+    if free < needed:
+        raise NotEnoughSpaceError(folder, needed, free, what, done)
 
 
 class NotWritableError(StorageError):

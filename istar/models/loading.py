@@ -38,7 +38,7 @@ from istar.models.files import folder_weights_problem, gguf_problem
 from istar.registry.tasks import Task
 
 __all__ = ["ModelSource", "parse_model_source", "hidden_states_problem", "resolve_model_source", "pin_model", "check_model_available", "gguf_location", "configured_source",
-           "load_tokenizer", "load_model", "add_cli_arguments", "run_cli"]
+           "load_tokenizer", "model_shape", "load_model", "add_cli_arguments", "run_cli"]
 
 PACKAGE_PREFIX = "package:"
 REVISION_MARK = "@"
@@ -247,6 +247,16 @@ def hidden_states_problem(settings: dict) -> str | None:
     if "hidden_states" not in recorded and "output_hidden_states" not in inspect.signature(head_class.forward).parameters:
         return f"{head} returns no per-layer hidden states (output_hidden_states), which the penalties and analyses read"
     return None
+
+
+def model_shape(source: str) -> tuple[int, int]:
+    """(d, L + 1) of a model source, from its config alone: the hidden size and the number of hidden
+    states (the embeddings and each layer), which a Σ_S file must match."""
+    from transformers import AutoConfig
+
+    name, kwargs = _pretrained_arguments(source)
+    config = AutoConfig.from_pretrained(name, **kwargs)
+    return int(config.hidden_size), int(config.num_hidden_layers) + 1
 
 
 def load_model(source: str, task: Task):

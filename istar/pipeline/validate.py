@@ -4,9 +4,11 @@
 then what a schema cannot say (studies naming unknown models, a mirror that does not exist,
 tasks whose files the mirror lacks, hub datasets not in the cache offline, SQuAD strides,
 layer indices beyond a local model's depth as read from its ``config.json``, weight files
-cut short (:mod:`istar.models.files`), CosReg with λ = 0, NaN or infinite numbers). Every problem raises
-:class:`ConfigError` naming the key and the allowed values, before any job runs;
-:func:`load_yaml` reports a YAML syntax error as ``FILE:LINE:COLUMN`` on one line.
+cut short (:mod:`istar.models.files`), CosReg with λ = 0, NaN or infinite numbers, names that cannot
+become file names on the common file systems: too long, or with characters they refuse). Every
+problem raises :class:`ConfigError` naming the key and the allowed values, before any job runs;
+:func:`load_yaml` reports a YAML syntax error as ``FILE:LINE:COLUMN`` on one line, and refuses a
+key written twice and bytes that are not UTF-8.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def validate_config(config: dict, schema: dict | None = None, check_paths: bool 
 
 def _check_semantics(config: dict, check_paths: bool) -> None:
     models, tasks = config["models"], config["tasks"]
+    _check_path_names(config)
     for study in STUDIES:
         spec = config["studies"][study]
         for model in spec["models"]:
@@ -87,6 +90,53 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
         _check_layers(config, _check_models(models))
         _check_data(config["data"], tasks)
         _check_profile(config)
+
+
+def _path_names(config: dict):
+    """(config key, what it is, the file or folder name it becomes, the fix) for every value of the
+    config that is spelled into a path (istar.config.layout), as the longest name it becomes there."""
+    from istar.config.layout import MEASURES, MODEL_PIN, PROFILE, seeds_token
+    from istar.pipeline.plan import study_seeds
+
+    def last(path: str) -> str:
+        return path.rsplit("/", 1)[-1]
+
+    for name in config["models"]:
+        yield f"models.{_shown(name)}", "the model's short name", last(MODEL_PIN.format(model=name)), \
+            "choose a shorter name (it appears in every path of the model's results)"
+    for name, entry in config["survey"]["models"].items():
+        yield f"survey.models.{_shown(name)}", "the model's short name", name, "choose a shorter name"
+        for revision in entry.get("revisions") or []:
+            yield f"survey.models.{_shown(name)}.revisions", f"revision {_shown(revision)!r}", \
+                last(PROFILE.format(pmodel=name, revision=revision)), "name the revision by a shorter branch, tag or commit"
+    final = config["final"]
+    for study in ("final", *STUDIES):
+        for task in config["tasks"]:
+            seeds = study_seeds(config, study, task)
+            key = (f"studies.{study}.seeds" if study != "final" and config["studies"][study]["seeds"] else
+                   f"final.seeds_by_task.{task}" if final["seeds_by_task"].get(task) else "final.seeds")
+            yield key, f"the measurement file of these {len(seeds)} seeds", \
+                last(MEASURES.format(model="m", task=task, setting="s", seeds=seeds_token(seeds))), \
+                "use fewer seeds (one measurement file names every seed of a setting)"
+    if "tensorboard" in config["tracking"]["trackers"]:
+        yield "tracking.experiment", "the experiment (TensorBoard's folder under RUN/tracking/tensorboard)", \
+            config["tracking"]["experiment"], "choose a short name of letters, digits, '.', '_' and '-'"
+
+
+def _shown(name: str) -> str:
+    """A name short enough to quote in a message."""
+    return name if len(name) <= 40 else f"{name[:40]}…"
+
+
+def _check_path_names(config: dict) -> None:
+    """Every name the config puts into a path can be a file name on the common file systems (length,
+    characters), so that no job dies writing it (``File name too long``)."""
+    from istar.io.artifacts import name_problem
+
+    for key, what, name, fix in _path_names(config):
+        problem = name_problem(name)
+        if problem is not None:
+            raise ConfigError(f"config key '{key}': {what} becomes the name {_shown(name)!r}, which {problem}; {fix}")
 
 
 def model_depth(folder) -> int:

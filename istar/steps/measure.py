@@ -1,5 +1,10 @@
 """The measurement step: what the workflow records about fine-tuned models once they are trained.
 
+Before any model is loaded, every run folder is checked (:func:`check_inputs`): a finished run's
+outputs, of the task of the data given (``metrics.json``), trained on that very data (the data
+fingerprint in ``run_config.json``), fine-tuned from the model the Σ_S file is of, of the Σ_S
+file's shape; and the Σ_S file is readable, finite and of the data's task.
+
 For each run folder of a :class:`~istar.config.specs.MeasureSpec` (in the workflow: the runs of one
 setting with the seeds the output's path names) the saved model is loaded once and, in this order:
 
@@ -43,7 +48,7 @@ from istar.config.specs import MeasureSpec, add_spec_arguments, spec_from_cli
 from istar.io import artifacts
 from istar.io.provenance import code_provenance
 
-__all__ = ["measure_runs", "read_measures"]
+__all__ = ["measure_runs", "check_inputs", "read_measures"]
 
 
 def measure_runs(spec: MeasureSpec) -> dict:
@@ -61,10 +66,12 @@ def measure_runs(spec: MeasureSpec) -> dict:
     missing = [run for run in spec.runs if not (Path(run) / "model").is_dir()]
     if missing:
         raise FileNotFoundError(f"no fine-tuned model/ in {', '.join(missing)}: train these runs first")
-    for run in spec.runs:
-        read_finished_run(run)  # one finished run's outputs, unchanged, no training state beside them
-    # Σ_S read (hash, NaN / inf) before the first model is evaluated, not after.
+    # Before the first model is evaluated, not after: each run is one finished run's outputs,
+    # unchanged, with no training state beside them; Σ_S is readable and finite; and each run,
+    # the data and Σ_S are of one task and one model (check_inputs).
+    finished = {run: read_finished_run(run) for run in spec.runs}
     pretrained = ShrinkageReference.read(spec.sigma_s) if get_sigma_source(spec.sigma_s_model).reads_file else None
+    check_inputs(spec, finished, pretrained)
     runs, main_process, precision = {}, True, None
     for run in tqdm(spec.runs, desc="runs measured", unit="run"):
         step = open_step(spec.model_data(run))
@@ -95,6 +102,50 @@ def _fine_tuned_sigma(step, spec: MeasureSpec, run: str):
     per_layer = training_statistics(step, spec.layers, spec.shrinkage_rows, spec.batch_size, seed=0)
     return ShrinkageReference(per_layer, {"task": step.task.key, "model": f"{run}/model"},
                               f"the fine-tuned model of {run} ({per_layer[0].count:,} training tokens per layer)")
+
+
+def check_inputs(spec: MeasureSpec, finished: dict[str, tuple[dict, dict]], pretrained) -> None:
+    """Refuse to measure a run on what it was not trained with: the task of its ``metrics.json`` and
+    the data fingerprint of its ``run_config.json`` against the prepared folder ``spec.data_dir``,
+    and — when the analysis reads the pretrained model's Σ_S file — that file's task, model and
+    shape (d, L + 1) against the run's.
+
+    ``finished``: run folder → (metrics, run_config) (:func:`istar.steps.run_folder.read_finished_run`);
+    ``pretrained``: the Σ_S file as an :class:`istar.steps.analyze.ShrinkageReference`, or None when
+    each run's own fine-tuned Σ_S is measured. A ValueError names the run and the fix.
+    """
+    from istar.core.shrinkage import check_sigma_fits
+    from istar.data.storage import data_fingerprint, read_meta
+    from istar.models.loading import model_shape
+
+    meta = read_meta(spec.data_dir)
+    task, fingerprint = meta["task"], data_fingerprint(meta)
+    if pretrained is not None:
+        check_sigma_fits(spec.sigma_s, pretrained.per_layer, pretrained.provenance, task=task, data=spec.data_dir)
+    for run, (metrics, config) in finished.items():
+        if metrics["task"] != task:
+            raise ValueError(f"run {run} was trained on {metrics['task']}, but the data {spec.data_dir} is "
+                             f"{task}: measure it on the data of {metrics['task']} (its run_config.json names the "
+                             f"folder: {config.get('data_dir')}) with the Σ_S of that task")
+        trained_on = (config.get("fingerprint_inputs") or {}).get("data")
+        if trained_on is not None and trained_on != fingerprint:
+            raise ValueError(f"run {run} was trained on other data than {spec.data_dir} holds (the data fingerprint "
+                             f"in its run_config.json differs from that of {spec.data_dir}/meta.json: the data was "
+                             "prepared again with other settings, or this is another copy); measure it on the data "
+                             "it was trained on, or train it again on this data")
+        if pretrained is None:
+            continue
+        provenance = pretrained.provenance
+        # the same model if either its source as configured or the folder / hub commit it resolved to agree
+        pairs = (("model_source", "model"), ("model_path", "model_path"))
+        compared = [(config.get(ours), provenance.get(theirs)) for ours, theirs in pairs
+                    if config.get(ours) is not None and provenance.get(theirs) is not None]
+        if compared and all(ours != theirs for ours, theirs in compared):
+            raise ValueError(f"run {run} was fine-tuned from {config['model_source']}, but {spec.sigma_s} is the "
+                             f"Σ_S of {provenance.get('model')}: give the Σ_S of {config['model_source']} on {task}")
+        model = Path(run) / "model"
+        check_sigma_fits(spec.sigma_s, pretrained.per_layer, pretrained.provenance, shape=model_shape(str(model)),
+                         model=model)
 
 
 def _trained_on(run: str) -> str:

@@ -25,10 +25,11 @@ from pathlib import Path
 
 from istar import __version__
 from istar.config.specs import TrainSpec
+from istar.data.storage import data_fingerprint
 from istar.io import artifacts
 from istar.registry.methods import get_method
 
-__all__ = ["run_fingerprint", "fingerprint_hash", "changed_settings", "latest_state", "matching_state", "save_state",
+__all__ = ["STATES_AT_ONCE", "run_fingerprint", "fingerprint_hash", "changed_settings", "latest_state", "matching_state", "save_state",
            "restore_log", "saved_tracking", "StopRequest", "Interrupted"]
 
 # Settings that change neither the arithmetic nor the data order of a run: a state saved under
@@ -53,9 +54,7 @@ def run_fingerprint(spec: TrainSpec, meta: dict, model_path: str, num_processes:
     settings = {k: v for k, v in dataclasses.asdict(spec).items() if k not in NOT_IN_FINGERPRINT}
     return {
         **{f"setting.{k}": v for k, v in settings.items()},
-        # meta.json without its creation time: the same data prepared twice is the same data.
-        "data": hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != "created"},
-                                          sort_keys=True).encode()).hexdigest(),
+        "data": data_fingerprint(meta),
         # Σ_S by its tensors, not its file: the file's metadata also holds how long the step took.
         "sigma_s": (artifacts.tensor_digest(artifacts.load_tensors(spec.sigma_s)[0])
                     if spec.sigma_s and get_method(spec.method).takes("sigma_s") else None),
@@ -71,6 +70,11 @@ def fingerprint_hash(fingerprint: dict) -> str:
 def changed_settings(saved: dict, current: dict) -> list[str]:
     """Names of the fingerprint entries that differ (``setting.learning_rate``, ``data``, …)."""
     return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+
+
+STATES_AT_ONCE = 2
+"""Saved states on disk at once, at most: :func:`save_state` writes the new one beside the newest
+and removes the older one only when the new one is complete (so a run keeps one between saves)."""
 
 
 def complete_states(resume_dir: Path) -> list[Path]:

@@ -55,6 +55,7 @@ from istar.core.isotropy import (
 )
 from istar.core.twonn import twonn_dimension
 from istar.io import artifacts
+from istar.io.text import read_utf8
 from istar.models.hidden_states import hidden_state_pass
 
 __all__ = ["OUTLIER_FACTOR", "solver_eigenvectors", "effective_rank", "static_measures", "projection",
@@ -259,7 +260,7 @@ def read_texts(source: str, split: str = "validation") -> list[str]:
     """
     path = Path(source)
     if path.is_file():
-        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        texts = [line.strip() for line in read_utf8(path).splitlines() if line.strip()]
     elif path.is_dir():
         from istar.data import read_split
 

@@ -21,8 +21,10 @@ state (its files differ from the hashes saved with it) is discarded with one lin
 Faults a cluster delivers (docs/reliability.md): SIGTERM or SIGINT saves a state at the next
 optimizer step boundary and exits 128 + signal with one line naming the state (the same command
 resumes); one process writes a run folder at a time (:mod:`istar.io.runlock`); the folder's
-writability is checked before the model and data are loaded; a full disk names the file and
-the state kept, and the same command resumes once space is freed.
+writability is checked before the model and data are loaded, and the free space its states, model
+and Σ_S copies need (:func:`space_needed`) before the first step; a disk that fills during the run
+names the file and the state kept, and the same command resumes once space is freed. The given
+Σ_S is checked (finite, of this task, of this model's shape) before any forward pass.
 Outputs appear atomically when the run is done:
 
     OUT/metrics.json        per-epoch and final metrics (the last file written; content hash and
@@ -70,7 +72,7 @@ from istar import __version__
 from istar.config.specs import TrainSpec, add_spec_arguments, spec_from_cli
 from istar.core.isotropy import isoscore_star_from_covariance
 from istar.core.regularizers import Penalty, resolve_layers
-from istar.core.shrinkage import load_layer_statistics, load_shrinkage, merge_layers, save_shrinkage
+from istar.core.shrinkage import check_sigma_fits, load_layer_statistics, load_shrinkage, merge_layers, save_shrinkage
 from istar.core.tokens import get_token_selection
 from istar.data.encoding import EpochShuffleSampler
 from istar.io import artifacts
@@ -81,6 +83,7 @@ from istar.registry.methods import get_method
 from istar.registry.precisions import PRECISIONS
 from istar.steps.evaluate import evaluate_model
 from istar.steps.resume import (
+    STATES_AT_ONCE,
     Interrupted,
     StopRequest,
     fingerprint_hash,
@@ -94,7 +97,7 @@ from istar.steps.resume import (
 from istar.steps.run_folder import clear_earlier_outputs, model_sha256
 from istar.steps.tracking import Tracking, settings_as_parameters
 
-__all__ = ["TrainSpec", "train", "optimization_step", "build_optimizer"]
+__all__ = ["TrainSpec", "train", "optimization_step", "build_optimizer", "space_needed", "check_free_space"]
 
 LOG_COLUMNS = ("step", "epoch", "loss", "task_loss", "penalty", "isoscore_star", "cosine_similarity", "penalty_tokens",
                "penalty_rows", "lr")
@@ -230,6 +233,9 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
     step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps,
                      log_with=tracking.log_with, project_dir=tracking.project_dir)
     accelerator, task, model = step.accelerator, step.task, step.model
+    if given_sigma is not None:  # of this task and this model's shape, before any forward pass
+        check_sigma_fits(spec.sigma_s, *given_sigma, task=task.key, data=spec.data_dir,
+                         shape=(model.config.hidden_size, model.config.num_hidden_layers + 1), model=step.model_name)
     precision = step.precision.label
     distributed = accelerator.num_processes > 1
     if accelerator.is_main_process:
@@ -275,6 +281,8 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         # metrics.json and model/ beside the new run's state.
         clear_earlier_outputs(out, resuming=state is not None, print_fn=accelerator.print)
         restore_log(run.log_path, state)
+    accelerator.wait_for_everyone()
+    check_free_space(run, accelerator.unwrap_model(model))
     tracking.start(accelerator, settings_as_parameters(spec, code_provenance()),
                    resume_step=progress.step if state is not None else None, saved=saved_tracking(state))
 
@@ -304,6 +312,40 @@ def _train(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> dict:
         _loop(run, stop, model, optimizer, scheduler, train_loader, eval_loader, eval_columns, eval_features,
               train_features, progress, sigma_device, distributed)
     return _finish(run, unwrapped, progress, time.perf_counter() - start_time)
+
+
+def space_needed(spec: TrainSpec, model) -> dict[str, int]:
+    """What a run writes into its folder at most, in bytes, estimated from the model's weights (count and
+    dtype): ``state`` (one resume state), ``model`` (the final model), ``sigma_copy`` (one Σ_S copy,
+    ``sigma_epoch{e}.pt``), ``copies`` (how many: I-STAR's) and ``total`` (all of them at the fullest moment)."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    d, hidden_states = model.config.hidden_size, model.config.num_hidden_layers + 1
+    copies = ((1 + (spec.epochs - 1 if spec.recompute_shrinkage else 0))
+              if get_method(spec.method).needs_sigma_s(spec.zeta) else 0)
+    # a state: the weights, AdamW's two moments (each in its weight's dtype), the current Σ_S (float64);
+    # a state and the final model also hold small files (RNG states, progress, log; the tokenizer)
+    small = 1 << 20
+    state, final_model = 3 * weights + (8 * d * d if copies else 0) + small, weights + small
+    # save_shrinkage: Σ_S and its mean, and every hidden state's count, mean and sums of products (float64)
+    sigma_copy = 8 * (d * d + d + hidden_states * (1 + d + d * d))
+    # STATES_AT_ONCE while a state replaces the last; the final model is written beside the last state
+    total = state + max((STATES_AT_ONCE - 1) * state, final_model) + copies * sigma_copy
+    return {"state": state, "model": final_model, "sigma_copy": sigma_copy, "copies": copies, "total": total}
+
+
+def check_free_space(run: Run, model) -> None:
+    """Before the first step: room on the run folder's disk for :func:`space_needed`, less what the
+    folder holds of it already (a state to resume from, earlier Σ_S copies). Raises
+    :class:`istar.io.artifacts.NotEnoughSpaceError` saying how much is missing."""
+    need = space_needed(run.spec, model)
+    held = sum(p.stat().st_size for state in run.resume_dir.glob("state-*") for p in state.rglob("*") if p.is_file()) \
+        + sum(p.stat().st_size for p in run.out.glob("sigma_epoch*.pt"))
+    size, copies = artifacts.format_bytes, need["copies"]
+    what = (f"training writes resume states of about {size(need['state'])} each ({STATES_AT_ONCE} at once while one "
+            f"replaces the other) and the final model ({size(need['model'])}) beside the last one"
+            + (f", and {copies} Σ_S cop{'y' if copies == 1 else 'ies'} of {size(need['sigma_copy'])}" if copies else "")
+            + f": {size(need['total'])} at most")
+    artifacts.check_free_space(run.out, need["total"] - held, what, "no training step was taken")
 
 
 def _load_state(accelerator, state: Path) -> None:

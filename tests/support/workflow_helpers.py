@@ -84,3 +84,30 @@ def planned_jobs(output: str) -> dict[str, int]:
         if match.group(1) != "total":
             counts[match.group(1)] = int(match.group(2))
     return counts
+
+
+def planned_outputs(output: str) -> list[tuple[str, str]]:
+    """(rule, its output line) of every job a Snakemake dry run lists, sorted (jobs without outputs: ``""``)."""
+    jobs, rule = [], None
+    for line in output.splitlines():
+        match = re.match(r"^(?:local)?(?:rule|checkpoint) (\S+):$", line)
+        if match:
+            if rule is not None:
+                jobs.append((rule, ""))
+            rule = match.group(1)
+        elif rule is not None and line.startswith("    output: "):
+            jobs.append((rule, line.removeprefix("    output: ")))
+            rule = None
+        elif rule is not None and not line.startswith("    "):
+            jobs.append((rule, ""))
+            rule = None
+    return sorted(jobs)
+
+
+def missing_outputs(workdir: Path, configfile: Path | None = None) -> list[str]:
+    """The declared outputs of the workflow that are missing, from ``snakemake --summary`` (status column)."""
+    summary = snakemake(workdir, "--summary", configfile=configfile)
+    assert summary.returncode == 0, summary.stderr[-3000:]
+    rows = [line.split("\t") for line in summary.stdout.splitlines() if "\t" in line]
+    status = rows[0].index("status")
+    return sorted(row[0] for row in rows[1:] if row[status] == "missing")

@@ -216,13 +216,34 @@ def read_only_folder(tmp_path):
         folder.chmod(0o755)
 
 
+def fill_during_training(command, out, leave):
+    """Run ``istar train`` on a disk that something else fills once training has started (past the
+    check of the free space it needs): at the first optimizer step the process is paused and a
+    filler file leaves ``leave(states_saved)`` MiB free. Returns the finished process's result."""
+    process = start(*command)
+    wait_for(first_steps_logged(out), process, "the first optimizer step")
+    process.send_signal(signal.SIGSTOP)
+    try:
+        saved = len(list((out / "resume").glob("state-*/COMPLETE")))
+        stats = os.statvfs(out)
+        filler = stats.f_bavail * stats.f_frsize - leave(saved) * 2**20
+        with open(out.parent / "filler", "wb") as handle:
+            handle.truncate(0)
+            handle.write(b"\0" * filler)
+    finally:
+        process.send_signal(signal.SIGCONT)
+    stdout, stderr = process.communicate(timeout=600)
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
 def test_a_full_disk_while_saving_a_state_keeps_the_previous_one_and_the_same_command_resumes(
         tiny_model_dir, data, small_disk):
-    # A state of the tiny model is about 12.7 MB: the first fits in 20 MiB, a second beside it does not.
-    out = small_disk(20) / "run"
+    # A state of the tiny model is about 11.6 MiB: the first fits in the 18 MiB left, a second beside it
+    # does not (6 MiB are left where the first was saved before the disk was filled).
+    out = small_disk(32) / "run"
     command = train_args(tiny_model_dir, data, out, "--checkpoint-every", 4)
-    full = istar(*command)
-    assert full.returncode == 1
+    full = fill_during_training(command, out, lambda saved: 6 if saved else 18)
+    assert full.returncode == 1, full.stderr
     first = out / "resume" / "state-00000004"
     message = last_line(full.stderr)
     assert message.startswith(f"istar train: error: no space left on the disk of {out / 'resume' / 'state-00000008'} "
@@ -231,18 +252,18 @@ def test_a_full_disk_while_saving_a_state_keeps_the_previous_one_and_the_same_co
                             f"Free space there (`df -h {out / 'resume'}`) and run the same command again")
     assert (first / "COMPLETE").is_file() and not list((out / "resume").glob(".staging-*"))
 
-    resize(out.parent, 64)
+    (out.parent / "filler").unlink()
     resumed = istar(*command)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming from {first}" in resumed.stdout and (out / "metrics.json").is_file()
 
 
 def test_a_full_disk_while_saving_the_final_model_keeps_the_trained_state(tiny_model_dir, data, small_disk):
-    # One epoch, no periodic states: the epoch-end state (12.7 MB) fits in 15 MiB, the model beside it not.
-    out = small_disk(15) / "run"
+    # One epoch, no periodic states: the epoch-end state (11.6 MiB) fits in the 14 MiB left, the model beside it not.
+    out = small_disk(32) / "run"
     command = train_args(tiny_model_dir, data, out, "--epochs", 1)  # (the later --epochs counts)
-    full = istar(*command)
-    assert full.returncode == 1
+    full = fill_during_training(command, out, lambda saved: 14)
+    assert full.returncode == 1, full.stderr
     state = out / "resume" / "state-00000012"
     assert last_line(full.stderr).startswith(f"istar train: error: no space left on the disk of {out / 'model'} "
                                              "while writing it (")
@@ -250,12 +271,48 @@ def test_a_full_disk_while_saving_the_final_model_keeps_the_trained_state(tiny_m
             "same command finishes the run from it") in full.stderr
     assert not (out / "metrics.json").exists() and not (out / ".model-staging").exists()
 
-    resize(out.parent, 64)
+    (out.parent / "filler").unlink()
     resumed = istar(*command)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming from {state}" in resumed.stdout
     artifacts.verify_digests(out / "model")
     assert json.loads((out / "metrics.json").read_text())["epochs"][-1]["step"] == 12
+
+
+def test_training_checks_the_free_space_it_needs_before_the_first_step(tiny_model_dir, data, small_disk):
+    # Two states of about 12.6 MiB (estimated; 11.6 MiB written) and the model beside the last: 25.1 MiB.
+    out = small_disk(20) / "run"
+    command = train_args(tiny_model_dir, data, out, "--checkpoint-every", 4)
+    refused = istar(*command)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert last_line(refused.stderr) == (
+        f"istar train: error: not enough free space for {out}: training writes resume states of about 12.6 MiB each "
+        "(2 at once while one replaces the other) and the final model (4.9 MiB) beside the last one: 25.1 MiB at most, "
+        "about 25.1 MiB more than is there now, but the disk has 20.0 MiB free: free at least 5.2 MiB more "
+        f"(`df -h {out}`) or choose an output folder on another disk, and run the same command again; no training "
+        "step was taken")
+    assert not list(out.glob("resume/*")) and not (out / "resume" / "train_log.csv").exists()
+    resize(out.parent, 32)
+    assert istar(*command).returncode == 0 and (out / "metrics.json").is_file()
+
+
+def test_the_space_estimate_covers_a_saved_state_and_the_model(tiny_model_dir, data, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    from istar.config.specs import TrainSpec
+    from istar.steps.train import space_needed
+
+    out = tmp_path / "run"
+    command, state = stopped_run(tiny_model_dir, data, out)
+    written = sum(p.stat().st_size for p in state.rglob("*") if p.is_file())
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
+    need = space_needed(TrainSpec(model=str(tiny_model_dir), data_dir=str(data), output_dir=str(out), epochs=2,
+                                  method="cosreg", lam=1.0), model)
+    assert written <= need["state"] <= written + 2**20 + 0.05 * written, (written, need)
+    assert istar(*command).returncode == 0
+    final = sum(p.stat().st_size for p in (out / "model").rglob("*") if p.is_file())
+    assert final <= need["model"] <= final + 2**20, (final, need)
+    assert need["total"] == 2 * need["state"] and need["copies"] == 0
 
 
 def test_prepare_data_on_a_full_disk_names_the_file(small_disk):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from workflow_helpers import ENV, REPO, clean_clone, planned_jobs, save_tiny_model, snakemake, write_project
+from workflow_helpers import ENV, REPO, clean_clone, planned_jobs, snakemake
 
 PAPER_JOBS = {
     # Σ_S over real tokens (the measurements) and over every padded position (the runs: penalty.tokens)
@@ -68,17 +68,6 @@ def test_anisotropy_config_dry_run_plans_the_model_by_checkpoint_grid(tmp_path):
         steps = [int(revision.removeprefix("step")) for revision in entry["revisions"]]
         assert steps[0] == 0 and steps[-1] == 143000 and len(steps) == 21 and steps == sorted(steps)
     assert "results/profile/pythia-12b/step143000.json" in result.stdout
-
-
-@pytest.fixture(scope="module")
-def tiny_project(tmp_path_factory):
-    """A tiny workflow project run to completion once (a few minutes on 2 cores)."""
-    workdir = tmp_path_factory.mktemp("tiny-project")
-    save_tiny_model(workdir / "tiny-bert")  # .test/config/tiny.yaml's model folder
-    write_project(workdir)
-    result = snakemake(workdir, "--cores", "2")
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
-    return workdir
 
 
 def test_tiny_workflow_produces_every_output(tiny_project):
