@@ -55,6 +55,7 @@ from istar.config.layout import (
 )
 from istar.config.schema import STUDIES, ConfigError
 from istar.core.tokens import TOKEN_SELECTION_NAMES, get_token_selection
+from istar.registry.analysis import get_sigma_source
 from istar.registry.methods import get_method
 from istar.pipeline.bundle_run import BUNDLE_FORMAT, DONE_FILE, JOBS_FILE, REPO, code_digest
 from istar.pipeline.plan import (
@@ -326,6 +327,8 @@ def estimate_jobs(jobs: list[dict], config: dict, models: dict[str, dict], data:
                        + spec["epochs"] * evaluation(model, sizes) + saves)
         elif job["rule"] == "measure":
             per_run = 2 * evaluation(model, sizes) + costs.analysis_s + 4 * model["total"] / costs.write_bytes_per_s
+            if not get_sigma_source(spec["sigma_s_model"]).reads_file:  # each run's own Σ_S (analysis.sigma_s_model)
+                per_run += sigma_pass(model, sizes, DEFAULT_TOKENS)
             seconds = costs.job_start_s + len(spec["runs"]) * per_run
         else:  # Σ_S of the pretrained model
             seconds = costs.job_start_s + sigma_pass(model, sizes, spec["tokens"])
