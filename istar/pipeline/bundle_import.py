@@ -12,9 +12,9 @@ matched. The summary of the call goes to ``results/bundle/``, and the units brou
 recorded in the bundle's ``done.json``, so the next ``run-bundle`` skips them.
 
 Once every unit is back (or with ``--partial``, from what is back), it runs ``istar aggregate``,
-``istar stability`` where the config asks for Fig. 2, ``istar table`` and ``istar figure`` with the
-arguments their rules pass, each logging to the rule's log file, and writes the validated config
-to ``results/config.yaml``.
+``istar experiment`` (Table 1's cells as DVC metrics), ``istar stability`` where the config asks for
+Fig. 2, ``istar table`` and ``istar figure`` with the arguments their rules pass, each logging to the
+rule's log file, and writes the validated config to ``results/config.yaml``.
 """
 
 from __future__ import annotations
@@ -133,7 +133,9 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
     stability = f"results/aggregate/{STABILITY_CSV}.csv"
     steps = [("aggregate", "logs/aggregate/aggregate.log",
               ["aggregate", "--out-dir", "results/aggregate", *(f"{study}={run}" for study, run in runs),
-               "--selection", *selections, "--measures", *measures])]
+               "--selection", *selections, "--measures", *measures]),
+             ("experiment", "logs/aggregate/experiment.log",
+              ["experiment", "--aggregate-dir", "results/aggregate", "--out-dir", "results/experiment"])]
     if plan["stability"] is not None:
         steps.append(("stability", "logs/stability.log", ["stability", "--repeats", str(plan["stability"]), "--out", stability]))
     for table in plan["tables"]:
@@ -156,7 +158,7 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
             raise RuntimeError(f"istar {label} failed (exit {done.returncode}); {root / log}:\n" + "\n".join(tail))
         print(f"istar {label} -> {log}", flush=True)
     artifacts.write_text(root / "results" / "config.yaml", (bundle / CONFIG_NAME).read_text(encoding="utf-8"))
-    made = [f"results/aggregate/{name}.csv" for name in ("runs", "paired", "pooled")]
+    made = [f"results/aggregate/{name}.csv" for name in ("runs", "paired", "pooled")] + ["results/experiment/metrics.json"]
     made += [f"results/tables/{table}.md" for table in plan["tables"]]
     made += [f"results/figures/{figure}.png" for figure in plan["figures"]]
     return made

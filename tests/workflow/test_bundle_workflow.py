@@ -177,7 +177,7 @@ def test_bundle_runs_without_snakemake_in_two_calls_and_comes_home_as_tables(tmp
         rows = [row["Method"] for row in csv.DictReader(handle)]
     assert rows == ["Base", "I-STAR", "I-STAR − Base", "I-STAR − Base: test"]
     for path in ("results/aggregate/paired.csv", "results/tables/table2.md", "results/figures/sigma_epochs.png",
-                 "results/config.yaml"):
+                 "results/experiment/metrics.json", "results/config.yaml"):
         assert (home / path).is_file(), path
     with open(home / "results/aggregate/runs.csv", newline="") as handle:
         assert sum(row["study"] == "final" for row in csv.DictReader(handle)) == 4
