@@ -237,10 +237,12 @@ def train_step_section(scale: Scale, accelerator, model_source: str, rte_data: P
 
 
 def study_training(scale: Scale) -> tuple[dict, dict]:
-    """The training and shrinkage options of config/gpu-study.yaml, with the scale's overrides."""
-    import yaml
+    """The training and shrinkage options of config/gpu-study.yaml (the schema's defaults filled in, without
+    jsonschema, which a GPU machine may lack), with the scale's overrides."""
+    from istar.config.schema import fill_defaults, load_schema, load_yaml
 
-    study = yaml.safe_load(STUDY_CONFIG.read_text())
+    study, schema = load_yaml(STUDY_CONFIG), load_schema()
+    fill_defaults(study, schema, schema)
     # Σ_S is measured over the penalty's layers
     return {**study["training"], **scale.training}, {**study["shrinkage"], "layers": study["penalty"]["layers"]}
 

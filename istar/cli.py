@@ -18,6 +18,9 @@
     istar survey        isotropy of a pretrained model: static embeddings and every layer, one revision
     istar survey-aggregate   the profiles as CSVs (results/aggregate/profiles.csv, profile_projections.csv)
     istar survey-check  pythia-70m's I(W) against the four numbers Machina & Mercer publish (needs the hub)
+    istar bundle        a confirmatory study as a folder for a GPU machine without network or Snakemake
+    istar run-bundle    run a bundle's jobs there and pack their results (python -m istar run-bundle …)
+    istar import-bundle unpack those results here, then aggregate, tables and figures
 
 Run ``istar SUBCOMMAND --help`` for the options. Multi-process:
 ``accelerate launch --multi_gpu --num_processes 2 -m istar train …``.
@@ -54,6 +57,9 @@ SUBCOMMANDS = {
     "survey": ("istar.steps.survey", "isotropy of a pretrained model's static embeddings and every layer (one revision)"),
     "survey-aggregate": ("istar.report.survey_aggregate", "collect isotropy profiles into CSVs"),
     "survey-check": ("istar.steps.survey_check", "compare a model's I(W) with published numbers (default: pythia-70m)"),
+    "bundle": ("istar.pipeline.bundle", "a confirmatory study as a folder for a GPU machine without network or Snakemake"),
+    "run-bundle": ("istar.pipeline.bundle_run", "run a bundle's jobs on this machine and pack their results"),
+    "import-bundle": ("istar.pipeline.bundle_import", "unpack a bundle's results, then aggregate, tables and figures"),
 }
 
 

@@ -266,7 +266,13 @@ def load_model(source: str, task: Task):
     mean-squared error; STS-B), extractive QA (start/end logits; SQuAD). The head is
     newly initialised unless the source already has one of the right shape (a fine-tuned
     checkpoint), so seed torch before calling.
+
+    The weights are float32 whatever dtype the checkpoint was saved in (transformers 5 would
+    otherwise keep a float16 checkpoint in float16, ``dtype="auto"``): every step holds float32
+    master weights and runs reduced precision through autocast only, as the fp16 gradient
+    scaler requires (a float16 copy of a model, e.g. in a GPU bundle, trains like the original).
     """
+    import torch
     from transformers import AutoConfig, AutoModelForQuestionAnswering, AutoModelForSequenceClassification
 
     name, kwargs = _pretrained_arguments(source)
@@ -274,6 +280,7 @@ def load_model(source: str, task: Task):
     problem = hidden_states_problem(AutoConfig.from_pretrained(name, **kwargs).to_dict())
     if problem is not None:
         raise ValueError(f"model {source}: {problem}")
+    kwargs["dtype"] = torch.float32
     if task.kind == "qa":
         return AutoModelForQuestionAnswering.from_pretrained(name, **kwargs)
     problem_type = "regression" if task.kind == "regression" else "single_label_classification"

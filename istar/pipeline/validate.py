@@ -20,7 +20,7 @@ import yaml
 
 from istar.config.schema import STUDIES, ConfigError, check_schema, load_yaml
 
-__all__ = ["validate_config", "load_config", "model_depth"]
+__all__ = ["validate_config", "load_config", "merge_config_files", "model_depth"]
 
 
 def validate_config(config: dict, schema: dict | None = None, check_paths: bool = True) -> dict:
@@ -305,12 +305,18 @@ def _merge(base: dict, update: dict) -> dict:
     return base
 
 
+def merge_config_files(paths) -> dict:
+    """Config files merged in order, later ones updating earlier ones key by key, as Snakemake merges
+    several ``--configfile`` (not yet validated)."""
+    merged: dict = {}
+    for path in paths:
+        merged = _merge(merged, load_yaml(path))
+    return merged
+
+
 def run_cli(args) -> int:
     """``istar config``: validate config file(s) (merged in order, as Snakemake does) and print or write the result."""
-    merged: dict = {}
-    for path in args.configfiles:
-        merged = _merge(merged, load_yaml(path))
-    config = validate_config(merged, check_paths=args.check_paths)
+    config = validate_config(merge_config_files(args.configfiles), check_paths=args.check_paths)
     text = yaml.safe_dump(config, sort_keys=False)
     if args.out:
         from istar.io import artifacts

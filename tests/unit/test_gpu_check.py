@@ -68,7 +68,9 @@ def test_cpu_form_runs_every_section_and_writes_sane_json(tiny_model_dir, prepar
     assert launch["command"][1:6] == ["-m", "istar", "launch", "--gpus", "0"]
     assert launch["precision"]["effective"] == launch["expected_precision"] == run_precision("fp16", "cpu").label
     assert launch["losses_finite"] and finite(launch["final_loss"]) and 0 <= launch["score"] <= 1
-    assert launch["steps_taken"] == launch["optimizer_steps"] == launch["logged_steps"] == 3  # 24 examples / 8
+    # 24 examples / 8 = 3 batches, accumulated 2 by 2 (the study's recipe); under its constant
+    # learning rate the log cannot tell an applied step from a skipped one
+    assert launch["optimizer_steps"] == launch["logged_steps"] == 2 and launch["steps_taken"] is None
     assert (tmp_path / "work" / "run" / "model" / "config.json").is_file()
     assert set(results["targets"]) == {"svd_over_closed_form", "closed_form_over_floor", "istar_over_base"}
 
@@ -90,12 +92,12 @@ def test_bad_rte_data_gets_a_one_line_error(problem, tiny_model_dir, prepared, t
 
 
 GPU_STUDY_JOBS = {
-    # per task (5): 2 search runs (λ = ±1, ζ = 0.2, seed 0); before the selection, base + CosReg
-    # over 3 seeds (Table 1) and I-STAR λ = ±1 over 3 seeds (Fig. 3's sweep, reused by Fig. 6)
-    "prepare_data": 5, "pin_model": 1, "shrinkage": 5, "train_search": 10, "select": 5,
-    # one measure job per setting: base, CosReg, I-STAR λ = ±1 (Fig. 6 measures the same settings)
-    "train": 5 * 12, "measure": 5 * 4,
-    "run_config": 1, "aggregate": 1, "experiment": 1, "table": 4, "figure": 3, "report": 1, "all": 1,  # figures: Figs. 3 and 6, Σ_S across epochs
+    # per task (SST-2, MRPC): λ | ζ fixed in advance, so no search; Σ_S over real tokens (for the
+    # measurements) and over all positions (the penalty's); Base and I-STAR over 10 seeds, one
+    # measure job per setting
+    "prepare_data": 2, "pin_model": 1, "shrinkage": 2, "shrinkage_all_positions": 2, "select": 2,
+    "train": 2 * 2 * 10, "measure": 2 * 2,
+    "run_config": 1, "aggregate": 1, "experiment": 1, "table": 4, "figure": 1, "report": 1, "all": 1,  # Tables 1, 2, claims, seeds; Σ_S across epochs
 }
 
 
@@ -111,5 +113,5 @@ def test_gpu_study_config_dry_run(tmp_path):
     result = snakemake(tmp_path, "-n", "--resources", "gpu=1", configfile=configfile)
     assert result.returncode == 0, result.stderr[-3000:]
     assert planned_jobs(result.stdout) == GPU_STUDY_JOBS
-    # every fine-tune (search and final) is launched on one GPU in fp16
-    assert result.stdout.count("--gpus 1 --mixed-precision fp16 -- train") == 10 + 60
+    # every fine-tune is launched on one GPU in fp16
+    assert result.stdout.count("--gpus 1 --mixed-precision fp16 -- train") == 40

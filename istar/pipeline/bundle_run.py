@@ -1,0 +1,458 @@
+"""The device side of a study bundle: run its jobs where there is no Snakemake and no network.
+
+    python -m istar run-bundle gpu-bundle --out $OUT/results.tar.gz [--budget 560] [--parallel 1]
+
+A bundle (``istar bundle``, :mod:`istar.pipeline.bundle`) holds the prepared data, the model and
+``jobs.json``: every job the workflow would run from Σ_S to the measurements, each with the
+spec its rule would pass, the files it reads and writes, and an estimate of its time. Jobs are
+grouped into *units*: the fine-tuning runs of a setting with the measurement job that reads
+their models (the models never leave the machine, so a measurement runs where its models were
+trained), or one ``select`` job. This command runs the units in order in a work folder beside the
+bundle (``gpu-bundle-work/``), as the workflow would run their jobs:
+
+- each model step through ``istar launch --gpus N --mixed-precision P -- STEP --spec …`` with
+  ``OMP_NUM_THREADS`` set to the config's threads, its output in the rule's log file; the GPUs
+  are claimed once for the whole run (:func:`istar.steps.launch.claim_gpus`) and handed to the
+  jobs in ``CUDA_VISIBLE_DEVICES``, as SLURM does; ``--gpus N`` lowers every job's GPUs to at most
+  N, as Snakemake's ``--resources gpu=N`` does (``--gpus 0``: the CPU);
+- a job whose outputs exist is skipped; a unit that ``istar import-bundle`` recorded as brought
+  back (the bundle's ``done.json``) is not run again; a Σ_S job runs before the first unit that
+  needs it, once per work folder;
+- a unit starts only when it is predicted to end within ``--budget`` seconds of the start: its
+  estimate, scaled by how long the units run so far took against theirs (in this call and in the
+  calls brought back before, ``done.json``); a later, smaller one may still fit. Jobs still running
+  at the budget are stopped (SIGTERM: a fine-tuning run saves its state and exits; SIGKILL 15 s
+  later), and their unit counts as not done;
+- the first failing job stops the run.
+
+At the end the files the workflow turns into tables and figures — each run's ``metrics.json``,
+``run_config.json`` and ``train_log.csv``, the measurement files, the ``best.json`` files and the
+Σ_S provenance JSONs, no model weights — of every unit done in the work folder and not yet
+brought back, the logs of the jobs run, and ``bundle-summary.json`` (what ran, how long, on which
+device, which units are left) go into one ``.tar.gz``. Run the same command again, after
+importing, until no unit is left.
+
+This module imports only the standard library and :mod:`istar.steps.launch` (which counts the
+GPUs with torch): never Snakemake, jsonschema, datasets or pandas, which a GPU machine may lack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+__all__ = ["run_bundle", "read_plan", "code_digest", "unit_range", "JOBS_FILE", "DONE_FILE", "SUMMARY_NAME",
+           "BUNDLE_FORMAT", "ARCHIVE_LIMIT", "work_folder"]
+
+BUNDLE_FORMAT = 1
+JOBS_FILE = "jobs.json"
+DONE_FILE = "done.json"
+SUMMARY_NAME = "bundle-summary.json"
+WORK_MARK = ".bundle-id"
+ARCHIVE_LIMIT = 16 * 2**20  # one file back from the device machine
+CALIBRATE_FROM_S = 30.0  # units estimated shorter than this (a select job) say little about the speed
+POLL_S = 0.2
+KILL_WAIT_S = 15.0
+REPO = Path(__file__).resolve().parents[2]
+
+
+def code_digest(root: Path = REPO) -> str:
+    """sha256 over the ``istar`` package's files (names and contents): the code a bundle was built
+    with and the code that ran it, compared in the summary (a machine without git cannot say its commit)."""
+    digest = hashlib.sha256()
+    package = root / "istar"
+    for path in sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def read_plan(bundle: Path) -> dict:
+    """The bundle's ``jobs.json``; a clear error when the folder is not a bundle of this format."""
+    path = Path(bundle) / JOBS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{bundle} is not a study bundle (no {JOBS_FILE}): build one with "
+                                "`istar bundle --config CONFIG --out FOLDER`")
+    plan = json.loads(path.read_text(encoding="utf-8"))
+    if plan.get("format") != BUNDLE_FORMAT:
+        raise ValueError(f"{path} has bundle format {plan.get('format')!r}; this istar reads format {BUNDLE_FORMAT}: "
+                         "build the bundle again with this checkout")
+    return plan
+
+
+def read_done(bundle: Path, plan: dict) -> dict:
+    """What ``istar import-bundle`` recorded for this bundle: ``units`` brought back, and
+    ``calibration`` (per number of parallel jobs: [seconds taken, seconds estimated] of the units run)."""
+    path = Path(bundle) / DONE_FILE
+    done = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if done.get("bundle_id") != plan["bundle_id"]:
+        done = {}
+    return {"units": set(done.get("units", [])), "calibration": done.get("calibration", {})}
+
+
+def work_folder(bundle: Path) -> Path:
+    """The default work folder: beside the bundle, named after it (``gpu-bundle-work``)."""
+    bundle = Path(bundle).resolve()
+    return bundle.parent / f"{bundle.name}-work"
+
+
+def prepare_workdir(bundle: Path, plan: dict, workdir: Path) -> Path:
+    """The work folder with the bundle's inputs linked in; emptied first when it holds another bundle's work."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    mark = workdir / WORK_MARK
+    if mark.is_file() and mark.read_text().strip() != plan["bundle_id"]:
+        for name in ("results", "resources", "logs", "models"):
+            target = workdir / name
+            if target.is_symlink() or target.is_file():
+                target.unlink()
+            elif target.is_dir():
+                shutil.rmtree(target)
+    elif not mark.is_file() and any(workdir.iterdir()):
+        raise ValueError(f"work folder {workdir} holds files but no {WORK_MARK}: it is not a bundle's work folder; "
+                         "name an empty or new one with --workdir")
+    mark.write_text(plan["bundle_id"] + "\n")
+    for relative in plan["inputs"]:
+        link, target = workdir / relative, (Path(bundle) / relative).resolve()
+        if not target.exists():
+            raise FileNotFoundError(f"the bundle lacks {relative}: build it again")
+        if link.is_symlink() and link.resolve() == target:
+            continue
+        if link.is_dir() and not link.is_symlink():
+            shutil.rmtree(link)
+        elif link.is_symlink() or link.exists():
+            link.unlink()
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target, target_is_directory=target.is_dir())
+    return workdir
+
+
+def unit_range(text: str, count: int) -> range:
+    """``A:B`` (Python slice bounds over the unit numbers the bundle lists), ``A`` one unit, ``A:`` from A."""
+    try:
+        start, sep, stop = text.partition(":")
+        first = int(start) if start else 0
+        last = (int(stop) if stop else count) if sep else first + 1
+    except ValueError:
+        raise ValueError(f"--units {text!r}: write A:B (units A to B−1), A: or A, as numbered by `istar bundle`") from None
+    if not 0 <= first < last <= count:
+        raise ValueError(f"--units {text!r}: the bundle has units 0 to {count - 1}")
+    return range(first, last)
+
+
+def _safetensors_digest(path: Path) -> str | None:
+    """The content hash ``istar`` records in a safetensors file's metadata (read from its JSON header)."""
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        with open(path, "rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            return json.loads(handle.read(size))["__metadata__"]["sha256"]
+    return None
+
+
+def _device() -> dict:
+    """The GPUs as nvidia-smi names them (none: the CPU), without importing torch."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return {"gpus": []}
+    done = subprocess.run([smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                          capture_output=True, text=True, timeout=60)
+    return {"gpus": [line.strip() for line in done.stdout.splitlines() if line.strip()]}
+
+
+class Runner:
+    """Runs units of a plan in a work folder, a few jobs at a time, against a deadline."""
+
+    def __init__(self, plan: dict, workdir: Path, env: dict, gpus: int | None, parallel: int, kill_at: float,
+                 python: str):
+        self.plan, self.workdir, self.env, self.parallel, self.kill_at = plan, workdir, env, parallel, kill_at
+        self.gpus, self.python = gpus, python
+        self.jobs = plan["jobs"]
+        self.producer = {output: index for index, job in enumerate(self.jobs) for output in job["outputs"]}
+        self.records: list[dict] = []
+
+    def complete(self, index: int) -> bool:
+        return all((self.workdir / path).exists() for path in self.jobs[index]["outputs"])
+
+    def closure(self, indices) -> list[int]:
+        """The jobs of a unit and the jobs producing what they need, in plan order."""
+        wanted, stack = set(), list(indices)
+        while stack:
+            index = stack.pop()
+            if index in wanted:
+                continue
+            wanted.add(index)
+            stack += [self.producer[path] for path in self.jobs[index]["needs"] if path in self.producer]
+        return sorted(wanted)
+
+    def todo(self, unit: dict) -> list[int]:
+        return [index for index in self.closure(unit["jobs"]) if not self.complete(index)]
+
+    def command(self, job: dict) -> list[str]:
+        if not job["launch"]:
+            return [self.python, "-m", "istar", *job["step"]]
+        gpus = job["gpus"] if self.gpus is None else min(job["gpus"], self.gpus)
+        return [self.python, "-m", "istar", "launch", "--gpus", str(gpus), "--mixed-precision", self.plan["precision"],
+                "--", *job["step"]]
+
+    def start(self, index: int) -> subprocess.Popen:
+        job = self.jobs[index]
+        log = self.workdir / job["log"]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**self.env, **({"OMP_NUM_THREADS": str(self.plan["threads"])} if job["launch"] else {})}
+        with open(log, "w", encoding="utf-8") as handle:
+            process = subprocess.Popen(self.command(job), cwd=self.workdir, env=env, stdout=handle,
+                                       stderr=subprocess.STDOUT)
+        print(f"  started {job['rule']}: {job['label']}", flush=True)
+        return process
+
+    def run(self, indices: list[int]) -> str:
+        """Run ``indices`` (needs first, up to ``parallel`` at once): "done", "failed" or "stopped".
+        Interrupted (Ctrl-C, SIGTERM), it stops the running jobs first."""
+        running: dict = {}
+        try:
+            return self._run(list(indices), running)
+        except BaseException:
+            self.stop(running)
+            raise
+
+    def _run(self, waiting: list[int], running: dict) -> str:
+        status = "done"
+        while waiting or running:
+            for index in list(waiting):
+                if len(running) >= self.parallel:
+                    break
+                needs = self.jobs[index]["needs"]
+                if all((self.workdir / path).exists() for path in needs):
+                    waiting.remove(index)
+                    running[index] = (self.start(index), time.monotonic())
+            if not running and waiting:
+                missing = [p for i in waiting for p in self.jobs[i]["needs"] if not (self.workdir / p).exists()]
+                raise RuntimeError(f"nothing in the plan produces {missing[0]}: the bundle is inconsistent; build it again")
+            time.sleep(POLL_S)
+            for index, (process, started) in list(running.items()):
+                code = process.poll()
+                if code is None:
+                    continue
+                del running[index]
+                self.record(index, code, time.monotonic() - started)
+                if code != 0:
+                    status = "failed"
+            if status == "failed" or time.monotonic() > self.kill_at:
+                status = status if status == "failed" else "stopped"
+                self.stop(running)
+                running.clear()
+                return status
+        return status
+
+    def record(self, index: int, code: int, seconds: float) -> None:
+        job = self.jobs[index]
+        self.records.append({"job": index, "rule": job["rule"], "label": job["label"], "returncode": code,
+                             "seconds": round(seconds, 2), "estimate_s": job["estimate_s"], "log": job["log"]})
+        state = "done" if code == 0 else f"FAILED (exit {code}); its log: {job['log']}"
+        print(f"  {state}: {job['rule']} {job['label']} in {seconds:.1f} s (estimated {job['estimate_s']:.0f} s)",
+              flush=True)
+        if code != 0:
+            tail = (self.workdir / job["log"]).read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
+            print("\n".join("    | " + line for line in tail), flush=True)
+
+    def stop(self, running: dict) -> None:
+        """SIGTERM (istar launch forwards it; a fine-tuning run saves its state), then SIGKILL after a wait."""
+        for index, (process, started) in running.items():
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + KILL_WAIT_S
+        for index, (process, started) in running.items():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()  # the launcher; its child gets SIGTERM from the kernel as it goes (istar launch)
+                process.wait()
+            self.record(index, process.returncode if process.returncode is not None else -9,
+                        time.monotonic() - started)
+
+
+@contextlib.contextmanager
+def claimed_gpus(count: int, env: dict):
+    """``env`` with ``CUDA_VISIBLE_DEVICES`` set to ``count`` claimed GPUs (as ``istar launch`` claims them),
+    unless it is set already or no GPU is asked for."""
+    if count == 0 or "CUDA_VISIBLE_DEVICES" in env:
+        yield env
+        return
+    from istar.steps.launch import claim_gpus, visible_gpu_count
+
+    total = visible_gpu_count()
+    if total < count:
+        raise ValueError(f"the bundle's jobs ask for {count} GPU(s) but this machine shows {total}: run on a GPU "
+                         "machine, or on the CPU with --gpus 0")
+    with claim_gpus(count, total) as gpus:
+        yield {**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+
+
+def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | None = None, parallel: int = 1,
+               units: str | None = None) -> dict:
+    """Run the bundle's pending units within the budget and pack what they produced into ``out`` (.tar.gz).
+
+    Returns the summary written into the archive (``status`` per unit: done, already-done (found
+    complete in the work folder), brought-back (in done.json), left (did not fit), too-large, failed,
+    stopped, not-selected).
+    """
+    started_at, clock = datetime.now(timezone.utc), time.monotonic()
+    if budget <= 0 or parallel < 1:
+        raise ValueError("--budget must be > 0 and --parallel ≥ 1")
+    bundle = Path(bundle)
+    plan = read_plan(bundle)
+    workdir = prepare_workdir(bundle, plan, Path(workdir) if workdir else work_folder(bundle))
+    done = read_done(bundle, plan)
+    brought_back = done["units"]
+    chosen = set(unit_range(units, len(plan["units"]))) if units else set(range(len(plan["units"])))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    wanted_gpus = max((job["gpus"] for job in plan["jobs"] if job["launch"]), default=0)
+    statuses: dict[str, dict] = {}
+    spent, estimated = done["calibration"].get(str(parallel), (0.0, 0.0))  # earlier calls' units, as a prior
+    new = [0.0, 0.0]  # this call's
+    runner = None
+    stopped, interrupted = False, None
+    print(f"bundle {bundle} ({len(plan['units'])} units, {len(brought_back)} brought back already) in {workdir}; "
+          f"budget {budget:.0f} s, {parallel} job(s) at a time", flush=True)
+    with claimed_gpus(wanted_gpus if gpus is None else min(wanted_gpus, gpus), env) as env:
+        runner = Runner(plan, workdir, env, gpus, parallel, clock + budget, sys.executable)
+        for number, unit in enumerate(plan["units"]):
+            name = unit["name"]
+            if name in brought_back:
+                statuses[name] = {"status": "brought-back"}
+                continue
+            if number not in chosen:
+                statuses[name] = {"status": "not-selected"}
+                continue
+            todo = runner.todo(unit)
+            if not todo:
+                statuses[name] = {"status": "already-done"}
+                continue
+            factor = spent / estimated if estimated else 1.0
+            predicted = factor * sum(plan["jobs"][index]["estimate_s"] for index in todo)
+            elapsed = time.monotonic() - clock
+            if stopped or elapsed + predicted > budget:
+                status = "too-large" if predicted > budget and not stopped else "left"
+                statuses[name] = {"status": status, "predicted_s": round(predicted, 1)}
+                continue
+            print(f"unit {number} {name}: {len(todo)} job(s), predicted {predicted:.0f} s "
+                  f"(at {elapsed:.0f} s of {budget:.0f})", flush=True)
+            begin = time.monotonic()
+            try:
+                status = runner.run(todo)
+            except BaseException as error:  # Ctrl-C, SIGTERM: the jobs are stopped; pack what is done
+                interrupted, status = error, "stopped"
+            seconds = time.monotonic() - begin
+            statuses[name] = {"status": status, "seconds": round(seconds, 1), "predicted_s": round(predicted, 1)}
+            unit_estimate = sum(plan["jobs"][index]["estimate_s"] for index in todo)
+            if status == "done" and unit_estimate >= CALIBRATE_FROM_S:
+                spent, estimated = spent + seconds, estimated + unit_estimate
+                new = [new[0] + seconds, new[1] + unit_estimate]
+            stopped = stopped or status != "done"
+    summary = {
+        "bundle_id": plan["bundle_id"], "started": started_at.isoformat(timespec="seconds"),
+        "seconds": round(time.monotonic() - clock, 1), "budget_s": budget, "parallel": parallel,
+        "gpus_cap": gpus, "device": _device(), "python": sys.version.split()[0],
+        "code_sha256": {"built": plan["code_sha256"], "ran": code_digest()},
+        "speed_factor": round(new[0] / new[1], 3) if new[1] else None,
+        "calibration": {str(parallel): [round(new[0], 1), round(new[1], 1)]} if new[1] else {},
+        "units": statuses, "jobs": runner.records if runner else [],
+    }
+    summary["sigma_sha256"] = {job["outputs"][0]: _safetensors_digest(workdir / job["outputs"][0])
+                               for job in plan["jobs"] if job["rule"].startswith("shrinkage")
+                               and (workdir / job["outputs"][0]).is_file()}
+    pack(plan, workdir, summary, Path(out))
+    _report(plan, summary, Path(out))
+    if interrupted is not None:
+        raise interrupted
+    return summary
+
+
+def pack(plan: dict, workdir: Path, summary: dict, out: Path) -> None:
+    """The kept files of every unit done here and not yet brought back, the Σ_S provenance, the logs
+    of this call's jobs and the summary, as one .tar.gz (logs left out if it would exceed the limit)."""
+    kept: list[str] = []
+    for unit in plan["units"]:
+        if summary["units"].get(unit["name"], {}).get("status") in ("done", "already-done"):
+            kept += [path for index in unit["jobs"] for path in plan["jobs"][index]["keep"]]
+    kept += [path for job in plan["jobs"] if job["rule"].startswith("shrinkage") for path in job["keep"]
+             if (workdir / path).is_file()]
+    logs = [record["log"] for record in summary["jobs"] if (workdir / record["log"]).is_file()]
+    missing = [path for path in kept if not (workdir / path).is_file()]
+    if missing:
+        raise RuntimeError(f"a unit marked done lacks {missing[0]}: its job did not write what the plan says")
+    summary["packed"] = sorted(dict.fromkeys(kept))
+    for with_logs in (True, False):
+        summary["logs_packed"] = with_logs
+        _write_archive(out, workdir, summary["packed"] + (logs if with_logs else []), summary)
+        if out.stat().st_size <= ARCHIVE_LIMIT:
+            return
+    raise RuntimeError(f"{out} holds {out.stat().st_size / 2**20:.1f} MiB even without logs, over the "
+                       f"{ARCHIVE_LIMIT / 2**20:.0f} MiB a file may bring back; run fewer units per call (--units)")
+
+
+def _write_archive(out: Path, workdir: Path, members: list[str], summary: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    with tarfile.open(partial, "w:gz") as archive:
+        for name in dict.fromkeys(members):
+            archive.add(workdir / name, arcname=name, recursive=False)
+        data = json.dumps(summary, indent=1, ensure_ascii=False).encode()
+        info = tarfile.TarInfo(SUMMARY_NAME)
+        info.size, info.mtime = len(data), int(time.time())
+        archive.addfile(info, io.BytesIO(data))
+    partial.replace(out)
+
+
+def _report(plan: dict, summary: dict, out: Path) -> None:
+    counts: dict[str, int] = {}
+    for entry in summary["units"].values():
+        counts[entry["status"]] = counts.get(entry["status"], 0) + 1
+    print(f"\n{summary['seconds']:.0f} s; units: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    if summary["speed_factor"] is not None:
+        print(f"the units took {summary['speed_factor']:.2f} × their estimated time")
+    for name, entry in summary["units"].items():
+        if entry["status"] == "too-large":
+            print(f"unit {name} is predicted at {entry['predicted_s']:.0f} s, more than the budget of "
+                  f"{summary['budget_s']:.0f} s: it never starts; raise --budget (a device command may run 600 s) "
+                  "or give the study fewer seeds per setting")
+    if summary["code_sha256"]["built"] != summary["code_sha256"]["ran"]:
+        print("warning: the istar code here differs from the code the bundle was built with "
+              "(summary: code_sha256); the runs record the code that ran")
+    left = [name for name, entry in summary["units"].items() if entry["status"] in ("left", "stopped", "failed")]
+    print(f"{len(summary['packed'])} file(s) -> {out} ({out.stat().st_size / 2**20:.2f} MiB)"
+          + ("" if summary["logs_packed"] else ", logs left out to stay under the size limit"))
+    if left:
+        print(f"{len(left)} unit(s) left: bring {out.name} back, `istar import-bundle` it, then run this command again")
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", type=Path, help="the bundle folder (`istar bundle --out`)")
+    parser.add_argument("--out", required=True, type=Path, help="the archive to write (.tar.gz), e.g. $OUT/results.tar.gz")
+    parser.add_argument("--budget", type=float, default=560.0,
+                        help="seconds from the start within which a unit must be predicted to end to start; jobs "
+                             "still running then are stopped (default: %(default)s, inside a 600 s device call)")
+    parser.add_argument("--parallel", type=int, default=1,
+                        help="jobs of a unit run at once on the claimed GPU(s) (default: %(default)s)")
+    parser.add_argument("--gpus", type=int, default=None,
+                        help="at most this many GPUs per job (0: the CPU), as snakemake --resources gpu=N")
+    parser.add_argument("--units", default=None, metavar="A:B", help="only these units (numbers as `istar bundle` lists them)")
+    parser.add_argument("--workdir", type=Path, default=None, help="work folder (default: BUNDLE-work beside the bundle)")
+
+
+def run_cli(args) -> int:
+    summary = run_bundle(args.bundle, args.out, workdir=args.workdir, budget=args.budget, gpus=args.gpus,
+                         parallel=args.parallel, units=args.units)
+    return 1 if any(entry["status"] in ("failed", "stopped") for entry in summary["units"].values()) else 0
