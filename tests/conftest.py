@@ -1,6 +1,9 @@
 """Shared fixtures: tiny randomly initialised models built from a config (no download), data prepared from
-the test data (tests/data) and a local hub server; the full_release group's check; no silent skips."""
+the test data (tests/data) and a local hub server; the lanes by cost; the full_release group's check; no
+silent skips."""
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -103,6 +106,100 @@ def hub(tmp_path_factory):
     print(f"hub server (olah) on {server.endpoint} answered after {server.started_in:.1f} s")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_project(tmp_path_factory):
+    """A tiny workflow project (.test/config/tiny.yaml) run to completion once (a few minutes on 2 cores),
+    shared by the workflow tests that only read it or change it and leave it finished and up to date with
+    its config.yaml again (tests/workflow/test_workflow.py, test_reliability_rebuild.py)."""
+    from workflow_helpers import save_tiny_model, snakemake, write_project
+
+    workdir = tmp_path_factory.mktemp("tiny-project")
+    save_tiny_model(workdir / "tiny-bert")  # .test/config/tiny.yaml's model folder
+    write_project(workdir)
+    result = snakemake(workdir, "--cores", "2")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    return workdir
+
+
+# ------------------------------------------------------------------ lanes by cost
+
+# Every test is in exactly one lane (README "Tests"): its own marker, else its module's, else its
+# folder's. `make test` runs the fast lane; `make test-all` (CI) runs them all.
+LANES = {
+    "fast": "pure and in-process: the mathematics, config and schema, data readers, tables and figures "
+            "from fixture CSVs, the training step in-process on a tiny model",
+    "integration": "steps as subprocesses (the istar CLI, accelerate, signals), the hub server, trackers",
+    "e2e": "Snakemake runs, SLURM, DVC remotes, SSH, mounts",
+}
+FOLDER_LANES = {"unit": "fast", "workflow": "e2e"}
+# Per test, at most: a fast test that needs longer is not fast; an end-to-end run that needs longer hangs.
+LANE_TIMEOUTS = {"fast": 60, "integration": 600, "e2e": 900}
+# A fast test may not start these (a Python interpreter costs seconds: such a test is an integration test).
+SLOW_PROGRAMS = ("python", "snakemake", "istar", "accelerate", "torchrun", "dvc", "sbatch", "srun", "mlflow", "olah")
+
+
+def lane_of(item) -> str:
+    marked = [name for name in LANES if item.get_closest_marker(name)]
+    if marked:
+        # get_closest_marker: the test's own marker wins over its module's
+        return min(marked, key=lambda name: _marker_depth(item, name))
+    folder = Path(str(item.fspath)).relative_to(Path(__file__).parent).parts[0]
+    if folder not in FOLDER_LANES:
+        raise pytest.UsageError(f"{item.nodeid}: no lane; mark it with one of {', '.join(LANES)} (tests/conftest.py)")
+    return FOLDER_LANES[folder]
+
+
+def _marker_depth(item, name: str) -> int:
+    for depth, node in enumerate(item.listchain()[::-1]):
+        if any(mark.name == name for mark in node.own_markers):
+            return depth
+    return len(item.listchain())
+
+
+def pytest_configure(config):
+    for name, holds in LANES.items():
+        config.addinivalue_line("markers", f"{name}: lane: {holds}")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Give each test its lane's marker (so that -m selects lanes) and its lane's time limit."""
+    for item in items:
+        lane = lane_of(item)
+        item.stash[LANE] = lane
+        if not item.get_closest_marker(lane):
+            item.add_marker(getattr(pytest.mark, lane))
+        if not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(LANE_TIMEOUTS[lane]))
+        # Under pytest-xdist (`--dist loadgroup`), the tests of one session-wide server or project run on
+        # one worker, which starts or builds it once.
+        for fixture in SHARED_FIXTURES:
+            if fixture in item.fixturenames:
+                item.add_marker(pytest.mark.xdist_group(fixture))
+                break
+
+
+LANE = pytest.StashKey[str]()
+SHARED_FIXTURES = ("tiny_project", "hub")
+
+
+@pytest.fixture(autouse=True)
+def _fast_lane_starts_no_interpreter(request, monkeypatch):
+    """In the fast lane, starting a Python interpreter (the istar CLI, Snakemake, accelerate, …) fails
+    the test: it belongs in the integration lane (mark it so)."""
+    if request.node.stash.get(LANE, None) != "fast":
+        return
+    popen_init = subprocess.Popen.__init__
+
+    def guarded(self, args, *posargs, **kwargs):
+        program = os.path.basename(str(args[0] if isinstance(args, (list, tuple)) else str(args).split()[0]))
+        if any(program.startswith(name) for name in SLOW_PROGRAMS):
+            raise RuntimeError(f"{request.node.nodeid} is in the fast lane but starts {program!r}: mark it "
+                               "@pytest.mark.integration (or e2e), or test the step in-process")
+        popen_init(self, args, *posargs, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
 
 
 # ------------------------------------------------------------------ the full_release group and skips

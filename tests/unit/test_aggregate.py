@@ -60,6 +60,10 @@ RUNS = [
 ]
 
 
+# the module's trained runs are built once: its tests run on one pytest-xdist worker
+pytestmark = pytest.mark.xdist_group("aggregate_runs")
+
+
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, prepared, tmp_path_factory):
     """Real run folders in the workflow's layout results/runs/tiny/rte/{setting}/seed{seed}, the
@@ -186,6 +190,7 @@ def test_selection_reads_the_protocol_from_the_runs_data(search, tmp_path):
         select_best([*search[:2], *moved[2:]])
 
 
+@pytest.mark.integration
 def test_select_cli(search, tmp_path):
     out = tmp_path / "best.json"
     done = subprocess.run([sys.executable, "-m", "istar", "select", "--task-metric", "accuracy", "--out", str(out),
@@ -356,6 +361,7 @@ def test_model_name_falls_back_to_run_config(runs, tmp_path):
     assert frames["layers"].empty  # a copy is not the measured folder
 
 
+@pytest.mark.integration
 def test_aggregate_cli(aggregated, tmp_path):
     folders = aggregated["folders"]
     out = tmp_path / "cli"

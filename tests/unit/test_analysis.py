@@ -164,6 +164,7 @@ def test_mismatched_and_invalid_inputs_raise(run, tmp_path):
         analyze_run(tmp_path / "junk.safetensors", run["sigma"], ZETA)
 
 
+@pytest.mark.integration
 def test_cli(run, result, tmp_path):
     out = tmp_path / "cli.json"
     command = [sys.executable, "-m", "istar", "analyze", "--activations", str(run["activations"]), "--sigma-s",
@@ -177,6 +178,7 @@ def test_cli(run, result, tmp_path):
     assert done.returncode == 2 and "zeta must lie in [0, 1]" in done.stderr
 
 
+@pytest.mark.integration
 def test_measure_equals_the_separate_steps(run, result, tmp_path):
     """`istar measure` (the workflow's one process per setting) writes what `istar evaluate`,
     `istar activations` and `istar analyze` write one by one."""

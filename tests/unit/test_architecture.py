@@ -102,6 +102,7 @@ def test_no_import_cycle():
             visit(node, [node])
 
 
+@pytest.mark.integration
 def test_report_runs_without_torch():
     """Importing every report module (and what it imports in turn) loads no torch."""
     import subprocess

@@ -119,6 +119,7 @@ def _summary(archive):
         return json.load(handle.extractfile(SUMMARY_NAME)), sorted(handle.getnames())
 
 
+@pytest.mark.integration
 def test_runner_keeps_to_its_budget_skips_what_exists_and_what_came_back(tmp_path):
     bundle = _select_bundle(tmp_path / "bundle", [3.0, 1000.0, 3.0])
     first = run_bundle(bundle, tmp_path / "first.tar.gz", budget=60, gpus=0)
@@ -152,13 +153,14 @@ def test_unit_ranges_and_their_errors():
             unit_range(bad, 6)
 
 
+@pytest.mark.integration
 def test_run_bundle_names_what_is_not_a_bundle(tmp_path):
     done = subprocess.run([sys.executable, "-m", "istar", "run-bundle", str(tmp_path), "--out", str(tmp_path / "x.tar.gz")],
                           capture_output=True, text=True, env=ENV, cwd=REPO)
     assert done.returncode == 2 and "is not a study bundle" in done.stderr and "istar bundle" in done.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_gpu_study_bundle_fits_what_a_device_call_carries(tmp_path):
     # Built from the test data (a few hundred rows per task); the data of the full releases, which
     # the test data is a slice of, projected from its bytes per row (the model is the real one).

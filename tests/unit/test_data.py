@@ -187,6 +187,7 @@ def test_full_release_sizes_label_counts_and_neighbouring_rows(mirror_load):
         assert sum(map(len, mirror_load(task, allow_standin=True, mirror=FULL_MIRROR)[0].values())) == rows
 
 
+@pytest.mark.integration
 def test_test_data_matches_its_sums_and_readme(tmp_path):
     check = [sys.executable, str(REPO / "scripts" / "test-data"), "--check"]
     result = subprocess.run(check, capture_output=True, text=True, timeout=60)
@@ -210,6 +211,7 @@ def test_test_data_is_the_slice_the_script_makes_of_the_releases(tmp_path):
     assert [name for name in built if (tmp_path / "slice" / name).read_bytes() != (TEST_DATA / name).read_bytes()] == []
 
 
+@pytest.mark.integration
 def test_a_skipped_test_fails_the_run_and_the_last_lines_say_why(tmp_path):
     """The conftest's rule, on a real session: the full-release row of one test with no release copy."""
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "full_release",
@@ -480,6 +482,7 @@ def test_bad_arguments_raise_clear_errors(tiny_mirror, tmp_path, monkeypatch):
         load_task("qqp", mirror=tiny_mirror, subset=True, standin_fraction=1.0)
 
 
+@pytest.mark.integration
 def test_auto_uses_env_mirror_else_hub(tiny_mirror, hub, tmp_path, monkeypatch):
     """auto: the mirror named by $ISTAR_DATA_MIRROR; with none named, the hub (the test server)."""
     monkeypatch.setenv("ISTAR_DATA_MIRROR", str(tiny_mirror))
@@ -507,6 +510,7 @@ def test_auto_uses_env_mirror_else_hub(tiny_mirror, hub, tmp_path, monkeypatch):
 # ------------------------------------------------------------------ command line
 
 
+@pytest.mark.integration
 def test_module_cli_runs_as_a_subprocess(tmp_path):
     out = tmp_path / "rte"
     result = subprocess.run(

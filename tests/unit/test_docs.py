@@ -41,6 +41,7 @@ def test_every_cited_section_of_the_method_exists():
     assert cited and cited <= sections, f"cited {sorted(cited)}, documented {sorted(sections)}"
 
 
+@pytest.mark.integration
 def test_config_readme_is_generated_from_the_schema():
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "config-readme"), "--check"], capture_output=True,
                             text=True)
@@ -88,6 +89,7 @@ def cached_hub_model(hf_home: Path) -> None:
 
 
 @pytest.mark.parametrize("page", pages_with_istar_code(), ids=lambda page: page.relative_to(REPO).as_posix())
+@pytest.mark.integration
 def test_every_code_block_that_imports_istar_runs(page, tmp_path):
     """A page's Python blocks run in order as one script (a later block uses an earlier one's names), in a
     fresh folder, offline, the model they name read from a Hugging Face cache that holds it."""
@@ -100,6 +102,7 @@ def test_every_code_block_that_imports_istar_runs(page, tmp_path):
     assert result.returncode == 0, f"{page.name}:\n{result.stderr[-4000:]}"
 
 
+@pytest.mark.integration
 def test_the_documentation_site_builds_without_a_warning(tmp_path):
     """sphinx-build -W: a warning (a broken docstring, a missing page or link target) fails the build."""
     result = subprocess.run([sys.executable, "-m", "sphinx", "-E", "-W", "--keep-going", "-q", "-b", "html",
@@ -113,6 +116,7 @@ def test_the_documentation_site_builds_without_a_warning(tmp_path):
     assert "shrinkage.recompute_every_epoch" in configuration  # the reference generated from the schema
 
 
+@pytest.mark.integration
 def test_the_software_is_licensed_citable_and_versioned():
     import yaml
 

@@ -28,6 +28,7 @@ def finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+@pytest.mark.integration
 def test_cpu_form_runs_every_section_and_writes_sane_json(tiny_model_dir, prepared, tmp_path):
     out = tmp_path / "results.json"
     done = run_check("--model", str(tiny_model_dir), "--rte-data", str(prepared("rte", 24, 8)), "--out", str(out),
@@ -82,6 +83,7 @@ def test_steps_taken_counts_learning_rate_moves():
 
 
 @pytest.mark.parametrize("problem", ["missing", "not_rte"])
+@pytest.mark.integration
 def test_bad_rte_data_gets_a_one_line_error(problem, tiny_model_dir, prepared, tmp_path):
     data = tmp_path / "nothing" if problem == "missing" else prepared("mrpc", 16, 8)
     done = run_check("--model", str(tiny_model_dir), "--rte-data", str(data), "--out", str(tmp_path / "r.json"))
@@ -101,6 +103,7 @@ GPU_STUDY_JOBS = {
 }
 
 
+@pytest.mark.e2e
 def test_gpu_study_config_dry_run(tmp_path):
     from mirrors import TEST_DATA
     from workflow_helpers import planned_jobs, snakemake

@@ -241,6 +241,7 @@ def test_missing_isoscore_and_columns_are_clear_errors():
         plots.fig5(make_layers().drop(columns="twonn_cls"))
 
 
+@pytest.mark.integration
 def test_cli_writes_png_and_pdf(tmp_path):
     aggregate = tmp_path / "aggregate"
     aggregate.mkdir()

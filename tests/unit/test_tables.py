@@ -183,6 +183,7 @@ def test_empty_inputs_are_clear_errors():
         tables.table1(doubled)
 
 
+@pytest.mark.integration
 def test_cli_writes_three_files(tmp_path):
     runs, selection = tmp_path / "runs.csv", tmp_path / "selection.csv"
     make_runs().to_csv(runs, index=False)

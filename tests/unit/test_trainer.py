@@ -24,6 +24,10 @@ def training_logs(trainer) -> list[dict]:
     return [entry for entry in trainer.state.log_history if "isoscore_star" in entry]
 
 
+# the module's trained runs are built once: its tests run on one pytest-xdist worker
+pytestmark = pytest.mark.xdist_group("trainer_runs")
+
+
 @pytest.fixture(scope="module")
 def three_runs(tmp_path_factory):
     """I-STAR λ = −1, λ = +1 and the base run (λ = 0: no gradient from the penalty, IsoScore* still logged),
@@ -36,6 +40,7 @@ def three_runs(tmp_path_factory):
     return runs
 
 
+@pytest.mark.integration
 def test_the_penalty_moves_the_logged_isoscore_star_against_the_base_run(three_runs):
     logs = {name: training_logs(trainer) for name, trainer in three_runs.items()}
     assert [len(entries) for entries in logs.values()] == [6, 6, 6]
@@ -93,7 +98,7 @@ def test_training_batches_without_a_mask_are_named(tmp_path):
         istar.IStarTrainer(model=trainer.model, args=trainer.args, istar={"lam": -1})
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_two_gloo_ranks_share_sigma_and_log_the_global_penalty(tmp_path):
     """``accelerate launch`` with two CPU processes: Σ_S merged to the same matrix on both ranks, the global
     penalty's IsoScore* logged, evaluate() with compute_metrics on the sharded split."""

@@ -39,6 +39,7 @@ def _istar(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.integration
 def test_the_wheel_validates_a_config_and_offers_every_step(unpacked_wheel, tmp_path):
     where = subprocess.run([sys.executable, "-c", "import istar; print(istar.__file__)"], cwd=tmp_path, text=True,
                            capture_output=True, env={**os.environ, "PYTHONPATH": str(unpacked_wheel)}, check=True)

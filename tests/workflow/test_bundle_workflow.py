@@ -24,7 +24,6 @@ from istar.pipeline.bundle_import import import_bundle
 from istar.pipeline.bundle_run import SUMMARY_NAME
 from istar.pipeline.validate import merge_config_files, model_depth, validate_config
 
-pytestmark = pytest.mark.slow
 
 # Two arms, two seeds, the authors' recipe (all positions, constant schedule, fp16 asked for), λ | ζ fixed
 TINY = {

@@ -163,7 +163,6 @@ def _snakemake(workdir, hub, hf_home, *args):
     return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=600, env=env)
 
 
-@pytest.mark.slow
 def test_workflow_runs_to_the_report_through_the_hub_and_pins_the_model(hub, tmp_path):
     """data.source hub + a hub model at a branch, to the report: the data and the pinned commit come
     from the server and are recorded; changing the revision reruns exactly the jobs that use the model."""

@@ -49,7 +49,6 @@ def run(folder, *args, timeout=900):
     return subprocess.run([SNAKEMAKE, *args], cwd=folder, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.slow
 def test_the_workflow_runs_as_a_module_from_another_folder(tmp_path):
     if shutil.which("git") is None:
         pytest.fail("git is needed to read the module from this repository's history")

@@ -18,7 +18,6 @@ import time
 import pytest
 from workflow_helpers import ENV, REPO, SNAKEMAKE, missing_outputs, planned_jobs, planned_outputs, snakemake
 
-pytestmark = pytest.mark.slow
 
 BASE = "results/runs/tiny/rte/base/seed0"
 COSREG = "results/runs/tiny/rte/cosreg_lam1/seed0"

@@ -24,7 +24,6 @@ from workflow_helpers import (
     write_project,
 )
 
-pytestmark = pytest.mark.slow
 
 ISTAR_RUN = "results/runs/tiny/rte/istar_lam{lam}_zeta0.2/seed0"
 

@@ -380,7 +380,8 @@ def signal_lead_seconds() -> int:
 
 
 def test_a_job_past_its_time_limit_is_stopped_ahead_of_it_resubmitted_and_resumes(slurm, tmp_path):
-    """A base run of 40 epochs × 125 optimizer steps (two minutes or more here). Once it has logged its
+    """A base run of 160 epochs × 125 optimizer steps (about six minutes on a quiet 2-core machine; its
+    time limit is cut to about four). Once it has logged its
     first optimizer step, its time limit is cut to the minute it has run plus the profile's lead plus
     one (`scontrol update`, as an administrator can): shorter than the training, and late enough that
     startup, which on a busy machine takes minutes, is over. slurmctld checks time limits every 30 s
@@ -389,7 +390,7 @@ def test_a_job_past_its_time_limit_is_stopped_ahead_of_it_resubmitted_and_resume
     model = save_tiny_model(tmp_path / "tiny-bert")
     config = load_test_config("slurm", model_dir=model)
     config["data"]["max_train_samples"] = 500
-    config["training"].update(epochs=40, batch_size=4, runtime=60)
+    config["training"].update(epochs=160, batch_size=4, runtime=60)
     on_slurm, local = tmp_path / "slurm", tmp_path / "local"
     for workdir in (on_slurm, local):
         write_project(workdir, config)

@@ -270,7 +270,6 @@ def test_the_config_chooses_the_trackers_of_every_run():
         validate_config(config, check_paths=False)
 
 
-@pytest.mark.slow
 def test_only_the_main_process_logs_under_data_parallelism(tiny_model_dir, prepared, mlflow_server, tmp_path):
     from mlflow.tracking import MlflowClient
 

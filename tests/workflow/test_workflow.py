@@ -201,7 +201,6 @@ def test_a_clean_clone_plans_the_demo_and_prepares_its_data_offline(tmp_path):
     assert (clone / targets[1]).is_file()
 
 
-@pytest.mark.slow
 def test_default_demo_config_runs_to_the_report(tmp_path):
     clone = clean_clone(tmp_path / "alone")
     start = time.perf_counter()
