@@ -68,9 +68,10 @@ PROTOCOLS: dict[str, Protocol] = {protocol.key: protocol for protocol in (
              "protocol): the I-STAR row is the best of {settings} searched settings scored on the very rows it is "
              "reported on, so it is biased upward (selection bias), and more so the more settings are searched and "
              "the smaller the split."),
-    Protocol("heldout", "λ and ζ were chosen on a held-out {fraction:.0%} of the training split (seed {seed}); the "
-             "{settings} searched settings trained on the rest, and the final runs on the full training split. The "
-             "validation split the table reports took no part in the choice."),
+    Protocol("heldout", "λ and ζ were chosen on a held-out {fraction:.0%} of the training split (seed {seed}), cut "
+             "by groups so that no sentence of a held-out row is in a row the search trained on; the {settings} "
+             "searched settings trained on the rest, and the final runs on the full training split. The validation "
+             "split the table reports took no part in the choice."),
     Protocol("fixed", "λ and ζ were fixed in advance for each model and task (the confirmatory protocol, config "
              "final.istar), with no search: no selection bias, and no tuning advantage over Base."),
 )}
