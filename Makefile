@@ -9,7 +9,7 @@ PYTEST := $(BIN)/python -m pytest -q
 # project, the hub server) kept on one worker (xdist_group).
 PARALLEL := -n auto --dist loadgroup
 
-.PHONY: setup demo lint test test-integration test-e2e test-all test-full bench bench-train bench-dag
+.PHONY: setup demo lint test test-integration test-e2e test-all test-full coverage bench bench-train bench-dag
 
 # torch 2.13.0 first: here it is a local CPU wheel; an unpinned torch would pull GBs of CUDA packages.
 $(READY):
@@ -50,6 +50,15 @@ test-all: lint
 
 test-full: $(READY)
 	$(PYTEST) -m full_release
+
+# Line coverage of istar/ over one lane (LANE=fast, integration, e2e) or all of them (LANE=all);
+# subprocesses are measured too (pyproject.toml [tool.coverage.run]).
+LANE ?= fast
+coverage: $(READY)
+	rm -rf .coverage && mkdir -p .coverage
+	$(BIN)/coverage run -m pytest -q $(PARALLEL) $(if $(filter all,$(LANE)),,-m "$(LANE) and not full_release")
+	$(BIN)/coverage combine -q
+	$(BIN)/coverage report | tail -1
 
 bench: $(READY)
 	$(BIN)/python -m bench.isoscore_star

@@ -163,8 +163,10 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: lane: {holds}")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the xdist_group markers
 def pytest_collection_modifyitems(config, items):
-    """Give each test its lane's marker (so that -m selects lanes) and its lane's time limit."""
+    """Give each test its lane's marker (so that -m selects lanes), its lane's time limit and its
+    pytest-xdist group."""
     for item in items:
         lane = lane_of(item)
         item.stash[LANE] = lane
@@ -172,16 +174,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, lane))
         if not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(LANE_TIMEOUTS[lane]))
-        # Under pytest-xdist (`--dist loadgroup`), the tests of one session-wide server or project run on
-        # one worker, which starts or builds it once.
-        for fixture in SHARED_FIXTURES:
-            if fixture in item.fixturenames:
-                item.add_marker(pytest.mark.xdist_group(fixture))
-                break
+        group = _shared_fixture_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _shared_fixture_group(item) -> str | None:
+    """Under pytest-xdist (`--dist loadgroup`), the tests that share an expensive fixture run on one
+    worker, which builds it once: the finished tiny project (session-wide), else the module-scoped
+    fixtures of the test's module (trained runs, a DVC origin, daemons). Servers that every worker
+    may start for itself (the hub) take free ports and are not grouped."""
+    if "tiny_project" in item.fixturenames:
+        return "tiny_project"
+    for name in item.fixturenames:
+        definitions = item._fixtureinfo.name2fixturedefs.get(name)
+        if definitions and definitions[-1].scope == "module":
+            return item.nodeid.split("::")[0]
+    return None
 
 
 LANE = pytest.StashKey[str]()
-SHARED_FIXTURES = ("tiny_project", "hub")
 
 
 @pytest.fixture(autouse=True)

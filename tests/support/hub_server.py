@@ -169,3 +169,17 @@ def reload_hub_constants(monkeypatch):
         monkeypatch.setattr(constants, name, value)
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
                         os.environ["HF_ENDPOINT"] + "/{repo_id}/resolve/{revision}/{filename}")
+    # datasets copies them into its own config at its import: a test that imported it earlier in this
+    # process (another test, or a pytest-xdist worker's earlier test) left the defaults there.
+    if "datasets.config" in sys.modules:
+        config = sys.modules["datasets.config"]
+        endpoint, cache = os.environ["HF_ENDPOINT"], home / "datasets"
+        datasets_offline = offline or os.environ.get("HF_DATASETS_OFFLINE", "0") in ("1", "true")
+        for name, value in {"HF_ENDPOINT": endpoint,
+                            "HUB_DATASETS_URL": endpoint + "/datasets/{repo_id}/resolve/{revision}/{path}",
+                            "HF_HUB_OFFLINE": offline, "HF_DATASETS_OFFLINE": datasets_offline,
+                            "HF_CACHE_HOME": str(home), "HF_DATASETS_CACHE": str(cache),
+                            "HF_MODULES_CACHE": str(home / "modules"),
+                            "DOWNLOADED_DATASETS_PATH": str(cache / "downloads"),
+                            "EXTRACTED_DATASETS_PATH": str(cache / "downloads" / "extracted")}.items():
+            monkeypatch.setattr(config, name, value)

@@ -60,10 +60,6 @@ RUNS = [
 ]
 
 
-# the module's trained runs are built once: its tests run on one pytest-xdist worker
-pytestmark = pytest.mark.xdist_group("aggregate_runs")
-
-
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, prepared, tmp_path_factory):
     """Real run folders in the workflow's layout results/runs/tiny/rte/{setting}/seed{seed}, the

@@ -201,6 +201,7 @@ def test_test_data_matches_its_sums_and_readme(tmp_path):
 
 
 @pytest.mark.full_release
+@pytest.mark.integration
 def test_test_data_is_the_slice_the_script_makes_of_the_releases(tmp_path):
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "test-data"), "--release", str(FULL_MIRROR),
                              "--out", str(tmp_path / "slice")], capture_output=True, text=True, timeout=120)

@@ -24,10 +24,6 @@ def training_logs(trainer) -> list[dict]:
     return [entry for entry in trainer.state.log_history if "isoscore_star" in entry]
 
 
-# the module's trained runs are built once: its tests run on one pytest-xdist worker
-pytestmark = pytest.mark.xdist_group("trainer_runs")
-
-
 @pytest.fixture(scope="module")
 def three_runs(tmp_path_factory):
     """I-STAR λ = −1, λ = +1 and the base run (λ = 0: no gradient from the penalty, IsoScore* still logged),
