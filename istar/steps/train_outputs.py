@@ -2,7 +2,7 @@
 trains, and its outputs, each atomically, when it is done::
 
     OUT/metrics.json        per-epoch and final metrics (the last file written; content hash and
-                            the model's, checked by every reader: istar.steps.run_folder)
+                            the model's, checked by every reader: istar.io.results)
     OUT/train_log.csv       step, loss, task_loss, penalty, isoscore_star, cosine_similarity, penalty_tokens
                             (which positions the penalty and its logged IsoScore* saw: real or
                             all_positions), penalty_rows (rows of X̃ per micro-batch, mean), lr
@@ -29,7 +29,7 @@ from istar.io import artifacts
 from istar.io.provenance import code_provenance
 from istar.registry.methods import get_method
 from istar.steps.resume import fingerprint_hash, latest_state
-from istar.steps.run_folder import model_sha256
+from istar.io.results import model_sha256
 
 __all__ = ["LOG_COLUMNS", "add_to_sums", "log_step", "finish_run"]
 
@@ -137,5 +137,5 @@ def _write_outputs(run, report: dict, seconds: float) -> dict:
         "fingerprint_inputs": run.fingerprint, "istar_version": __version__, "torch_version": torch.__version__,
         "provenance": code_provenance(), "trackers": {"names": list(spec.trackers), **run.tracking.state()},
     }, digest=True)
-    # Last, as the completion mark; its hash and model_sha256 are checked by every reader (istar.steps.run_folder).
+    # Last, as the completion mark; its hash and model_sha256 are checked by every reader (istar.io.results).
     return artifacts.write_json(out / "metrics.json", report, digest=True)
