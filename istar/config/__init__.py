@@ -1,4 +1,4 @@
 """What a run is asked to do: the configuration schema (package data) and the per-step specs built from it.
 
-May import :mod:`istar.io`, :mod:`istar.core` and :mod:`istar.registry`; never torch at import time.
+May import: io, core and registry (the layer contract: :mod:`istar.layers`); never torch at import time.
 """

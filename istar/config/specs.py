@@ -221,8 +221,9 @@ class TrainSpec(ModelData):
 
     @property
     def penalty_layers(self):
-        """The hidden states the penalty reads and Σ_S is measured over: the configured selection, or the
-        method's own (CosReg and the baseline: the last layer)."""
+        """The hidden states the penalty reads (and a given Σ_S covers): the configured selection, or the
+        method's own (CosReg and the baseline: the last layer). The Σ_S every run measures while it trains
+        is over ``layers`` (:mod:`istar.steps.sigma_tracking`)."""
         return get_method(self.method).penalty_layers(self.layers)
 
 

@@ -29,7 +29,7 @@ Sources: ``hub`` (needs internet or a filled cache), ``mirror`` (a folder named 
 folder), ``auto`` (the mirror when one is named and exists, else the hub).
 ``istar prepare-data --task rte --out resources/data/rte`` runs :func:`prepare_task`.
 
-Layer: may import io, core, registry and config.
+May import: io, core, registry and config (the layer contract: :mod:`istar.layers`).
 """
 
 import importlib

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from istar.config.schema import default_of
 from istar.data import qa
 from istar.registry.tasks import Task
 
@@ -46,7 +47,8 @@ class Features(Dataset):
         return sum(sum(mask) for mask in self.columns["attention_mask"])
 
 
-def encode_split(frame: Mapping[str, Sequence], task: Task, tokenizer, max_length: int, doc_stride: int = 128,
+def encode_split(frame: Mapping[str, Sequence], task: Task, tokenizer, max_length: int,
+                 doc_stride: int = default_of("training.doc_stride"),
                  with_labels: bool = True, for_qa_eval: bool = False, segment_ids: bool = True) -> Features:
     """Tokenise a normalised split.
 

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from istar import __version__
+from istar.config.schema import default_of
 from istar.data.hub import HubUnavailableError, hub_source, load_hub
 from istar.data.mirror import MIRROR_ENV, load_mirror, resolve_mirror
 from istar.data.storage import write_prepared
@@ -30,7 +31,7 @@ def load_task(
     source: str = "auto",
     mirror: str | Path | None = None,
     allow_standin: bool = False,
-    standin_fraction: float = 0.2,
+    standin_fraction: float = default_of("data.standin_fraction"),
     seed: int = 0,
     revision: str | None = None,
     subset: bool = False,
@@ -51,7 +52,7 @@ def load_task(
     allow_standin : bool, default=False
         When one split is missing from the mirror, split the other one into a stand-in
         train part and a stand-in validation part instead of raising.
-    standin_fraction : float in (0, 1), default=0.2
+    standin_fraction : float in (0, 1), default: the schema's ``data.standin_fraction``
         Share of the available split that becomes the stand-in validation part.
     seed : int >= 0, default=0
         Seed of the stand-in split.
@@ -165,7 +166,7 @@ def prepare_task(
     max_train_samples: int | None = None,
     max_eval_samples: int | None = None,
     seed: int = 0,
-    standin_fraction: float = 0.2,
+    standin_fraction: float = default_of("data.standin_fraction"),
     revision: str | None = None,
     subset: bool = False,
     hub_dataset: str | None = None,

@@ -1,5 +1,5 @@
 """Integrations with other training libraries: the ``transformers.Trainer`` (:mod:`istar.integrations.trainer`).
 
-May import the layers below it (io, core, registry, config, data, models); nothing in the
-workflow imports it.
+May import: io, core, registry, config, data and models (the layer contract:
+:mod:`istar.layers`). Nothing in the workflow imports it.
 """

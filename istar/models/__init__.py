@@ -1,5 +1,5 @@
 """Model sources: hub ids pinned to commits, local folders, packages, GGUF files; loading encoders,
 tokenizers and any pretrained model for profiling.
 
-May import the layers below it (io, core, registry, config, data).
+May import: io, core, registry, config and data (the layer contract: :mod:`istar.layers`).
 """

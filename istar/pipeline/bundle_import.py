@@ -103,7 +103,7 @@ def _earlier_summaries(root: Path) -> list[dict]:
 def _check_units(plan: dict, root: Path, names: set[str]) -> None:
     """Every run and measurement of the units brought back, read as the aggregate will read them (hashes checked)."""
     from istar.io import artifacts
-    from istar.steps.run_folder import read_finished_run
+    from istar.io.results import read_finished_run
 
     for unit in plan["units"]:
         if unit["name"] not in names:

@@ -274,7 +274,8 @@ def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: i
     A setting's batch size, epochs and learning rate override the training defaults when
     the search covers them; λ is the setting's (0 for the baseline, which has none); the
     I-STAR options are set for I-STAR runs only; ``sigma_s`` is read when ζ > 0. Every run
-    measures Σ_S after each epoch (istar.steps.train), over the ``shrinkage`` section's layers and rows.
+    measures Σ_S after each epoch (istar.steps.sigma_tracking), over ``layers`` and the ``shrinkage``
+    section's rows.
     """
     training, shrinkage, penalty = config["training"], config["shrinkage"], config["penalty"]
     hyperparameters = {"layers": setting.layer if setting.layer is not None else penalty["layers"],

@@ -44,9 +44,10 @@ class Method:
     penalty : ``penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch, tokens)``
         → :class:`istar.core.regularizers.Penalty`, the term added to the task loss; None for a
         method that adds none (then the model is run without ``output_hidden_states``).
-    fixed_layers : the hidden states the penalty reads, and Σ_S is measured over after each
-        epoch, when the method takes no ``layers`` (CosReg and the baseline: ``-1``, the last
-        layer); None for a method that takes ``layers``.
+    fixed_layers : the hidden states the penalty reads when the method takes no ``layers`` (CosReg
+        and the baseline: ``-1``, the last layer); None for a method that takes ``layers``. (The
+        Σ_S every run measures after each epoch is over the spec's ``layers`` whatever the method:
+        :mod:`istar.steps.sigma_tracking`.)
     """
 
     key: str

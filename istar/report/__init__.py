@@ -1,4 +1,6 @@
 """From results to what a reader sees: search selection, aggregate CSVs, tables and figures.
 
-Never imports torch. May import io, core (numpy-only parts), registry and config.
+May import: io, core (its numpy-only parts), registry and config (the layer contract:
+:mod:`istar.layers`); the run folders and measurement files it reads come through
+:mod:`istar.io.results`. Never imports torch, transformers, accelerate or datasets.
 """

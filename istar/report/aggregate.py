@@ -59,9 +59,9 @@ import math
 from pathlib import Path
 
 from istar.io import artifacts
+from istar.io.results import read_measures
 from istar.registry.methods import get_method
 from istar.report.select import read_run
-from istar.steps.measure import read_measures
 
 __all__ = ["aggregate", "parse_run_spec", "RUNS_COLUMNS", "LAYERS_COLUMNS", "DIMS_COLUMNS", "EPOCHS_COLUMNS",
            "SELECTION_COLUMNS", "AGGREGATE_NAMES", "PROVENANCE_COLUMNS", "PROVENANCE_NAME"]

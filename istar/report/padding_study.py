@@ -27,6 +27,7 @@ from istar.core.tokens import TOKEN_SELECTIONS
 from istar.registry.methods import METHODS
 from istar.registry.tasks import get_task, ordered_tasks
 from istar.report import figure_parts as parts
+from istar.report.figures import ANALYSIS_ZETA
 from istar.report.inference import POWER
 from istar.report.paired import LEVEL, REFERENCE, SIGNIFICANT, difference_cell, paired_differences, power_cell
 from istar.report.table_render import Table
@@ -163,7 +164,7 @@ def tuning_note(runs: pd.DataFrame) -> list[str]:
             "search.selection_split is heldout, which then favours this variant)."]
 
 
-def padding(runs: pd.DataFrame, analysis_zeta: float = 0.2) -> Figure:
+def padding(runs: pd.DataFrame, analysis_zeta: float = ANALYSIS_ZETA) -> Figure:
     """The padding figure: real-token IsoScore* (x) against performance (y), one point per variant.
 
     Parameters

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from istar.config.layout import parse_run_dir, seed_of
 from istar.io import artifacts
-from istar.steps.run_folder import read_finished_run
+from istar.io.results import read_finished_run
 
 __all__ = ["read_run", "model_short_name", "setting_name", "select_best", "fixed_choice", "SETTING_KEYS", "PROTOCOLS",
            "protocol_note"]
@@ -108,7 +108,7 @@ def read_run(run_dir) -> dict:
     Parameters
     ----------
     run_dir : a folder written by :func:`istar.steps.train.train`, checked by
-        :func:`istar.steps.run_folder.read_finished_run` (content hashes, one run's outputs).
+        :func:`istar.io.results.read_finished_run` (content hashes, one run's outputs).
 
     Returns
     -------

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from istar.config.schema import default_of
 from istar.config.specs import AnalyzeSpec, add_spec_arguments, spec_from_cli
 from istar.core.isotropy import CovarianceAccumulator
 from istar.core.measurement import isotropy_of_statistics
@@ -107,7 +108,8 @@ def _checked(tensors: dict[str, torch.Tensor], metadata: dict[str, str], source:
     return hidden_states, count
 
 
-def analyze_run(activations_path, sigma_path, zeta: float, out=None, twonn_discard: float = 0.1,
+def analyze_run(activations_path, sigma_path, zeta: float, out=None,
+                twonn_discard: float = default_of("analysis.twonn_discard"),
                 layers: LayerSpec = "all") -> dict:
     """Isotropy and intrinsic dimension of a run's evaluation-split representations.
 

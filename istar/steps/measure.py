@@ -48,7 +48,7 @@ from istar.config.specs import MeasureSpec, add_spec_arguments, spec_from_cli
 from istar.io import artifacts
 from istar.io.provenance import code_provenance
 
-__all__ = ["measure_runs", "check_inputs", "read_measures"]
+__all__ = ["measure_runs", "check_inputs"]
 
 
 def measure_runs(spec: MeasureSpec) -> dict:
@@ -60,7 +60,7 @@ def measure_runs(spec: MeasureSpec) -> dict:
     from istar.steps.analyze import ShrinkageReference, analyze_statistics
     from istar.steps.common import open_step
     from istar.steps.evaluate import evaluation_report
-    from istar.steps.run_folder import read_finished_run
+    from istar.io.results import read_finished_run
 
     spec.validate()
     missing = [run for run in spec.runs if not (Path(run) / "model").is_dir()]
@@ -110,7 +110,7 @@ def check_inputs(spec: MeasureSpec, finished: dict[str, tuple[dict, dict]], pret
     and — when the analysis reads the pretrained model's Σ_S file — that file's task, model and
     shape (d, L + 1) against the run's.
 
-    ``finished``: run folder → (metrics, run_config) (:func:`istar.steps.run_folder.read_finished_run`);
+    ``finished``: run folder → (metrics, run_config) (:func:`istar.io.results.read_finished_run`);
     ``pretrained``: the Σ_S file as an :class:`istar.steps.analyze.ShrinkageReference`, or None when
     each run's own fine-tuned Σ_S is measured. A ValueError names the run and the fix.
     """
@@ -152,17 +152,6 @@ def _trained_on(run: str) -> str:
     """The run's token selection from its run_config.json (runs written before the setting: real tokens)."""
     config = Path(run) / "run_config.json"
     return artifacts.read_json(config).get("tokens", "real") if config.is_file() else "real"
-
-
-def read_measures(path) -> dict[str, dict]:
-    """The runs of a measurement file, keyed by run folder, each with ``evaluation`` and ``analysis``
-    (hash checked; a file not written by ``istar measure`` is named in the error)."""
-    measures = artifacts.read_json(path)
-    runs = measures.get("runs") if isinstance(measures, dict) else None
-    if not isinstance(runs, dict) or any(not isinstance(entry, dict) or not {"evaluation", "analysis"} <= set(entry)
-                                         for entry in runs.values()):
-        raise ValueError(f"{path} lacks runs with evaluation and analysis: it was not written by `istar measure`")
-    return runs
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:

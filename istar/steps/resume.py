@@ -30,7 +30,7 @@ from istar.io import artifacts
 from istar.registry.methods import get_method
 
 __all__ = ["STATES_AT_ONCE", "run_fingerprint", "fingerprint_hash", "changed_settings", "latest_state", "matching_state", "save_state",
-           "restore_log", "saved_tracking", "StopRequest", "Interrupted"]
+           "load_state", "restore_log", "saved_tracking", "StopRequest", "Interrupted"]
 
 # Settings that change neither the arithmetic nor the data order of a run: a state saved under
 # other values of these is still the same run.
@@ -168,6 +168,17 @@ def save_state(accelerator, resume_dir: Path, step: int, log_path: Path, fingerp
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
+
+
+def load_state(accelerator, state: Path) -> None:
+    """Load ``state`` into the accelerator's objects; one that cannot be loaded stops the run, naming the fix."""
+    try:
+        accelerator.load_state(str(state))
+    except Exception as error:
+        # The model may be half overwritten by now: this process cannot start afresh by itself.
+        raise ValueError(f"the saved state {state} cannot be loaded ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''}): run the same command with `--restart` "
+                         f"to start this run afresh (or remove {state.parent})") from None
 
 
 def saved_tracking(state: Path | None) -> dict:

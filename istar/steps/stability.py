@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from istar.config.schema import default_of
 from istar.core.fig2 import STABILITY_COLUMNS, fig2_variances
 from istar.core.isotropy import isoscore_star_from_covariance
 from istar.io.artifacts import atomic_path
@@ -49,7 +50,7 @@ def _nested_covariances(sizes: list[int], scale: torch.Tensor, generator: torch.
 
 
 def fig2_data(batch_sizes=FIG2_BATCH_SIZES, zetas=FIG2_ZETAS, n_shrinkage: int = 75_000, seed: int = 0,
-              repeats: int = 3, dim: int = 768) -> pd.DataFrame:
+              repeats: int = default_of("studies.stability.repeats"), dim: int = 768) -> pd.DataFrame:
     """IsoScore* of mini-batches of the Fig. 2 Gaussian against batch size, for several ζ.
 
     Rows are drawn as X = Z·sqrt(variances), Z standard normal (torch, float32). Σ_S is the
@@ -115,7 +116,7 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("results/aggregate/fig2_stability.csv"),
                         help="CSV to write (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulation (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=3, help="samples per batch size (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=default_of("studies.stability.repeats"), help="samples per batch size (default: %(default)s)")
 
 
 def run_cli(args: argparse.Namespace) -> int:

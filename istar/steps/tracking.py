@@ -201,7 +201,7 @@ class Tracking:
         tracking.log(values, step) … tracking.commit() before each saved state … tracking.finish()
     """
 
-    def __init__(self, names, out, experiment: str = "istar", mlflow_tracking_uri: str | None = None):
+    def __init__(self, names, out, experiment: str, mlflow_tracking_uri: str | None = None):
         unknown = sorted(set(names) - set(TRACKERS))
         if unknown:
             raise ValueError(f"unknown tracker(s) {', '.join(unknown)}; choose from {', '.join(TRACKER_NAMES)}")

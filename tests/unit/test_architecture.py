@@ -1,23 +1,23 @@
-"""The package's layers, read from its own imports (ast): each layer imports only the layers below it.
-
-The order is the architecture (see each subpackage's ``__init__`` and docs/architecture.md):
-``io → core → registry → config → data → models → integrations → steps → report → pipeline``, with the
-command line (:mod:`istar.cli`) on top. Every import counts, function-level ones included:
-a lazy import is still a dependency.
+"""The package's layers, read from its own imports (ast) and checked against the one layer contract,
+:mod:`istar.layers`: which subpackages each subpackage may import, which libraries a layer never
+imports, what the workflow's rule files import. Every import counts, function-level ones included:
+a lazy import is still a dependency. Each subpackage's ``__init__`` docstring states its part of
+the contract and is checked against it here.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
+from istar.layers import MAY_IMPORT, NEVER_IMPORTS, WORKFLOW_IMPORTS
+
 PACKAGE = Path(__file__).resolve().parents[2] / "istar"
-LAYERS = ("io", "core", "registry", "config", "data", "models", "integrations", "steps", "report", "pipeline")
-TOP = {"cli", "__main__", "__init__"}
-# report draws figures and tables from CSVs; torch would cost every report job seconds of start-up
-NEVER_IMPORTED = {"report": {"torch", "transformers", "accelerate", "datasets"}}
+WORKFLOW = PACKAGE.parent / "workflow"
+TOP = {"cli", "__main__", "__init__", "layers"}
 
 
 def _modules() -> dict[str, Path]:
@@ -47,11 +47,7 @@ def _layer(module: str) -> str | None:
         return None
     if len(parts) == 1:
         return "root"  # istar/__init__.py: the version and lazy names of the maths, below everything
-    return parts[1] if parts[1] in LAYERS else "top"
-
-
-def _rank(layer: str) -> int:
-    return {"root": -1, "top": len(LAYERS)}.get(layer) if layer in ("root", "top") else LAYERS.index(layer)
+    return parts[1] if parts[1] in MAY_IMPORT else "top"
 
 
 def _edges():
@@ -62,23 +58,82 @@ def _edges():
                 yield module, name, f"{path.relative_to(PACKAGE.parent)}:{line}"
 
 
+def _allowed(source: str, target: str) -> bool:
+    if source == target or target == "root":
+        return True  # every module may read istar.__version__
+    if source == "top":
+        return True  # the command (istar.cli, istar.__main__) may import every layer
+    return target in MAY_IMPORT.get(source, ())
+
+
 def test_every_module_belongs_to_a_layer():
     strays = [m for m in _modules() if _layer(m) == "top" and m.split(".")[-1] not in TOP]
-    assert not strays, f"modules outside the layer subpackages {LAYERS}: {strays}"
+    assert not strays, f"modules outside the layer subpackages {tuple(MAY_IMPORT)}: {strays}"
+    missing = sorted(set(MAY_IMPORT) - {path.parent.name for path in PACKAGE.glob("*/__init__.py")})
+    assert not missing, f"istar.layers names subpackages that do not exist: {missing}"
 
 
-def test_no_module_imports_a_later_layer():
+def test_every_import_is_one_the_contract_allows():
+    wrong = [f"{where}: {source} imports {target} (istar.{_layer(source)} may import "
+             f"{', '.join(MAY_IMPORT[_layer(source)]) or 'no other layer'})"
+             for source, target, where in _edges() if not _allowed(_layer(source), _layer(target))]
+    assert not wrong, "imports against the layer contract (istar/layers.py):\n" + "\n".join(sorted(wrong))
+
+
+def test_nothing_imports_the_command_or_the_contract():
     wrong = [f"{where}: {source} imports {target}" for source, target, where in _edges()
-             if _rank(_layer(target)) > _rank(_layer(source))]
-    assert not wrong, "imports against the layer order:\n" + "\n".join(sorted(wrong))
+             if _layer(target) == "top" and _layer(source) != "top"]
+    assert not wrong, "\n".join(sorted(wrong))
 
 
-@pytest.mark.parametrize("layer", sorted(NEVER_IMPORTED))
+def test_the_contract_has_no_cycle_and_names_only_layers():
+    for layer, below in MAY_IMPORT.items():
+        assert set(below) <= set(MAY_IMPORT) - {layer}, (layer, below)
+    done: list[str] = []
+    remaining = dict(MAY_IMPORT)
+    while remaining:  # peel off the layers whose every allowed import is already placed
+        ready = [layer for layer, below in remaining.items() if set(below) <= set(done)]
+        assert ready, f"the layer contract has a cycle among {sorted(remaining)}"
+        done += ready
+        for layer in ready:
+            del remaining[layer]
+
+
+@pytest.mark.parametrize("layer", sorted(NEVER_IMPORTS))
 def test_layer_never_imports_heavy_libraries(layer):
     wrong = [f"{path.relative_to(PACKAGE.parent)}:{line}: {name}"
              for module, path in _modules().items() if _layer(module) == layer
-             for name, line in _imports(path, module) if name.split(".")[0] in NEVER_IMPORTED[layer]]
+             for name, line in _imports(path, module) if name.split(".")[0] in NEVER_IMPORTS[layer]]
     assert not wrong, f"istar.{layer} imports libraries it must not:\n" + "\n".join(wrong)
+
+
+def test_the_workflow_imports_only_what_the_contract_allows():
+    files = [WORKFLOW / "Snakefile", *sorted((WORKFLOW / "rules").glob("*.smk"))]
+    found = {(f"{path.relative_to(PACKAGE.parent)}:{number}", match.group(1))
+             for path in files for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             for match in [re.match(r"\s*(?:from|import)\s+istar\.(\w+)", line)] if match}
+    assert {layer for _, layer in found} >= {"pipeline"}, "the workflow no longer imports istar.pipeline: check the parser"
+    wrong = sorted(f"{where}: istar.{layer}" for where, layer in found if layer not in WORKFLOW_IMPORTS)
+    assert not wrong, f"the workflow may import {', '.join(WORKFLOW_IMPORTS)} (istar/layers.py):\n" + "\n".join(wrong)
+
+
+def _stated_imports(layer: str) -> set[str] | None:
+    """The subpackages the ``May import:`` sentence of ``istar/LAYER/__init__.py``'s docstring names."""
+    doc = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text(encoding="utf-8"))) or ""
+    match = re.search(r"^May import: (.*?)\.(?:\s|$)", doc, re.MULTILINE | re.DOTALL)
+    return None if match is None else set(re.findall(r"\w+", match.group(1))) & set(MAY_IMPORT)
+
+
+@pytest.mark.parametrize("layer", sorted(MAY_IMPORT))
+def test_each_subpackage_docstring_states_its_part_of_the_contract(layer):
+    stated = _stated_imports(layer)
+    assert stated is not None, f"istar/{layer}/__init__.py: its docstring has no 'May import: …' sentence"
+    assert stated == set(MAY_IMPORT[layer]), (
+        f"istar/{layer}/__init__.py says it may import {sorted(stated)}; istar/layers.py says "
+        f"{sorted(MAY_IMPORT[layer])}: make them agree")
+    doc = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text(encoding="utf-8"))) or ""
+    unnamed = [name for name in NEVER_IMPORTS.get(layer, ()) if not re.search(rf"Never imports[^.]*\b{name}\b", doc)]
+    assert not unnamed, f"istar/{layer}/__init__.py: its 'Never imports …' sentence does not name {unnamed}"
 
 
 def test_no_import_cycle():
@@ -110,6 +165,6 @@ def test_report_runs_without_torch():
 
     report = sorted(m for m in _modules() if _layer(m) == "report")
     code = ("import sys\n" + "".join(f"import {m}\n" for m in report)
-            + "print(sorted(name for name in ('torch', 'transformers', 'accelerate', 'datasets') if name in sys.modules))")
+            + f"print(sorted(name for name in {NEVER_IMPORTS['report']!r} if name in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]", f"importing istar.report loads {loaded}"

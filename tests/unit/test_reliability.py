@@ -170,7 +170,7 @@ def test_analysis_json_content_is_checked(tmp_path):
 
 
 def test_measurement_file_content_is_checked(tmp_path):
-    from istar.steps.measure import read_measures
+    from istar.io.results import read_measures
 
     path = tmp_path / "measures.json"
     entry = {"evaluation": None, "analysis": {"global": {"isoscore_star": 0.25}, "layers": [], "last_layer": {}}}

@@ -10,8 +10,9 @@ rule train:
         sigma=sigma_input_of(),
     # metrics.json (written last, the run's completion mark) and model/ are what later jobs read;
     # train_log.csv and run_config.json beside them are bound to metrics.json by the step itself
-    # (istar.steps.run_folder: cleared before training, fingerprint and content hash checked when
-    # read). Leaving them undeclared saves the paper's DAG 3,800 files to plan (bench/RESULTS.md).
+    # (istar.steps.run_folder: cleared before training; istar.io.results: fingerprint and content
+    # hash checked when read). Leaving them undeclared saves the paper's DAG 3,800 files to plan
+    # (bench/RESULTS.md).
     output:
         metrics=f"{RUN}/metrics.json",
         model=directory(f"{RUN}/model"),

@@ -1,0 +1,134 @@
+"""Σ_S while a run trains (:mod:`istar.steps.train`): the given Σ_S checked and kept, and Σ_S of
+the current model measured before training and after every epoch.
+
+Every run, whatever its method, measures Σ_S over ``spec.layers`` (the configured selection,
+whatever the method's penalty reads) on ``shrinkage_rows`` rows of the training data, and records
+its IsoScore per epoch (``sigma_s_isoscore`` in metrics.json, index = epochs trained). An I-STAR
+run instead starts from the Σ_S it was given (``istar shrinkage``, over its penalty's layers,
+which for I-STAR are ``spec.layers``), saved as ``sigma_epoch0.pt``; with ``recompute_shrinkage``
+it trains each later epoch with the Σ_S measured after the one before (``sigma_epoch{e}.pt``).
+All processes use the same Σ_S.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from istar.config.specs import TrainSpec
+from istar.core.isotropy import isoscore_star_from_covariance
+from istar.core.regularizers import resolve_layers
+from istar.core.shrinkage import check_sigma_fits, load_layer_statistics, load_shrinkage, merge_layers, save_shrinkage
+from istar.core.tokens import get_token_selection
+from istar.data.encoding import EpochShuffleSampler
+from istar.models.shrinkage import accumulate_shrinkage
+from istar.registry.methods import get_method
+
+__all__ = ["read_given_sigma", "check_given_sigma", "SigmaTracker"]
+
+
+def read_given_sigma(spec: TrainSpec):
+    """The Σ_S file the run was given, as (per-layer statistics, provenance), read and checked (hash,
+    NaN / inf, token rows) before the model and data are loaded; None for a method that needs none."""
+    if not get_method(spec.method).needs_sigma_s(spec.zeta):
+        return None
+    given = load_layer_statistics(spec.sigma_s)
+    tokens = given[1].get("tokens", "real")  # files written before the setting existed hold real-token rows
+    if tokens != spec.tokens:
+        raise ValueError(f"{spec.sigma_s} holds Σ_S of {tokens} rows but this run's penalty reads {spec.tokens} "
+                         f"rows: compute it with `istar shrinkage --tokens {spec.tokens}`")
+    return given
+
+
+def check_given_sigma(spec: TrainSpec, given, step) -> None:
+    """The given Σ_S is of this task and this model's shape (before any forward pass)."""
+    config = step.model.config
+    check_sigma_fits(spec.sigma_s, *given, task=step.task.key, data=spec.data_dir,
+                     shape=(config.hidden_size, config.num_hidden_layers + 1), model=step.model_name)
+
+
+def _isoscore(sigma: torch.Tensor) -> float:
+    """IsoScore of a covariance (d, d): IsoScore* with ζ = 0 (docs/method.md §2)."""
+    return float(isoscore_star_from_covariance(sigma, 0.0))
+
+
+@dataclass
+class SigmaTracker:
+    """Σ_S of one run: what it records in ``progress`` (``sigma_s``, ``sigma_epoch``,
+    ``sigma_isoscore`` of :class:`istar.steps.train.Progress`, saved with every state) and the Σ_S
+    the penalty uses next (``penalty_sigma``, on the device; None for a run without one)."""
+
+    spec: TrainSpec
+    step: object  # istar.steps.common.Step
+    out: Path
+    model: torch.nn.Module  # unwrapped: Σ_S is measured outside the training wrapper
+    features: object  # the training features Σ_S rows are drawn from
+    progress: object  # istar.steps.train.Progress
+    penalty_sigma: torch.Tensor | None = None
+
+    def start(self, given) -> float | None:
+        """Before the first step of this process: keep the given Σ_S (``read_given_sigma``) unless a
+        resumed state holds one, and measure IsoScore(Σ_S) before training unless a state has it.
+
+        Returns that IsoScore when it was measured now (None on resuming)."""
+        spec, progress, accelerator = self.spec, self.progress, self.step.accelerator
+        measured = None
+        if given is not None and progress.sigma_s is None:
+            per_layer, provenance = given
+            config = self.model.config
+            layers = resolve_layers(spec.penalty_layers, config.num_hidden_layers + 1)
+            progress.sigma_s, _ = load_shrinkage(spec.sigma_s, expected_layers=layers, expected_dim=config.hidden_size)
+            progress.sigma_epoch = 0
+            if accelerator.is_main_process:
+                save_shrinkage(self.out / "sigma_epoch0.pt", per_layer, layers, provenance)
+        if not progress.sigma_isoscore:
+            # I-STAR's Σ_S before training is the file it was given; the other runs measure their own.
+            sigma = progress.sigma_s if progress.sigma_s is not None else self._measure(0)[1].covariance().cpu()
+            measured = _isoscore(sigma)
+            progress.sigma_isoscore.append(measured)
+        self.penalty_sigma = progress.sigma_s.to(accelerator.device) if progress.sigma_s is not None else None
+        return measured
+
+    def after_epoch(self, epochs_done: int) -> None:
+        """Σ_S of the model after ``epochs_done`` epochs: its IsoScore is recorded, and I-STAR with
+        ``recompute_shrinkage`` trains the next epoch with it (saved as ``sigma_epoch{e}.pt``)."""
+        spec, accelerator = self.spec, self.step.accelerator
+        per_layer, merged, indices = self._measure(epochs_done)
+        sigma = merged.covariance().cpu()
+        self.progress.sigma_isoscore.append(_isoscore(sigma))
+        if not (get_method(spec.method).needs_sigma_s(spec.zeta) and spec.recompute_shrinkage
+                and epochs_done < spec.epochs):
+            return
+        self.progress.sigma_s, self.progress.sigma_epoch = sigma, epochs_done
+        if accelerator.is_main_process:
+            save_shrinkage(self.out / f"sigma_epoch{epochs_done}.pt", per_layer, indices, {
+                "model": f"{self.step.model_name} fine-tuned for {epochs_done} epoch(s)", "layer_spec": spec.layers,
+                "epoch": epochs_done, "requested_rows": spec.shrinkage_rows, "tokens": spec.tokens,
+                "num_processes": accelerator.num_processes})
+        accelerator.print(f"Σ_S recomputed for epoch {epochs_done + 1}: {merged.count:,} rows")
+        self.penalty_sigma = sigma.to(accelerator.device)
+
+    def _measure(self, epoch: int):
+        """Σ_S statistics of the current model over ``spec.layers``: (per-layer accumulators, their
+        merge over the selected layers, the layer indices).
+
+        The rows (``shrinkage_rows`` of the training split) come in an order fixed by the run's
+        seed and ``epoch``; the result is identical on all processes.
+        """
+        from accelerate.data_loader import prepare_data_loader
+
+        spec, accelerator = self.spec, self.step.accelerator
+        batch_size = spec.batch_size if get_token_selection(spec.tokens).sigma_uses_training_batches \
+            else spec.eval_batch_size
+        loader = self.step.loader(self.features, batch_size,
+                                  sampler=EpochShuffleSampler(len(self.features), spec.seed + 7919 * (epoch + 1)))
+        # even_batches=False: accelerate would otherwise repeat rows to even out the shards, and Σ_S
+        # would count them twice.
+        loader = prepare_data_loader(loader, accelerator.device, accelerator.num_processes, accelerator.process_index,
+                                     put_on_device=True, even_batches=False)
+        per_layer = accumulate_shrinkage(self.model, loader, spec.layers, spec.shrinkage_rows, accelerator,
+                                         description=f"Σ_S after {epoch} epoch(s)", tokens=spec.tokens)
+        indices = resolve_layers(spec.layers, len(per_layer))
+        return per_layer, merge_layers(per_layer, indices), indices

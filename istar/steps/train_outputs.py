@@ -1,0 +1,141 @@
+"""What a fine-tuning run (:mod:`istar.steps.train`) writes: its ``train_log.csv`` rows while it
+trains, and its outputs, each atomically, when it is done::
+
+    OUT/metrics.json        per-epoch and final metrics (the last file written; content hash and
+                            the model's, checked by every reader: istar.io.results)
+    OUT/train_log.csv       step, loss, task_loss, penalty, isoscore_star, cosine_similarity, penalty_tokens
+                            (which positions the penalty and its logged IsoScore* saw: real or
+                            all_positions), penalty_rows (rows of X̃ per micro-batch, mean), lr
+    OUT/run_config.json     the resolved configuration, precision and environment, and the code's
+                            provenance (:mod:`istar.io.provenance`: git commit, uncommitted changes,
+                            package versions)
+    OUT/model/              the final model and tokenizer (save_pretrained)
+
+(``sigma_epoch{e}.pt``, the Σ_S used in epoch e, are written by :mod:`istar.steps.sigma_tracking`.)
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import shutil
+from pathlib import Path
+
+import torch
+
+from istar import __version__
+from istar.core.regularizers import Penalty
+from istar.io import artifacts
+from istar.io.provenance import code_provenance
+from istar.registry.methods import get_method
+from istar.steps.resume import fingerprint_hash, latest_state
+from istar.io.results import model_sha256
+
+__all__ = ["LOG_COLUMNS", "add_to_sums", "log_step", "finish_run"]
+
+LOG_COLUMNS = ("step", "epoch", "loss", "task_loss", "penalty", "isoscore_star", "cosine_similarity", "penalty_tokens",
+               "penalty_rows", "lr")
+
+
+def add_to_sums(sums: dict, loss, task_loss, penalty: Penalty | None) -> None:
+    """Add one micro-batch's losses (and the penalty's logs) to the sums of the current log row."""
+    values = {"loss": loss, "task_loss": task_loss}
+    if penalty is not None:
+        values["penalty"] = penalty.term
+        values.update(penalty.logs)
+    for key, value in values.items():
+        sums[key] = sums.get(key, 0.0) + float(value.detach())
+    sums["micro_batches"] = sums.get("micro_batches", 0) + 1
+
+
+def log_step(run, sums: dict, epoch: int) -> dict:
+    """The row of ``run``'s current optimizer step (micro-batch ``sums`` since the last row): appended to
+    the live train_log.csv and sent to the trackers by the main process. Returns the row."""
+    accelerator, step = run.accelerator, run.progress.step
+    row = _log_row(accelerator, sums, step, epoch, run.scheduler.get_last_lr()[0], run.spec.tokens)
+    if accelerator.is_main_process:
+        _append_log(run.log_path, row)
+        run.tracking.log({f"train/{key}": row[key] for key in LOG_COLUMNS if key not in ("step", "epoch")}, step=step)
+    return row
+
+
+def _log_row(accelerator, sums: dict, step: int, epoch: int, lr: float, tokens: str) -> dict:
+    """One train_log.csv row: micro-batch means, averaged over processes."""
+    keys = [k for k in ("loss", "task_loss", "penalty", "isoscore_star", "cosine_similarity", "penalty_rows") if k in sums]
+    local = torch.tensor([sums[k] / sums["micro_batches"] for k in keys], device=accelerator.device)
+    averaged = accelerator.reduce(local, reduction="mean").tolist() if accelerator.num_processes > 1 else local.tolist()
+    row = {k: "" for k in LOG_COLUMNS}
+    row.update(zip(keys, averaged))
+    row.update(step=step, epoch=epoch, lr=lr, **({"penalty_tokens": tokens} if "penalty_rows" in sums else {}))
+    return row
+
+
+def _append_log(path: Path, row: dict) -> None:
+    new = not path.exists()
+    with path.open("a", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=LOG_COLUMNS)
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+def finish_run(run, seconds: float) -> dict:
+    """Write the final outputs of ``run`` (an :class:`istar.steps.train.TrainingRun`) atomically;
+    metrics.json last, as the run's completion mark. Returns the content of metrics.json."""
+    spec, step, progress = run.spec, run.step, run.progress
+    accelerator, task, meta = step.accelerator, step.task, step.meta
+    method = get_method(spec.method)
+    final = progress.history[-1] if progress.history else {}
+    report = {
+        "task": task.key, "model": step.model_name, "method": spec.method, "lam": spec.lam,
+        "zeta": spec.zeta if method.takes("zeta") else None,
+        "layers": spec.layers if method.takes("layers") else None, "tokens": spec.tokens, "seed": spec.seed,
+        "standin": step.standin, "standin_note": meta.get("standin_note"),
+        "metric": task.metric, "final": final, "epochs": progress.history,
+        "sigma_s_isoscore": progress.sigma_isoscore, "fingerprint": fingerprint_hash(run.fingerprint),
+    }
+    if accelerator.is_main_process:
+        state = latest_state(run.resume_dir)
+        kept = (f"the trained state {state} is kept (metrics.json is written last, so the run is not marked done); "
+                "the same command finishes the run from it")
+        try:
+            report = _write_outputs(run, report, seconds)
+        except artifacts.OutOfSpaceError as error:
+            raise artifacts.OutOfSpaceError(error.path, kept) from None
+        shutil.rmtree(run.resume_dir, ignore_errors=True)
+    run.tracking.finish()
+    accelerator.wait_for_everyone()
+    accelerator.print(f"done: {task.metric} = {final.get(task.metric, float('nan')):.4f} -> {run.out}")
+    return report
+
+
+def _write_outputs(run, report: dict, seconds: float) -> dict:
+    """The final model, log, run_config.json and metrics.json (last), each atomically; returns the
+    report as written (with its content hash and the model's)."""
+    spec, step, out = run.spec, run.step, run.out
+    accelerator, task = step.accelerator, step.task
+    staging = out / ".model-staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        with artifacts.storage_errors(out / "model"):
+            accelerator.unwrap_model(run.model).save_pretrained(staging, save_function=accelerator.save)
+            step.tokenizer.save_pretrained(staging)
+            artifacts.record_digests(staging)  # checked whenever the model is loaded again
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    artifacts.replace_directory(staging, out / "model")
+    with artifacts.atomic_path(out / "train_log.csv") as tmp:
+        shutil.copy2(run.log_path, tmp) if run.log_path.exists() else tmp.write_text(",".join(LOG_COLUMNS) + "\n")
+    report["model_sha256"] = model_sha256(out / "model")
+    artifacts.write_json(out / "run_config.json", {
+        **dataclasses.asdict(spec), "model_path": step.model_path, "task": task.key,
+        "precision": {"requested": spec.mixed_precision, "effective": step.precision.label},
+        "num_processes": accelerator.num_processes, "device": accelerator.device.type,
+        "total_optimizer_steps": run.total_steps, "train_seconds": round(seconds, 2),
+        "model_source": step.model_name, "data_meta": step.meta, "fingerprint": report["fingerprint"],
+        "fingerprint_inputs": run.fingerprint, "istar_version": __version__, "torch_version": torch.__version__,
+        "provenance": code_provenance(), "trackers": {"names": list(spec.trackers), **run.tracking.state()},
+    }, digest=True)
+    # Last, as the completion mark; its hash and model_sha256 are checked by every reader (istar.io.results).
+    return artifacts.write_json(out / "metrics.json", report, digest=True)
