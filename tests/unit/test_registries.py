@@ -107,7 +107,7 @@ def test_method_behaviour_comes_from_the_registry(monkeypatch):
     assert needs_sigma(Setting("l2shrink", lam=0.5, zeta=0.3)) and not needs_sigma(Setting("l2shrink", lam=0.5, zeta=0.0))
     baseline = dataclasses.replace(spec, method="base", lam=0.0, zeta=0.0, sigma_s=None)
     assert compute_penalty(baseline, hidden, torch.ones(2, 3), None, False) is None
-    # every run measures Σ_S after each epoch: the baseline and CosReg over the last layer
+    # the baseline and CosReg have no layer selection of their own: their penalty_layers is the last layer
     assert baseline.penalty_layers == -1 and dataclasses.replace(spec, method="cosreg", zeta=0.0).penalty_layers == -1
     with pytest.raises(ValueError, match="unknown hyperparameter 'beta'"):
         get_method("istar").takes("beta")
