@@ -5,9 +5,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 READY  := $(VENV)/.ready
 PYTEST := $(BIN)/python -m pytest -q
-# Both cores (every core a machine has), with the tests that share a session fixture (the finished tiny
-# project, the hub server) kept on one worker (xdist_group).
-PARALLEL := -n auto --dist loadgroup
+# Every core a machine has, one test module per worker at a time (--dist loadfile): a module's
+# fixtures that train runs, start daemons or build a project are built once.
+PARALLEL := -n auto --dist loadfile
 
 .PHONY: setup demo lint test test-integration test-e2e test-all test-full coverage bench bench-train bench-dag
 

@@ -123,6 +123,17 @@ def tiny_project(tmp_path_factory):
     return workdir
 
 
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """accelerate keeps one AcceleratorState per process and refuses another precision later: each
+    in-process test starts without one, whatever ran before it on this worker."""
+    import sys
+
+    if "accelerate.state" in sys.modules:
+        sys.modules["accelerate.state"].AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+
+
 # ------------------------------------------------------------------ lanes by cost
 
 # Every test is in exactly one lane (README "Tests"): its own marker, else its module's, else its
@@ -163,10 +174,8 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: lane: {holds}")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the xdist_group markers
 def pytest_collection_modifyitems(config, items):
-    """Give each test its lane's marker (so that -m selects lanes), its lane's time limit and its
-    pytest-xdist group."""
+    """Give each test its lane's marker (so that -m selects lanes) and its lane's time limit."""
     for item in items:
         lane = lane_of(item)
         item.stash[LANE] = lane
@@ -174,23 +183,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, lane))
         if not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(LANE_TIMEOUTS[lane]))
-        group = _shared_fixture_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
-def _shared_fixture_group(item) -> str | None:
-    """Under pytest-xdist (`--dist loadgroup`), the tests that share an expensive fixture run on one
-    worker, which builds it once: the finished tiny project (session-wide), else the module-scoped
-    fixtures of the test's module (trained runs, a DVC origin, daemons). Servers that every worker
-    may start for itself (the hub) take free ports and are not grouped."""
-    if "tiny_project" in item.fixturenames:
-        return "tiny_project"
-    for name in item.fixturenames:
-        definitions = item._fixtureinfo.name2fixturedefs.get(name)
-        if definitions and definitions[-1].scope == "module":
-            return item.nodeid.split("::")[0]
-    return None
 
 
 LANE = pytest.StashKey[str]()

@@ -50,6 +50,7 @@ def test_the_penalty_moves_the_logged_isoscore_star_against_the_base_run(three_r
     assert all(entry["istar_penalty"] == 0.0 for entry in logs["base"])
 
 
+@pytest.mark.integration  # three Trainer runs in the module's fixture: a minute or more
 def test_sigma_is_computed_before_training_and_at_each_epoch(three_runs):
     trainer = three_runs["lower"]
     refreshes = [entry for entry in trainer.state.log_history if "sigma_s_isoscore" in entry]
@@ -58,6 +59,7 @@ def test_sigma_is_computed_before_training_and_at_each_epoch(three_runs):
     assert 0 < refreshes[0]["sigma_s_isoscore"] < 1 and refreshes[0]["sigma_s_isoscore"] != refreshes[1]["sigma_s_isoscore"]
 
 
+@pytest.mark.integration  # three Trainer runs in the module's fixture: a minute or more
 def test_evaluate_and_compute_metrics_are_untouched(three_runs):
     """Evaluation asks for no hidden states, so the predictions compute_metrics gets are the logits alone."""
     result = three_runs["lower"].evaluate()

@@ -381,9 +381,10 @@ def signal_lead_seconds() -> int:
     return int(re.fullmatch(r"'--signal=TERM@(\d+)'", profile["set-resources"]["train"]["slurm_extra"]).group(1))
 
 
+@pytest.mark.timeout(1800)  # two trainings of minutes each, side by side, beside the rest of the suite
 def test_a_job_past_its_time_limit_is_stopped_ahead_of_it_resubmitted_and_resumes(slurm, tmp_path):
-    """A base run of 100 epochs × 250 optimizer steps (about five minutes on a quiet 2-core machine; its
-    time limit is cut to about four). Once it has logged its
+    """A base run of 60 epochs × 250 optimizer steps (about five minutes on a quiet 2-core machine, and
+    longer beside the rest of the suite; its time limit is cut to about four). Once it has logged its
     first optimizer step, its time limit is cut to the minute it has run plus the profile's lead plus
     one (`scontrol update`, as an administrator can): shorter than the training, and late enough that
     startup, which on a busy machine takes minutes, is over. slurmctld checks time limits every 30 s
@@ -392,7 +393,7 @@ def test_a_job_past_its_time_limit_is_stopped_ahead_of_it_resubmitted_and_resume
     model = save_tiny_model(tmp_path / "tiny-bert")
     config = load_test_config("slurm", model_dir=model)
     config["data"]["max_train_samples"] = 500
-    config["training"].update(epochs=100, batch_size=2, runtime=60)
+    config["training"].update(epochs=60, batch_size=2, runtime=60)
     on_slurm, local = tmp_path / "slurm", tmp_path / "local"
     for workdir in (on_slurm, local):
         write_project(workdir, config)
