@@ -455,7 +455,7 @@ def test_a_job_past_its_time_limit_is_stopped_ahead_of_it_resubmitted_and_resume
     assert resumed and int(resumed.group(1)) == step, training_log(on_slurm, 0)[-3000:]
 
     # the resumed run is the uninterrupted one: every optimizer step logged once, the same scores
-    total = config["training"]["epochs"] * 500 // 4
+    total = config["training"]["epochs"] * config["data"]["max_train_samples"] // config["training"]["batch_size"]
     assert 0 < step < total
     reference = local / run_folder(0)
     rows = list(csv.DictReader((run / "train_log.csv").open()))
