@@ -152,21 +152,14 @@ SLOW_PROGRAMS = ("python", "snakemake", "istar", "accelerate", "torchrun", "dvc"
 
 
 def lane_of(item) -> str:
-    marked = [name for name in LANES if item.get_closest_marker(name)]
+    # iter_markers goes from the test outwards: its own marker, then its class's and module's
+    marked = next((mark.name for mark in item.iter_markers() if mark.name in LANES), None)
     if marked:
-        # get_closest_marker: the test's own marker wins over its module's
-        return min(marked, key=lambda name: _marker_depth(item, name))
+        return marked
     folder = Path(str(item.fspath)).relative_to(Path(__file__).parent).parts[0]
     if folder not in FOLDER_LANES:
         raise pytest.UsageError(f"{item.nodeid}: no lane; mark it with one of {', '.join(LANES)} (tests/conftest.py)")
     return FOLDER_LANES[folder]
-
-
-def _marker_depth(item, name: str) -> int:
-    for depth, node in enumerate(item.listchain()[::-1]):
-        if any(mark.name == name for mark in node.own_markers):
-            return depth
-    return len(item.listchain())
 
 
 def pytest_configure(config):

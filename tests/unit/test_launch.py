@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from processes import processes_naming
 
 from istar.steps.launch import SAVE_GRACE_SECONDS, child_environment, claim_gpus
 
@@ -116,21 +117,6 @@ def test_a_preset_cuda_visible_devices_is_taken_as_given(tiny_model_dir, prepare
     assert refused.stderr.strip().splitlines() == [
         "istar launch: error: the job asks for 2 GPU(s) but CUDA_VISIBLE_DEVICES='0' names fewer; ask the scheduler "
         "for 2 GPU(s), or unset CUDA_VISIBLE_DEVICES to let istar claim them"]
-
-
-def processes_naming(text: str) -> list[int]:
-    """PIDs of the live (not zombie) processes whose command line contains ``text``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if text in cmdline and state != "Z":
-                found.append(int(entry.name))
-    return found
 
 
 @pytest.mark.integration

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import processes_naming
 
 from istar.io import artifacts
 from istar.io.runlock import LOCK_NAME, FolderLockedError, writer_lock
@@ -55,21 +56,6 @@ def first_steps_logged(out):
 def last_line(text: str) -> str:
     """The last line of a step's stderr (progress bars come before it)."""
     return text.strip().splitlines()[-1]
-
-
-def processes_naming(text) -> list[int]:
-    """PIDs of the running processes whose command line contains ``text``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if text in cmdline and state != "Z":
-                found.append(int(entry.name))
-    return found
 
 
 @pytest.fixture(scope="module")
