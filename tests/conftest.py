@@ -123,10 +123,11 @@ def tiny_project(tmp_path_factory):
     return workdir
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def _fresh_accelerate_state():
     """accelerate keeps one AcceleratorState per process and refuses another precision later: each
-    in-process test starts without one, whatever ran before it on this worker."""
+    test module starts without one, whatever ran before it on this worker. Per module, not per
+    test: a module's fixture may hold a Trainer whose Accelerator shares that state."""
     import sys
 
     if "accelerate.state" in sys.modules:

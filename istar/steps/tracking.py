@@ -113,9 +113,16 @@ def _dvclive_kwargs(context: RunContext) -> dict:
 
 
 def _dvclive_rollback(context: RunContext) -> None:
-    """Cut DVCLive's metric files (``plots/metrics/**.tsv``: timestamp, step, value) after the resumed step."""
+    """Cut DVCLive's metric files (``plots/metrics/**.tsv``: timestamp, step, value) after the resumed step,
+    and drop its summary (``metrics.json``, the latest values).
+
+    The summary describes a step past the state, and DVCLive rewrites it in place at every step, so a
+    run killed at the wrong moment leaves it empty and DVCLive's resume fails on it; the resumed run
+    writes it again at its first step.
+    """
     if context.resume_step is None:
         return
+    (_dvclive_dir(context) / "metrics.json").unlink(missing_ok=True)
     for path in (_dvclive_dir(context) / "plots" / "metrics").rglob("*.tsv"):
         with path.open(newline="") as handle:
             rows = list(csv.DictReader(handle, delimiter="\t"))

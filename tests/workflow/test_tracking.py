@@ -154,6 +154,8 @@ def test_a_killed_and_resumed_run_continues_the_same_tracker_runs(tiny_model_dir
     before = mlflow_history(mlflow_server, run_id)["train/loss"]
     logged = max(step for step, _ in before)
     assert logged > resume_step, "the trackers hold no step past the state: the test would not show a rollback"
+    # DVCLive rewrites its summary in place each step: a kill in mid-write leaves it empty (seen in CI)
+    (out / "tracking" / "dvclive" / "metrics.json").write_text("")
 
     result = istar(*command)
     assert result.returncode == 0, result.stderr[-3000:]
