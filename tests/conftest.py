@@ -3,11 +3,13 @@ the test data (tests/data) and a local hub server; the lanes by cost; the full_r
 silent skips."""
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 from mirrors import FULL_MIRROR, FULL_MIRROR_MISSING, TEST_DATA
 from transformers import BertConfig, BertModel
 
@@ -60,6 +62,73 @@ def prepared(tmp_path_factory):
     return make
 
 
+# ------------------------------------------------------------ trained once per session
+
+# (setting folder, method, λ, layers, seed): the tiny model on RTE (48 rows, one epoch, batch 16, ζ = 0.2)
+TINY_RUNS = [
+    ("base", "base", 0.0, "all", 0),
+    ("cosreg_lam1", "cosreg", 1.0, "all", 0),
+    ("istar_lam-1_zeta0.2", "istar", -1.0, "all", 0),
+    ("istar_lam-1_zeta0.2", "istar", -1.0, "all", 1),
+    ("istar_lam-1_zeta0.2_layer2", "istar", -1.0, 2, 0),
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_sigma(tiny_model_dir, prepared, tmp_path_factory):
+    """tiny_sigma(task) -> the Σ_S file of the tiny model on the task's prepared rows (all of them), computed once."""
+    from istar.config.specs import ShrinkageSpec
+    from istar.steps.shrinkage import compute_shrinkage_file
+
+    cache = {}
+
+    def make(task):
+        if task not in cache:
+            out = tmp_path_factory.mktemp(f"sigma-{task}") / "sigma0.pt"
+            compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(prepared(task)), out=str(out),
+                                                 rows=10**9, batch_size=32))
+            cache[task] = out
+        return cache[task]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_runs(tiny_model_dir, prepared, tiny_sigma, tmp_path_factory):
+    """The finished runs of ``TINY_RUNS``, trained in-process once per session in the workflow's layout
+    ``ROOT/results/runs/tiny/rte/{setting}/seed{seed}``: {"root": ROOT, "folders": {(setting, seed): folder}}.
+
+    Shared by every test that reads them: copy a run (or the root) before changing anything in it.
+    """
+    from istar.config.specs import TrainSpec
+    from istar.steps.train import train
+
+    root = tmp_path_factory.mktemp("tiny-runs")
+    folders = {}
+    for setting, method, lam, layers, seed in TINY_RUNS:
+        out = root / "results" / "runs" / "tiny" / "rte" / setting / f"seed{seed}"
+        train(TrainSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte")), output_dir=str(out), method=method,
+                        lam=lam, zeta=0.2, layers=layers, sigma_s=str(tiny_sigma("rte")), epochs=1, batch_size=16,
+                        seed=seed))
+        folders[(setting, seed)] = out
+    return {"root": root, "folders": folders}
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """The folder NAME, made by ``build(folder)`` once per test session by whichever pytest-xdist worker
+    asks first (the others wait on a file lock, then use it); read it, or copy it before changing it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's own
+    folder, built = root / name, root / f"{name}.built"
+    with FileLock(str(root / f"{name}.lock")):
+        if not built.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed on another worker
+            build(folder)
+            built.touch()
+    return folder
+
+
 HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 HUB_DECODER = "istar-test/tiny-neox"
 HUB_ENCODERS = {"modernbert": "istar-test/tiny-modernbert", "deberta_v3": "istar-test/tiny-deberta-v3",
@@ -110,16 +179,21 @@ def hub(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_project(tmp_path_factory):
-    """A tiny workflow project (.test/config/tiny.yaml) run to completion once (a few minutes on 2 cores),
-    shared by the workflow tests that only read it or change it and leave it finished and up to date with
-    its config.yaml again (tests/workflow/test_workflow.py, test_reliability_rebuild.py)."""
+    """A tiny workflow project (.test/config/tiny.yaml) run to completion once per session (a few minutes
+    on 2 cores; the workers share it), copied for each worker: shared by the workflow tests that only read
+    it or change it and leave it finished and up to date with its config.yaml again
+    (tests/workflow/test_workflow.py, test_reliability_rebuild.py)."""
     from workflow_helpers import save_tiny_model, snakemake, write_project
 
+    def build(workdir):
+        save_tiny_model(workdir / "tiny-bert")  # .test/config/tiny.yaml's model folder
+        write_project(workdir)
+        result = snakemake(workdir, "--cores", "2")
+        assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+
     workdir = tmp_path_factory.mktemp("tiny-project")
-    save_tiny_model(workdir / "tiny-bert")  # .test/config/tiny.yaml's model folder
-    write_project(workdir)
-    result = snakemake(workdir, "--cores", "2")
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    # file times travel with the copy (copy2), so Snakemake finds it as up to date as the original
+    shutil.copytree(built_once(tmp_path_factory, "tiny-project", build), workdir, symlinks=True, dirs_exist_ok=True)
     return workdir
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from istar.config.specs import MeasureSpec, ShrinkageSpec, TrainSpec
+from istar.config.specs import MeasureSpec
 from istar.io import artifacts
 from istar.report.aggregate import (
     DIMS_COLUMNS,
@@ -26,8 +26,6 @@ from istar.report.aggregate import (
 )
 from istar.report.select import select_best
 from istar.steps.measure import measure_runs
-from istar.steps.shrinkage import compute_shrinkage_file
-from istar.steps.train import train
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -50,36 +48,20 @@ EXPECTED_POOLED_COLUMNS = ["study", "method", "reference", "scope", "k", "mean",
                            "mde", "tau2", "i2", "positive_cells", "significant_gains", "significant_losses",
                            "cells_left_out"]
 
-# (setting folder, method, λ, layers, seed, analysed)
-RUNS = [
-    ("base", "base", 0.0, "all", 0, True),
-    ("cosreg_lam1", "cosreg", 1.0, "all", 0, True),
-    ("istar_lam-1_zeta0.2", "istar", -1.0, "all", 0, True),
-    ("istar_lam-1_zeta0.2", "istar", -1.0, "all", 1, False),
-    ("istar_lam-1_zeta0.2_layer2", "istar", -1.0, 2, 0, False),
-]
+# the runs of conftest.TINY_RUNS that are measured into one file
+ANALYSED = [("base", 0), ("cosreg_lam1", 0), ("istar_lam-1_zeta0.2", 0)]
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model_dir, prepared, tmp_path_factory):
-    """Real run folders in the workflow's layout results/runs/tiny/rte/{setting}/seed{seed}, the
-    analysed ones measured into one file."""
+def runs(tiny_runs, tiny_sigma, prepared, tmp_path_factory):
+    """The session's tiny runs (conftest.TINY_RUNS) copied into this module's root, where the search
+    runs go beside them, and the analysed ones measured into one file."""
     root = tmp_path_factory.mktemp("aggregate")
-    data = prepared("rte")
-    sigma = root / "sigma0.pt"
-    compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(data), out=str(sigma), rows=10**9,
-                                         batch_size=32))
-    folders, analysed_runs = {}, []
-    for setting, method, lam, layers, seed, analysed in RUNS:
-        out = root / "results" / "runs" / "tiny" / "rte" / setting / f"seed{seed}"
-        train(TrainSpec(model=str(tiny_model_dir), data_dir=str(data), output_dir=str(out), method=method, lam=lam,
-                        zeta=0.2, layers=layers, sigma_s=str(sigma), epochs=1, batch_size=16, seed=seed))
-        if analysed:
-            analysed_runs.append(str(out))
-        folders[(setting, seed)] = out
+    shutil.copytree(tiny_runs["root"], root, dirs_exist_ok=True)
+    folders = {key: root / folder.relative_to(tiny_runs["root"]) for key, folder in tiny_runs["folders"].items()}
     measures = root / "measures.json"
-    measure_runs(MeasureSpec(runs=analysed_runs, data_dir=str(data), sigma_s=str(sigma), out=str(measures),
-                             token_sample=64))
+    measure_runs(MeasureSpec(runs=[str(folders[key]) for key in ANALYSED], data_dir=str(prepared("rte")),
+                             sigma_s=str(tiny_sigma("rte")), out=str(measures), token_sample=64))
     return {"root": root, "folders": folders, "measures": measures}
 
 

@@ -204,26 +204,16 @@ def test_a_multibyte_character_before_the_bad_byte_counts_as_one_column(tmp_path
 
 
 @pytest.fixture(scope="module")
-def inputs(tiny_model_dir, prepared, tmp_path_factory):
-    """A finished CosReg run of the tiny model on RTE (one epoch), the Σ_S of RTE and of SST-2, and
+def inputs(tiny_runs, tiny_sigma, prepared, tmp_path_factory):
+    """The session's finished CosReg run of the tiny model on RTE, the Σ_S of RTE and of SST-2, and
     RTE prepared a second time with other settings; copy the run before changing it."""
-    from istar.config.specs import ShrinkageSpec, TrainSpec
     from istar.data import prepare_task
-    from istar.steps.shrinkage import compute_shrinkage_file
-    from istar.steps.train import train
 
-    root = tmp_path_factory.mktemp("inputs")
-    sigma = {}
-    for task in ("rte", "sst2"):
-        sigma[task] = root / task / "sigma0.pt"
-        compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(prepared(task)),
-                                             out=str(sigma[task]), rows=300))
-    train(TrainSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte")), output_dir=str(root / "run"), epochs=1,
-                    batch_size=16, method="cosreg", lam=1.0))
-    again = root / "rte-again"
+    again = tmp_path_factory.mktemp("inputs") / "rte-again"
     prepare_task("rte", again, source="mirror", mirror=TEST_DATA, subset=True, max_train_samples=40,
                  max_eval_samples=24, seed=0)
-    return {"run": root / "run", "sigma": sigma, "rte": prepared("rte"), "sst2": prepared("sst2"), "rte_again": again}
+    return {"run": tiny_runs["folders"][("cosreg_lam1", 0)], "sigma": {task: tiny_sigma(task) for task in ("rte", "sst2")},
+            "rte": prepared("rte"), "sst2": prepared("sst2"), "rte_again": again}
 
 
 def measure(inputs, tmp_path, data, sigma):

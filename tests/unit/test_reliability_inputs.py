@@ -225,20 +225,9 @@ def test_fine_tuned_model_and_resume_states_get_the_umask_mode(tiny_model_dir, p
 
 
 @pytest.fixture(scope="module")
-def finished_run(tiny_model_dir, prepared, tmp_path_factory):
-    """A finished CosReg run of the tiny model (one epoch) and its Σ_S file; copy it before changing it."""
-    from istar.config.specs import ShrinkageSpec, TrainSpec
-    from istar.steps.shrinkage import compute_shrinkage_file
-    from istar.steps.train import train
-
-    root = tmp_path_factory.mktemp("finished")
-    sigma = root / "sigma0.pt"
-    compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte")), out=str(sigma),
-                                         rows=500))
-    spec = TrainSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte")), output_dir=str(root / "run"), epochs=1,
-                     batch_size=16, method="cosreg", lam=1.0)
-    train(spec)
-    return {"run": root / "run", "sigma": sigma, "spec": spec}
+def finished_run(tiny_runs, tiny_sigma):
+    """The session's finished CosReg run of the tiny model on RTE and its Σ_S file; copy it before changing it."""
+    return {"run": tiny_runs["folders"][("cosreg_lam1", 0)], "sigma": tiny_sigma("rte")}
 
 
 def copied_run(finished_run, tmp_path) -> Path:
