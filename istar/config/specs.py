@@ -405,7 +405,9 @@ def spec_from_cli(args: argparse.Namespace):
     """Build and validate the spec of a parsed command line (see :func:`add_spec_arguments`).
 
     Decisions made here and nowhere else for manual use: a run without ``--lam`` gets its
-    method's default λ (:mod:`istar.registry.methods`: CosReg 1); a method without one (I-STAR) must be given λ.
+    method's default λ, the schema default of the config key the method registry names
+    (:mod:`istar.registry.methods`: CosReg's ``final.cosreg_lambda``, 1); a method without one (I-STAR)
+    must be given λ.
     """
     spec_class = args.spec_class
     names = [f.name for f in dataclasses.fields(spec_class)]
@@ -424,9 +426,9 @@ def spec_from_cli(args: argparse.Namespace):
             raise SpecError(f"missing {', '.join(missing)} (or give the whole specification with --spec)")
         if spec_class is TrainSpec and "lam" not in given:
             method = get_method(given.get("method", "base"))
-            if method.takes("lam") and method.default_lam is None:
+            if method.takes("lam") and method.default_lam_key is None:
                 raise SpecError(f"method {method.key} needs --lam (λ), e.g. --lam -1")
-            given["lam"] = method.default_lam if method.takes("lam") else 0.0
+            given["lam"] = float(default_of(method.default_lam_key)) if method.takes("lam") else 0.0
         spec = spec_class(**given)
     spec.validate()
     # Before the step loads a model or data: a read-only or unwritable output is named now.

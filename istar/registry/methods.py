@@ -40,7 +40,9 @@ class Method:
     label : the name shown in figures and tables, e.g. ``"I-STAR"``.
     colour : hex colour of the method in figures (a λ sweep shades it, see :mod:`istar.report.figure_parts`).
     hyperparameters : the subset of :data:`HYPERPARAMETERS` the method takes.
-    default_lam : λ when none is given; None where λ must be given or (``base``) is not taken.
+    default_lam_key : the config key whose schema default is λ when none is given (CosReg:
+        ``final.cosreg_lambda``, so the command line and the workflow share one value); None where λ
+        must be given or (``base``) is not taken.
     penalty : ``penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch, tokens)``
         → :class:`istar.core.regularizers.Penalty`, the term added to the task loss; None for a
         method that adds none (then the model is run without ``output_hidden_states``).
@@ -54,7 +56,7 @@ class Method:
     label: str
     colour: str
     hyperparameters: tuple[str, ...]
-    default_lam: float | None
+    default_lam_key: str | None
     penalty: Callable | None = None
     fixed_layers: int | None = None
 
@@ -92,7 +94,7 @@ METHODS: dict[str, Method] = {
     method.key: method
     for method in (
         Method("base", "Base", "#7f7f7f", (), None, fixed_layers=-1),
-        Method("cosreg", "CosReg", "#ff7f0e", ("lam", "tokens"), 1.0, penalty=_cosreg_penalty, fixed_layers=-1),
+        Method("cosreg", "CosReg", "#ff7f0e", ("lam", "tokens"), "final.cosreg_lambda", penalty=_cosreg_penalty, fixed_layers=-1),
         Method("istar", "I-STAR", "#1f77b4", HYPERPARAMETERS, None, penalty=_istar_penalty),
     )
 }

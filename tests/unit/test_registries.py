@@ -63,15 +63,22 @@ def test_method_registry():
     assert not any(get_method("base").takes(name) for name in HYPERPARAMETERS)
     assert get_method("cosreg").takes("lam") and not get_method("cosreg").takes("zeta")
     assert all(get_method("istar").takes(name) for name in HYPERPARAMETERS)
-    assert get_method("cosreg").default_lam == 1.0 and get_method("istar").default_lam is None
+    assert get_method("cosreg").default_lam_key == "final.cosreg_lambda" and get_method("istar").default_lam_key is None
     assert len({method.colour for method in METHODS.values()}) == len(METHODS)
     with pytest.raises(ValueError, match="unknown method 'l2'; known methods: base, cosreg, istar"):
         get_method("l2")
 
 
 def test_cosreg_default_lambda_is_the_schema_default():
-    """CosReg's λ has two readers (the CLI without --lam, the workflow's final stage): one value."""
-    assert _schema()["properties"]["final"]["properties"]["cosreg_lambda"]["default"] == get_method("cosreg").default_lam
+    """CosReg's λ has two readers (the CLI without --lam, the workflow's final stage) and one home, the schema."""
+    import argparse
+
+    from istar.config.specs import TrainSpec, add_spec_arguments, spec_from_cli
+
+    parser = argparse.ArgumentParser()
+    add_spec_arguments(parser, TrainSpec)
+    spec = spec_from_cli(parser.parse_args(["--model", "m", "--data", "d", "--out", "o", "--method", "cosreg"]))
+    assert spec.lam == _schema()["properties"]["final"]["properties"]["cosreg_lambda"]["default"] == 1.0
 
 
 def test_method_behaviour_comes_from_the_registry(monkeypatch):
@@ -93,7 +100,7 @@ def test_method_behaviour_comes_from_the_registry(monkeypatch):
         seen.update(layers=layers, zeta=zeta, global_batch=global_batch, tokens=tokens)
         return Penalty(term=lam * hidden_states[-1].pow(2).mean())
 
-    shrinking = Method("l2shrink", "L2", "#000000", ("lam", "zeta", "sigma_s"), 0.5, penalty=norm_penalty,
+    shrinking = Method("l2shrink", "L2", "#000000", ("lam", "zeta", "sigma_s"), None, penalty=norm_penalty,
                        fixed_layers=-1)
     monkeypatch.setitem(METHODS, "l2shrink", shrinking)
     spec = TrainSpec(model="m", data_dir="d", output_dir="o", method="l2shrink", lam=0.5, zeta=0.3, sigma_s="s.pt")
