@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 __all__ = ["ConfigError", "SCHEMA_PATH", "STUDIES", "RENAMED_KEYS", "load_schema", "load_yaml", "resolve_ref", "fill_defaults",
-           "check_schema", "schema_entry", "default_of"]
+           "check_schema", "schema_entry", "default_of", "out_of_range"]
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "config.schema.yaml"
 RENAMED_KEYS = {
@@ -208,6 +208,105 @@ def schema_entry(key: str) -> dict:
 def default_of(key: str):
     """The schema's default of a dotted config key or definition (see :func:`schema_entry`)."""
     return schema_entry(key)["default"]
+
+
+def _number(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _interval(entry: dict) -> str | None:
+    """``[0, 1)``-style text of a schema node's bounds, or None where it has not both."""
+    low = ("(", entry["exclusiveMinimum"]) if "exclusiveMinimum" in entry else ("[", entry.get("minimum"))
+    high = (")", entry["exclusiveMaximum"]) if "exclusiveMaximum" in entry else ("]", entry.get("maximum"))
+    if low[1] is None or high[1] is None:
+        return None
+    return f"{low[0]}{_number(low[1])}, {_number(high[1])}{high[0]}"
+
+
+def _allowed(entry: dict) -> str:
+    """What a schema node allows, as the end of a sentence "NAME must …"."""
+    if "enum" in entry:
+        return "be one of " + ", ".join(map(str, entry["enum"]))
+    if "const" in entry:
+        note = f" ({entry['description']})" if "description" in entry else ""
+        return f"be {_number(entry['const'])}{note}"
+    if "anyOf" in entry:
+        branches = [_allowed(branch) for branch in entry["anyOf"]]
+        if any(text.startswith("match") for text in branches):  # a branch only its description can say
+            return f"be one of these: {entry.get('description', 'see the schema')}"
+        return " or ".join(branches).replace(" or be ", " or ")
+    interval = _interval(entry)
+    if interval is not None:
+        return f"lie in {interval}"
+    if entry.get("minimum") == 1 and entry.get("type") == "integer":
+        return "be a positive integer"
+    if "minimum" in entry:
+        return f"be at least {_number(entry['minimum'])}"
+    if "exclusiveMinimum" in entry:
+        return f"be greater than {_number(entry['exclusiveMinimum'])}"
+    if "maximum" in entry:
+        return f"be at most {_number(entry['maximum'])}"
+    if "exclusiveMaximum" in entry:
+        return f"be less than {_number(entry['exclusiveMaximum'])}"
+    return "match the schema"
+
+
+_JSON_TYPES = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "array": lambda v: isinstance(v, (list, tuple)),
+    "object": lambda v: isinstance(v, dict),
+    "null": lambda v: v is None,
+}
+
+
+def _typed(value, entry: dict) -> bool:
+    """Whether ``value`` has one of the JSON types ``entry`` declares (any, where it declares none)."""
+    types = entry.get("type")
+    if types is None:
+        return True
+    return any(_JSON_TYPES[kind](value) for kind in ([types] if isinstance(types, str) else types))
+
+
+def _fits(value, entry: dict) -> bool:
+    if not _typed(value, entry):
+        return False
+    if "anyOf" in entry:
+        return any(_fits(value, branch) for branch in entry["anyOf"])
+    if "const" in entry:
+        return value == entry["const"] and not isinstance(value, bool)
+    if "enum" in entry:
+        return value in entry["enum"]
+    if isinstance(value, (list, tuple)):
+        return len(value) >= entry.get("minItems", 0) and all(_fits(item, entry.get("items", {})) for item in value)
+    if not _JSON_TYPES["number"](value):
+        return True  # a range says nothing about a string, a path or a layer selection
+    return (value >= entry.get("minimum", value) and value <= entry.get("maximum", value)
+            and ("exclusiveMinimum" not in entry or value > entry["exclusiveMinimum"])
+            and ("exclusiveMaximum" not in entry or value < entry["exclusiveMaximum"]))
+
+
+def out_of_range(value, entry: dict) -> str | None:
+    """Where ``value`` breaks the range or the allowed values of the schema node ``entry``
+    (``minimum``/``maximum`` and their exclusive forms, ``enum``, ``const``, ``anyOf`` of these, a
+    list's ``items``, and ``type: integer``): the end of a sentence "NAME must …", else None.
+
+    A None value (a setting left unset) is in range. This is the one range check of the step
+    specifications (:mod:`istar.config.specs`), so a step refuses exactly what the config refuses.
+    """
+    if value is None or _fits(value, entry):
+        return None
+    items = entry.get("items")
+    if isinstance(value, list) and items and "enum" in items:
+        unknown = [item for item in value if item not in items["enum"]]
+        return f"hold only {', '.join(map(str, items['enum']))} (unknown: {', '.join(map(str, unknown))})"
+    if not _typed(value, entry) and "anyOf" not in entry:
+        kinds = entry["type"] if isinstance(entry["type"], str) else " or ".join(entry["type"])
+        allowed = _allowed(entry)
+        return f"be of type {kinds}" + ("" if allowed.startswith("match") else f" and {allowed}".replace("and be ", "and "))
+    return _allowed(entry)
 
 
 def _rename_keys(config: dict) -> None:

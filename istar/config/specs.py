@@ -9,6 +9,11 @@ Defaults have one home: a field that mirrors a workflow config key takes its def
 help text from the schema (:mod:`istar.config.schema`) (``metadata["config"]`` names the key).
 The other fields are step-level settings the config does not expose; their defaults live here.
 
+Ranges and allowed values have one home too: ``validate()`` holds every field to its schema node
+(a config key's, or for a step-level setting the fragment its :func:`option` declares) through
+:func:`istar.config.schema.out_of_range`, so a step refuses exactly what the config refuses; what
+is left by hand are the checks between fields (a method's λ, a Σ_S file for ζ > 0).
+
 ``validate()`` checks a spec and never changes it; what a value *means* (λ of a method that
 was not given one, the QA window length, which precision a job gets) is decided where the
 spec is built: :func:`istar.pipeline.plan` for the workflow, :func:`spec_from_cli` for the command line.
@@ -24,36 +29,41 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from istar.config.schema import default_of, schema_entry
+from istar.config.schema import default_of, out_of_range, schema_entry
 from istar.core.tokens import TOKEN_SELECTION_NAMES
 from istar.io import artifacts
 from istar.registry import precisions
-from istar.registry.analysis import SIGMA_SOURCES, get_sigma_source
+from istar.registry.analysis import get_sigma_source
 from istar.registry.methods import METHOD_NAMES, get_method
 from istar.registry.tasks import TASKS
 
 __all__ = ["PrepareDataSpec", "HoldoutSpec", "ModelData", "TrainSpec", "EvaluateSpec", "ActivationsSpec", "ShrinkageSpec", "AnalyzeSpec",
-           "MeasureSpec", "SurveySpec", "add_spec_arguments", "spec_from_cli", "PRECISIONS", "PROFILE_DTYPES",
-           "AS_GIVEN"]
+           "MeasureSpec", "SurveySpec", "add_spec_arguments", "spec_from_cli", "PRECISIONS", "AS_GIVEN"]
 
 PRECISIONS = tuple(precisions.PRECISIONS)
 PRECISION_HELP = ("autocast precision: no (fp32), fp16 or bf16; on a CPU fp16 and bf16 run as bf16 where the "
                   "processor has it natively, else fp32")
-PROFILE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def config_field(key: str, **metadata):
-    """A spec field whose default and help come from the workflow schema's ``key``."""
+    """A spec field whose default, help, range and allowed values (the command line's choices) come
+    from the workflow schema's ``key`` (a dotted config key or ``$defs.NAME``)."""
     entry = schema_entry(key)
-    metadata = {"help": entry.get("description", ""), "config": key, **metadata}
+    metadata = {"help": entry.get("description", ""), "config": key, "schema": entry, **metadata}
+    if "enum" in entry:
+        metadata.setdefault("choices", tuple(entry["enum"]))
     if isinstance(entry["default"], list):  # a fresh list per spec
         return field(default_factory=lambda: list(entry["default"]), metadata=metadata)
     return field(default=entry["default"], metadata=metadata)
 
 
-def option(default=dataclasses.MISSING, help: str = "", **metadata):
-    """A spec field with its own default (a step-level setting the workflow config does not expose)."""
-    return field(default=default, metadata={"help": help, **metadata})
+def option(default=dataclasses.MISSING, help: str = "", schema: dict | None = None, **metadata):
+    """A spec field with its own default (a step-level setting the workflow config does not expose);
+    ``schema``: its range as a JSON Schema fragment (``{"type": "integer", "minimum": 1}``), and
+    ``choices`` are its allowed values."""
+    if schema is None and "choices" in metadata:
+        schema = {"enum": list(metadata["choices"])}
+    return field(default=default, metadata={"help": help, "schema": schema or {}, **metadata})
 
 
 class SpecError(ValueError):
@@ -90,13 +100,14 @@ class Spec:
         return cls(**values)
 
     def validate(self) -> None:
+        """Every field finite and in its schema range (:func:`istar.config.schema.out_of_range`);
+        subclasses add the checks between fields."""
         for f in dataclasses.fields(self):
-            _finite(f.name, getattr(self, f.name))
-        for f in dataclasses.fields(self):
-            if f.metadata.get("positive") and int(getattr(self, f.name)) < 1:
-                raise SpecError(f"{f.name} must be a positive integer; got {getattr(self, f.name)}")
-        if getattr(self, "mixed_precision", "no") not in PRECISIONS:
-            raise SpecError(f"mixed_precision must be one of {', '.join(PRECISIONS)}; got {self.mixed_precision!r}")
+            value = getattr(self, f.name)
+            _finite(f.name, value)
+            problem = out_of_range(value, f.metadata["schema"])
+            if problem is not None:
+                raise SpecError(f"{f.name} must {problem}; got {value!r}")
 
     def output_folders(self) -> list[Path]:
         """The folders the step writes into: an ``output="folder"`` field itself, an
@@ -112,7 +123,7 @@ class PrepareDataSpec(Spec):
 
     task: str = option(help="task key", flag="--task", choices=tuple(TASKS))
     out: str = option(help="folder for train.parquet, validation.parquet and meta.json", flag="--out", output="folder")
-    source: str = config_field("data.source", choices=("auto", "mirror", "hub"))
+    source: str = config_field("data.source")
     mirror: typing.Optional[str] = config_field("data.mirror")
     revision: typing.Optional[str] = option(None, help="hub dataset revision: a branch, tag or 40-hex commit "
                                                        "(default: main); meta.json records its commit")
@@ -138,13 +149,6 @@ class HoldoutSpec(Spec):
     fraction: float = config_field("search.heldout_fraction")
     seed: int = config_field("search.heldout_seed")
 
-    def validate(self) -> None:
-        super().validate()
-        if not 0 < self.fraction <= 0.5:
-            raise SpecError(f"fraction must be in (0, 0.5] (the share of the groups of training rows held out); got {self.fraction}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise SpecError(f"seed must be an integer >= 0; got {self.seed!r}")
-
 
 @dataclass(frozen=True, kw_only=True)
 class ModelData(Spec):
@@ -152,8 +156,8 @@ class ModelData(Spec):
 
     model: str = option(help="HF id (optionally @revision), local folder or package:NAME/SUBFOLDER", flag="--model")
     data_dir: str = option(help="prepared task folder (train/validation parquet + meta.json)", flag="--data")
-    max_length: int = config_field("training.max_length", positive=True)
-    doc_stride: int = config_field("training.doc_stride", positive=True)
+    max_length: int = config_field("training.max_length")
+    doc_stride: int = config_field("training.doc_stride")
     segment_ids: bool = config_field("training.segment_ids")
     # Direct calls run in fp32 unless asked; a request runs as istar.registry.precisions.run_precision decides
     # for the device (on a CPU: bf16 where native, else fp32).
@@ -165,21 +169,23 @@ class TrainSpec(ModelData):
     """Everything a fine-tuning run depends on (:func:`istar.steps.train.train`); saved in ``run_config.json``."""
 
     output_dir: str = option(help="run folder", flag="--out", output="folder")
-    method: str = option("base", help="the fine-tuning method (istar.registry.methods)", choices=METHOD_NAMES)
+    # (no enum: validate asks the method registry itself, so a method added to it is a method here)
+    method: str = option("base", help="the fine-tuning method (istar.registry.methods)", choices=METHOD_NAMES,
+                         schema={})
     lam: float = option(0.0, help="λ, the penalty weight (istar: required; cosreg: default 1)")
-    zeta: float = option(default_of("$defs.zeta"), help="ζ ∈ [0, 1], weight of Σ_S in IsoScore* (istar)")
+    zeta: float = config_field("$defs.zeta", help="ζ ∈ [0, 1], weight of Σ_S in IsoScore* (istar)")
     layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
-    tokens: str = config_field("penalty.tokens", choices=TOKEN_SELECTION_NAMES)
+    tokens: str = config_field("penalty.tokens")
     sigma_s: typing.Optional[str] = option(None, help="initial Σ_S file from `istar shrinkage` (istar with ζ > 0), "
                                                       "computed with the same --tokens")
-    shrinkage_rows: int = config_field("shrinkage.rows", positive=True)
+    shrinkage_rows: int = config_field("shrinkage.rows")
     recompute_shrinkage: bool = config_field("shrinkage.recompute_every_epoch")
     global_penalty: bool = config_field("penalty.global_penalty")
     learning_rate: float = config_field("training.learning_rate")
-    batch_size: int = config_field("training.batch_size", positive=True)
-    eval_batch_size: int = config_field("training.eval_batch_size", positive=True)
-    epochs: int = config_field("training.epochs", positive=True)
-    gradient_accumulation_steps: int = config_field("training.gradient_accumulation_steps", positive=True)
+    batch_size: int = config_field("training.batch_size")
+    eval_batch_size: int = config_field("training.eval_batch_size")
+    epochs: int = config_field("training.epochs")
+    gradient_accumulation_steps: int = config_field("training.gradient_accumulation_steps")
     warmup_ratio: float = config_field("training.warmup_ratio")
     scheduler: str = config_field("training.scheduler")
     weight_decay: float = config_field("training.weight_decay")
@@ -187,7 +193,8 @@ class TrainSpec(ModelData):
     max_grad_norm: float = config_field("training.max_grad_norm")
     seed: int = option(0, help="run seed (Python, NumPy, torch, data order)")
     checkpoint_every: int = config_field("training.checkpoint_every")
-    log_every: int = option(1, help="write a train_log.csv row every K optimizer steps", positive=True)
+    log_every: int = option(1, help="write a train_log.csv row every K optimizer steps",
+                            schema={"type": "integer", "minimum": 1})
     trackers: list[str] = config_field("tracking.trackers")
     mlflow_tracking_uri: typing.Optional[str] = config_field("tracking.mlflow_tracking_uri")
     tracking_experiment: str = config_field("tracking.experiment")
@@ -197,27 +204,11 @@ class TrainSpec(ModelData):
         method = get_method(self.method)
         if not method.takes("lam") and self.lam != 0.0:
             raise SpecError(f"method {self.method} takes no λ; got lam = {self.lam}")
-        if self.tokens not in TOKEN_SELECTION_NAMES:
-            raise SpecError(f"tokens must be one of {', '.join(TOKEN_SELECTION_NAMES)}; got {self.tokens!r}")
         if not method.takes("tokens") and self.tokens != TOKEN_SELECTION_NAMES[0]:
             raise SpecError(f"method {self.method} has no penalty whose rows --tokens could choose; "
                             f"leave it at {TOKEN_SELECTION_NAMES[0]}")
-        if not 0.0 < self.adam_epsilon <= 1e-3:
-            raise SpecError(f"adam_epsilon must lie in (0, 1e-3]; got {self.adam_epsilon}")
-        if method.takes("zeta") and not 0.0 <= self.zeta <= 1.0:
-            raise SpecError(f"zeta must lie in [0, 1]; got {self.zeta}")
         if method.needs_sigma_s(self.zeta) and not self.sigma_s:
             raise SpecError(f"method {self.method} with zeta > 0 needs --sigma-s, the file written by `istar shrinkage`")
-        if self.learning_rate <= 0:
-            raise SpecError(f"learning_rate must be positive; got {self.learning_rate}")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise SpecError(f"warmup_ratio must lie in [0, 1); got {self.warmup_ratio}")
-        if self.checkpoint_every < 0:
-            raise SpecError(f"checkpoint_every must be ≥ 0; got {self.checkpoint_every}")
-        known = schema_entry("tracking.trackers")["items"]["enum"]
-        unknown = sorted(set(self.trackers) - set(known))
-        if unknown:
-            raise SpecError(f"unknown tracker(s) {', '.join(unknown)} in trackers; choose from {', '.join(known)}")
 
     @property
     def penalty_layers(self):
@@ -233,7 +224,7 @@ class EvaluateSpec(ModelData):
 
     out: str = option(help="output JSON file", flag="--out", output="file")
     split: str = option("validation", help="which prepared split", choices=("train", "validation"))
-    batch_size: int = config_field("training.eval_batch_size", positive=True)
+    batch_size: int = config_field("training.eval_batch_size")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,8 +233,8 @@ class ActivationsSpec(ModelData):
 
     out: str = option(help="output .safetensors file", flag="--out", output="file")
     split: str = option("validation", help="which prepared split", choices=("train", "validation"))
-    batch_size: int = config_field("training.eval_batch_size", positive=True)
-    token_sample: int = config_field("analysis.token_sample", positive=True)
+    batch_size: int = config_field("training.eval_batch_size")
+    token_sample: int = config_field("analysis.token_sample")
     seed: int = option(0, help="seed of the token sample")
 
 
@@ -253,11 +244,11 @@ class ShrinkageSpec(ModelData):
 
     out: str = option(help="output Σ_S file", flag="--out", output="file")
     layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
-    tokens: str = config_field("penalty.tokens", choices=TOKEN_SELECTION_NAMES)
-    rows: int = config_field("shrinkage.rows", positive=True)
+    tokens: str = config_field("penalty.tokens")
+    rows: int = config_field("shrinkage.rows")
     # all_positions: the workflow passes training.batch_size (istar.pipeline.plan.shrinkage_spec), since the
     # padding a row set holds depends on how many sequences share a batch
-    batch_size: int = config_field("training.eval_batch_size", positive=True)
+    batch_size: int = config_field("training.eval_batch_size")
     seed: int = option(0, help="seed of the order in which the training split is read")
 
 
@@ -281,17 +272,17 @@ class MeasureSpec(Spec):
     runs: list[str] = option(help="run folders, each holding the fine-tuned model/", flag="--runs")
     data_dir: str = option(help="prepared task folder (train/validation parquet + meta.json)", flag="--data")
     out: str = option(help="output JSON file", flag="--out", output="file")
-    sigma_s_model: str = config_field("analysis.sigma_s_model", choices=tuple(SIGMA_SOURCES))
+    sigma_s_model: str = config_field("analysis.sigma_s_model")
     sigma_s: typing.Optional[str] = option(None, help="the Σ_S file of the pretrained model on the task "
                                                       "(sigma_s_model pretrained)", flag="--sigma-s")
-    shrinkage_rows: int = config_field("shrinkage.rows", positive=True)
+    shrinkage_rows: int = config_field("shrinkage.rows")
     evaluate: bool = option(False, help="also compute each model's metrics on the split")
     split: str = option("validation", help="which prepared split", choices=("train", "validation"))
-    max_length: int = config_field("training.max_length", positive=True)
-    doc_stride: int = config_field("training.doc_stride", positive=True)
+    max_length: int = config_field("training.max_length")
+    doc_stride: int = config_field("training.doc_stride")
     segment_ids: bool = config_field("training.segment_ids")
-    batch_size: int = config_field("training.eval_batch_size", positive=True)
-    token_sample: int = config_field("analysis.token_sample", positive=True)
+    batch_size: int = config_field("training.eval_batch_size")
+    token_sample: int = config_field("analysis.token_sample")
     seed: int = option(0, help="seed of the token sample")
     zeta: float = config_field("analysis.zeta")
     twonn_discard: float = config_field("analysis.twonn_discard")
@@ -304,12 +295,6 @@ class MeasureSpec(Spec):
             raise SpecError("runs is empty: give at least one run folder")
         if len(set(self.runs)) != len(self.runs):
             raise SpecError(f"runs lists a folder twice: {self.runs}")
-        if not 0.0 <= self.zeta <= 1.0:
-            raise SpecError(f"zeta must lie in [0, 1]; got {self.zeta}")
-        if not 0.0 <= self.twonn_discard < 1.0:
-            raise SpecError(f"twonn_discard must lie in [0, 1); got {self.twonn_discard}")
-        if self.sigma_s_model not in SIGMA_SOURCES:
-            raise SpecError(f"sigma_s_model must be one of {', '.join(SIGMA_SOURCES)}; got {self.sigma_s_model!r}")
         if (self.sigma_s is not None) != get_sigma_source(self.sigma_s_model).reads_file:
             raise SpecError("--sigma-s (the pretrained model's Σ_S file) goes with --sigma-s-model pretrained, and "
                             f"only with it; got sigma_s_model {self.sigma_s_model} and sigma_s {self.sigma_s!r}")
@@ -334,37 +319,21 @@ class SurveySpec(Spec):
                             "one document per line", flag="--text")
     out: str = option(help="output JSON file", flag="--out", output="file")
     revision: typing.Optional[str] = option(None, help="hub revision: branch, tag or commit (hub ids only)")
-    split: str = config_field("survey.split", choices=("train", "validation"))
-    tokens: int = config_field("survey.tokens", positive=True)
+    split: str = config_field("survey.split")
+    tokens: int = config_field("survey.tokens")
     sigma_tokens: int = config_field("survey.sigma_tokens")
     zeta: float = config_field("survey.zeta")
-    batch_size: int = config_field("survey.batch_size", positive=True)
-    max_length: int = config_field("survey.max_length", positive=True)
-    dtype: str = config_field("survey.dtype", choices=PROFILE_DTYPES)
+    batch_size: int = config_field("survey.batch_size")
+    max_length: int = config_field("survey.max_length")
+    dtype: str = config_field("survey.dtype")
     twonn_tokens: int = config_field("survey.twonn_tokens")
     twonn_discard: float = config_field("analysis.twonn_discard")
-    projection_rows: int = config_field("survey.projection_rows", positive=True)
+    projection_rows: int = config_field("survey.projection_rows")
     device: str = option("auto", help="auto (cuda if available), cpu, cuda or cuda:N")
     seed: int = option(0, help="seed of the document order")
     trust_remote_code: bool = option(False, help="run the model code its repository ships (needed by models "
                                                  "whose architecture transformers lacks, e.g. CrystalCoder; "
                                                  "survey.models.NAME.trust_remote_code)")
-
-    def validate(self) -> None:
-        super().validate()
-        for name in ("tokens", "max_length"):
-            if getattr(self, name) < 2:
-                raise SpecError(f"{name} must be at least 2; got {getattr(self, name)}")
-        if self.sigma_tokens == 1 or self.sigma_tokens < 0:
-            raise SpecError(f"sigma_tokens must be 0 (no IsoScore*) or at least 2; got {self.sigma_tokens}")
-        if not 0.0 <= self.zeta <= 1.0:
-            raise SpecError(f"zeta must lie in [0, 1]; got {self.zeta}")
-        if self.twonn_tokens in (1, 2) or self.twonn_tokens < 0:
-            raise SpecError(f"twonn_tokens must be 0 (no TwoNN) or at least 3; got {self.twonn_tokens}")
-        if not 0.0 <= self.twonn_discard < 1.0:
-            raise SpecError(f"twonn_discard must lie in [0, 1); got {self.twonn_discard}")
-        if self.dtype not in PROFILE_DTYPES:
-            raise SpecError(f"dtype must be one of {', '.join(PROFILE_DTYPES)}; got {self.dtype!r}")
 
 
 # ------------------------------------------------------------------------------------- CLI

@@ -268,3 +268,48 @@ def test_the_old_profile_section_still_works_as_survey(capsys):
     config = validate_config({"profile": {"enabled": True, "tokens": 500}}, check_paths=False)
     assert config["survey"]["enabled"] and config["survey"]["tokens"] == 500 and "profile" not in config
     assert "config section 'profile' is deprecated; rename it to 'survey'" in capsys.readouterr().err
+
+
+def _past_a_bound(entry: dict):
+    """A value just outside the lower or upper bound of a schema node, or None where it has neither."""
+    if "minimum" in entry:
+        return entry["minimum"] - (1 if entry.get("type") == "integer" else 1e-9)
+    if "exclusiveMinimum" in entry:
+        return entry["exclusiveMinimum"]
+    if "exclusiveMaximum" in entry:
+        return entry["exclusiveMaximum"]
+    return None
+
+
+def test_specs_refuse_exactly_what_the_config_refuses():
+    """A spec field tied to a config key has the key's range: just past a bound, the config check and the
+    step's spec refuse it (naming the key and the field); at the schema default, both accept it."""
+    import dataclasses
+
+    from istar.config import specs
+    from istar.config.schema import check_schema
+
+    required = {"runs": ["r"], "sigma_s": "s.pt"}  # MeasureSpec: one run; the pretrained Σ_S file it then needs
+    checked = []
+    for spec_class in (specs.PrepareDataSpec, specs.HoldoutSpec, specs.TrainSpec, specs.EvaluateSpec,
+                       specs.ActivationsSpec, specs.ShrinkageSpec, specs.AnalyzeSpec, specs.MeasureSpec,
+                       specs.SurveySpec):
+        fields = dataclasses.fields(spec_class)
+        given = {f.name: required.get(f.name, (f.metadata.get("choices") or ["x"])[0]) for f in fields
+                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        if spec_class is specs.MeasureSpec:
+            given["sigma_s"] = required["sigma_s"]
+        spec_class(**given).validate()  # the schema defaults pass
+        for f in fields:
+            key, entry = f.metadata.get("config"), f.metadata["schema"]
+            value = _past_a_bound(entry)
+            if key is None or value is None:
+                continue
+            with pytest.raises(specs.SpecError, match=rf"^{f.name} must "):
+                spec_class(**{**given, f.name: value}).validate()
+            if not key.startswith("$defs."):
+                section, name = key.split(".")
+                with pytest.raises(ConfigError, match=rf"config key '{key}'"):
+                    check_schema({section: {name: value}})
+            checked.append(f"{spec_class.__name__}.{f.name}")
+    assert len(checked) > 40, checked  # every bounded setting of every step, not a handful

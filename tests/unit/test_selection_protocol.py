@@ -90,7 +90,7 @@ def test_holdout_cli_spec_and_errors(prepared, tmp_path):
     assert read_meta(out)["heldout"]["seed"] == 2
     bad = subprocess.run([sys.executable, "-m", "istar", "holdout-data", "--data", str(data), "--out", str(out),
                           "--fraction", "0.9"], env=ENV, cwd=REPO, capture_output=True, text=True)
-    assert bad.returncode == 2 and "fraction must be in (0, 0.5]" in bad.stderr
+    assert bad.returncode == 2 and "fraction must lie in (0, 0.5]" in bad.stderr
 
 
 # ----------------------------------------------------------------------- groups, not rows
