@@ -104,7 +104,7 @@ def test_a_preset_cuda_visible_devices_is_taken_as_given(tiny_model_dir, prepare
     with claim_gpus(1, 1, tmp_path):
         result = subprocess.run(
             [*ISTAR, "launch", "--gpus", "1", "--", "shrinkage", "--model", str(tiny_model_dir), "--data",
-             str(prepared("rte")), "--rows", "32", "--max-length", "32", "--out", str(out)],
+             str(prepared("rte")), "--rows", "1000", "--max-length", "32", "--out", str(out)],
             env={**ENV, "TMPDIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": "7", "OMP_NUM_THREADS": "1"},
             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -129,7 +129,7 @@ def test_a_stop_signal_reaches_the_step_behind_accelerate_and_the_launcher_waits
     launcher = subprocess.Popen(
         [*ISTAR, "launch", "--gpus", "1", "--", "train", "--model", str(tiny_model_dir), "--data",
          str(prepared("rte", 96, 16)), "--out", str(out), "--epochs", "3", "--batch-size", "4", "--max-length", "32",
-         "--shrinkage-rows", "64", "--checkpoint-every", "0"],
+         "--shrinkage-rows", "1000", "--checkpoint-every", "0"],
         env={**ENV, "CUDA_VISIBLE_DEVICES": "0", "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300

@@ -190,7 +190,7 @@ def test_shrinkage_of_a_model_with_nan_weights_writes_nothing(tiny_model_dir, pr
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny_model_dir / name, broken / name)
     out = tmp_path / "sigma0.pt"
-    result = istar_cli("shrinkage", "--model", broken, "--data", prepared("rte"), "--out", out, "--rows", 64)
+    result = istar_cli("shrinkage", "--model", broken, "--data", prepared("rte"), "--out", out, "--rows", 1000)
     one_line_error(result, f"Σ_S for {out} is not finite: hidden state 0 of the model holds NaN", "nothing was written")
     assert not out.exists() and not out.with_suffix(".json").exists()
 

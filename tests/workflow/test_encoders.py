@@ -87,7 +87,7 @@ def test_sigma_istar_and_cosreg_steps_and_a_measurement(kind, hub, online, prepa
     for method, lam in (("istar", -1.0), ("cosreg", 1.0)):
         out = tmp_path / method
         report = train(TrainSpec(model=repo, data_dir=str(data), output_dir=str(out), method=method, lam=lam,
-                                 zeta=0.2, sigma_s=str(sigma), epochs=1, batch_size=8, shrinkage_rows=500,
+                                 zeta=0.2, sigma_s=str(sigma), epochs=1, batch_size=8, shrinkage_rows=1000,
                                  max_length=64, learning_rate=1e-4))
         assert report["final"]["step"] == 1  # one optimizer step of 8 examples
         config = json.loads((out / "run_config.json").read_text())
