@@ -18,12 +18,12 @@ Snakemake does while it builds the DAG) does not pull in torch.
 __version__ = "0.1.0"
 
 _LIBRARY = {
-    "CovarianceAccumulator": "core.isotropy",
-    "average_cosine_similarity": "core.isotropy",
+    "CovarianceAccumulator": "core.covariance",
+    "average_cosine_similarity": "core.baseline_measures",
     "isoscore": "core.isotropy",
     "isoscore_star": "core.isotropy",
     "isoscore_star_from_covariance": "core.isotropy",
-    "partition_isotropy": "core.isotropy",
+    "partition_isotropy": "core.baseline_measures",
     "twonn_dimension": "core.twonn",
     "cosreg_penalty": "core.regularizers",
     "global_istar_penalty": "core.regularizers",

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from istar.core.isotropy import CovarianceAccumulator, isoscore_star_from_covariance
+from istar.core.covariance import CovarianceAccumulator
+from istar.core.isotropy import isoscore_star_from_covariance
 from istar.core.regularizers import LayerSpec, check_hidden_states, resolve_layers
 from istar.core.shrinkage import Processes, current_processes, load_layer_statistics, merge_across_processes, merge_layers
 from istar.core.twonn import twonn_dimension

@@ -1,7 +1,7 @@
 """Σ_S as statistics: per-hidden-state accumulators, their merges over layers and processes, their file.
 
 Σ_S (docs/method.md §3) is the covariance of a model's token vectors at the selected layers
-and positions. It is kept as one :class:`~istar.core.isotropy.CovarianceAccumulator` per
+and positions. It is kept as one :class:`~istar.core.covariance.CovarianceAccumulator` per
 hidden state (index 0 = embeddings), so that the Σ_S of any layer selection is the exact
 merge of those layers' accumulators (:func:`merge_layers`) and one pass over the data serves
 the global penalty, one-layer penalties and the layer-wise analysis. Under data parallelism
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from istar import __version__
-from istar.core.isotropy import CovarianceAccumulator
+from istar.core.covariance import CovarianceAccumulator
 from istar.io.sigma_file import first_non_finite, read_sigma_file, write_sigma_file
 
 __all__ = ["NonFiniteStatistics", "layer_accumulators", "add_hidden_states", "merge_layers", "check_sigma_fits", "Processes", "current_processes",

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
-from istar.core.isotropy import CovarianceAccumulator
+from istar.core.covariance import CovarianceAccumulator
 from istar.core.regularizers import LayerSpec, resolve_layers
 from istar.core.shrinkage import add_hidden_states, layer_accumulators, current_processes, merge_across_processes, merge_layers
 from istar.core.tokens import get_token_selection

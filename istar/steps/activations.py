@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from istar import __version__
 from istar.config.specs import ActivationsSpec, add_spec_arguments, spec_from_cli
-from istar.core.isotropy import CovarianceAccumulator
+from istar.core.covariance import CovarianceAccumulator
 from istar.io import artifacts
 from istar.models.hidden_states import hidden_state_pass
 

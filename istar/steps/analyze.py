@@ -39,7 +39,7 @@ import torch
 
 from istar.config.schema import default_of
 from istar.config.specs import AnalyzeSpec, add_spec_arguments, spec_from_cli
-from istar.core.isotropy import CovarianceAccumulator
+from istar.core.covariance import CovarianceAccumulator
 from istar.core.measurement import isotropy_of_statistics
 from istar.core.regularizers import LayerSpec
 from istar.core.shrinkage import load_layer_statistics

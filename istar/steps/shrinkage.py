@@ -27,7 +27,7 @@ __all__ = ["training_statistics", "compute_shrinkage_file"]
 
 
 def training_statistics(step, layers: LayerSpec, rows: int, batch_size: int, seed: int, tokens: str = "real") -> list:
-    """Every hidden state's statistics (:class:`istar.core.isotropy.CovarianceAccumulator`, index =
+    """Every hidden state's statistics (:class:`istar.core.covariance.CovarianceAccumulator`, index =
     hidden state) of ``step``'s model over its task's training split, read in an order fixed by
     ``seed`` until ``layers`` hold ``rows`` rows: Σ_S of that model (the pretrained one for
     ``istar shrinkage``, a fine-tuned one for the measurement's ``analysis.sigma_s_model``)."""

@@ -8,7 +8,7 @@ static embeddings — the input matrix W_in (V, d) and a causal LM's output matr
 label it: :attr:`istar.models.pretrained.LoadedModel.static_matrices`), each raw and mean-centred:
     IsoScore (a covariance measure, so centring does not change it: reported once),
     the partition isotropy I(W) of Mu et al. twice — over both signs of each eigenvector
-    (``partition_isotropy_both_signs``, :func:`istar.core.isotropy.partition_isotropy`) and with
+    (``partition_isotropy_both_signs``, :func:`istar.core.baseline_measures.partition_isotropy`) and with
     the one sign the solver returns, as Machina & Mercer's code computes it
     (``partition_isotropy_solver_signs``, :func:`solver_eigenvectors`) —, the average cosine
     similarity of all pairs; and a 2-D projection of a seeded sample of rows onto the top two
@@ -26,7 +26,7 @@ l = 0 (embeddings) … L, and for models with a final norm the last layer *befor
     norm's gain vector.
 
 Memory is O(L·d² + L·twonn_tokens·d): each hidden state is folded into its own streaming
-accumulators batch by batch (:class:`~istar.core.isotropy.CovarianceAccumulator`); only the TwoNN
+accumulators batch by batch (:class:`~istar.core.covariance.CovarianceAccumulator`); only the TwoNN
 sample of token vectors is kept (float32). The
 result, with its provenance (source, revision, resolved commit, tokens, layers, cost),
 is one JSON file. Loading is in :mod:`istar.models.pretrained`.
@@ -44,15 +44,14 @@ import torch
 
 from istar import __version__
 from istar.config.specs import SurveySpec, add_spec_arguments, spec_from_cli
-from istar.core.isotropy import (
+from istar.core.baseline_measures import (
     FP32_EXP_LIMIT,
-    CovarianceAccumulator,
     average_cosine_similarity,
-    isoscore_from_eigenvalues,
-    isoscore_star_from_covariance,
     partition_isotropy,
     partition_isotropy_one_sign,
 )
+from istar.core.covariance import CovarianceAccumulator
+from istar.core.isotropy import isoscore_from_eigenvalues, isoscore_star_from_covariance
 from istar.core.twonn import twonn_dimension
 from istar.io import artifacts
 from istar.io.text import read_utf8

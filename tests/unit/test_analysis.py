@@ -11,12 +11,9 @@ import torch
 from safetensors.torch import save_file
 
 from istar.config.specs import ActivationsSpec, ShrinkageSpec, TrainSpec
-from istar.core.isotropy import (
-    CovarianceAccumulator,
-    average_cosine_similarity,
-    isoscore,
-    isoscore_star_from_covariance,
-)
+from istar.core.baseline_measures import average_cosine_similarity
+from istar.core.covariance import CovarianceAccumulator
+from istar.core.isotropy import isoscore, isoscore_star_from_covariance
 from istar.core.twonn import twonn_dimension
 from istar.steps.activations import extract_activations, load_activations
 from istar.steps.analyze import analyze_run

@@ -1,4 +1,5 @@
-"""Tests of istar.core.isotropy: IsoScore, IsoScore*, the streaming covariance, TwoNN and the comparison measures."""
+"""Tests of the measures: IsoScore and IsoScore* (istar.core.isotropy), the streaming covariance
+(istar.core.covariance), TwoNN (istar.core.twonn) and the measures IsoScore replaces (istar.core.baseline_measures)."""
 
 
 import numpy as np
@@ -7,14 +8,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from istar.core.baseline_measures import average_cosine_similarity, partition_isotropy
+from istar.core.covariance import CovarianceAccumulator
 from istar.core.isotropy import (
-    CovarianceAccumulator,
-    average_cosine_similarity,
     isoscore,
     isoscore_from_eigenvalues,
     isoscore_star,
     isoscore_star_from_covariance,
-    partition_isotropy,
     shrink_covariance,
 )
 from istar.core.twonn import twonn_dimension

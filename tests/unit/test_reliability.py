@@ -12,7 +12,7 @@ import stat
 import pytest
 import torch
 
-from istar.core.isotropy import CovarianceAccumulator
+from istar.core.covariance import CovarianceAccumulator
 from istar.io import artifacts
 from istar.io.artifacts import DamagedArtifactError
 

@@ -19,7 +19,7 @@ import yaml
 from mirrors import TEST_DATA
 
 from istar.config.schema import ConfigError, load_yaml
-from istar.core.isotropy import CovarianceAccumulator
+from istar.core.covariance import CovarianceAccumulator
 from istar.pipeline.validate import validate_config
 
 REPO = Path(__file__).resolve().parents[2]

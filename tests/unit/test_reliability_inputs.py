@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from istar.config.schema import ConfigError, load_yaml
-from istar.core.isotropy import CovarianceAccumulator
+from istar.core.covariance import CovarianceAccumulator
 from istar.io import artifacts
 from istar.io.artifacts import DamagedArtifactError
 from istar.models.loading import resolve_model_source

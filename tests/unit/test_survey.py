@@ -14,7 +14,8 @@ from conftest import MINILM
 
 from istar.cli import main
 from istar.config.specs import SpecError, SurveySpec, spec_from_cli
-from istar.core.isotropy import FP32_EXP_LIMIT, isoscore, partition_isotropy, partition_isotropy_one_sign
+from istar.core.baseline_measures import FP32_EXP_LIMIT, partition_isotropy, partition_isotropy_one_sign
+from istar.core.isotropy import isoscore
 from istar.core.twonn import twonn_dimension
 from istar.steps.survey import add_cli_arguments, effective_rank, projection, read_texts, static_measures
 
