@@ -8,7 +8,8 @@ spec its rule would pass, the files it reads and writes, and an estimate of its 
 grouped into *units*: the fine-tuning runs of a setting with the measurement job that reads
 their models (the models never leave the machine, so a measurement runs where its models were
 trained), or one ``select`` job. This command runs the units in order in a work folder beside the
-bundle (``gpu-bundle-work/``), as the workflow would run their jobs:
+bundle (``gpu-bundle-work/``), as the workflow would run their jobs (each unit's jobs as processes:
+:mod:`istar.pipeline.bundle_jobs`):
 
 - each model step through ``istar launch --gpus N --mixed-precision P -- STEP --spec …`` with
   ``OMP_NUM_THREADS`` set to the config's threads, its output in the rule's log file; the GPUs
@@ -32,8 +33,9 @@ brought back, the logs of the jobs run, and ``bundle-summary.json`` (what ran, h
 device, which units are left) go into one ``.tar.gz``. Run the same command again, after
 importing, until no unit is left.
 
-This module imports only the standard library and :mod:`istar.steps.launch` (which counts the
-GPUs with torch): never Snakemake, jsonschema, datasets or pandas, which a GPU machine may lack.
+This module and :mod:`istar.pipeline.bundle_jobs` import only the standard library and
+:mod:`istar.steps.launch` (which counts the GPUs with torch): never Snakemake, jsonschema, datasets
+or pandas, which a GPU machine may lack.
 """
 
 from __future__ import annotations
@@ -45,13 +47,14 @@ import io
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+
+from istar.pipeline.bundle_jobs import Runner, claimed_gpus
 
 __all__ = ["run_bundle", "read_plan", "code_digest", "unit_range", "JOBS_FILE", "DONE_FILE", "SUMMARY_NAME",
            "BUNDLE_FORMAT", "ARCHIVE_LIMIT", "work_folder"]
@@ -63,8 +66,6 @@ SUMMARY_NAME = "bundle-summary.json"
 WORK_MARK = ".bundle-id"
 ARCHIVE_LIMIT = 16 * 2**20  # one file back from the device machine
 CALIBRATE_FROM_S = 30.0  # units estimated shorter than this (a select job) say little about the speed
-POLL_S = 0.2
-KILL_WAIT_S = 15.0
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -168,135 +169,6 @@ def _device() -> dict:
     done = subprocess.run([smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
                           capture_output=True, text=True, timeout=60)
     return {"gpus": [line.strip() for line in done.stdout.splitlines() if line.strip()]}
-
-
-class Runner:
-    """Runs units of a plan in a work folder, a few jobs at a time, against a deadline."""
-
-    def __init__(self, plan: dict, workdir: Path, env: dict, gpus: int | None, parallel: int, kill_at: float,
-                 python: str):
-        self.plan, self.workdir, self.env, self.parallel, self.kill_at = plan, workdir, env, parallel, kill_at
-        self.gpus, self.python = gpus, python
-        self.jobs = plan["jobs"]
-        self.producer = {output: index for index, job in enumerate(self.jobs) for output in job["outputs"]}
-        self.records: list[dict] = []
-
-    def complete(self, index: int) -> bool:
-        return all((self.workdir / path).exists() for path in self.jobs[index]["outputs"])
-
-    def closure(self, indices) -> list[int]:
-        """The jobs of a unit and the jobs producing what they need, in plan order."""
-        wanted, stack = set(), list(indices)
-        while stack:
-            index = stack.pop()
-            if index in wanted:
-                continue
-            wanted.add(index)
-            stack += [self.producer[path] for path in self.jobs[index]["needs"] if path in self.producer]
-        return sorted(wanted)
-
-    def todo(self, unit: dict) -> list[int]:
-        return [index for index in self.closure(unit["jobs"]) if not self.complete(index)]
-
-    def command(self, job: dict) -> list[str]:
-        if not job["launch"]:
-            return [self.python, "-m", "istar", *job["step"]]
-        gpus = job["gpus"] if self.gpus is None else min(job["gpus"], self.gpus)
-        return [self.python, "-m", "istar", "launch", "--gpus", str(gpus), "--mixed-precision", self.plan["precision"],
-                "--", *job["step"]]
-
-    def start(self, index: int) -> subprocess.Popen:
-        job = self.jobs[index]
-        log = self.workdir / job["log"]
-        log.parent.mkdir(parents=True, exist_ok=True)
-        env = {**self.env, **({"OMP_NUM_THREADS": str(self.plan["threads"])} if job["launch"] else {})}
-        with open(log, "w", encoding="utf-8") as handle:
-            process = subprocess.Popen(self.command(job), cwd=self.workdir, env=env, stdout=handle,
-                                       stderr=subprocess.STDOUT)
-        print(f"  started {job['rule']}: {job['label']}", flush=True)
-        return process
-
-    def run(self, indices: list[int]) -> str:
-        """Run ``indices`` (needs first, up to ``parallel`` at once): "done", "failed" or "stopped".
-        Interrupted (Ctrl-C, SIGTERM), it stops the running jobs first."""
-        running: dict = {}
-        try:
-            return self._run(list(indices), running)
-        except BaseException:
-            self.stop(running)
-            raise
-
-    def _run(self, waiting: list[int], running: dict) -> str:
-        status = "done"
-        while waiting or running:
-            for index in list(waiting):
-                if len(running) >= self.parallel:
-                    break
-                needs = self.jobs[index]["needs"]
-                if all((self.workdir / path).exists() for path in needs):
-                    waiting.remove(index)
-                    running[index] = (self.start(index), time.monotonic())
-            if not running and waiting:
-                missing = [p for i in waiting for p in self.jobs[i]["needs"] if not (self.workdir / p).exists()]
-                raise RuntimeError(f"nothing in the plan produces {missing[0]}: the bundle is inconsistent; build it again")
-            time.sleep(POLL_S)
-            for index, (process, started) in list(running.items()):
-                code = process.poll()
-                if code is None:
-                    continue
-                del running[index]
-                self.record(index, code, time.monotonic() - started)
-                if code != 0:
-                    status = "failed"
-            if status == "failed" or time.monotonic() > self.kill_at:
-                status = status if status == "failed" else "stopped"
-                self.stop(running)
-                running.clear()
-                return status
-        return status
-
-    def record(self, index: int, code: int, seconds: float) -> None:
-        job = self.jobs[index]
-        self.records.append({"job": index, "rule": job["rule"], "label": job["label"], "returncode": code,
-                             "seconds": round(seconds, 2), "estimate_s": job["estimate_s"], "log": job["log"]})
-        state = "done" if code == 0 else f"FAILED (exit {code}); its log: {job['log']}"
-        print(f"  {state}: {job['rule']} {job['label']} in {seconds:.1f} s (estimated {job['estimate_s']:.0f} s)",
-              flush=True)
-        if code != 0:
-            tail = (self.workdir / job["log"]).read_text(encoding="utf-8", errors="replace").splitlines()[-25:]
-            print("\n".join("    | " + line for line in tail), flush=True)
-
-    def stop(self, running: dict) -> None:
-        """SIGTERM (istar launch forwards it; a fine-tuning run saves its state), then SIGKILL after a wait."""
-        for index, (process, started) in running.items():
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + KILL_WAIT_S
-        for index, (process, started) in running.items():
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()  # the launcher; its child gets SIGTERM from the kernel as it goes (istar launch)
-                process.wait()
-            self.record(index, process.returncode if process.returncode is not None else -9,
-                        time.monotonic() - started)
-
-
-@contextlib.contextmanager
-def claimed_gpus(count: int, env: dict):
-    """``env`` with ``CUDA_VISIBLE_DEVICES`` set to ``count`` claimed GPUs (as ``istar launch`` claims them),
-    unless it is set already or no GPU is asked for."""
-    if count == 0 or "CUDA_VISIBLE_DEVICES" in env:
-        yield env
-        return
-    from istar.steps.launch import claim_gpus, visible_gpu_count
-
-    total = visible_gpu_count()
-    if total < count:
-        raise ValueError(f"the bundle's jobs ask for {count} GPU(s) but this machine shows {total}: run on a GPU "
-                         "machine, or on the CPU with --gpus 0")
-    with claim_gpus(count, total) as gpus:
-        yield {**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
 
 
 def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | None = None, parallel: int = 1,

@@ -1,4 +1,4 @@
-"""The study bundle's parts (istar.pipeline.bundle, bundle_run, bundle_import): the float16 model copy,
+"""The study bundle's parts (istar.pipeline.bundle, bundle_plan, bundle_run, bundle_import): the float16 model copy,
 the refusal of configs that search, the units, the runner's budget and bookkeeping, and the size of
 config/gpu-study.yaml's bundle. The whole path, on the CPU without Snakemake: tests/workflow/test_bundle_workflow.py."""
 
@@ -14,15 +14,8 @@ from safetensors import safe_open
 from workflow_helpers import ENV
 
 from istar.config.schema import ConfigError
-from istar.pipeline.bundle import (
-    DEVICE_LIMIT,
-    build_bundle,
-    confirmatory_problem,
-    plan_jobs,
-    plan_units,
-    save_float16_copy,
-    travelling_bytes,
-)
+from istar.pipeline.bundle import DEVICE_LIMIT, build_bundle, save_float16_copy, travelling_bytes
+from istar.pipeline.bundle_plan import confirmatory_problem, plan_jobs, plan_units
 from istar.pipeline.bundle_import import import_bundle
 from istar.pipeline.bundle_run import JOBS_FILE, SUMMARY_NAME, run_bundle, unit_range
 from istar.pipeline.validate import merge_config_files, validate_config

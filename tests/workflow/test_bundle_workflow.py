@@ -19,7 +19,8 @@ from mirrors import REPO, TEST_DATA
 from workflow_helpers import save_tiny_model, snakemake
 
 from istar.models.loading import resolve_model_source
-from istar.pipeline.bundle import build_bundle, plan_jobs
+from istar.pipeline.bundle import build_bundle
+from istar.pipeline.bundle_plan import plan_jobs
 from istar.pipeline.bundle_import import import_bundle
 from istar.pipeline.bundle_run import SUMMARY_NAME
 from istar.pipeline.validate import merge_config_files, model_depth, validate_config

@@ -1,0 +1,305 @@
+"""The plan of a study bundle: the jobs, their units and their estimated time (docs/gpu-bundle.md).
+
+The plan is the workflow's own: for a config whose I-STAR λ | ζ is fixed in advance for every
+model × task (``final.istar``, the confirmatory protocol) no job waits for a search, so every
+job is known before the bundle leaves (:func:`confirmatory_problem` says which key to set when
+it is not). Each job is the one its rule would run — ``select --fixed``, ``shrinkage``,
+``train`` and ``measure``, with the spec :mod:`istar.pipeline.plan` builds for that rule, the
+GPUs and log file of the rule — and carries the files it reads and writes, the files the
+archive brings back (``keep``) and its estimated seconds on an H100 (:class:`DeviceCosts`,
+:func:`estimate_jobs`). Jobs are grouped into *units* (:func:`plan_units`); the aggregate's
+inputs are listed for ``istar import-bundle``. :mod:`istar.pipeline.bundle` writes the plan
+into the bundle, with the data and the model it reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from istar.config.layout import (
+    DATA,
+    DEFAULT_TOKENS,
+    MEASURES,
+    MODEL_PIN,
+    RUN,
+    SELECTION,
+    Setting,
+    seeds_token,
+    sigma_template,
+)
+from istar.config.schema import STUDIES, ConfigError
+from istar.core.tokens import TOKEN_SELECTION_NAMES, get_token_selection
+from istar.pipeline.plan import (
+    final_settings,
+    fixed_choice_args,
+    fixed_setting,
+    measure_spec,
+    needs_sigma,
+    shrinkage_spec,
+    study_runs,
+    study_seeds,
+    train_spec,
+    tuned_tokens,
+)
+from istar.registry.analysis import get_sigma_source
+from istar.registry.methods import get_method
+
+__all__ = ["confirmatory_problem", "planned_runs", "plan_jobs", "plan_units", "DeviceCosts", "model_sizes",
+           "data_sizes", "estimate_jobs"]
+
+
+# ------------------------------------------------------------------------------------------ planning
+
+
+def confirmatory_problem(config: dict) -> str | None:
+    """Why the validated config cannot be planned without a search (None when it can)."""
+    for model in config["models"]:
+        for task in config["tasks"]:
+            if fixed_setting(config, model, task) is None:
+                return (f"config key 'final.istar': {model} × {task} has no λ | ζ fixed in advance, so its I-STAR "
+                        "setting would come from a search chosen on the device (a checkpoint this bundle cannot "
+                        f"plan); add final.istar.{model}.{task}: {{lam: …, zeta: …}} (the confirmatory protocol)")
+    padding = config["studies"]["padding"]
+    if padding["enabled"] and tuned_tokens(config):
+        return ("config key 'studies.padding.lam': tuned runs the padding study's own search first, which this "
+                "bundle cannot plan; set lam and zeta to selected (the fixed λ | ζ) or to numbers")
+    if config["survey"]["enabled"]:
+        return "config key 'survey.enabled': the isotropy survey is not part of a bundle; set it to false"
+    if config["data"]["source"] == "hub":
+        return ("config key 'data.source': hub; a bundle carries its data from files: set data.source: mirror and "
+                "give the mirror (the GLUE release layout) with data.mirror or --mirror")
+    return None
+
+
+def planned_runs(config: dict, model: str, task: str, depth: int) -> list[tuple[str, Setting, int]]:
+    """(study, setting, seed) of the final stage and the figure studies of a model × task whose λ | ζ
+    is fixed in advance: what the workflow's ``planned_runs`` gives once nothing waits for a checkpoint
+    (``depth``: the model's L, for the one-layer study over every layer)."""
+    chosen = fixed_setting(config, model, task)
+    runs = [("final", setting, seed) for setting in final_settings(config, chosen, {})
+            for seed in study_seeds(config, "final", task)]
+    for study in STUDIES:
+        found = study_runs(config, study, model, task, chosen, depth, None)
+        runs += [(study, setting, seed) for setting, seed in found]
+    return runs
+
+
+def _job(rule: str, model: str, task: str, label: str, step: list[str], *, launch: bool, gpus: int,
+         outputs: list[str], keep: list[str], needs: list[str], log: str) -> dict:
+    return {"rule": rule, "model": model, "task": task, "label": label, "step": step, "launch": launch, "gpus": gpus,
+            "outputs": outputs, "keep": keep, "needs": needs, "log": log, "estimate_s": 0.0}
+
+
+def _shrinkage_rule(tokens: str) -> str:
+    """The workflow's rule for Σ_S over ``tokens``: shrinkage (real tokens) or shrinkage_all_positions."""
+    return "shrinkage" if tokens == DEFAULT_TOKENS else f"shrinkage_{tokens}"
+
+
+def plan_jobs(config: dict, depths: dict[str, int]) -> tuple[list[dict], dict]:
+    """Every job from Σ_S to the measurements, as the workflow's rules would run them, and the
+    aggregate's inputs: ``(jobs, aggregate)`` with ``aggregate`` = {runs: [[study, run folder]],
+    selections, measures} in the order the aggregate rule passes them."""
+    problem = confirmatory_problem(config)
+    if problem is not None:
+        raise ConfigError(problem)
+    gpus = config["training"]["gpus"]
+    step_gpus = min(gpus, 1)  # the Σ_S and measure rules take one GPU at most
+    selects, sigmas, trains, measures = [], [], [], []
+    aggregate = {"runs": [], "selections": [], "measures": set()}
+    for model in config["models"]:
+        pin = MODEL_PIN.format(model=model)
+        for task in config["tasks"]:
+            data = DATA.format(task=task)
+            selection = SELECTION.format(model=model, task=task)
+            aggregate["selections"].append(selection)
+            selects.append(_job("select", model, task, f"{model}/{task}", [
+                "select", "--out", selection, "--fixed", json.dumps(fixed_choice_args(config, model, task))],
+                launch=False, gpus=0, outputs=[selection], keep=[selection], needs=[], log=f"logs/select/{model}/{task}.log"))
+            runs = planned_runs(config, model, task, depths[model])
+            aggregate["runs"] += [[study, RUN.format(model=model, task=task, setting=setting.name, seed=seed)]
+                                  for study, setting, seed in runs]
+            # Σ_S of each token selection a penalty reads, and of the real tokens the measurements read
+            wanted = {setting.tokens for _, setting, _ in runs if needs_sigma(setting)} | {DEFAULT_TOKENS}
+            for tokens in (key for key in TOKEN_SELECTION_NAMES if key in wanted):
+                sigma = sigma_template(tokens).format(model=model, task=task)
+                spec = shrinkage_spec(config, model=pin, task=task, data_dir=data, out=sigma, tokens=tokens)
+                provenance = sigma.replace(".pt", ".json")
+                sigmas.append(_job(_shrinkage_rule(tokens), model, task, f"{model}/{task} ({tokens})",
+                                   ["shrinkage", "--spec", spec.to_json()], launch=True, gpus=step_gpus,
+                                   outputs=[sigma, provenance], keep=[provenance], needs=[],
+                                   log=f"logs/shrinkage/{model}/{task}{get_token_selection(tokens).suffix}.log"))
+            seen = set()
+            for _, setting, seed in runs:
+                if (setting, seed) in seen:
+                    continue
+                seen.add((setting, seed))
+                run = RUN.format(model=model, task=task, setting=setting.name, seed=seed)
+                sigma = sigma_template(setting.tokens).format(model=model, task=task)
+                spec = train_spec(config, model=pin, task=task, setting=setting, seed=seed, data_dir=data,
+                                  output_dir=run, sigma_s=sigma)
+                trains.append(_job("train", model, task, f"{model}/{task}/{setting.name}/seed{seed}",
+                                   ["train", "--spec", spec.to_json()], launch=True, gpus=gpus, outputs=[f"{run}/metrics.json", f"{run}/model"],
+                                   keep=[f"{run}/metrics.json", f"{run}/run_config.json", f"{run}/train_log.csv"],
+                                   needs=[sigma] if needs_sigma(setting) else [],
+                                   log=f"logs/finetune/{model}/{task}/{setting.name}/seed{seed}.log"))
+            measured = set()
+            for study, setting, _ in runs:
+                seeds = study_seeds(config, study, task)
+                out = MEASURES.format(model=model, task=task, setting=setting.name, seeds=seeds_token(seeds))
+                if out in measured:
+                    continue
+                measured.add(out)
+                folders = [RUN.format(model=model, task=task, setting=setting.name, seed=seed) for seed in seeds]
+                sigma = sigma_template(DEFAULT_TOKENS).format(model=model, task=task)
+                spec = measure_spec(config, runs=folders, task=task, data_dir=data, sigma_s=sigma, out=out)
+                measures.append(_job("measure", model, task, f"{model}/{task}/{setting.name}/seeds{seeds_token(seeds)}",
+                                     ["measure", "--spec", spec.to_json()], launch=True, gpus=step_gpus,
+                                     outputs=[out], keep=[out], needs=[f"{run}/model" for run in folders] + [sigma],
+                                     log=f"logs/measure/{model}/{task}/{setting.name}/seeds{seeds_token(seeds)}.log"))
+            aggregate["measures"] |= measured
+    aggregate["measures"] = sorted(aggregate["measures"])
+    return selects + sigmas + trains + measures, aggregate
+
+
+def plan_units(jobs: list[dict]) -> list[dict]:
+    """The jobs grouped into units, each run on one machine: one per ``select`` job, and for the
+    rest the measurement jobs with the fine-tuning runs whose models they read (joined where two
+    measurements share a run, e.g. the final stage's and a study's seeds of one setting). Σ_S
+    jobs belong to no unit: the runner runs one before the first unit that needs it."""
+    producer = {output: index for index, job in enumerate(jobs) for output in job["outputs"]}
+    units = [{"name": f"select {job['label']}", "jobs": [index]} for index, job in enumerate(jobs) if job["rule"] == "select"]
+    groups: list[tuple[set, list[int]]] = []  # (train jobs, measure jobs)
+    for index, job in enumerate(jobs):
+        if job["rule"] != "measure":
+            continue
+        runs = {producer[path] for path in job["needs"] if jobs[producer[path]]["rule"] == "train"}
+        joined = [group for group in groups if group[0] & runs]
+        for group in joined:
+            groups.remove(group)
+            runs |= group[0]
+        groups.append((runs, sorted([index] + [m for group in joined for m in group[1]])))
+    for runs, measurements in sorted(groups, key=lambda group: min(group[0] | set(group[1]))):
+        units.append({"name": " + ".join(jobs[m]["label"] for m in measurements), "jobs": sorted(runs) + measurements})
+    unplanned = {i for i, job in enumerate(jobs) if job["rule"] == "train"} - {i for u in units for i in u["jobs"]}
+    if unplanned:
+        raise ValueError(f"no measurement reads run {jobs[min(unplanned)]['label']}: the plan is inconsistent")
+    return units
+
+
+# ------------------------------------------------------------------------------------------ estimates
+
+
+@dataclass(frozen=True)
+class DeviceCosts:
+    """Seconds on one H100 for a small encoder in fp16 autocast, estimated before any GPU ran this
+    code (docs/gpu-bundle.md, "How the time was estimated"); the runner rescales them with the
+    time the units actually take.
+
+    A MiniLM-sized step is bound by the host, not by arithmetic: one training step of MiniLM-L6
+    (batch 32, foreach AdamW) dispatches 1,476 aten calls (1,557 with the I-STAR penalty over every
+    position), a forward pass 292 (counted on the CPU with a TorchDispatchMode), each about
+    ``call_s`` of host time in eager PyTorch with autocast, the gradient scaler and accelerate's
+    wrappers; the arithmetic, 6 × parameters × tokens, runs at ``flops_per_s``: the CPU step of
+    bench/RESULTS.md (2.79 s for a 32 × 128 batch, 2.8e11 FLOP: 0.1 TFLOP/s on 2 cores) is about
+    1,000 × slower than that, so on the GPU the arithmetic is ~1 ms of a ~15 ms step. Calls are per
+    encoder layer (the counts over 6 layers) and scale with depth.
+    """
+
+    job_start_s: float = 12.0  # three interpreters (istar launch, accelerate's launcher, the step), CUDA context, model load
+    call_s: float = 10e-6
+    train_calls_per_layer: float = 1476 / 6
+    penalty_calls_per_layer: float = (1557 - 1476) / 6
+    forward_calls_per_layer: float = 292 / 6 + 10  # + the per-layer Σ_S / activation sums of a measuring pass
+    flops_per_s: float = 100e12
+    write_bytes_per_s: float = 500e6  # model files and resumable states on the machine's disk
+    select_s: float = 3.0
+    analysis_s: float = 2.0  # IsoScore*, TwoNN per layer of one measured run (CPU)
+
+    def step_s(self, layers: int, parameters: float, tokens: float, penalised: bool) -> float:
+        calls = layers * (self.train_calls_per_layer + (self.penalty_calls_per_layer if penalised else 0.0))
+        return calls * self.call_s + 6 * parameters * tokens / self.flops_per_s
+
+    def forward_s(self, layers: int, parameters: float, tokens: float) -> float:
+        return layers * self.forward_calls_per_layer * self.call_s + 2 * parameters * tokens / self.flops_per_s
+
+
+def model_sizes(folder: Path) -> dict:
+    """Layers, non-embedding and total parameter counts (for the estimates) from a BERT-style config.json."""
+    settings = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    layers = next(settings[k] for k in ("num_hidden_layers", "n_layers", "num_layers") if k in settings)
+    hidden = settings.get("hidden_size") or settings.get("dim")
+    ffn = settings.get("intermediate_size") or settings.get("hidden_dim") or 4 * hidden
+    body = layers * (4 * hidden * hidden + 2 * hidden * ffn)
+    return {"layers": layers, "parameters": body, "total": body + (settings.get("vocab_size", 0) + 512) * hidden}
+
+
+def data_sizes(data_dir: Path, model_dir: Path, max_length: int, doc_stride: int, batch: int, eval_batch: int,
+                pad_multiple: int | None) -> dict:
+    """Token counts of a prepared task as the steps tokenise it: features, mean real tokens per
+    feature, mean padded positions of a training batch (batches in a seeded random order)."""
+    import numpy as np
+
+    from istar.data.encoding import encode_split
+    from istar.data.storage import read_columns, read_meta
+    from istar.models.loading import load_tokenizer
+    from istar.registry.tasks import get_task
+
+    task = get_task(read_meta(data_dir)["task"])
+    tokenizer = load_tokenizer(str(model_dir))
+    sizes = {}
+    for split, size in (("train", batch), ("validation", eval_batch)):
+        features = encode_split(read_columns(data_dir, split), task, tokenizer, max_length, doc_stride,
+                                with_labels=False)
+        lengths = np.array([len(ids) for ids in features.columns["input_ids"]])
+        order = np.random.default_rng(0).permutation(len(lengths))
+        padded = [lengths[order[i:i + size]].max() for i in range(0, len(lengths), size)]
+        if pad_multiple:
+            padded = [math.ceil(p / pad_multiple) * pad_multiple for p in padded]
+        sizes[split] = {"features": int(len(lengths)), "mean_tokens": float(lengths.mean()),
+                        "mean_padded": float(np.mean(padded))}
+    return sizes
+
+
+def estimate_jobs(jobs: list[dict], config: dict, models: dict[str, dict], data: dict[str, dict],
+                  costs: DeviceCosts = DeviceCosts()) -> None:
+    """Fill each job's ``estimate_s`` (seconds on an H100, :class:`DeviceCosts`)."""
+    training, rows = config["training"], config["shrinkage"]["rows"]
+
+    def sigma_pass(model: dict, sizes: dict, tokens: str) -> float:
+        """One Σ_S pass: ``rows`` token rows of the training split (all of it if it has fewer)."""
+        uses_training = get_token_selection(tokens).sigma_uses_training_batches
+        batch = training["batch_size"] if uses_training else training["eval_batch_size"]
+        width = sizes["train"]["mean_padded"] if uses_training else sizes["train"]["mean_tokens"]
+        batches = min(math.ceil(sizes["train"]["features"] / batch), math.ceil(rows / (batch * width)))
+        return batches * costs.forward_s(model["layers"], model["parameters"], batch * sizes["train"]["mean_padded"])
+
+    def evaluation(model: dict, sizes: dict) -> float:
+        batches = math.ceil(sizes["validation"]["features"] / training["eval_batch_size"])
+        return batches * costs.forward_s(model["layers"], model["parameters"],
+                                         training["eval_batch_size"] * sizes["validation"]["mean_padded"])
+
+    for job in jobs:
+        model, sizes = models[job["model"]], data[job["task"]]
+        spec = json.loads(job["step"][-1]) if job["launch"] else {}
+        if job["rule"] == "select":
+            seconds = costs.select_s
+        elif job["rule"] == "train":
+            micro = math.ceil(sizes["train"]["features"] / spec["batch_size"]) * spec["epochs"]
+            step = costs.step_s(model["layers"], model["parameters"], spec["batch_size"] * sizes["train"]["mean_padded"],
+                                penalised=get_method(spec["method"]).penalty is not None)
+            # a Σ_S pass after each epoch, and before training unless the run was given one
+            passes = spec["epochs"] + (0 if spec["sigma_s"] else 1)
+            saves = (spec["epochs"] * 3 + 1) * 4 * model["total"] / costs.write_bytes_per_s  # states (weights + Adam), model
+            seconds = (costs.job_start_s + micro * step + passes * sigma_pass(model, sizes, spec["tokens"])
+                       + spec["epochs"] * evaluation(model, sizes) + saves)
+        elif job["rule"] == "measure":
+            per_run = 2 * evaluation(model, sizes) + costs.analysis_s + 4 * model["total"] / costs.write_bytes_per_s
+            if not get_sigma_source(spec["sigma_s_model"]).reads_file:  # each run's own Σ_S (analysis.sigma_s_model)
+                per_run += sigma_pass(model, sizes, DEFAULT_TOKENS)
+            seconds = costs.job_start_s + len(spec["runs"]) * per_run
+        else:  # Σ_S of the pretrained model
+            seconds = costs.job_start_s + sigma_pass(model, sizes, spec["tokens"])
+        job["estimate_s"] = round(seconds, 1)
