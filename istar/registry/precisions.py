@@ -16,8 +16,8 @@ speed-up to offer for its lost precision, so such a CPU runs fp32 whatever was a
 what ``run_config.json`` and the resume fingerprint record. The workflow's Σ_S and measure jobs
 run in the fine-tuning precision (``istar.pipeline.plan``), and a profile's ``survey.dtype``
 follows the same CPU rule (:func:`run_dtype`). Under any autocast, IsoScore*,
-Σ_S and every d × d reduction compute in float32 or float64 (``istar.isotropy``,
-``istar.regularizers``).
+Σ_S and every d × d reduction compute in float32 or float64 (``istar.core.isotropy``,
+``istar.core.covariance``, ``istar.core.regularizers``).
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ def save_state(accelerator, resume_dir: Path, step: int, log_path: Path, fingerp
     ``tracking`` (:meth:`istar.steps.tracking.Tracking.state`: the tracker run ids) is kept as
     ``tracking.json`` so that a resumed run continues the same tracker runs.
 
-    A full disk raises :class:`istar.artifacts.OutOfSpaceError` naming the state and the one
+    A full disk raises :class:`istar.io.artifacts.OutOfSpaceError` naming the state and the one
     kept (the previous state stays until the new one is complete; the partial one is removed).
     """
     final = resume_dir / f"state-{step:08d}"

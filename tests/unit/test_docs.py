@@ -1,7 +1,14 @@
 """The repository stands on its own: its documentation is complete, generated parts are current,
-and nothing points outside it."""
+every istar name and subcommand it writes exists, and nothing points outside it."""
 
+import argparse
+import ast
+import functools
+import importlib
+import importlib.util
+import inspect
 import os
+import pkgutil
 import re
 import subprocess
 import sys
@@ -130,3 +137,178 @@ def test_the_software_is_licensed_citable_and_versioned():
     assert f"## [{__version__}]" in (REPO / "CHANGELOG.md").read_text(encoding="utf-8")
     version = subprocess.run([sys.executable, "-m", "istar", "--version"], capture_output=True, text=True, cwd=REPO)
     assert version.returncode == 0 and version.stdout.strip() == f"istar {__version__}"
+
+
+# ----------------------------------------------------------------------------- every istar name the text gives exists
+
+DOTTED = re.compile(r"(?<![\w./-])istar(?:\.[A-Za-z_]\w*)+")
+FROM_IMPORT = re.compile(r"\bfrom[ \t]+(istar(?:\.\w+)*)[ \t]+import[ \t]+\(?([\w \t,]+)")
+FILE_SUFFIXES = frozenset({"py", "md", "yaml", "yml", "json", "toml", "cfg", "txt", "csv", "smk", "sh", "log", "lock"})
+CODE_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[^\n]*\n(.*?)^[ \t]*\1[ \t]*$", re.M | re.S)
+CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)((?:(?!\n[ \t]*\n).)+?)(?<!`)\1(?!`)", re.S)
+# `istar` where a shell command starts: a line or code span, after ; & | ( or a $ prompt, after -m
+# (python -m, accelerate launch -m), each optionally after VAR=value assignments
+COMMAND = re.compile(r"(?:^|[;&|(]|\$|-m)[ \t]*(?:[A-Za-z_]\w*=\S*[ \t]+)*istar[ \t]+([^\s`]+)", re.M)
+
+
+def docstrings() -> list[tuple[str, int, str]]:
+    """(file, first line, text) of every docstring in the package: modules, classes, functions and
+    methods, read from the source (ast) of each module pkgutil finds (``__main__`` is not imported)."""
+    import istar
+
+    root = Path(istar.__file__).resolve().parents[1]
+    found = [("istar/__init__.py", 1, istar.__doc__)]
+    for module in pkgutil.walk_packages(istar.__path__, "istar."):
+        path = Path(importlib.util.find_spec(module.name).origin)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+                first = node.body[0]
+                if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(
+                        first.value.value, str):
+                    found.append((path.relative_to(root).as_posix(), first.value.lineno, first.value.value))
+    return found
+
+
+def pages() -> list[tuple[str, int, str]]:
+    return [(page.relative_to(REPO).as_posix(), 1, page.read_text(encoding="utf-8")) for page in PAGES]
+
+
+def code_pieces(text: str, markdown: bool) -> list[tuple[int, str]]:
+    """(offset, code) of the code in a text: Markdown's fenced blocks and inline spans; a docstring's
+    inline literals and the lines indented deeper than its body (literal blocks, usage lines)."""
+    pieces, outside, position = [], [], 0
+    if markdown:
+        for block in CODE_FENCE.finditer(text):
+            pieces.append((block.start(2), block.group(2)))
+            outside.append((position, text[position:block.start()]))
+            position = block.end()
+    else:
+        lines = text.split("\n")
+        body = min((len(line) - len(line.lstrip()) for line in lines[1:] if line.strip()), default=0)
+        offset = len(lines[0]) + 1
+        for line in lines[1:]:
+            if line.strip() and len(line) - len(line.lstrip()) > body:
+                pieces.append((offset, line))
+            offset += len(line) + 1
+    outside.append((position, text[position:]))
+    for start, chunk in outside:
+        pieces += [(start + span.start(2), span.group(2)) for span in CODE_SPAN.finditer(chunk)]
+    return pieces
+
+
+def written_names(texts) -> list[tuple[str, str]]:
+    """(file:line, dotted name) of every istar name the texts write, ``from istar.m import a, b as c``
+    as istar.m.a and istar.m.b."""
+    found = []
+    for name, first, text in texts:
+        for match in DOTTED.finditer(text):
+            where = f"{name}:{first + text.count(chr(10), 0, match.start())}"
+            if match.group().rsplit(".", 1)[1] not in FILE_SUFFIXES:
+                found.append((where, match.group()))
+        for match in FROM_IMPORT.finditer(text):
+            where = f"{name}:{first + text.count(chr(10), 0, match.start())}"
+            found += [(where, f"{match.group(1)}.{part.split()[0]}") for part in match.group(2).split(",") if part.strip()]
+    return found
+
+
+def written_subcommands(texts, markdown: bool) -> list[tuple[str, str]]:
+    """(file:line, word) for every ``istar WORD`` at a command's start in the texts' code; options
+    (``istar --version``) and placeholders (``istar SUBCOMMAND``, ``istar <step>``) are not words."""
+    found = []
+    for name, first, text in texts:
+        for offset, code in code_pieces(text, markdown):
+            for match in COMMAND.finditer(code):
+                word = match.group(1).rstrip(":,.;)…'\"")
+                if word.startswith("-") or not re.search("[a-z]", word) or word[0] in "<{[$":
+                    continue
+                found.append((f"{name}:{first + text.count(chr(10), 0, offset + match.start(1))}", word))
+    return found
+
+
+@functools.cache
+def resolves(name: str) -> bool:
+    """The name imports as a module, or is an attribute reachable from its longest importable module
+    prefix; an attribute a class declares with an annotation (a dataclass field) counts."""
+    parts = name.split(".")
+    target = importlib.import_module(parts[0])
+    for depth, part in enumerate(parts[1:], 2):
+        module = ".".join(parts[:depth])
+        if inspect.ismodule(target) and hasattr(target, "__path__") and importlib.util.find_spec(module):
+            target = importlib.import_module(module)
+        elif hasattr(target, part):
+            target = getattr(target, part)
+        elif inspect.isclass(target) and any(part in inspect.get_annotations(cls) for cls in target.__mro__):
+            return True  # an instance's attribute: what lies past it cannot be looked up on the class
+        else:
+            return False
+    return True
+
+
+def cli_subcommands() -> set[str]:
+    """The subcommands ``istar``'s parser accepts, read in-process (argparse keeps them only in _actions)."""
+    from istar.cli import build_parser
+
+    (subparsers,) = [action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction)]
+    return set(subparsers.choices)
+
+
+def test_the_name_rules_on_examples():
+    """What the two tests below count as a name, on examples of each rule, so that a rule that stops
+    matching fails here rather than letting every name pass."""
+    text = ("See :func:`istar.core.isotropy.isoscore` and `istar.core.isotropy.nope`;\n"
+            "from istar.core import twonn, gone as here\n"
+            "envs/istar.yaml, istar.yaml, https://istar.example.org, config key final.istar.minilm, istar_lam-1.\n")
+    assert [name for _, name in written_names([("x.md", 1, text)])] == [
+        "istar.core.isotropy.isoscore", "istar.core.isotropy.nope", "istar.core", "istar.core.twonn", "istar.core.gone"]
+    examples = {"istar.core.isotropy.isoscore": True, "istar.core.isotropy.nope": False, "istar.core.twonn": True,
+                "istar.core.gone": False, "istar.isoscore": True, "istar.__version__": True,
+                "istar.models.pretrained.LoadedModel.static_matrices": True,  # a property
+                "istar.models.pretrained.LoadedModel.input_embeddings": True,  # a dataclass field without default
+                "istar.models.pretrained.LoadedModel.nope": False}
+    assert {name: resolves(name) for name in examples} == examples
+    page = ("Run `istar train --spec S`, `istar --version`, `istar SUBCOMMAND --help`,\n"
+            "`python -m istar run-bundle B`. The istar command, `istar` itself.\n\n"
+            "```bash\nOMP_NUM_THREADS=1 istar trian --spec S\n$ istar <step>\n```\n"
+            "```text\n  data/  prepare (istar prepare-data); the istar package\n```\n")
+    assert written_subcommands([("x.md", 1, page)], markdown=True) == [
+        ("x.md:5", "trian"), ("x.md:9", "prepare-data"), ("x.md:1", "train"), ("x.md:2", "run-bundle")]
+    docstring = "One line about istar train as prose.\n\n    istar evaluate --spec S\n\nThen ``istar measur``.\n"
+    assert written_subcommands([("m.py", 10, docstring)], markdown=False) == [
+        ("m.py:12", "evaluate"), ("m.py:14", "measur")]
+
+
+def test_every_istar_name_the_docs_and_docstrings_write_exists():
+    """Every dotted ``istar.…`` name in README.md, docs/**/*.md and the package's docstrings resolves
+    (:func:`resolves`): a renamed or moved function, a stale module name fails here, named with its
+    file and line.
+
+    What counts as a name: ``istar`` followed by ``.identifier`` parts, not preceded by a letter,
+    digit, ``_``, ``.``, ``/`` or ``-`` (so a path ``envs/istar.yaml``, a URL, a config key
+    ``final.istar.…`` or a setting ``istar_lam-1`` is none), whose last part is no file suffix
+    (``istar.yaml`` is a file); ``from istar.m import a, b`` writes istar.m.a and istar.m.b. Prose
+    and code alike: a name in running text is as wrong as one in a code block.
+    """
+    names = written_names(pages() + docstrings())
+    assert len({name for _, name in names}) > 100, "the collector finds (almost) no names: the rules broke"
+    unresolved = [f"{where}: {name}" for where, name in names if not resolves(name)]
+    assert not unresolved, "no such istar name (correct the text to the true one):\n" + "\n".join(unresolved)
+
+
+def test_every_istar_subcommand_the_docs_and_docstrings_write_exists():
+    """Every ``istar WORD`` at the start of a command in README.md's and docs/**/*.md's code, and in
+    the package's docstrings' code, names a subcommand the ``istar`` parser defines.
+
+    Code: Markdown's fenced blocks and inline spans; a docstring's inline literals and the lines
+    indented deeper than its body. Prose is not read: it calls the package istar too ("the istar
+    command"). A command starts at the beginning of a line or span, after ``;``, ``&``, ``|``, ``(``
+    or a ``$`` prompt, or after ``-m`` (``python -m istar``, ``accelerate launch -m istar``), each
+    optionally after ``VAR=value`` assignments. A word starting with ``-`` is an option
+    (``istar --version``), one without a lower-case letter or in ``<>``/``{}`` a placeholder
+    (``istar SUBCOMMAND``, ``istar <step>``); trailing punctuation is dropped (``istar train:`` of an
+    error line).
+    """
+    written = written_subcommands(pages(), markdown=True) + written_subcommands(docstrings(), markdown=False)
+    assert len(written) > 50, "the collector finds (almost) no commands: the rules broke"
+    known = cli_subcommands()
+    unknown = [f"{where}: istar {word}" for where, word in written if word not in known]
+    assert not unknown, f"no such subcommand (the parser has {', '.join(sorted(known))}):\n" + "\n".join(unknown)
