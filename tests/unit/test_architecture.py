@@ -2,7 +2,7 @@
 :mod:`istar.layers`: which subpackages each subpackage may import, which libraries a layer never
 imports, what the workflow's rule files import. Every import counts, function-level ones included:
 a lazy import is still a dependency. Each subpackage's ``__init__`` docstring states its part of
-the contract and is checked against it here.
+the contract and is checked against it here. No module is longer than ``MAX_MODULE_LINES``.
 """
 
 from __future__ import annotations
@@ -71,6 +71,18 @@ def test_every_module_belongs_to_a_layer():
     assert not strays, f"modules outside the layer subpackages {tuple(MAY_IMPORT)}: {strays}"
     missing = sorted(set(MAY_IMPORT) - {path.parent.name for path in PACKAGE.glob("*/__init__.py")})
     assert not missing, f"istar.layers names subpackages that do not exist: {missing}"
+
+
+# a module longer than this holds more than one purpose, or one a reader cannot take in at once
+MAX_MODULE_LINES = 450
+
+
+def test_no_module_is_longer_than_a_reader_takes_in():
+    long = {module: count for module, path in sorted(_modules().items())
+            if (count := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not long, (f"modules over {MAX_MODULE_LINES} lines: {long}; split each along a seam into modules of one "
+                      "purpose in the same subpackage, each with a docstring that says it, and name them in "
+                      "docs/architecture.md")
 
 
 def test_every_import_is_one_the_contract_allows():
