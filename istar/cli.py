@@ -32,34 +32,57 @@ import argparse
 import importlib
 import signal
 import sys
+from dataclasses import dataclass
 
 from istar.io.revisions import RevisionUnavailableError
 from istar.steps.tracking import TrackerUnavailableError
 
+@dataclass(frozen=True)
+class Subcommand:
+    """One ``istar`` subcommand.
+
+    module : where its code lives (imported only when the subcommand is the one run).
+    summary : one line for ``istar --help``.
+    spec : for a step whose options are exactly its spec's fields, that spec class's name in
+        :mod:`istar.config.specs`; the options are generated from it (:func:`istar.config.specs.add_spec_arguments`).
+    step : with ``spec``, the module's function the built spec is handed to. Without them, the module
+        defines ``add_cli_arguments(parser)`` and ``run_cli(args) -> exit status`` itself.
+    """
+
+    module: str
+    summary: str
+    spec: str | None = None
+    step: str | None = None
+
+
 SUBCOMMANDS = {
-    "config": ("istar.pipeline.validate", "validate a workflow config and print it with every default filled in"),
-    "prepare-data": ("istar.data", "normalise a task's splits to parquet (+ meta.json)"),
-    "holdout-data": ("istar.data.holdout", "cut a prepared training split into a search part and a held-out part"),
-    "pin-model": ("istar.models.loading", "resolve a model source's hub revision to its commit, once (a pin file)"),
-    "shrinkage": ("istar.steps.shrinkage", "Σ_S of a model on a task's training data"),
-    "train": ("istar.steps.train", "fine-tune with base / cosreg / istar"),
-    "evaluate": ("istar.steps.evaluate", "metrics of a saved model on a prepared split"),
-    "activations": ("istar.steps.activations", "[CLS] and token vectors of every layer on the evaluation split"),
-    "launch": ("istar.steps.launch", "run a step with the processes and precision its granted GPUs allow"),
-    "analyze": ("istar.steps.analyze", "isotropy and intrinsic dimension of a run's activations"),
-    "measure": ("istar.steps.measure", "evaluation, activations and analysis of several fine-tuned runs in one process"),
-    "aggregate": ("istar.report.aggregate", "collect runs into the aggregate CSVs"),
-    "experiment": ("istar.report.experiment", "Table 1's cells, the λ sweep and Σ_S curves as DVC metrics and plots"),
-    "select": ("istar.report.select", "pick the best search setting of a model and task"),
-    "table": ("istar.report.tables", "render Table 1 / Table 2 from the aggregate CSVs"),
-    "stability": ("istar.steps.stability", "simulate Fig. 2's data: IsoScore* of mini-batches vs batch size"),
-    "figure": ("istar.report.figures", "draw one of the paper's figures from the aggregate CSVs"),
-    "survey": ("istar.steps.survey", "isotropy of a pretrained model's static embeddings and every layer (one revision)"),
-    "survey-aggregate": ("istar.report.survey_aggregate", "collect isotropy profiles into CSVs"),
-    "survey-check": ("istar.steps.survey_check", "compare a model's I(W) with published numbers (default: pythia-70m)"),
-    "bundle": ("istar.pipeline.bundle", "a confirmatory study as a folder for a GPU machine without network or Snakemake"),
-    "run-bundle": ("istar.pipeline.bundle_run", "run a bundle's jobs on this machine and pack their results"),
-    "import-bundle": ("istar.pipeline.bundle_import", "unpack a bundle's results, then aggregate, tables and figures"),
+    "config": Subcommand("istar.pipeline.validate", "validate a workflow config and print it with every default filled in"),
+    "prepare-data": Subcommand("istar.data", "normalise a task's splits to parquet (+ meta.json)"),
+    "holdout-data": Subcommand("istar.data.holdout", "cut a prepared training split into a search part and a held-out part"),
+    "pin-model": Subcommand("istar.models.loading", "resolve a model source's hub revision to its commit, once (a pin file)"),
+    "shrinkage": Subcommand("istar.steps.shrinkage", "Σ_S of a model on a task's training data",
+                            "ShrinkageSpec", "compute_shrinkage_file"),
+    "train": Subcommand("istar.steps.train", "fine-tune with base / cosreg / istar"),
+    "evaluate": Subcommand("istar.steps.evaluate", "metrics of a saved model on a prepared split",
+                           "EvaluateSpec", "evaluate_checkpoint"),
+    "activations": Subcommand("istar.steps.activations", "[CLS] and token vectors of every layer on the evaluation split",
+                              "ActivationsSpec", "extract_activations"),
+    "launch": Subcommand("istar.steps.launch", "run a step with the processes and precision its granted GPUs allow"),
+    "analyze": Subcommand("istar.steps.analyze", "isotropy and intrinsic dimension of a run's activations"),
+    "measure": Subcommand("istar.steps.measure", "evaluation, activations and analysis of several fine-tuned runs in one process"),
+    "aggregate": Subcommand("istar.report.aggregate", "collect runs into the aggregate CSVs"),
+    "experiment": Subcommand("istar.report.experiment", "Table 1's cells, the λ sweep and Σ_S curves as DVC metrics and plots"),
+    "select": Subcommand("istar.report.select", "pick the best search setting of a model and task"),
+    "table": Subcommand("istar.report.tables", "render Table 1 / Table 2 from the aggregate CSVs"),
+    "stability": Subcommand("istar.steps.stability", "simulate Fig. 2's data: IsoScore* of mini-batches vs batch size"),
+    "figure": Subcommand("istar.report.figures", "draw one of the paper's figures from the aggregate CSVs"),
+    "survey": Subcommand("istar.steps.survey", "isotropy of a pretrained model's static embeddings and every layer (one revision)",
+                         "SurveySpec", "run_profile"),
+    "survey-aggregate": Subcommand("istar.report.survey_aggregate", "collect isotropy profiles into CSVs"),
+    "survey-check": Subcommand("istar.steps.survey_check", "compare a model's I(W) with published numbers (default: pythia-70m)"),
+    "bundle": Subcommand("istar.pipeline.bundle", "a confirmatory study as a folder for a GPU machine without network or Snakemake"),
+    "run-bundle": Subcommand("istar.pipeline.bundle_run", "run a bundle's jobs on this machine and pack their results"),
+    "import-bundle": Subcommand("istar.pipeline.bundle_import", "unpack a bundle's results, then aggregate, tables and figures"),
 }
 
 
@@ -70,12 +93,29 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="istar", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"istar {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
-    for name, (module, summary) in SUBCOMMANDS.items():
-        sub = subparsers.add_parser(name, help=summary, description=summary)
-        sub.set_defaults(module=module)
+    for name, entry in SUBCOMMANDS.items():
+        sub = subparsers.add_parser(name, help=entry.summary, description=entry.summary)
+        sub.set_defaults(subcommand=entry)
         if name == command:
-            importlib.import_module(module).add_cli_arguments(sub)
+            if entry.spec is not None:
+                from istar.config import specs
+
+                specs.add_spec_arguments(sub, getattr(specs, entry.spec))
+            else:
+                importlib.import_module(entry.module).add_cli_arguments(sub)
     return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed subcommand: hand a spec step its built spec, else the module's ``run_cli``."""
+    entry = args.subcommand
+    module = importlib.import_module(entry.module)
+    if entry.spec is None:
+        return module.run_cli(args)
+    from istar.config.specs import spec_from_cli
+
+    getattr(module, entry.step)(spec_from_cli(args))
+    return 0
 
 
 class Terminated(BaseException):
@@ -99,8 +139,7 @@ def main(argv=None) -> int:
     args = build_parser(command if command in SUBCOMMANDS else None).parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        module = importlib.import_module(args.module)
-        return module.run_cli(args)
+        return run(args)
     except (ValueError, FileNotFoundError, RevisionUnavailableError, TrackerUnavailableError) as error:
         print(f"istar {args.command}: error: {error}", file=sys.stderr)
         return 2

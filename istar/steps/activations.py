@@ -17,14 +17,13 @@ and string metadata (model, task, split, number of tokens, …). The analysis st
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import torch
 from tqdm.auto import tqdm
 
 from istar import __version__
-from istar.config.specs import ActivationsSpec, add_spec_arguments, spec_from_cli
+from istar.config.specs import ActivationsSpec
 from istar.core.covariance import CovarianceAccumulator
 from istar.io import artifacts
 from istar.models.hidden_states import hidden_state_pass
@@ -110,12 +109,3 @@ def load_activations(path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Read an activations file: (tensors, metadata), its content hash checked
     (:class:`istar.io.artifacts.DamagedArtifactError` names a damaged file)."""
     return artifacts.load_tensors(path)
-
-
-def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    add_spec_arguments(parser, ActivationsSpec)
-
-
-def run_cli(args) -> int:
-    extract_activations(spec_from_cli(args))
-    return 0

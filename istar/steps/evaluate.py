@@ -8,13 +8,12 @@ Matthews correlation for CoLA, Pearson and Spearman for STS-B, F1 and exact matc
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from istar.config.specs import EvaluateSpec, add_spec_arguments, spec_from_cli
+from istar.config.specs import EvaluateSpec
 from istar.core import metrics
 from istar.data import qa
 from istar.data.encoding import MODEL_INPUTS, Features
@@ -95,12 +94,3 @@ def evaluate_checkpoint(spec: EvaluateSpec) -> dict:
     if step.accelerator.is_main_process:
         artifacts.write_json(spec.out, report)
     return report
-
-
-def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    add_spec_arguments(parser, EvaluateSpec)
-
-
-def run_cli(args) -> int:
-    evaluate_checkpoint(spec_from_cli(args))
-    return 0

@@ -11,11 +11,10 @@ reads the spec, opens the model and data, and writes the file and its provenance
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
-from istar.config.specs import ShrinkageSpec, add_spec_arguments, spec_from_cli
+from istar.config.specs import ShrinkageSpec
 from istar.core.regularizers import resolve_layers
 from istar.core.regularizers import LayerSpec
 from istar.core.shrinkage import NonFiniteStatistics, merge_layers, save_shrinkage
@@ -84,12 +83,3 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
     if rows < spec.rows:
         accelerator.print(f"note: the training data gave only {rows:,} of the {spec.rows:,} requested rows")
     return provenance
-
-
-def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    add_spec_arguments(parser, ShrinkageSpec)
-
-
-def run_cli(args) -> int:
-    compute_shrinkage_file(spec_from_cli(args))
-    return 0

