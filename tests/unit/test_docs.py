@@ -277,6 +277,9 @@ def test_the_name_rules_on_examples():
         ("m.py:12", "evaluate"), ("m.py:14", "measur")]
 
 
+# It imports every module the texts name (torch, transformers, matplotlib): 12 s quiet, up to about
+# 50 s on a loaded 2-core machine when it is the worker's first test to import them.
+@pytest.mark.timeout(180)
 def test_every_istar_name_the_docs_and_docstrings_write_exists():
     """Every dotted ``istar.…`` name in README.md, docs/**/*.md and the package's docstrings resolves
     (:func:`resolves`): a renamed or moved function, a stale module name fails here, named with its
