@@ -295,6 +295,8 @@ def out_of_range(value, entry: dict) -> str | None:
 
     A None value (a setting left unset) is in range. This is the one range check of the step
     specifications (:mod:`istar.config.specs`), so a step refuses exactly what the config refuses.
+    It does not call jsonschema: a GPU bundle's steps run where jsonschema is not installed
+    (docs/gpu-bundle.md), and the messages name the bound in the words the steps always used.
     """
     if value is None or _fits(value, entry):
         return None

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from istar.config.specs import ActivationsSpec, ShrinkageSpec, TrainSpec
+from istar.config.specs import ActivationsSpec, TrainSpec
 from istar.core.baseline_measures import average_cosine_similarity
 from istar.core.covariance import CovarianceAccumulator
 from istar.core.isotropy import isoscore, isoscore_star_from_covariance
@@ -18,7 +18,6 @@ from istar.core.twonn import twonn_dimension
 from istar.steps.activations import extract_activations, load_activations
 from istar.steps.analyze import analyze_run
 from istar.core.shrinkage import load_layer_statistics, load_shrinkage, save_shrinkage
-from istar.steps.shrinkage import compute_shrinkage_file
 from istar.steps.train import train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +26,7 @@ ZETA = 0.2
 
 
 @pytest.fixture(scope="module")
-def run(tiny_model_dir, prepared, tmp_path_factory):
+def run(tiny_model_dir, prepared, tiny_sigma, tmp_path_factory):
     """A fine-tuned run with its activations, the pretrained Σ_S, and the token vectors computed directly."""
     from istar.data import read_split
     from istar.models.loading import load_model, load_tokenizer
@@ -35,9 +34,7 @@ def run(tiny_model_dir, prepared, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("analysis")
     data = prepared("rte")
-    sigma = root / "sigma0.pt"
-    compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(data), out=str(sigma), rows=10**9,
-                                         batch_size=32))
+    sigma = tiny_sigma("rte")
     out = root / "run"
     train(TrainSpec(model=str(tiny_model_dir), data_dir=str(data), output_dir=str(out), method="istar", lam=-1.0,
                     zeta=ZETA, sigma_s=str(sigma), epochs=1, batch_size=16, learning_rate=1e-3))
