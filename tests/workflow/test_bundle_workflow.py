@@ -169,6 +169,8 @@ def test_bundle_runs_without_snakemake_in_two_calls_and_comes_home_as_tables(tmp
         "measure", "shrinkage", "shrinkage_all_positions", "train", "train"]
     second = import_bundle([tmp_path / "call2.tar.gz"], bundle, root=home)
     assert second["units_left"] == [] and len(second["sigma_notes"]) == 1  # Σ_S (real tokens) of both machines
+    again = import_bundle([tmp_path / "call2.tar.gz"], bundle, root=home)  # the same archive twice: the same note
+    assert again["units_left"] == [] and again["sigma_notes"] == second["sigma_notes"]
 
     run_config = json.loads((home / "results/runs/tiny/rte/istar_lam-1_zeta0.2_allpos/seed0/run_config.json").read_text())
     assert run_config["precision"]["requested"] == "fp16" and run_config["tokens"] == "all_positions"
