@@ -2,6 +2,7 @@
 the test data (tests/data) and a local hub server; the lanes by cost; the full_release group's check; no
 silent skips."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -246,7 +247,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Give each test its lane's marker (so that -m selects lanes) and its lane's time limit."""
+    """Give each test its lane's marker (so that -m selects lanes) and its lane's time limit, and put
+    the longest modules first."""
     for item in items:
         lane = lane_of(item)
         item.stash[LANE] = lane
@@ -254,9 +256,42 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, lane))
         if not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(LANE_TIMEOUTS[lane]))
+    seconds = module_seconds(items)
+    items.sort(key=lambda item: -seconds[module_of(item.nodeid)])  # stable: a module's tests keep their order
 
 
 LANE = pytest.StashKey[str]()
+
+# ------------------------------------------------------------------ the order modules go out in
+
+# pytest-xdist (--dist loadfile --no-loadscope-reorder) gives each free worker the next module in
+# collection order. A long module that starts last keeps one worker busy after the other is done
+# (the demo's module did: its five-minute run alone at the end of the suite), so modules go out
+# longest first, by tests/module_seconds.json (seconds per module, setup included, on two workers;
+# `pytest --store-module-seconds` updates it from the modules a run ran). A module not in it counts
+# as its costliest lane's typical one. Only the order changes, never what runs.
+MODULE_SECONDS = Path(__file__).parent / "module_seconds.json"
+UNTIMED_MODULE_SECONDS = {"fast": 10.0, "integration": 60.0, "e2e": 300.0}
+RAN_SECONDS: dict[str, float] = {}  # module -> seconds in this run (setup, call and teardown of its tests)
+
+
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def module_seconds(items) -> dict[str, float]:
+    timed = json.loads(MODULE_SECONDS.read_text(encoding="utf-8")) if MODULE_SECONDS.is_file() else {}
+    seconds = {}
+    for item in items:
+        module = module_of(item.nodeid)
+        seconds[module] = timed.get(module, max(seconds.get(module, 0.0), UNTIMED_MODULE_SECONDS[item.stash[LANE]]))
+    return seconds
+
+
+def pytest_addoption(parser):
+    parser.addoption("--store-module-seconds", action="store_true",
+                     help=f"write each module's seconds in this run to {MODULE_SECONDS.name} (the order modules go "
+                          "out in); run every lane with it: a module run in part is stored by its part")
 
 
 @pytest.fixture(autouse=True)
@@ -292,6 +327,8 @@ SKIPPED: list[tuple[str, str]] = []  # (test id, reason) of every skip in this s
 def pytest_runtest_logreport(report):
     if report.skipped and not hasattr(report, "wasxfail"):
         SKIPPED.append((report.nodeid, _skip_reason(report)))
+    module = module_of(report.nodeid)
+    RAN_SECONDS[module] = RAN_SECONDS.get(module, 0.0) + report.duration
 
 
 def pytest_collectreport(report):
@@ -313,6 +350,10 @@ def pytest_sessionfinish(session, exitstatus):
     """
     if SKIPPED and exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if session.config.getoption("store_module_seconds") and not hasattr(session.config, "workerinput"):
+        timed = json.loads(MODULE_SECONDS.read_text(encoding="utf-8")) if MODULE_SECONDS.is_file() else {}
+        timed.update({module: round(seconds, 1) for module, seconds in RAN_SECONDS.items()})
+        MODULE_SECONDS.write_text(json.dumps(dict(sorted(timed.items())), indent=1) + "\n", encoding="utf-8")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
