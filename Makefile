@@ -7,7 +7,7 @@ READY  := $(VENV)/.ready
 PYTEST := $(BIN)/python -m pytest -q
 # One test module per worker at a time (--dist loadfile): a module's fixtures that train runs, start
 # daemons or build a project are built once. The modules go out in the order tests/conftest.py puts
-# them (the costliest lanes first), not by their number of tests.
+# them (the longest first, by tests/module_seconds.json), not by their number of tests.
 PARALLEL := -n auto --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup demo lint test test-integration test-e2e test-all test-full coverage bench bench-train bench-dag

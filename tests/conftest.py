@@ -279,9 +279,12 @@ def module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+def timed_modules() -> dict[str, float]:
+    return json.loads(MODULE_SECONDS.read_text(encoding="utf-8")) if MODULE_SECONDS.is_file() else {}
+
+
 def module_seconds(items) -> dict[str, float]:
-    timed = json.loads(MODULE_SECONDS.read_text(encoding="utf-8")) if MODULE_SECONDS.is_file() else {}
-    seconds = {}
+    timed, seconds = timed_modules(), {}
     for item in items:
         module = module_of(item.nodeid)
         seconds[module] = timed.get(module, max(seconds.get(module, 0.0), UNTIMED_MODULE_SECONDS[item.stash[LANE]]))
@@ -351,7 +354,7 @@ def pytest_sessionfinish(session, exitstatus):
     if SKIPPED and exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if session.config.getoption("store_module_seconds") and not hasattr(session.config, "workerinput"):
-        timed = json.loads(MODULE_SECONDS.read_text(encoding="utf-8")) if MODULE_SECONDS.is_file() else {}
+        timed = timed_modules()
         timed.update({module: round(seconds, 1) for module, seconds in RAN_SECONDS.items()})
         MODULE_SECONDS.write_text(json.dumps(dict(sorted(timed.items())), indent=1) + "\n", encoding="utf-8")
 
