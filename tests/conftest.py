@@ -179,23 +179,34 @@ def hub(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_project(tmp_path_factory):
+def tiny_study(tmp_path_factory) -> Path:
+    """The session's tiny workflow project, run to completion once (see :func:`built_once`): read it or
+    copy it, never change it. Its config.yaml is .test/config/tiny.yaml with the model at an absolute path, the
+    folder tiny-bert beside it, so a copy anywhere (a DVC clone too) has the same params as the original
+    and Snakemake plans no job again for them."""
+    from workflow_helpers import load_test_config, save_tiny_model, snakemake, write_project
+
+    def build(workdir):
+        model = save_tiny_model(workdir / "tiny-bert")
+        write_project(workdir, load_test_config("tiny", model_dir=model))
+        result = snakemake(workdir, "--cores", "2")
+        assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+
+    return built_once(tmp_path_factory, "tiny-project", build)
+
+
+@pytest.fixture(scope="session")
+def tiny_project(tiny_study, tmp_path_factory):
     """A tiny workflow project (.test/config/tiny.yaml) run to completion once per session (a few minutes
     on 2 cores; the workers share it), copied for each worker: shared by the workflow tests that only read
     it or change it and leave it finished and up to date with its config.yaml again
     (tests/workflow/test_workflow.py, test_reliability_rebuild.py)."""
-    from workflow_helpers import save_tiny_model, snakemake, write_project
-
-    def build(workdir):
-        save_tiny_model(workdir / "tiny-bert")  # .test/config/tiny.yaml's model folder
-        write_project(workdir)
-        result = snakemake(workdir, "--cores", "2")
-        assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    from workflow_helpers import snakemake
 
     workdir = tmp_path_factory.mktemp("tiny-project")
     # File times travel with the copy (copy2). Snakemake records the config file by its absolute path,
     # the input of run_config: in the copy that config and the report are made again (seconds).
-    shutil.copytree(built_once(tmp_path_factory, "tiny-project", build), workdir, symlinks=True, dirs_exist_ok=True)
+    shutil.copytree(tiny_study, workdir, symlinks=True, dirs_exist_ok=True)
     result = snakemake(workdir, "--cores", "1")
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     return workdir

@@ -63,12 +63,29 @@ def data(prepared):
     return prepared("rte", 96, 16)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir, data, tmp_path_factory):
+    """The run of :func:`train_args`, trained without a stop: what a stopped and resumed run must equal."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    done = istar(*train_args(tiny_model_dir, data, out))
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def train_log(run):
+    return (run / "train_log.csv").read_text().splitlines()
+
+
 # --------------------------------------------------------------------------------------- signals
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 @pytest.mark.integration
-def test_a_signal_saves_a_state_at_the_next_step_and_the_same_command_resumes(signum, tiny_model_dir, data, tmp_path):
+def test_a_signal_saves_a_state_at_the_next_step_and_the_same_command_resumes(signum, tiny_model_dir, data,
+                                                                              uninterrupted, tmp_path):
+    """Stopped by a signal mid-epoch (as SLURM's early SIGTERM before a time limit, or Ctrl-C), the run
+    saves a state at its next optimizer step; the same command resumes from it and ends as the run that
+    was never stopped: every optimizer step logged once, with the same losses, and the same scores."""
     out = tmp_path / "run"
     process = start(*train_args(tiny_model_dir, data, out))
     wait_for(first_steps_logged(out), process, "the first optimizer step")
@@ -88,6 +105,9 @@ def test_a_signal_saves_a_state_at_the_next_step_and_the_same_command_resumes(si
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming from {states[0]}" in resumed.stdout
     assert json.loads((out / "metrics.json").read_text())["epochs"][-1]["step"] == 24
+    assert train_log(out) == train_log(uninterrupted)
+    assert (json.loads((out / "metrics.json").read_text())["epochs"]
+            == json.loads((uninterrupted / "metrics.json").read_text())["epochs"])
 
 
 @pytest.mark.integration

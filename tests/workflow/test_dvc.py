@@ -1,7 +1,7 @@
 """Sharing the workflow's artifacts with DVC, end to end with real git and real DVC.
 
-A clone of this repository's committed HEAD runs a tiny study with `dvc repro` and pushes it
-(scripts/dvc-push) to a local-folder remote; fresh clones pull it (scripts/dvc-pull) and must
+A clone of this repository's committed HEAD completes the session's tiny study with `dvc repro`
+and pushes it (scripts/dvc-push) to a local-folder remote; fresh clones pull it (scripts/dvc-pull) and must
 hold byte-identical artifacts with nothing left for Snakemake to run, rerun only what a λ change
 touches, refuse corrupt or missing remote objects, and do the same over SSH against a real sshd
 on 127.0.0.1 (skipped where sshd or dvc-ssh is not available)."""
@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from services import Daemons, ensure_debian_packages, free_port, program, wait_for_port
-from workflow_helpers import ENV, REPO, load_test_config, planned_jobs, save_tiny_model, snakemake
+from workflow_helpers import ENV, REPO, planned_jobs, snakemake
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -64,16 +64,24 @@ def remote_object(remote: Path, md5: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def origin(tmp_path_factory):
-    """A clone of HEAD that ran the tiny study with `dvc repro` and pushed it to a folder remote."""
+def origin(tiny_study, tmp_path_factory):
+    """A clone of HEAD that ran the tiny study with `dvc repro` and pushed it to a folder remote.
+
+    The clone starts from the session's finished tiny study (tests/conftest.py: its config with the
+    same absolute model and data paths, its outputs and Snakemake's records of their params, file
+    times kept), so `dvc repro` runs Snakemake, which plans only what records the config file by its
+    path (the resolved config and the report), and DVC takes every output of the study as the stage's.
+    Training the study again here would test the workflow, which the tiny project's tests do, twice."""
     root = tmp_path_factory.mktemp("dvc")
     repo = clone(REPO, root / "origin")
     missing = [p for p in ("dvc.yaml", "params.yaml", ".dvc/config", ".dvcignore", "scripts/dvc-push",
                            "scripts/dvc-pull") if not (repo / p).exists()]
     assert not missing, f"{missing} not in the committed HEAD (the test clones it): commit them first"
-    model = save_tiny_model(root / "tiny-bert")
-    # .test/config/tiny.yaml, its model the folder beside the clone (an untracked one inside would show in git status)
-    (repo / "config" / "tiny.yaml").write_text(yaml.safe_dump(load_test_config("tiny", model_dir=model), sort_keys=False))
+    # .test/config/tiny.yaml as the study ran it: its model is the folder beside the study (one inside
+    # the clone would show in git status)
+    shutil.copy2(tiny_study / "config.yaml", repo / "config" / "tiny.yaml")
+    for folder in (*ARTIFACTS, ".snakemake/metadata"):
+        shutil.copytree(tiny_study / folder, repo / folder, symlinks=True)
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["snakemake"] = {"configfile": "config/tiny.yaml", "args": "--cores 2 --rerun-incomplete"}
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -93,7 +101,7 @@ def origin(tmp_path_factory):
     assert "dvc.lock" in pushed.stdout  # the reminder to commit it
     sh(repo, "git", "add", "dvc.lock")
     sh(repo, "git", "commit", "--quiet", "-m", "artifacts of the tiny study")
-    print(f"\ndvc repro (tiny study): {repro:.0f} s; scripts/dvc-push: {push:.1f} s")
+    print(f"\ndvc repro (the finished tiny study): {repro:.0f} s; scripts/dvc-push: {push:.1f} s")
     return SimpleNamespace(root=root, repo=repo, remote=remote, checksums=checksums(repo))
 
 
@@ -301,11 +309,12 @@ def experiments(shown: list) -> dict[str, dict]:
 
 def test_two_experiments_at_two_lambdas_compare_side_by_side(origin, tmp_path):
     """`dvc exp run -S` on the tiny config at two CosReg λ, in a clone that pulled the study: the
-    resolved settings are the experiments' params, Table 1's cells their metrics."""
+    resolved settings are the experiments' params, Table 1's cells their metrics. The first λ is the
+    one the study ran (1, the default, now written in the config), so only the second trains."""
     repo = clone(origin.repo, tmp_path / "experiments")
     sh(repo, "scripts/dvc-pull", timeout=900)
     seconds = {}
-    for lam in (2, -1):
+    for lam in (1, 2):
         start = time.perf_counter()
         # (++: set the key, or add it where the config file leaves it to its default, as tiny.yaml does)
         sh(repo, "dvc", "exp", "run", "--name", f"cosreg{lam}", "-S", f"config/tiny.yaml:++final.cosreg_lambda={lam}",
@@ -313,9 +322,9 @@ def test_two_experiments_at_two_lambdas_compare_side_by_side(origin, tmp_path):
         seconds[lam] = time.perf_counter() - start
     found = experiments(json.loads(sh(repo, "dvc", "exp", "show", "--json").stdout))
     settings, metrics = "results/experiment/settings.yaml", "results/experiment/metrics.json"
-    assert {"cosreg2", "cosreg-1"} <= set(found), sorted(found)
+    assert {"cosreg1", "cosreg2"} <= set(found), sorted(found)
     cells = {}
-    for lam in (2, -1):
+    for lam in (1, 2):
         shown = found[f"cosreg{lam}"]
         assert shown["params"][settings]["final"]["cosreg_lambda"] == lam, shown["params"]
         assert shown["params"][settings]["search"]["lambdas"] == [-1, 1]  # the resolved config, side by side
@@ -323,11 +332,11 @@ def test_two_experiments_at_two_lambdas_compare_side_by_side(origin, tmp_path):
         assert set(cells[lam]) == {"base", "cosreg", "istar"}, cells[lam]
         # (one seed: the interval is null in metrics.json, which DVC leaves out)
         assert {"mean", "isoscore_star", "seeds", "difference", "pairs"} <= set(cells[lam]["cosreg"]), cells[lam]
-    assert cells[2]["base"] == cells[-1]["base"]  # Base did not rerun
-    assert cells[2]["cosreg"]["isoscore_star"] != cells[-1]["cosreg"]["isoscore_star"], cells
+    assert cells[2]["base"] == cells[1]["base"]  # Base did not rerun
+    assert cells[2]["cosreg"]["isoscore_star"] != cells[1]["cosreg"]["isoscore_star"], cells
     assert cells[2]["cosreg"]["difference"] == cells[2]["cosreg"]["mean"] - cells[2]["base"]["mean"]  # one seed
 
-    diff = sh(repo, "dvc", "exp", "diff", "cosreg2", "cosreg-1", "--json")
+    diff = sh(repo, "dvc", "exp", "diff", "cosreg1", "cosreg2", "--json")
     changed = json.loads(diff.stdout)
     assert "final.cosreg_lambda" in changed["params"][settings], changed["params"]
     assert "tiny.rte.cosreg.isoscore_star" in changed["metrics"][metrics], changed["metrics"]
@@ -336,5 +345,5 @@ def test_two_experiments_at_two_lambdas_compare_side_by_side(origin, tmp_path):
     assert not plots.get("errors"), plots["errors"]
     names = " ".join(plots["data"])
     assert "lambda_sweep/tiny-rte.csv" in names and "sigma_epochs/tiny-rte-cosreg.csv" in names, sorted(plots["data"])
-    print(f"\ndvc exp run at CosReg λ = 2, -1: {seconds[2]:.0f} s, {seconds[-1]:.0f} s; CosReg IsoScore* "
-          f"{cells[2]['cosreg']['isoscore_star']:.4f} vs {cells[-1]['cosreg']['isoscore_star']:.4f}")
+    print(f"\ndvc exp run at CosReg λ = 1, 2: {seconds[1]:.0f} s, {seconds[2]:.0f} s; CosReg IsoScore* "
+          f"{cells[1]['cosreg']['isoscore_star']:.4f} vs {cells[2]['cosreg']['isoscore_star']:.4f}")

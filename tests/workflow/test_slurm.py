@@ -8,7 +8,9 @@ GPUs. Through `--profile profiles/slurm`:
 - a fine-tuning job with training.gpus: 2 is one task on two GPUs, asked for with --gpus and, as
   sites that reject --gpus do, with --gres;
 - a fine-tuning job whose time limit is shorter than its training gets the profile's early
-  SIGTERM, saves a state, is submitted again and resumes, and ends as an uninterrupted run.
+  SIGTERM, saves a state, is submitted again and resumes, and logs every optimizer step once
+  (that a run resumed after a signal equals the run never stopped is checked on a shorter run,
+  tests/unit/test_reliability_faults.py).
 
 Nothing global is changed besides installing the packages when they are missing: the cluster's
 configuration, state, logs, munge key and socket live in a temporary folder and SLURM finds
@@ -389,22 +391,19 @@ def test_a_job_past_its_time_limit_is_stopped_ahead_of_it_resubmitted_and_resume
     one (`scontrol update`, as an administrator can): shorter than the training, and late enough that
     startup, which on a busy machine takes minutes, is over. slurmctld checks time limits every 30 s
     and sends the early SIGTERM at the first check within lead + 30 s of the limit; the job saves its
-    state, fails, and the profile's retry submits it again with the rule's runtime."""
+    state, fails, and the profile's retry submits it again with the rule's runtime. (No uninterrupted
+    reference beside it: five more minutes of CPU for what test_reliability_faults checks on 24 steps.)"""
     model = save_tiny_model(tmp_path / "tiny-bert")
     config = load_test_config("slurm", model_dir=model)
     config["data"]["max_train_samples"] = 500
     config["training"].update(epochs=60, batch_size=2, runtime=60)
-    on_slurm, local = tmp_path / "slurm", tmp_path / "local"
-    for workdir in (on_slurm, local):
-        write_project(workdir, config)
+    on_slurm = tmp_path / "slurm"
+    write_project(on_slurm, config)
     target = f"{run_folder(0)}/metrics.json"
     run = on_slurm / run_folder(0)
     lead = signal_lead_seconds()
 
     start = time.perf_counter()
-    # the reference: the same run, uninterrupted, on the local CPU beside the cluster run
-    local_run = subprocess.Popen([*snakemake_command(local, target), "--cores", "1", "--resources", "gpu=0"],
-                                 cwd=local, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = tmp_path / "snakemake.log"
     with log.open("w") as out:
         cluster_run = subprocess.Popen(cluster_command(on_slurm, target), cwd=on_slurm, env=slurm.env, stdout=out,
@@ -421,16 +420,13 @@ def test_a_job_past_its_time_limit_is_stopped_ahead_of_it_resubmitted_and_resume
         update = slurm.run("scontrol", "update", f"JobId={first}", f"TimeLimit={cut}")
         assert update.returncode == 0, update.stderr
         returncode = cluster_run.wait(timeout=1800)
-        local_output, _ = local_run.communicate(timeout=1800)
     finally:
-        for process in (cluster_run, local_run):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        if cluster_run.poll() is None:
+            cluster_run.kill()
+            cluster_run.wait()
     seconds = time.perf_counter() - start
     output = log.read_text(errors="replace")
     assert returncode == 0, output[-8000:] + slurm.logs()
-    assert local_run.returncode == 0, local_output[-5000:]
 
     submitted = submitted_jobs(output)
     assert [rule for _, rule in submitted] == ["train", "train"], output[-6000:]
@@ -454,14 +450,14 @@ def test_a_job_past_its_time_limit_is_stopped_ahead_of_it_resubmitted_and_resume
                         training_log(on_slurm, 0))
     assert resumed and int(resumed.group(1)) == step, training_log(on_slurm, 0)[-3000:]
 
-    # the resumed run is the uninterrupted one: every optimizer step logged once, the same scores
+    # the resumed run finished: every optimizer step logged once, the scores of the last epoch, no state left
     total = config["training"]["epochs"] * config["data"]["max_train_samples"] // config["training"]["batch_size"]
     assert 0 < step < total
-    reference = local / run_folder(0)
     rows = list(csv.DictReader((run / "train_log.csv").open()))
     assert [int(row["step"]) for row in rows] == list(range(1, total + 1))
-    assert rows == list(csv.DictReader((reference / "train_log.csv").open()))
-    assert json.loads((run / "metrics.json").read_text()) == json.loads((reference / "metrics.json").read_text())
+    epochs = json.loads((run / "metrics.json").read_text())["epochs"]
+    assert [epoch["epoch"] for epoch in epochs] == list(range(1, config["training"]["epochs"] + 1))
+    assert epochs[-1]["step"] == total
     assert not (run / "resume").exists()
     print(f"time-limit run: job {first} cut to {cut} min after {elapsed} s, stopped after optimizer step {step} of "
           f"{total} ({ran[first]:.0f} s of {cut} min), job {second} resumed and finished in {ran[second]:.0f} s; "
