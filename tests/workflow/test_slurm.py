@@ -4,7 +4,7 @@ GPUs. Through `--profile profiles/slurm`:
 
 - a tiny workflow with training.gpus: 1: training jobs ask SLURM for a GPU, run accelerate (fp16
   asked; on this CPU-only torch bf16 where the processor has it natively, else fp32) and give the
-  same results as a plain local CPU run of the same config;
+  same results as the same runs of the session's tiny study on the local CPU;
 - a fine-tuning job with training.gpus: 2 is one task on two GPUs, asked for with --gpus and, as
   sites that reject --gpus do, with --gres;
 - a fine-tuning job whose time limit is shorter than its training gets the profile's early
@@ -215,81 +215,6 @@ def run_files(workdir: Path) -> set[str]:
             for p in (workdir / folder).rglob("*") if p.is_file()}
 
 
-def test_tiny_workflow_through_slurm_matches_a_local_run(slurm, tmp_path):
-    start = time.perf_counter()
-    model = save_tiny_model(tmp_path / "tiny-bert")
-    # .test/config/slurm.yaml: the tiny config cut to one search run and the three final runs (no
-    # study), on 1 GPU; both projects load the one model folder by its absolute path
-    config = load_test_config("slurm", model_dir=model)
-    on_slurm = tmp_path / "slurm"
-    local = tmp_path / "local"
-    write_project(on_slurm, config)
-    write_project(local, config)
-
-    # The reference: a plain local run on the CPU (gpu capped at 0, as the workflow's default
-    # profile does), side by side with the cluster run.
-    local_run = subprocess.Popen([*snakemake_command(local), "--cores", "1", "--resources", "gpu=0"],
-                                 cwd=local, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        cluster_run = subprocess.run(
-            [*snakemake_command(on_slurm), "--profile", str(REPO / "profiles" / "slurm"), "--workflow-profile", "none",
-             "--slurm-init-seconds-before-status-checks", "1", "--slurm-keep-successful-logs"],
-            cwd=on_slurm, env=slurm.env, capture_output=True, text=True, timeout=600)
-        local_output, _ = local_run.communicate(timeout=600)
-    finally:
-        if local_run.poll() is None:
-            local_run.kill()
-            local_run.wait()
-    seconds = time.perf_counter() - start
-    output = cluster_run.stdout + cluster_run.stderr
-    assert cluster_run.returncode == 0, output[-6000:] + slurm.logs()
-    assert local_run.returncode == 0, local_output[-5000:]
-
-    # Every cluster job went through sbatch, and slurmctld saw it complete in this folder.
-    submitted = re.findall(r"Job \d+ has been submitted with SLURM jobid (\d+) "
-                           r"\(log: \S+/slurm_logs/rule_(\w+)/", output)
-    rules = sorted(rule for _, rule in submitted)
-    assert rules == sorted(["shrinkage", "train_search"] + ["train"] * 3 + ["measure"] * 3), output[-6000:]
-    jobs, completed = slurm.jobs(), slurm.completed()
-    for jobid, rule in submitted:
-        job = jobs.get(jobid)
-        assert job is not None and jobid in completed, f"SLURM job {jobid} ({rule}) unknown or not completed"
-        assert job["JobState"] == "COMPLETED" and job["WorkDir"] == str(on_slurm), job
-        # what SLURM granted: --gpus=1 for the GPU rules, nothing for the others
-        gpus = re.search(r"gres[:/]gpu[:=](\d+)", job.get("TresPerJob", ""))
-        assert (gpus.group(1) if gpus else "0") == ("1" if CLUSTER_RULES[rule] else "0"), (rule, job)
-        assert int(re.search(r"mem=(\d+)M", job["TRES"]).group(1)) == 1000, (rule, job)  # training.mem_mb
-        log = on_slurm / ".snakemake" / "slurm_logs" / f"rule_{rule}"
-        assert list(log.rglob(f"{jobid}.log")), f"no SLURM log of job {jobid} under {log}"
-    # Local rules stayed on this host: nothing else was submitted.
-    assert len(jobs) == len(submitted) + 1  # + the GPU probe
-
-    # Same files, same scores as the local CPU run (training on CPU with one seed is deterministic).
-    assert run_files(on_slurm) == run_files(local)
-    # the runs' metrics (search and final), not results/experiment/metrics.json (Table 1's cells for DVC)
-    metrics = sorted(p.relative_to(local) for folder in ("search", "runs")
-                     for p in (local / "results" / folder).rglob("metrics.json"))
-    assert len(metrics) == 4
-    for name in metrics:
-        assert json.loads((on_slurm / name).read_text()) == json.loads((local / name).read_text()), name
-    measures = sorted(p.relative_to(local) for p in (local / "results" / "measures").rglob("*.json"))
-    assert len(measures) == 3
-    for name in measures:
-        evaluations = [{run: entry["evaluation"] for run, entry in json.loads((root / name).read_text())["runs"].items()}
-                       for root in (on_slurm, local)]
-        assert evaluations[0] == evaluations[1], name
-    assert ((on_slurm / "results/selection/tiny/rte/best.json").read_text()
-            == (local / "results/selection/tiny/rte/best.json").read_text())
-    # The cluster jobs took the GPU path (accelerate), the local run the CPU path; both asked for
-    # fp16 and ran what this CPU-only torch runs for it (istar.registry.precisions).
-    on_cpu = {"requested": "fp16", "effective": run_precision("fp16", "cpu").label}
-    for run_config in (on_slurm / "results").rglob("run_config.json"):
-        cluster_precision = json.loads(run_config.read_text())["precision"]
-        local_precision = json.loads((local / run_config.relative_to(on_slurm)).read_text())["precision"]
-        assert cluster_precision == local_precision == on_cpu, run_config
-    print(f"SLURM run of {len(submitted)} cluster jobs (and the local run beside it): {seconds:.0f} s")
-
-
 def snakemake_command(workdir: Path, *targets: str) -> list[str]:
     """The command workflow_helpers.snakemake runs, for a run with its own environment."""
     return [SNAKEMAKE, *targets, "--snakefile", str(REPO / "workflow" / "Snakefile"), "--directory", str(workdir),
@@ -383,7 +308,7 @@ def signal_lead_seconds() -> int:
     return int(re.fullmatch(r"'--signal=TERM@(\d+)'", profile["set-resources"]["train"]["slurm_extra"]).group(1))
 
 
-@pytest.mark.timeout(1800)  # two trainings of minutes each, side by side, beside the rest of the suite
+@pytest.mark.timeout(1800)  # a training of minutes, stopped and resumed, beside the rest of the suite
 def test_a_job_past_its_time_limit_is_stopped_ahead_of_it_resubmitted_and_resumes(slurm, tmp_path):
     """A base run of 60 epochs × 250 optimizer steps (about five minutes on a quiet 2-core machine, and
     longer beside the rest of the suite; its time limit is cut to about four). Once it has logged its
@@ -469,3 +394,65 @@ def duration(text: str) -> int:
     days, _, clock = text.rpartition("-")
     hours, minutes, seconds = map(int, clock.split(":"))
     return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def test_tiny_workflow_through_slurm_matches_a_local_run(slurm, tiny_study, tmp_path):
+    """The reference is the session's tiny study (tests/conftest.py): a plain local CPU run of the tiny
+    config, whose runs include every run of this one with the same settings, model folder and data. (Last
+    in this module: by then another worker has built the study, so this one does not wait for it.)"""
+    start = time.perf_counter()
+    # .test/config/slurm.yaml: the tiny config cut to one search run and the three final runs (no
+    # study), on 1 GPU, with the study's model folder
+    config = load_test_config("slurm", model_dir=tiny_study / "tiny-bert")
+    on_slurm = tmp_path / "slurm"
+    write_project(on_slurm, config)
+    cluster_run = subprocess.run(cluster_command(on_slurm), cwd=on_slurm, env=slurm.env, capture_output=True, text=True,
+                                 timeout=600)
+    seconds = time.perf_counter() - start
+    output = cluster_run.stdout + cluster_run.stderr
+    assert cluster_run.returncode == 0, output[-6000:] + slurm.logs()
+
+    # Every cluster job went through sbatch, and slurmctld saw it complete in this folder.
+    submitted = submitted_jobs(output)
+    rules = sorted(rule for _, rule in submitted)
+    assert rules == sorted(["shrinkage", "train_search"] + ["train"] * 3 + ["measure"] * 3), output[-6000:]
+    jobs, completed = slurm.jobs(), slurm.completed()
+    for jobid, rule in submitted:
+        job = jobs.get(jobid)
+        assert job is not None and jobid in completed, f"SLURM job {jobid} ({rule}) unknown or not completed"
+        assert job["JobState"] == "COMPLETED" and job["WorkDir"] == str(on_slurm), job
+        # what SLURM granted: --gpus=1 for the GPU rules, nothing for the others
+        gpus = re.search(r"gres[:/]gpu[:=](\d+)", job.get("TresPerJob", ""))
+        assert (gpus.group(1) if gpus else "0") == ("1" if CLUSTER_RULES[rule] else "0"), (rule, job)
+        assert int(re.search(r"mem=(\d+)M", job["TRES"]).group(1)) == 1000, (rule, job)  # training.mem_mb
+        log = on_slurm / ".snakemake" / "slurm_logs" / f"rule_{rule}"
+        assert list(log.rglob(f"{jobid}.log")), f"no SLURM log of job {jobid} under {log}"
+    # Local rules stayed on this host: nothing else was submitted (besides the GPU probe and the jobs
+    # of the tests before this one).
+    assert {jobid for jobid, fields in jobs.items() if fields["WorkDir"] == str(on_slurm)} == \
+        {jobid for jobid, _ in submitted}
+
+    # Same files, same scores as the local CPU run (training on CPU with one seed is deterministic).
+    local = tiny_study
+    assert run_files(on_slurm) <= run_files(local)
+    # the runs' metrics (search and final), not results/experiment/metrics.json (Table 1's cells for DVC)
+    metrics = sorted(p.relative_to(on_slurm) for folder in ("search", "runs")
+                     for p in (on_slurm / "results" / folder).rglob("metrics.json"))
+    assert len(metrics) == 4
+    for name in metrics:
+        assert json.loads((on_slurm / name).read_text()) == json.loads((local / name).read_text()), name
+    measures = sorted(p.relative_to(on_slurm) for p in (on_slurm / "results" / "measures").rglob("*.json"))
+    assert len(measures) == 3
+    for name in measures:
+        evaluations = [{run: entry["evaluation"] for run, entry in json.loads((root / name).read_text())["runs"].items()}
+                       for root in (on_slurm, local)]
+        assert evaluations[0] == evaluations[1], name
+    assert json.loads((on_slurm / "results/selection/tiny/rte/best.json").read_text())["lam"] == -1  # the one searched
+    # The cluster jobs took the GPU path (accelerate), the local run the CPU path; both asked for
+    # fp16 and ran what this CPU-only torch runs for it (istar.registry.precisions).
+    on_cpu = {"requested": "fp16", "effective": run_precision("fp16", "cpu").label}
+    for run_config in (on_slurm / "results").rglob("run_config.json"):
+        cluster_precision = json.loads(run_config.read_text())["precision"]
+        local_precision = json.loads((local / run_config.relative_to(on_slurm)).read_text())["precision"]
+        assert cluster_precision == local_precision == on_cpu, run_config
+    print(f"SLURM run of {len(submitted)} cluster jobs: {seconds:.0f} s")
