@@ -315,3 +315,26 @@ def test_every_istar_subcommand_the_docs_and_docstrings_write_exists():
     known = cli_subcommands()
     unknown = [f"{where}: istar {word}" for where, word in written if word not in known]
     assert not unknown, f"no such subcommand (the parser has {', '.join(sorted(known))}):\n" + "\n".join(unknown)
+
+
+def test_the_gpu_study_in_the_results_says_what_its_records_carry():
+    """docs/results.md's GPU Table 1 and pooled verdict are the cells the workflow's own formatting
+    makes from the study's committed records (docs/data/gpu-study), not numbers typed apart from them."""
+    import pandas as pd
+
+    from istar.report.paired import difference_cell, power_cell
+
+    records = REPO / "docs" / "data" / "gpu-study"
+    text = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+    section = text[text.index("## The GPU study"):text.index("## The paper's setup")].replace("−", "-")
+    paired = pd.read_csv(records / "paired.csv")
+    assert len(paired) == 2 and set(paired.n) == {10}
+    for row in paired.itertuples():
+        assert difference_cell(row) in section, (row.task, difference_cell(row))
+        assert power_cell(row) in section, (row.task, power_cell(row))
+    pooled = pd.read_csv(records / "pooled.csv").iloc[0]
+    interval = f"{pooled['mean']:+.2f} points [{pooled.ci_low:+.2f}, {pooled.ci_high:+.2f}]"  # pooled in points
+    assert interval in section, interval
+    assert f"could have detected {pooled.mde:.2f} points or more" in section
+    runs = pd.read_csv(records / "runs.csv")
+    assert len(runs) == 40 and runs.groupby(["task", "method"]).seed.nunique().eq(10).all()
