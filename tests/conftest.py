@@ -4,6 +4,7 @@ silent skips."""
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 from pathlib import Path
@@ -284,6 +285,7 @@ LANE = pytest.StashKey[str]()
 MODULE_SECONDS = Path(__file__).parent / "module_seconds.json"
 UNTIMED_MODULE_SECONDS = {"fast": 10.0, "integration": 60.0, "e2e": 300.0}
 RAN_SECONDS: dict[str, float] = {}  # module -> seconds in this run (setup, call and teardown of its tests)
+RAN_CPU_SECONDS: dict[str, float] = {}  # module -> CPU seconds of the worker and the processes it waited for
 
 
 def module_of(nodeid: str) -> str:
@@ -300,6 +302,32 @@ def module_seconds(items) -> dict[str, float]:
         module = module_of(item.nodeid)
         seconds[module] = timed.get(module, max(seconds.get(module, 0.0), UNTIMED_MODULE_SECONDS[item.stash[LANE]]))
     return seconds
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of the child processes it has waited for (a
+    Snakemake run, its jobs, a daemon a fixture stopped): what a module costs the cores, where its
+    wall time also counts its waits (the SLURM plugin's status checks, a server starting)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+CPU_MARK: list[float] = []  # the CPU seconds at the end of the last phase this process reported
+
+
+def pytest_collection_finish(session):
+    CPU_MARK[:] = [cpu_seconds()]  # the interpreter's start and the collection belong to no module
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report carries the CPU seconds spent since the last one (pytest-xdist sends a
+    report's user_properties from the worker to the controller, which adds them up per module)."""
+    report = yield
+    now = cpu_seconds()
+    report.user_properties.append(("cpu_seconds", now - CPU_MARK[-1]))
+    CPU_MARK[:] = [now]
+    return report
 
 
 def pytest_addoption(parser):
@@ -343,6 +371,7 @@ def pytest_runtest_logreport(report):
         SKIPPED.append((report.nodeid, _skip_reason(report)))
     module = module_of(report.nodeid)
     RAN_SECONDS[module] = RAN_SECONDS.get(module, 0.0) + report.duration
+    RAN_CPU_SECONDS[module] = RAN_CPU_SECONDS.get(module, 0.0) + dict(report.user_properties).get("cpu_seconds", 0.0)
 
 
 def pytest_collectreport(report):
@@ -374,6 +403,11 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_terminal_summary(terminalreporter):
     """After pytest's own summary, the last lines before the counts: what was skipped, why, and the verdict."""
     result = yield
+    if terminalreporter.config.getoption("store_module_seconds") and RAN_SECONDS:
+        terminalreporter.write_sep("-", "seconds per module: wall, CPU (the worker and its waited-for processes)")
+        for module in sorted(RAN_SECONDS, key=RAN_SECONDS.get, reverse=True):
+            terminalreporter.write_line(f"{RAN_SECONDS[module]:8.1f} {RAN_CPU_SECONDS.get(module, 0.0):8.1f}  {module}")
+        terminalreporter.write_line(f"{sum(RAN_SECONDS.values()):8.1f} {sum(RAN_CPU_SECONDS.values()):8.1f}  in all")
     if SKIPPED:
         terminalreporter.write_sep("=", f"{len(SKIPPED)} skipped: this run FAILS (every selected test must run)",
                                    red=True)
