@@ -7,6 +7,7 @@ import os
 import resource
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -306,13 +307,26 @@ def module_seconds(items) -> dict[str, float]:
 
 def cpu_seconds() -> float:
     """User + system CPU seconds of this process and of the child processes it has waited for (a
-    Snakemake run, its jobs, a daemon a fixture stopped): what a module costs the cores, where its
-    wall time also counts its waits (the SLURM plugin's status checks, a server starting)."""
+    Snakemake run and its jobs, a daemon a fixture stopped): what a module costs the cores, where its
+    wall time also counts its waits. Processes it never waits for are not counted: the jobs slurmd
+    starts (SLURM's module shows its own CPU only) and a daemon still running at the end."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 CPU_MARK: list[float] = []  # the CPU seconds at the end of the last phase this process reported
+
+
+def machine_cpu_seconds() -> tuple[float, float] | None:
+    """(busy CPU seconds of the whole machine, time) from /proc/stat, or None where there is none."""
+    stat = Path("/proc/stat")
+    if not stat.is_file():
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, stat.read_text().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"), time.monotonic()
+
+
+MACHINE_AT_START = machine_cpu_seconds()
 
 
 def pytest_collection_finish(session):
@@ -408,6 +422,10 @@ def pytest_terminal_summary(terminalreporter):
         for module in sorted(RAN_SECONDS, key=RAN_SECONDS.get, reverse=True):
             terminalreporter.write_line(f"{RAN_SECONDS[module]:8.1f} {RAN_CPU_SECONDS.get(module, 0.0):8.1f}  {module}")
         terminalreporter.write_line(f"{sum(RAN_SECONDS.values()):8.1f} {sum(RAN_CPU_SECONDS.values()):8.1f}  in all")
+        if MACHINE_AT_START and (now := machine_cpu_seconds()):
+            busy, seconds = now[0] - MACHINE_AT_START[0], now[1] - MACHINE_AT_START[1]
+            terminalreporter.write_line(f"the machine: {busy:.0f} CPU seconds busy in {seconds:.0f} s, "
+                                        f"{busy / seconds:.2f} of its {os.cpu_count()} cores (everything on it counts)")
     if SKIPPED:
         terminalreporter.write_sep("=", f"{len(SKIPPED)} skipped: this run FAILS (every selected test must run)",
                                    red=True)
