@@ -59,7 +59,7 @@ coverage: $(READY)
 	rm -rf .coverage && mkdir -p .coverage
 	$(BIN)/coverage run -m pytest -q $(PARALLEL) $(if $(filter all,$(LANE)),,-m "$(LANE) and not full_release")
 	$(BIN)/coverage combine -q
-	$(BIN)/coverage report | tail -1
+	$(BIN)/coverage report | grep '^TOTAL'
 
 bench: $(READY)
 	$(BIN)/python -m bench.isoscore_star
