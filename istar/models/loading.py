@@ -20,12 +20,16 @@ and records it. :func:`load_model` and :func:`load_tokenizer` always load a hub 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import inspect
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from istar.io import artifacts
 from istar.io.revisions import (
     DEFAULT_REVISION,
     OFFLINE_FIX,
@@ -37,11 +41,15 @@ from istar.io.revisions import (
 from istar.models.files import folder_weights_problem, gguf_problem
 from istar.registry.tasks import Task
 
-__all__ = ["ModelSource", "parse_model_source", "hidden_states_problem", "resolve_model_source", "pin_model", "check_model_available", "gguf_location", "configured_source",
+__all__ = ["ModelSource", "parse_model_source", "hidden_states_problem", "remembered_hidden_states_problem",
+           "resolve_model_source", "pin_model", "check_model_available", "gguf_location", "configured_source",
            "load_tokenizer", "model_shape", "load_model", "add_cli_arguments", "run_cli"]
 
 PACKAGE_PREFIX = "package:"
 REVISION_MARK = "@"
+# Where verdicts on architectures are remembered between processes (remembered_hidden_states_problem).
+CACHE_ENV = "ISTAR_CACHE_DIR"
+VERDICTS_FILE = "hidden-states.json"
 
 
 @dataclass(frozen=True)
@@ -249,6 +257,53 @@ def hidden_states_problem(settings: dict) -> str | None:
     return None
 
 
+def cache_dir() -> Path:
+    """Where istar keeps what it can compute again: ``$ISTAR_CACHE_DIR``, else ``$XDG_CACHE_HOME/istar``,
+    else ``~/.cache/istar``. Deleting it loses nothing but time."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "istar"
+
+
+def _verdict_key(settings: dict) -> str:
+    """What :func:`hidden_states_problem`'s answer depends on: the installed transformers, the two
+    config.json keys it reads, and its own code (a changed rule is a new key)."""
+    from importlib.metadata import version
+
+    rule = hashlib.sha256(inspect.getsource(hidden_states_problem).encode()).hexdigest()[:16]
+    return json.dumps([f"transformers {version('transformers')}", settings.get("model_type"),
+                       bool(settings.get("is_encoder_decoder", False)), f"rule {rule}"])
+
+
+def remembered_hidden_states_problem(settings: dict) -> str | None:
+    """:func:`hidden_states_problem`, answered from ``cache_dir()/hidden-states.json`` when it was
+    answered before for the same key (:func:`_verdict_key`).
+
+    Computing the answer imports the architecture's modeling code: about 5 CPU seconds, which
+    every Snakemake start paid (each dry run, lint and cluster job validates the config; a dry run
+    of the tiny workflow took 7.6-9.6 s with it, 2.2 s without). A cache that cannot be read is
+    computed again and written anew; one that cannot be written is left alone. :func:`load_model`
+    asks :func:`hidden_states_problem` itself, so a model is checked afresh before its weights load.
+    """
+    path = cache_dir() / VERDICTS_FILE
+    key = _verdict_key(settings)
+    try:
+        verdicts = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        verdicts = {}
+    if not isinstance(verdicts, dict):
+        verdicts = {}
+    known = verdicts.get(key, False)
+    if known is None or isinstance(known, str):
+        return known
+    problem = hidden_states_problem(settings)
+    try:  # (another process may have added verdicts meanwhile: the last writer wins, the rest are computed again)
+        artifacts.write_text(path, json.dumps({**verdicts, key: problem}, indent=1) + "\n")
+    except OSError:  # (StorageError included: a read-only or full home costs the time, not the run)
+        pass
+    return problem
+
+
 def model_shape(source: str) -> tuple[int, int]:
     """(d, L + 1) of a model source, from its config alone: the hidden size and the number of hidden
     states (the embeddings and each layer), which a Σ_S file must match."""
@@ -298,8 +353,6 @@ def add_cli_arguments(parser) -> None:
 
 def run_cli(args) -> int:
     """``istar pin-model``: resolve a model source once and write its pin file."""
-    from istar.io import artifacts
-
     try:
         pin = pin_model(args.source)
     except (ValueError, RevisionUnavailableError) as error:

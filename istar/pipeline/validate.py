@@ -144,8 +144,8 @@ def model_depth(folder) -> int:
 
     Raises ValueError when the file is not a usable Hugging Face config (no ``model_type``
     or no layer count) or its architecture cannot give per-layer hidden states
-    (:func:`istar.models.loading.hidden_states_problem`: the reason is named), so a broken or
-    unsuitable folder is caught before any job loads it.
+    (:func:`istar.models.loading.hidden_states_problem`, remembered between processes: the reason is
+    named), so a broken or unsuitable folder is caught before any job loads it.
     """
     path = Path(folder) / "config.json"
     try:
@@ -159,9 +159,9 @@ def model_depth(folder) -> int:
     depth = next((settings[key] for key in ("num_hidden_layers", "n_layers", "num_layers") if key in settings), None)
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
         raise ValueError(f"{path} gives no layer count (num_hidden_layers): not a usable encoder")
-    from istar.models.loading import hidden_states_problem
+    from istar.models.loading import remembered_hidden_states_problem
 
-    problem = hidden_states_problem(settings)
+    problem = remembered_hidden_states_problem(settings)
     if problem is not None:
         raise ValueError(f"{path}: {problem}")
     return depth

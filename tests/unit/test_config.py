@@ -1,6 +1,7 @@
 """Tests of the workflow configuration: schema, defaults, clear errors, and the run plan."""
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -185,6 +186,54 @@ def test_unusable_model_folder_names_the_key(tmp_path, content):
     with pytest.raises(ConfigError, match=rf"config key 'models.minilm': {tmp_path}/config.json") as error:
         validate_config(config)
     assert "tokenizer" not in str(error.value)
+
+
+def _bert_folder(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "num_hidden_layers": 2}))
+    return folder
+
+
+def test_the_architecture_verdict_is_computed_once_and_remembered(tmp_path, monkeypatch):
+    """Validation asks transformers whether an architecture gives per-layer hidden states once per
+    key (transformers version, model_type, encoder-decoder, the rule's code), then reads the answer."""
+    from istar.models.loading import _verdict_key
+
+    monkeypatch.setenv("ISTAR_CACHE_DIR", str(tmp_path / "cache"))
+    folder = _bert_folder(tmp_path / "bert")
+    config = with_change("models", {"minilm": str(folder)})
+    validate_config(config)
+    verdicts_file = tmp_path / "cache" / "hidden-states.json"
+    key = _verdict_key({"model_type": "bert"})
+    assert json.loads(verdicts_file.read_text()) == {key: None}
+    assert "transformers" in key and '"bert"' in key
+    # what is remembered is what validation says: a verdict planted under the key is the one given
+    verdicts_file.write_text(json.dumps({key: "planted reason"}))
+    with pytest.raises(ConfigError, match="config key 'models.minilm': .*planted reason"):
+        validate_config(config)
+    # a verdict under another transformers version is not this one's
+    other = key.replace("transformers ", "transformers 0.0.0+")
+    verdicts_file.write_text(json.dumps({other: "another version's reason"}))
+    validate_config(config)
+    assert set(json.loads(verdicts_file.read_text())) == {other, key}
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"key": 3}'], ids=["garbage", "not-a-map", "odd-value"])
+def test_a_damaged_verdict_cache_is_computed_again(tmp_path, monkeypatch, content):
+    from istar.models.loading import _verdict_key
+
+    monkeypatch.setenv("ISTAR_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    verdicts_file = tmp_path / "cache" / "hidden-states.json"
+    verdicts_file.write_text(content.replace('"key"', json.dumps(_verdict_key({"model_type": "bert"}))))
+    validate_config(with_change("models", {"minilm": str(_bert_folder(tmp_path / "bert"))}))
+    assert json.loads(verdicts_file.read_text())[_verdict_key({"model_type": "bert"})] is None
+
+
+def test_a_verdict_cache_that_cannot_be_written_costs_time_not_the_validation(tmp_path, monkeypatch):
+    (tmp_path / "cache").write_text("a file where the cache folder should be")
+    monkeypatch.setenv("ISTAR_CACHE_DIR", str(tmp_path / "cache"))
+    validate_config(with_change("models", {"minilm": str(_bert_folder(tmp_path / "bert"))}))
 
 
 # ----------------------------------------------------------------------------- numbers and YAML syntax

@@ -108,19 +108,22 @@ def test_sigma_istar_and_cosreg_steps_and_a_measurement(kind, hub, online, prepa
     ("vit", "vit has no sequence-classification head"),
     ("no-such-model", "model_type 'no-such-model' is unknown to transformers"),
 ])
-def test_a_model_without_per_layer_hidden_states_is_refused_at_validation(model_type, reason, tmp_path):
+def test_a_model_without_per_layer_hidden_states_is_refused_at_validation(model_type, reason, tmp_path, monkeypatch):
     from istar.pipeline.validate import validate_config
 
+    monkeypatch.setenv("ISTAR_CACHE_DIR", str(tmp_path / "cache"))  # computed here, then remembered
     folder = tmp_path / model_type
     folder.mkdir()
     settings = {"model_type": model_type, "num_layers": 2, "num_hidden_layers": 2}
     if model_type == "t5":
         settings["is_encoder_decoder"] = True
     (folder / "config.json").write_text(json.dumps(settings))
-    with pytest.raises(ConfigError) as error:
-        validate_config({"models": {"odd": str(folder)}, "tasks": ["rte"],
-                         "data": {"mirror": "config/demo-data"}}, check_paths=True)
-    assert "config key 'models.odd'" in str(error.value) and reason in str(error.value)
+    for _ in ("computed", "remembered"):
+        with pytest.raises(ConfigError) as error:
+            validate_config({"models": {"odd": str(folder)}, "tasks": ["rte"],
+                             "data": {"mirror": "config/demo-data"}}, check_paths=True)
+        assert "config key 'models.odd'" in str(error.value) and reason in str(error.value)
+    assert any(reason in verdict for verdict in json.loads((tmp_path / "cache" / "hidden-states.json").read_text()).values())
     if model_type != "no-such-model":  # a hub model is checked when a step loads it, before its weights
         with pytest.raises(ValueError, match=reason):
             load_model(str(folder), get_task("rte"))
