@@ -7,6 +7,7 @@ import os
 import resource
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -257,6 +258,16 @@ def lane_of(item) -> str:
 def pytest_configure(config):
     for name, holds in LANES.items():
         config.addinivalue_line("markers", f"{name}: lane: {holds}")
+    # istar's cache (the remembered architecture verdicts, istar.models.loading.cache_dir) in a folder of
+    # this session's, not the user's: made here, before the xdist workers and every subprocess inherit it.
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["ISTAR_CACHE_DIR"] = tempfile.mkdtemp(prefix="istar-test-cache-")
+        config.stash[SESSION_CACHE] = os.environ["ISTAR_CACHE_DIR"]
+
+
+def pytest_unconfigure(config):
+    if SESSION_CACHE in config.stash:
+        shutil.rmtree(config.stash[SESSION_CACHE], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -274,6 +285,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 LANE = pytest.StashKey[str]()
+SESSION_CACHE = pytest.StashKey[str]()  # the istar cache folder this session made
 
 # ------------------------------------------------------------------ the order modules go out in
 

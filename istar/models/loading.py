@@ -258,21 +258,24 @@ def hidden_states_problem(settings: dict) -> str | None:
 
 
 def cache_dir() -> Path:
-    """Where istar keeps what it can compute again: ``$ISTAR_CACHE_DIR``, else ``$XDG_CACHE_HOME/istar``,
-    else ``~/.cache/istar``. Deleting it loses nothing but time."""
+    """Where istar keeps what it can compute again: ``$ISTAR_CACHE_DIR``, else ``$XDG_CACHE_HOME/istar``
+    (an absolute one, as the XDG specification asks), else ``~/.cache/istar``. Deleting it loses
+    nothing but time."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "istar"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "istar"
 
 
 def _verdict_key(settings: dict) -> str:
-    """What :func:`hidden_states_problem`'s answer depends on: the installed transformers, the two
-    config.json keys it reads, and its own code (a changed rule is a new key)."""
+    """What :func:`hidden_states_problem`'s answer depends on: the transformers that imports (its
+    version and folder), the two config.json keys it reads, and its own code (a changed rule is a
+    new key). Raises OSError where that code's source is not installed."""
     from importlib.metadata import version
 
     rule = hashlib.sha256(inspect.getsource(hidden_states_problem).encode()).hexdigest()[:16]
-    return json.dumps([f"transformers {version('transformers')}", settings.get("model_type"),
-                       bool(settings.get("is_encoder_decoder", False)), f"rule {rule}"])
+    return json.dumps([f"transformers {version('transformers')}", importlib.util.find_spec("transformers").origin,
+                       settings.get("model_type"), bool(settings.get("is_encoder_decoder", False)), f"rule {rule}"])
 
 
 def remembered_hidden_states_problem(settings: dict) -> str | None:
@@ -282,14 +285,18 @@ def remembered_hidden_states_problem(settings: dict) -> str | None:
     Computing the answer imports the architecture's modeling code: about 5 CPU seconds, which
     every Snakemake start paid (each dry run, lint and cluster job validates the config; a dry run
     of the tiny workflow took 7.6-9.6 s with it, 2.2 s without). A cache that cannot be read is
-    computed again and written anew; one that cannot be written is left alone. :func:`load_model`
-    asks :func:`hidden_states_problem` itself, so a model is checked afresh before its weights load.
+    computed again and written anew; one that cannot be written is left alone; an install without
+    sources asks every time. :func:`load_model` asks :func:`hidden_states_problem` itself, so a
+    model is checked afresh before its weights load.
     """
+    try:
+        key = _verdict_key(settings)
+    except OSError:
+        return hidden_states_problem(settings)
     path = cache_dir() / VERDICTS_FILE
-    key = _verdict_key(settings)
     try:
         verdicts = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):  # (ValueError: undecodable or not JSON)
         verdicts = {}
     if not isinstance(verdicts, dict):
         verdicts = {}

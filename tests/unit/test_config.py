@@ -218,7 +218,39 @@ def test_the_architecture_verdict_is_computed_once_and_remembered(tmp_path, monk
     assert set(json.loads(verdicts_file.read_text())) == {other, key}
 
 
-@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"key": 3}'], ids=["garbage", "not-a-map", "odd-value"])
+def test_the_verdict_key_holds_the_encoder_decoder_flag_and_the_rule(tmp_path, monkeypatch):
+    from istar.models import loading
+
+    monkeypatch.setenv("ISTAR_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "hidden-states.json").write_text(json.dumps({loading._verdict_key({"model_type": "bert"}): None}))
+    folder = _bert_folder(tmp_path / "bert")
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "num_hidden_layers": 2,
+                                                    "is_encoder_decoder": True}))
+    with pytest.raises(ConfigError, match="bert is an encoder-decoder"):  # not plain BERT's remembered answer
+        validate_config(with_change("models", {"minilm": str(folder)}))
+    before = loading._verdict_key({"model_type": "bert"})
+    monkeypatch.setattr(loading, "hidden_states_problem", lambda settings: "another rule")
+    assert loading._verdict_key({"model_type": "bert"}) != before
+
+
+def test_without_installed_sources_the_verdict_is_asked_every_time(tmp_path, monkeypatch):
+    import inspect
+
+    from istar.models import loading
+
+    def no_source(function):
+        raise OSError("could not get source code")
+
+    monkeypatch.setenv("ISTAR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(inspect, "getsource", no_source)
+    assert loading.remembered_hidden_states_problem({"model_type": "t5", "is_encoder_decoder": True}) \
+        .startswith("t5 is an encoder-decoder")
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"key": 3}', '{"a": ' + "1" * 5000 + "}", "[" * 200_000],
+                         ids=["garbage", "not-a-map", "odd-value", "huge-number", "too-deep"])
 def test_a_damaged_verdict_cache_is_computed_again(tmp_path, monkeypatch, content):
     from istar.models.loading import _verdict_key
 
