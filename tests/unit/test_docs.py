@@ -338,3 +338,48 @@ def test_the_gpu_study_in_the_results_says_what_its_records_carry():
     assert f"could have detected {pooled.mde:.2f} points or more" in section
     runs = pd.read_csv(records / "runs.csv")
     assert len(runs) == 40 and runs.groupby(["task", "method"]).seed.nunique().eq(10).all()
+
+
+def test_the_gpu_study_repeat_says_what_its_records_carry():
+    """docs/results.md's "Run again" (the GPU study on an H100, MRPC Base again on an H200) states
+    the agreement counts, divergence steps and verdicts that its records (docs/data/gpu-study-repeats)
+    hold, in the workflow's own formatting of the tests."""
+    import pandas as pd
+
+    from istar.report.paired import difference_cell, power_cell
+
+    records = REPO / "docs" / "data" / "gpu-study-repeats"
+    text = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+    section = text[text.index("### Run again"):text.index("## The paper's setup")]
+    section = " ".join(section.replace("−", "-").replace("–", "-").split())  # minus, ranges; a number may wrap
+    for row in pd.read_csv(records / "h100-paired.csv").itertuples():
+        assert difference_cell(row).split(" (n=")[0] + "," in section.replace(" points [", " ["), row.task
+        assert f"p = {row.p_value:.3f}, MDE {row.mde * 100:.1f}" in section, row.task
+        assert power_cell(row).startswith(f"p = {row.p_value:.3f}")
+    pooled = pd.read_csv(records / "h100-pooled.csv").iloc[0]
+    assert (f"pooled {pooled['mean']:+.2f} points [{pooled.ci_low:+.2f}, {pooled.ci_high:+.2f}], "
+            f"p = {pooled.p_value:.3f}, τ² = {pooled.tau2:.2f}, MDE {pooled.mde:.2f}") in section
+
+    agreement = pd.read_csv(records / "agreement.csv")
+    sst2, mrpc = agreement[agreement.task == "sst2"], agreement[agreement.task == "mrpc"]
+    assert len(sst2) == 20 and sst2.first_differing_step_h100.isna().all()
+    assert (sst2.accuracy_h100 == sst2.accuracy_h200).all() and (sst2.eval_loss_h100 == sst2.eval_loss_h200).all()
+    assert f"All 20 SST-2 runs on the H100 logged the same loss at every one of their {sst2.steps.iloc[0]}" in section
+    assert len(mrpc) == 20 and mrpc.first_differing_step_h100.notna().all()
+    h100_steps = mrpc.first_differing_step_h100
+    assert f"within its first {int(h100_steps.max())} of {mrpc.steps.iloc[0]} steps" in section
+    assert f"step {int(h100_steps.min())}-{int(h100_steps.max())} on the H100" in section
+    again = mrpc.dropna(subset=["first_differing_step_h200_rerun"])
+    assert len(again) == 10 and set(again.method) == {"base"}
+    assert (f"step {int(again.first_differing_step_h200_rerun.min())}-"
+            f"{int(again.first_differing_step_h200_rerun.max())} on the H200 again") in section
+    same_step = (again.first_differing_step_h200_rerun == again.first_differing_step_h100).sum()
+    assert f"for {same_step} of the 10 seeds at the very step" in section
+    moved_h100 = (mrpc.accuracy_h100 != mrpc.accuracy_h200).sum()
+    moved_again = (again.accuracy_h200_rerun != again.accuracy_h200).sum()
+    assert f"{moved_h100} of 20 runs on the H100 ended with another dev accuracy" in section
+    assert f"as did {moved_again} of 10 on the H200 rerun" in section
+
+    training = pd.read_csv(records / "h100-training.csv")
+    assert len(training) == 40 and training.losses_finite.all() and (training.device == "cuda").all()
+    assert (training.precision_effective == "fp16").all() and (training.num_processes == 1).all()
