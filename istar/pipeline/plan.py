@@ -134,6 +134,11 @@ def tuning_settings(config: dict) -> list[Setting]:
             for tokens in tuned_tokens(config) for lam in grid["lambdas"] for zeta in grid["zetas"]]
 
 
+def istar_or_base(lam: float, zeta: float, tokens: str) -> Setting:
+    """The setting of I-STAR at ``lam`` | ``zeta``; at λ = 0 the penalty is off, so the baseline's."""
+    return Setting("base") if lam == 0 else Setting("istar", lam=lam, zeta=zeta, tokens=tokens)
+
+
 def study_seeds(config: dict, study: str, task: str) -> list[int]:
     """The seeds of the final runs (``study == "final"``) or of a figure study on ``task``: the
     study's own seeds, else the final stage's for that task (``final.seeds_by_task``, else ``final.seeds``)."""
@@ -158,8 +163,11 @@ def study_settings(config: dict, study: str, selection: Setting | None, num_laye
     """
     spec, tokens = config["studies"][study], config_tokens(config)
     if study in ("lambda_sweep", "twonn", "layerwise"):
-        settings = [Setting("istar", lam=float(lam), zeta=float(spec["zeta"]), tokens=tokens) for lam in spec["lambdas"]]
-        return settings + ([Setting("base")] if study != "lambda_sweep" else [])
+        # λ = 0 is the baseline: it trains as Base (one run, no Σ_S pass), not as I-STAR with a zero weight
+        settings = [istar_or_base(float(lam), float(spec["zeta"]), tokens) for lam in spec["lambdas"]]
+        if study != "lambda_sweep" and Setting("base") not in settings:
+            settings.append(Setting("base"))
+        return settings
     if study == "cosreg_means":
         return [Setting("cosreg", lam=float(lam), tokens=tokens) for lam in spec["lambdas"]] + [Setting("base")]
     if study == "zeta_sweep":
