@@ -83,6 +83,20 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
     if 0.0 in padding["tuning"]["lambdas"]:
         raise ConfigError("config key 'studies.padding.tuning.lambdas': λ = 0 is the baseline, which the study runs "
                           "anyway; remove it")
+    primary = config["inference"]["primary"]
+    if primary is not None:
+        if primary["model"] not in models:
+            raise ConfigError(f"config key 'inference.primary.model': {primary['model']!r} is not a configured model; use one "
+                              f"of {list(models)}")
+        if primary["task"] not in tasks:
+            raise ConfigError(f"config key 'inference.primary.task': {primary['task']!r} is not in 'tasks' ({tasks}); add "
+                              "it there first")
+        if primary["contrast"] == "lambda_sweep" and not config["studies"]["lambda_sweep"]["enabled"]:
+            raise ConfigError("config key 'inference.primary.contrast': lambda_sweep is the λ sweep's trend, but "
+                              "studies.lambda_sweep is off; enable it or declare another contrast")
+        if primary["contrast"] != "lambda_sweep" and primary["contrast"] not in config["final"]["methods"]:
+            raise ConfigError(f"config key 'inference.primary.contrast': {primary['contrast']!r} has no final runs; add it "
+                              "to final.methods or declare another contrast")
     if config["final"]["cosreg_lambda"] == 0:
         raise ConfigError("config key 'final.cosreg_lambda': λ = 0 turns CosReg off, so its runs would be a second baseline "
                           "labelled CosReg; give a non-zero λ (the paper's is 1.0)")
