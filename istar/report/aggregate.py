@@ -31,14 +31,19 @@ these files, whose columns are fixed:
     the search was scored on, see :data:`istar.report.select.PROTOCOLS`, with the held-out
     split's fraction and seed, empty under the validation protocol; ``settings`` the number
     of settings searched).
-``paired.csv`` — one row per (model, task, method ≠ base) of the final study: the mean
-    paired difference method − base over the seeds both ran, its 95 % Student-t interval, the
-    paired t-test's p-value, its Holm-adjusted p-value across the rows, and the minimum
-    detectable effect at 80 % power, columns :data:`istar.report.paired.PAIRED_COLUMNS` (see
-    :mod:`istar.report.paired`).
+``paired.csv`` — one row per (study, measure, model, task, method ≠ base) of the study's
+    confirmatory comparisons (:func:`istar.report.comparisons.study_tests`: the final study's score,
+    IsoScore* and cosine similarity, the padding study's arms): the mean paired difference method −
+    base over the seeds both ran, its 95 % Student-t interval, the paired t-test's and the signed-rank
+    test's p-values with the seeds on each side, the Holm-adjusted p-value across the study's one
+    family of tests, and the minimum detectable effect at 80 % power at α / m, columns
+    :data:`istar.report.paired.PAIRED_COLUMNS` (see :mod:`istar.report.paired`).
+``trend.csv`` — the λ sweep's trends, in the same family: per model × task the slope of the score
+    (points) on the fine-tuned model's IsoScore* and on λ, the seed a random intercept, columns
+    :data:`istar.report.comparisons.TREND_COLUMNS`.
 ``pooled.csv`` — the final study's mean paired gain of each method over all cells (and per model),
-    pooled by a DerSimonian–Laird random-effects meta-analysis in points, columns
-    :data:`istar.report.paired.POOLED_COLUMNS`.
+    per measure, pooled by a random-effects meta-analysis in points (Hartung–Knapp–Sidik–Jonkman
+    below five cells; no estimate below two), columns :data:`istar.report.paired.POOLED_COLUMNS`.
 ``provenance.csv`` — where each result's code came from (:mod:`istar.io.provenance`): one row
     per run folder, per measurement file and one for this aggregation (``kind`` run /
     measurement / aggregate), columns :data:`PROVENANCE_COLUMNS`: the git commit, whether the
@@ -55,6 +60,7 @@ same study is counted once.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from pathlib import Path
 
@@ -74,7 +80,7 @@ LAYERS_COLUMNS = (*RUN_KEYS, "seed", "hidden_state", "isoscore_star", "isoscore"
                   "standin")
 DIMS_COLUMNS = (*RUN_KEYS, "seed", "dim", "mean", "std")
 EPOCHS_COLUMNS = (*RUN_KEYS, "seed", "epoch", "sigma_s_isoscore", "score")
-AGGREGATE_NAMES = ("runs", "layers", "dims", "epochs", "selection", "paired", "pooled")
+AGGREGATE_NAMES = ("runs", "layers", "dims", "epochs", "selection", "paired", "trend", "pooled")
 """The CSV files of the aggregate step (stems), in the order they are written."""
 PROVENANCE_NAME = "provenance"
 """The provenance CSV's stem (written with the aggregates; the report shows it)."""
@@ -196,20 +202,22 @@ def _provenance_rows(run_dirs, measure_files, out_dir) -> list[dict]:
     return rows
 
 
-def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
-    """Collect runs and selections into ``runs.csv``, ``layers.csv``, ``dims.csv``, ``epochs.csv``, ``selection.csv``
-    and ``paired.csv``, and where their code came from into ``provenance.csv``.
+def aggregate(run_specs, selection_files, out_dir, measure_files=(), paper_models: dict[str, str] | None = None) -> dict:
+    """Collect runs and selections into ``runs.csv``, ``layers.csv``, ``dims.csv``, ``epochs.csv``, ``selection.csv``,
+    ``paired.csv``, ``trend.csv`` and ``pooled.csv``, and where their code came from into ``provenance.csv``.
 
     Parameters
     ----------
     run_specs : sequence of (study, run folder); every folder must hold metrics.json and
         run_config.json (a finished run).
     selection_files : sequence of ``best.json`` files written by :func:`istar.report.select.select_best`.
-    out_dir : folder for the seven CSV files (created; each written atomically).
+    out_dir : folder for the CSV files (created; each written atomically).
     measure_files : files written by :func:`istar.steps.measure.measure_runs`; a run found in one
         of them gets its analysis (a run in several files: the last one given; measurements of
         one model agree up to floating-point noise). Keys are run folders as the measurement
         recorded them, compared after resolving, so give the same working directory.
+    paper_models : ``inference.paper_models``: model → the paper's model whose Table 1 cells
+        ``paired.csv`` sets beside its cells (None: the schema's default).
 
     Returns
     -------
@@ -218,7 +226,9 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
     """
     from istar.registry.tasks import get_task
 
-    from .paired import paired_differences, pooled_gains  # here: pandas and SciPy stay out of the workflow's DAG build
+    # here: pandas and SciPy stay out of the workflow's DAG build
+    from .comparisons import study_tests
+    from .paired import pooled_gains
 
     analyses = _analyses(measure_files)
     seen, entries = set(), []
@@ -257,12 +267,13 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
     selection_rows = sorted((_selection_row(Path(path)) for path in selection_files),
                             key=lambda row: (row["model"], row["task"]))
     runs_frame = _frame(run_rows, RUNS_COLUMNS)
-    paired = paired_differences(runs_frame)
-    scales = {task: get_task(task).percent_scale for task in set(paired["task"])}
+    tests = study_tests(runs_frame, paper_models=paper_models)
+    final = tests.paired[tests.paired["study"] == "final"]
+    scales = {task: get_task(task).percent_scale for task in set(final["task"])}
     frames = dict(zip(AGGREGATE_NAMES, (
         runs_frame, _frame(layer_rows, LAYERS_COLUMNS), _frame(dim_rows, DIMS_COLUMNS),
         _frame(epoch_rows, EPOCHS_COLUMNS), _frame(selection_rows, SELECTION_COLUMNS),
-        paired, pooled_gains(paired, scales)), strict=True))
+        tests.paired, tests.trends, pooled_gains(final, scales)), strict=True))
     frames[PROVENANCE_NAME] = _frame(_provenance_rows([entry[2]["run_dir"] for entry in entries], measure_files,
                                                       out_dir), PROVENANCE_COLUMNS)
     out_dir = Path(out_dir)
@@ -275,11 +286,14 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=()) -> dict:
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", required=True,
                         help="folder for runs.csv, layers.csv, dims.csv, epochs.csv, selection.csv, paired.csv, "
-                             "pooled.csv, provenance.csv")
+                             "trend.csv, pooled.csv, provenance.csv")
     parser.add_argument("--selection", action="extend", nargs="*", default=[], metavar="BEST_JSON",
                         help="selection files written by `istar select`")
     parser.add_argument("--measures", action="extend", nargs="*", default=[], metavar="MEASURES_JSON",
                         help="measurement files written by `istar measure` (the runs' analyses)")
+    parser.add_argument("--paper-models", type=json.loads, default=None, metavar="JSON",
+                        help="inference.paper_models as JSON, e.g. '{\"minilm\": \"distilbert\"}' (default: the "
+                             "schema's)")
     parser.add_argument("runs", nargs="*", metavar="STUDY=RUN_DIR", help="a finished run folder and its study")
 
 
@@ -290,6 +304,6 @@ def run_cli(args) -> int:
 
     selection, measures = files(args.selection), files(args.measures)
     specs = [item for item in args.selection + args.measures if item not in selection + measures] + list(args.runs)
-    frames = aggregate([parse_run_spec(spec) for spec in specs], selection, args.out_dir, measures)
+    frames = aggregate([parse_run_spec(spec) for spec in specs], selection, args.out_dir, measures, args.paper_models)
     print(", ".join(f"{name}.csv: {len(frame):,} rows" for name, frame in frames.items()) + f" -> {args.out_dir}")
     return 0

@@ -96,6 +96,9 @@ FIGURES: dict[str, FigureSpec] = {
                    "or over every padded position.", uses_analysis_zeta=True, module="istar.report.padding_study"),
         FigureSpec("sigma_epochs", None, "epochs", "istar aggregate",
                    "IsoScore of Σ_S after each epoch of fine-tuning, base, CosReg and I-STAR."),
+        FigureSpec("forest", None, "paired", "istar aggregate",
+                   "The verdict as a picture: each cell's paired score difference from Base with its interval and "
+                   "minimum detectable effect, the pooled estimate, and the paper's own cell beside ours."),
         FigureSpec("profile_layers", "survey", PROFILES_CSV, "istar survey-aggregate",
                    "IsoScore, IsoScore* and average cosine similarity of every hidden state of the pretrained "
                    "models, against relative depth.", module="istar.report.survey_plots"),

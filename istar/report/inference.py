@@ -12,7 +12,15 @@ paired difference the workflow prints and by the claims table (:mod:`istar.repor
   distribution; differences smaller than this can hide in a "no significant difference".
 - :func:`random_effects`: the DerSimonian–Laird random-effects meta-analysis of per-cell
   estimates and their variances (DerSimonian & Laird 1986): the pooled mean, its standard error,
-  interval and p-value, the between-cell variance τ², Cochran's Q and I².
+  interval and p-value, the between-cell variance τ², Cochran's Q and I². With fewer than
+  :data:`HKSJ_BELOW` cells τ² is barely estimated and the normal interval is too narrow, so the
+  interval, test and detectable effect are the Hartung–Knapp–Sidik–Jonkman ones (Hartung & Knapp
+  2001; Sidik & Jonkman 2002): a variance scaled by the weighted spread of the cells and Student's t
+  with k − 1 degrees of freedom.
+- :func:`signed_rank_pvalue`: the two-sided Wilcoxon signed-rank test of paired differences, the
+  rank test reported beside every paired t-test (one seed with a large difference cannot carry it).
+- :func:`random_intercept_slope`: the slope of a linear mixed model y = β₀ + β₁x + u_seed + ε with a
+  random intercept per group, fitted by restricted maximum likelihood (the trend test of the λ sweep).
 """
 
 from __future__ import annotations
@@ -23,13 +31,17 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, stats
 
-__all__ = ["ALPHA", "POWER", "paired_t_pvalue", "holm", "minimum_detectable_effect", "Pooled", "random_effects"]
+__all__ = ["ALPHA", "POWER", "HKSJ_BELOW", "paired_t_pvalue", "signed_rank_pvalue", "holm", "family_alpha",
+           "minimum_detectable_effect", "Pooled", "random_effects", "Slope", "random_intercept_slope"]
 
 ALPHA = 0.05
 """The level of every test the workflow reports (two-sided)."""
 
 POWER = 0.8
 """The power at which minimum detectable effects are reported."""
+
+HKSJ_BELOW = 5
+"""Pooled estimates over fewer cells than this use the Hartung–Knapp–Sidik–Jonkman interval."""
 
 
 def paired_t_pvalue(mean: float, sd: float, n: int) -> float:
@@ -51,6 +63,34 @@ def paired_t_pvalue(mean: float, sd: float, n: int) -> float:
         return 1.0 if mean == 0 else 0.0
     t = mean / (sd / math.sqrt(n))
     return float(2 * stats.t.sf(abs(t), df=n - 1))
+
+
+def signed_rank_pvalue(differences) -> float:
+    """Two-sided p-value of the Wilcoxon signed-rank test of H0: the differences are symmetric about 0.
+
+    Parameters
+    ----------
+    differences : sequence of float, shape (n,), the paired differences (method − reference).
+
+    Returns
+    -------
+    float in [0, 1]: ``scipy.stats.wilcoxon``'s, exact where SciPy computes it exactly (small n,
+    no ties), zero differences dropped (Wilcoxon's own rule). NaN where fewer than two differences
+    are non-zero: the test has nothing to rank.
+    """
+    d = np.asarray(differences, dtype=np.float64)
+    if np.count_nonzero(d) < 2:
+        return math.nan
+    return float(stats.wilcoxon(d, zero_method="wilcox", alternative="two-sided").pvalue)
+
+
+def family_alpha(m: int, alpha: float = ALPHA) -> float:
+    """The level Holm's procedure tests the first (smallest) of m p-values at, α / m.
+
+    A comparison's minimum detectable effect is stated at this level: the level its Holm-adjusted
+    verdict needs to reach at worst, so the detectable effect is not the optimistic one at α.
+    """
+    return alpha / max(int(m), 1)
 
 
 def holm(p_values) -> np.ndarray:
@@ -139,6 +179,8 @@ class Pooled:
     tau2 : the between-cell variance (DerSimonian–Laird, truncated at 0).
     q, i2 : Cochran's Q and I² = max(0, (Q − (k − 1)) / Q), the share of the spread beyond chance.
     k : the number of cells pooled.
+    interval : ``normal`` (DerSimonian–Laird's z interval) or ``HKSJ`` (Hartung–Knapp–Sidik–Jonkman:
+        ``se`` scaled, Student's t with k − 1 degrees of freedom).
     """
 
     mean: float
@@ -151,9 +193,11 @@ class Pooled:
     q: float
     i2: float
     k: int
+    interval: str = "normal"
 
 
-def random_effects(estimates, variances, alpha: float = ALPHA, power: float = POWER) -> Pooled:
+def random_effects(estimates, variances, alpha: float = ALPHA, power: float = POWER,
+                   hksj: bool | None = None) -> Pooled:
     """The DerSimonian–Laird random-effects meta-analysis of k per-cell estimates.
 
     With weights w_i = 1/v_i, the fixed-effect mean μ_F = Σ w_i y_i / Σ w_i, Cochran's
@@ -166,11 +210,17 @@ def random_effects(estimates, variances, alpha: float = ALPHA, power: float = PO
     estimates : sequence of float, shape (k,), e.g. each cell's mean paired difference.
     variances : sequence of float, shape (k,), their sampling variances (s_d² / n), all > 0.
     alpha, power : level of the interval and test; power of the reported detectable effect.
+    hksj : the Hartung–Knapp–Sidik–Jonkman interval (True), the normal one (False), or None: HKSJ for
+        2 ≤ k < :data:`HKSJ_BELOW`. HKSJ: se² = Σ w*_i (y_i − μ)² / ((k − 1) Σ w*_i), the interval
+        μ ± t_{1−α/2, k−1} · se, the t-test's p-value, and the detectable effect
+        (t_{1−α/2, k−1} + t_{power, k−1}) · se.
 
     Returns
     -------
-    :class:`Pooled`. One cell gives its own estimate with τ² = 0 and Q = I² = NaN. (statsmodels'
-    ``combine_effects(..., method_re="dl")`` keeps a negative τ² estimate instead of truncating it.)
+    :class:`Pooled`. One cell gives its own estimate with τ² = 0 and Q = I² = NaN (callers should
+    report that cell's own test instead: one cell is not a pooled estimate). (statsmodels'
+    ``combine_effects(..., method_re="dl")`` keeps a negative τ² estimate instead of truncating it;
+    its "random effect wls" row with ``use_t=True`` is the HKSJ estimate.)
     """
     y = np.asarray(estimates, dtype=np.float64)
     v = np.asarray(variances, dtype=np.float64)
@@ -191,9 +241,124 @@ def random_effects(estimates, variances, alpha: float = ALPHA, power: float = PO
         q, tau2, i2 = math.nan, 0.0, math.nan
     w_star = 1.0 / (v + tau2)
     mean = float(np.sum(w_star * y) / np.sum(w_star))
-    se = float(math.sqrt(1.0 / np.sum(w_star)))
+    if hksj is None:
+        hksj = 2 <= k < HKSJ_BELOW
+    if hksj and k < 2:
+        raise ValueError("the Hartung–Knapp–Sidik–Jonkman interval needs at least two cells")
+    if hksj:
+        se = float(math.sqrt(np.sum(w_star * (y - mean) ** 2) / ((k - 1) * np.sum(w_star))))
+        critical, beta = stats.t.isf(alpha / 2, k - 1), stats.t.ppf(power, k - 1)
+        p_value = float(2 * stats.t.sf(abs(mean) / se, k - 1)) if se > 0 else (1.0 if mean == 0 else 0.0)
+    else:
+        se = float(math.sqrt(1.0 / np.sum(w_star)))
+        critical, beta = stats.norm.isf(alpha / 2), stats.norm.ppf(power)
+        p_value = float(2 * stats.norm.sf(abs(mean) / se))
+    critical = float(critical)
+    return Pooled(mean=mean, se=se, ci_low=mean - critical * se, ci_high=mean + critical * se, p_value=p_value,
+                  mde=(critical + float(beta)) * se, tau2=tau2, q=q, i2=i2, k=k,
+                  interval="HKSJ" if hksj else "normal")
+
+
+@dataclass(frozen=True)
+class Slope:
+    """The fixed slope of a random-intercept linear mixed model (:func:`random_intercept_slope`).
+
+    estimate, se : β₁ and its standard error, in units of y per unit of x.
+    ci_low, ci_high : its two-sided (1 − α) Wald interval (normal, as statsmodels' MixedLM reports).
+    p_value : the Wald z-test of H0: β₁ = 0.
+    mde : the smallest |β₁| detected with ``power`` at α, (z_{1−α/2} + z_{power}) · se.
+    intercept : β₀.
+    group_variance, residual_variance : the REML estimates of Var(u) and Var(ε).
+    n, groups : observations and groups fitted.
+    """
+
+    estimate: float
+    se: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    mde: float
+    intercept: float
+    group_variance: float
+    residual_variance: float
+    n: int
+    groups: int
+
+
+def _reml_profile(log_ratio: float, blocks) -> tuple[float, np.ndarray, np.ndarray, float]:
+    """−2 × the REML log-likelihood, profiled over the residual variance, at γ = exp(log_ratio) = Var(u) / Var(ε).
+
+    Returns (deviance, β, (XᵀV⁻¹X)⁻¹ · σ²-free, σ²). Each group's V_g = σ²(I + γ11ᵀ) has the inverse
+    (I − γ/(1 + γ n_g) 11ᵀ) / σ², so no N × N matrix is formed.
+    """
+    gamma = math.exp(log_ratio)
+    a, b, logdet = 0.0, 0.0, 0.0
+    weighted = []
+    for x, y in blocks:
+        shrink = gamma / (1.0 + gamma * len(y))
+        wx = x - shrink * x.sum(axis=0, keepdims=True)
+        a = a + x.T @ wx
+        b = b + wx.T @ y
+        logdet += math.log1p(gamma * len(y))
+        weighted.append((x, y, shrink))
+    a_inv = np.linalg.inv(a)
+    beta = a_inv @ b
+    rss = 0.0
+    for x, y, shrink in weighted:
+        r = y - x @ beta
+        rss += float(r @ r - shrink * r.sum() ** 2)
+    dof = sum(len(y) for _, y in blocks) - len(beta)
+    sigma2 = rss / dof
+    deviance = dof * math.log(sigma2) + logdet + float(np.linalg.slogdet(a)[1]) + dof
+    return deviance, beta, a_inv, sigma2
+
+
+def random_intercept_slope(y, x, groups, alpha: float = ALPHA, power: float = POWER) -> Slope:
+    """The slope of y on x with a random intercept per group, by restricted maximum likelihood.
+
+    The model: y_gi = β₀ + β₁ x_gi + u_g + ε_gi with u_g ~ N(0, σ_u²) and ε_gi ~ N(0, σ²), all
+    independent (e.g. the score of the run of seed g at one λ, against that run's IsoScore*: the
+    seed's random intercept absorbs what a seed does to every arm alike, its data order and
+    initialisation). The REML criterion is profiled over σ² and minimised over log(σ_u² / σ²) (a
+    ratio at the boundary, σ_u² = 0, is found as a very small one); β̂ is then the generalised
+    least-squares estimate, with covariance σ² (XᵀṼ⁻¹X)⁻¹ (the standard error lme4 and nlme report),
+    and a Wald z interval and test. The estimates are statsmodels'
+    ``MixedLM.from_formula("y ~ x", groups=...).fit(reml=True)``; its standard error inverts the
+    whole observed Hessian, variance terms included, and differs from this one in the third digit.
+
+    Parameters
+    ----------
+    y, x : sequences of float, shape (n,): response and covariate.
+    groups : sequence, shape (n,): each observation's group (at least two groups, three observations).
+    alpha, power : level of the interval and test; power of the reported detectable slope.
+
+    Returns
+    -------
+    :class:`Slope`.
+    """
+    from scipy import optimize
+
+    y = np.asarray(y, dtype=np.float64)
+    x = np.asarray(x, dtype=np.float64)
+    labels = np.asarray(groups)
+    if y.ndim != 1 or y.shape != x.shape or labels.shape != y.shape:
+        raise ValueError(f"random_intercept_slope needs y, x and groups of one length, got {y.shape}, {x.shape}, "
+                         f"{labels.shape}")
+    if not (np.isfinite(y).all() and np.isfinite(x).all()):
+        raise ValueError("random_intercept_slope got non-finite values: drop the runs without a score or a measurement")
+    names = list(dict.fromkeys(labels.tolist()))
+    if len(names) < 2 or len(y) < 3 or np.ptp(x) == 0:
+        raise ValueError(f"random_intercept_slope needs at least two groups, three observations and x that varies; "
+                         f"got {len(names)} group(s), {len(y)} observation(s)")
+    design = np.column_stack([np.ones_like(x), x])
+    blocks = [(design[labels == name], y[labels == name]) for name in names]
+    fit = optimize.minimize_scalar(lambda r: _reml_profile(r, blocks)[0], bounds=(-20.0, 10.0), method="bounded",
+                                   options={"xatol": 1e-10})
+    _, beta, a_inv, sigma2 = _reml_profile(float(fit.x), blocks)
+    se = float(math.sqrt(sigma2 * a_inv[1, 1]))
     z = float(stats.norm.isf(alpha / 2))
-    p_value = float(2 * stats.norm.sf(abs(mean) / se))
-    mde = (z + float(stats.norm.ppf(power))) * se
-    return Pooled(mean=mean, se=se, ci_low=mean - z * se, ci_high=mean + z * se, p_value=p_value, mde=mde,
-                  tau2=tau2, q=q, i2=i2, k=k)
+    estimate = float(beta[1])
+    return Slope(estimate=estimate, se=se, ci_low=estimate - z * se, ci_high=estimate + z * se,
+                 p_value=float(2 * stats.norm.sf(abs(estimate) / se)), mde=(z + float(stats.norm.ppf(power))) * se,
+                 intercept=float(beta[0]), group_variance=float(math.exp(fit.x) * sigma2),
+                 residual_variance=float(sigma2), n=len(y), groups=len(names))

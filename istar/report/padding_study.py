@@ -29,19 +29,14 @@ from istar.registry.tasks import get_task, ordered_tasks
 from istar.report import figure_parts as parts
 from istar.report.figures import ANALYSIS_ZETA
 from istar.report.inference import POWER
-from istar.report.paired import LEVEL, REFERENCE, SIGNIFICANT, difference_cell, paired_differences, power_cell
+from istar.report.comparisons import study_tests, variant_label
+from istar.report.paired import LEVEL, REFERENCE, SIGNIFICANT, difference_cell, power_cell
 from istar.report.table_render import Table
 
-__all__ = ["padding_rows", "variant_label", "padding_table", "padding"]
+__all__ = ["padding_rows", "padding_table", "padding"]
 
 COLUMNS = ("study", "model", "task", "method", "lam", "zeta", "tokens", "seed", "metric", "score", "isoscore_star",
            "standin")
-
-
-def variant_label(method: str, tokens: str) -> str:
-    """``Base``, ``I-STAR, real tokens``, ``I-STAR, all positions``."""
-    label = METHODS[method].label
-    return f"{label}, {TOKEN_SELECTIONS[tokens].label}" if METHODS[method].takes("tokens") else label
 
 
 def padding_rows(runs: pd.DataFrame) -> pd.DataFrame:
@@ -59,14 +54,6 @@ def _order(rows: pd.DataFrame) -> list[str]:
 
 BASE = METHODS[REFERENCE].label
 """The baseline's variant: it takes no token selection, so its variant is its method's label."""
-
-
-def _paired(rows: pd.DataFrame, value: str) -> dict[tuple[str, str, str], object]:
-    """(model, variant, task) → the paired difference of ``value`` from the baseline's (a row of
-    :func:`istar.report.paired.paired_differences`), for every variant but the baseline."""
-    frame = rows.assign(method=rows["variant"], score=rows[value])
-    return {(row.model, row.method, row.task): row
-            for row in paired_differences(frame, study="padding", reference=BASE).itertuples()}
 
 
 def _cell(values: pd.Series, scale: float = 1.0, digits: int = 1) -> str:
@@ -96,7 +83,8 @@ def padding_table(runs: pd.DataFrame) -> Table:
     rows = padding_rows(runs)
     tasks = ordered_tasks(rows["task"])
     models = list(dict.fromkeys(rows["model"]))
-    scores, isoscores = _paired(rows, "score"), _paired(rows, "isoscore_star")
+    tests = study_tests(runs)
+    scores, isoscores = tests.cells("padding", "score"), tests.cells("padding", "isoscore_star")
     index, cells = [], []
     for model in models:
         block = rows[rows["model"] == model]
@@ -142,10 +130,11 @@ def padding_table(runs: pd.DataFrame) -> Table:
                    "over seeds. " + "; ".join(settings) + ".",
                    f"Rows “variant − {BASE}”: the mean paired difference over the n seeds both ran (variant minus "
                    f"{BASE}, seed by seed), with its {LEVEL:.0%} confidence interval from Student's t with n − 1 "
-                   f"degrees of freedom; n = 1: no interval. Rows “…: test”: the paired t-test's p-value, the "
-                   "p-value after Holm's correction across the table's differences of the same measure (scores and "
-                   f"IsoScore* are two families), {SIGNIFICANT} on the difference where it is below {1 - LEVEL:g}, and "
-                   f"the minimum detectable effect at {POWER:.0%} power for the n and paired sd observed.",
+                   f"degrees of freedom; n = 1: no interval. Rows “…: test”: the paired t-test's p-value (the "
+                   "signed-rank test's and the seeds above and below zero in brackets), the p-value after Holm's "
+                   f"correction across the study's {tests.family_size} confirmatory tests (the same family as Table 1 "
+                   f"and the claims), {SIGNIFICANT} on the difference where it is below {1 - LEVEL:g}, and the minimum "
+                   f"detectable effect at {POWER:.0%} power at α / m for the n and paired sd observed.",
                    *tuning_note(runs)],
     )
 

@@ -15,11 +15,17 @@ interval. A seed that only one side ran does not enter the difference; it is lis
 SQuAD's F1 in percent); the tables scale them.
 
 Every comparison also says what it could have shown (:mod:`istar.report.inference`): the
-paired t-test's p-value, the p-value after Holm's correction across all the comparisons of one
-call (one table's family: every model × task × method), and the minimum detectable effect, the
-true difference the test would find with 80 % power at α = 0.05 given n and the observed s_d.
-A difference is marked (``‡``) where the Holm-adjusted p-value is below α. :func:`pooled_gains`
-pools the cells of each method by a random-effects meta-analysis, in points (the tables' units).
+paired t-test's p-value, beside it the Wilcoxon signed-rank test's and the count of seeds on each
+side of zero (declared with the t-test, so that one seed with a large difference cannot carry a
+verdict unseen), the p-value after Holm's correction across a family of comparisons
+(:func:`adjust_family`; the workflow's family is every confirmatory test of a study,
+:func:`istar.report.comparisons.study_tests`), and the minimum detectable effect, the true
+difference the test would find with 80 % power at the level Holm's procedure needs at worst
+(α / m for a family of m tests) given n and the observed s_d. A difference is marked (``‡``) where
+the Holm-adjusted p-value is below α. Differences that do not vary (every seed moved by the same
+amount, e.g. every run of both arms predicting one class) carry no information: no p-value and no
+detectable effect. :func:`pooled_gains` pools the cells of each method by a random-effects
+meta-analysis, in points (the tables' units).
 """
 
 from __future__ import annotations
@@ -30,10 +36,18 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from istar.report.inference import holm, minimum_detectable_effect, paired_t_pvalue, random_effects
+from istar.report.inference import (
+    family_alpha,
+    holm,
+    minimum_detectable_effect,
+    paired_t_pvalue,
+    random_effects,
+    signed_rank_pvalue,
+)
 
-__all__ = ["PAIRED_COLUMNS", "POOLED_COLUMNS", "SIGNIFICANT", "LEVEL", "REFERENCE", "difference_cell", "power_cell",
-           "paired_interval", "paired_differences", "pooled_gains", "format_p"]
+__all__ = ["PAIRED_COLUMNS", "POOLED_COLUMNS", "SIGNIFICANT", "LEVEL", "REFERENCE", "NO_INFORMATION", "difference_cell",
+           "power_cell", "paired_interval", "paired_differences", "adjust_family", "informative", "pooled_gains",
+           "format_p"]
 
 REFERENCE = "base"
 """The method every other one is compared with (a key of :data:`istar.registry.methods.METHODS`)."""
@@ -45,13 +59,18 @@ SIGNIFICANT = "‡"
 """Appended to a difference whose Holm-adjusted p-value is below α (significant after correcting for
 every comparison of its table)."""
 
-PAIRED_COLUMNS = ("study", "model", "task", "method", "reference", "metric", "n", "mean_difference",
-                  "sd_difference", "ci_low", "ci_high", "level", "excludes_zero", "p_value", "p_holm", "significant",
-                  "mde", "seeds", "unpaired")
+NO_INFORMATION = "no information"
+"""What a comparison says whose paired differences do not vary (or of fewer than two pairs): no test."""
+
+PAIRED_COLUMNS = ("study", "measure", "model", "task", "method", "reference", "metric", "n", "mean_difference",
+                  "sd_difference", "ci_low", "ci_high", "level", "excludes_zero", "p_value", "p_wilcoxon",
+                  "n_positive", "n_negative", "p_holm", "significant", "mde", "mde_alpha", "family_size", "seeds",
+                  "unpaired")
 """Columns of :func:`paired_differences` (``results/aggregate/paired.csv``)."""
 
-POOLED_COLUMNS = ("study", "method", "reference", "scope", "k", "mean", "se", "ci_low", "ci_high", "p_value", "mde",
-                  "tau2", "i2", "positive_cells", "significant_gains", "significant_losses", "cells_left_out")
+POOLED_COLUMNS = ("study", "measure", "method", "reference", "scope", "k", "interval", "mean", "se", "ci_low",
+                  "ci_high", "p_value", "mde", "tau2", "i2", "positive_cells", "significant_gains",
+                  "significant_losses", "cells_left_out")
 """Columns of :func:`pooled_gains` (``results/aggregate/pooled.csv``)."""
 
 
@@ -96,7 +115,7 @@ def _seed_scores(group: pd.DataFrame, what: str) -> dict[int, float]:
 
 
 def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str = REFERENCE,
-                       level: float = LEVEL) -> pd.DataFrame:
+                       level: float = LEVEL, measure: str = "score") -> pd.DataFrame:
     """Every method against ``reference`` per model × task, paired by seed.
 
     Parameters
@@ -106,17 +125,20 @@ def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str 
         score at least); only rows of ``study`` are used.
     study, reference : the study whose runs are compared and the method they are compared with.
     level : coverage of the intervals.
+    measure : the name the rows carry in ``measure`` (what ``score`` holds: the task's score, or a
+        measurement such as ``isoscore_star`` put in the ``score`` column by the caller).
 
     Returns
     -------
     DataFrame with :data:`PAIRED_COLUMNS`, one row per model × task × method ≠ reference that
     has runs on both sides: ``n`` paired seeds, ``mean_difference`` d̄ (method − reference,
     in the score's units), ``sd_difference`` s_d, ``ci_low``/``ci_high`` (NaN for n < 2),
-    ``excludes_zero`` (True/False; NA for n < 2), ``p_value`` (paired t-test, two-sided),
-    ``p_holm`` (Holm-adjusted across the rows returned), ``significant`` (``p_holm`` < α; NA
-    without a test), ``mde`` (minimum detectable effect at 80 % power, the score's units),
-    ``seeds`` the paired seeds (space-separated), ``unpaired`` the seeds only one side ran, as
-    ``base: 3; istar: 4`` (empty when none).
+    ``excludes_zero`` (True/False; NA for n < 2), ``p_value`` (paired t-test, two-sided; NaN
+    without information: n < 2 or s_d = 0), ``p_wilcoxon`` (signed-rank test, two-sided),
+    ``n_positive`` / ``n_negative`` (pairs above / below zero), and the family's columns of
+    :func:`adjust_family` with the rows returned as the family; ``seeds`` the paired seeds
+    (space-separated), ``unpaired`` the seeds only one side ran, as ``base: 3; istar: 4`` (empty
+    when none).
     """
     missing = [c for c in ("study", "model", "task", "method", "seed", "metric", "score") if c not in runs.columns]
     if missing:
@@ -136,21 +158,59 @@ def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str 
             only = [(name, sorted(set(mine) - set(theirs)))
                     for name, mine, theirs in ((reference, base, other), (method, other, base))]
             unpaired = "; ".join(f"{name}: {' '.join(map(str, seeds))}" for name, seeds in only if seeds)
+            differences = np.array([other[s] - base[s] for s in paired], dtype=np.float64)
             if paired:
-                mean, sd, low, high = paired_interval([other[s] - base[s] for s in paired], level)
+                mean, sd, low, high = paired_interval(differences, level)
             else:
                 mean = sd = low = high = math.nan
-            rows.append({"study": study, "model": model, "task": task, "method": method, "reference": reference,
-                         "metric": group["metric"].iloc[0], "n": len(paired), "mean_difference": mean,
-                         "sd_difference": sd, "ci_low": low, "ci_high": high, "level": level,
+            rows.append({"study": study, "measure": measure, "model": model, "task": task, "method": method,
+                         "reference": reference, "metric": group["metric"].iloc[0], "n": len(paired),
+                         "mean_difference": mean, "sd_difference": sd, "ci_low": low, "ci_high": high, "level": level,
                          "excludes_zero": pd.NA if math.isnan(low) else bool(low > 0 or high < 0),
-                         "p_value": paired_t_pvalue(mean, sd, len(paired)),
-                         "mde": minimum_detectable_effect(len(paired), sd, alpha=1 - level),
+                         "p_value": paired_t_pvalue(mean, sd, len(paired)) if sd > 0 else math.nan,
+                         "p_wilcoxon": signed_rank_pvalue(differences),
+                         "n_positive": int((differences > 0).sum()), "n_negative": int((differences < 0).sum()),
                          "seeds": " ".join(map(str, paired)), "unpaired": unpaired})
-    frame = pd.DataFrame(rows, columns=list(PAIRED_COLUMNS))
-    frame["p_holm"] = holm(frame["p_value"].to_numpy(dtype=float)) if len(frame) else []
-    frame["significant"] = [pd.NA if math.isnan(p) else bool(p < 1 - level) for p in frame["p_holm"]]
-    return frame.astype({"n": "Int64", "excludes_zero": "boolean", "significant": "boolean"})
+    return adjust_family(pd.DataFrame(rows, columns=list(PAIRED_COLUMNS)), level)
+
+
+def adjust_family(frame: pd.DataFrame, level: float = LEVEL, extra_p_values=()) -> pd.DataFrame:
+    """The rows of :func:`paired_differences` (any number of calls, concatenated) as one Holm family.
+
+    Parameters
+    ----------
+    frame : rows with :data:`PAIRED_COLUMNS` (the family's columns are overwritten).
+    level : 1 − α of the family.
+    extra_p_values : p-values of other tests in the same family (e.g. the λ sweep's trend tests),
+        counted in m and in the adjustment; their adjusted values are returned by
+        :func:`istar.report.comparisons.study_tests`, not here.
+
+    Returns
+    -------
+    A copy with ``p_holm`` (Holm-adjusted over the family's m tests: every row with a p-value, and
+    the extra ones), ``significant`` (``p_holm`` < α; NA without a test), ``family_size`` m,
+    ``mde_alpha`` = α / m and ``mde``, the minimum detectable effect at 80 % power at that level
+    (NaN without information).
+    """
+    frame = frame.copy()
+    alpha = 1 - level
+    p_values = np.concatenate([frame["p_value"].to_numpy(dtype=float), np.asarray(extra_p_values, dtype=float)])
+    adjusted = holm(p_values) if len(p_values) else np.array([])
+    m = int(np.count_nonzero(~np.isnan(p_values)))
+    frame["p_holm"] = adjusted[:len(frame)]
+    frame["significant"] = [pd.NA if math.isnan(p) else bool(p < alpha) for p in frame["p_holm"]]
+    frame["family_size"] = m
+    frame["mde_alpha"] = family_alpha(m, alpha)
+    frame["mde"] = [minimum_detectable_effect(int(n), float(sd), alpha=family_alpha(m, alpha)) if informative(row)
+                    else math.nan for n, sd, row in zip(frame["n"], frame["sd_difference"], frame.itertuples())]
+    return frame.astype({"n": "Int64", "excludes_zero": "boolean", "significant": "boolean",
+                         "n_positive": "Int64", "n_negative": "Int64", "family_size": "Int64"})
+
+
+def informative(row) -> bool:
+    """Whether a comparison (a row of :func:`paired_differences`) carries information: at least two
+    pairs whose differences vary. Without it there is no test, no detectable effect and no verdict."""
+    return row.n is not pd.NA and int(row.n) >= 2 and float(row.sd_difference) > 0
 
 
 def pooled_gains(paired: pd.DataFrame, scales: dict[str, float], level: float = LEVEL) -> pd.DataFrame:
@@ -158,42 +218,49 @@ def pooled_gains(paired: pd.DataFrame, scales: dict[str, float], level: float = 
 
     Parameters
     ----------
-    paired : rows of :func:`paired_differences`.
+    paired : rows of :func:`paired_differences` (any measures; each measure is pooled apart).
     scales : task → the factor that puts its score in points (``Task.percent_scale``): cells of
         different metrics are pooled in the tables' units, as the paper averages its Table 1.
+        Measures other than ``score`` are pooled in their own units.
     level : coverage of the pooled interval (its test's α is 1 − level).
 
     Returns
     -------
-    DataFrame with :data:`POOLED_COLUMNS`: per study × method, one row over every model
+    DataFrame with :data:`POOLED_COLUMNS`: per study × measure × method, one row over every model
     (``scope`` ``all``) and one per model (``scope`` the model's name) when there are several:
-    ``k`` cells pooled (those with n ≥ 2 and s_d > 0; the others are named in
-    ``cells_left_out``), the DerSimonian–Laird ``mean``, ``se``, interval, ``p_value``, ``mde``
-    (the pooled gain detectable with 80 % power), ``tau2`` and ``i2``, all in points; and over the
-    same cells ``positive_cells`` (mean difference > 0), ``significant_gains`` and
+    ``k`` informative cells pooled (:func:`informative`; the others are named in ``cells_left_out``),
+    the DerSimonian–Laird ``mean``, ``se``, interval, ``p_value``, ``mde`` (the pooled gain
+    detectable with 80 % power), ``tau2`` and ``i2``; ``interval`` says which interval: ``HKSJ``
+    (Hartung–Knapp–Sidik–Jonkman, for 2 ≤ k < 5, where τ² is barely estimated), ``normal``, or
+    ``not pooled`` for k < 2 (no estimate: one cell is reported by its own paired test); and over
+    the same cells ``positive_cells`` (mean difference > 0), ``significant_gains`` and
     ``significant_losses`` (Holm-adjusted p < α, by sign).
     """
     rows = []
-    for (study, method, reference), block in paired.groupby(["study", "method", "reference"], sort=False):
+    for (study, measure, method, reference), block in paired.groupby(["study", "measure", "method", "reference"],
+                                                                     sort=False):
         scopes = [("all", block)]
         if block["model"].nunique() > 1:
             scopes += list(block.groupby("model", sort=False))
         for scope, cells in scopes:
-            usable = cells[(cells["n"] >= 2) & (cells["sd_difference"] > 0)]
+            usable = cells[[informative(row) for row in cells.itertuples()]]
             left_out = cells.drop(usable.index)
             significant = usable["significant"].fillna(False).astype(bool)
-            row = {"study": study, "method": method, "reference": reference, "scope": scope, "k": len(usable),
+            row = {"study": study, "measure": measure, "method": method, "reference": reference, "scope": scope,
+                   "k": len(usable), "interval": "not pooled",
                    "positive_cells": int((usable["mean_difference"] > 0).sum()),
                    "significant_gains": int((significant & (usable["mean_difference"] > 0)).sum()),
                    "significant_losses": int((significant & (usable["mean_difference"] < 0)).sum()),
                    "cells_left_out": " ".join(f"{m}/{t}" for m, t in zip(left_out["model"], left_out["task"]))}
-            if len(usable):
-                factor = usable["task"].map(scales).to_numpy(dtype=float)
+            if len(usable) >= 2:
+                factor = (usable["task"].map(scales).to_numpy(dtype=float) if measure == "score"
+                          else np.ones(len(usable)))
                 estimates = usable["mean_difference"].to_numpy(dtype=float) * factor
                 spread = usable["sd_difference"].to_numpy(dtype=float) * factor
                 pooled = random_effects(estimates, spread ** 2 / usable["n"].to_numpy(dtype=float), alpha=1 - level)
                 row |= {"mean": pooled.mean, "se": pooled.se, "ci_low": pooled.ci_low, "ci_high": pooled.ci_high,
-                        "p_value": pooled.p_value, "mde": pooled.mde, "tau2": pooled.tau2, "i2": pooled.i2}
+                        "p_value": pooled.p_value, "mde": pooled.mde, "tau2": pooled.tau2, "i2": pooled.i2,
+                        "interval": pooled.interval}
             rows.append(row)
     frame = pd.DataFrame(rows, columns=list(POOLED_COLUMNS))
     return frame.astype({"k": "Int64", "positive_cells": "Int64", "significant_gains": "Int64",
@@ -205,11 +272,14 @@ def difference_cell(row, scale: float = 100.0, digits: int = 1) -> str:
 
     ``scale`` multiplies the difference and its interval (100 for scores kept as fractions, 1
     for SQuAD's F1 and for IsoScore*), ``digits`` are the decimals shown; ``‡`` where the
-    Holm-adjusted p-value is below α; "– (n=0)" where no seed was paired, no interval where one was.
+    Holm-adjusted p-value is below α; "– (n=0)" where no seed was paired, no interval where one was
+    or where every pair differs by the same amount (no information: the interval would be a point).
     """
     if row is None or row.n == 0:
         return "– (n=0)"
     text = f"{row.mean_difference * scale:+.{digits}f}"
+    if row.n >= 2 and not informative(row):
+        return f"{text} (n={row.n}, every pair equal)"
     if row.n >= 2:
         text += (f" [{row.ci_low * scale:+.{digits}f}, {row.ci_high * scale:+.{digits}f}]"
                  + (SIGNIFICANT if row.significant is not pd.NA and row.significant else ""))
@@ -217,12 +287,18 @@ def difference_cell(row, scale: float = 100.0, digits: int = 1) -> str:
 
 
 def power_cell(row, scale: float = 100.0, digits: int = 1) -> str:
-    """A table cell ``p = 0.031, Holm 0.250; MDE 1.4`` from a row of :func:`paired_differences`:
-    what the comparison could show (the minimum detectable effect scaled like the difference);
-    "–" without a test (n < 2)."""
-    if row is None or row.n < 2 or math.isnan(row.p_value):
+    """A table cell ``p = 0.031 (rank 0.047; 7+ 1−), Holm 0.250; MDE 1.4`` from a row of
+    :func:`paired_differences`: what the comparison could show — the t-test's p, the signed-rank
+    test's p with the seeds above and below zero, the Holm-adjusted p and the minimum detectable
+    effect (scaled like the difference); "–" without a pair, "no information" where the pairs do
+    not vary or fewer than two remain."""
+    if row is None or row.n == 0:
         return "–"
-    return f"p = {format_p(row.p_value)}, Holm {format_p(row.p_holm)}; MDE {row.mde * scale:.{digits}f}"
+    if not informative(row):
+        return NO_INFORMATION + (f" ({row.n} pair)" if row.n < 2 else " (every pair equal)")
+    rank = "–" if math.isnan(row.p_wilcoxon) else format_p(row.p_wilcoxon)
+    return (f"p = {format_p(row.p_value)} (rank {rank}; {row.n_positive}+ {row.n_negative}−), "
+            f"Holm {format_p(row.p_holm)}; MDE {row.mde * scale:.{digits}f}")
 
 
 def format_p(value: float) -> str:

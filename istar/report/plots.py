@@ -25,7 +25,7 @@ from istar.report import figure_parts as parts
 from istar.report.aggregate_csv import require_columns
 from istar.report.figures import ANALYSIS_ZETA
 
-__all__ = ["fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8", "sigma_epochs"]
+__all__ = ["fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8", "sigma_epochs", "forest"]
 
 
 # --------------------------------------------------------------------------------------
@@ -302,4 +302,85 @@ def sigma_epochs(epochs: pd.DataFrame) -> Figure:
         ax.set_ylabel("IsoScore of Σ_S")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     parts.figure_legend(fig, axes.values())
+    return fig
+
+
+# --------------------------------------------------------------------------------------
+# The verdict as a picture
+# --------------------------------------------------------------------------------------
+
+
+def forest(paired: pd.DataFrame) -> Figure:
+    """The forest plot of the final study: each cell's paired score difference from Base, the pool, the paper's cells.
+
+    Parameters
+    ----------
+    paired : DataFrame
+        ``paired.csv`` of ``istar aggregate`` (:func:`istar.report.comparisons.study_tests`); its rows
+        with study ``final`` and measure ``score`` are drawn.
+
+    Returns
+    -------
+    Figure
+        One row per model × task × method: our mean paired difference in points with its 95 %
+        interval (filled circle; open where the interval holds 0), the minimum detectable effect
+        at the family's level as a bar ±MDE around 0, and, where the config maps the model to one of
+        the paper's, the paper's own gain for that cell with its Welch interval (square). Per method
+        a pooled diamond over the informative cells (Hartung–Knapp–Sidik–Jonkman below five; none
+        below two). Cells without information (no variation or fewer than two pairs) are left out
+        and named under the axis.
+    """
+    from istar.registry.methods import METHODS
+    from istar.report.paired import informative, pooled_gains
+
+    require_columns(paired, ("study", "measure", "model", "task", "method", "n", "mean_difference", "sd_difference",
+                             "ci_low", "ci_high", "mde", "paper_model", "paper_gain", "paper_low", "paper_high"),
+                    "paired.csv", "make it with `istar aggregate`")
+    rows = paired[(paired["study"] == "final") & (paired["measure"] == "score")]
+    if rows.empty:
+        raise ValueError("paired.csv has no final score comparisons: run the final stage (Base and a regulariser) "
+                         "and `istar aggregate`")
+    usable = rows[[informative(row) for row in rows.itertuples()]]
+    left_out = rows.drop(usable.index)
+    scales = {task: get_task(task).percent_scale for task in set(rows["task"])}
+    pooled = pooled_gains(usable, scales).query("scope == 'all' and interval != 'not pooled'") if len(usable) else None
+    lines = len(usable) + (0 if pooled is None else len(pooled))
+    fig = Figure(figsize=(7.2, 1.2 + 0.42 * max(lines, 1)), layout="constrained")
+    ax = fig.add_subplot()
+    labels, y = [], 0.0
+    for row in usable.itertuples():
+        scale = scales[row.task]
+        colour = METHODS[row.method].colour
+        mean, low, high = (row.mean_difference * scale, row.ci_low * scale, row.ci_high * scale)
+        ax.plot([-row.mde * scale, row.mde * scale], [y, y], color="#bbbbbb", linewidth=6, solid_capstyle="butt",
+                label="± minimum detectable effect (80% power, α / m)", zorder=1)
+        ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color=colour, capsize=3, zorder=3,
+                    markerfacecolor="white" if low <= 0 <= high else colour,
+                    label=f"{METHODS[row.method].label} − Base, this study (95% CI)")
+        if isinstance(row.paper_model, str):
+            ax.errorbar(row.paper_gain, y - 0.28, xerr=[[row.paper_gain - row.paper_low], [row.paper_high - row.paper_gain]],
+                        fmt="s", markersize=4, color="#555555", capsize=2, zorder=2,
+                        label="the paper's own cell (Table 1, Welch 95% CI)")
+        labels.append((y, f"{row.model} {get_task(row.task).display}, {METHODS[row.method].label}"
+                          + (f"\nvs the paper's {row.paper_model}" if isinstance(row.paper_model, str) else "")))
+        y -= 1.0
+    for entry in ([] if pooled is None else pooled.itertuples()):
+        mean, low, high = entry.mean, entry.ci_low, entry.ci_high
+        ax.fill([low, mean, high, mean], [y, y + 0.25, y, y - 0.25], color=METHODS[entry.method].colour, alpha=0.8,
+                label="pooled (random effects)")
+        name = "HKSJ" if entry.interval == "HKSJ" else "DL"
+        labels.append((y, f"{METHODS[entry.method].label}, pooled over {entry.k} cells ({name})"))
+        y -= 1.0
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks([pos for pos, _ in labels], [text for _, text in labels], fontsize="small")
+    ax.set_ylim(y + 0.4, 0.6)
+    ax.set_xlabel("Score difference from Base (points)")
+    ax.grid(axis="x", alpha=0.3)
+    title = "Paired differences from Base by cell"
+    if len(left_out):
+        title += "\nleft out, no information: " + ", ".join(
+            f"{m} {get_task(t).display} {METHODS[k].label}" for m, t, k in zip(left_out["model"], left_out["task"],
+                                                                            left_out["method"]))
+    ax.set_title(title, fontsize="medium")
+    parts.figure_legend(fig, [ax])
     return fig

@@ -22,7 +22,8 @@ class TableSpec:
     CSV it reads, ``runs`` or ``selection``), ``builder`` (``module:function`` returning a
     :class:`istar.report.table_render.Table` from that CSV's DataFrame), ``states_protocol``
     (the builder also takes the selection CSV, to state the selection protocol in a footnote)
-    and ``reads_stability`` (it also takes Fig. 2's simulation, when that study is on)."""
+    ``reads_stability`` (it also takes Fig. 2's simulation, when that study is on) and ``reads_config``
+    (it also takes the resolved config, ``results/config.yaml``: what the study declared)."""
 
     name: str
     switch: str | None
@@ -30,6 +31,7 @@ class TableSpec:
     builder: str
     states_protocol: bool = False
     reads_stability: bool = False
+    reads_config: bool = False
 
     def enabled(self, config: dict) -> bool:
         """Whether a validated config asks for this table."""
@@ -43,7 +45,7 @@ TABLES: dict[str, TableSpec] = {
         TableSpec("table2", None, "selection", "istar.report.tables:table2"),
         TableSpec("padding", "studies.padding", "runs", "istar.report.padding_study:padding_table"),
         TableSpec("claims", None, "runs", "istar.report.claims:claims_table", states_protocol=True,
-                  reads_stability=True),
+                  reads_stability=True, reads_config=True),
         TableSpec("seeds", None, "runs", "istar.report.tables:seed_table"),
     )
 }
@@ -63,12 +65,13 @@ def enabled_tables(config: dict) -> list[str]:
     return [spec.name for spec in TABLES.values() if spec.enabled(config)]
 
 
-def build(name: str, frame, selection=None, stability=None):
+def build(name: str, frame, selection=None, stability=None, config=None):
     """Build table ``name`` from the DataFrame of its CSV (and, for a table that states the selection
     protocol, the selection CSV's DataFrame or None; for one that reads Fig. 2's simulation, its
-    DataFrame or None)."""
+    DataFrame or None; for one that reads the config, the resolved config dict or None)."""
     spec = get_table(name)
     module, function = spec.builder.split(":")
     builder = getattr(importlib.import_module(module), function)
-    extra = ([selection] if spec.states_protocol else []) + ([stability] if spec.reads_stability else [])
+    extra = (([selection] if spec.states_protocol else []) + ([stability] if spec.reads_stability else [])
+             + ([config] if spec.reads_config else []))
     return builder(frame, *extra)

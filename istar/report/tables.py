@@ -40,7 +40,8 @@ from istar.registry.methods import METHOD_NAMES, METHODS
 from istar.registry.tasks import get_task, ordered_tasks
 from istar.report.aggregate_csv import read_aggregate, require_columns
 from istar.report.inference import POWER
-from istar.report.paired import LEVEL, REFERENCE, SIGNIFICANT, difference_cell, paired_differences, power_cell
+from istar.report.comparisons import study_tests
+from istar.report.paired import LEVEL, REFERENCE, SIGNIFICANT, difference_cell, power_cell
 from istar.report.select import protocol_note
 from istar.report.table_render import Table, latex_escape, render_csv, render_latex, render_markdown, write_table
 
@@ -138,9 +139,8 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
     tasks = ordered_tasks(final["task"])
     models = list(dict.fromkeys(final["model"]))
     groups = {key: group for key, group in final.groupby(["model", "method", "task"])}
-    differences = paired_differences(final)
-    paired = {(row.model, row.method, row.task): row for row in differences.itertuples()}
-    n_tests = int(differences["p_value"].notna().sum())
+    tests = study_tests(runs)
+    paired = tests.cells("final")
 
     index, cells, best, seed_counts, unpaired = [], [], [], set(), []
     for model in models:
@@ -178,11 +178,15 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
         f"Rows “method − Base”: the mean paired difference over the n seeds both ran (method minus Base, seed by "
         f"seed; SQuAD: F1), in the units shown, with its {LEVEL:.0%} confidence interval from Student's t with "
         f"n − 1 degrees of freedom. n = 1: no interval.",
-        f"Rows “method − Base: test”: the paired t-test's two-sided p-value, the p-value after Holm's correction "
-        f"across all {n_tests} differences of this table ({SIGNIFICANT} on the difference: Holm-adjusted p < "
-        f"{1 - LEVEL:g}), and the minimum detectable effect (MDE): the true difference this comparison finds with "
-        f"{POWER:.0%} power at α = {1 - LEVEL:g} given its n and observed paired standard deviation, in the units "
-        "shown. A difference smaller than its MDE can hide behind a non-significant result.",
+        f"Rows “method − Base: test”: the paired t-test's two-sided p-value; in brackets the Wilcoxon signed-rank "
+        "test's and the seeds above (+) and below (−) zero; the p-value after Holm's correction across the study's "
+        f"{tests.family_size} confirmatory tests (paired.csv and trend.csv: every cell, measure and trend; "
+        f"{SIGNIFICANT} on the difference: Holm-adjusted p < {1 - LEVEL:g}); and the minimum detectable effect "
+        f"(MDE): the true difference this comparison finds with {POWER:.0%} power at α / m "
+        f"= {(1 - LEVEL) / max(tests.family_size, 1):.3g}, the level of Holm's first step, given its n and "
+        "observed paired standard deviation, in the units shown. A difference smaller than its MDE can hide behind "
+        "a non-significant result. “no information”: the pairs do not vary (e.g. every run of both arms predicted "
+        "one class) or fewer than two remain: no test.",
     ]
     if unpaired:
         footnotes.append("Seeds run by one side only, left out of the differences: " + "; ".join(unpaired) + ".")
@@ -386,12 +390,16 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
                         "left out when the file does not exist; default: %(default)s)")
     parser.add_argument("--stability", type=Path, default=None,
                         help="fig2_stability.csv of `istar stability` (claims; left out when not given)")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="the resolved config (results/config.yaml; claims: the declared primary endpoint, the "
+                             "paper models, the training rows; left out when not given)")
     parser.add_argument("--out-prefix", type=Path, default=None,
                         help="output path without suffix; writes .csv, .md and .tex (default: results/tables/WHICH)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
     """Build the chosen table from its CSV and write it; print the files written."""
+    from istar.config.schema import load_yaml
     from istar.report.table_specs import build, get_table
 
     spec = get_table(args.which)
@@ -399,7 +407,8 @@ def run_cli(args: argparse.Namespace) -> int:
     # a table that states the selection protocol reads it when the selection exists (it is drawn without it too)
     selection = read_aggregate(args.selection) if spec.states_protocol and args.selection.is_file() else None
     stability = read_aggregate(args.stability) if spec.reads_stability and args.stability else None
-    table = build(args.which, read_aggregate(source), selection=selection, stability=stability)
+    config = load_yaml(args.config) if spec.reads_config and args.config else None
+    table = build(args.which, read_aggregate(source), selection=selection, stability=stability, config=config)
     for path in write_table(table, args.out_prefix or Path("results/tables") / args.which):
         print(path)
     return 0

@@ -41,12 +41,17 @@ EXPECTED_DIMS_COLUMNS = ["study", "model", "task", "method", "setting", "lam", "
 EXPECTED_SELECTION_COLUMNS = ["model", "task", "metric", "lam", "zeta", "batch_size", "epochs", "learning_rate",
                               "score", "score_std", "seeds", "standin", "protocol", "heldout_fraction", "heldout_seed",
                               "settings"]
-EXPECTED_PAIRED_COLUMNS = ["study", "model", "task", "method", "reference", "metric", "n", "mean_difference",
-                           "sd_difference", "ci_low", "ci_high", "level", "excludes_zero", "p_value", "p_holm",
-                           "significant", "mde", "seeds", "unpaired"]
-EXPECTED_POOLED_COLUMNS = ["study", "method", "reference", "scope", "k", "mean", "se", "ci_low", "ci_high", "p_value",
-                           "mde", "tau2", "i2", "positive_cells", "significant_gains", "significant_losses",
-                           "cells_left_out"]
+EXPECTED_PAIRED_COLUMNS = ["study", "measure", "model", "task", "method", "reference", "metric", "n", "mean_difference",
+                           "sd_difference", "ci_low", "ci_high", "level", "excludes_zero", "p_value", "p_wilcoxon",
+                           "n_positive", "n_negative", "p_holm", "significant", "mde", "mde_alpha", "family_size",
+                           "seeds", "unpaired", "paper_model", "paper_gain", "paper_low", "paper_high", "paper_p",
+                           "gap", "gap_low", "gap_high", "consistent"]
+EXPECTED_TREND_COLUMNS = ["study", "model", "task", "covariate", "n", "groups", "slope", "se", "ci_low", "ci_high",
+                          "level", "p_value", "p_holm", "significant", "mde", "mde_alpha", "family_size",
+                          "group_variance", "residual_variance", "lambdas"]
+EXPECTED_POOLED_COLUMNS = ["study", "measure", "method", "reference", "scope", "k", "interval", "mean", "se", "ci_low",
+                           "ci_high", "p_value", "mde", "tau2", "i2", "positive_cells", "significant_gains",
+                           "significant_losses", "cells_left_out"]
 
 # the runs of conftest.TINY_RUNS that are measured into one file
 ANALYSED = [("base", 0), ("cosreg_lam1", 0), ("istar_lam-1_zeta0.2", 0)]
@@ -203,7 +208,8 @@ def test_exact_columns(aggregated):
     assert list(DIMS_COLUMNS) == EXPECTED_DIMS_COLUMNS and list(SELECTION_COLUMNS) == EXPECTED_SELECTION_COLUMNS
     for name, columns in [("runs", EXPECTED_RUNS_COLUMNS), ("layers", EXPECTED_LAYERS_COLUMNS),
                           ("dims", EXPECTED_DIMS_COLUMNS), ("selection", EXPECTED_SELECTION_COLUMNS),
-                          ("paired", EXPECTED_PAIRED_COLUMNS), ("pooled", EXPECTED_POOLED_COLUMNS)]:
+                          ("paired", EXPECTED_PAIRED_COLUMNS), ("trend", EXPECTED_TREND_COLUMNS),
+                          ("pooled", EXPECTED_POOLED_COLUMNS)]:
         assert read_csv(aggregated["out"] / f"{name}.csv")[0] == columns
         assert list(aggregated["frames"][name].columns) == columns
 
@@ -282,7 +288,7 @@ def test_paired_csv_equals_scipy_on_the_final_runs(aggregated):
     from scipy import stats
 
     runs = pd.read_csv(aggregated["out"] / "runs.csv")
-    paired = pd.read_csv(aggregated["out"] / "paired.csv").set_index("method")
+    paired = pd.read_csv(aggregated["out"] / "paired.csv").query("measure == 'score'").set_index("method")
     final = runs[runs["study"] == "final"].set_index(["method", "seed"])["score"]
     assert sorted(paired.index) == ["cosreg", "istar"] and set(paired["reference"]) == {"base"}
     assert paired.at["istar", "unpaired"] == "istar: 1" and paired.at["istar", "n"] == 1  # base ran seed 0 only
@@ -318,7 +324,8 @@ def test_empty_inputs_and_errors(runs, tmp_path):
     frames = aggregate([], [], tmp_path / "empty")
     for name, columns in [("runs", EXPECTED_RUNS_COLUMNS), ("layers", EXPECTED_LAYERS_COLUMNS),
                           ("dims", EXPECTED_DIMS_COLUMNS), ("selection", EXPECTED_SELECTION_COLUMNS),
-                          ("paired", EXPECTED_PAIRED_COLUMNS), ("pooled", EXPECTED_POOLED_COLUMNS)]:
+                          ("paired", EXPECTED_PAIRED_COLUMNS), ("trend", EXPECTED_TREND_COLUMNS),
+                          ("pooled", EXPECTED_POOLED_COLUMNS)]:
         assert read_csv(tmp_path / "empty" / f"{name}.csv") == [columns] and frames[name].empty
     unfinished = tmp_path / "runs" / "tiny" / "rte" / "base" / "seed9"
     unfinished.mkdir(parents=True)

@@ -10,7 +10,14 @@ from statsmodels.stats.meta_analysis import combine_effects
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
-from istar.report.inference import holm, minimum_detectable_effect, paired_t_pvalue, random_effects
+from istar.report.inference import (
+    holm,
+    minimum_detectable_effect,
+    paired_t_pvalue,
+    random_effects,
+    random_intercept_slope,
+    signed_rank_pvalue,
+)
 from istar.report.paired import paired_differences, pooled_gains
 
 RNG = np.random.default_rng(7)
@@ -55,7 +62,7 @@ def test_the_minimum_detectable_effect_of_a_degenerate_comparison():
 def test_the_random_effects_pool_equals_statsmodels_dersimonian_laird(k):
     estimates = RNG.normal(0.3, 2.0, k)  # spread well beyond the sampling error: τ² > 0
     variances = RNG.uniform(0.05, 0.5, k)
-    pooled = random_effects(estimates, variances)
+    pooled = random_effects(estimates, variances, hksj=False)
     reference = combine_effects(estimates, variances, method_re="dl")
     assert reference.tau2 > 0
     frame = reference.summary_frame()
@@ -75,7 +82,7 @@ def test_without_heterogeneity_the_pool_is_the_fixed_effect_one(k):
     # moment estimate in its random-effects row, so compare with its fixed-effect row, which τ² = 0 gives.
     estimates = RNG.normal(0.3, 0.05, k)
     variances = RNG.uniform(0.5, 1.0, k)
-    pooled = random_effects(estimates, variances)
+    pooled = random_effects(estimates, variances, hksj=False)
     reference = combine_effects(estimates, variances, method_re="dl")
     frame = reference.summary_frame()
     assert pooled.tau2 == 0.0
@@ -101,12 +108,86 @@ def test_paired_rows_carry_p_holm_and_mde_and_pool_in_points():
                   ("mrpc", "base"): [0.70, 0.72, 0.74, 0.71], ("mrpc", "istar"): [0.69, 0.73, 0.72, 0.70]})
     paired = paired_differences(runs)
     assert list(paired["p_holm"]) == pytest.approx(list(multipletests(paired["p_value"], method="holm")[1]))
-    for row in paired.itertuples():
-        assert row.mde == pytest.approx(TTestPower().solve_power(None, nobs=4, alpha=0.05, power=0.8) * row.sd_difference,
+    for row in paired.itertuples():  # stated at α / m, the level of Holm's first step (m = 2 here)
+        assert row.mde_alpha == pytest.approx(0.025) and row.family_size == 2
+        assert row.mde == pytest.approx(TTestPower().solve_power(None, nobs=4, alpha=0.025, power=0.8) * row.sd_difference,
                                         rel=1e-6)
         assert row.significant == (row.p_holm < 0.05)
     pooled = pooled_gains(paired, {"sst2": 100.0, "mrpc": 100.0}).set_index("scope").loc["all"]
+    assert pooled["interval"] == "HKSJ"  # two cells: τ² is barely estimated
     variances = ((paired["sd_difference"] * 100) ** 2 / paired["n"].astype(float)).to_numpy(dtype=float)
     assert pooled["mean"] == pytest.approx(random_effects(paired["mean_difference"].to_numpy(dtype=float) * 100,
                                                           variances).mean)
     assert pooled["k"] == 2 and pooled["positive_cells"] == 1
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_the_hksj_pool_of_few_cells_equals_statsmodels(k):
+    estimates = RNG.normal(0.3, 2.0, k)
+    variances = RNG.uniform(0.05, 0.5, k)
+    pooled = random_effects(estimates, variances)  # below five cells: HKSJ by default
+    reference = combine_effects(estimates, variances, method_re="dl", use_t=True)
+    assert reference.tau2 > 0
+    row = reference.summary_frame(use_t=True).loc["random effect wls"]
+    assert pooled.interval == "HKSJ"
+    assert pooled.mean == pytest.approx(row["eff"], rel=1e-10)
+    assert pooled.se == pytest.approx(row["sd_eff"], rel=1e-10)
+    assert (pooled.ci_low, pooled.ci_high) == pytest.approx((row["ci_low"], row["ci_upp"]), rel=1e-10)
+    assert pooled.p_value == pytest.approx(2 * stats.t.sf(abs(pooled.mean) / pooled.se, k - 1), rel=1e-12)
+    # the interval is wider than DerSimonian-Laird's normal one, which overstates the precision of few cells
+    normal = random_effects(estimates, variances, hksj=False)
+    assert pooled.ci_high - pooled.ci_low > normal.ci_high - normal.ci_low or pooled.se < normal.se
+    with pytest.raises(ValueError, match="at least two cells"):
+        random_effects(estimates[:1], variances[:1], hksj=True)
+
+
+def test_the_signed_rank_test_is_scipys_and_needs_two_nonzero_differences():
+    d = np.array([0.012, -0.042, 0.02, 0.005, 0.031, 0.008, -0.003, 0.017, 0.01, 0.022])
+    assert signed_rank_pvalue(d) == pytest.approx(stats.wilcoxon(d).pvalue, rel=1e-12)
+    assert math.isnan(signed_rank_pvalue([0.0, 0.0, 0.0])) and math.isnan(signed_rank_pvalue([0.1, 0.0]))
+
+
+def test_paired_rows_report_the_rank_test_and_no_test_without_variation():
+    runs = _runs({("sst2", "base"): [0.80, 0.82, 0.81, 0.79, 0.80], ("sst2", "istar"): [0.83, 0.84, 0.82, 0.81, 0.70],
+                  ("mrpc", "base"): [0.68] * 5, ("mrpc", "istar"): [0.68] * 5})
+    paired = paired_differences(runs).set_index("task")
+    sst2, mrpc = paired.loc["sst2"], paired.loc["mrpc"]
+    d = np.array([0.83, 0.84, 0.82, 0.81, 0.70]) - np.array([0.80, 0.82, 0.81, 0.79, 0.80])
+    assert sst2["p_wilcoxon"] == pytest.approx(stats.wilcoxon(d).pvalue)
+    assert (sst2["n_positive"], sst2["n_negative"]) == (4, 1)
+    # every run of both arms identical (e.g. all collapsed to one class): no p, no power, out of the family
+    assert math.isnan(mrpc["p_value"]) and math.isnan(mrpc["mde"]) and math.isnan(mrpc["p_holm"])
+    assert sst2["family_size"] == 1 and sst2["p_holm"] == pytest.approx(sst2["p_value"])
+    pooled = pooled_gains(paired.reset_index(), {"sst2": 100.0, "mrpc": 100.0}).iloc[0]
+    assert pooled["k"] == 1 and pooled["interval"] == "not pooled" and math.isnan(pooled["mean"])
+
+
+def test_the_random_intercept_slope_equals_statsmodels_mixedlm():
+    import statsmodels.formula.api as smf
+
+    seeds = np.repeat(np.arange(8), 7)
+    lam = np.tile([-5, -3, -1, 0, 1, 3, 5], 8).astype(float)
+    iso = 0.2 + 0.01 * lam + RNG.normal(0, 0.01, 56)
+    score = 88 - 6.0 * iso + RNG.normal(0, 1.0, 8)[seeds] + RNG.normal(0, 0.8, 56)
+    fit = random_intercept_slope(score, iso, seeds)
+    frame = pd.DataFrame({"y": score, "x": iso, "seed": seeds})
+    reference = smf.mixedlm("y ~ x", frame, groups=frame["seed"]).fit(reml=True)
+    # both optimise the same REML criterion, each to its own tolerance: agreement to 1e-4 standard errors
+    assert fit.estimate == pytest.approx(reference.params["x"], abs=1e-4 * fit.se)
+    assert fit.intercept == pytest.approx(reference.params["Intercept"], abs=1e-4 * reference.bse["Intercept"])
+    # the standard error is the generalised least-squares one, (XᵀV⁻¹X)⁻¹ at statsmodels' variance estimates
+    # (as lme4 and nlme report it); statsmodels' own bse inverts the whole observed Hessian, variance terms
+    # included, which differs in the third digit
+    v = reference.scale * np.eye(56) + float(reference.cov_re.iloc[0, 0]) * (seeds[:, None] == seeds[None, :])
+    design = np.column_stack([np.ones(56), iso])
+    gls = np.linalg.inv(design.T @ np.linalg.solve(v, design))
+    assert fit.se == pytest.approx(math.sqrt(gls[1, 1]), rel=1e-5)
+    assert fit.se == pytest.approx(reference.bse["x"], rel=1e-2)
+    assert (fit.ci_low, fit.ci_high) == pytest.approx(
+        (fit.estimate - stats.norm.isf(0.025) * fit.se, fit.estimate + stats.norm.isf(0.025) * fit.se), rel=1e-12)
+    assert fit.p_value == pytest.approx(2 * stats.norm.sf(abs(fit.estimate) / fit.se), rel=1e-12)
+    assert fit.group_variance == pytest.approx(float(reference.cov_re.iloc[0, 0]), rel=1e-4)
+    assert fit.residual_variance == pytest.approx(reference.scale, rel=1e-5)
+    assert (fit.n, fit.groups) == (56, 8)
+    with pytest.raises(ValueError, match="at least two groups"):
+        random_intercept_slope(score[:7], iso[:7], seeds[:7])

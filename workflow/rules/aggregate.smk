@@ -24,9 +24,10 @@ rule aggregate:
         ),
         selections=" ".join(SELECTIONS),
         measures=lambda wildcards: " ".join(all_measures()),
+        paper_models=json.dumps(config["inference"]["paper_models"], sort_keys=True),
     shell:
         "python -m istar aggregate --out-dir results/aggregate {params.specs} --selection {params.selections} "
-        "--measures {params.measures} > {log} 2>&1"
+        "--measures {params.measures} --paper-models {params.paper_models:q} > {log} 2>&1"
 
 
 # Table 1's cells, the λ sweep and the Σ_S curves in the form DVC compares across experiments

@@ -10,6 +10,7 @@ rule table:
         runs="results/aggregate/runs.csv",
         selection="results/aggregate/selection.csv",
         stability=table_stability_input,
+        config="results/config.yaml",
     output:
         csv=report(
             "results/tables/{table}.csv",
@@ -32,7 +33,7 @@ rule table:
         ),
     shell:
         "python -m istar table {wildcards.table} --runs {input.runs} --selection {input.selection} "
-        "{params.stability} --out-prefix results/tables/{wildcards.table} > {log} 2>&1"
+        "{params.stability} --config {input.config} --out-prefix results/tables/{wildcards.table} > {log} 2>&1"
 
 
 rule stability:

@@ -1,0 +1,195 @@
+"""A study's confirmatory tests, as one family: each comparison gets one adjusted p wherever it is shown.
+
+The tables, the claims and ``paired.csv`` / ``trend.csv`` all read :func:`study_tests`, so a
+comparison printed in Table 1, in the padding table and in the claims table carries the same
+Holm-adjusted p-value and the same minimum detectable effect. The family is every test a verdict
+can be drawn from:
+
+- the final study's paired comparisons of each method with Base, per model × task, on the score,
+  on the fine-tuned model's IsoScore* and on its last layer's cosine similarity (where measured);
+- the padding study's I-STAR variants against Base, on the score and on IsoScore*;
+- the λ sweep's trends (:func:`trend_tests`): per model × task the slope of the score (points) on
+  the fine-tuned model's IsoScore*, and on λ, each from a linear mixed model with the seed as a
+  random intercept (:func:`istar.report.inference.random_intercept_slope`). The paper's claim
+  (Fig. 3: "decreasing isotropy improves performance") is a negative slope on IsoScore*.
+
+Holm's adjustment runs over the m tests of the family, and each detectable effect is stated at
+α / m, the level the first Holm step tests at.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from istar.core.tokens import TOKEN_SELECTIONS
+from istar.registry.methods import METHODS
+from istar.registry.tasks import get_task
+from istar.report.inference import POWER, family_alpha, holm, random_intercept_slope
+from istar.report.paired import LEVEL, PAIRED_COLUMNS, REFERENCE, adjust_family, informative, paired_differences
+from istar.report.paper import Estimate, difference, paper_gain, paper_model
+
+__all__ = ["MEASURES", "TREND_COLUMNS", "PAPER_COLUMNS", "STUDY_PAIRED_COLUMNS", "StudyTests", "variant_label",
+           "trend_tests", "study_tests", "paper_comparisons"]
+
+MEASURES = {"final": ("score", "isoscore_star", "cosine_similarity"), "padding": ("score", "isoscore_star")}
+"""Study → the measures its paired comparisons test (those the runs have values of)."""
+
+TREND_STUDY = "lambda_sweep"
+TREND_COVARIATES = ("isoscore_star", "lam")
+"""What the λ sweep's score is regressed on: the fine-tuned model's IsoScore* (the paper's claim), and λ."""
+
+TREND_COLUMNS = ("study", "model", "task", "covariate", "n", "groups", "slope", "se", "ci_low", "ci_high", "level",
+                 "p_value", "p_holm", "significant", "mde", "mde_alpha", "family_size", "group_variance",
+                 "residual_variance", "lambdas")
+"""Columns of ``trend.csv``: the slope in points per unit of the covariate, its Wald interval and test."""
+
+PAPER_COLUMNS = ("paper_model", "paper_gain", "paper_low", "paper_high", "paper_p", "gap", "gap_low", "gap_high",
+                 "consistent")
+"""Columns :func:`study_tests` adds to the final study's score rows of ``paired.csv``: the paper's own cell
+(:func:`paper_comparisons`), in points; empty elsewhere."""
+
+STUDY_PAIRED_COLUMNS = (*PAIRED_COLUMNS, *PAPER_COLUMNS)
+"""Columns of ``paired.csv``."""
+
+
+def variant_label(method: str, tokens: str) -> str:
+    """``Base``, ``I-STAR, real tokens``, ``I-STAR, all positions``: a padding-study arm's name."""
+    label = METHODS[method].label
+    return f"{label}, {TOKEN_SELECTIONS[tokens].label}" if METHODS[method].takes("tokens") else label
+
+
+@dataclass(frozen=True)
+class StudyTests:
+    """The study's family of tests: ``paired`` (:data:`istar.report.paired.PAIRED_COLUMNS`) and
+    ``trends`` (:data:`TREND_COLUMNS`), adjusted together."""
+
+    paired: pd.DataFrame
+    trends: pd.DataFrame
+
+    def rows(self, study: str, measure: str = "score") -> pd.DataFrame:
+        """The paired comparisons of one study and measure."""
+        return self.paired[(self.paired["study"] == study) & (self.paired["measure"] == measure)]
+
+    def cells(self, study: str, measure: str = "score") -> dict[tuple[str, str, str], object]:
+        """(model, method, task) → that comparison's row, for table cells."""
+        return {(row.model, row.method, row.task): row for row in self.rows(study, measure).itertuples()}
+
+    @property
+    def family_size(self) -> int:
+        return int(self.paired["p_value"].notna().sum() + self.trends["p_value"].notna().sum())
+
+
+def _paired_parts(runs: pd.DataFrame, level: float) -> list[pd.DataFrame]:
+    parts = []
+    for study, measures in MEASURES.items():
+        rows = runs[runs["study"] == study]
+        if rows.empty:
+            continue
+        if study == "padding":  # its two I-STAR arms differ by token selection: each is compared as an arm
+            rows = rows.assign(method=[variant_label(m, t) for m, t in zip(rows["method"], rows["tokens"])])
+        reference = METHODS[REFERENCE].label if study == "padding" else REFERENCE
+        for measure in measures:
+            if measure in rows and rows[measure].notna().any():
+                parts.append(paired_differences(rows.assign(score=rows[measure]), study, reference, level, measure))
+    return parts
+
+
+def trend_tests(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
+    """The λ sweep's trends, before the family's adjustment (``p_holm`` and ``mde`` NaN).
+
+    Per model × task of the ``lambda_sweep`` study's measured runs (λ = 0 is Base): the slope of the
+    score in points on each of :data:`TREND_COVARIATES`, the seed a random intercept. A cell with
+    fewer than two seeds or one λ is left out.
+    """
+    rows = runs[(runs["study"] == TREND_STUDY)].dropna(subset=["score"])
+    out = []
+    for (model, task), cell in rows.groupby(["model", "task"], sort=False):
+        lam = cell["lam"].fillna(0.0).astype(float)
+        for covariate in TREND_COVARIATES:
+            x = lam if covariate == "lam" else cell[covariate].astype(float)
+            usable = x.notna()
+            if cell.loc[usable, "seed"].nunique() < 2 or lam[usable].nunique() < 2:
+                continue
+            points = cell.loc[usable, "score"].astype(float) * get_task(task).percent_scale
+            fit = random_intercept_slope(points.to_numpy(), x[usable].to_numpy(), cell.loc[usable, "seed"].to_numpy(),
+                                         alpha=1 - level)
+            out.append({"study": TREND_STUDY, "model": model, "task": task, "covariate": covariate, "n": fit.n,
+                        "groups": fit.groups, "slope": fit.estimate, "se": fit.se, "ci_low": fit.ci_low,
+                        "ci_high": fit.ci_high, "level": level, "p_value": fit.p_value,
+                        "group_variance": fit.group_variance, "residual_variance": fit.residual_variance,
+                        "lambdas": " ".join(f"{v:g}" for v in sorted(set(lam[usable])))})
+    return pd.DataFrame(out, columns=list(TREND_COLUMNS))
+
+
+def study_tests(runs: pd.DataFrame, level: float = LEVEL, paper_models: dict[str, str] | None = None) -> StudyTests:
+    """Every confirmatory test of the study in ``runs.csv``, Holm-adjusted as one family (module docstring).
+
+    Parameters
+    ----------
+    runs : ``runs.csv`` of ``istar aggregate``.
+    level : coverage of the intervals; α = 1 − level.
+    paper_models : ``inference.paper_models`` (model → the paper's model set beside it); None: the
+        schema's default.
+
+    Returns
+    -------
+    :class:`StudyTests`; ``paired`` has :data:`STUDY_PAIRED_COLUMNS` (empty when no study has pairs).
+    """
+    from scipy import stats
+
+    from istar.config.schema import default_of
+
+    parts = _paired_parts(runs, level)
+    paired = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(PAIRED_COLUMNS))
+    trends = trend_tests(runs, level)
+    paired = adjust_family(paired, level, extra_p_values=trends["p_value"].to_numpy(dtype=float))
+    p_values = np.concatenate([paired["p_value"].to_numpy(dtype=float), trends["p_value"].to_numpy(dtype=float)])
+    m = int(np.count_nonzero(~np.isnan(p_values)))
+    alpha = family_alpha(m, 1 - level)
+    if len(trends):
+        trends["p_holm"] = holm(p_values)[len(paired):]
+        trends["significant"] = trends["p_holm"] < 1 - level
+        trends["family_size"] = m
+        trends["mde_alpha"] = alpha
+        trends["mde"] = (float(stats.norm.isf(alpha / 2)) + float(stats.norm.ppf(POWER))) * trends["se"]
+    mapping = default_of("inference.paper_models") if paper_models is None else paper_models
+    paper = paper_comparisons(paired, mapping, level)
+    paired = paired.join(paper) if len(paired) else paired.reindex(columns=list(STUDY_PAIRED_COLUMNS))
+    return StudyTests(paired=paired.reindex(columns=list(STUDY_PAIRED_COLUMNS)), trends=trends)
+
+
+def paper_comparisons(paired: pd.DataFrame, mapping: dict[str, str], level: float = LEVEL) -> pd.DataFrame:
+    """Each final cell's gain beside the paper's own cell for the model it maps to.
+
+    Parameters
+    ----------
+    paired : rows of :func:`istar.report.paired.paired_differences`; the final study's score rows are used.
+    mapping : ``inference.paper_models`` (model short name → albert, bert or distilbert).
+
+    Returns
+    -------
+    DataFrame with :data:`PAPER_COLUMNS` on the index of ``paired`` (points): ``paper_gain`` (the
+    paper's gain, Welch, :mod:`istar.report.paper`) with its interval and p-value, ``gap`` = ours −
+    the paper's with its interval, and ``consistent`` (the gap's interval holds 0). Rows without a
+    paper model, a paper cell or an informative comparison are left out.
+    """
+    alpha = 1 - level
+    out = {}
+    chosen = paired[(paired["study"] == "final") & (paired["measure"] == "score")] if len(paired) else paired
+    for index, row in chosen.iterrows():
+        theirs_model = paper_model(row["model"], mapping)
+        theirs = paper_gain(theirs_model, row["task"], row["method"], alpha) if theirs_model else None
+        if theirs is None or not informative(row):
+            continue
+        scale = get_task(row["task"]).percent_scale
+        n = int(row["n"])
+        ours = Estimate.of(row["mean_difference"] * scale, row["sd_difference"] * scale / math.sqrt(n), n - 1, alpha)
+        gap = difference(ours, theirs, alpha)
+        out[index] = {"paper_model": theirs_model, "paper_gain": theirs.mean, "paper_low": theirs.ci_low,
+                      "paper_high": theirs.ci_high, "paper_p": theirs.p_value, "gap": gap.mean, "gap_low": gap.ci_low,
+                      "gap_high": gap.ci_high, "consistent": gap.holds_zero}
+    return pd.DataFrame.from_dict(out, orient="index", columns=list(PAPER_COLUMNS))
