@@ -17,7 +17,7 @@ from istar.registry.analysis import get_sigma_source
 from istar.registry.methods import get_method
 from istar.registry.tasks import SPLITS, TASKS
 
-__all__ = ["search_settings", "selected_setting", "fixed_setting", "fixed_choice_args", "final_settings", "baseline_choices",
+__all__ = ["search_settings", "searches_no_penalty", "istar_or_base", "selected_setting", "fixed_setting", "fixed_choice_args", "final_settings", "baseline_choices",
            "tuned_tokens", "tuning_settings", "tuned_setting", "study_runs",
            "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "prepare_data_inputs",
            "train_spec", "heldout_name", "holdout_spec",
@@ -40,17 +40,24 @@ def config_tokens(config: dict) -> str:
 
 
 def search_settings(config: dict) -> list[Setting]:
-    """Stage 1: I-STAR over λ × ζ (× batch size × epochs × learning rate when searched); with
-    ``search.tune_baselines``, also the final stage's other methods over the training grid."""
+    """Stage 1: I-STAR over λ × ζ (× batch size × epochs × learning rate when searched); λ = 0 in the
+    grid is Base (one run per training value, whatever ζ), so the search can choose no regularisation;
+    with ``search.tune_baselines``, also the final stage's other methods over the training grid."""
     search, tokens = config["search"], config_tokens(config)
     grid = _training_grid(search)
-    settings = [Setting("istar", lam=float(lam), zeta=float(zeta), tokens=tokens, batch_size=bs, epochs=ep,
-                        learning_rate=lr)
+    settings = [istar_or_base(float(lam), float(zeta), tokens).with_training(
+                    Setting("base", batch_size=bs, epochs=ep, learning_rate=lr))
                 for lam, zeta, (bs, ep, lr) in itertools.product(search["lambdas"], search["zetas"], grid)]
     if search["tune_baselines"]:
         settings += [baseline.with_training(Setting("base", batch_size=bs, epochs=ep, learning_rate=lr))
                      for baseline in _baselines(config) for bs, ep, lr in grid]
-    return settings
+    return list(dict.fromkeys(settings))
+
+
+def searches_no_penalty(config: dict) -> bool:
+    """Whether the search's λ grid holds 0: Base is then one of I-STAR's candidates (``istar select
+    --lambda-zero``), and the search may choose no regularisation."""
+    return 0.0 in config["search"]["lambdas"]
 
 
 def _baselines(config: dict) -> list[Setting]:
@@ -61,12 +68,16 @@ def _baselines(config: dict) -> list[Setting]:
 
 
 def selected_setting(selection: dict, config: dict) -> Setting:
-    """The I-STAR setting a ``best.json`` (``istar select``) names; training values only if searched."""
+    """The I-STAR setting a ``best.json`` (``istar select``) names — Base where the search chose λ = 0;
+    training values only if searched."""
     searched = trains_training_grid(config)
-    return Setting("istar", lam=float(selection["lam"]), zeta=float(selection["zeta"]), tokens=config_tokens(config),
-                   batch_size=int(selection["batch_size"]) if searched else None,
-                   epochs=int(selection["epochs"]) if searched else None,
-                   learning_rate=float(selection["learning_rate"]) if searched else None)
+    training = Setting("base", batch_size=int(selection["batch_size"]) if searched else None,
+                       epochs=int(selection["epochs"]) if searched else None,
+                       learning_rate=float(selection["learning_rate"]) if searched else None)
+    if selection["method"] == "base":
+        return training
+    return Setting("istar", lam=float(selection["lam"]), zeta=float(selection["zeta"]),
+                   tokens=config_tokens(config)).with_training(training)
 
 
 def tuned_setting(selection: dict) -> Setting:
@@ -107,7 +118,9 @@ def final_settings(config: dict, selection: Setting | None, baselines: dict[str,
     if selection is None:
         return [] if trains_training_grid(config) else others
     chosen = baselines or {}
-    return [chosen.get(setting.method) or setting.with_training(selection) for setting in others] + [selection]
+    # a search that chose λ = 0 chose Base: its I-STAR arm is the Base run, planned once
+    return list(dict.fromkeys([chosen.get(setting.method) or setting.with_training(selection) for setting in others]
+                              + [selection]))
 
 
 def baseline_choices(selection: dict) -> dict[str, Setting]:

@@ -56,8 +56,6 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
     if "squad" in tasks and training["doc_stride"] >= training["qa_max_length"] // 2:
         raise ConfigError(f"config key 'training.doc_stride': {training['doc_stride']} must be smaller than half of "
                           f"training.qa_max_length = {training['qa_max_length']}, so each window still holds the question")
-    if 0.0 in config["search"]["lambdas"]:
-        raise ConfigError("config key 'search.lambdas': λ = 0 is the baseline, which the final stage runs anyway; remove it")
     for model, tasks_fixed in config["final"]["istar"].items():
         if model not in models:
             raise ConfigError(f"config key 'final.istar.{model}': {model!r} is not a configured model; use one of "

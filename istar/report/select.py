@@ -148,7 +148,7 @@ def _mean_std(values: list[float]) -> tuple[float, float | None]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-def select_best(run_dirs, out=None, metric: str | None = None) -> dict:
+def select_best(run_dirs, out=None, metric: str | None = None, lambda_zero: bool = False) -> dict:
     """Pick the best setting of one model × task from its search runs (see the module docstring).
 
     Parameters
@@ -157,6 +157,8 @@ def select_best(run_dirs, out=None, metric: str | None = None) -> dict:
     out : where to write the result as JSON (atomically); None writes nothing.
     metric : the metric to rank by (a key of metrics.json ``final``); None: the task's
         headline metric (metrics.json ``metric``).
+    lambda_zero : the λ grid held 0 (``search.lambdas``): Base is one of I-STAR's candidates, so the
+        choice may be no regularisation (``method`` ``base``, λ = 0).
 
     Returns
     -------
@@ -189,8 +191,9 @@ def select_best(run_dirs, out=None, metric: str | None = None) -> dict:
                            "seeds": len(members), "runs": [run["run_dir"] for run in members]})
     # stable sort: settings tied on all three keys keep the order in which they were given
     candidates.sort(key=lambda c: (math.inf if math.isnan(c["score"]) else -c["score"], abs(c["lam"]), c["zeta"] or 0.0))
-    # I-STAR's choice is the selection; baselines searched beside it (search.tune_baselines) each get their own
-    istar = [c for c in candidates if c["method"] == "istar"]
+    # I-STAR's choice is the selection (Base among its candidates where λ = 0 was in its grid); baselines
+    # searched beside it (search.tune_baselines) each get their own
+    istar = [c for c in candidates if c["method"] == "istar" or (lambda_zero and c["method"] == "base")]
     best = (istar or candidates)[0]
     baselines = {}
     for candidate in candidates:
@@ -249,6 +252,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fixed", default=None, metavar="JSON",
                         help="no search: write the choice fixed in advance, given as JSON with model, task, lam, "
                         "zeta, tokens and layers (the workflow's confirmatory protocol, config final.istar)")
+    parser.add_argument("--lambda-zero", action="store_true",
+                        help="the λ grid held 0: the Base runs among the search runs are I-STAR at λ = 0, so the "
+                        "search may choose no regularisation")
     parser.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="finished search runs of one model and task")
 
 
@@ -262,7 +268,7 @@ def run_cli(args) -> int:
         return 0
     if not args.run_dirs:
         raise ValueError("istar select: no search run folders given (or --fixed for a choice fixed in advance)")
-    result = select_best(args.run_dirs, out=args.out, metric=args.metric)
+    result = select_best(args.run_dirs, out=args.out, metric=args.metric, lambda_zero=args.lambda_zero)
     spread = "" if result["score_std"] is None else f" ± {result['score_std']:.4f}"
     print(f"{result['model']} × {result['task']}: best of {len(result['candidates'])} setting(s) is {result['method']} "
           f"λ = {result['lam']:g}, ζ = {result['zeta']}, batch size {result['batch_size']}, {result['epochs']} epochs, "

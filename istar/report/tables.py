@@ -284,6 +284,9 @@ def table2(selection: pd.DataFrame) -> Table:
                 continue
             lam, zeta = float(rows.at[(model, task), "lam"]), float(rows.at[(model, task), "zeta"])
             lams.append(lam)
+            if lam == 0:  # the search chose Base (λ = 0 was in its grid): no ζ
+                row.append("0 | – (Base)")
+                continue
             zetas.append(zeta)
             row.append(f"{_g(lam)} | {_g(zeta)}")
         row.append(f"{_fixed(_nanmean(lams))} | {_fixed(_nanmean(zetas))}")

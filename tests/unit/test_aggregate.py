@@ -132,6 +132,27 @@ def test_selection_ties_go_to_smaller_lambda_then_zeta_then_order(runs, tmp_path
     assert [c["zeta"] for c in best["candidates"]] == [0.4, 0.4, 0.6, 0.2]
 
 
+def test_lambda_zero_in_the_grid_plans_base_once_and_lets_the_search_choose_it(runs, search, tmp_path):
+    from istar.config.layout import Setting
+    from istar.pipeline.plan import final_settings, search_settings, selected_setting
+    from istar.pipeline.validate import validate_config
+
+    config = validate_config({"search": {"lambdas": [-1, 0], "zetas": [0.2, 0.6]}}, check_paths=False)
+    settings = search_settings(config)
+    # λ = 0 is Base: one run per training value, not one per ζ, and no I-STAR run with a zero weight
+    assert settings.count(Setting("base")) == 1 and len(settings) == 3
+    assert not any(s.method == "istar" and s.lam == 0 for s in settings)
+    base = fake_run(runs["folders"][("base", 0)], tmp_path / "search" / "tiny" / "rte" / "base" / "seed0", 0, 0.95,
+                    lam=0.0, zeta=None)
+    assert select_best([*search, base])["method"] == "istar"  # without λ = 0 in the grid Base is not a candidate
+    best = select_best([*search, base], lambda_zero=True)
+    assert (best["method"], best["lam"]) == ("base", 0.0) and best["score"] == pytest.approx(0.95)
+    chosen = selected_setting(best, config)
+    assert chosen == Setting("base")
+    # the final stage then trains Base once: the search chose no regularisation
+    assert final_settings(config, chosen) == [Setting("base"), Setting("cosreg", lam=1.0)]
+
+
 def test_selection_metric_option_and_errors(runs, search, tmp_path):
     assert select_best(search, metric="eval_loss")["metric"] == "eval_loss"
     with pytest.raises(ValueError, match="no final 'f1'"):

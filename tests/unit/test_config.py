@@ -49,7 +49,6 @@ BAD = [
     ("studies.layerwise.tasks", ["cola"], "config key 'studies.layerwise.tasks': 'cola' is not in 'tasks'"),
     ("studies.twonn.models", ["bert"], "config key 'studies.twonn.models': 'bert' is not a configured model"),
     ("studies.single_layer.lam", "best", "config key 'studies.single_layer.lam'"),
-    ("search.lambdas", [-1, 0], "config key 'search.lambdas': λ = 0 is the baseline"),
     ("final.cosreg_lambda", 0, "config key 'final.cosreg_lambda': λ = 0 turns CosReg off"),
     ("final.cosreg_lambda", 0.0, "config key 'final.cosreg_lambda': λ = 0 turns CosReg off"),
 ]

@@ -53,6 +53,7 @@ from istar.pipeline.plan import (
     survey_targets,
     survey_text_task,
     search_settings,
+    searches_no_penalty,
     selected_setting,
     shrinkage_spec,
     study_runs,
@@ -382,7 +383,8 @@ def select_args(wildcards) -> str:
     if fixed_setting(config, wildcards.model, wildcards.task) is not None:
         fixed = json.dumps(fixed_choice_args(config, wildcards.model, wildcards.task))
         return f"--fixed '{fixed}'"
-    return " ".join(search_runs(wildcards.model, wildcards.task))
+    runs = " ".join(search_runs(wildcards.model, wildcards.task))
+    return f"--lambda-zero {runs}" if searches_no_penalty(config) else runs
 
 
 def known_measures() -> list[str]:
