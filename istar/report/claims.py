@@ -79,10 +79,11 @@ class Evidence:
 
     def scope(self, model: str, task: str, method: str | None = None) -> str:
         """``minilm SST-2, 3,000 training rows, 1 epoch, λ | ζ fixed in advance``: what a verdict holds for."""
-        rows = (self.config or {}).get("data", {}).get("max_train_samples")
+        cap = (self.config or {}).get("data", {}).get("max_train_samples")
+        full = get_task(task).rows[0]
         parts = [f"{model} {get_task(task).display}"]
         if self.config is not None:
-            parts.append(f"{rows:,} training rows" if rows else "the full training split")
+            parts.append(f"{cap:,} training rows" if cap and cap < full else f"the full training split ({full:,} rows)")
         final = self.runs[(self.runs["study"] == "final") & (self.runs["model"] == model) & (self.runs["task"] == task)]
         epochs = sorted(set(final["epochs"].dropna().astype(int))) if "epochs" in final else []
         if epochs:
@@ -92,6 +93,8 @@ class Evidence:
         return ", ".join(parts)
 
     def _origin(self, model: str, task: str) -> str:
+        if ((self.config or {}).get("final", {}).get("istar") or {}).get(model, {}).get(task):
+            return "fixed in advance"
         selection = self.selection
         if selection is None or selection.empty:
             return "as configured"
@@ -136,14 +139,19 @@ def _verdict(estimate: float, p_value: float, mde: float, sign: int, unit: str, 
     else:
         verdict = f"{INCONCLUSIVE}: it could have detected {mde:.{digits}f}{unit} or more ({POWER:.0%} power)"
     if rank is not None and not math.isnan(rank[1]) and (rank[0] < ALPHA) != (rank[1] < ALPHA):
-        verdict += (f"; the t-test and the signed-rank test disagree (p = {format_p(rank[0])} and "
-                    f"{format_p(rank[1])})")
+        verdict += f"; the t-test and the signed-rank test disagree ({_p(rank[0])} and {_p(rank[1])})"
     return verdict
+
+
+def _p(value: float) -> str:
+    """``p = 0.031`` or ``p < 0.001``."""
+    text = format_p(value)
+    return f"p {text[0]} {text[1:]}" if text.startswith("<") else f"p = {text}"
 
 
 def _interval(row, digits: int, unit: str = "") -> str:
     return (f"{row['mean']:+.{digits}f}{unit} [{row['ci_low']:+.{digits}f}, {row['ci_high']:+.{digits}f}], "
-            f"p = {format_p(row['p_value'])}")
+            f"{_p(row['p_value'])}")
 
 
 def _cell_finding(evidence: Evidence, row, sign: int, points: bool, label: str, digits: int, unit: str,
@@ -159,9 +167,8 @@ def _cell_finding(evidence: Evidence, row, sign: int, points: bool, label: str, 
                        cells)
     numbers = (f"{label} {row.mean_difference * scale:+.{digits}f}{unit} [{row.ci_low * scale:+.{digits}f}, "
                f"{row.ci_high * scale:+.{digits}f}], n = {row.n} ({row.n_positive} above 0, {row.n_negative} below), "
-               f"p = {format_p(row.p_value)}, signed-rank p = "
-               f"{'–' if math.isnan(row.p_wilcoxon) else format_p(row.p_wilcoxon)}, Holm p = {format_p(row.p_holm)} "
-               f"(family of {row.family_size})")
+               f"{_p(row.p_value)}, signed-rank {'p –' if math.isnan(row.p_wilcoxon) else _p(row.p_wilcoxon)}, "
+               f"Holm {_p(row.p_holm)} (family of {row.family_size})")
     return Finding(scope, numbers, _verdict(row.mean_difference, row.p_holm, row.mde * scale, sign, unit, digits,
                                             (row.p_value, row.p_wilcoxon)), cells)
 
@@ -202,7 +209,7 @@ def _beside_paper(evidence: Evidence, findings: list[Finding], method: str) -> l
         rows = [row for row in paper.itertuples() if (row.model, row.task) in finding.cells]
         notes = "; ".join(
             f"the paper's {row.paper_model} {get_task(row.task).display}: {row.paper_gain:+.2f} [{row.paper_low:+.2f}, "
-            f"{row.paper_high:+.2f}] (p = {format_p(row.paper_p)}), ours − the paper's {row.gap:+.2f} "
+            f"{row.paper_high:+.2f}] ({_p(row.paper_p)}), ours − the paper's {row.gap:+.2f} "
             f"[{row.gap_low:+.2f}, {row.gap_high:+.2f}]: {'consistent' if row.consistent else 'not consistent'}"
             for row in rows)
         out.append(replace(finding, numbers=f"{finding.numbers}. Beside: {notes}") if rows else finding)
@@ -239,13 +246,13 @@ def _trend(evidence: Evidence) -> list[Finding]:
             continue
         iso = by["isoscore_star"]
         numbers = (f"slope of the score on IsoScore* {iso.slope / 10:+.2f} points per +0.1 "
-                   f"[{iso.ci_low / 10:+.2f}, {iso.ci_high / 10:+.2f}], p = {format_p(iso.p_value)}, Holm p = "
-                   f"{format_p(iso.p_holm)} (family of {iso.family_size}); {iso.n} runs, λ ∈ {{{iso.lambdas}}}, "
+                   f"[{iso.ci_low / 10:+.2f}, {iso.ci_high / 10:+.2f}], {_p(iso.p_value)}, Holm "
+                   f"{_p(iso.p_holm)} (family of {iso.family_size}); {iso.n} runs, λ ∈ {{{iso.lambdas}}}, "
                    f"{iso.groups} seeds (random intercepts)")
         if "lam" in by:
             lam = by["lam"]
-            numbers += (f"; on λ {lam.slope:+.3f} points per unit [{lam.ci_low:+.3f}, {lam.ci_high:+.3f}], Holm p = "
-                        f"{format_p(lam.p_holm)}")
+            numbers += (f"; on λ {lam.slope:+.3f} points per unit [{lam.ci_low:+.3f}, {lam.ci_high:+.3f}], Holm "
+                        f"{_p(lam.p_holm)}")
         primary = evidence.is_primary("lambda_sweep", model, task)
         scope = (f"{evidence.scope(model, task)}, the λ sweep at ζ = "
                  f"{_sweep_zeta(evidence.runs, model, task)}" + (" (the declared primary endpoint)" if primary else ""))
@@ -274,7 +281,7 @@ def _decreasing_isotropy_helps(evidence: Evidence) -> list[Finding]:
         if iso is None or lam.empty or (lam["lam"].astype(float) >= 0).any():
             continue
         finding = _cell_finding(evidence, row, +1, True, f"{row.method} − Base", 2, " points")
-        numbers = f"IsoScore* {iso.mean_difference:+.3f} (Holm p = {format_p(iso.p_holm)}); {finding.numbers}"
+        numbers = f"IsoScore* {iso.mean_difference:+.3f} (Holm {_p(iso.p_holm)}); {finding.numbers}"
         if not (iso.p_holm < ALPHA and iso.mean_difference < 0):
             verdict = f"{NOT_TESTED}: this variant did not lower the real tokens' IsoScore* significantly"
         else:
@@ -292,7 +299,7 @@ def _decreasing_isotropy_helps(evidence: Evidence) -> list[Finding]:
         if iso is None or lam.empty or (lam >= 0).any():
             continue
         finding = _cell_finding(evidence, row, +1, True, "I-STAR − Base", 2, " points")
-        numbers = f"IsoScore* {iso.mean_difference:+.3f} (Holm p = {format_p(iso.p_holm)}); {finding.numbers}"
+        numbers = f"IsoScore* {iso.mean_difference:+.3f} (Holm {_p(iso.p_holm)}); {finding.numbers}"
         verdict = (finding.verdict if iso.p_holm < ALPHA and iso.mean_difference < 0 else
                    f"{NOT_TESTED}: I-STAR did not lower IsoScore* significantly here")
         findings.append(Finding(finding.scope, numbers, verdict))

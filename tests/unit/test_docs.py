@@ -7,6 +7,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import io
 import os
 import pkgutil
 import re
@@ -317,26 +318,49 @@ def test_every_istar_subcommand_the_docs_and_docstrings_write_exists():
     assert not unknown, f"no such subcommand (the parser has {', '.join(sorted(known))}):\n" + "\n".join(unknown)
 
 
+def _study_records(records, prefix: str = ""):
+    """A study's committed runs.csv read by the current code, and its committed paired.csv and pooled.csv,
+    which must be what that code makes of the runs (the records are derived from runs.csv, not typed)."""
+    import pandas as pd
+
+    from istar.registry.tasks import get_task
+    from istar.report.comparisons import study_tests
+    from istar.report.paired import pooled_gains
+
+    runs = pd.read_csv(records / f"{prefix}runs.csv")
+    tests = study_tests(runs)
+    final = tests.paired[tests.paired["study"] == "final"]
+    pooled = pooled_gains(final, {task: get_task(task).percent_scale for task in set(final["task"])})
+    committed = pd.read_csv(records / f"{prefix}paired.csv")
+    pd.testing.assert_frame_equal(committed, pd.read_csv(io.StringIO(tests.paired.to_csv(index=False))))
+    pd.testing.assert_frame_equal(pd.read_csv(records / f"{prefix}pooled.csv"),
+                                  pd.read_csv(io.StringIO(pooled.to_csv(index=False))))
+    return runs, tests, pooled
+
+
 def test_the_gpu_study_in_the_results_says_what_its_records_carry():
     """docs/results.md's GPU Table 1 and pooled verdict are the cells the workflow's own formatting
     makes from the study's committed records (docs/data/gpu-study), not numbers typed apart from them."""
-    import pandas as pd
-
     from istar.report.paired import difference_cell, power_cell
 
     records = REPO / "docs" / "data" / "gpu-study"
     text = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
-    section = text[text.index("## The GPU study"):text.index("## The paper's setup")].replace("−", "-")
-    paired = pd.read_csv(records / "paired.csv")
-    assert len(paired) == 2 and set(paired.n) == {10}
-    for row in paired.itertuples():
+    section = text[text.index("## The GPU study"):text.index("## The dose-response study")].replace("−", "-")
+    runs, tests, pooled = _study_records(records)
+    scores = tests.rows("final", "score")
+    assert len(scores) == 2 and set(scores.n) == {10} and tests.family_size == 6
+    for row in scores.itertuples():
         assert difference_cell(row) in section, (row.task, difference_cell(row))
-        assert power_cell(row) in section, (row.task, power_cell(row))
-    pooled = pd.read_csv(records / "pooled.csv").iloc[0]
-    interval = f"{pooled['mean']:+.2f} points [{pooled.ci_low:+.2f}, {pooled.ci_high:+.2f}]"  # pooled in points
-    assert interval in section, interval
-    assert f"could have detected {pooled.mde:.2f} points or more" in section
-    runs = pd.read_csv(records / "runs.csv")
+        assert power_cell(row).replace("−", "-") in section, (row.task, power_cell(row))
+        assert f"{row.mde * 100:.2f}" in section, (row.task, "the claims' detectable effect")
+    score = pooled[pooled["measure"] == "score"].iloc[0]
+    assert score["interval"] == "HKSJ"
+    assert f"interval {score.ci_low:+.2f}".replace("+", "") in section.replace("+", "")
+    assert f"MDE {score.mde:.2f} points" in section
+    iso = pooled[pooled["measure"] == "isoscore_star"].iloc[0]
+    assert f"{iso['mean']:+.3f} [{iso.ci_low:+.3f}, {iso.ci_high:+.3f}], p = {iso.p_value:.3f}" in section
+    paper = tests.rows("final", "score").set_index("task")
+    assert f"ours − the paper's {paper.at['sst2', 'gap']:+.2f}".replace("−", "-") in section
     assert len(runs) == 40 and runs.groupby(["task", "method"]).seed.nunique().eq(10).all()
 
 
@@ -350,13 +374,14 @@ def test_the_gpu_study_repeat_says_what_its_records_carry():
 
     records = REPO / "docs" / "data" / "gpu-study-repeats"
     text = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
-    section = text[text.index("### Run again"):text.index("## The paper's setup")]
+    section = text[text.index("### Run again"):text.index("## The dose-response study")]
     section = " ".join(section.replace("−", "-").replace("–", "-").split())  # minus, ranges; a number may wrap
-    for row in pd.read_csv(records / "h100-paired.csv").itertuples():
+    _, tests, _ = _study_records(records, "h100-")
+    for row in tests.rows("final", "score").itertuples():
         assert difference_cell(row).split(" (n=")[0] + "," in section.replace(" points [", " ["), row.task
         assert f"p = {row.p_value:.3f}, MDE {row.mde * 100:.1f}" in section, row.task
         assert power_cell(row).startswith(f"p = {row.p_value:.3f}")
-    pooled = pd.read_csv(records / "h100-pooled.csv").iloc[0]
+    pooled = pd.read_csv(records / "h100-pooled.csv").query("measure == 'score'").iloc[0]
     assert (f"pooled {pooled['mean']:+.2f} points [{pooled.ci_low:+.2f}, {pooled.ci_high:+.2f}], "
             f"p = {pooled.p_value:.3f}, τ² = {pooled.tau2:.2f}, MDE {pooled.mde:.2f}") in section
 
