@@ -123,7 +123,7 @@ def test_method_behaviour_comes_from_the_registry(monkeypatch):
 def test_figure_registry_covers_every_study_of_the_schema():
     studies = _schema()["properties"]["studies"]["properties"]
     assert set(STUDY_FIGURES) == set(studies) == {"stability", *STUDIES}
-    assert FIGURE_NAMES == (*(f"fig{i}" for i in range(2, 9)), "padding", "sigma_epochs", *PROFILE_FIGURES)
+    assert FIGURE_NAMES == (*(f"fig{i}" for i in range(2, 9)), "padding", "sigma_epochs", "forest", *PROFILE_FIGURES)
     for spec in FIGURES.values():
         assert callable(getattr(importlib.import_module(spec.module), spec.name)), spec.name
     assert figure_csv("fig4", "agg").as_posix() == "agg/dims.csv"
