@@ -273,3 +273,29 @@ def test_sigma_epochs_says_which_rows_each_sigma_read_when_they_differ(istar_tok
         assert old.axes[0].get_legend_handles_labels()[1] == labels
     else:  # padding alone moves the IsoScore, so the legend names the rows
         assert labels == ["Base (Σ_S over real tokens)", "I-STAR λ = −1 (Σ_S over all positions)"]
+
+
+def test_the_forest_plot_draws_each_cell_the_pool_and_the_papers_cell_and_names_what_it_leaves_out(tmp_path):
+    from istar.report.comparisons import study_tests
+
+    rng = np.random.default_rng(5)
+    rows = []
+    for task in ("sst2", "mrpc", "rte"):
+        for seed in range(6):
+            base = 0.8 + rng.normal(0, 0.01)
+            for method, score in (("base", base), ("istar", base + rng.normal(0.003, 0.01))):
+                if task == "rte":
+                    score = 0.527  # every run of both arms predicted the majority class: no information
+                rows.append({"study": "final", "model": "minilm", "task": task, "method": method, "seed": seed,
+                             "metric": "accuracy", "score": score, "tokens": "real"})
+    paired = study_tests(pd.DataFrame(rows)).paired
+    fig = plots.forest(paired)
+    ax = fig.axes[0]
+    labels = [tick.get_text() for tick in ax.get_yticklabels()]
+    assert labels == ["minilm SST-2, I-STAR\nvs the paper's distilbert", "minilm MRPC, I-STAR\nvs the paper's distilbert",
+                      "I-STAR, pooled over 2 cells (HKSJ)"]
+    assert "left out, no information: minilm RTE I-STAR" in ax.get_title()
+    assert len(ax.containers) == 4  # ours and the paper's cell, for each of the two informative cells
+    figure_parts.save(fig, tmp_path / "forest.png")
+    with pytest.raises(ValueError, match="no final score comparisons"):
+        plots.forest(paired[paired["measure"] != "score"])
