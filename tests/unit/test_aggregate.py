@@ -33,7 +33,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 EXPECTED_RUNS_COLUMNS = [
     "study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens", "batch_size", "epochs",
     "learning_rate", "seed", "metric", "score", "accuracy", "f1", "exact_match", "matthews", "pearson", "spearman", "eval_loss",
-    "standin", "isoscore_star", "isoscore", "cosine_similarity", "run_dir"]
+    "trivial_score", "top_label_share", "prediction_std", "collapsed", "standin", "isoscore_star", "isoscore", "cosine_similarity", "run_dir"]
 EXPECTED_LAYERS_COLUMNS = ["study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens", "seed",
                            "hidden_state", "isoscore_star", "isoscore", "twonn_cls", "cosine_similarity", "standin"]
 EXPECTED_DIMS_COLUMNS = ["study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens", "seed", "dim",
@@ -43,7 +43,8 @@ EXPECTED_SELECTION_COLUMNS = ["model", "task", "metric", "lam", "zeta", "batch_s
                               "settings"]
 EXPECTED_PAIRED_COLUMNS = ["study", "model", "task", "method", "reference", "metric", "n", "mean_difference",
                            "sd_difference", "ci_low", "ci_high", "level", "excludes_zero", "p_value", "p_holm",
-                           "significant", "mde", "seeds", "unpaired"]
+                           "significant", "mde", "seeds", "unpaired", "collapse_rule", "collapsed_reference",
+                           "collapsed_method", "excluded_seeds"]
 EXPECTED_POOLED_COLUMNS = ["study", "method", "reference", "scope", "k", "mean", "se", "ci_low", "ci_high", "p_value",
                            "mde", "tau2", "i2", "positive_cells", "significant_gains", "significant_losses",
                            "cells_left_out"]

@@ -24,9 +24,10 @@ rule aggregate:
         ),
         selections=" ".join(SELECTIONS),
         measures=lambda wildcards: " ".join(all_measures()),
+        collapsed_runs=config["inference"]["collapsed_runs"],
     shell:
-        "python -m istar aggregate --out-dir results/aggregate {params.specs} --selection {params.selections} "
-        "--measures {params.measures} > {log} 2>&1"
+        "python -m istar aggregate --out-dir results/aggregate --collapsed-runs {params.collapsed_runs} "
+        "{params.specs} --selection {params.selections} --measures {params.measures} > {log} 2>&1"
 
 
 # Table 1's cells, the λ sweep and the Σ_S curves in the form DVC compares across experiments

@@ -30,9 +30,11 @@ rule table:
         stability=lambda wildcards, input: (
             f"--stability {input.stability}" if input.stability else ""
         ),
+        collapsed_runs=config["inference"]["collapsed_runs"],
     shell:
         "python -m istar table {wildcards.table} --runs {input.runs} --selection {input.selection} "
-        "{params.stability} --out-prefix results/tables/{wildcards.table} > {log} 2>&1"
+        "{params.stability} --collapsed-runs {params.collapsed_runs} "
+        "--out-prefix results/tables/{wildcards.table} > {log} 2>&1"
 
 
 rule stability:
