@@ -15,6 +15,7 @@
     istar table          Table 1 / Table 2 as CSV, Markdown and LaTeX
     istar stability      Fig. 2's simulation (IsoScore* of mini-batches vs batch size) as CSV
     istar figure         one of the paper's figures (PNG and PDF)
+    istar summary        the report's landing page: the verdict and what ran (results/summary.md, .rst)
     istar survey        isotropy of a pretrained model: static embeddings and every layer, one revision
     istar survey-aggregate   the profiles as CSVs (results/aggregate/profiles.csv, profile_projections.csv)
     istar survey-check  pythia-70m's I(W) against the four numbers Machina & Mercer publish (needs the hub)
@@ -76,6 +77,7 @@ SUBCOMMANDS = {
     "table": Subcommand("istar.report.tables", "render Table 1 / Table 2 from the aggregate CSVs"),
     "stability": Subcommand("istar.steps.stability", "simulate Fig. 2's data: IsoScore* of mini-batches vs batch size"),
     "figure": Subcommand("istar.report.figures", "draw one of the paper's figures from the aggregate CSVs"),
+    "summary": Subcommand("istar.report.summary", "the report's landing page: the verdict and what ran, as Markdown and reST"),
     "survey": Subcommand("istar.steps.survey", "isotropy of a pretrained model's static embeddings and every layer (one revision)",
                          "SurveySpec", "run_profile"),
     "survey-aggregate": Subcommand("istar.report.survey_aggregate", "collect isotropy profiles into CSVs"),

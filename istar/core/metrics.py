@@ -38,6 +38,9 @@ __all__ = [
     "f1_score",
     "squad_metrics",
     "compute_metrics",
+    "trivial_baseline",
+    "collapsed",
+    "COLLAPSE_TOLERANCE",
 ]
 
 
@@ -344,3 +347,58 @@ def compute_metrics(task, predictions, labels) -> dict[str, float]:
                     f"got values in [{values.min()}, {values.max()}]"
                 )
     return {name: _METRICS[name](predictions, labels) for name in task.metrics}
+
+
+# --------------------------------------------------------------------------------------
+# the trivial predictor: what a run that learned nothing scores
+# --------------------------------------------------------------------------------------
+
+COLLAPSE_TOLERANCE = 1e-9
+"""How far above the trivial predictor's score a run must be to count as having beaten it (float noise)."""
+
+
+def trivial_baseline(task, predictions, labels) -> dict[str, float]:
+    """The evaluation split's trivial predictor and how spread a run's predictions are.
+
+    A fine-tuning run fails when it ends no better than a predictor that ignores its input
+    (Mosbach et al. 2021, "On the Stability of Fine-tuning BERT": a run is failed when it does not
+    beat the majority classifier). The trivial predictor's score comes from the split's labels:
+
+    - classification: the best score of a constant prediction, ``max_c metric(c, …, c)`` over the
+      task's classes (for accuracy, the share of the majority class; for Matthews, 0);
+    - regression: the score of the constant label mean (0: a constant has no correlation).
+
+    Parameters
+    ----------
+    task : istar.registry.tasks.Task
+        A classification or regression task (QA: :func:`squad_metrics` of empty answers).
+    predictions, labels : array-like of shape (n,)
+        As for :func:`compute_metrics`.
+
+    Returns
+    -------
+    dict with ``trivial_score`` (the headline metric's unit) and, for classification,
+    ``top_label_share`` (the share of the most frequent predicted class, in (0, 1]; 1 = one class
+    for every example) or, for regression, ``prediction_std`` (the predictions' standard
+    deviation, in label units; 0 = a constant).
+    """
+    predictions, labels = _as_pair(predictions, labels)
+    score = _METRICS[task.metric]
+    if task.kind == "classification":
+        constants = (np.full(len(labels), c, dtype=labels.dtype) for c in range(task.num_labels))
+        return {"trivial_score": max(score(constant, labels) for constant in constants),
+                "top_label_share": float(np.bincount(predictions).max() / len(predictions))}
+    if task.kind == "regression":
+        mean = np.full(len(labels), np.mean(labels, dtype=np.float64))
+        return {"trivial_score": score(mean, labels), "prediction_std": float(np.std(predictions, dtype=np.float64))}
+    raise ValueError(f"task {task.key!r} is {task.kind}: its trivial predictor is squad_metrics of empty answers")
+
+
+def collapsed(final: Mapping[str, float], metric: str) -> bool | None:
+    """Whether a run's evaluation (``final``: its metrics with ``trivial_score``) failed to beat the
+    trivial predictor on its headline ``metric``; None when the evaluation did not record the
+    trivial score (runs evaluated before it was)."""
+    trivial = final.get("trivial_score")
+    if trivial is None or final.get(metric) is None:
+        return None
+    return bool(final[metric] <= trivial + COLLAPSE_TOLERANCE)

@@ -14,7 +14,12 @@ these files, whose columns are fixed:
     exactly one (empty for the global penalty and for other methods); ``tokens`` the positions
     the penalty and Σ_S read (``real``, ``all_positions``; ``real`` for base); ``metric`` the task's
     headline metric and ``score`` its final value; ``accuracy`` … ``eval_loss`` the final
-    evaluation's metrics (empty where the task has none); ``isoscore_star`` and ``isoscore``
+    evaluation's metrics (empty where the task has none); ``trivial_score`` the score of the task's
+    trivial predictor on the same examples (the best constant class, the constant mean, an empty
+    answer; :func:`istar.core.metrics.trivial_baseline`), ``top_label_share`` the share of the most
+    frequent predicted class (classification), ``prediction_std`` the predictions' standard deviation
+    (regression), ``collapsed`` whether ``score`` fails to beat ``trivial_score`` (empty, like the three
+    before it, for runs evaluated before these were recorded); ``isoscore_star`` and ``isoscore``
     of the global point cloud and ``cosine_similarity`` of the last layer from the run's
     analysis in a measurement file (:mod:`istar.steps.measure`; empty when no file given measures
     the run, e.g. search runs).
@@ -37,7 +42,9 @@ these files, whose columns are fixed:
     base over the seeds both ran, its 95 % Student-t interval, the paired t-test's and the signed-rank
     test's p-values with the seeds on each side, the Holm-adjusted p-value across the study's one
     family of tests, and the minimum detectable effect at 80 % power at α / m, columns
-    :data:`istar.report.paired.PAIRED_COLUMNS` (see :mod:`istar.report.paired`).
+    :data:`istar.report.comparisons.STUDY_PAIRED_COLUMNS` (see :mod:`istar.report.paired`), then
+    :data:`PAIRED_COLLAPSE_COLUMNS`: the declared rule for collapsed runs (``inference.collapsed_runs``,
+    applied first: :mod:`istar.report.collapse`) and what it counted.
 ``trend.csv`` — the λ sweep's trends, in the same family: per model × task the slope of the score
     (points) on the fine-tuned model's IsoScore* and on λ, the seed a random intercept, columns
     :data:`istar.report.comparisons.TREND_COLUMNS`.
@@ -74,8 +81,12 @@ __all__ = ["aggregate", "parse_run_spec", "RUNS_COLUMNS", "LAYERS_COLUMNS", "DIM
 
 METRIC_COLUMNS = ("accuracy", "f1", "exact_match", "matthews", "pearson", "spearman", "eval_loss")
 RUN_KEYS = ("study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens")
+COLLAPSE_COLUMNS = ("trivial_score", "top_label_share", "prediction_std")
 RUNS_COLUMNS = (*RUN_KEYS, "batch_size", "epochs", "learning_rate", "seed", "metric", "score", *METRIC_COLUMNS,
-                "standin", "isoscore_star", "isoscore", "cosine_similarity", "run_dir")
+                *COLLAPSE_COLUMNS, "collapsed", "standin", "isoscore_star", "isoscore", "cosine_similarity", "run_dir")
+PAIRED_COLLAPSE_COLUMNS = ("collapse_rule", "collapsed_reference", "collapsed_method", "excluded_seeds")
+"""What ``paired.csv`` adds to :data:`istar.report.paired.PAIRED_COLUMNS`: the rule for collapsed runs that
+ran, how many runs of the reference and of the method collapsed, and how many seeds the rule excluded."""
 LAYERS_COLUMNS = (*RUN_KEYS, "seed", "hidden_state", "isoscore_star", "isoscore", "twonn_cls", "cosine_similarity",
                   "standin")
 DIMS_COLUMNS = (*RUN_KEYS, "seed", "dim", "mean", "std")
@@ -132,6 +143,8 @@ def _analyses(measure_files) -> dict[Path, dict]:
 
 
 def _run_row(study: str, run: dict, analysis: dict | None) -> dict:
+    from istar.core.metrics import collapsed  # here: numpy stays out of the workflow's DAG build
+
     final = run["final"]
     row = {
         "study": study, "model": run["model"], "task": run["task"], "method": run["method"], "setting": run["setting"],
@@ -139,6 +152,7 @@ def _run_row(study: str, run: dict, analysis: dict | None) -> dict:
         "layer": _single_layer(run), "tokens": run["tokens"], "batch_size": run["batch_size"], "epochs": run["epochs"],
         "learning_rate": run["learning_rate"], "seed": run["seed"], "metric": run["metric"],
         "score": _number(final.get(run["metric"])), **{name: _number(final.get(name)) for name in METRIC_COLUMNS},
+        **{name: _number(final.get(name)) for name in COLLAPSE_COLUMNS}, "collapsed": collapsed(final, run["metric"]),
         "standin": run["standin"], "isoscore_star": NAN, "isoscore": NAN, "cosine_similarity": NAN,
         "run_dir": run["run_dir"],
     }
@@ -163,7 +177,8 @@ def _frame(rows: list[dict], columns: tuple[str, ...]):
     import pandas as pd  # here, not at the top: the workflow imports this module to build its DAG
 
     frame = pd.DataFrame(rows, columns=list(columns))
-    return frame.astype({name: "Int64" for name in INTEGER_COLUMNS if name in columns})
+    frame = frame.astype({name: "Int64" for name in INTEGER_COLUMNS if name in columns})
+    return frame.astype({"collapsed": "boolean"}) if "collapsed" in columns else frame
 
 
 def _selection_row(path: Path) -> dict:
@@ -202,7 +217,23 @@ def _provenance_rows(run_dirs, measure_files, out_dir) -> list[dict]:
     return rows
 
 
-def aggregate(run_specs, selection_files, out_dir, measure_files=(), paper_models: dict[str, str] | None = None) -> dict:
+def _with_collapse_counts(paired, counts, rule: str):
+    """``paired`` with :data:`PAIRED_COLLAPSE_COLUMNS`, from :func:`istar.report.collapse.apply_collapse_rule`'s counts
+    (a seed the rule excludes leaves every arm, so the reference's count of excluded runs is the cell's)."""
+    from .paired import REFERENCE
+
+    cell = ["study", "model", "task"]
+    reference = counts.loc[counts["method"] == REFERENCE, [*cell, "collapsed", "excluded"]].rename(
+        columns={"collapsed": "collapsed_reference", "excluded": "excluded_seeds"})
+    method = counts[[*cell, "method", "collapsed"]].rename(columns={"collapsed": "collapsed_method"})
+    merged = paired.merge(reference, on=cell, how="left").merge(method, on=[*cell, "method"], how="left")
+    counted = ["collapsed_reference", "collapsed_method", "excluded_seeds"]
+    merged[counted] = merged[counted].fillna(0).astype(int)
+    return merged.assign(collapse_rule=rule)[[*paired.columns, *PAIRED_COLLAPSE_COLUMNS]]
+
+
+def aggregate(run_specs, selection_files, out_dir, measure_files=(), collapse_rule: str = "keep",
+              paper_models: dict[str, str] | None = None) -> dict:
     """Collect runs and selections into ``runs.csv``, ``layers.csv``, ``dims.csv``, ``epochs.csv``, ``selection.csv``,
     ``paired.csv``, ``trend.csv`` and ``pooled.csv``, and where their code came from into ``provenance.csv``.
 
@@ -212,6 +243,9 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=(), paper_model
         run_config.json (a finished run).
     selection_files : sequence of ``best.json`` files written by :func:`istar.report.select.select_best`.
     out_dir : folder for the CSV files (created; each written atomically).
+    collapse_rule : ``inference.collapsed_runs`` (:mod:`istar.registry.collapse_rules`), applied to the runs
+        before ``paired.csv``, ``trend.csv`` and ``pooled.csv`` (:func:`istar.report.collapse.apply_collapse_rule`);
+        runs.csv keeps every run, flagged.
     measure_files : files written by :func:`istar.steps.measure.measure_runs`; a run found in one
         of them gets its analysis (a run in several files: the last one given; measurements of
         one model agree up to floating-point noise). Keys are run folders as the measurement
@@ -227,6 +261,7 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=(), paper_model
     from istar.registry.tasks import get_task
 
     # here: pandas and SciPy stay out of the workflow's DAG build
+    from .collapse import apply_collapse_rule
     from .comparisons import study_tests
     from .paired import pooled_gains
 
@@ -267,13 +302,15 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=(), paper_model
     selection_rows = sorted((_selection_row(Path(path)) for path in selection_files),
                             key=lambda row: (row["model"], row["task"]))
     runs_frame = _frame(run_rows, RUNS_COLUMNS)
-    tests = study_tests(runs_frame, paper_models=paper_models)
+    kept, counts = apply_collapse_rule(runs_frame, collapse_rule)
+    tests = study_tests(kept, paper_models=paper_models)
+    paired = _with_collapse_counts(tests.paired, counts, collapse_rule)
     final = tests.paired[tests.paired["study"] == "final"]
     scales = {task: get_task(task).percent_scale for task in set(final["task"])}
     frames = dict(zip(AGGREGATE_NAMES, (
         runs_frame, _frame(layer_rows, LAYERS_COLUMNS), _frame(dim_rows, DIMS_COLUMNS),
         _frame(epoch_rows, EPOCHS_COLUMNS), _frame(selection_rows, SELECTION_COLUMNS),
-        tests.paired, tests.trends, pooled_gains(final, scales)), strict=True))
+        paired, tests.trends, pooled_gains(final, scales)), strict=True))
     frames[PROVENANCE_NAME] = _frame(_provenance_rows([entry[2]["run_dir"] for entry in entries], measure_files,
                                                       out_dir), PROVENANCE_COLUMNS)
     out_dir = Path(out_dir)
@@ -294,6 +331,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--paper-models", type=json.loads, default=None, metavar="JSON",
                         help="inference.paper_models as JSON, e.g. '{\"minilm\": \"distilbert\"}' (default: the "
                              "schema's)")
+    parser.add_argument("--collapsed-runs", default="keep", metavar="RULE",
+                        help="what the paired comparisons do with a collapsed run: keep or exclude "
+                             "(inference.collapsed_runs; default: %(default)s)")
     parser.add_argument("runs", nargs="*", metavar="STUDY=RUN_DIR", help="a finished run folder and its study")
 
 
@@ -304,6 +344,7 @@ def run_cli(args) -> int:
 
     selection, measures = files(args.selection), files(args.measures)
     specs = [item for item in args.selection + args.measures if item not in selection + measures] + list(args.runs)
-    frames = aggregate([parse_run_spec(spec) for spec in specs], selection, args.out_dir, measures, args.paper_models)
+    frames = aggregate([parse_run_spec(spec) for spec in specs], selection, args.out_dir, measures,
+                       collapse_rule=args.collapsed_runs, paper_models=args.paper_models)
     print(", ".join(f"{name}.csv: {len(frame):,} rows" for name, frame in frames.items()) + f" -> {args.out_dir}")
     return 0

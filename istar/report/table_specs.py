@@ -21,9 +21,11 @@ class TableSpec:
     (the config section whose ``enabled`` key asks for it; None: always), ``data`` (the aggregate
     CSV it reads, ``runs`` or ``selection``), ``builder`` (``module:function`` returning a
     :class:`istar.report.table_render.Table` from that CSV's DataFrame), ``states_protocol``
-    (the builder also takes the selection CSV, to state the selection protocol in a footnote)
-    ``reads_stability`` (it also takes Fig. 2's simulation, when that study is on) and ``reads_config``
-    (it also takes the resolved config, ``results/config.yaml``: what the study declared)."""
+    (the builder also takes the selection CSV, to state the selection protocol in a footnote),
+    ``reads_stability`` (it also takes Fig. 2's simulation, when that study is on), ``reads_config``
+    (it also takes the resolved config, ``results/config.yaml``: what the study declared) and
+    ``pairs_runs`` (it compares arms paired by seed: the declared rule for collapsed runs is applied to
+    its runs first, :func:`istar.report.collapse.apply_collapse_rule`, and a footnote says what it did)."""
 
     name: str
     switch: str | None
@@ -32,6 +34,7 @@ class TableSpec:
     states_protocol: bool = False
     reads_stability: bool = False
     reads_config: bool = False
+    pairs_runs: bool = False
 
     def enabled(self, config: dict) -> bool:
         """Whether a validated config asks for this table."""
@@ -41,11 +44,11 @@ class TableSpec:
 TABLES: dict[str, TableSpec] = {
     spec.name: spec
     for spec in (
-        TableSpec("table1", None, "runs", "istar.report.tables:table1", states_protocol=True),
+        TableSpec("table1", None, "runs", "istar.report.tables:table1", states_protocol=True, pairs_runs=True),
         TableSpec("table2", None, "selection", "istar.report.tables:table2"),
-        TableSpec("padding", "studies.padding", "runs", "istar.report.padding_study:padding_table"),
+        TableSpec("padding", "studies.padding", "runs", "istar.report.padding_study:padding_table", pairs_runs=True),
         TableSpec("claims", None, "runs", "istar.report.claims:claims_table", states_protocol=True,
-                  reads_stability=True, reads_config=True),
+                  reads_stability=True, reads_config=True, pairs_runs=True),
         TableSpec("seeds", None, "runs", "istar.report.tables:seed_table"),
     )
 }
@@ -68,10 +71,21 @@ def enabled_tables(config: dict) -> list[str]:
 def build(name: str, frame, selection=None, stability=None, config=None):
     """Build table ``name`` from the DataFrame of its CSV (and, for a table that states the selection
     protocol, the selection CSV's DataFrame or None; for one that reads Fig. 2's simulation, its
-    DataFrame or None; for one that reads the config, the resolved config dict or None)."""
+    DataFrame or None; for one that reads the config, the resolved config dict or None). A table that
+    pairs runs gets the runs that the config's ``inference.collapsed_runs`` keeps (keep without a
+    config), and a footnote naming the rule and its counts per arm."""
     spec = get_table(name)
     module, function = spec.builder.split(":")
     builder = getattr(importlib.import_module(module), function)
     extra = (([selection] if spec.states_protocol else []) + ([stability] if spec.reads_stability else [])
              + ([config] if spec.reads_config else []))
-    return builder(frame, *extra)
+    if not spec.pairs_runs:
+        return builder(frame, *extra)
+    from istar.registry.tasks import TASKS
+    from istar.report.collapse import apply_collapse_rule, collapse_footnote
+
+    rule = ((config or {}).get("inference") or {}).get("collapsed_runs", "keep")
+    kept, counts = apply_collapse_rule(frame, rule)
+    table = builder(kept, *extra)
+    table.footnotes.append(collapse_footnote(counts, {key: task.display for key, task in TASKS.items()}))
+    return table

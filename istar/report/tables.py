@@ -40,6 +40,7 @@ from istar.registry.methods import METHOD_NAMES, METHODS
 from istar.registry.tasks import get_task, ordered_tasks
 from istar.report.aggregate_csv import read_aggregate, require_columns
 from istar.report.inference import POWER
+from istar.report.collapse import collapsed_flags
 from istar.report.comparisons import study_tests
 from istar.report.paired import LEVEL, REFERENCE, SIGNIFICANT, difference_cell, power_cell
 from istar.report.select import protocol_note
@@ -320,7 +321,8 @@ def seed_table(runs: pd.DataFrame) -> Table:
     -------
     Table
         Rows model × task × seed; columns each method's score (×100 for fractions; SQuAD: F1),
-        then each method − Base on that seed. "–" where a method did not run that seed.
+        then each method − Base on that seed. "–" where a method did not run that seed; a score followed by
+        "collapsed" is of a run that did not beat its task's trivial predictor (runs.csv column ``collapsed``).
     """
     require_columns(runs, ("study", "model", "task", "method", "seed", "score"), "runs.csv")
     final = runs[runs["study"] == "final"]
@@ -330,13 +332,15 @@ def seed_table(runs: pd.DataFrame) -> Table:
     methods = [m for m in METHOD_NAMES if m in set(final["method"])]
     others = [m for m in methods if m != REFERENCE] if REFERENCE in methods else []
     scores = final.groupby(["model", "task", "seed", "method"])["score"].first()
+    failed = set(final.loc[collapsed_flags(final), ["model", "task", "seed", "method"]].itertuples(index=False, name=None))
     index, cells = [], []
     for model in dict.fromkeys(final["model"]):
         for task in ordered_tasks(final.loc[final["model"] == model, "task"]):
             scale = get_task(task).percent_scale
             for seed in sorted(final.loc[(final["model"] == model) & (final["task"] == task), "seed"].astype(int).unique()):
                 value = {m: scores.get((model, task, seed, m), math.nan) * scale for m in methods}
-                row = ["–" if math.isnan(value[m]) else f"{value[m]:.1f}" for m in methods]
+                row = ["–" if math.isnan(value[m]) else f"{value[m]:.1f}" + " collapsed" * ((model, task, seed, m) in failed)
+                       for m in methods]
                 row += ["–" if math.isnan(value[m] - value[REFERENCE]) else f"{value[m] - value[REFERENCE]:+.1f}"
                         for m in others]
                 index.append([model, get_task(task).display, str(seed)])
@@ -352,7 +356,11 @@ def seed_table(runs: pd.DataFrame) -> Table:
         cells=cells,
         best=[[False] * len(columns) for _ in cells],
         footnotes=["Scores ×100 for fractions (SQuAD: F1 as is); a seed fixes the data order, the classifier's "
-                   "initialisation and dropout for every method alike, which is what pairs them."],
+                   "initialisation and dropout for every method alike, which is what pairs them.",
+                   "“collapsed”: the run's final score is no better than its task's trivial predictor on the "
+                   "evaluation split (the best constant class, the constant mean, an empty answer): the fine-tuning "
+                   f"failed. {len(failed)} of {len(final)} final runs collapsed; the tables' footnotes say what the "
+                   "declared rule (inference.collapsed_runs) did with them."],
     )
 
 
@@ -394,8 +402,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stability", type=Path, default=None,
                         help="fig2_stability.csv of `istar stability` (claims; left out when not given)")
     parser.add_argument("--config", type=Path, default=None,
-                        help="the resolved config (results/config.yaml; claims: the declared primary endpoint, the "
-                             "paper models, the training rows; left out when not given)")
+                        help="the resolved config (results/config.yaml): the rule for collapsed runs of the tables "
+                             "that pair runs (inference.collapsed_runs); claims: the declared primary endpoint, the "
+                             "paper models, the training rows (left out: keep every run, nothing declared)")
     parser.add_argument("--out-prefix", type=Path, default=None,
                         help="output path without suffix; writes .csv, .md and .tex (default: results/tables/WHICH)")
 
@@ -410,7 +419,7 @@ def run_cli(args: argparse.Namespace) -> int:
     # a table that states the selection protocol reads it when the selection exists (it is drawn without it too)
     selection = read_aggregate(args.selection) if spec.states_protocol and args.selection.is_file() else None
     stability = read_aggregate(args.stability) if spec.reads_stability and args.stability else None
-    config = load_yaml(args.config) if spec.reads_config and args.config else None
+    config = load_yaml(args.config) if args.config else None
     table = build(args.which, read_aggregate(source), selection=selection, stability=stability, config=config)
     for path in write_table(table, args.out_prefix or Path("results/tables") / args.which):
         print(path)

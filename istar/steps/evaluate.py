@@ -20,7 +20,7 @@ from istar.data.encoding import MODEL_INPUTS, Features
 from istar.io import artifacts
 from istar.registry.tasks import Task
 
-__all__ = ["evaluate_model", "evaluation_report", "evaluate_checkpoint"]
+__all__ = ["evaluate_model", "evaluation_report", "evaluate_checkpoint", "collapse_note"]
 
 
 @torch.no_grad()
@@ -40,7 +40,9 @@ def evaluate_model(model, loader, task: Task, accelerator, features: Features | 
     Returns
     -------
     dict of the task's metrics (fractions for accuracy/F1/correlations, percent for SQuAD)
-    plus ``eval_loss`` where the head computes one (not for QA evaluation windows).
+    plus ``eval_loss`` where the head computes one (not for QA evaluation windows), and the trivial
+    predictor's score on the same examples with the predictions' spread
+    (:func:`istar.core.metrics.trivial_baseline`; QA: ``trivial_score``, the score of empty answers).
     """
     was_training = model.training
     model.eval()
@@ -66,10 +68,25 @@ def evaluate_model(model, loader, task: Task, accelerator, features: Features | 
                                              torch.cat(starts).numpy(), torch.cat(ends).numpy(),
                                              n_best=n_best, max_answer_length=max_answer_length)
         references = {i: list(texts) for i, texts in zip(columns["id"], columns["answer_texts"])}
-        return metrics.squad_metrics(answers, references)
-    result = metrics.compute_metrics(task, torch.cat(predictions).numpy(), torch.cat(labels).numpy())
+        # the trivial predictor of extractive QA answers nothing
+        trivial = metrics.squad_metrics(dict.fromkeys(references, ""), references)[task.metric]
+        return {**metrics.squad_metrics(answers, references), "trivial_score": trivial}
+    predictions, labels = torch.cat(predictions).numpy(), torch.cat(labels).numpy()
+    result = metrics.compute_metrics(task, predictions, labels)
     result["eval_loss"] = float(np.mean(torch.cat(losses).numpy()))
-    return result
+    return {**result, **metrics.trivial_baseline(task, predictions, labels)}
+
+
+def collapse_note(result: dict, task: Task) -> str | None:
+    """A sentence for the training log when an evaluation (:func:`evaluate_model`'s ``result``) does not
+    beat the trivial predictor (:func:`istar.core.metrics.collapsed`), else None."""
+    if not metrics.collapsed(result, task.metric):
+        return None
+    how = {"classification": lambda: f"it predicts one class for {result['top_label_share']:.0%} of the examples",
+           "regression": lambda: f"its predictions' standard deviation is {result['prediction_std']:.3g}",
+           "qa": lambda: "it answers no better than an empty answer"}[task.kind]()
+    return (f"COLLAPSED: {task.metric} {result[task.metric]:.4f} does not beat the trivial predictor's "
+            f"{result['trivial_score']:.4f} ({how}); the run learned nothing the metric can see")
 
 
 def evaluation_report(step, split: str, batch_size: int) -> dict:
@@ -80,6 +97,8 @@ def evaluation_report(step, split: str, batch_size: int) -> dict:
     model, loader = step.accelerator.prepare(step.model, step.loader(features, batch_size))
     result = evaluate_model(model, loader, step.task, step.accelerator, features=features, columns=columns)
     step.accelerator.print(f"{step.task.display} {split}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
+    if note := collapse_note(result, step.task):
+        step.accelerator.print(note)
     return {"task": step.task.key, "split": split, "model": step.spec.model, "standin": step.standin,
             "metric": step.task.metric, "metrics": result, "examples": len(next(iter(columns.values())))}
 

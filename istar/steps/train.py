@@ -55,7 +55,7 @@ from istar.io.runlock import writer_lock
 from istar.registry.methods import Method, get_method
 from istar.registry.precisions import PRECISIONS
 from istar.steps.disk_space import check_free_space
-from istar.steps.evaluate import evaluate_model
+from istar.steps.evaluate import collapse_note, evaluate_model
 from istar.steps.resume import (
     Interrupted,
     StopRequest,
@@ -351,6 +351,8 @@ def _end_epoch(run: TrainingRun, stop: StopRequest, epoch: int) -> None:
                             columns=run.eval_columns)
     progress.history.append({"epoch": epoch + 1, "step": progress.step, **result})
     accelerator.print(f"epoch {epoch + 1}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
+    if note := collapse_note(result, run.step.task):
+        accelerator.print(f"epoch {epoch + 1}: {note}")
     progress.epoch, progress.batches_in_epoch = epoch + 1, 0
     run.sigma.after_epoch(epoch + 1)
     run.tracking.log({"epoch": epoch + 1, "sigma_s_isoscore": progress.sigma_isoscore[-1],

@@ -2,7 +2,9 @@
 trains, and its outputs, each atomically, when it is done::
 
     OUT/metrics.json        per-epoch and final metrics (the last file written; content hash and
-                            the model's, checked by every reader: istar.io.results)
+                            the model's, checked by every reader: istar.io.results), the trivial
+                            predictor's score beside them and ``collapsed``: whether the final
+                            evaluation failed to beat it (istar.core.metrics.collapsed)
     OUT/train_log.csv       step, loss, task_loss, penalty, isoscore_star, cosine_similarity, penalty_tokens
                             (which positions the penalty and its logged IsoScore* saw: real or
                             all_positions), penalty_rows (rows of X̃ per micro-batch, mean), lr
@@ -24,6 +26,7 @@ from pathlib import Path
 import torch
 
 from istar import __version__
+from istar.core import metrics
 from istar.core.regularizers import Penalty
 from istar.io import artifacts
 from istar.io.provenance import code_provenance
@@ -91,7 +94,8 @@ def finish_run(run, seconds: float) -> dict:
         "zeta": spec.zeta if method.takes("zeta") else None,
         "layers": spec.layers if method.takes("layers") else None, "tokens": spec.tokens, "seed": spec.seed,
         "standin": step.standin, "standin_note": meta.get("standin_note"),
-        "metric": task.metric, "final": final, "epochs": progress.history,
+        "metric": task.metric, "final": final, "collapsed": metrics.collapsed(final, task.metric),
+        "epochs": progress.history,
         "sigma_s_isoscore": progress.sigma_isoscore, "fingerprint": fingerprint_hash(run.fingerprint),
     }
     if accelerator.is_main_process:

@@ -33,7 +33,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 EXPECTED_RUNS_COLUMNS = [
     "study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens", "batch_size", "epochs",
     "learning_rate", "seed", "metric", "score", "accuracy", "f1", "exact_match", "matthews", "pearson", "spearman", "eval_loss",
-    "standin", "isoscore_star", "isoscore", "cosine_similarity", "run_dir"]
+    "trivial_score", "top_label_share", "prediction_std", "collapsed", "standin", "isoscore_star", "isoscore", "cosine_similarity", "run_dir"]
 EXPECTED_LAYERS_COLUMNS = ["study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens", "seed",
                            "hidden_state", "isoscore_star", "isoscore", "twonn_cls", "cosine_similarity", "standin"]
 EXPECTED_DIMS_COLUMNS = ["study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens", "seed", "dim",
@@ -45,7 +45,8 @@ EXPECTED_PAIRED_COLUMNS = ["study", "measure", "model", "task", "method", "refer
                            "sd_difference", "ci_low", "ci_high", "level", "excludes_zero", "p_value", "p_wilcoxon",
                            "n_positive", "n_negative", "p_holm", "significant", "mde", "mde_alpha", "family_size",
                            "seeds", "unpaired", "paper_model", "paper_gain", "paper_low", "paper_high", "paper_p",
-                           "gap", "gap_low", "gap_high", "consistent"]
+                           "gap", "gap_low", "gap_high", "consistent", "collapse_rule", "collapsed_reference",
+                           "collapsed_method", "excluded_seeds"]
 EXPECTED_TREND_COLUMNS = ["study", "model", "task", "covariate", "n", "groups", "slope", "se", "ci_low", "ci_high",
                           "level", "p_value", "p_holm", "significant", "mde", "mde_alpha", "family_size",
                           "group_variance", "residual_variance", "lambdas"]

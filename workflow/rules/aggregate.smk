@@ -25,9 +25,11 @@ rule aggregate:
         selections=" ".join(SELECTIONS),
         measures=lambda wildcards: " ".join(all_measures()),
         paper_models=json.dumps(config["inference"]["paper_models"], sort_keys=True),
+        collapsed_runs=config["inference"]["collapsed_runs"],
     shell:
-        "python -m istar aggregate --out-dir results/aggregate {params.specs} --selection {params.selections} "
-        "--measures {params.measures} --paper-models {params.paper_models:q} > {log} 2>&1"
+        "python -m istar aggregate --out-dir results/aggregate --collapsed-runs {params.collapsed_runs} "
+        "{params.specs} --selection {params.selections} --measures {params.measures} "
+        "--paper-models {params.paper_models:q} > {log} 2>&1"
 
 
 # Table 1's cells, the λ sweep and the Σ_S curves in the form DVC compares across experiments

@@ -4,6 +4,14 @@
 
 from istar.report.figures import FIGURE_NAMES, STABILITY_CSV, figure_csv
 
+SUMMARY_RST = "results/summary.rst"
+# an absolute path: Snakemake reads the report's text relative to the Snakefile otherwise
+LANDING_PAGE = (
+    str(Path(SUMMARY_RST).resolve())
+    if Path(SUMMARY_RST).is_file()
+    else "report/workflow.rst"
+)
+
 
 rule table:
     input:
@@ -93,12 +101,36 @@ rule run_config:
         "python -m istar config {input} --out {output} > {log} 2>&1"
 
 
+rule summary:
+    input:
+        runs="results/aggregate/runs.csv",
+        selection="results/aggregate/selection.csv",
+        config="results/config.yaml",
+        stability=(
+            f"results/aggregate/{STABILITY_CSV}.csv"
+            if config["studies"]["stability"]["enabled"]
+            else []
+        ),
+    output:
+        md="results/summary.md",
+        rst=SUMMARY_RST,
+    log:
+        "logs/summary.log",
+    conda:
+        CPU_ENV
+    shell:
+        "python -m istar summary --config {input.config} --aggregate-dir results/aggregate "
+        "--out {output.md} --rst {output.rst} > {log} 2>&1"
+
+
 rule report:
     input:
         TABLES,
         FIGURES,
         "results/config.yaml",
         PROVENANCE_CSV,
+        "results/summary.md",
+        SUMMARY_RST,
     output:
         "results/report.html",
     log:
