@@ -73,7 +73,8 @@ PROTOCOLS: dict[str, Protocol] = {protocol.key: protocol for protocol in (
              "searched settings trained on the rest, and the final runs on the full training split. The validation "
              "split the table reports took no part in the choice."),
     Protocol("fixed", "λ and ζ were fixed in advance for each model and task (the confirmatory protocol, config "
-             "final.istar), with no search: no selection bias, and no tuning advantage over Base."),
+             "final.istar), with no search here: no selection bias from this study and no tuning advantage over "
+             "Base (values taken from a paper were chosen there, possibly on the same dev sets: less bias, not none)."),
 )}
 """The selection protocols (search.selection_split in the config), keyed as best.json records them."""
 

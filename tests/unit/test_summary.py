@@ -99,7 +99,7 @@ def test_demo_landing_names_its_search_its_bias_and_cosreg(studies):
 def test_confirmatory_landing_has_no_search_no_cosreg_and_no_bias_sentence(studies):
     page = studies["gpu"][3]
     text = what_ran(page)
-    assert "fixed in advance" in text and "no selection bias" in text
+    assert "fixed in advance" in text and "no selection bias from this study" in text
     assert "The search trained" not in text and "biased upward" not in text and "validation split" not in text
     assert "CosReg" not in text and "Studies beside" not in text
     assert "SST-2 (accuracy), 10 seeds (0–9)" in text and "MRPC (accuracy), 10 seeds (0–9)" in text
