@@ -56,6 +56,7 @@ from istar.registry.methods import Method, get_method
 from istar.registry.precisions import PRECISIONS
 from istar.steps.disk_space import check_free_space
 from istar.steps.evaluate import evaluate_model
+from istar.steps.gpu_memory import check_shared_gpu
 from istar.steps.resume import (
     Interrupted,
     StopRequest,
@@ -251,6 +252,7 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
     given_sigma = read_given_sigma(spec)  # before the model and data are loaded
     step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps,
                      log_with=tracking.log_with, project_dir=tracking.project_dir)
+    check_shared_gpu(step.model, spec.batch_size, spec.max_length, step.precision, step.accelerator.device)
     if given_sigma is not None:
         check_given_sigma(spec, given_sigma, step)
     accelerator = step.accelerator
