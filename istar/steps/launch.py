@@ -253,7 +253,8 @@ def run_cli(args) -> int:
     if not step:
         raise ValueError("nothing to launch: give the step after --, e.g. istar launch --gpus 2 -- train …")
     jobs_per_gpu = int(os.environ.get(JOBS_PER_GPU_ENV, "1"))
-    count, shared = granted_gpus_of(granted_gpus(args.gpus, os.environ), jobs_per_gpu)
+    granted = granted_gpus(args.gpus, os.environ)
+    count, shared = granted_gpus_of(granted, jobs_per_gpu)
     command = launch_command(count, args.mixed_precision, step)
     env = child_environment(count, os.environ)
     env[JOBS_PER_GPU_ENV] = str(jobs_per_gpu if shared else 1)  # for the step's memory check (istar.steps.gpu_memory)
@@ -261,7 +262,7 @@ def run_cli(args) -> int:
         print("launching on the CPU:", " ".join(command), flush=True)
         return exit_status(run_child(command, env), step[0])
     if "CUDA_VISIBLE_DEVICES" in os.environ:
-        given = "granted by SLURM as a generic resource" if count != args.gpus else "CUDA_VISIBLE_DEVICES as given"
+        given = "granted by SLURM as a generic resource" if granted != args.gpus else "CUDA_VISIBLE_DEVICES as given"
         print(f"launching on GPU(s) {env['CUDA_VISIBLE_DEVICES']} ({given}):", " ".join(command), flush=True)
         return exit_status(run_child(command, env), step[0])
     with claim_gpus(count, visible_gpu_count(), jobs_per_gpu=jobs_per_gpu if shared else 1) as gpus:
