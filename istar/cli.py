@@ -22,6 +22,7 @@
     istar bundle        a confirmatory study as a folder for a GPU machine without network or Snakemake
     istar run-bundle    run a bundle's jobs there and pack their results (python -m istar run-bundle …)
     istar import-bundle unpack those results here, then aggregate, tables and figures
+    istar cost          a config's GPU-hours and wall time on N GPUs of a named kind, one and K jobs per GPU
 
 Run ``istar SUBCOMMAND --help`` for the options. Multi-process:
 ``accelerate launch --multi_gpu --num_processes 2 -m istar train …``.
@@ -85,6 +86,7 @@ SUBCOMMANDS = {
     "bundle": Subcommand("istar.pipeline.bundle", "a confirmatory study as a folder for a GPU machine without network or Snakemake"),
     "run-bundle": Subcommand("istar.pipeline.bundle_run", "run a bundle's jobs on this machine and pack their results"),
     "import-bundle": Subcommand("istar.pipeline.bundle_import", "unpack a bundle's results, then aggregate, tables and figures"),
+    "cost": Subcommand("istar.pipeline.cost", "a config's GPU-hours and wall time on N GPUs of a kind, alone and packed"),
 }
 
 

@@ -191,6 +191,7 @@ class TrainSpec(ModelData):
     weight_decay: float = config_field("training.weight_decay")
     adam_epsilon: float = config_field("training.adam_epsilon")
     max_grad_norm: float = config_field("training.max_grad_norm")
+    deterministic: bool = config_field("training.deterministic")
     seed: int = option(0, help="run seed (Python, NumPy, torch, data order)")
     checkpoint_every: int = config_field("training.checkpoint_every")
     log_every: int = option(1, help="write a train_log.csv row every K optimizer steps",

@@ -48,7 +48,7 @@ from istar.registry.analysis import get_sigma_source
 from istar.registry.methods import get_method
 
 __all__ = ["confirmatory_problem", "planned_runs", "plan_jobs", "plan_units", "DeviceCosts", "model_sizes",
-           "data_sizes", "estimate_jobs"]
+           "model_sizes_of", "data_sizes", "estimate_jobs"]
 
 
 # ------------------------------------------------------------------------------------------ planning
@@ -228,7 +228,11 @@ class DeviceCosts:
 
 def model_sizes(folder: Path) -> dict:
     """Layers, non-embedding and total parameter counts (for the estimates) from a BERT-style config.json."""
-    settings = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    return model_sizes_of(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+
+
+def model_sizes_of(settings: dict) -> dict:
+    """:func:`model_sizes` of a config.json's content."""
     layers = next(settings[k] for k in ("num_hidden_layers", "n_layers", "num_layers") if k in settings)
     hidden = settings.get("hidden_size") or settings.get("dim")
     ffn = settings.get("intermediate_size") or settings.get("hidden_dim") or 4 * hidden

@@ -13,6 +13,11 @@ On a site that takes GPUs as a SLURM generic resource only (``gres``, the rule's
 so that no ``--gpus`` is asked for), ``--gpus 0`` runs on the GPUs SLURM granted the job step
 (:func:`granted_gpus`).
 
+Several one-GPU jobs can share a GPU (``training.jobs_per_gpu`` = K under ``--resources gpu=N``): the
+workflow then counts its ``gpu`` resource in slots of 1/K GPU and says so in ``ISTAR_JOBS_PER_GPU``
+(:mod:`istar.config.gpu_slots`); a job granted one slot claims one of its GPU's K slots, a job of
+two or more GPUs whole GPUs (:func:`try_claim`).
+
 Snakemake does not assign GPUs to local jobs. Unless ``CUDA_VISIBLE_DEVICES`` is already set
 (as SLURM does; it must then name at least N devices), the launcher claims N GPUs for the job's
 lifetime with lock files in the system's temporary folder and sets ``CUDA_VISIBLE_DEVICES`` to
@@ -43,11 +48,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from istar.config.gpu_slots import JOBS_PER_GPU_ENV, granted_gpus_of
 from istar.registry.precisions import PRECISIONS
 
-__all__ = ["launch_command", "claim_gpus", "granted_gpus", "child_environment", "run_child", "FORWARDED_SIGNALS",
+__all__ = ["launch_command", "claim_gpus", "try_claim", "Claim", "granted_gpus", "child_environment", "run_child", "FORWARDED_SIGNALS",
            "SAVE_GRACE_SECONDS"]
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -88,48 +95,108 @@ def visible_gpu_count() -> int:
         return 0
 
 
-@contextlib.contextmanager
-def claim_gpus(count: int, total: int, lock_dir: Path | None = None, poll_seconds: float = 5.0):
-    """Hold ``count`` of the GPUs 0..total−1 (exclusive file locks) while the block runs; yields their ids.
+@dataclass
+class Claim:
+    """GPUs held by one job: ``gpus`` (their ids) and, for a job that shares its GPU, ``slot`` (which of
+    the GPU's ``jobs_per_gpu`` slots it holds; None for whole GPUs). ``release()`` frees them."""
 
-    All or nothing: each attempt, made under one machine-wide claim lock, takes ``count`` free
-    GPUs or, finding too few, takes none and waits ``poll_seconds`` before the next. No process
-    holds some GPUs while it waits for others, so two that each want every GPU cannot deadlock.
+    gpus: list[int]
+    slot: int | None
+    handles: list[int]
+
+    def release(self) -> None:
+        for handle in self.handles:
+            os.close(handle)
+        self.handles = []
+
+
+@contextlib.contextmanager
+def claim_gpus(count: int, total: int, lock_dir: Path | None = None, poll_seconds: float = 5.0,
+               jobs_per_gpu: int = 1):
+    """Hold ``count`` of the GPUs 0..total−1 (file locks) while the block runs; yields their ids.
+
+    All or nothing: each attempt, made under one machine-wide claim lock, takes what the job needs or,
+    finding too little, takes nothing and waits ``poll_seconds`` before the next
+    (:func:`try_claim`). No process holds some GPUs while it waits for others, so two that each
+    want every GPU cannot deadlock. With ``jobs_per_gpu`` K > 1 a one-GPU job takes one of K slots
+    on a GPU (``training.jobs_per_gpu``); a job of two or more GPUs still takes whole GPUs.
     """
     if count > total:
         raise ValueError(f"the job asks for {count} GPU(s) but this machine shows {total}; lower training.gpus "
                          f"(or --resources gpu=N), or run it where {count} GPU(s) are visible")
     lock_dir = Path(lock_dir or tempfile.gettempdir())
-    while True:
-        with _locked(lock_dir / "istar-gpu-claim.lock"):
-            held = _take_free(lock_dir, count, total)
-        if held is not None:
-            break
+    while (claim := try_claim(lock_dir, count, total, jobs_per_gpu)) is None:
         time.sleep(poll_seconds)
     try:
-        yield [gpu for gpu, _ in held]
+        yield claim.gpus
     finally:
-        for _, handle in held:
-            os.close(handle)
+        claim.release()
 
 
-def _take_free(lock_dir: Path, count: int, total: int) -> list[tuple[int, int]] | None:
-    """``count`` of the GPUs whose locks are free, locked now (GPU id, descriptor); None if fewer are free."""
+def try_claim(lock_dir: Path, count: int, total: int, jobs_per_gpu: int = 1) -> Claim | None:
+    """One all-or-nothing attempt (under the machine-wide claim lock): the claim, or None if what the
+    job needs is not free now.
+
+    A GPU's lock file ``istar-gpu-{g}.lock`` is held exclusively by a job with the whole GPU and
+    shared by the jobs with one of its slots, each of which also holds ``istar-gpu-{g}-slot-{s}.lock``
+    exclusively (s < ``jobs_per_gpu``). So a whole-GPU job never meets a slot holder on its GPUs,
+    and no GPU has more than ``jobs_per_gpu`` slot holders. A slot goes to the GPU with the most
+    slots taken (then the lowest id), so sharing fills GPUs one by one and leaves the others whole
+    for the jobs that need whole GPUs.
+    """
+    with _locked(lock_dir / "istar-gpu-claim.lock"):
+        if count == 1 and jobs_per_gpu > 1:
+            return _take_slot(lock_dir, total, jobs_per_gpu)
+        return _take_whole(lock_dir, count, total)
+
+
+def _take_whole(lock_dir: Path, count: int, total: int) -> Claim | None:
+    """``count`` GPUs with no holder at all, locked exclusively now; None if fewer are free."""
     taken: list[tuple[int, int]] = []
     for gpu in range(total):
         if len(taken) == count:
             break
-        handle = _open_lock(lock_dir / f"istar-gpu-{gpu}.lock")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        handle = _try_lock(lock_dir / f"istar-gpu-{gpu}.lock", fcntl.LOCK_EX)
+        if handle is not None:
             taken.append((gpu, handle))
-        except BlockingIOError:
-            os.close(handle)
+    claim = Claim([gpu for gpu, _ in taken], None, [handle for _, handle in taken])
     if len(taken) < count:
-        for _, handle in taken:
-            os.close(handle)
+        claim.release()
         return None
-    return taken
+    return claim
+
+
+def _take_slot(lock_dir: Path, total: int, jobs_per_gpu: int) -> Claim | None:
+    """A free slot on the fullest GPU that has one (no whole-GPU holder, fewer than ``jobs_per_gpu`` slot holders)."""
+    options = []  # (slots taken, gpu, a free slot)
+    for gpu in range(total):
+        free = [slot for slot in range(jobs_per_gpu) if _is_free(lock_dir / f"istar-gpu-{gpu}-slot-{slot}.lock")]
+        if free and _is_free(lock_dir / f"istar-gpu-{gpu}.lock", fcntl.LOCK_SH):
+            options.append((jobs_per_gpu - len(free), gpu, free[0]))
+    if not options:
+        return None
+    _, gpu, slot = max(options, key=lambda option: (option[0], -option[1]))
+    shared = _try_lock(lock_dir / f"istar-gpu-{gpu}.lock", fcntl.LOCK_SH)
+    own = _try_lock(lock_dir / f"istar-gpu-{gpu}-slot-{slot}.lock", fcntl.LOCK_EX)
+    return Claim([gpu], slot, [shared, own])
+
+
+def _try_lock(path: Path, kind: int) -> int | None:
+    """The descriptor of ``path`` locked with ``kind`` (flock's LOCK_EX or LOCK_SH) now, or None if it is held."""
+    handle = _open_lock(path)
+    try:
+        fcntl.flock(handle, kind | fcntl.LOCK_NB)
+        return handle
+    except BlockingIOError:
+        os.close(handle)
+        return None
+
+
+def _is_free(path: Path, kind: int = fcntl.LOCK_EX) -> bool:
+    handle = _try_lock(path, kind)
+    if handle is not None:
+        os.close(handle)
+    return handle is not None
 
 
 def _open_lock(path: Path) -> int:
@@ -185,19 +252,23 @@ def run_cli(args) -> int:
     step = args.step[1:] if args.step[:1] == ["--"] else args.step
     if not step:
         raise ValueError("nothing to launch: give the step after --, e.g. istar launch --gpus 2 -- train …")
-    count = granted_gpus(args.gpus, os.environ)
+    jobs_per_gpu = int(os.environ.get(JOBS_PER_GPU_ENV, "1"))
+    granted = granted_gpus(args.gpus, os.environ)
+    count, shared = granted_gpus_of(granted, jobs_per_gpu)
     command = launch_command(count, args.mixed_precision, step)
     env = child_environment(count, os.environ)
+    env[JOBS_PER_GPU_ENV] = str(jobs_per_gpu if shared else 1)  # for the step's memory check (istar.steps.gpu_memory)
     if count == 0:
         print("launching on the CPU:", " ".join(command), flush=True)
         return exit_status(run_child(command, env), step[0])
     if "CUDA_VISIBLE_DEVICES" in os.environ:
-        given = "granted by SLURM as a generic resource" if count != args.gpus else "CUDA_VISIBLE_DEVICES as given"
+        given = "granted by SLURM as a generic resource" if granted != args.gpus else "CUDA_VISIBLE_DEVICES as given"
         print(f"launching on GPU(s) {env['CUDA_VISIBLE_DEVICES']} ({given}):", " ".join(command), flush=True)
         return exit_status(run_child(command, env), step[0])
-    with claim_gpus(count, visible_gpu_count()) as gpus:
+    with claim_gpus(count, visible_gpu_count(), jobs_per_gpu=jobs_per_gpu if shared else 1) as gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-        print(f"launching on GPU(s) {env['CUDA_VISIBLE_DEVICES']} (claimed):", " ".join(command), flush=True)
+        how = f"claimed, one of {jobs_per_gpu} jobs on it" if shared else "claimed"
+        print(f"launching on GPU(s) {env['CUDA_VISIBLE_DEVICES']} ({how}):", " ".join(command), flush=True)
         return exit_status(run_child(command, env), step[0])
 
 

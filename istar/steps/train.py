@@ -56,6 +56,7 @@ from istar.registry.methods import Method, get_method
 from istar.registry.precisions import PRECISIONS
 from istar.steps.disk_space import check_free_space
 from istar.steps.evaluate import collapse_note, evaluate_model
+from istar.steps.gpu_memory import check_shared_gpu
 from istar.steps.resume import (
     Interrupted,
     StopRequest,
@@ -72,7 +73,8 @@ from istar.steps.sigma_tracking import SigmaTracker, check_given_sigma, read_giv
 from istar.steps.tracking import Tracking, settings_as_parameters
 from istar.steps.train_outputs import add_to_sums, finish_run, log_step
 
-__all__ = ["TrainSpec", "train", "prepare", "train_epochs", "optimization_step", "compute_penalty", "build_optimizer"]
+__all__ = ["TrainSpec", "train", "prepare", "train_epochs", "optimization_step", "compute_penalty", "build_optimizer",
+           "deterministic_algorithms"]
 
 
 @dataclass
@@ -93,6 +95,31 @@ class Progress:
     def load_state_dict(self, state: dict) -> None:
         for key, value in state.items():
             setattr(self, key, value)
+
+
+# cuBLAS's deterministic mode needs a fixed workspace (PyTorch's reproducibility notes); it is read when the
+# process's first cuBLAS handle is created, so it is set before the model reaches the GPU.
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool):
+    """Run the block with PyTorch's deterministic algorithms (``training.deterministic``) when ``enabled``;
+    the earlier setting and ``CUBLAS_WORKSPACE_CONFIG`` come back afterwards (a step called in-process
+    leaves its caller as it was). run_config.json records what ran (:func:`istar.steps.train_outputs.determinism`)."""
+    if not enabled:
+        yield
+        return
+    before, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    workspace = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=warn_only)
+        if workspace is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
 # ------------------------------------------------------------------------------------- one step
@@ -199,7 +226,7 @@ def train(spec: TrainSpec, restart: bool = False) -> dict:
     # One lock per run: the main process holds it for all (RANK is set by accelerate/torchrun).
     lock = writer_lock(out) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext()
     try:
-        with lock:
+        with lock, deterministic_algorithms(spec.deterministic):
             run = prepare(spec, out, resume_dir, restart)
             start_time = time.perf_counter()
             with StopRequest() as stop:
@@ -225,6 +252,7 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
     given_sigma = read_given_sigma(spec)  # before the model and data are loaded
     step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps,
                      log_with=tracking.log_with, project_dir=tracking.project_dir)
+    check_shared_gpu(step.model, spec.batch_size, spec.max_length, step.precision, step.accelerator.device)
     if given_sigma is not None:
         check_given_sigma(spec, given_sigma, step)
     accelerator = step.accelerator

@@ -8,7 +8,8 @@ trains, and its outputs, each atomically, when it is done::
     OUT/train_log.csv       step, loss, task_loss, penalty, isoscore_star, cosine_similarity, penalty_tokens
                             (which positions the penalty and its logged IsoScore* saw: real or
                             all_positions), penalty_rows (rows of X̃ per micro-batch, mean), lr
-    OUT/run_config.json     the resolved configuration, precision and environment, and the code's
+    OUT/run_config.json     the resolved configuration, precision, determinism (whether PyTorch's
+                            deterministic algorithms ran: training.deterministic) and environment, and the code's
                             provenance (:mod:`istar.io.provenance`: git commit, uncommitted changes,
                             package versions)
     OUT/model/              the final model and tokenizer (save_pretrained)
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import os
 import shutil
 from pathlib import Path
 
@@ -113,6 +115,13 @@ def finish_run(run, seconds: float) -> dict:
     return report
 
 
+def determinism() -> dict:
+    """Whether PyTorch's deterministic algorithms are on in this process (``training.deterministic``,
+    :func:`istar.steps.train.deterministic_algorithms`) and the cuBLAS workspace they run with."""
+    return {"algorithms": torch.are_deterministic_algorithms_enabled(),
+            "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
+
+
 def _write_outputs(run, report: dict, seconds: float) -> dict:
     """The final model, log, run_config.json and metrics.json (last), each atomically; returns the
     report as written (with its content hash and the model's)."""
@@ -135,6 +144,7 @@ def _write_outputs(run, report: dict, seconds: float) -> dict:
     artifacts.write_json(out / "run_config.json", {
         **dataclasses.asdict(spec), "model_path": step.model_path, "task": task.key,
         "precision": {"requested": spec.mixed_precision, "effective": step.precision.label},
+        "determinism": determinism(),
         "num_processes": accelerator.num_processes, "device": accelerator.device.type,
         "total_optimizer_steps": run.total_steps, "train_seconds": round(seconds, 2),
         "model_source": step.model_name, "data_meta": step.meta, "fingerprint": report["fingerprint"],

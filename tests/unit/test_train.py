@@ -1,6 +1,7 @@
 """Tests of the training engine: every method × head, direction of λ, resume, two CPU ranks, errors."""
 
 import csv
+import dataclasses
 import json
 import os
 import signal
@@ -428,3 +429,22 @@ def test_all_positions_run_logs_its_rows_and_refuses_a_real_token_sigma(tiny_mod
     assert [float(row["penalty_rows"]) for row in log] == expected
     _, provenance = load_shrinkage(out / "sigma_epoch1.pt")
     assert provenance["tokens"] == "all_positions" and provenance["epoch"] == 1
+
+
+def test_deterministic_setting_reaches_the_step_and_run_config(tiny_model_dir, prepared, tmp_path):
+    """training.deterministic: config → the run's spec → PyTorch's deterministic algorithms while it trains
+    (recorded in run_config.json), and the caller's setting back afterwards."""
+    from istar.config.layout import Setting
+    from istar.pipeline.plan import train_spec
+    from istar.pipeline.validate import validate_config
+
+    assert validate_config({}, check_paths=False)["training"]["deterministic"] is False
+    config = validate_config({"training": {"deterministic": True, "epochs": 1, "batch_size": 16}}, check_paths=False)
+    spec = train_spec(config, model=str(tiny_model_dir), task="rte", setting=Setting("base"), seed=0,
+                      data_dir=str(prepared("rte")), output_dir=str(tmp_path / "run"), sigma_s=None)
+    assert spec.deterministic is True
+    train(dataclasses.replace(spec, shrinkage_rows=1000))
+    recorded = json.loads((tmp_path / "run" / "run_config.json").read_text())
+    assert recorded["deterministic"] is True
+    assert recorded["determinism"] == {"algorithms": True, "cublas_workspace_config": ":4096:8"}
+    assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ

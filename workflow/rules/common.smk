@@ -3,12 +3,14 @@
 # file only maps it onto rules.
 
 import json
+import os
 
 from snakemake.exceptions import WorkflowError
 
 from istar.report.aggregate import AGGREGATE_NAMES, PROVENANCE_NAME
 from istar.io.artifacts import read_json
 from istar.config.schema import STUDIES, ConfigError
+from istar.config.gpu_slots import JOBS_PER_GPU_ENV, gpu_budget, gpu_units
 from istar.pipeline.validate import validate_config
 from istar.report.figures import (
     STABILITY_CSV,
@@ -75,6 +77,20 @@ _profile_task = survey_text_task(config)
 DATA_TASKS = TASKS + ([_profile_task] if _profile_task not in [None, *TASKS] else [])
 TRAINING = config["training"]
 GPUS = TRAINING["gpus"]
+# Several fine-tunes per GPU (training.jobs_per_gpu = K, istar.config.gpu_slots): under
+# `--resources gpu=N` the `gpu` budget becomes N·K slots, a one-GPU job asks for one and a job of
+# G ≥ 2 GPUs for G·K; ISTAR_JOBS_PER_GPU tells `istar launch` that it is granted slots. Without a
+# budget, on a cluster (one allocation per job) and in a cluster job's own Snakemake, every job asks
+# for whole GPUs. (workflow.global_resources holds --resources.)
+_GPU_LIMIT = workflow.global_resources.get("gpu")
+_LOCAL = workflow.is_main_process and workflow.local_exec
+JOBS_PER_GPU = TRAINING["jobs_per_gpu"] if _LOCAL and _GPU_LIMIT and _GPU_LIMIT.value else 1
+# (a value left in the caller's environment is not this run's)
+os.environ.pop(JOBS_PER_GPU_ENV, None)
+if JOBS_PER_GPU > 1:
+    workflow.global_resources["gpu"] = gpu_budget(_GPU_LIMIT.value, JOBS_PER_GPU)
+    os.environ[JOBS_PER_GPU_ENV] = str(JOBS_PER_GPU)
+GPU_UNITS = gpu_units(GPUS, JOBS_PER_GPU)
 # Each rule's environment under --sdm conda: conda-forge's CUDA build of PyTorch for the jobs that
 # get GPUs, the CPU build elsewhere. Named, not detected: environments are created on the
 # submitting host, which on a cluster often has no GPU.

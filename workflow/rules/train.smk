@@ -1,4 +1,5 @@
-# Fine-tuning. Its accelerate arguments follow the *granted* GPUs (resources.gpu):
+# Fine-tuning. Its accelerate arguments follow the *granted* GPUs (resources.gpu; in slots of
+# 1/K GPU where training.jobs_per_gpu = K shares GPUs, see common.smk):
 # ≥ 1 → accelerate with that many processes in training.mixed_precision; 0 → one CPU process.
 # A run killed half-way resumes from RUN/resume/ when the job is started again.
 
@@ -24,7 +25,7 @@ rule train:
         TRAINING_ENV
     threads: TRAINING["threads"]
     resources:
-        gpu=GPUS,
+        gpu=GPU_UNITS,
         mem_mb=TRAINING["mem_mb"],
         runtime=TRAINING["runtime"],
     params:

@@ -1,0 +1,42 @@
+"""Several fine-tunes per GPU (``training.jobs_per_gpu`` = K): the arithmetic the workflow and the launcher share.
+
+Snakemake counts resources in whole numbers. Where K > 1 and ``--resources gpu=N`` is given, the
+workflow counts the ``gpu`` resource in slots of 1/K GPU (the budget becomes N·K): a one-GPU job asks
+for one slot, a job of G ≥ 2 GPUs for G·K (whole GPUs, never shared). ``istar launch --gpus`` then
+receives slots, and :data:`JOBS_PER_GPU_ENV`, set by the workflow for its jobs, tells it so
+(:func:`granted_gpus_of`); its claim hands out the slots on each GPU (:func:`istar.steps.launch.try_claim`).
+Where no such budget is given (a SLURM run: each job is its own allocation), every job asks for
+whole GPUs as with K = 1.
+"""
+
+from __future__ import annotations
+
+__all__ = ["JOBS_PER_GPU_ENV", "gpu_units", "gpu_budget", "granted_gpus_of"]
+
+# Set by the workflow (workflow/rules/common.smk) when its `gpu` resource counts slots; the launcher
+# passes the number of jobs that share the step's GPU on to the step in the same variable (1: its own GPU).
+JOBS_PER_GPU_ENV = "ISTAR_JOBS_PER_GPU"
+
+
+def gpu_units(gpus: int, jobs_per_gpu: int) -> int:
+    """The ``gpu`` resource a job on ``gpus`` GPUs asks for: one slot for a one-GPU job that shares its
+    GPU with up to ``jobs_per_gpu`` − 1 others, ``gpus · jobs_per_gpu`` slots (whole GPUs) for more."""
+    return gpus * jobs_per_gpu if gpus > 1 else gpus
+
+
+def gpu_budget(limit: int | None, jobs_per_gpu: int) -> int | None:
+    """The ``gpu`` budget in slots for ``--resources gpu=limit`` (None: none given, nothing to scale)."""
+    return None if limit is None else limit * jobs_per_gpu
+
+
+def granted_gpus_of(units: int, jobs_per_gpu: int) -> tuple[int, bool]:
+    """(GPUs, shared) for a job granted ``units`` of the ``gpu`` resource, counted in slots of
+    1/``jobs_per_gpu`` GPU (:func:`gpu_units` inverted): one slot is one shared GPU."""
+    if jobs_per_gpu == 1 or units == 0:
+        return units, False
+    if units == 1:
+        return 1, True
+    if units % jobs_per_gpu:
+        raise ValueError(f"a job granted {units} GPU slots of 1/{jobs_per_gpu} GPU holds no whole number of GPUs; "
+                         f"ask for 1 slot (one shared GPU) or a multiple of training.jobs_per_gpu = {jobs_per_gpu}")
+    return units // jobs_per_gpu, False

@@ -1,0 +1,177 @@
+"""What a config costs on GPUs before it runs: ``istar cost --config FILE --gpus N --kind h100``.
+
+Every fine-tune the config asks for (the search, the final runs and the figure studies, counted as
+:mod:`istar.pipeline.plan` plans them, with any setting standing in for the search's choice) gets
+the bundle's estimate of its time alone on a GPU (:class:`istar.pipeline.bundle_plan.DeviceCosts`;
+every sequence padded to the task's ``max_length``, so the arithmetic is an upper bound), and the
+rates measured on the named kind of GPU turn the sum into GPU-hours (``device_rates.json``, rebuilt
+from the GPU records by ``python -m bench.device_rates``):
+
+- *one job per GPU*: the estimate × ``step_factor`` (a step alone on that GPU over its estimate,
+  lowest to highest measured);
+- *K jobs per GPU* (``training.jobs_per_gpu``, ``run-bundle --parallel K``): the estimate ×
+  ``packed_ratio[K]`` (one job's GPU time when K share the GPU, over its estimate alone), for each K
+  measured on that kind.
+
+Wall time on N GPUs is the GPU time over N: a lower bound (the search must end before the final
+runs start). Fine-tunes only: the Σ_S passes of the pretrained models and the measurements add a
+job per setting (a few per cent of a study's fine-tunes' time in the GPU study).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from pathlib import Path
+
+from istar.config.layout import Setting
+from istar.config.schema import STUDIES
+from istar.pipeline.bundle_plan import DeviceCosts, model_sizes_of
+from istar.pipeline.plan import (
+    final_settings,
+    search_settings,
+    study_runs,
+    study_seeds,
+    task_max_length,
+    tuned_tokens,
+    tuning_settings,
+)
+from istar.pipeline.validate import merge_config_files, validate_config
+from istar.registry.methods import get_method
+from istar.registry.tasks import get_task
+
+__all__ = ["RATES_FILE", "gpu_kind", "load_rates", "model_shape", "planned_fine_tunes", "fine_tune_estimate_s",
+           "config_cost", "describe_cost"]
+
+RATES_FILE = Path(__file__).with_name("device_rates.json")
+
+
+def gpu_kind(name: str) -> str:
+    """The kind of GPU a device name names (``NVIDIA H100 80GB HBM3`` → ``h100``)."""
+    found = re.search(r"\b([A-Z]{1,2}\d{2,4})\b", name)
+    if found is None:
+        raise ValueError(f"no GPU model in the device name {name!r}")
+    return found.group(1).lower()
+
+
+def load_rates(path: Path = RATES_FILE) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def model_shape(source: str, rates: dict) -> dict:
+    """Layers and parameter counts of a configured model: a local folder's (or package's) config.json,
+    else the hub model's recorded shape (``model_shapes`` in the rates file)."""
+    from istar.models.loading import parse_model_source
+
+    parsed = parse_model_source(source)
+    if parsed.kind != "hub":
+        return model_sizes_of(json.loads((Path(parsed.location) / "config.json").read_text(encoding="utf-8")))
+    shapes = rates["model_shapes"]
+    if parsed.location not in shapes:
+        raise ValueError(f"no shape recorded for the hub model {parsed.location}; add its config.json's layer and "
+                         f"size keys under model_shapes in {RATES_FILE.name}, or name a downloaded folder")
+    return model_sizes_of(shapes[parsed.location])
+
+
+def planned_fine_tunes(config: dict, layers_of: dict[str, int]) -> list[dict]:
+    """Every fine-tune of a validated config: model, task, method, batch size, epochs (one entry per run).
+
+    The search's choice is not known before the search: the first setting of the search grid stands
+    in for it (its λ and ζ change no run's length; under a searched training grid its batch size and
+    epochs are the grid's first). ``layers_of``: model → encoder layers (for ``single_layer``).
+    """
+    grid = search_settings(config)
+    selection = grid[0]
+    tuned = [Setting("istar", lam=selection.lam, zeta=selection.zeta, tokens=t) for t in tuned_tokens(config)]
+    training, runs = config["training"], []
+    for model in config["models"]:
+        for task in config["tasks"]:
+            search_seeds = config["search"]["seeds"]
+            planned = [(s, seed, "search") for s in grid + tuning_settings(config) for seed in search_seeds]
+            later = {(s.name, seed): s for s in final_settings(config, selection)
+                     for seed in study_seeds(config, "final", task)}
+            for study in STUDIES:
+                for setting, seed in study_runs(config, study, model, task, selection, layers_of[model],
+                                                tuned[0] if tuned else None) or []:
+                    later.setdefault((setting.name, seed), setting)
+            planned += [(setting, seed, "final") for (_, seed), setting in later.items()]
+            runs += [{"model": model, "task": task, "method": s.method, "stage": stage,
+                      "batch_size": s.batch_size or training["batch_size"], "epochs": s.epochs or training["epochs"]}
+                     for s, seed, stage in planned]
+    return runs
+
+
+def fine_tune_estimate_s(run: dict, shape: dict, config: dict, costs: DeviceCosts = DeviceCosts()) -> float:
+    """The bundle's estimate of one fine-tune alone on a GPU, in seconds: start, every micro-batch's step,
+    the evaluation after each epoch and the Σ_S passes (before training and after each epoch)."""
+    task, training = get_task(run["task"]), config["training"]
+    tokens, eval_batch = task_max_length(config, run["task"]), training["eval_batch_size"]
+    limit = config["data"]["max_train_samples"]
+    rows = min(task.rows[0], limit) if limit else task.rows[0]
+    eval_limit = config["data"]["max_eval_samples"]
+    eval_rows = min(task.rows[1], eval_limit) if eval_limit else task.rows[1]
+    layers, parameters = shape["layers"], shape["parameters"]
+    micro = math.ceil(rows / run["batch_size"]) * run["epochs"]
+    step = costs.step_s(layers, parameters, run["batch_size"] * tokens, get_method(run["method"]).penalty is not None)
+    forward = costs.forward_s(layers, parameters, eval_batch * tokens)
+    sigma_batches = min(math.ceil(rows / eval_batch), math.ceil(config["shrinkage"]["rows"] / (eval_batch * tokens)))
+    return (costs.job_start_s + micro * step + run["epochs"] * math.ceil(eval_rows / eval_batch) * forward
+            + (run["epochs"] + 1) * sigma_batches * forward)
+
+
+def config_cost(config: dict, kind: str, gpus: int, rates: dict | None = None) -> dict:
+    """GPU-hours and wall hours of a validated config's fine-tunes on ``gpus`` GPUs of ``kind``, one job
+    per GPU and K per GPU for each K measured there; each a [low, high] range from the measured rates."""
+    rates = rates or load_rates()
+    if kind not in rates["kinds"]:
+        raise ValueError(f"no rates measured on {kind!r}; measured: {', '.join(sorted(rates['kinds']))} "
+                         f"(a GPU record imported into docs/data adds its kind: python -m bench.device_rates)")
+    if gpus < 1:
+        raise ValueError(f"--gpus must be at least 1; got {gpus}")
+    measured = rates["kinds"][kind]
+    shapes = {model: model_shape(source, rates) for model, source in config["models"].items()}
+    runs = planned_fine_tunes(config, {model: shape["layers"] for model, shape in shapes.items()})
+    estimate_h = sum(fine_tune_estimate_s(run, shapes[run["model"]], config) for run in runs) / 3600
+
+    def hours(ratio: list[float], per_job: int) -> dict:
+        low, high = (estimate_h * r for r in ratio)
+        return {"jobs_per_gpu": per_job, "gpu_hours": [round(low, 1), round(high, 1)],
+                "wall_hours": [round(low / gpus, 1), round(high / gpus, 1)]}
+
+    return {"kind": kind, "gpus": gpus, "fine_tunes": len(runs),
+            "search_fine_tunes": sum(run["stage"] == "search" for run in runs),
+            "estimate_gpu_hours": round(estimate_h, 1),
+            "alone": hours(measured["step_factor"], 1),
+            "packed": [hours(ratio, int(k)) for k, ratio in measured["packed_ratio"].items()],
+            "sources": measured["sources"]}
+
+
+def describe_cost(cost: dict) -> str:
+    def span(pair):
+        return f"{pair[0]:,.1f}–{pair[1]:,.1f}"
+
+    lines = [f"{cost['fine_tunes']:,} fine-tunes ({cost['search_fine_tunes']:,} in the search), "
+             f"estimated {cost['estimate_gpu_hours']:,.1f} GPU-hours alone before the {cost['kind']}'s rates",
+             f"on {cost['gpus']} × {cost['kind']}:  GPU-hours  wall hours (at least)"]
+    for row in [cost["alone"], *cost["packed"]]:
+        label = "one job per GPU" if row["jobs_per_gpu"] == 1 else f"{row['jobs_per_gpu']} jobs per GPU"
+        lines.append(f"  {label:<18} {span(row['gpu_hours']):>16}  {span(row['wall_hours']):>14}")
+    lines.append("ranges: lowest to highest rate measured on this kind (" + "; ".join(cost["sources"]) + ")")
+    return "\n".join(lines)
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", dest="configfiles", nargs="+", required=True, type=Path,
+                        help="config file(s), merged in order as snakemake --configfile merges them")
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs the config runs on")
+    parser.add_argument("--kind", required=True, help="the kind of GPU (h100, h200: those with measured rates)")
+    parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
+
+
+def run_cli(args) -> int:
+    config = validate_config(merge_config_files(args.configfiles), check_paths=False)
+    cost = config_cost(config, args.kind.lower(), args.gpus)
+    print(json.dumps(cost, indent=2) if args.json else describe_cost(cost))
+    return 0

@@ -1,0 +1,104 @@
+"""Several fine-tunes per GPU (training.jobs_per_gpu, issue 46): the slot claim of `istar launch` on a
+pretended GPU count (its lock files need no GPU), the slot arithmetic the workflow and the launcher
+share, and the memory check that refuses a share that cannot fit."""
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+import torch
+
+from istar.config.gpu_slots import gpu_budget, gpu_units, granted_gpus_of
+from istar.steps.gpu_memory import GIB, check_gpu_share, check_shared_gpu, training_memory_bytes
+from istar.steps.launch import claim_gpus, try_claim
+
+
+def test_each_slot_job_gets_a_slot_on_the_fullest_gpu_and_whole_gpus_wait_for_every_slot(tmp_path):
+    k = 2
+    first = try_claim(tmp_path, 1, 2, k)
+    assert (first.gpus, first.slot) == ([0], 0)
+    second = try_claim(tmp_path, 1, 2, k)
+    assert (second.gpus, second.slot) == ([0], 1)  # GPU 0 fills first: GPU 1 stays whole
+    third = try_claim(tmp_path, 1, 2, k)
+    assert (third.gpus, third.slot) == ([1], 0)
+    assert try_claim(tmp_path, 1, 2, 1) is None  # a whole GPU: none is free of slot holders
+    fourth = try_claim(tmp_path, 1, 2, k)
+    assert (fourth.gpus, fourth.slot) == ([1], 1)
+    assert try_claim(tmp_path, 1, 2, k) is None  # 2 GPUs × K = 2: every slot is taken
+    first.release()
+    again = try_claim(tmp_path, 1, 2, k)
+    assert (again.gpus, again.slot) == ([0], 0)
+    for claim in (again, second, fourth):
+        claim.release()
+    assert try_claim(tmp_path, 2, 2, k) is None  # GPU 1 still has a slot holder: nothing is taken
+    third.release()
+    whole = try_claim(tmp_path, 2, 2, k)
+    assert (whole.gpus, whole.slot) == ([0, 1], None)
+    assert try_claim(tmp_path, 1, 2, k) is None  # no slot on a GPU a whole-GPU job holds
+    whole.release()
+
+
+def test_mixed_one_and_two_gpu_jobs_never_exceed_k_per_gpu_and_all_finish(tmp_path):
+    """24 jobs on 2 pretended GPUs with K = 3: slot jobs and 2-GPU jobs, each claiming as `istar launch` does
+    and holding its GPUs a moment; at no time more than K jobs on a GPU or a slot job beside a whole-GPU job,
+    and every job finishes (all-or-nothing claims cannot deadlock)."""
+    k, total, lock = 3, 2, threading.Lock()
+    holders = {gpu: Counter() for gpu in range(total)}
+    peaks, errors = Counter(), []
+
+    def job(count: int) -> None:
+        try:
+            with claim_gpus(count, total, tmp_path, poll_seconds=0.002, jobs_per_gpu=k) as gpus:
+                kind = "slot" if count == 1 else "whole"
+                with lock:
+                    for gpu in gpus:
+                        holders[gpu][kind] += 1
+                        assert holders[gpu]["slot"] <= k and holders[gpu]["whole"] <= 1
+                        assert not (holders[gpu]["slot"] and holders[gpu]["whole"])
+                        peaks[gpu] = max(peaks[gpu], holders[gpu]["slot"])
+                time.sleep(0.01)
+                with lock:
+                    for gpu in gpus:
+                        holders[gpu][kind] -= 1
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=job, args=(2 if i % 4 == 0 else 1,), daemon=True) for i in range(24)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not [thread for thread in threads if thread.is_alive()], "claims deadlocked"
+    assert not errors, errors
+    assert max(peaks.values()) > 1  # the GPUs were shared
+
+
+def test_the_gpu_resource_counts_slots_and_the_launcher_reads_them_back():
+    assert [gpu_units(g, 4) for g in (0, 1, 2, 3)] == [0, 1, 8, 12]  # one slot; whole GPUs for more
+    assert [gpu_units(g, 1) for g in (0, 1, 2)] == [0, 1, 2]
+    assert gpu_budget(2, 4) == 8 and gpu_budget(None, 4) is None
+    for gpus in (0, 1, 2, 3):
+        assert granted_gpus_of(gpu_units(gpus, 4), 4) == (gpus, gpus == 1)
+    assert granted_gpus_of(2, 1) == (2, False)
+    with pytest.raises(ValueError, match="multiple of training.jobs_per_gpu = 4"):
+        granted_gpus_of(6, 4)
+
+
+def test_a_share_that_does_not_fit_is_refused_naming_the_setting():
+    minilm = training_memory_bytes(22_713_216, 384, 6, 12, batch=32, tokens=128)
+    bert_base = training_memory_bytes(109_483_778, 768, 12, 12, batch=32, tokens=128)
+    assert 1.0 * GIB < minilm < 2.0 * GIB and 3.0 * GIB < bert_base < 5.0 * GIB
+    assert training_memory_bytes(1, 384, 6, 12, 32, 128, activation_bytes=4) > \
+        training_memory_bytes(1, 384, 6, 12, 32, 128)  # fp32 activations take twice the room
+    check_gpu_share(8, bert_base, 80 * GIB, "an H100")  # 8 BERT-base fine-tunes fit in 80 GiB
+    with pytest.raises(MemoryError, match=r"training.jobs_per_gpu = 8 fine-tunes .* set training.jobs_per_gpu to 4"):
+        check_gpu_share(8, bert_base, 16 * GIB, "a 16 GiB GPU")
+    check_gpu_share(1, bert_base, GIB, "a small GPU")  # one job per GPU is never refused here
+
+
+def test_a_run_on_the_cpu_is_not_held_to_a_gpu_share(monkeypatch, tiny_bert):
+    from istar.registry.precisions import PRECISIONS
+
+    monkeypatch.setenv("ISTAR_JOBS_PER_GPU", "64")
+    check_shared_gpu(tiny_bert, 32, 128, PRECISIONS["fp16"], torch.device("cpu"))
