@@ -14,7 +14,11 @@ What it adds to the Trainer, and nothing else:
   (``recompute_every_epoch``); every process holds the same Σ_S (merged across processes).
   Its rows are the first ``sigma_rows`` of ``train_dataset`` in its order, read in batches of
   ``per_device_eval_batch_size`` through the Trainer's own evaluation loader (its collator and
-  column removal), so the training order and its random state are untouched.
+  column removal), in a forked random state (:func:`istar.models.shrinkage.forked_rng`), so the
+  training order and torch's random state are untouched: λ = 0 trains exactly as ζ = 0. Each
+  checkpoint holds Σ_S and its epoch (``istar_sigma_s.pt``); a run resumed from it uses that Σ_S,
+  so resuming ends on the uninterrupted run's parameters. The first batch's ``attention_mask`` is
+  checked before the first Σ_S pass.
 - **the penalty** λ·(1 − IsoScore*(X̃, ζ, Σ_S)) added to each training micro-batch's loss. The
   model is asked for its hidden states only in training: evaluation, ``predict`` and
   ``compute_metrics`` see the outputs they would without I-STAR.
@@ -35,16 +39,18 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from istar.config.schema import default_of
 from istar.core.isotropy import isoscore_star_from_covariance
 from istar.core.regularizers import LayerSpec, global_istar_penalty, istar_penalty, resolve_layers
 from istar.core.shrinkage import merge_layers
 from istar.core.tokens import get_token_selection
-from istar.models.shrinkage import accumulate_shrinkage
+from istar.models.shrinkage import accumulate_shrinkage, forked_rng
 
 __all__ = ["IStarConfig", "IStarTrainerMixin", "IStarTrainer"]
 
@@ -91,19 +97,30 @@ class IStarConfig:
             raise ValueError(f"zeta must lie in [0, 1] (0 = no shrinkage, 1 = Σ_S alone); got {self.zeta}")
 
 
+SIGMA_CHECKPOINT = "istar_sigma_s.pt"
+"""The file in each Trainer checkpoint folder holding Σ_S and its epoch, so that a resumed run trains on."""
+
+
 class _SigmaRefresh(TrainerCallback):
-    """Σ_S before training and at the start of every later epoch (the Trainer's callbacks know when)."""
+    """Σ_S before training and at the start of every later epoch (the Trainer's callbacks know when),
+    and saved with every checkpoint."""
 
     def __init__(self, trainer: IStarTrainerMixin):
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.trainer.refresh_sigma(int(state.epoch or 0))
+        self.trainer.start_sigma(int(state.epoch or 0))
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         epoch = int(state.epoch or 0)
         if self.trainer.istar.recompute_every_epoch and epoch > self.trainer.sigma_epoch:
             self.trainer.refresh_sigma(epoch)
+
+    def on_save(self, args, state, control, **kwargs):
+        if args.should_save and self.trainer.sigma_s is not None:
+            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            torch.save({"sigma_s": self.trainer.sigma_s.cpu(), "sigma_epoch": self.trainer.sigma_epoch},
+                       folder / SIGMA_CHECKPOINT)
 
 
 class IStarTrainerMixin:
@@ -131,10 +148,41 @@ class IStarTrainerMixin:
         self.sigma_epoch = -1
         self._istar_sums: dict[str, torch.Tensor] = {}
         self._istar_batches = 0
+        self._resumed_from: Path | None = None
         self.add_callback(_SigmaRefresh(self))
 
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """The Trainer's ``train``; a run resumed from a checkpoint takes the Σ_S saved in it."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+        self._resumed_from = Path(resume_from_checkpoint) if resume_from_checkpoint else None
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def start_sigma(self, epoch: int) -> None:
+        """Σ_S at the start of training: the checkpoint's when resuming, else computed (after checking a batch)."""
+        saved = self._resumed_from / SIGMA_CHECKPOINT if self._resumed_from is not None else None
+        if saved is not None and saved.is_file():
+            state = torch.load(saved, map_location=self.args.device, weights_only=True)
+            self.sigma_s, self.sigma_epoch = state["sigma_s"], int(state["sigma_epoch"])
+            return
+        with forked_rng(self.args.device):
+            self._check_first_batch()
+        self.refresh_sigma(epoch)
+
+    def _check_first_batch(self) -> None:
+        """The mask check of :meth:`compute_loss` on the first batch, before any Σ_S pass or step."""
+        batch = next(iter(self.get_eval_dataloader(self.train_dataset)))
+        if "attention_mask" not in batch and get_token_selection(self.istar.tokens).masked:
+            raise ValueError(f"the training batches have no attention_mask (keys: {', '.join(batch)}): keep the "
+                             "tokenizer's attention_mask in the dataset (and a collator such as "
+                             "DataCollatorWithPadding), so that the penalty leaves padding out")
+
     def refresh_sigma(self, epoch: int) -> None:
-        """Compute Σ_S from the current model over the training set (all processes take part)."""
+        """Compute Σ_S from the current model over the training set (all processes take part).
+
+        torch's random state is left as it was (:func:`istar.models.shrinkage.forked_rng`), so that a
+        run at λ = 0 trains exactly as one without Σ_S.
+        """
         self.sigma_epoch = epoch
         if float(self.istar.zeta) == 0.0:
             return
@@ -145,9 +193,11 @@ class IStarTrainerMixin:
                           f"({self.args.per_device_train_batch_size}); Σ_S reads batches of "
                           f"{self.args.per_device_eval_batch_size}", stacklevel=2)
         model = self.accelerator.unwrap_model(self.model)
-        per_layer = accumulate_shrinkage(model, self.get_eval_dataloader(self.train_dataset), self.istar.layers,
-                                         self.istar.sigma_rows, self.accelerator, tokens=self.istar.tokens,
-                                         description=f"Σ_S at epoch {epoch + 1}", progress=not self.args.disable_tqdm)
+        with forked_rng(self.args.device):
+            per_layer = accumulate_shrinkage(model, self.get_eval_dataloader(self.train_dataset), self.istar.layers,
+                                             self.istar.sigma_rows, self.accelerator, tokens=self.istar.tokens,
+                                             description=f"Σ_S at epoch {epoch + 1}",
+                                             progress=not self.args.disable_tqdm)
         sigma = merge_layers(per_layer, resolve_layers(self.istar.layers, len(per_layer))).covariance()
         self.sigma_s = sigma.to(self.args.device)
         self.log({"sigma_s_isoscore": float(isoscore_star_from_covariance(sigma, 0.0))})
@@ -156,10 +206,6 @@ class IStarTrainerMixin:
         if not model.training:  # evaluation and prediction: exactly the Trainer's outputs
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
-        if "attention_mask" not in inputs and get_token_selection(self.istar.tokens).masked:
-            raise ValueError("the training batches have no attention_mask: keep the tokenizer's attention_mask in the "
-                             "dataset (and a collator such as DataCollatorWithPadding), so that the penalty leaves "
-                             "padding out; or IStarConfig(tokens='all_positions')")
         # The task loss as each micro-batch's mean (num_items_in_batch not passed on), so that task
         # loss and penalty are scaled alike below, whatever the model does with num_items_in_batch.
         task_loss, outputs = super().compute_loss(model, {**inputs, "output_hidden_states": True}, return_outputs=True)
