@@ -33,7 +33,7 @@ _LIBRARY = {
     "measure_isotropy": "models.measurement",
     "IsotropyMetric": "core.measurement",
     "IsotropyReport": "core.measurement",
-    "IStarConfig": "integrations.trainer",
+    "IStarConfig": "integrations.config",
     "IStarTrainer": "integrations.trainer",
     "IStarTrainerMixin": "integrations.trainer",
 }

@@ -156,3 +156,41 @@ def test_a_run_resumed_from_a_checkpoint_ends_on_the_same_parameters(tmp_path):
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert resumed.sigma_epoch == 1
     assert _differing(_parameters(whole), _parameters(resumed)) == []
+
+
+def test_cosreg_trains_through_the_config_and_logs_its_own_measure(tmp_path):
+    """IStarConfig(method="cosreg"): the registry's CosReg penalty (λ = 1, its default) on the last layer, no Σ_S."""
+    trainer = trainer_for(tmp_path, istar.IStarConfig(method="cosreg"), max_steps=2)
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "cosine_similarity" in entry]
+    assert len(logs) == 2 and trainer.sigma_s is None
+    for entry in logs:
+        assert 0 < entry["cosreg_penalty"] == pytest.approx(entry["cosine_similarity"], abs=2e-2)
+        assert entry["loss"] == pytest.approx(entry["task_loss"] + entry["cosreg_penalty"], abs=1e-4), entry
+
+
+def test_a_sigma_file_of_istar_shrinkage_is_kept_when_no_refresh_is_asked(tmp_path):
+    """The file `istar shrinkage` writes (save_shrinkage of the pretrained model's statistics), given as
+    IStarConfig(sigma_s=path, recompute_every_epoch=False): trained with through epoch 2, never recomputed."""
+    from istar.core.shrinkage import save_shrinkage
+    from istar.models.shrinkage import accumulate_shrinkage
+
+    probe = trainer_for(tmp_path / "probe", istar.IStarConfig(lam=-1.0))
+    per_layer = accumulate_shrinkage(probe.model, probe.get_eval_dataloader(probe.train_dataset), "all", 300,
+                                     progress=False)
+    save_shrinkage(tmp_path / "sigma.safetensors", per_layer, list(range(1, 7)), {"model": "minilm"})
+    config = istar.IStarConfig(lam=-1.0, zeta=0.2, sigma_s=tmp_path / "sigma.safetensors", recompute_every_epoch=False)
+    expected = config.given_sigma_s(probe.model)
+    trainer = trainer_for(tmp_path / "run", config, max_steps=4)
+    trainer.train()
+    assert trainer.sigma_epoch == 0 and torch.equal(trainer.sigma_s, expected)
+    assert len([entry for entry in trainer.state.log_history if "sigma_s_isoscore" in entry]) == 1
+    assert len(training_logs(trainer)) == 4
+
+
+def test_a_sigma_of_another_hidden_size_is_refused_naming_both_shapes(tmp_path):
+    trainer = trainer_for(tmp_path, istar.IStarConfig(lam=-1.0, zeta=0.2, sigma_s=torch.eye(768)), max_steps=1)
+    with pytest.raises(ValueError, match=r"sigma_s has shape \(768, 768\) but the model's hidden states have d = 384, "
+                                         r"so Σ_S must be \(384, 384\)"):
+        trainer.train()
+    assert trainer.state.global_step == 0
