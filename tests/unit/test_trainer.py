@@ -169,6 +169,7 @@ def test_cosreg_trains_through_the_config_and_logs_its_own_measure(tmp_path):
         assert entry["loss"] == pytest.approx(entry["task_loss"] + entry["cosreg_penalty"], abs=1e-4), entry
 
 
+@pytest.mark.integration  # a Σ_S pass for the file, then 4 steps across an epoch
 def test_a_sigma_file_of_istar_shrinkage_is_kept_when_no_refresh_is_asked(tmp_path):
     """The file `istar shrinkage` writes (save_shrinkage of the pretrained model's statistics), given as
     IStarConfig(sigma_s=path, recompute_every_epoch=False): trained with through epoch 2, never recomputed."""
