@@ -8,7 +8,7 @@ The library, for your own training code (every name below is importable from ``i
 - penalties: :func:`istar_penalty`, :func:`global_istar_penalty`, :func:`cosreg_penalty`, each
   returning a :class:`Penalty`; :func:`shrinkage_covariance` computes the Σ_S they shrink towards;
 - ``transformers.Trainer``: :class:`IStarTrainer` (or :class:`IStarTrainerMixin` beside another
-  Trainer subclass) with :class:`IStarConfig`.
+  Trainer subclass) with :class:`IStarConfig` (the method of the registry, λ, ζ, a given Σ_S).
 
 The workflow's steps are subcommands of the ``istar`` command (:mod:`istar.cli`).
 The names are imported on first use, so that ``import istar.pipeline.validate`` (which
@@ -33,7 +33,7 @@ _LIBRARY = {
     "measure_isotropy": "models.measurement",
     "IsotropyMetric": "core.measurement",
     "IsotropyReport": "core.measurement",
-    "IStarConfig": "integrations.trainer",
+    "IStarConfig": "integrations.config",
     "IStarTrainer": "integrations.trainer",
     "IStarTrainerMixin": "integrations.trainer",
 }

@@ -60,9 +60,19 @@ def hidden_state_pass(model, batches: Iterable[dict], *, device=None,
         for batch in batches:
             inputs = {key: value.to(device) for key, value in batch.items() if key in MODEL_INPUTS}
             started = time.perf_counter()
+            if "attention_mask" not in inputs:
+                raise ValueError(f"the batches have no attention_mask (keys: {', '.join(batch)}): keep the "
+                                 "tokenizer's attention_mask in each batch (a collator such as "
+                                 "DataCollatorWithPadding pads it), so that padding is left out")
+            started = time.perf_counter()
             with torch.no_grad(), autocast():
-                states = list(model(**inputs, output_hidden_states=True).hidden_states)
+                outputs = model(**inputs, output_hidden_states=True)
             seconds = time.perf_counter() - started
+            if getattr(outputs, "hidden_states", None) is None:
+                raise ValueError(f"{type(model).__name__} returned no hidden_states although called with "
+                                 "output_hidden_states=True: I-STAR needs a Hugging Face model whose forward takes "
+                                 "output_hidden_states=True and returns a ModelOutput")
+            states = list(outputs.hidden_states)
             if extra_states is not None:
                 states += extra_states()
             yield HiddenStates(states=states, mask=inputs["attention_mask"].bool(), seconds=seconds)

@@ -23,7 +23,8 @@ from istar.core.shrinkage import add_hidden_states, layer_accumulators, current_
 from istar.core.tokens import get_token_selection
 from istar.models.hidden_states import hidden_state_pass
 
-__all__ = ["default_rows", "progress_disabled", "accumulate_shrinkage", "shrinkage_covariance", "text_batches"]
+__all__ = ["default_rows", "progress_disabled", "forked_rng", "accumulate_shrinkage", "shrinkage_covariance",
+           "text_batches"]
 
 
 def default_rows() -> int:
@@ -36,6 +37,23 @@ def default_rows() -> int:
 def progress_disabled(show: bool = True) -> bool:
     """Whether a progress bar stays hidden: not asked for (``show``), or ``TQDM_DISABLE`` set to a true value."""
     return not show or os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@contextlib.contextmanager
+def forked_rng(device: torch.device) -> Iterator[None]:
+    """torch's random state, of the CPU and of ``device``, as it was before the block.
+
+    The library's Σ_S passes run inside it: a data loader draws its seed from torch's generator
+    when it starts, so without the fork a Σ_S pass would move the random state training reads
+    next (dropout, the data order), and λ = 0 with ζ > 0 would train differently from ζ = 0.
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        devices = []
+    else:
+        devices = [device.index if device.index is not None else torch.get_device_module(device.type).current_device()]
+    with torch.random.fork_rng(devices=devices, device_type=device.type):
+        yield
 
 
 @torch.no_grad()
@@ -154,7 +172,8 @@ def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSpec = "al
 
     Returns
     -------
-    (d, d) float64 tensor on the model's device, identical on every process.
+    (d, d) float64 tensor on the model's device, identical on every process. torch's random
+    state is left as it was (:func:`forked_rng`).
 
     Examples
     --------
@@ -166,6 +185,7 @@ def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSpec = "al
         data = list(text_batches(data, tokenizer, batch_size, max_length, shard=(processes.rank, processes.size)))
     elif isinstance(data, (str, bytes)) or (isinstance(data, Sequence) and data and isinstance(data[0], str)):
         raise TypeError("data holds texts: pass the tokenizer too (shrinkage_covariance(model, texts, tokenizer))")
-    per_layer = accumulate_shrinkage(model, data, layers, max_rows, accelerator, tokens=tokens, progress=progress)
+    with forked_rng(next(model.parameters()).device):
+        per_layer = accumulate_shrinkage(model, data, layers, max_rows, accelerator, tokens=tokens, progress=progress)
     indices = resolve_layers(layers, len(per_layer))
     return merge_layers(per_layer, indices).covariance().to(next(model.parameters()).device)

@@ -222,3 +222,37 @@ def test_sigma_and_the_metric_merge_over_two_torch_distributed_ranks(tmp_path):
         for mine, theirs in zip(merged["layers"], reference["layers"], strict=True):
             for key in ("isoscore", "cosine_similarity", "twonn_cls"):
                 assert mine[key] == pytest.approx(theirs[key], rel=1e-9), (rank, mine["layer"], key)
+
+
+# ----------------------------------------------------------------------------- IStarConfig
+
+
+def test_every_registry_method_reaches_the_config_with_its_own_defaults():
+    """IStarConfig asks the method registry: each method is accepted, λ defaults as the registry says (CosReg's
+    from the schema's final.cosreg_lambda, none for I-STAR), ζ only where the method takes it."""
+    from istar.config.schema import default_of
+    from istar.registry.methods import METHODS
+
+    for key, method in METHODS.items():
+        needs_lam = method.takes("lam") and method.default_lam_key is None
+        config = istar.IStarConfig(method=key, **({"lam": -1.0} if needs_lam else {}))
+        assert config.entry is method
+        if method.default_lam_key is not None:
+            assert config.lam == float(default_of(method.default_lam_key))
+        assert config.zeta == (default_of("$defs.zeta") if method.takes("zeta") else 0.0)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({}, r"^method 'istar' needs lam \(λ\): IStarConfig\(lam=-1.0, zeta=0.2\)"),
+    ({"method": "whitening", "lam": 1.0}, r"^unknown method 'whitening'; known methods: base, cosreg, istar$"),
+    ({"method": "cosreg", "zeta": 0.2}, r"^method 'cosreg' takes no zeta; got zeta=0.2: leave it out$"),
+    ({"lam": 500.0}, r"^lam must lie in \[-100, 100\]; got 500.0$"),
+    ({"lam": -1.0, "zeta": 1.5}, r"^zeta must lie in \[0, 1\]; got 1.5$"),
+    ({"lam": float("nan")}, r"^lam must lie in \[-100, 100\]; got nan$"),
+    ({"lam": -1.0, "zeta": 0.0, "sigma_s": torch.eye(4)}, r"^sigma_s is given but method='istar' with zeta=0.0 reads no"),
+    ({"lam": -1.0, "sigma_s": torch.ones(4, 5)}, r"^sigma_s has shape \(4, 5\); it must be a \(d, d\) covariance"),
+])
+def test_a_config_out_of_the_registry_or_the_schema_is_refused_in_one_line(settings, message):
+    with pytest.raises(ValueError, match=message) as error:
+        istar.IStarConfig(**settings)
+    assert "\n" not in str(error.value)

@@ -81,19 +81,26 @@ def test_gradient_accumulation_and_bf16_scale_the_penalty_like_the_task_loss(tmp
         assert entry["istar_penalty"] < 0
 
 
-def test_training_batches_without_a_mask_are_named(tmp_path):
-    from transformers import AutoTokenizer
+def test_training_batches_without_a_mask_are_named_before_the_sigma_pass(tmp_path):
+    from transformers import AutoTokenizer, DataCollatorWithPadding
 
-    trainer = trainer_for(tmp_path, istar.IStarConfig(lam=-1.0, zeta=0.0), max_steps=1)
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(MINILM))
-    trainer.train_dataset = trainer.train_dataset.remove_columns(["attention_mask"])
-    trainer.data_collator = lambda rows: {k: v for k, v in
-                                         __import__("transformers").DataCollatorWithPadding(tokenizer)(rows).items()
-                                         if k != "attention_mask"}
-    with pytest.raises(ValueError, match="the training batches have no attention_mask"):
+    trainer = trainer_for(tmp_path, istar.IStarConfig(lam=-1.0, zeta=0.2), max_steps=1)
+    pad = DataCollatorWithPadding(AutoTokenizer.from_pretrained(resolve_model_source(MINILM)))
+    trainer.data_collator = lambda rows: {k: v for k, v in pad(rows).items() if k != "attention_mask"}
+    with pytest.raises(ValueError, match=r"^the training batches have no attention_mask \(keys: input_ids"):
         trainer.train()
+    assert trainer.sigma_s is None and trainer.state.global_step == 0
     with pytest.raises(TypeError, match=r"istar=IStarConfig\(lam=..., zeta=...\)"):
         istar.IStarTrainer(model=trainer.model, args=trainer.args, istar={"lam": -1})
+
+
+def test_a_model_without_hidden_states_is_named_in_the_first_sigma_batch(tmp_path):
+    """A model configured with return_dict=False answers with a tuple: the Σ_S pass names the need for a ModelOutput."""
+    trainer = trainer_for(tmp_path, istar.IStarConfig(lam=-1.0, zeta=0.2), max_steps=1)
+    trainer.model.config.return_dict = False
+    with pytest.raises(ValueError, match="returned no hidden_states although called with output_hidden_states=True"):
+        trainer.train()
+    assert trainer.sigma_s is None and trainer.state.global_step == 0
 
 
 @pytest.mark.integration
@@ -113,3 +120,78 @@ def test_two_gloo_ranks_share_sigma_and_log_the_global_penalty(tmp_path):
     logs = ranks[0]["logs"]
     assert logs and all(0 < entry["isoscore_star"] < 1 for entry in logs)
     assert 0.0 <= ranks[0]["eval_accuracy"] <= 1.0
+
+
+def _parameters(trainer) -> dict[str, torch.Tensor]:
+    return {name: value.detach().clone() for name, value in trainer.model.named_parameters()}
+
+
+def _differing(first: dict, second: dict) -> list[str]:
+    return [name for name in first if not torch.equal(first[name], second[name])]
+
+
+@pytest.mark.integration  # two Trainer runs of 4 steps, a Σ_S pass at each epoch's start
+def test_lambda_zero_trains_the_same_parameters_with_and_without_sigma(tmp_path):
+    """The Σ_S pass runs in a forked random state: λ = 0 with ζ > 0 (two Σ_S passes, one before the first
+    step and one at epoch 2) ends on exactly the parameters of λ = 0 with ζ = 0 (no Σ_S), dropout on."""
+    runs = {}
+    for zeta in (0.0, 0.2):
+        trainer = trainer_for(tmp_path / str(zeta), istar.IStarConfig(lam=0.0, zeta=zeta, sigma_rows=1000), max_steps=4)
+        trainer.train()
+        runs[zeta] = _parameters(trainer)
+    assert runs[0.2]["classifier.weight"].abs().sum() > 0
+    assert _differing(runs[0.0], runs[0.2]) == []
+
+
+@pytest.mark.integration  # three Trainer runs: 6 steps, then 4 resumed steps, checkpoints written
+def test_a_run_resumed_from_a_checkpoint_ends_on_the_same_parameters(tmp_path):
+    """Checkpoint at step 2 (epoch 1 of 2, Σ_S of epoch 1 saved in it), resumed in a fresh Trainer: the
+    last parameters equal the uninterrupted run's bit for bit, through the Σ_S refresh of epoch 2."""
+    config = istar.IStarConfig(lam=-1.0, zeta=0.2, sigma_rows=1000)
+    whole = trainer_for(tmp_path / "whole", config, save_strategy="steps", save_steps=2)
+    whole.train()
+    checkpoint = tmp_path / "whole" / "checkpoint-2"
+    assert (checkpoint / "istar_sigma_s.pt").is_file()
+    resumed = trainer_for(tmp_path / "resumed", config)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.sigma_epoch == 1
+    assert _differing(_parameters(whole), _parameters(resumed)) == []
+
+
+def test_cosreg_trains_through_the_config_and_logs_its_own_measure(tmp_path):
+    """IStarConfig(method="cosreg"): the registry's CosReg penalty (λ = 1, its default) on the last layer, no Σ_S."""
+    trainer = trainer_for(tmp_path, istar.IStarConfig(method="cosreg"), max_steps=2)
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "cosine_similarity" in entry]
+    assert len(logs) == 2 and trainer.sigma_s is None
+    for entry in logs:
+        assert 0 < entry["cosreg_penalty"] == pytest.approx(entry["cosine_similarity"], abs=2e-2)
+        assert entry["loss"] == pytest.approx(entry["task_loss"] + entry["cosreg_penalty"], abs=1e-4), entry
+
+
+@pytest.mark.integration  # a Σ_S pass for the file, then 4 steps across an epoch
+def test_a_sigma_file_of_istar_shrinkage_is_kept_when_no_refresh_is_asked(tmp_path):
+    """The file `istar shrinkage` writes (save_shrinkage of the pretrained model's statistics), given as
+    IStarConfig(sigma_s=path, recompute_every_epoch=False): trained with through epoch 2, never recomputed."""
+    from istar.core.shrinkage import save_shrinkage
+    from istar.models.shrinkage import accumulate_shrinkage
+
+    probe = trainer_for(tmp_path / "probe", istar.IStarConfig(lam=-1.0))
+    per_layer = accumulate_shrinkage(probe.model, probe.get_eval_dataloader(probe.train_dataset), "all", 300,
+                                     progress=False)
+    save_shrinkage(tmp_path / "sigma.safetensors", per_layer, list(range(1, 7)), {"model": "minilm"})
+    config = istar.IStarConfig(lam=-1.0, zeta=0.2, sigma_s=tmp_path / "sigma.safetensors", recompute_every_epoch=False)
+    expected = config.given_sigma_s(probe.model)
+    trainer = trainer_for(tmp_path / "run", config, max_steps=4)
+    trainer.train()
+    assert trainer.sigma_epoch == 0 and torch.equal(trainer.sigma_s, expected)
+    assert len([entry for entry in trainer.state.log_history if "sigma_s_isoscore" in entry]) == 1
+    assert len(training_logs(trainer)) == 4
+
+
+def test_a_sigma_of_another_hidden_size_is_refused_naming_both_shapes(tmp_path):
+    trainer = trainer_for(tmp_path, istar.IStarConfig(lam=-1.0, zeta=0.2, sigma_s=torch.eye(768)), max_steps=1)
+    with pytest.raises(ValueError, match=r"sigma_s has shape \(768, 768\) but the model's hidden states have d = 384, "
+                                         r"so Σ_S must be \(384, 384\)"):
+        trainer.train()
+    assert trainer.state.global_step == 0

@@ -1,0 +1,202 @@
+"""The settings every integration shares: :class:`IStarConfig`, and what they do with a model.
+
+One :class:`IStarConfig` drives each form the library offers (the ``transformers.Trainer``,
+the model wrapper, the sentence-transformers loss): which method of the registry
+(:mod:`istar.registry.methods`) adds its penalty, its λ and ζ within the config schema's ranges,
+and where Σ_S comes from: computed from the current model (before training and, with
+``recompute_every_epoch``, at each later epoch's start), or given — a (d, d) tensor or the file
+``istar shrinkage`` writes — for the first epoch, then refreshed or kept.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from istar.config.schema import default_of, out_of_range, schema_entry
+from istar.core.isotropy import isoscore_star_from_covariance
+from istar.core.regularizers import LayerSpec, Penalty, resolve_layers
+from istar.core.shrinkage import load_shrinkage, merge_layers
+from istar.core.tokens import get_token_selection
+from istar.models.shrinkage import accumulate_shrinkage, forked_rng
+from istar.registry.methods import Method, get_method
+
+__all__ = ["IStarConfig", "sigma_of_model", "sigma_isoscore", "penalty_logs"]
+
+
+@dataclass(frozen=True)
+class IStarConfig:
+    """The I-STAR (or CosReg) settings of a training run; the defaults are the workflow's config schema's.
+
+    Parameters
+    ----------
+    lam : float, optional
+        λ, the penalty's weight, in the schema's range [−100, 100]. For I-STAR: < 0 lowers
+        isotropy (the paper's winning direction), > 0 raises it, 0 adds no gradient but still logs
+        IsoScore* (the baseline to compare with); required. For CosReg: default 1 (the schema's
+        ``final.cosreg_lambda``), which lowers the mean cosine similarity.
+    zeta : float, optional
+        ζ ∈ [0, 1], the weight of Σ_S in Σ_ζ = (1 − ζ)·Σ_X + ζ·Σ_S (the paper's Eq. 3); 0 needs no
+        Σ_S (none is computed). Default 0.2 (the schema's ``$defs.zeta``) for a method that takes
+        it, 0 otherwise (CosReg takes none).
+    method : str
+        A key of :data:`istar.registry.methods.METHODS`: ``"istar"`` (default), ``"cosreg"``, or
+        ``"base"`` (the task loss alone).
+    layers : str, int or list of int
+        The hidden states I-STAR's penalty and Σ_S read (default ``"all"``: every transformer
+        layer; :data:`istar.core.regularizers.LayerSpec`). CosReg reads the last layer whatever it is.
+    tokens : str
+        ``"real"`` (the attention-masked tokens, the default) or ``"all_positions"`` (every padded
+        position, as the authors' code).
+    sigma_rows : int
+        Σ_S's row budget, tokens × layers (default 250,000, as in the paper).
+    recompute_every_epoch : bool
+        Recompute Σ_S from the current model at each later epoch's start (default True, as the
+        paper); False keeps the first Σ_S (computed or given) for the whole run.
+    global_penalty : bool
+        Under several processes, penalise the global batch's IsoScore* (default False, as the
+        authors' code: each process its own batch).
+    sigma_s : torch.Tensor, str or os.PathLike, optional
+        The first epoch's Σ_S instead of one computed from the model: a (d, d) tensor (d the model's
+        hidden size) or the path of the file ``istar shrinkage`` writes (its Σ_S is rebuilt for
+        ``layers``). Needs a method that shrinks (I-STAR with ζ > 0).
+
+    Raises
+    ------
+    ValueError
+        An unknown method, a hyperparameter the method does not take, λ or ζ out of the schema's
+        range, a missing λ for I-STAR, or a ``sigma_s`` that is not (d, d) or that nothing reads.
+
+    Examples
+    --------
+    >>> from istar import IStarConfig
+    >>> IStarConfig(lam=-1.0, zeta=0.2).zeta
+    0.2
+    >>> IStarConfig(method="cosreg").lam
+    1.0
+    """
+
+    lam: float | None = None
+    zeta: float | None = None
+    method: str = "istar"
+    layers: LayerSpec = default_of("penalty.layers")
+    tokens: str = default_of("penalty.tokens")
+    sigma_rows: int = default_of("shrinkage.rows")
+    recompute_every_epoch: bool = default_of("shrinkage.recompute_every_epoch")
+    global_penalty: bool = default_of("penalty.global_penalty")
+    sigma_s: torch.Tensor | str | os.PathLike | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        method = get_method(self.method)
+        object.__setattr__(self, "lam", self._resolved("lam", self.lam, method, "$defs.lambda"))
+        object.__setattr__(self, "zeta", self._resolved("zeta", self.zeta, method, "$defs.zeta"))
+        get_token_selection(self.tokens)
+        if self.sigma_s is not None and not method.needs_sigma_s(self.zeta):
+            raise ValueError(f"sigma_s is given but method={self.method!r} with zeta={self.zeta} reads no Σ_S: "
+                             "use method='istar' with zeta > 0, or leave sigma_s out")
+        if isinstance(self.sigma_s, torch.Tensor) and (self.sigma_s.ndim != 2
+                                                        or self.sigma_s.shape[0] != self.sigma_s.shape[1]):
+            raise ValueError(f"sigma_s has shape {tuple(self.sigma_s.shape)}; it must be a (d, d) covariance "
+                             "(istar.shrinkage_covariance) or the path of a file `istar shrinkage` wrote")
+
+    def _resolved(self, name: str, value, method: Method, schema_key: str) -> float:
+        """``value`` checked against the method and the schema's range, or the method's default for it."""
+        if value is None:
+            if not method.takes(name):
+                return 0.0
+            if name == "lam" and method.default_lam_key is None:
+                raise ValueError(f"method {method.key!r} needs lam (λ): IStarConfig(lam=-1.0, zeta=0.2), say")
+            return float(default_of(method.default_lam_key if name == "lam" else schema_key))
+        if not method.takes(name) and value != 0:
+            raise ValueError(f"method {method.key!r} takes no {name}; got {name}={value}: leave it out")
+        problem = out_of_range(value, schema_entry(schema_key))
+        if problem is not None:
+            raise ValueError(f"{name} must {problem}; got {value!r}")
+        return float(value)
+
+    @property
+    def entry(self) -> Method:
+        """The method's registry entry (:class:`istar.registry.methods.Method`)."""
+        return get_method(self.method)
+
+    @property
+    def needs_sigma_s(self) -> bool:
+        """Whether the penalty shrinks towards a Σ_S (I-STAR with ζ > 0)."""
+        return self.entry.needs_sigma_s(self.zeta)
+
+    def penalty(self, hidden_states, attention_mask, sigma_s: torch.Tensor | None) -> Penalty | None:
+        """The method's penalty of one batch, or None for a method that adds none (``base``).
+
+        Parameters
+        ----------
+        hidden_states : tuple of L + 1 tensors (B, T, d), ``outputs.hidden_states``.
+        attention_mask : (B, T) tensor, non-zero at real tokens (None with ``tokens="all_positions"``).
+        sigma_s : (d, d) Σ_S on the hidden states' device, or None when ζ = 0.
+        """
+        method = self.entry
+        if method.penalty is None:
+            return None
+        return method.penalty(hidden_states, attention_mask, lam=self.lam, zeta=self.zeta, sigma_s=sigma_s,
+                              layers=method.penalty_layers(self.layers), global_batch=self.global_penalty,
+                              tokens=self.tokens)
+
+    def given_sigma_s(self, model) -> torch.Tensor | None:
+        """The ``sigma_s`` given, as (d, d) float64 on ``model``'s device, checked against its hidden size.
+
+        Raises ``ValueError`` naming both shapes when it is another model's Σ_S.
+        """
+        if self.sigma_s is None:
+            return None
+        hidden_size = int(model.config.hidden_size)
+        if isinstance(self.sigma_s, torch.Tensor):
+            sigma = self.sigma_s
+        else:
+            states = int(model.config.num_hidden_layers) + 1
+            sigma, _ = load_shrinkage(self.sigma_s, resolve_layers(self.layers, states), expected_dim=hidden_size)
+        if tuple(sigma.shape) != (hidden_size, hidden_size):
+            raise ValueError(f"sigma_s has shape {tuple(sigma.shape)} but the model's hidden states have d = "
+                             f"{hidden_size}, so Σ_S must be ({hidden_size}, {hidden_size}): give the Σ_S of this "
+                             "model (istar.shrinkage_covariance or `istar shrinkage`)")
+        return sigma.to(device=next(model.parameters()).device, dtype=torch.float64)
+
+
+def sigma_of_model(model, loader, config: IStarConfig, accelerator=None, description: str = "Σ_S",
+                   progress: bool = True) -> torch.Tensor:
+    """Σ_S of ``model`` over ``loader`` for ``config``'s layers, rows and tokens, leaving torch's random state alone.
+
+    Parameters
+    ----------
+    model : the unwrapped Hugging Face model (its training mode is restored afterwards).
+    loader : batches with ``input_ids`` and ``attention_mask`` (B, T).
+    config : the run's :class:`IStarConfig`.
+    accelerator : an ``accelerate.Accelerator`` (autocast, merge across processes), or None.
+
+    Returns
+    -------
+    (d, d) float64 tensor on the model's device, identical on every process.
+    """
+    device = next(model.parameters()).device
+    with forked_rng(device):
+        per_layer = accumulate_shrinkage(model, loader, config.layers, config.sigma_rows, accelerator,
+                                         tokens=config.tokens, description=description, progress=progress)
+    return merge_layers(per_layer, resolve_layers(config.layers, len(per_layer))).covariance().to(device)
+
+
+def sigma_isoscore(sigma_s: torch.Tensor) -> float:
+    """IsoScore of Σ_S (what the integrations log as ``sigma_s_isoscore`` at each refresh)."""
+    return float(isoscore_star_from_covariance(sigma_s, 0.0))
+
+
+def penalty_logs(config: IStarConfig, task_loss: torch.Tensor, penalty: Penalty | None) -> dict[str, torch.Tensor]:
+    """What a training step logs: ``task_loss``, ``<method>_penalty`` (λ·term) and the penalty's own measures.
+
+    For I-STAR: ``task_loss``, ``istar_penalty``, ``isoscore_star``; for CosReg: ``task_loss``,
+    ``cosreg_penalty``, ``cosine_similarity``. Values are detached 0-d tensors.
+    """
+    logs = {"task_loss": task_loss.detach()}
+    if penalty is not None:
+        logs[f"{config.method}_penalty"] = penalty.term.detach()
+        logs.update({key: value for key, value in penalty.logs.items() if key != "penalty_rows"})
+    return logs
