@@ -408,3 +408,29 @@ def test_the_gpu_study_repeat_says_what_its_records_carry():
     training = pd.read_csv(records / "h100-training.csv")
     assert len(training) == 40 and training.losses_finite.all() and (training.device == "cuda").all()
     assert (training.precision_effective == "fp16").all() and (training.num_processes == 1).all()
+
+
+def test_the_dose_response_study_in_the_results_says_what_its_records_carry():
+    """docs/results.md's dose-response section states the trend, the cells and the verdicts that the current
+    code makes of the study's committed records (docs/data/dose-response), which are what that code makes of
+    its runs.csv."""
+    import pandas as pd
+
+    from istar.report.paired import difference_cell
+
+    records = REPO / "docs" / "data" / "dose-response"
+    text = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+    section = text[text.index("## The dose-response study"):text.index("## The paper's setup")]
+    section = " ".join(section.replace("−", "-").replace("\\*", "*").split())
+    runs, tests, _ = _study_records(records)
+    sweep = runs[runs["study"] == "lambda_sweep"]
+    assert len(sweep) == 56 and sweep.groupby("lam").seed.nunique().eq(8).all() and sweep.isoscore_star.notna().all()
+    trend = pd.read_csv(records / "trend.csv")
+    pd.testing.assert_frame_equal(trend, pd.read_csv(io.StringIO(tests.trends.to_csv(index=False))))
+    iso = trend.set_index("covariate").loc["isoscore_star"]
+    assert f"{iso.slope / 10:+.2f} points per +0.1 IsoScore* [{iso.ci_low / 10:+.2f}, {iso.ci_high / 10:+.2f}]" in section
+    assert f"Holm p = {iso.p_holm:.3f}" in section and f"MDE {iso.mde / 10:.2f}" in section
+    lam = trend.set_index("covariate").loc["lam"]
+    assert f"{lam.slope:+.3f} points per unit of λ [{lam.ci_low:+.3f}, {lam.ci_high:+.3f}]" in section
+    for row in tests.rows("final", "score").itertuples():
+        assert difference_cell(row).replace("−", "-") in section, (row.method, difference_cell(row))
