@@ -204,7 +204,7 @@ def render_summary_rst(page: Landing, title: str) -> str:
     lines.append("")
     lines += [f"{_rst(note)}\n" for note in table.footnotes]
     if page.forest:
-        lines += [f"Forest plot: {page.forest}_ (under Figures).", ""]
+        lines += [f"Forest plot: {page.forest}, under Figures.", ""]
     lines += [_rst(page.collapsed), "", "What ran", "--------", ""]
     lines += [f"- **{label}**: {_rst(text)}" for label, text in page.what_ran]
     lines += ["", "The workflow's graph, the tables, figures, configuration and provenance of every result follow "

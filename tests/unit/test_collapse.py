@@ -132,7 +132,7 @@ def test_each_rule_gives_its_counts_in_paired_csv_and_the_tables(rule, n, collap
     differences = np.subtract(kept[len(kept) // 2:], kept[:len(kept) // 2])
     assert paired["mean_difference"] == pytest.approx(differences.mean())
     runs = pd.read_csv(tmp_path / "runs.csv")
-    table1 = build("table1", runs, collapsed_runs=rule)
+    table1 = build("table1", runs, config={"inference": {"collapsed_runs": rule}})
     note = table1.footnotes[-1]
     assert f"inference.collapsed_runs: {rule}" in note
     assert ("Base 1 of 5, 2 excluded; I-STAR 2 of 5, 2 excluded" if rule == "exclude" else "Base 1 of 5; I-STAR 2 of 5") \

@@ -131,9 +131,9 @@ def test_figure_registry_covers_every_study_of_the_schema():
     assert figure_csv("profile_gallery_steps", "agg").as_posix() == "agg/profile_projections.csv"
     config = {"studies": {study: {"enabled": study in ("twonn", "stability")} for study in studies},
               "survey": {"enabled": False}}
-    assert enabled_figures(config) == ["fig2", "fig5", "sigma_epochs"]  # the last one needs only the final runs
+    assert enabled_figures(config) == ["fig2", "fig5", "sigma_epochs", "forest"]  # the last two need only the final runs
     config["survey"]["enabled"] = True
-    assert enabled_figures(config) == ["fig2", "fig5", "sigma_epochs", *PROFILE_FIGURES] and len(PROFILE_FIGURES) == 6
+    assert enabled_figures(config) == ["fig2", "fig5", "sigma_epochs", "forest", *PROFILE_FIGURES] and len(PROFILE_FIGURES) == 6
     with pytest.raises(ValueError, match="unknown figure 'fig9'"):
         get_figure("fig9")
 

@@ -84,7 +84,9 @@ GPUS = TRAINING["gpus"]
 # for whole GPUs. (workflow.global_resources holds --resources.)
 _GPU_LIMIT = workflow.global_resources.get("gpu")
 _LOCAL = workflow.is_main_process and workflow.local_exec
-JOBS_PER_GPU = TRAINING["jobs_per_gpu"] if _LOCAL and _GPU_LIMIT and _GPU_LIMIT.value else 1
+JOBS_PER_GPU = (
+    TRAINING["jobs_per_gpu"] if _LOCAL and _GPU_LIMIT and _GPU_LIMIT.value else 1
+)
 # (a value left in the caller's environment is not this run's)
 os.environ.pop(JOBS_PER_GPU_ENV, None)
 if JOBS_PER_GPU > 1:
