@@ -122,7 +122,9 @@ def _check_units(plan: dict, root: Path, names: set[str]) -> None:
 
 def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
     """Aggregate, (Fig. 2's simulation,) tables and figures, as their rules run them; returns the files made."""
+    from istar.config.schema import load_yaml
     from istar.io import artifacts
+    from istar.pipeline.validate import validate_config
     from istar.report.figures import STABILITY_CSV
     from istar.report.table_specs import get_table
 
@@ -134,9 +136,15 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
         selections = [path for path in selections if (root / path).is_file()]
         measures = [path for path in measures if (root / path).is_file()]
     stability = f"results/aggregate/{STABILITY_CSV}.csv"
+    # the study's resolved config, first: the aggregate and the tables read what it declared (the rule for
+    # collapsed runs, the paper's models, the primary endpoint), as their rules pass it
+    config_file = root / "results" / "config.yaml"
+    artifacts.write_text(config_file, (bundle / CONFIG_NAME).read_text(encoding="utf-8"))
+    inference = validate_config(load_yaml(config_file), check_paths=False)["inference"]
     steps = [("aggregate", "logs/aggregate/aggregate.log",
-              ["aggregate", "--out-dir", "results/aggregate", *(f"{study}={run}" for study, run in runs),
-               "--selection", *selections, "--measures", *measures]),
+              ["aggregate", "--out-dir", "results/aggregate", "--collapsed-runs", inference["collapsed_runs"],
+               *(f"{study}={run}" for study, run in runs), "--selection", *selections, "--measures", *measures,
+               "--paper-models", json.dumps(inference["paper_models"], sort_keys=True)]),
              ("experiment", "logs/aggregate/experiment.log",
               ["experiment", "--aggregate-dir", "results/aggregate", "--out-dir", "results/experiment"])]
     if plan["stability"] is not None:
@@ -145,7 +153,8 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
         extra = ["--stability", stability] if get_table(table).reads_stability and plan["stability"] is not None else []
         steps.append((f"table {table}", f"logs/table/{table}.log",
                       ["table", table, "--runs", "results/aggregate/runs.csv", "--selection",
-                       "results/aggregate/selection.csv", *extra, "--out-prefix", f"results/tables/{table}"]))
+                       "results/aggregate/selection.csv", *extra, "--config", "results/config.yaml",
+                       "--out-prefix", f"results/tables/{table}"]))
     for figure in plan["figures"]:
         steps.append((f"figure {figure}", f"logs/figure/{figure}.log",
                       ["figure", figure, "--aggregate-dir", "results/aggregate", "--out", f"results/figures/{figure}.png",
@@ -160,7 +169,6 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
             tail = (root / log).read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
             raise RuntimeError(f"istar {label} failed (exit {done.returncode}); {root / log}:\n" + "\n".join(tail))
         print(f"istar {label} -> {log}", flush=True)
-    artifacts.write_text(root / "results" / "config.yaml", (bundle / CONFIG_NAME).read_text(encoding="utf-8"))
     made = [f"results/aggregate/{name}.csv" for name in ("runs", "paired", "pooled")] + ["results/experiment/metrics.json"]
     made += [f"results/tables/{table}.md" for table in plan["tables"]]
     made += [f"results/figures/{figure}.png" for figure in plan["figures"]]
