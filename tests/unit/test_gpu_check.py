@@ -99,7 +99,7 @@ GPU_STUDY_JOBS = {
     # measure job per setting
     "prepare_data": 2, "pin_model": 1, "shrinkage": 2, "shrinkage_all_positions": 2, "select": 2,
     "train": 2 * 2 * 10, "measure": 2 * 2,
-    "run_config": 1, "aggregate": 1, "experiment": 1, "table": 4, "figure": 1, "report": 1, "all": 1,  # Tables 1, 2, claims, seeds; Σ_S across epochs
+    "run_config": 1, "aggregate": 1, "experiment": 1, "table": 4, "figure": 2, "summary": 1, "report": 1, "all": 1,  # Tables 1, 2, claims, seeds; Σ_S across epochs, the forest plot
 }
 
 

@@ -30,7 +30,7 @@ GIT_ENV = {**ENV, "PATH": f"{BIN}:{ENV.get('PATH', '')}", "DVC_NO_ANALYTICS": "1
            "GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@example.org",
            "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@example.org"}
 ARTIFACTS = ("results", "resources", "logs", "benchmarks")
-LAMBDA_CHANGE_JOBS = {"train": 1, "measure": 1, "aggregate": 1, "experiment": 1, "table": 5, "figure": 8,
+LAMBDA_CHANGE_JOBS = {"train": 1, "measure": 1, "aggregate": 1, "experiment": 1, "table": 5, "figure": 9, "summary": 1,
                       "run_config": 1, "report": 1, "all": 1}
 
 

@@ -192,7 +192,7 @@ def test_workflow_runs_to_the_report_through_the_hub_and_pins_the_model(hub, tmp
     # The post-selection I-STAR run is planned once `select` has run again (a checkpoint), so a dry
     # run lists the two final runs that do not depend on the search.
     assert planned == {"pin_model": 1, "shrinkage": 1, "train_search": 1, "select": 1, "train": 2, "measure": 2,
-                       "aggregate": 1, "experiment": 1, "table": 4, "figure": 1, "run_config": 1, "report": 1,
+                       "aggregate": 1, "experiment": 1, "table": 4, "figure": 2, "summary": 1, "run_config": 1, "report": 1,
                        "all": 1}, dry.stdout
 
 

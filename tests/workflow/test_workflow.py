@@ -131,7 +131,7 @@ def test_changing_one_lambda_reruns_only_what_depends_on_it(tiny_project, tmp_pa
     result = snakemake(tiny_project, "-n", configfile=changed)
     assert result.returncode == 0, result.stderr[-3000:]
     assert planned_jobs(result.stdout) == {
-        "train": 1, "measure": 1, "aggregate": 1, "experiment": 1, "table": 5, "figure": 8,
+        "train": 1, "measure": 1, "aggregate": 1, "experiment": 1, "table": 5, "figure": 9, "summary": 1,
         "run_config": 1, "report": 1, "all": 1}
     assert "results/runs/tiny/rte/istar_lam3_zeta0.2/seed0/metrics.json" in result.stdout
     # and really run them: the inputs the finished jobs left (prepared data, Σ_S, pins) pass the
@@ -179,7 +179,7 @@ def test_changing_the_token_selection_reruns_exactly_the_penalised_runs(tiny_pro
         f"istar_lam{lam:g}_zeta0.2_allpos" for lam in (-1, 1) if lam != best["lam"]}
     assert planned_jobs(result.stdout) == {
         "train_search": 2, "select": 1, "train": 3, "measure": 3, "aggregate": 1, "experiment": 1, "table": 5,
-        "figure": 8, "run_config": 1, "report": 1, "all": 1}
+        "figure": 9, "summary": 1, "run_config": 1, "report": 1, "all": 1}
 
 
 def run_in_clone(clone: Path, *args: str, timeout: int = 1800):
