@@ -62,6 +62,9 @@ def confirmatory_problem(config: dict) -> str | None:
                 return (f"config key 'final.istar': {model} × {task} has no λ | ζ fixed in advance, so its I-STAR "
                         "setting would come from a search chosen on the device (a checkpoint this bundle cannot "
                         f"plan); add final.istar.{model}.{task}: {{lam: …, zeta: …}} (the confirmatory protocol)")
+    if config["search"]["tune_baselines"]:
+        return ("config key 'search.tune_baselines': the baselines' training values would come from a search chosen "
+                "on the device (a checkpoint this bundle cannot plan); set it to false, or run the workflow")
     padding = config["studies"]["padding"]
     if padding["enabled"] and tuned_tokens(config):
         return ("config key 'studies.padding.lam': tuned runs the padding study's own search first, which this "

@@ -31,6 +31,7 @@ from istar.config.schema import STUDIES
 from istar.pipeline.bundle_plan import DeviceCosts, model_sizes_of
 from istar.pipeline.plan import (
     final_settings,
+    fixed_setting,
     search_settings,
     study_runs,
     study_seeds,
@@ -78,19 +79,20 @@ def model_shape(source: str, rates: dict) -> dict:
 def planned_fine_tunes(config: dict, layers_of: dict[str, int]) -> list[dict]:
     """Every fine-tune of a validated config: model, task, method, batch size, epochs (one entry per run).
 
-    The search's choice is not known before the search: the first setting of the search grid stands
-    in for it (its λ and ζ change no run's length; under a searched training grid its batch size and
-    epochs are the grid's first). ``layers_of``: model → encoder layers (for ``single_layer``).
+    The search's choice is not known before the search: where λ | ζ is not fixed in advance, the first
+    setting of the search grid stands in for it (its λ and ζ change no run's length; under a searched
+    training grid its batch size and epochs are the grid's first), and the tuned baselines train at its
+    training values. ``layers_of``: model → encoder layers (for ``single_layer``).
     """
-    grid = search_settings(config)
-    selection = grid[0]
-    tuned = [Setting("istar", lam=selection.lam, zeta=selection.zeta, tokens=t) for t in tuned_tokens(config)]
     training, runs = config["training"], []
     for model in config["models"]:
         for task in config["tasks"]:
+            grid = search_settings(config, model, task)
+            selection = fixed_setting(config, model, task) or grid[0]
+            tuned = [Setting("istar", lam=selection.lam, zeta=selection.zeta, tokens=t) for t in tuned_tokens(config)]
             search_seeds = config["search"]["seeds"]
             planned = [(s, seed, "search") for s in grid + tuning_settings(config) for seed in search_seeds]
-            later = {(s.name, seed): s for s in final_settings(config, selection)
+            later = {(s.name, seed): s for s in final_settings(config, selection, {})
                      for seed in study_seeds(config, "final", task)}
             for study in STUDIES:
                 for setting, seed in study_runs(config, study, model, task, selection, layers_of[model],

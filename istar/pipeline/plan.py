@@ -39,15 +39,18 @@ def config_tokens(config: dict) -> str:
     return config["penalty"]["tokens"]
 
 
-def search_settings(config: dict) -> list[Setting]:
-    """Stage 1: I-STAR over λ × ζ (× batch size × epochs × learning rate when searched); λ = 0 in the
-    grid is Base (one run per training value, whatever ζ), so the search can choose no regularisation;
-    with ``search.tune_baselines``, also the final stage's other methods over the training grid."""
+def search_settings(config: dict, model: str, task: str) -> list[Setting]:
+    """Stage 1 of ``model`` × ``task``: I-STAR over λ × ζ (× batch size × epochs × learning rate when
+    searched); λ = 0 in the grid is Base (one run per training value, whatever ζ), so the search can
+    choose no regularisation; none where λ | ζ is fixed in advance (``final.istar``). With
+    ``search.tune_baselines``, also the final stage's other methods over the training grid: beside a
+    fixed I-STAR these are the whole search (tuned baselines against a fixed I-STAR)."""
     search, tokens = config["search"], config_tokens(config)
     grid = _training_grid(search)
-    settings = [istar_or_base(float(lam), float(zeta), tokens).with_training(
-                    Setting("base", batch_size=bs, epochs=ep, learning_rate=lr))
-                for lam, zeta, (bs, ep, lr) in itertools.product(search["lambdas"], search["zetas"], grid)]
+    settings = [] if fixed_setting(config, model, task) is not None else [
+        istar_or_base(float(lam), float(zeta), tokens).with_training(
+            Setting("base", batch_size=bs, epochs=ep, learning_rate=lr))
+        for lam, zeta, (bs, ep, lr) in itertools.product(search["lambdas"], search["zetas"], grid)]
     if search["tune_baselines"]:
         settings += [baseline.with_training(Setting("base", batch_size=bs, epochs=ep, learning_rate=lr))
                      for baseline in _baselines(config) for bs, ep, lr in grid]
@@ -112,11 +115,14 @@ def final_settings(config: dict, selection: Setting | None, baselines: dict[str,
     ``selection`` None gives the runs that do not depend on the search (base and CosReg when
     the training hyperparameters are not searched); with a selection all of them. The baselines
     train with I-STAR's training values, or, under ``search.tune_baselines``, with their own
-    (``baselines``: method → its best setting, :func:`baseline_choices`).
+    (``baselines``: method → its best setting, :func:`baseline_choices`; None while the search that
+    chooses them has not run: the baselines are then left out, {}: I-STAR's training values).
     """
     others = _baselines(config)
     if selection is None:
         return [] if trains_training_grid(config) else others
+    if baselines is None and config["search"]["tune_baselines"]:
+        return [selection]
     chosen = baselines or {}
     # a search that chose λ = 0 chose Base: its I-STAR arm is the Base run, planned once
     return list(dict.fromkeys([chosen.get(setting.method) or setting.with_training(selection) for setting in others]

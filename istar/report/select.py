@@ -27,9 +27,10 @@ read from the runs themselves, not from an option: each run's ``run_config.json`
 ``heldout_seed``; ``null`` under the validation protocol). Runs of both kinds mixed are an
 error.
 
-Under the confirmatory protocol (config ``final.istar``) nothing is searched: :func:`fixed_choice`
-writes the same file for the λ and ζ fixed in advance, with ``protocol`` ``"fixed"``, ``settings``
-0, no score and no candidates.
+Under the confirmatory protocol (config ``final.istar``) I-STAR is not searched: :func:`fixed_choice`
+writes the same file for the λ and ζ fixed in advance, with ``protocol`` ``"fixed"`` and no score.
+Its ``settings``, ``candidates`` and held-out split are those of the baselines' search where
+``search.tune_baselines`` tunes them against the fixed I-STAR, else 0, none and None.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class Protocol:
 
     key: str
     note: str
+    tuned_baselines_note: str | None = None
+    """The note instead where the baselines' training values were searched beside it (``settings`` > 0),
+    formatted with ``settings`` and ``rows`` (the rows that search was scored on)."""
 
 
 PROTOCOLS: dict[str, Protocol] = {protocol.key: protocol for protocol in (
@@ -74,7 +78,11 @@ PROTOCOLS: dict[str, Protocol] = {protocol.key: protocol for protocol in (
              "split the table reports took no part in the choice."),
     Protocol("fixed", "λ and ζ were fixed in advance for each model and task (the confirmatory protocol, config "
              "final.istar), with no search here: no selection bias from this study and no tuning advantage over "
-             "Base (values taken from a paper were chosen there, possibly on the same dev sets: less bias, not none)."),
+             "Base (values taken from a paper were chosen there, possibly on the same dev sets: less bias, not none).",
+             "λ and ζ were fixed in advance for each model and task (the confirmatory protocol, config final.istar) "
+             "and I-STAR trained at the training section's values, while each baseline trained at the best of its "
+             "{settings} searched training settings, scored on {rows} (search.tune_baselines): the tuning advantage "
+             "is the baselines', so a gain of I-STAR is conservative."),
 )}
 """The selection protocols (search.selection_split in the config), keyed as best.json records them."""
 
@@ -84,7 +92,12 @@ def protocol_note(protocol: str, *, settings, fraction: float | None = None, see
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown selection protocol {protocol!r} in selection.csv; known: {', '.join(PROTOCOLS)}: "
                          "rerun `istar select` and `istar aggregate`")
-    return PROTOCOLS[protocol].note.format(settings=settings, fraction=fraction, seed=seed)
+    chosen = PROTOCOLS[protocol]
+    if chosen.tuned_baselines_note and str(settings) != "0":
+        rows = ("the validation split the table reports (so the baselines' scores are biased upward)" if fraction is None
+                else f"a held-out {float(fraction):.0%} of the training split (seed {int(seed)})")
+        return chosen.tuned_baselines_note.format(settings=settings, rows=rows)
+    return chosen.note.format(settings=settings, fraction=fraction, seed=seed)
 
 
 def model_short_name(run_dir: Path, config_model: str) -> str:
@@ -149,6 +162,61 @@ def _mean_std(values: list[float]) -> tuple[float, float | None]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
+def _read_search(run_dirs) -> tuple[list[dict], str, str]:
+    """The search runs of one model × task, read; with that model and task."""
+    runs = [read_run(run_dir) for run_dir in run_dirs]
+    pairs = sorted({(run["model"], run["task"]) for run in runs})
+    if len(pairs) > 1:
+        raise ValueError("the runs mix model × task pairs " + ", ".join(f"{m} × {t}" for m, t in pairs)
+                         + ": select one model and task at a time")
+    return runs, *pairs[0]
+
+
+def _candidates(runs: list[dict], metric: str) -> list[dict]:
+    """Every setting of the runs with its mean score over seeds, best first (the module docstring's order)."""
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        if metric not in run["final"]:
+            raise ValueError(f"run folder {run['run_dir']} has no final {metric!r} in metrics.json "
+                             f"(it has {', '.join(run['final']) or 'none'})")
+        key = json.dumps([run[k] for k in SETTING_KEYS])
+        for other in groups.get(key, []):
+            if other["seed"] == run["seed"]:
+                raise ValueError(f"run folders {other['run_dir']} and {run['run_dir']} are the same setting and seed "
+                                 f"{run['seed']}: give each run once")
+        groups.setdefault(key, []).append(run)
+    candidates = []
+    for members in groups.values():
+        score, score_std = _mean_std([float(run["final"][metric]) for run in members])
+        candidates.append({**{k: members[0][k] for k in SETTING_KEYS}, "score": score, "score_std": score_std,
+                           "seeds": len(members), "runs": [run["run_dir"] for run in members]})
+    # stable sort: settings tied on all three keys keep the order in which they were given
+    candidates.sort(key=lambda c: (math.inf if math.isnan(c["score"]) else -c["score"], abs(c["lam"]), c["zeta"] or 0.0))
+    return candidates
+
+
+def _scored_on(runs: list[dict], model: str, task: str) -> dict:
+    """The split the search runs were scored on: ``heldout_fraction`` and ``heldout_seed`` (None for the
+    validation split)."""
+    kinds = {json.dumps(run["heldout"], sort_keys=True) for run in runs}
+    if len(kinds) > 1:
+        raise ValueError(f"the search runs of {model} × {task} were scored on different splits ({len(kinds)} kinds: "
+                         "the validation split and/or held-out splits of the training data): select from runs of one "
+                         "protocol only (search.selection_split)")
+    heldout = runs[0]["heldout"]
+    return {"heldout_fraction": heldout["fraction"] if heldout else None,
+            "heldout_seed": heldout["seed"] if heldout else None}
+
+
+def _best_per_method(candidates: list[dict], besides: str) -> dict:
+    """Method → its best candidate (the :data:`SETTING_KEYS`, ``score``, ``seeds``), for every method but ``besides``."""
+    baselines = {}
+    for candidate in candidates:
+        if candidate["method"] != besides:
+            baselines.setdefault(candidate["method"], {k: candidate[k] for k in (*SETTING_KEYS, "score", "seeds")})
+    return baselines
+
+
 def select_best(run_dirs, out=None, metric: str | None = None, lambda_zero: bool = False) -> dict:
     """Pick the best setting of one model × task from its search runs (see the module docstring).
 
@@ -168,79 +236,63 @@ def select_best(run_dirs, out=None, metric: str | None = None, lambda_zero: bool
     run_dirs = list(run_dirs)
     if not run_dirs:
         raise ValueError("no run folders given: select_best needs the finished search runs of one model and task")
-    runs = [read_run(run_dir) for run_dir in run_dirs]
-    pairs = sorted({(run["model"], run["task"]) for run in runs})
-    if len(pairs) > 1:
-        raise ValueError("the runs mix model × task pairs " + ", ".join(f"{m} × {t}" for m, t in pairs)
-                         + ": select one model and task at a time")
+    runs, model, task = _read_search(run_dirs)
     metric = metric or runs[0]["metric"]
-    groups: dict[str, list[dict]] = {}
-    for run in runs:
-        if metric not in run["final"]:
-            raise ValueError(f"run folder {run['run_dir']} has no final {metric!r} in metrics.json "
-                             f"(it has {', '.join(run['final']) or 'none'})")
-        key = json.dumps([run[k] for k in SETTING_KEYS])
-        for other in groups.get(key, []):
-            if other["seed"] == run["seed"]:
-                raise ValueError(f"run folders {other['run_dir']} and {run['run_dir']} are the same setting and seed "
-                                 f"{run['seed']}: give each run once")
-        groups.setdefault(key, []).append(run)
-    candidates = []
-    for members in groups.values():
-        score, score_std = _mean_std([float(run["final"][metric]) for run in members])
-        candidates.append({**{k: members[0][k] for k in SETTING_KEYS}, "score": score, "score_std": score_std,
-                           "seeds": len(members), "runs": [run["run_dir"] for run in members]})
-    # stable sort: settings tied on all three keys keep the order in which they were given
-    candidates.sort(key=lambda c: (math.inf if math.isnan(c["score"]) else -c["score"], abs(c["lam"]), c["zeta"] or 0.0))
+    candidates = _candidates(runs, metric)
     # I-STAR's choice is the selection (Base among its candidates where λ = 0 was in its grid); baselines
     # searched beside it (search.tune_baselines) each get their own
     istar = [c for c in candidates if c["method"] == "istar" or (lambda_zero and c["method"] == "base")]
     best = (istar or candidates)[0]
-    baselines = {}
-    for candidate in candidates:
-        if candidate["method"] != best["method"]:
-            baselines.setdefault(candidate["method"], {k: candidate[k] for k in (*SETTING_KEYS, "score", "seeds")})
-    model, task = pairs[0]
-    heldout = {json.dumps(run["heldout"], sort_keys=True) for run in runs}
-    if len(heldout) > 1:
-        raise ValueError(f"the search runs of {model} × {task} were scored on different splits ({len(heldout)} kinds: "
-                         "the validation split and/or held-out splits of the training data): select from runs of one "
-                         "protocol only (search.selection_split)")
-    heldout = runs[0]["heldout"]
-    protocol = {"protocol": "heldout" if heldout else "validation",
-                "heldout_fraction": heldout["fraction"] if heldout else None,
-                "heldout_seed": heldout["seed"] if heldout else None, "settings": len(candidates)}
+    scored_on = _scored_on(runs, model, task)
+    protocol = {"protocol": "heldout" if scored_on["heldout_fraction"] is not None else "validation", **scored_on,
+                "settings": len(candidates)}
     result = {"model": model, "task": task, "metric": metric, **{k: best[k] for k in SETTING_KEYS},
               "score": best["score"], "score_std": best["score_std"], "seeds": best["seeds"],
-              "standin": any(run["standin"] for run in runs), **protocol, "baselines": baselines,
-              "candidates": candidates}
+              "standin": any(run["standin"] for run in runs), **protocol,
+              "baselines": _best_per_method(candidates, best["method"]), "candidates": candidates}
     if out is not None:
         result = artifacts.write_json(out, result, digest=True)  # what was written, its hash included
     return result
 
 
-def fixed_choice(*, model: str, task: str, lam: float, zeta: float, tokens: str, layers, out=None) -> dict:
-    """The ``best.json`` of a model × task whose I-STAR λ and ζ were fixed in advance (no search).
+def fixed_choice(*, model: str, task: str, lam: float, zeta: float, tokens: str, layers, baseline_runs=(),
+                 out=None) -> dict:
+    """The ``best.json`` of a model × task whose I-STAR λ and ζ were fixed in advance (no I-STAR search).
 
     Parameters
     ----------
     model, task : the model's short name and the task key.
     lam, zeta : the fixed λ and ζ (config ``final.istar``).
     tokens, layers : the penalty's token selection and layers (config ``penalty``).
+    baseline_runs : finished search runs of the baselines (``search.tune_baselines``: tuned baselines
+        against the fixed I-STAR); each baseline method's best setting becomes its ``baselines`` entry.
     out : where to write it (atomically, with its content hash); None writes nothing.
 
     Returns
     -------
-    dict in the format of the module docstring: ``protocol`` ``"fixed"``, ``settings`` 0, ``score``
-    and ``score_std`` None, ``seeds`` 0, no candidates; batch size, epochs and learning rate None
-    (the training section's values, as for every run that is not searched over them).
+    dict in the format of the module docstring: ``protocol`` ``"fixed"``, ``score`` and ``score_std``
+    None, ``seeds`` 0; batch size, epochs and learning rate None (the training section's values, as for
+    every run that is not searched over them). Without baseline runs ``settings`` is 0 and there are
+    no candidates; with them ``settings``, ``candidates`` and the held-out split are the baselines'.
     """
     from istar.registry.tasks import get_task
 
+    baseline_runs = list(baseline_runs)
+    candidates, scored_on = [], {"heldout_fraction": None, "heldout_seed": None}
+    if baseline_runs:
+        runs, *pair = _read_search(baseline_runs)
+        if tuple(pair) != (model, task):
+            raise ValueError(f"the baseline runs are of {pair[0]} × {pair[1]}, the fixed choice of {model} × {task}: "
+                             "give the search runs of the same model and task")
+        if any(run["method"] == "istar" for run in runs):
+            raise ValueError(f"I-STAR run(s) given beside the λ | ζ fixed in advance for {model} × {task}: only the "
+                             "baselines are searched there (search.tune_baselines); give only their runs")
+        candidates, scored_on = _candidates(runs, get_task(task).metric), _scored_on(runs, model, task)
     result = {"model": model, "task": task, "metric": get_task(task).metric, "method": "istar", "lam": float(lam),
               "zeta": float(zeta), "layers": layers, "tokens": tokens, "batch_size": None, "epochs": None,
               "learning_rate": None, "score": None, "score_std": None, "seeds": 0, "standin": False,
-              "protocol": "fixed", "heldout_fraction": None, "heldout_seed": None, "settings": 0, "candidates": []}
+              "protocol": "fixed", **scored_on, "settings": len(candidates),
+              "baselines": _best_per_method(candidates, "istar"), "candidates": candidates}
     if out is not None:
         result = artifacts.write_json(out, result, digest=True)
     return result
@@ -251,8 +303,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task-metric", dest="metric", default=None,
                         help="metric to rank settings by (default: the task's headline metric in metrics.json)")
     parser.add_argument("--fixed", default=None, metavar="JSON",
-                        help="no search: write the choice fixed in advance, given as JSON with model, task, lam, "
-                        "zeta, tokens and layers (the workflow's confirmatory protocol, config final.istar)")
+                        help="no I-STAR search: write the choice fixed in advance, given as JSON with model, task, "
+                        "lam, zeta, tokens and layers (the workflow's confirmatory protocol, config final.istar); "
+                        "run folders given beside it are the tuned baselines' search (search.tune_baselines)")
     parser.add_argument("--lambda-zero", action="store_true",
                         help="the λ grid held 0: the Base runs among the search runs are I-STAR at λ = 0, so the "
                         "search may choose no regularisation")
@@ -261,11 +314,11 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_cli(args) -> int:
     if args.fixed is not None:
-        if args.run_dirs:
-            raise ValueError("istar select: give either --fixed or search run folders, not both")
-        result = fixed_choice(**json.loads(args.fixed), out=args.out)
+        result = fixed_choice(**json.loads(args.fixed), baseline_runs=args.run_dirs, out=args.out)
+        tuned = "".join(f"; {method} tuned: batch size {choice['batch_size']}, {choice['epochs']} epochs, learning "
+                        f"rate {choice['learning_rate']:g}" for method, choice in result["baselines"].items())
         print(f"{result['model']} × {result['task']}: I-STAR λ = {result['lam']:g}, ζ = {result['zeta']:g} fixed in "
-              f"advance (no search) -> {args.out}")
+              f"advance (no I-STAR search){tuned} -> {args.out}")
         return 0
     if not args.run_dirs:
         raise ValueError("istar select: no search run folders given (or --fixed for a choice fixed in advance)")

@@ -139,7 +139,7 @@ def test_lambda_zero_in_the_grid_plans_base_once_and_lets_the_search_choose_it(r
     from istar.pipeline.validate import validate_config
 
     config = validate_config({"search": {"lambdas": [-1, 0], "zetas": [0.2, 0.6]}}, check_paths=False)
-    settings = search_settings(config)
+    settings = search_settings(config, "tiny", "rte")
     # λ = 0 is Base: one run per training value, not one per ζ, and no I-STAR run with a zero weight
     assert settings.count(Setting("base")) == 1 and len(settings) == 3
     assert not any(s.method == "istar" and s.lam == 0 for s in settings)
@@ -193,6 +193,40 @@ def test_selection_reads_the_protocol_from_the_runs_data(search, tmp_path):
     assert select_best(search)["protocol"] == "validation"
     with pytest.raises(ValueError, match="scored on different splits.*search.selection_split"):
         select_best([*search[:2], *moved[2:]])
+
+
+def test_a_fixed_istar_takes_the_baselines_tuned_beside_it(runs, search, tmp_path):
+    """search.tune_baselines beside final.istar: the choice keeps the λ | ζ fixed in advance and records
+    each baseline's best training values and the rows that scored them; the tables' note says who had
+    the tuning advantage."""
+    from istar.config.layout import Setting
+    from istar.pipeline.plan import baseline_choices
+    from istar.report.select import fixed_choice, protocol_note
+
+    tuned = []
+    for learning_rate, scores in ((2e-5, (0.6, 0.7)), (5e-5, (0.8, 0.75))):
+        for seed, score in enumerate(scores):
+            run = fake_run(runs["folders"][("base", 0)], tmp_path / "search" / "tiny" / "rte" /
+                           f"base_bs16_ep1_lr{learning_rate:g}" / f"seed{seed}", seed, score, lam=0.0, zeta=None)
+            config = json.loads((run / "run_config.json").read_text())
+            config["learning_rate"] = learning_rate
+            artifacts.write_json(run / "run_config.json", config, digest=True)
+            tuned.append(run)
+    fixed = {"model": "tiny", "task": "rte", "lam": -5.0, "zeta": 0.6, "tokens": "real", "layers": "all"}
+    best = fixed_choice(**fixed, baseline_runs=tuned)
+    assert (best["protocol"], best["method"], best["lam"], best["zeta"]) == ("fixed", "istar", -5.0, 0.6)
+    assert best["learning_rate"] is None and best["settings"] == 2 and best["heldout_fraction"] is None
+    assert best["baselines"]["base"]["score"] == pytest.approx(0.775)
+    assert baseline_choices(best)["base"] == Setting("base", tokens=best["baselines"]["base"]["tokens"],
+                                                     batch_size=16, epochs=1, learning_rate=5e-5)
+    note = protocol_note("fixed", settings=2)
+    assert "best of its 2 searched" in note and "biased upward" in note and "no tuning advantage" not in note
+    assert "no tuning advantage over Base" in protocol_note("fixed", settings=0)
+    assert "held-out 25% of the training split (seed 3)" in protocol_note("fixed", settings=2, fraction=0.25, seed=3)
+    with pytest.raises(ValueError, match="I-STAR run.*only the baselines"):
+        fixed_choice(**fixed, baseline_runs=[*tuned, search[0]])
+    with pytest.raises(ValueError, match="of tiny × rte, the fixed choice of tiny × sst2"):
+        fixed_choice(**{**fixed, "task": "sst2"}, baseline_runs=tuned)
 
 
 @pytest.mark.integration

@@ -54,6 +54,9 @@ def test_a_config_that_searches_or_tunes_is_refused_naming_the_key():
     tuned = _config()
     tuned["studies"]["padding"].update(enabled=True, lam="tuned", zeta="tuned")
     assert "studies.padding.lam" in confirmatory_problem(tuned)
+    tuned_base = _config()
+    tuned_base["search"].update(tune_baselines=True, batch_sizes=[32], epochs=[3], learning_rates=[2e-5, 5e-5])
+    assert "search.tune_baselines" in confirmatory_problem(tuned_base)
     hub = _config()
     hub["data"]["source"] = "hub"
     assert "data.source" in confirmatory_problem(hub)

@@ -71,7 +71,7 @@ def test_an_equal_tuning_budget_searches_the_baselines_on_the_same_grid():
     config = validate_config({"models": {"m": "package:x/y"}, "tasks": ["rte"],
                               "search": {"lambdas": [-1], "zetas": [0.2], "tune_baselines": True, **grid}},
                              check_paths=False)
-    names = [s.name for s in search_settings(config)]
+    names = [s.name for s in search_settings(config, "m", "rte")]
     assert names == ["istar_lam-1_zeta0.2_bs16_ep3_lr3e-05", "istar_lam-1_zeta0.2_bs32_ep3_lr3e-05",
                      "base_bs16_ep3_lr3e-05", "base_bs32_ep3_lr3e-05",
                      "cosreg_lam1_bs16_ep3_lr3e-05", "cosreg_lam1_bs32_ep3_lr3e-05"]
@@ -82,4 +82,23 @@ def test_an_equal_tuning_budget_searches_the_baselines_on_the_same_grid():
     assert [s.name for s in final_settings(config, chosen, baselines)] == [
         "base_bs16_ep3_lr3e-05", "cosreg_lam1_bs32_ep3_lr3e-05", "istar_lam-1_zeta0.2_bs32_ep3_lr3e-05"]
     # the paper's protocol: the baselines inherit I-STAR's training values
-    assert [s.name for s in final_settings(config, chosen)][0] == "base_bs32_ep3_lr3e-05"
+    assert [s.name for s in final_settings(config, chosen, {})][0] == "base_bs32_ep3_lr3e-05"
+    # before the search that tunes them has run, no baseline is planned (none at I-STAR's values)
+    assert final_settings(config, chosen) == [chosen]
+
+
+def test_a_fixed_istar_can_face_baselines_tuned_on_heldout_rows():
+    """final.istar with search.tune_baselines: the search trains only the baselines, over the training
+    grid on held-out rows; the fixed I-STAR is planned at once, each baseline once its search has chosen."""
+    config = validate_config({**FIXED, "search": {"tune_baselines": True, "selection_split": "heldout",
+                                                  "batch_sizes": [32], "epochs": [3], "learning_rates": [2e-5, 5e-5]}},
+                             check_paths=False)
+    assert [s.name for s in search_settings(config, "m", "sst2")] == ["base_bs32_ep3_lr2e-05", "base_bs32_ep3_lr5e-05"]
+    assert len(search_settings(config, "m", "mrpc")) == 2 * 4 * 6 + 2  # the searched pair: I-STAR's grid and Base's
+    fixed = fixed_setting(config, "m", "sst2")
+    assert final_settings(config, fixed) == [fixed]
+    tuned = baseline_choices({"baselines": {"base": {"lam": 0.0, "tokens": "real", "batch_size": 32, "epochs": 3,
+                                                     "learning_rate": 2e-5}}})
+    assert [s.name for s in final_settings(config, fixed, tuned)] == ["base_bs32_ep3_lr2e-05", fixed.name]
+    without = validate_config(FIXED, check_paths=False)
+    assert search_settings(without, "m", "sst2") == []  # the confirmatory protocol alone searches nothing

@@ -52,3 +52,35 @@ def test_heldout_workflow_never_trains_the_search_on_its_scoring_rows(tmp_path):
     assert np.isclose(pd.read_csv(tmp_path / "results/aggregate/paired.csv")["n"], 1).all()
     report = (tmp_path / "results/report.html").read_text()
     assert "Selection protocol: held-out" in report and "search.selection_split: heldout" in report
+
+
+def test_a_fixed_istar_faces_a_base_tuned_on_heldout_rows(tmp_path):
+    """final.istar with search.tune_baselines under the held-out protocol: the search trains only Base, over
+    its learning rates on held-out rows; I-STAR runs at the λ | ζ fixed in advance and the training
+    section's values; the final Base at the learning rate its search chose; the notes say who was tuned."""
+    config = load_test_config("tiny")
+    config["data"]["subset"] = True
+    config["final"].update(methods=["base", "istar"], istar={"tiny": {"rte": {"lam": -1, "zeta": 0.2}}})
+    config["search"].update(selection_split="heldout", heldout_fraction=0.25, tune_baselines=True,
+                            batch_sizes=[16], epochs=[1], learning_rates=[1e-5, 1e-3])
+    config["studies"] = {name: {"enabled": False} for name in config["studies"]}
+    write_project(tmp_path, config)
+    save_tiny_model(tmp_path / "tiny-bert")
+    result = snakemake(tmp_path, "--cores", "2")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+
+    searched = sorted(run.parent.name for run in (tmp_path / "results/search/heldout0.25_seed0/tiny/rte").glob("*/seed0"))
+    assert searched == ["base_bs16_ep1_lr0.001", "base_bs16_ep1_lr1e-05"]
+    best = json.loads((tmp_path / "results/selection/tiny/rte/best.json").read_text())
+    assert (best["protocol"], best["method"], best["lam"], best["settings"]) == ("fixed", "istar", -1.0, 2)
+    base = best["baselines"]["base"]
+    scores = {run["learning_rate"]: run["score"] for run in best["candidates"]}
+    assert base["score"] == max(scores.values()) and base["learning_rate"] == max(scores, key=scores.get)
+    finals = sorted(path.parent.name for path in (tmp_path / "results/runs/tiny/rte").glob("*/seed0"))
+    assert finals == sorted([f"base_bs16_ep1_lr{base['learning_rate']:g}", "istar_lam-1_zeta0.2"])
+    istar = json.loads((tmp_path / "results/runs/tiny/rte/istar_lam-1_zeta0.2/seed0/run_config.json").read_text())
+    assert (istar["learning_rate"], istar["epochs"]) == (1e-4, 2)  # the training section's values
+    table = (tmp_path / "results/tables/table1.md").read_text()
+    assert "best of its 2 searched training settings, scored on a held-out 25% of the training split" in table
+    assert "no tuning advantage" not in table
+    assert "best of its 2 searched" in (tmp_path / "results/summary.md").read_text()

@@ -274,10 +274,7 @@ def selection(model, task) -> Setting:
 
 def baselines_chosen(model, task) -> dict:
     """Method → its own tuned baseline setting (search.tune_baselines), else {}."""
-    if (
-        fixed_setting(config, model, task) is not None
-        or not config["search"]["tune_baselines"]
-    ):
+    if not config["search"]["tune_baselines"]:
         return {}
     return baseline_choices(
         read_json(checkpoints.select.get(model=model, task=task).output[0])
@@ -322,11 +319,15 @@ def num_layers(model, task) -> int:
 
 
 def select_inputs(wildcards) -> list[str]:
-    """The search runs' metrics; where λ | ζ is fixed, the file that gives L when a study needs it."""
+    """The search runs' metrics; where λ | ζ is fixed, the file that gives L when a study needs it
+    (and the tuned baselines' search runs, if any)."""
     model, task = wildcards.model, wildcards.task
-    if fixed_setting(config, model, task) is not None:
-        return [depth_file(model, task)] if needs_depth(model, task) else []
-    return [f"{run}/metrics.json" for run in search_runs(model, task)]
+    depth = (
+        [depth_file(model, task)]
+        if fixed_setting(config, model, task) is not None and needs_depth(model, task)
+        else []
+    )
+    return depth + [f"{run}/metrics.json" for run in search_runs(model, task)]
 
 
 def planned_runs(
@@ -370,12 +371,11 @@ def planned_runs(
 
 
 def search_runs(model, task) -> list[str]:
-    """The search's runs of a model × task; none where its λ | ζ is fixed in advance."""
-    if fixed_setting(config, model, task) is not None:
-        return []
+    """The search's runs of a model × task (beside a λ | ζ fixed in advance, only the tuned
+    baselines')."""
     return [
         SEARCH_RUN.format(model=model, task=task, setting=s.name, seed=seed)
-        for s in search_settings(config)
+        for s in search_settings(config, model, task)
         for seed in config["search"]["seeds"]
     ]
 
@@ -397,11 +397,11 @@ def tuning_runs(model, task) -> list[str]:
 
 
 def select_args(wildcards) -> str:
-    """`istar select`'s arguments: the search runs, or --fixed with the λ | ζ fixed in advance."""
+    """`istar select`'s arguments: the search runs, after --fixed with the λ | ζ fixed in advance."""
+    runs = " ".join(search_runs(wildcards.model, wildcards.task))
     if fixed_setting(config, wildcards.model, wildcards.task) is not None:
         fixed = json.dumps(fixed_choice_args(config, wildcards.model, wildcards.task))
-        return f"--fixed '{fixed}'"
-    runs = " ".join(search_runs(wildcards.model, wildcards.task))
+        return f"--fixed '{fixed}' {runs}"
     return f"--lambda-zero {runs}" if searches_no_penalty(config) else runs
 
 
