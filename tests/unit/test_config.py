@@ -122,7 +122,7 @@ def test_setting_names_round_trip():
 
 def test_plan_of_the_protocol():
     config = validate_config(demo())
-    assert [s.name for s in search_settings(config)] == [
+    assert [s.name for s in search_settings(config, "minilm", "rte")] == [
         "istar_lam-1_zeta0.2", "istar_lam-1_zeta0.6", "istar_lam1_zeta0.2", "istar_lam1_zeta0.6"]
     chosen = Setting("istar", lam=-1.0, zeta=0.6)
     assert [s.name for s in final_settings(config, None)] == ["base", "cosreg_lam1"]
@@ -136,7 +136,7 @@ def test_plan_of_the_protocol():
     assert [s.name for s, _ in runs][-2:] == ["istar_lam-1_zeta0.6_layer6", "istar_lam-1_zeta0.6"]
     searched = copy.deepcopy(config)
     searched["search"].update(batch_sizes=[8, 16], epochs=[3], learning_rates=[1e-5])
-    assert len(search_settings(searched)) == 4 * 2
+    assert len(search_settings(searched, "minilm", "rte")) == 4 * 2
     assert final_settings(searched, None) == []
 
 

@@ -41,7 +41,7 @@ def records(config: dict, collapsed_seeds=()) -> tuple[pd.DataFrame, pd.DataFram
             chosen = fixed_setting(config, model, task)
             protocol, settings = "fixed", 0
             if chosen is None:
-                searched = search_settings(config)
+                searched = search_settings(config, model, task)
                 for setting in searched:
                     for seed in config["search"]["seeds"]:
                         add("search", model, task, setting, seed)
