@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 READY  := $(VENV)/.ready
 PYTEST := $(BIN)/python -m pytest -q
 # One test module per worker at a time (--dist loadfile): a module's fixtures that train runs, start
-# daemons or build a project are built once. The modules go out in the order tests/conftest.py puts
+# daemons or build a project are built once. The modules go out in the order tests/support/module_timing.py puts
 # them (the longest first, by tests/module_seconds.json), not by their number of tests.
 PARALLEL := -n auto --dist loadfile --no-loadscope-reorder
 
@@ -33,7 +33,7 @@ lint: $(READY)
 	$(BIN)/snakemake --lint --configfile config/config.yaml
 	$(BIN)/snakefmt --check workflow/
 
-# The lanes by cost (README "Tests"; tests/conftest.py decides each test's lane). A skipped test fails
+# The lanes by cost (README "Tests"; tests/support/lane_rules.py decides each test's lane). A skipped test fails
 # the run. `make test`, before each commit: lint and the fast lane. `make test-all` (CI): every lane,
 # the full_release group included (it needs a full copy of the releases: $$ISTAR_FULL_MIRROR, else
 # shared/data beside the repository's folder), with the slowest tests listed.
