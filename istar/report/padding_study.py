@@ -108,8 +108,7 @@ def padding_table(runs: pd.DataFrame) -> Table:
                 power_cell(isoscores.get((model, variant, task)), 1.0, digits=3))])
     standin = rows.groupby("task")["standin"].agg(lambda v: bool(v.astype(str).str.lower().isin(["true", "1"]).any()))
     settings = []
-    istar = rows[rows["method"] == "istar"]
-    for (model, task, variant), group in istar.groupby(["model", "task", "variant"], sort=False):
+    for (model, task, variant), group in _with_zeta(rows).groupby(["model", "task", "variant"], sort=False):
         settings.append(f"{model} on {get_task(task).display}, {variant}: λ = {group['lam'].iloc[0]:g}, "
                         f"ζ = {group['zeta'].iloc[0]:g}")
     counts = sorted(set(rows.groupby(["model", "task", "variant"])["seed"].nunique()))
@@ -153,6 +152,11 @@ def tuning_note(runs: pd.DataFrame) -> list[str]:
             "search.selection_split is heldout, which then favours this variant)."]
 
 
+def _with_zeta(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the variants that have a λ | ζ (their method takes ζ: the I-STAR variants)."""
+    return rows[rows["method"].map(lambda method: METHODS[method].takes("zeta"))]
+
+
 def padding(runs: pd.DataFrame, analysis_zeta: float = ANALYSIS_ZETA) -> Figure:
     """The padding figure: real-token IsoScore* (x) against performance (y), one point per variant.
 
@@ -174,14 +178,14 @@ def padding(runs: pd.DataFrame, analysis_zeta: float = ANALYSIS_ZETA) -> Figure:
     fig, axes = parts.panels(rows)
     for (model, task), ax in axes.items():
         panel = summary[(summary["model"] == model) & (summary["task"] == task)]
-        istar = rows[(rows["model"] == model) & (rows["task"] == task) & (rows["method"] == "istar")]
-        shared = istar[["lam", "zeta"]].drop_duplicates()
+        penalised = _with_zeta(rows[(rows["model"] == model) & (rows["task"] == task)])
+        shared = penalised[["lam", "zeta"]].drop_duplicates()
         for variant in _order(panel):
             point = panel[panel["variant"] == variant]
             method, tokens = point["method"].iloc[0], point["tokens"].iloc[0]
             label = variant
-            if len(shared) > 1 and method == "istar":  # a tuned variant: each says its own λ | ζ
-                own = istar[istar["variant"] == variant].iloc[0]
+            if len(shared) > 1 and METHODS[method].takes("zeta"):  # a tuned variant: each says its own λ | ζ
+                own = penalised[penalised["variant"] == variant].iloc[0]
                 label = f"{variant} (λ = {own['lam']:g}, ζ = {own['zeta']:g})"
             ax.errorbar(point["isoscore_star_mean"], point["performance_mean"],
                         xerr=parts.yerr(point["isoscore_star_std"]), yerr=parts.yerr(point["performance_std"]),
