@@ -80,7 +80,7 @@ SUBCOMMANDS = {
     "figure": Subcommand("istar.report.figures", "draw one of the paper's figures from the aggregate CSVs"),
     "summary": Subcommand("istar.report.summary", "the report's landing page: the verdict and what ran, as Markdown and reST"),
     "survey": Subcommand("istar.steps.survey", "isotropy of a pretrained model's static embeddings and every layer (one revision)",
-                         "SurveySpec", "run_profile"),
+                         "SurveySpec", "run_survey"),
     "survey-aggregate": Subcommand("istar.report.survey_aggregate", "collect isotropy profiles into CSVs"),
     "survey-check": Subcommand("istar.steps.survey_check", "compare a model's I(W) with published numbers (default: pythia-70m)"),
     "bundle": Subcommand("istar.pipeline.bundle", "a confirmatory study as a folder for a GPU machine without network or Snakemake"),

@@ -312,7 +312,7 @@ AS_GIVEN = "as-given"
 
 @dataclass(frozen=True, kw_only=True)
 class SurveySpec(Spec):
-    """The profile step (:func:`istar.steps.survey.run_profile`): isotropy of one pretrained model at one revision."""
+    """The survey step (:func:`istar.steps.survey.run_survey`): isotropy of one pretrained model at one revision."""
 
     model: str = option(help="hub id, local folder, package:NAME/SUBFOLDER, or a .gguf file "
                              "(path or package:NAME/FILE.gguf)", flag="--model")

@@ -28,7 +28,7 @@ from istar.io import artifacts
 from istar.models.loading import gguf_location, resolve_model_source
 from istar.registry.precisions import run_dtype
 
-__all__ = ["LoadedModel", "load_for_profile", "find_final_norm", "parameter_count", "is_causal"]
+__all__ = ["LoadedModel", "load_for_survey", "find_final_norm", "parameter_count", "is_causal"]
 
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 FINAL_NORM_NAMES = ("final_layer_norm", "ln_f", "norm", "final_norm", "norm_f")
@@ -100,7 +100,7 @@ def _device(name: str) -> torch.device:
     return device
 
 
-def load_for_profile(spec) -> LoadedModel:
+def load_for_survey(spec) -> LoadedModel:
     """Load the model and tokenizer a :class:`~istar.steps.survey.SurveySpec` names, in eval mode on its device."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 

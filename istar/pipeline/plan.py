@@ -374,14 +374,14 @@ def survey_text_task(config: dict) -> str | None:
 
 def survey_spec(config: dict, *, model: str, revision: str, text: str, out: str) -> SurveySpec:
     """One model × revision profile; ``text``: the prepared task folder or the text file."""
-    profile = config["survey"]
-    entry = profile["models"][model]
+    survey = config["survey"]
+    entry = survey["models"][model]
     return SurveySpec(model=entry["source"], revision=None if revision == AS_GIVEN else revision,
                        trust_remote_code=entry["trust_remote_code"],
-                       text=text, out=out, split=profile["split"], tokens=profile["tokens"],
-                       sigma_tokens=profile["sigma_tokens"], zeta=profile["zeta"], batch_size=profile["batch_size"],
-                       max_length=profile["max_length"], dtype=profile["dtype"],
-                       twonn_tokens=profile["twonn_tokens"], twonn_discard=config["analysis"]["twonn_discard"],
-                       projection_rows=profile["projection_rows"],
+                       text=text, out=out, split=survey["split"], tokens=survey["tokens"],
+                       sigma_tokens=survey["sigma_tokens"], zeta=survey["zeta"], batch_size=survey["batch_size"],
+                       max_length=survey["max_length"], dtype=survey["dtype"],
+                       twonn_tokens=survey["twonn_tokens"], twonn_discard=config["analysis"]["twonn_discard"],
+                       projection_rows=survey["projection_rows"],
                        # a job granted no GPU stays on the CPU even on a machine that has one
-                       device="auto" if profile["gpus"] else "cpu")
+                       device="auto" if survey["gpus"] else "cpu")

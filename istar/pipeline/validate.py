@@ -104,7 +104,7 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
     if check_paths:
         _check_layers(config, _check_models(models))
         _check_data(config["data"], tasks)
-        _check_profile(config)
+        _check_survey(config)
 
 
 def _path_names(config: dict):
@@ -271,13 +271,13 @@ def _check_hub_data(data: dict, tasks: list[str]) -> None:
                               "with data.mirror: a folder in the GLUE release layout (config/demo-data holds the demo's)")
 
 
-def _check_profile(config: dict) -> None:
-    """Every profiled model × revision loadable here (the hub only judged offline), the text sample there."""
+def _check_survey(config: dict) -> None:
+    """Every surveyed model × revision loadable here (the hub only judged offline), the text sample there."""
     from istar.models.loading import check_model_available, gguf_location
     from istar.registry.tasks import TASKS
 
-    profile = config["survey"]
-    for name, entry in profile["models"].items():
+    survey = config["survey"]
+    for name, entry in survey["models"].items():
         key, source, revisions = f"survey.models.{name}", entry["source"], entry.get("revisions") or []
         try:
             gguf = gguf_location(source)
@@ -294,11 +294,11 @@ def _check_profile(config: dict) -> None:
             problem = check_model_available(f"{source}@{revision}" if revision else source)
             if problem is not None:
                 raise ConfigError(f"config key '{key}': {problem}")
-    text = profile["text"]
-    if profile["models"] and text not in TASKS and not Path(text).is_file():
+    text = survey["text"]
+    if survey["models"] and text not in TASKS and not Path(text).is_file():
         raise ConfigError(f"config key 'survey.text': {text!r} is neither a task key ({', '.join(TASKS)}) nor an "
                           f"existing text file (resolved from {Path.cwd()})")
-    if text in TASKS and profile["models"]:
+    if text in TASKS and survey["models"]:
         _check_data(config["data"], [text])
 
 

@@ -46,7 +46,9 @@ def table1_metrics(runs, paired) -> dict:
         metrics.setdefault(model, {}).setdefault(task, {})[method] = {
             "mean": _number(group["score"].mean()), "isoscore_star": _number(group["isoscore_star"].mean()),
             "seeds": int(group["seed"].nunique())}
-    for row in paired[(paired["study"] == FINAL) & (paired["reference"] == REFERENCE)].itertuples():
+    # paired.csv tests several measures of each final cell: Table 1's difference is the score's
+    scores = paired[(paired["study"] == FINAL) & (paired["reference"] == REFERENCE) & (paired["measure"] == "score")]
+    for row in scores.itertuples():
         cell = metrics.get(row.model, {}).get(row.task, {}).get(row.method)
         if cell is not None:
             cell.update(difference=_number(row.mean_difference), ci_low=_number(row.ci_low),

@@ -169,7 +169,7 @@ def profile_steps(df: pd.DataFrame) -> Figure:
     steps = sorted(stepped["step"].unique())
     for ax, (value, rows, static) in zip(grid.flat, panels):
         if rows.empty:
-            _note(ax, "no profiled model has a\nseparate output matrix")
+            _note(ax, "no surveyed model has a\nseparate output matrix")
             continue
         for model, colour in colours.items():
             line = rows[rows["model"] == model].sort_values("step")
@@ -224,7 +224,7 @@ def profile_final_norm(df: pd.DataFrame) -> Figure:
     axes = fig.subplots(1, 2)
     for ax, value in zip(axes, ["isoscore", "isoscore_star"]):
         if not models:
-            _note(ax, "no profiled model has a final norm\n(decoders and pre-LN encoders do)")
+            _note(ax, "no surveyed model has a final norm\n(decoders and pre-LN encoders do)")
             continue
         positions = range(len(models))
         for offset, rows, colour, label in ((-0.2, before, "0.65", "before the final norm"),
@@ -325,7 +325,7 @@ def profile_gallery_steps(df: pd.DataFrame) -> Figure:
         for column, (ax, step) in enumerate(zip(axes, steps)):
             panel_points = points[points["step"] == step]
             if panel_points.empty:
-                _note(ax, "not profiled")
+                _note(ax, "not surveyed")
             else:
                 _scatter_panel(ax, panel_points, half_width, say_rows=False)
             ax.tick_params(labelbottom=False, labelleft=column == 0)

@@ -1,4 +1,4 @@
-"""The profile step: isotropy of a pretrained model's static embeddings and of every layer.
+"""The survey step: isotropy of a pretrained model's static embeddings and of every layer.
 
 ``istar survey`` measures one model at one revision (Machina & Mercer, NAACL 2024, asked
 the same questions of Pythia checkpoints; IsoScore is docs/method.md §1, IsoScore* §2):
@@ -57,7 +57,7 @@ from istar.io.text import read_utf8
 from istar.models.hidden_states import hidden_state_pass
 
 __all__ = ["OUTLIER_FACTOR", "solver_eigenvectors", "effective_rank", "static_measures", "projection",
-           "layer_measures", "read_texts", "profile_model", "run_profile"]
+           "layer_measures", "read_texts", "survey_model", "run_survey"]
 
 OUTLIER_FACTOR = 5.0
 """A coordinate is an outlier dimension when its variance exceeds this multiple of the mean coordinate variance."""
@@ -345,14 +345,14 @@ def collect(loaded, texts: list[str], spec: SurveySpec) -> tuple[list[LayerStats
     return measured, sigma, cost
 
 
-def profile_model(spec: SurveySpec) -> dict:
+def survey_model(spec: SurveySpec) -> dict:
     """Load the model, measure it, return the profile (see the module docstring)."""
-    from istar.models.pretrained import load_for_profile, parameter_count
+    from istar.models.pretrained import load_for_survey, parameter_count
 
     started = time.perf_counter()
     if spec.device.startswith("cuda") and torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    loaded = load_for_profile(spec)
+    loaded = load_for_survey(spec)
     texts = read_texts(spec.text, spec.split)
     matrices = loaded.static_matrices
     static, projections = {}, {}
@@ -400,9 +400,9 @@ def _peak_memory(device: torch.device) -> dict:
             "peak_memory_of": "cpu (max RSS of the process)"}
 
 
-def run_profile(spec: SurveySpec) -> dict:
-    """The profile step: measure and write ``spec.out`` (JSON) atomically. Returns the profile."""
-    result = profile_model(spec)
+def run_survey(spec: SurveySpec) -> dict:
+    """The survey step: measure and write ``spec.out`` (JSON) atomically. Returns the profile."""
+    result = survey_model(spec)
     artifacts.write_json(spec.out, result)
     provenance, cost = result["provenance"], result["cost"]
     print(f"profile of {spec.model}" + (f"@{spec.revision}" if spec.revision else "")

@@ -2,7 +2,7 @@
 
 The NAACL 2024 paper's public code reports, for pythia-70m's final weights, the partition
 isotropy I(W) of the input and output embedding matrices, raw and centred (:data:`PUBLISHED`).
-This command profiles a model at a revision through :func:`istar.steps.survey.run_profile` (by
+This command profiles a model at a revision through :func:`istar.steps.survey.run_survey` (by
 default pythia-70m at ``step143000``, its final checkpoint; needs the Hugging Face hub or a
 filled cache) and compares the profile's ``partition_isotropy_solver_signs`` values — the
 authors' recipe, docs/method.md §8 — with the reference, one line per number with the
@@ -74,7 +74,7 @@ def _reference(pairs: list[str] | None) -> dict[str, float]:
 def run_check(model: str, revision: str | None, reference: dict[str, float], out: Path, device: str = "auto",
               tolerance: float = TOLERANCE) -> list[dict]:
     """Profile ``model`` at ``revision`` into ``out`` and compare it with ``reference``; print and return the rows."""
-    from istar.steps.survey import run_profile
+    from istar.steps.survey import run_survey
 
     with tempfile.TemporaryDirectory() as folder:
         text = Path(folder) / "check.txt"
@@ -82,7 +82,7 @@ def run_check(model: str, revision: str | None, reference: dict[str, float], out
         spec = SurveySpec(model=model, text=str(text), out=str(out), revision=revision, tokens=16, sigma_tokens=0,
                            twonn_tokens=0, device=device)
         spec.validate()
-        profile = run_profile(spec)
+        profile = run_survey(spec)
     rows = compare(profile, reference, tolerance)
     print(f"I(W) of {model}" + (f"@{revision}" if revision else "") + f" (one sign per eigenvector, as published) "
           f"against the reference, tolerance {tolerance:g}:")

