@@ -17,7 +17,7 @@ The names are imported on first use, so that ``import istar.pipeline.validate`` 
 Snakemake does while it builds the DAG) does not pull in torch.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LIBRARY = {
     "CovarianceAccumulator": "core.covariance",

@@ -2,7 +2,8 @@
 
 ::
 
-    from sentence_transformers import SentenceTransformerTrainer, losses
+    from sentence_transformers import SentenceTransformerTrainer
+    from sentence_transformers.sentence_transformer import losses
 
     loss = IStarLoss(model, losses.MultipleNegativesRankingLoss(model), IStarConfig(lam=-1.0, zeta=0.2),
                      sigma_data=train_dataset["anchor"])

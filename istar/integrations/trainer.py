@@ -172,17 +172,32 @@ class IStarTrainerMixin:
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
         penalised = self.istar.entry.penalty is not None  # the base method adds none
-        # The task loss as each micro-batch's mean (num_items_in_batch not passed on), so that task
-        # loss and penalty are scaled alike below, whatever the model does with num_items_in_batch.
-        task_loss, outputs = super().compute_loss(model, {**inputs, "output_hidden_states": True} if penalised else inputs,
-                                                  return_outputs=True)
-        penalty = self._penalty(outputs, inputs) if penalised else None
+        # The hidden states are read where the backbone returns them (a forward hook), not from the
+        # outputs compute_loss returns: a Trainer may compute its loss from other outputs (TRL's
+        # SFTTrainer, from its fused LM head's log-probabilities) and rebuild those it returns
+        # without gradients.
+        captured = []
+        backbone = getattr(self.accelerator.unwrap_model(model), "base_model", None)
+        hook = (backbone.register_forward_hook(lambda module, args, output: captured.append(output))
+                if penalised and isinstance(backbone, torch.nn.Module) else None)
+        try:
+            # The task loss as each micro-batch's mean (num_items_in_batch not passed on), so that task
+            # loss and penalty are scaled alike below, whatever the model does with num_items_in_batch.
+            result = super().compute_loss(model, {**inputs, "output_hidden_states": True} if penalised else inputs,
+                                          return_outputs=return_outputs)
+        finally:
+            if hook is not None:
+                hook.remove()
+        task_loss, outputs = result if return_outputs else (result, None)
+        penalty = self._penalty(captured, inputs) if penalised else None
         self._istar_logs.add(penalty_logs(self.istar, task_loss, penalty))
         loss = (task_loss if penalty is None else task_loss + penalty.term) / self._accumulation_divisor(num_items_in_batch)
         return (loss, outputs) if return_outputs else loss
 
-    def _penalty(self, outputs, inputs):
-        hidden_states = outputs.get("hidden_states") if isinstance(outputs, dict) else None
+    def _penalty(self, captured: list, inputs):
+        """The penalty of the first backbone output in ``captured`` that holds hidden states."""
+        hidden_states = next((output["hidden_states"] for output in captured
+                              if isinstance(output, dict) and output.get("hidden_states") is not None), None)
         if hidden_states is None:
             raise ValueError("the model returned no hidden_states although the Trainer asked for them: I-STAR needs a "
                              "Hugging Face model whose forward takes output_hidden_states=True and returns a ModelOutput")

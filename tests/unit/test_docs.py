@@ -134,8 +134,19 @@ def test_the_software_is_licensed_citable_and_versioned():
     citation = yaml.safe_load((REPO / "CITATION.cff").read_text(encoding="utf-8"))
     assert citation["version"] == __version__ and citation["license"] == "MIT"
     assert [reference["title"] for reference in citation["references"]] == [
-        "Stable Anisotropic Regularization", "Anisotropy is Not Inherent to Transformers"]
-    assert f"## [{__version__}]" in (REPO / "CHANGELOG.md").read_text(encoding="utf-8")
+        "Stable Anisotropic Regularization", "Anisotropy is Not Inherent to Transformers",
+        "IsoScore: Measuring the Uniformity of Embedding Space Utilization",
+        "Representation Degeneration Problem in Training Natural Language Generation Models",
+        "Estimating the intrinsic dimension of datasets by a minimal neighborhood information"]
+    changelog = (REPO / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert re.search(rf"^## \[{re.escape(__version__)}\] - {citation['date-released']}$", changelog, re.M), (
+        "CHANGELOG.md has no section for this version dated as CITATION.cff's date-released")
+    # The citing page: the same papers, in entry types every BibTeX style knows (plain, alpha, unsrt:
+    # no @software, which only biblatex defines), the software's entry at this version.
+    citing = (REPO / "docs" / "citing.md").read_text(encoding="utf-8")
+    entries = re.findall(r"^@(\w+)\{", citing, re.M)
+    assert len(entries) == 6 and set(entries) <= {"article", "inproceedings", "misc", "book", "techreport"}, entries
+    assert f"version {__version__}" in citing
     version = subprocess.run([sys.executable, "-m", "istar", "--version"], capture_output=True, text=True, cwd=REPO)
     assert version.returncode == 0 and version.stdout.strip() == f"istar {__version__}"
 
