@@ -99,6 +99,13 @@ class IStarTrainerMixin:
     >>> class MySFTTrainer(IStarTrainerMixin, SFTTrainer):   # doctest: +SKIP
     ...     pass
     >>> MySFTTrainer(model=model, args=args, train_dataset=data, istar=IStarConfig(lam=-1.0))   # doctest: +SKIP
+
+    Parameters
+    ----------
+    *args, **kwargs
+        The Trainer's own arguments, passed on.
+    istar : IStarConfig
+        Keyword only: the method, λ, ζ and the source of Σ_S.
     """
 
     # transformers.Trainer.training_step (where it knows this attribute) then leaves the loss of
@@ -232,4 +239,11 @@ class IStarTrainer(IStarTrainerMixin, Trainer):
     >>> trainer = IStarTrainer(model=model, args=args, train_dataset=train, data_collator=collator,
     ...                        istar=IStarConfig(lam=-1.0, zeta=0.2))   # doctest: +SKIP
     >>> trainer.train()   # doctest: +SKIP
+
+    Parameters
+    ----------
+    *args, **kwargs
+        ``transformers.Trainer``'s arguments (``model``, ``args``, ``train_dataset``, ``data_collator``, …).
+    istar : IStarConfig
+        Keyword only: the method, λ, ζ and the source of Σ_S.
     """

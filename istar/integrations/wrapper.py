@@ -69,8 +69,10 @@ class IStarModel(torch.nn.Module):
 
     Attributes
     ----------
-    model : the wrapped model.
-    istar : the :class:`IStarConfig`.
+    model : transformers.PreTrainedModel
+        The wrapped model.
+    istar : IStarConfig
+        The settings given.
 
     Notes
     -----

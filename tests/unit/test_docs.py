@@ -86,6 +86,48 @@ def test_the_api_index_lists_exactly_the_names_istar_exports():
     assert len(listed) == len(set(listed)) and set(listed) == set(istar.__all__), set(listed) ^ set(istar.__all__)
 
 
+def _sections(doc: str) -> dict[str, str]:
+    """A numpydoc docstring's sections by heading (``Parameters``, ``Returns``, ``Examples``, …)."""
+    parts = re.split(r"^(\w[\w ]*)\n-{3,}\n", doc, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_every_public_name_has_numpydoc_sections_that_render_and_examples_that_run():
+    """Each name ``istar`` exports: an Examples section (run here unless marked ``+SKIP``); a function's
+    Parameters and Returns, a class's Parameters or Attributes; every entry ``name : type`` with the
+    type alone after the colon (a description there renders in the type slot)."""
+    import doctest
+    import inspect
+
+    import torch
+
+    import istar
+
+    problems = []
+    for name in istar.__all__:
+        obj = getattr(istar, name)
+        sections = _sections(inspect.getdoc(obj) or "")
+        needed = [("Parameters", "Returns")] if inspect.isfunction(obj) else [("Parameters", "Attributes")]
+        if "Examples" not in sections:
+            problems.append(f"{name}: no Examples section")
+        if inspect.isfunction(obj) and not {"Parameters", "Returns"} <= set(sections):
+            problems.append(f"{name}: no Parameters or no Returns section")
+        if inspect.isclass(obj) and not set(needed[0]) & set(sections):
+            problems.append(f"{name}: no Parameters or Attributes section")
+        for heading in ("Parameters", "Attributes"):
+            for entry in re.findall(r"^(\S[^\n]*?) : ([^\n]*)$", sections.get(heading, ""), re.M):
+                if len(entry[1]) > 60 or entry[1].endswith(".") or re.search(r"\b(the|to|from|is)\b", entry[1]):
+                    problems.append(f"{name}: {heading} entry {entry[0]!r} has a description in its type slot")
+        test = doctest.DocTestParser().get_doctest(sections.get("Examples", ""), {"istar": istar, "torch": torch},
+                                                   name, None, 0)
+        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+        torch.manual_seed(0)
+        output = io.StringIO()
+        if runner.run(test, out=output.write).failed:
+            problems.append(f"{name}: its Examples fail:\n{output.getvalue()}")
+    assert not problems, "\n".join(problems)
+
+
 @pytest.mark.parametrize("page", pages_with_istar_code(), ids=lambda page: page.relative_to(REPO).as_posix())
 @pytest.mark.integration
 def test_every_code_block_that_imports_istar_runs(page, tmp_path):
