@@ -210,14 +210,14 @@ class IStarModel(torch.nn.Module):
 class IStarCallback(TrainerCallback):
     """Σ_S for a ``transformers.Trainer`` you do not subclass: refreshed at training's and each epoch's start.
 
+    The penalty's means (:meth:`IStarModel.pop_logs`) and, after each refresh, ``sigma_s_isoscore``
+    (IsoScore of Σ_S) join the next training log in ``trainer.state.log_history`` and the callbacks
+    after this one (trackers listed before it do not see them).
+
     Parameters
     ----------
     target : IStarModel or istar.IStarLoss
         Whatever holds the penalty: something with ``refresh_sigma(epoch)`` and ``pop_logs()``.
-
-    The penalty's means (:meth:`IStarModel.pop_logs`) and, after each refresh, ``sigma_s_isoscore``
-    (IsoScore of Σ_S) join the next training log in ``trainer.state.log_history`` and the callbacks
-    after this one (trackers listed before it do not see them).
 
     Examples
     --------
