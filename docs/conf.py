@@ -36,8 +36,11 @@ html_title = f"istar {__version__}"
 html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
-    "secondary_sidebar_items": ["page-toc"],
+    # the guide's sections are the left column's; the right one would leave its code too narrow
+    "secondary_sidebar_items": {"**": ["page-toc"], "library": []},
     "footer_start": ["copyright"],
     "footer_end": [],
 }
-html_sidebars = {"**": ["sidebar-nav-bs"]}
+html_sidebars = {"**": ["sidebar-nav-bs"], "library": ["page-toc"]}
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]

@@ -7,15 +7,17 @@ The library, for your own training code (every name below is importable from ``i
   memory, per layer: :func:`measure_isotropy`, :class:`IsotropyMetric` (streaming);
 - penalties: :func:`istar_penalty`, :func:`global_istar_penalty`, :func:`cosreg_penalty`, each
   returning a :class:`Penalty`; :func:`shrinkage_covariance` computes the Σ_S they shrink towards;
-- ``transformers.Trainer``: :class:`IStarTrainer` (or :class:`IStarTrainerMixin` beside another
-  Trainer subclass) with :class:`IStarConfig` (the method of the registry, λ, ζ, a given Σ_S).
+- training: :class:`IStarConfig` (the method of the registry, λ, ζ, a given Σ_S) for a
+  ``transformers.Trainer`` (:class:`IStarTrainer`, or :class:`IStarTrainerMixin` beside another
+  Trainer subclass), for a model in any loop or Trainer you do not subclass (:class:`IStarModel`,
+  :class:`IStarCallback`), and for sentence-transformers (:class:`IStarLoss`).
 
 The workflow's steps are subcommands of the ``istar`` command (:mod:`istar.cli`).
 The names are imported on first use, so that ``import istar.pipeline.validate`` (which
 Snakemake does while it builds the DAG) does not pull in torch.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LIBRARY = {
     "CovarianceAccumulator": "core.covariance",
@@ -36,6 +38,9 @@ _LIBRARY = {
     "IStarConfig": "integrations.config",
     "IStarTrainer": "integrations.trainer",
     "IStarTrainerMixin": "integrations.trainer",
+    "IStarModel": "integrations.wrapper",
+    "IStarCallback": "integrations.wrapper",
+    "IStarLoss": "integrations.sentence_transformers",
 }
 
 __all__ = sorted(_LIBRARY)

@@ -25,6 +25,22 @@ class CovarianceAccumulator:
     >>> for hidden, mask in batches:          # hidden (B, T, 768), mask (B, T)
     ...     acc.add(hidden, mask=mask)        # keeps rows where mask is true
     >>> sigma_s = acc.covariance()            # (768, 768) float64
+
+    Parameters
+    ----------
+    dim : int
+        d, the rows' dimension.
+    device : torch.device or str
+        Where the float64 sums live (the rows' device, to avoid copies).
+
+    Examples
+    --------
+    >>> import torch, istar
+    >>> accumulator = istar.CovarianceAccumulator(dim=4)
+    >>> for batch in torch.randn(1000, 4).split(300):
+    ...     _ = accumulator.add(batch)   # returns the accumulator
+    >>> accumulator.count, tuple(accumulator.covariance().shape)
+    (1000, (4, 4))
     """
 
     def __init__(self, dim: int, device: torch.device | str = "cpu"):

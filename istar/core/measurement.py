@@ -70,6 +70,24 @@ class IsotropyReport:
 
     ``layers[l]`` is hidden state l (0 = embeddings); :meth:`to_dict` gives the ``global`` /
     ``layers`` part of ``istar analyze``'s JSON.
+
+    Attributes
+    ----------
+    zeta : float
+        ζ of every IsoScore*.
+    tokens : int
+        The real tokens measured.
+    overall : OverallIsotropy
+        The union of the selected layers' tokens.
+    layers : list of LayerIsotropy
+        One per hidden state, 0 = embeddings.
+    warnings : list of str
+        Why a measure is None (TwoNN of too few distinct vectors, …).
+
+    Examples
+    --------
+    >>> report = istar.measure_isotropy(model, sentences, tokenizer, sigma_s=sigma_s)   # doctest: +SKIP
+    >>> report.overall.isoscore_star, report.to_dict()["layers"][1]["isoscore"]         # doctest: +SKIP
     """
 
     zeta: float
@@ -174,14 +192,25 @@ class IsotropyMetric:
 
     Parameters
     ----------
-    zeta, sigma_s, layers, twonn_discard : as in :func:`isotropy_of_statistics`.
-    twonn : keep the [CLS] vectors for TwoNN (n × d floats per layer); False leaves TwoNN out.
+    zeta, sigma_s, layers, twonn_discard : float, optional, LayerSpec, float
+        as in :func:`isotropy_of_statistics`.
+    twonn : bool
+        keep the [CLS] vectors for TwoNN (n × d floats per layer); False leaves TwoNN out.
 
     Notes
     -----
     Only real tokens (attention mask 1) are rows, as in ``istar measure``. Under several
     processes, :meth:`compute` merges every process's statistics (and [CLS] vectors), so every
     process gets the same report.
+
+    Examples
+    --------
+    >>> import torch
+    >>> metric = istar.IsotropyMetric(zeta=0.0, twonn=False)
+    >>> metric.update(tuple(torch.randn(2, 6, 8) for _ in range(3)), torch.ones(2, 6, dtype=torch.long))
+    >>> report = metric.compute()
+    >>> len(report.layers), report.tokens
+    (3, 12)
     """
 
     def __init__(self, zeta: float = 0.2, sigma_s=None, layers: LayerSpec = "all", twonn_discard: float = 0.1,

@@ -38,9 +38,17 @@ class Penalty:
     ----------
     term : torch.Tensor
         0-d (float32), to add to the task loss; carries the gradient.
-    logs : dict of str to torch.Tensor
+    logs : dict[str, torch.Tensor]
         Detached 0-d tensors, e.g. ``{"isoscore_star": …}`` or ``{"cosine_similarity": …}``.
         Call ``.item()`` only when logging, to avoid a device sync on every step.
+
+    Examples
+    --------
+    >>> import torch, istar
+    >>> penalty = istar.istar_penalty((torch.randn(1, 6, 4), torch.randn(1, 6, 4)), torch.ones(1, 6),
+    ...                               lam=-1.0, zeta=0.0, sigma_s=None)
+    >>> sorted(penalty.logs), penalty.term.shape
+    (['isoscore_star', 'penalty_rows'], torch.Size([]))
     """
 
     term: torch.Tensor
@@ -164,17 +172,23 @@ def istar_penalty(
 
     Parameters
     ----------
-    hidden_states, attention_mask : model outputs and mask, see module docstring
+    hidden_states, attention_mask : tuple of torch.Tensor, torch.Tensor
+        model outputs and mask, see module docstring
         (``outputs.hidden_states`` of ``model(**batch, output_hidden_states=True)`` and
         ``batch["attention_mask"]``).
-    lam : λ; λ < 0 lowers isotropy (the paper's winning direction), λ > 0 raises it; 0 adds
+    lam : float
+        λ; λ < 0 lowers isotropy (the paper's winning direction), λ > 0 raises it; 0 adds
         nothing to the gradient but still logs IsoScore*.
-    zeta : ζ ∈ [0, 1], weight of Σ_S in the shrinkage (0 = batch covariance alone).
-    sigma_s : (d, d) shrinkage covariance Σ_S of the same layers and tokens, from
+    zeta : float
+        ζ ∈ [0, 1], weight of Σ_S in the shrinkage (0 = batch covariance alone).
+    sigma_s : torch.Tensor or None
+        (d, d) shrinkage covariance Σ_S of the same layers and tokens, from
         :func:`istar.models.shrinkage.shrinkage_covariance` (``istar.shrinkage_covariance``);
         may be None when ζ = 0. Keep it on the model's device (it is returned there).
-    layers : which hidden states form X̃ (default: every transformer layer, no embeddings).
-    tokens : which positions form X̃ (:data:`istar.core.tokens.TOKEN_SELECTIONS`; Σ_S must come from the same selection).
+    layers : LayerSpec
+        which hidden states form X̃ (default: every transformer layer, no embeddings).
+    tokens : str
+        which positions form X̃ (:data:`istar.core.tokens.TOKEN_SELECTIONS`; Σ_S must come from the same selection).
 
     Returns
     -------
@@ -196,6 +210,16 @@ def istar_penalty(
                 ...
 
     :class:`istar.integrations.trainer.IStarTrainer` does this for a ``transformers.Trainer``.
+
+    Examples
+    --------
+    >>> import torch, istar
+    >>> hidden_states = tuple(torch.randn(2, 5, 8, requires_grad=True) for _ in range(3))   # L = 2 layers
+    >>> mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
+    >>> penalty = istar.istar_penalty(hidden_states, mask, lam=-1.0, zeta=0.2, sigma_s=torch.eye(8))
+    >>> penalty.term.backward()                  # add it to the task loss instead
+    >>> int(penalty.logs["penalty_rows"])       # 7 real tokens × layers 1 and 2
+    14
     """
     rows = token_rows(hidden_states, attention_mask, layers, tokens)
     score = isoscore_star(rows, zeta=zeta, sigma_s=sigma_s)
@@ -284,6 +308,26 @@ def global_istar_penalty(
     process group) the global batch is the local one, and this is exactly
     :func:`istar_penalty`, so one script runs both ways. The public reference code penalises
     each process's local batch instead.
+
+    Parameters
+    ----------
+    hidden_states, attention_mask, lam, zeta, sigma_s, layers, tokens
+        As in :func:`istar_penalty`.
+
+    Returns
+    -------
+    Penalty
+        ``term`` = λ·(1 − IsoScore*(X̃_global, ζ, Σ_S)) (the paper's Eq. 2 on the global batch),
+        the same value on every process; ``logs`` as in :func:`istar_penalty`.
+
+    Examples
+    --------
+    >>> import torch, istar
+    >>> hidden_states = tuple(torch.randn(2, 5, 8) for _ in range(3))
+    >>> mask = torch.ones(2, 5, dtype=torch.long)
+    >>> one = istar.global_istar_penalty(hidden_states, mask, lam=-1.0, zeta=0.0, sigma_s=None)
+    >>> bool(one.term == istar.istar_penalty(hidden_states, mask, lam=-1.0, zeta=0.0, sigma_s=None).term)
+    True
     """
     if not _several_processes():
         return istar_penalty(hidden_states, attention_mask, lam=lam, zeta=zeta, sigma_s=sigma_s, layers=layers,
@@ -305,6 +349,25 @@ def cosreg_penalty(hidden_states: Sequence[torch.Tensor], attention_mask: torch.
     Returns
     -------
     Penalty with ``term`` and ``logs = {"cosine_similarity": mean over pairs i ≠ j, "penalty_rows": M}``.
+
+    Parameters
+    ----------
+    hidden_states : tuple of torch.Tensor
+        ``outputs.hidden_states``: L + 1 tensors (B, T, d); the last is read.
+    attention_mask : torch.Tensor or None
+        (B, T), non-zero at real tokens (None with ``tokens="all_positions"``).
+    lam : float
+        λ, the penalty's weight (default 1, the paper's CosReg); > 0 lowers the mean cosine similarity.
+    tokens : str
+        ``"real"`` or ``"all_positions"`` (:data:`istar.core.tokens.TOKEN_SELECTIONS`).
+
+    Examples
+    --------
+    >>> import torch, istar
+    >>> hidden_states = (torch.randn(2, 4, 8), torch.randn(2, 4, 8) + 3.0)   # the last layer shares an offset
+    >>> penalty = istar.cosreg_penalty(hidden_states, torch.ones(2, 4, dtype=torch.long))
+    >>> bool(penalty.logs["cosine_similarity"] > 0.5)
+    True
     """
     rows = token_rows(hidden_states, attention_mask, layers=-1, tokens=tokens)
     m = rows.shape[0]

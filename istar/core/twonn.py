@@ -121,15 +121,26 @@ def twonn_dimension(X, discard_fraction: float = 0.1, chunk_size: int = 1024, se
 
     Parameters
     ----------
-    X : array of shape (n, d), at least 3 distinct rows.
-    discard_fraction : float in [0, 1); the fraction of largest μ left out of the fit.
+    X : torch.Tensor or array_like
+        array of shape (n, d), at least 3 distinct rows.
+    discard_fraction : float
+        float in [0, 1); the fraction of largest μ left out of the fit.
         The largest μ is always left out, since F = 1 there.
-    chunk_size : rows per distance block of the exhaustive search.
-    search : ``"auto"`` (by dimension, as above), ``"kdtree"`` or ``"exhaustive"``.
+    chunk_size : int
+        rows per distance block of the exhaustive search.
+    search : str
+        ``"auto"`` (by dimension, as above), ``"kdtree"`` or ``"exhaustive"``.
 
     Returns
     -------
     float, the estimated intrinsic dimension.
+
+    Examples
+    --------
+    >>> import torch, istar
+    >>> plane = torch.randn(4000, 2) @ torch.randn(2, 50)       # a 2-dimensional plane in 50 dimensions
+    >>> round(istar.twonn_dimension(plane))
+    2
     """
     if not 0.0 <= discard_fraction < 1.0:
         raise ValueError(f"discard_fraction must lie in [0, 1); got {discard_fraction}")

@@ -23,7 +23,8 @@ from istar.core.tokens import get_token_selection
 from istar.models.shrinkage import accumulate_shrinkage, forked_rng
 from istar.registry.methods import Method, get_method
 
-__all__ = ["IStarConfig", "sigma_of_model", "sigma_isoscore", "penalty_logs"]
+__all__ = ["IStarConfig", "sigma_of_model", "sigma_isoscore", "check_mask", "SigmaSchedule", "penalty_logs",
+           "LogMeans"]
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,56 @@ def sigma_isoscore(sigma_s: torch.Tensor) -> float:
     return float(isoscore_star_from_covariance(sigma_s, 0.0))
 
 
+def check_mask(batch, config: IStarConfig, where: str = "the training batches") -> None:
+    """Refuse a batch without the ``attention_mask`` the penalty needs (before any Σ_S pass or step)."""
+    if "attention_mask" not in batch and get_token_selection(config.tokens).masked:
+        raise ValueError(f"{where} have no attention_mask (keys: {', '.join(batch)}): keep the tokenizer's "
+                         "attention_mask in the dataset (and a collator such as DataCollatorWithPadding), so that "
+                         "the penalty leaves padding out")
+
+
+class SigmaSchedule:
+    """When Σ_S is set, and from what: the one decision every integration makes at an epoch's start.
+
+    At the first epoch of a run: the given ``sigma_s`` of the config, else one computed from the
+    model; at a later epoch: a recomputed one with ``recompute_every_epoch``, else the same. With ζ = 0
+    (or a method that reads none) there is none.
+
+    Attributes
+    ----------
+    sigma_s : torch.Tensor or None
+        The current Σ_S, (d, d) float64 on the model's device.
+    sigma_epoch : int
+        The epoch whose start Σ_S was set at (−1 before the first).
+    """
+
+    def __init__(self, config: IStarConfig):
+        self.config = config
+        self.sigma_s: torch.Tensor | None = None
+        self.sigma_epoch = -1
+
+    def due(self, epoch: int) -> bool:
+        """Whether Σ_S is to be set at the start of ``epoch`` (0-based)."""
+        first = self.sigma_epoch < 0
+        return epoch > self.sigma_epoch and (first or self.config.recompute_every_epoch)
+
+    def update(self, epoch: int, model, loader, accelerator=None, progress: bool = True) -> float | None:
+        """Set Σ_S for ``epoch`` if :meth:`due`: the given one at the first epoch, else computed over ``loader``.
+
+        ``model`` is the unwrapped Hugging Face model. Returns IsoScore of the new Σ_S (what the
+        integrations log as ``sigma_s_isoscore``), or None when nothing changed or none is needed.
+        """
+        if not self.due(epoch):
+            return None
+        first, self.sigma_epoch = self.sigma_epoch < 0, epoch
+        if not self.config.needs_sigma_s:
+            return None
+        given = self.config.given_sigma_s(model) if first else None
+        self.sigma_s = given if given is not None else sigma_of_model(
+            model, loader, self.config, accelerator, description=f"Σ_S at epoch {epoch + 1}", progress=progress)
+        return sigma_isoscore(self.sigma_s)
+
+
 def penalty_logs(config: IStarConfig, task_loss: torch.Tensor, penalty: Penalty | None) -> dict[str, torch.Tensor]:
     """What a training step logs: ``task_loss``, ``<method>_penalty`` (λ·term) and the penalty's own measures.
 
@@ -200,3 +251,28 @@ def penalty_logs(config: IStarConfig, task_loss: torch.Tensor, penalty: Penalty 
         logs[f"{config.method}_penalty"] = penalty.term.detach()
         logs.update({key: value for key, value in penalty.logs.items() if key != "penalty_rows"})
     return logs
+
+
+class LogMeans:
+    """The means of a training step's logs (:func:`penalty_logs`) since they were last read, summed on the device."""
+
+    def __init__(self):
+        self.sums: dict[str, torch.Tensor] = {}
+        self.batches = 0
+
+    def add(self, values: dict[str, torch.Tensor]) -> None:
+        """Add one micro-batch's values (no synchronisation with the device)."""
+        for key, value in values.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value.detach().float()
+        self.batches += 1
+
+    def pop(self, accelerator=None) -> dict[str, float]:
+        """The means since the last call (averaged over processes with ``accelerator``), and start again."""
+        if not self.batches:
+            return {}
+        keys = list(self.sums)
+        means = torch.stack([self.sums[key] for key in keys]) / self.batches
+        if accelerator is not None and accelerator.num_processes > 1:
+            means = accelerator.reduce(means, reduction="mean")
+        self.sums, self.batches = {}, 0
+        return dict(zip(keys, means.tolist()))

@@ -49,7 +49,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from istar.core.tokens import get_token_selection
-from istar.integrations.config import IStarConfig, penalty_logs, sigma_isoscore, sigma_of_model
+from istar.integrations.config import IStarConfig, LogMeans, SigmaSchedule, check_mask, penalty_logs
 from istar.models.shrinkage import forked_rng
 
 __all__ = ["IStarTrainerMixin", "IStarTrainer", "SIGMA_CHECKPOINT"]
@@ -69,9 +69,7 @@ class _SigmaRefresh(TrainerCallback):
         self.trainer.start_sigma(int(state.epoch or 0))
 
     def on_epoch_begin(self, args, state, control, **kwargs):
-        epoch = int(state.epoch or 0)
-        if self.trainer.istar.recompute_every_epoch and epoch > self.trainer.sigma_epoch:
-            self.trainer.refresh_sigma(epoch)
+        self.trainer.refresh_sigma(int(state.epoch or 0))
 
     def on_save(self, args, state, control, **kwargs):
         if args.should_save and self.trainer.sigma_s is not None:
@@ -101,6 +99,13 @@ class IStarTrainerMixin:
     >>> class MySFTTrainer(IStarTrainerMixin, SFTTrainer):   # doctest: +SKIP
     ...     pass
     >>> MySFTTrainer(model=model, args=args, train_dataset=data, istar=IStarConfig(lam=-1.0))   # doctest: +SKIP
+
+    Parameters
+    ----------
+    *args, **kwargs
+        The Trainer's own arguments, passed on.
+    istar : IStarConfig
+        Keyword only: the method, λ, ζ and the source of Σ_S.
     """
 
     # transformers.Trainer.training_step (where it knows this attribute) then leaves the loss of
@@ -112,12 +117,20 @@ class IStarTrainerMixin:
             raise TypeError(f"istar must be an IStarConfig (istar=IStarConfig(lam=..., zeta=...)); got {type(istar).__name__}")
         super().__init__(*args, **kwargs)
         self.istar = istar
-        self.sigma_s: torch.Tensor | None = None
-        self.sigma_epoch = -1
-        self._istar_sums: dict[str, torch.Tensor] = {}
-        self._istar_batches = 0
+        self._schedule = SigmaSchedule(istar)
+        self._istar_logs = LogMeans()
         self._resumed_from: Path | None = None
         self.add_callback(_SigmaRefresh(self))
+
+    @property
+    def sigma_s(self) -> torch.Tensor | None:
+        """The current Σ_S, (d, d) float64 on the training device (None before training or with ζ = 0)."""
+        return self._schedule.sigma_s
+
+    @property
+    def sigma_epoch(self) -> int:
+        """The epoch whose start Σ_S was set at (−1 before the first)."""
+        return self._schedule.sigma_epoch
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """The Trainer's ``train``; a run resumed from a checkpoint takes the Σ_S saved in it."""
@@ -129,67 +142,69 @@ class IStarTrainerMixin:
     def start_sigma(self, epoch: int) -> None:
         """Σ_S at the start of training: the checkpoint's when resuming, else the given or computed one.
 
-        The first batch is checked (:meth:`_check_first_batch`) before any Σ_S pass.
+        The first batch's mask is checked (:func:`istar.integrations.config.check_mask`) before any Σ_S pass.
         """
         saved = self._resumed_from / SIGMA_CHECKPOINT if self._resumed_from is not None else None
         if saved is not None and saved.is_file():
             state = torch.load(saved, map_location=self.args.device, weights_only=True)
-            self.sigma_s, self.sigma_epoch = state["sigma_s"], int(state["sigma_epoch"])
+            self._schedule.sigma_s, self._schedule.sigma_epoch = state["sigma_s"], int(state["sigma_epoch"])
             return
         with forked_rng(self.args.device):
-            self._check_first_batch()
-        given = self.istar.given_sigma_s(self.accelerator.unwrap_model(self.model))
-        if given is None:
-            self.refresh_sigma(epoch)
-        else:
-            self.sigma_s, self.sigma_epoch = given.to(self.args.device), epoch
-            self.log({"sigma_s_isoscore": sigma_isoscore(given)})
-
-    def _check_first_batch(self) -> None:
-        """The mask the penalty needs, checked on the first batch before any Σ_S pass or step."""
-        batch = next(iter(self.get_eval_dataloader(self.train_dataset)))
-        if "attention_mask" not in batch and get_token_selection(self.istar.tokens).masked:
-            raise ValueError(f"the training batches have no attention_mask (keys: {', '.join(batch)}): keep the "
-                             "tokenizer's attention_mask in the dataset (and a collator such as "
-                             "DataCollatorWithPadding), so that the penalty leaves padding out")
+            check_mask(next(iter(self.get_eval_dataloader(self.train_dataset))), self.istar)
+        self.refresh_sigma(epoch)
 
     def refresh_sigma(self, epoch: int) -> None:
-        """Compute Σ_S from the current model over the training set (all processes take part).
+        """Σ_S for the start of ``epoch`` (:class:`istar.integrations.config.SigmaSchedule`): given, computed from
+        the current model over the training set (all processes take part), or kept.
 
         torch's random state is left as it was (:func:`istar.models.shrinkage.forked_rng`), so that a
         run at λ = 0 trains exactly as one without Σ_S.
         """
-        self.sigma_epoch = epoch
-        if not self.istar.needs_sigma_s:
-            return
-        if (get_token_selection(self.istar.tokens).sigma_uses_training_batches
+        if (self._schedule.due(epoch) and self.istar.needs_sigma_s
+                and get_token_selection(self.istar.tokens).sigma_uses_training_batches
                 and self.args.per_device_eval_batch_size != self.args.per_device_train_batch_size):
             warnings.warn(f"tokens={self.istar.tokens!r} counts padding, so Σ_S should see batches like the "
                           f"training ones: set per_device_eval_batch_size = per_device_train_batch_size "
                           f"({self.args.per_device_train_batch_size}); Σ_S reads batches of "
                           f"{self.args.per_device_eval_batch_size}", stacklevel=2)
-        sigma = sigma_of_model(self.accelerator.unwrap_model(self.model), self.get_eval_dataloader(self.train_dataset),
-                               self.istar, self.accelerator, description=f"Σ_S at epoch {epoch + 1}",
-                               progress=not self.args.disable_tqdm)
-        self.sigma_s = sigma.to(self.args.device)
-        self.log({"sigma_s_isoscore": sigma_isoscore(sigma)})
+        score = self._schedule.update(epoch, self.accelerator.unwrap_model(self.model),
+                                      self.get_eval_dataloader(self.train_dataset), self.accelerator,
+                                      progress=not self.args.disable_tqdm)
+        if score is not None:
+            self._schedule.sigma_s = self._schedule.sigma_s.to(self.args.device)
+            self.log({"sigma_s_isoscore": score})
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if not model.training:  # evaluation and prediction: exactly the Trainer's outputs
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
         penalised = self.istar.entry.penalty is not None  # the base method adds none
-        # The task loss as each micro-batch's mean (num_items_in_batch not passed on), so that task
-        # loss and penalty are scaled alike below, whatever the model does with num_items_in_batch.
-        task_loss, outputs = super().compute_loss(model, {**inputs, "output_hidden_states": True} if penalised else inputs,
-                                                  return_outputs=True)
-        penalty = self._penalty(outputs, inputs) if penalised else None
-        self._add_to_logs(penalty_logs(self.istar, task_loss, penalty))
+        # The hidden states are read where the backbone returns them (a forward hook), not from the
+        # outputs compute_loss returns: a Trainer may compute its loss from other outputs (TRL's
+        # SFTTrainer, from its fused LM head's log-probabilities) and rebuild those it returns
+        # without gradients.
+        captured = []
+        backbone = getattr(self.accelerator.unwrap_model(model), "base_model", None)
+        hook = (backbone.register_forward_hook(lambda module, args, output: captured.append(output))
+                if penalised and isinstance(backbone, torch.nn.Module) else None)
+        try:
+            # The task loss as each micro-batch's mean (num_items_in_batch not passed on), so that task
+            # loss and penalty are scaled alike below, whatever the model does with num_items_in_batch.
+            result = super().compute_loss(model, {**inputs, "output_hidden_states": True} if penalised else inputs,
+                                          return_outputs=return_outputs)
+        finally:
+            if hook is not None:
+                hook.remove()
+        task_loss, outputs = result if return_outputs else (result, None)
+        penalty = self._penalty(captured, inputs) if penalised else None
+        self._istar_logs.add(penalty_logs(self.istar, task_loss, penalty))
         loss = (task_loss if penalty is None else task_loss + penalty.term) / self._accumulation_divisor(num_items_in_batch)
         return (loss, outputs) if return_outputs else loss
 
-    def _penalty(self, outputs, inputs):
-        hidden_states = outputs.get("hidden_states") if isinstance(outputs, dict) else None
+    def _penalty(self, captured: list, inputs):
+        """The penalty of the first backbone output in ``captured`` that holds hidden states."""
+        hidden_states = next((output["hidden_states"] for output in captured
+                              if isinstance(output, dict) and output.get("hidden_states") is not None), None)
         if hidden_states is None:
             raise ValueError("the model returned no hidden_states although the Trainer asked for them: I-STAR needs a "
                              "Hugging Face model whose forward takes output_hidden_states=True and returns a ModelOutput")
@@ -207,20 +222,10 @@ class IStarTrainerMixin:
         trainer_divides = not (getattr(self, "model_accepts_loss_kwargs", False) and num_items_in_batch is not None)
         return 1 if trainer_divides else steps
 
-    def _add_to_logs(self, values: dict[str, torch.Tensor]) -> None:
-        for key, value in values.items():  # summed on the device: no synchronisation per micro-batch
-            self._istar_sums[key] = self._istar_sums.get(key, 0.0) + value.float()
-        self._istar_batches += 1
-
     def log(self, logs: dict, *args, **kwargs) -> None:
         """The Trainer's log, with the penalty's means since the last training log (every process calls this)."""
-        if "loss" in logs and self._istar_batches:
-            keys = list(self._istar_sums)
-            means = torch.stack([self._istar_sums[key] for key in keys]) / self._istar_batches
-            if self.accelerator.num_processes > 1:
-                means = self.accelerator.reduce(means, reduction="mean")
-            logs = {**logs, **dict(zip(keys, means.tolist()))}
-            self._istar_sums, self._istar_batches = {}, 0
+        if "loss" in logs:
+            logs = {**logs, **self._istar_logs.pop(self.accelerator)}
         super().log(logs, *args, **kwargs)
 
 
@@ -234,4 +239,11 @@ class IStarTrainer(IStarTrainerMixin, Trainer):
     >>> trainer = IStarTrainer(model=model, args=args, train_dataset=train, data_collator=collator,
     ...                        istar=IStarConfig(lam=-1.0, zeta=0.2))   # doctest: +SKIP
     >>> trainer.train()   # doctest: +SKIP
+
+    Parameters
+    ----------
+    *args, **kwargs
+        ``transformers.Trainer``'s arguments (``model``, ``args``, ``train_dataset``, ``data_collator``, …).
+    istar : IStarConfig
+        Keyword only: the method, λ, ζ and the source of Σ_S.
     """

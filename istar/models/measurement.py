@@ -27,20 +27,29 @@ def measure_isotropy(model, data, tokenizer=None, *, sigma_s=None, zeta: float =
 
     Parameters
     ----------
-    model : a Hugging Face encoder; run in eval mode without gradients, its mode restored after.
-    data : batches with ``input_ids`` and ``attention_mask`` (a ``DataLoader``); or, with
+    model : transformers.PreTrainedModel
+        a Hugging Face encoder; run in eval mode without gradients, its mode restored after.
+    data : iterable of dict, or sequence of str
+        batches with ``input_ids`` and ``attention_mask`` (a ``DataLoader``); or, with
         ``tokenizer``, texts or (text, text) pairs (split across processes automatically).
-    tokenizer : tokenises ``data`` when it holds texts (``batch_size``, ``max_length``).
-    sigma_s : Σ_S for IsoScore*: the path of a Σ_S file (``istar shrinkage``) or per-layer
+    tokenizer : transformers.PreTrainedTokenizerBase, optional
+        tokenises ``data`` when it holds texts (``batch_size``, ``max_length``).
+    sigma_s : str, os.PathLike, list or torch.Tensor, optional
+        Σ_S for IsoScore*: the path of a Σ_S file (``istar shrinkage``) or per-layer
         statistics (every layer scored against its own Σ_S, as ``istar measure``), or one
         (d, d) tensor from :func:`istar.models.shrinkage.shrinkage_covariance` of the
         ``layers`` selection (scores ``overall`` only); None: no IsoScore* (unless ζ = 0).
-    zeta : ζ of IsoScore* (the analysis default, 0.2).
-    layers : the hidden states of the ``overall`` point cloud.
-    twonn, twonn_discard : whether to keep the [CLS] vectors for TwoNN, and its discard fraction.
-    accelerator : an ``accelerate.Accelerator`` (autocast; merging across processes); without
+    zeta : float
+        ζ of IsoScore* (the analysis default, 0.2).
+    layers : LayerSpec
+        the hidden states of the ``overall`` point cloud.
+    twonn, twonn_discard : bool, float
+        whether to keep the [CLS] vectors for TwoNN, and its discard fraction.
+    accelerator : accelerate.Accelerator, optional
+        an ``accelerate.Accelerator`` (autocast; merging across processes); without
         one, an initialised ``torch.distributed`` group is used to merge.
-    progress : show a progress bar (``TQDM_DISABLE=1`` hides it too).
+    progress : bool
+        show a progress bar (``TQDM_DISABLE=1`` hides it too).
 
     Returns
     -------

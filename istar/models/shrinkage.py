@@ -155,20 +155,29 @@ def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSpec = "al
 
     Parameters
     ----------
-    model : a Hugging Face encoder (unwrapped: ``accelerator.unwrap_model(model)`` under
+    model : transformers.PreTrainedModel
+        a Hugging Face encoder (unwrapped: ``accelerator.unwrap_model(model)`` under
         accelerate); its training mode is restored afterwards.
-    data : batches with ``input_ids`` and ``attention_mask`` (a ``DataLoader``; other keys are
+    data : iterable of dict, or sequence of str
+        batches with ``input_ids`` and ``attention_mask`` (a ``DataLoader``; other keys are
         ignored; under several processes, each process's shard); or, with ``tokenizer``,
         a sequence of texts, or of (text, text) pairs.
-    tokenizer : tokenises ``data`` when it holds texts (split across processes automatically).
-    layers : the hidden states whose rows form Σ_S (see :data:`istar.core.regularizers.LayerSpec`).
-    tokens : ``"real"`` (attention-masked tokens) or ``"all_positions"`` (every padded position).
-    max_rows : the row budget (tokens × selected layers, all processes together); None: the
+    tokenizer : transformers.PreTrainedTokenizerBase, optional
+        tokenises ``data`` when it holds texts (split across processes automatically).
+    layers : LayerSpec
+        the hidden states whose rows form Σ_S (see :data:`istar.core.regularizers.LayerSpec`).
+    tokens : str
+        ``"real"`` (attention-masked tokens) or ``"all_positions"`` (every padded position).
+    max_rows : int, optional
+        the row budget (tokens × selected layers, all processes together); None: the
         schema's ``shrinkage.rows``, 250,000 as in the paper.
-    batch_size, max_length : how texts are batched and truncated (with ``tokenizer`` only).
-    accelerator : an ``accelerate.Accelerator`` (autocast, merge); without one, an initialised
+    batch_size, max_length : int
+        how texts are batched and truncated (with ``tokenizer`` only).
+    accelerator : accelerate.Accelerator, optional
+        an ``accelerate.Accelerator`` (autocast, merge); without one, an initialised
         ``torch.distributed`` group is used to merge, and one process needs nothing.
-    progress : show a progress bar (``TQDM_DISABLE=1`` hides it too).
+    progress : bool
+        show a progress bar (``TQDM_DISABLE=1`` hides it too).
 
     Returns
     -------

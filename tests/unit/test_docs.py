@@ -78,31 +78,62 @@ def test_the_pages_with_library_code_are_found():
     assert {"README.md", "docs/library.md"} <= names, names
 
 
-def cached_hub_model(hf_home: Path) -> None:
-    """The Hugging Face cache as a first download of the hub MiniLM the pages name leaves it: its files (those of
-    the packaged MiniLM, which the test hub serves under that id too) in ``hub/models--…/snapshots/COMMIT``."""
-    from conftest import HUB_MODEL, MINILM
+def test_the_api_index_lists_exactly_the_names_istar_exports():
+    import istar
 
-    from istar.models.loading import resolve_model_source
+    table = (REPO / "docs" / "api" / "index.md").read_text(encoding="utf-8").split("| --- | --- |")[1].split("```")[0]
+    listed = re.findall(r"`(\w+)`", table)
+    assert len(listed) == len(set(listed)) and set(listed) == set(istar.__all__), set(listed) ^ set(istar.__all__)
 
-    source = Path(resolve_model_source(MINILM))
-    repo = hf_home / "hub" / f"models--{HUB_MODEL.replace('/', '--')}"
-    commit = "0" * 40
-    for path in (p for p in source.rglob("*") if p.is_file()):
-        target = repo / "snapshots" / commit / path.relative_to(source)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.symlink_to(path)
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
+
+def _sections(doc: str) -> dict[str, str]:
+    """A numpydoc docstring's sections by heading (``Parameters``, ``Returns``, ``Examples``, …)."""
+    parts = re.split(r"^(\w[\w ]*)\n-{3,}\n", doc, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_every_public_name_has_numpydoc_sections_that_render_and_examples_that_run():
+    """Each name ``istar`` exports: an Examples section (run here unless marked ``+SKIP``); a function's
+    Parameters and Returns, a class's Parameters or Attributes; every entry ``name : type`` with the
+    type alone after the colon (a description there renders in the type slot)."""
+    import doctest
+    import inspect
+
+    import torch
+
+    import istar
+
+    problems = []
+    for name in istar.__all__:
+        obj = getattr(istar, name)
+        sections = _sections(inspect.getdoc(obj) or "")
+        needed = [("Parameters", "Returns")] if inspect.isfunction(obj) else [("Parameters", "Attributes")]
+        if "Examples" not in sections:
+            problems.append(f"{name}: no Examples section")
+        if inspect.isfunction(obj) and not {"Parameters", "Returns"} <= set(sections):
+            problems.append(f"{name}: no Parameters or no Returns section")
+        if inspect.isclass(obj) and not set(needed[0]) & set(sections):
+            problems.append(f"{name}: no Parameters or Attributes section")
+        for heading in ("Parameters", "Attributes"):
+            for entry in re.findall(r"^(\S[^\n]*?) : ([^\n]*)$", sections.get(heading, ""), re.M):
+                if len(entry[1]) > 60 or entry[1].endswith(".") or re.search(r"\b(the|to|from|is)\b", entry[1]):
+                    problems.append(f"{name}: {heading} entry {entry[0]!r} has a description in its type slot")
+        test = doctest.DocTestParser().get_doctest(sections.get("Examples", ""), {"istar": istar, "torch": torch},
+                                                   name, None, 0)
+        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+        torch.manual_seed(0)
+        output = io.StringIO()
+        if runner.run(test, out=output.write).failed:
+            problems.append(f"{name}: its Examples fail:\n{output.getvalue()}")
+    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("page", pages_with_istar_code(), ids=lambda page: page.relative_to(REPO).as_posix())
 @pytest.mark.integration
 def test_every_code_block_that_imports_istar_runs(page, tmp_path):
     """A page's Python blocks run in order as one script (a later block uses an earlier one's names), in a
-    fresh folder, offline, the model they name read from a Hugging Face cache that holds it."""
+    fresh folder, offline with an empty Hugging Face cache: the model is the packaged MiniLM the page loads."""
     script = "\n\n".join(FENCE.findall(page.read_text(encoding="utf-8")))
-    cached_hub_model(tmp_path / "hf")
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -134,8 +165,19 @@ def test_the_software_is_licensed_citable_and_versioned():
     citation = yaml.safe_load((REPO / "CITATION.cff").read_text(encoding="utf-8"))
     assert citation["version"] == __version__ and citation["license"] == "MIT"
     assert [reference["title"] for reference in citation["references"]] == [
-        "Stable Anisotropic Regularization", "Anisotropy is Not Inherent to Transformers"]
-    assert f"## [{__version__}]" in (REPO / "CHANGELOG.md").read_text(encoding="utf-8")
+        "Stable Anisotropic Regularization", "Anisotropy is Not Inherent to Transformers",
+        "IsoScore: Measuring the Uniformity of Embedding Space Utilization",
+        "Representation Degeneration Problem in Training Natural Language Generation Models",
+        "Estimating the intrinsic dimension of datasets by a minimal neighborhood information"]
+    changelog = (REPO / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert re.search(rf"^## \[{re.escape(__version__)}\] - {citation['date-released']}$", changelog, re.M), (
+        "CHANGELOG.md has no section for this version dated as CITATION.cff's date-released")
+    # The citing page: the same papers, in entry types every BibTeX style knows (plain, alpha, unsrt:
+    # no @software, which only biblatex defines), the software's entry at this version.
+    citing = (REPO / "docs" / "citing.md").read_text(encoding="utf-8")
+    entries = re.findall(r"^@(\w+)\{", citing, re.M)
+    assert len(entries) == 6 and set(entries) <= {"article", "inproceedings", "misc", "book", "techreport"}, entries
+    assert f"version {__version__}" in citing
     version = subprocess.run([sys.executable, "-m", "istar", "--version"], capture_output=True, text=True, cwd=REPO)
     assert version.returncode == 0 and version.stdout.strip() == f"istar {__version__}"
 

@@ -1,0 +1,249 @@
+"""I-STAR on the model itself: :class:`IStarModel` adds the penalty to ``outputs.loss`` inside ``forward``.
+
+For training code you do not subclass — a ``transformers.Trainer`` that a framework builds for you, a
+plain accelerate loop, a Lightning module — wrap the model, and refresh Σ_S at each epoch's start
+(:class:`IStarCallback` does it in a Trainer; elsewhere call :meth:`IStarModel.refresh_sigma`)::
+
+    model = IStarModel(model, IStarConfig(lam=-1.0, zeta=0.2), sigma_data=sigma_loader)
+    trainer = Trainer(model=model, ..., callbacks=[IStarCallback(model)])
+
+In training mode, ``forward`` calls the wrapped model with ``output_hidden_states=True`` and
+returns its outputs with ``loss`` = task loss + the penalty of the batch (the paper's Eq. 2 for
+I-STAR: λ·(1 − IsoScore*(X̃, ζ, Σ_S))), read from the hidden states and the ``attention_mask``
+the call was given. In evaluation mode it is the wrapped model's forward, untouched. Everything
+else (``config``, ``save_pretrained``, ``generate``, …) is the wrapped model's.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from transformers import TrainerCallback
+
+from istar.integrations.config import IStarConfig, LogMeans, SigmaSchedule, check_mask, penalty_logs
+from istar.models.shrinkage import forked_rng
+
+__all__ = ["IStarModel", "IStarCallback", "penalty_share"]
+
+
+def penalty_share(labels: torch.Tensor | None, num_items_in_batch, shifted: bool = False) -> torch.Tensor | float:
+    """The weight of a micro-batch's penalty when the task loss is a sum over an accumulated step's tokens.
+
+    A Trainer that passes ``num_items_in_batch`` to the model (a causal LM, TRL's ``SFTTrainer``)
+    normalises the task loss by the label tokens of the whole optimizer step and does not divide by
+    the accumulation steps; the penalty of each micro-batch is then weighted by its share of those
+    tokens, n_k / N, so that the step's penalty is the token-weighted mean of its micro-batches'.
+
+    Parameters
+    ----------
+    labels : (B, T) tensor of the micro-batch's labels (−100 = ignored), or None.
+    num_items_in_batch : N, the label tokens of the optimizer step (None: no such normalisation).
+    shifted : count ``labels[..., 1:]`` (a causal LM's loss predicts the next token).
+
+    Returns
+    -------
+    n_k / N as a 0-d tensor, or 1.0 when the Trainer normalises per micro-batch.
+    """
+    if num_items_in_batch is None or labels is None:
+        return 1.0
+    counted = labels[..., 1:] if shifted else labels
+    return counted.ne(-100).sum() / torch.as_tensor(num_items_in_batch, device=labels.device).clamp_min(1)
+
+
+class IStarModel(torch.nn.Module):
+    """A Hugging Face model whose training ``forward`` adds the I-STAR (or CosReg) penalty to ``outputs.loss``.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        Called with keyword tensors (``input_ids``, ``attention_mask`` (B, T), ``labels``), returning
+        a ``ModelOutput`` with ``loss`` and, when asked, ``hidden_states`` (L + 1 tensors (B, T, d)).
+    istar : IStarConfig
+        The method, λ, ζ and the source of Σ_S.
+    sigma_data : iterable of dict, optional
+        The batches Σ_S is computed over at each epoch's start (:meth:`refresh_sigma`): a
+        ``DataLoader`` of tokenised batches with ``input_ids`` and ``attention_mask`` — the training
+        set without shuffling, say (the training loader itself would move its sampler's random
+        state). Needed only when Σ_S is computed (I-STAR with ζ > 0 and no fixed ``sigma_s``).
+
+    Attributes
+    ----------
+    model : transformers.PreTrainedModel
+        The wrapped model.
+    istar : IStarConfig
+        The settings given.
+
+    Notes
+    -----
+    **Loss normalisation.** The penalty is one value per forward call (micro-batch), added to the
+    micro-batch's task loss. Where the caller divides the loss by the accumulation steps (a plain
+    loop, the ``Trainer`` with a classifier) both terms are divided alike. Where a ``Trainer`` passes
+    ``num_items_in_batch`` (a causal LM, TRL's ``SFTTrainer``), the task loss is a sum over the
+    step's tokens divided by their count, and the penalty is weighted by the micro-batch's share of
+    those tokens (:func:`penalty_share`).
+
+    **Labels.** A ``Trainer`` reads the label names from the class's ``forward`` signature, which
+    names ``labels``; for other targets (``start_positions``, …) set ``TrainingArguments(label_names=…)``.
+
+    Examples
+    --------
+    >>> model = IStarModel(model, IStarConfig(lam=-1.0, zeta=0.2), sigma_data=sigma_loader)   # doctest: +SKIP
+    >>> for epoch in range(epochs):                                                          # doctest: +SKIP
+    ...     model.refresh_sigma(epoch)
+    ...     for batch in loader:
+    ...         model(**batch).loss.backward()
+    """
+
+    def __init__(self, model, istar: IStarConfig, sigma_data=None):
+        if not isinstance(istar, IStarConfig):
+            raise TypeError(f"istar must be an IStarConfig (IStarModel(model, IStarConfig(lam=..., zeta=...))); "
+                            f"got {type(istar).__name__}")
+        super().__init__()
+        self.model = model
+        self.istar = istar
+        self.sigma_data = sigma_data
+        self._schedule = SigmaSchedule(istar)
+        self._logs = LogMeans()
+        # The instance's forward carries the wrapped model's signature (functools.update_wrapper sets
+        # __wrapped__), so that a Trainer keeps the dataset columns that model takes.
+        self.forward = functools.update_wrapper(functools.partial(IStarModel.forward, self), model.forward)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "model":
+                raise
+            return getattr(super().__getattr__("model"), name)
+
+    @property
+    def sigma_s(self) -> torch.Tensor | None:
+        """The current Σ_S, (d, d) float64 on the model's device (None before :meth:`refresh_sigma` or with ζ = 0)."""
+        return self._schedule.sigma_s
+
+    @property
+    def sigma_epoch(self) -> int:
+        """The epoch whose start Σ_S was set at (−1 before the first)."""
+        return self._schedule.sigma_epoch
+
+    def refresh_sigma(self, epoch: int, accelerator=None, progress: bool = True) -> float | None:
+        """Σ_S for the start of ``epoch`` (0-based): the given one or one computed over ``sigma_data`` at the first,
+        recomputed at later ones with ``recompute_every_epoch``, else kept; torch's random state left alone.
+
+        Call it at every epoch's start on every process (a no-op when nothing is due). The first
+        batch's ``attention_mask`` is checked before the first pass.
+
+        Parameters
+        ----------
+        epoch : int
+            The epoch about to start, from 0.
+        accelerator : accelerate.Accelerator, optional
+            Autocast and the merge of Σ_S across processes (``sigma_data`` prepared by it is sharded).
+        progress : bool
+            Show a progress bar over the batches.
+
+        Returns
+        -------
+        float or None
+            IsoScore of the new Σ_S (to log as ``sigma_s_isoscore``), None when none was set.
+        """
+        first = self.sigma_epoch < 0
+        computed = self._schedule.due(epoch) and self.istar.needs_sigma_s and not (first and self.istar.sigma_s is not None)
+        if computed and self.sigma_data is None:
+            raise ValueError("Σ_S is computed from the model but no data was given: IStarModel(model, istar, "
+                             "sigma_data=DataLoader(train, batch_size=32, collate_fn=collator)), or a fixed "
+                             "IStarConfig(sigma_s=..., recompute_every_epoch=False)")
+        if computed and first:
+            with forked_rng(next(self.model.parameters()).device):
+                check_mask(next(iter(self.sigma_data)), self.istar, "the Σ_S batches")
+        return self._schedule.update(epoch, self.model, self.sigma_data, accelerator, progress=progress)
+
+    def forward(self, *args, labels=None, **kwargs):
+        """The wrapped model's forward; in training, with the penalty added to ``outputs.loss``.
+
+        Parameters
+        ----------
+        *args, **kwargs : the wrapped model's inputs; ``attention_mask`` (B, T) must be a keyword.
+        labels : the wrapped model's ``labels`` (passed on as given).
+
+        Returns
+        -------
+        The wrapped model's ``ModelOutput``; in training, ``loss`` = task loss + share · penalty and,
+        when the method adds a penalty, ``hidden_states`` (L + 1 tensors (B, T, d)).
+        """
+        if labels is not None:
+            kwargs["labels"] = labels
+        if not self.training or self.istar.entry.penalty is None:
+            return self.model(*args, **kwargs)
+        check_mask(kwargs, self.istar, "the model's inputs")
+        if self.istar.needs_sigma_s and self.sigma_s is None:
+            raise ValueError("no Σ_S yet: call refresh_sigma(epoch) at each epoch's start (a Trainer: "
+                             "callbacks=[IStarCallback(model)]), or use zeta=0")
+        outputs = self.model(*args, **{**kwargs, "output_hidden_states": True})
+        hidden_states = outputs.get("hidden_states") if isinstance(outputs, dict) else None
+        if hidden_states is None or outputs.get("loss") is None:
+            raise ValueError("the model returned no loss or no hidden_states: IStarModel needs a Hugging Face model "
+                             "that takes labels and output_hidden_states=True and returns a ModelOutput")
+        penalty = self.istar.penalty(hidden_states, kwargs.get("attention_mask"), self.sigma_s)
+        self._logs.add(penalty_logs(self.istar, outputs.loss, penalty))
+        share = 1.0 if kwargs.get("num_items_in_batch") is None else penalty_share(
+            kwargs.get("labels"), kwargs["num_items_in_batch"], shifted=self._shifts_labels())
+        outputs["loss"] = outputs.loss + share * penalty.term
+        return outputs
+
+    def _shifts_labels(self) -> bool:
+        """Whether the wrapped model's loss predicts the next token (the Trainer counts ``labels[..., 1:]`` then)."""
+        from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
+
+        config = getattr(self.model, "config", None)
+        return (LOSS_MAPPING.get(getattr(self.model, "loss_type", None)) is ForCausalLMLoss
+                and not getattr(config, "is_encoder_decoder", False))
+
+    def pop_logs(self, accelerator=None) -> dict[str, float]:
+        """The means since the last call of ``task_loss``, ``istar_penalty`` and ``isoscore_star`` (CosReg:
+        ``cosreg_penalty``, ``cosine_similarity``) over the training forwards, averaged over processes
+        with ``accelerator``; empty when none ran."""
+        return self._logs.pop(accelerator)
+
+
+class IStarCallback(TrainerCallback):
+    """Σ_S for a ``transformers.Trainer`` you do not subclass: refreshed at training's and each epoch's start.
+
+    The penalty's means (:meth:`IStarModel.pop_logs`) and, after each refresh, ``sigma_s_isoscore``
+    (IsoScore of Σ_S) join the next training log in ``trainer.state.log_history`` and the callbacks
+    after this one (trackers listed before it do not see them).
+
+    Parameters
+    ----------
+    target : IStarModel or istar.IStarLoss
+        Whatever holds the penalty: something with ``refresh_sigma(epoch)`` and ``pop_logs()``.
+
+    Examples
+    --------
+    >>> model = IStarModel(model, IStarConfig(lam=-1.0), sigma_data=sigma_loader)       # doctest: +SKIP
+    >>> Trainer(model=model, args=args, train_dataset=train, callbacks=[IStarCallback(model)])  # doctest: +SKIP
+    """
+
+    def __init__(self, target):
+        self.target = target
+        self._pending: dict[str, float] = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._refresh(args, int(state.epoch or 0))
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self._refresh(args, int(state.epoch or 0))
+
+    def _refresh(self, args, epoch: int) -> None:
+        score = self.target.refresh_sigma(epoch, progress=not args.disable_tqdm)
+        if score is not None:
+            self._pending["sigma_s_isoscore"] = score
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None and "loss" in logs:
+            means = {**self.target.pop_logs(), **self._pending}
+            self._pending = {}
+            logs.update(means)
+            if state.log_history and state.log_history[-1].get("step") == state.global_step:
+                state.log_history[-1].update(means)
