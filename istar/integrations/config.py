@@ -18,12 +18,12 @@ import torch
 from istar.config.schema import default_of, out_of_range, schema_entry
 from istar.core.isotropy import isoscore_star_from_covariance
 from istar.core.regularizers import LayerSpec, Penalty, resolve_layers
-from istar.core.shrinkage import load_shrinkage, merge_layers
+from istar.core.shrinkage import load_shrinkage
 from istar.core.tokens import get_token_selection
-from istar.models.shrinkage import accumulate_shrinkage, forked_rng
+from istar.models.shrinkage import shrinkage_covariance
 from istar.registry.methods import Method, get_method
 
-__all__ = ["IStarConfig", "sigma_of_model", "sigma_isoscore", "check_mask", "SigmaSchedule", "penalty_logs",
+__all__ = ["IStarConfig", "sigma_isoscore", "check_mask", "SigmaSchedule", "penalty_logs",
            "LogMeans"]
 
 
@@ -163,28 +163,6 @@ class IStarConfig:
         return sigma.to(device=next(model.parameters()).device, dtype=torch.float64)
 
 
-def sigma_of_model(model, loader, config: IStarConfig, accelerator=None, description: str = "Σ_S",
-                   progress: bool = True) -> torch.Tensor:
-    """Σ_S of ``model`` over ``loader`` for ``config``'s layers, rows and tokens, leaving torch's random state alone.
-
-    Parameters
-    ----------
-    model : the unwrapped Hugging Face model (its training mode is restored afterwards).
-    loader : batches with ``input_ids`` and ``attention_mask`` (B, T).
-    config : the run's :class:`IStarConfig`.
-    accelerator : an ``accelerate.Accelerator`` (autocast, merge across processes), or None.
-
-    Returns
-    -------
-    (d, d) float64 tensor on the model's device, identical on every process.
-    """
-    device = next(model.parameters()).device
-    with forked_rng(device):
-        per_layer = accumulate_shrinkage(model, loader, config.layers, config.sigma_rows, accelerator,
-                                         tokens=config.tokens, description=description, progress=progress)
-    return merge_layers(per_layer, resolve_layers(config.layers, len(per_layer))).covariance().to(device)
-
-
 def sigma_isoscore(sigma_s: torch.Tensor) -> float:
     """IsoScore of Σ_S (what the integrations log as ``sigma_s_isoscore`` at each refresh)."""
     return float(isoscore_star_from_covariance(sigma_s, 0.0))
@@ -235,8 +213,9 @@ class SigmaSchedule:
         if not self.config.needs_sigma_s:
             return None
         given = self.config.given_sigma_s(model) if first else None
-        self.sigma_s = given if given is not None else sigma_of_model(
-            model, loader, self.config, accelerator, description=f"Σ_S at epoch {epoch + 1}", progress=progress)
+        self.sigma_s = given if given is not None else shrinkage_covariance(
+            model, loader, layers=self.config.layers, tokens=self.config.tokens, max_rows=self.config.sigma_rows,
+            accelerator=accelerator, progress=progress, description=f"Σ_S at epoch {epoch + 1}")
         return sigma_isoscore(self.sigma_s)
 
 

@@ -13,7 +13,7 @@ recompute_every_epoch=False``).
 
 What it adds to the Trainer, and nothing else:
 
-- **Σ_S** (:func:`istar.integrations.config.sigma_of_model`) from the current model over the
+- **Σ_S** (:func:`istar.models.shrinkage.shrinkage_covariance`) from the current model over the
   training set before training (unless ``IStarConfig.sigma_s`` gives it) and, as in the paper, at
   the start of every later epoch (``recompute_every_epoch``); every process holds the same Σ_S (merged across processes).
   Its rows are the first ``sigma_rows`` of ``train_dataset`` in its order, read in batches of

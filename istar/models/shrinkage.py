@@ -142,7 +142,7 @@ def text_batches(texts: Sequence, tokenizer, batch_size: int = 32, max_length: i
 
 def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSpec = "all", tokens: str = "real",
                          max_rows: int | None = None, batch_size: int = 32, max_length: int = 128,
-                         accelerator=None, progress: bool = True) -> torch.Tensor:
+                         accelerator=None, progress: bool = True, description: str = "Σ_S") -> torch.Tensor:
     """Σ_S of ``model`` on ``data``: the shrinkage covariance :func:`istar.core.regularizers.istar_penalty` takes.
 
     The covariance of the token vectors at ``layers`` and ``tokens`` (the same selections the
@@ -178,6 +178,8 @@ def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSpec = "al
         ``torch.distributed`` group is used to merge, and one process needs nothing.
     progress : bool
         show a progress bar (``TQDM_DISABLE=1`` hides it too).
+    description : str
+        the progress bar's label.
 
     Returns
     -------
@@ -195,6 +197,7 @@ def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSpec = "al
     elif isinstance(data, (str, bytes)) or (isinstance(data, Sequence) and data and isinstance(data[0], str)):
         raise TypeError("data holds texts: pass the tokenizer too (shrinkage_covariance(model, texts, tokenizer))")
     with forked_rng(next(model.parameters()).device):
-        per_layer = accumulate_shrinkage(model, data, layers, max_rows, accelerator, tokens=tokens, progress=progress)
+        per_layer = accumulate_shrinkage(model, data, layers, max_rows, accelerator, description=description,
+                                         tokens=tokens, progress=progress)
     indices = resolve_layers(layers, len(per_layer))
     return merge_layers(per_layer, indices).covariance().to(next(model.parameters()).device)
