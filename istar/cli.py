@@ -11,6 +11,7 @@
     istar analyze        IsoScore*, IsoScore, TwoNN and cosine similarity per layer of a run
     istar measure        evaluation, activations and analysis of several runs in one process (the workflow's)
     istar aggregate      collect runs into the aggregate CSVs; istar select: best search setting
+    istar collapse-check which final seeds collapsed and the seeds that replace them (collapsed_runs: rerun)
     istar experiment     Table 1's cells, the λ sweep and Σ_S curves as DVC metrics and plots
     istar table          Table 1 / Table 2 as CSV, Markdown and LaTeX
     istar stability      Fig. 2's simulation (IsoScore* of mini-batches vs batch size) as CSV
@@ -75,6 +76,7 @@ SUBCOMMANDS = {
     "aggregate": Subcommand("istar.report.aggregate", "collect runs into the aggregate CSVs"),
     "experiment": Subcommand("istar.report.experiment", "Table 1's cells, the λ sweep and Σ_S curves as DVC metrics and plots"),
     "select": Subcommand("istar.report.select", "pick the best search setting of a model and task"),
+    "collapse-check": Subcommand("istar.report.collapse", "which final seeds collapsed and the seeds that replace them (rerun)"),
     "table": Subcommand("istar.report.tables", "render Table 1 / Table 2 from the aggregate CSVs"),
     "stability": Subcommand("istar.steps.stability", "simulate Fig. 2's data: IsoScore* of mini-batches vs batch size"),
     "figure": Subcommand("istar.report.figures", "draw one of the paper's figures from the aggregate CSVs"),

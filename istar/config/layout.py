@@ -39,7 +39,7 @@ from istar.registry.methods import METHOD_PATTERN, get_method
 
 __all__ = ["Setting", "RunPath", "format_number", "parse_run_dir", "seed_of", "seeds_token", "DATA", "MODEL_PIN", "SIGMA",
            "SIGMA_ALL_POSITIONS", "sigma_template", "DEFAULT_TOKENS", "SEARCH_RUN", "heldout_folder", "search_templates",
-           "RUN", "SELECTION", "TUNED_SELECTION", "MEASURES", "PROFILE", "AGGREGATE", "WILDCARD_CONSTRAINTS"]
+           "RUN", "SELECTION", "TUNED_SELECTION", "COLLAPSE_CHECK", "MEASURES", "PROFILE", "AGGREGATE", "WILDCARD_CONSTRAINTS"]
 
 DATA = "resources/data/{task}"
 MODEL_PIN = "resources/models/{model}.json"
@@ -60,6 +60,8 @@ SEARCH_RUN = "results/search/{model}/{task}/{setting}/seed{seed}"
 RUN = "results/runs/{model}/{task}/{setting}/seed{seed}"
 SELECTION = "results/selection/{model}/{task}/best.json"
 TUNED_SELECTION = "results/selection/{model}/{task}/padding.json"
+# which final seeds collapsed and the seeds that replace them (inference.collapsed_runs: rerun)
+COLLAPSE_CHECK = "results/collapse/{model}/{task}.json"
 # one file per setting and set of seeds (seeds0_1_2): the studies that ask for the same setting
 # and seeds share it
 MEASURES = "results/measures/{model}/{task}/{setting}/seeds{seeds}.json"

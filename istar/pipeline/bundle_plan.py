@@ -45,6 +45,7 @@ from istar.pipeline.plan import (
     tuned_tokens,
 )
 from istar.registry.analysis import get_sigma_source
+from istar.registry.collapse_rules import get_collapse_rule
 from istar.registry.methods import get_method
 
 __all__ = ["confirmatory_problem", "planned_runs", "plan_jobs", "plan_units", "DeviceCosts", "model_sizes",
@@ -62,6 +63,9 @@ def confirmatory_problem(config: dict) -> str | None:
                 return (f"config key 'final.istar': {model} × {task} has no λ | ζ fixed in advance, so its I-STAR "
                         "setting would come from a search chosen on the device (a checkpoint this bundle cannot "
                         f"plan); add final.istar.{model}.{task}: {{lam: …, zeta: …}} (the confirmatory protocol)")
+    if get_collapse_rule(config["inference"]["collapsed_runs"]).replaces:
+        return ("config key 'inference.collapsed_runs': rerun trains replacement seeds chosen on the device after the "
+                "final runs (a checkpoint this bundle cannot plan); declare keep or exclude, or run the workflow")
     if config["search"]["tune_baselines"]:
         return ("config key 'search.tune_baselines': the baselines' training values would come from a search chosen "
                 "on the device (a checkpoint this bundle cannot plan); set it to false, or run the workflow")

@@ -19,7 +19,6 @@ from pathlib import Path
 import yaml
 
 from istar.config.schema import STUDIES, ConfigError, check_schema, load_yaml
-from istar.registry.collapse_rules import COLLAPSE_RULES
 
 __all__ = ["validate_config", "load_config", "merge_config_files", "model_depth"]
 
@@ -96,8 +95,6 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
         if primary["contrast"] != "lambda_sweep" and primary["contrast"] not in config["final"]["methods"]:
             raise ConfigError(f"config key 'inference.primary.contrast': {primary['contrast']!r} has no final runs; add it "
                               "to final.methods or declare another contrast")
-    if refusal := COLLAPSE_RULES[config["inference"]["collapsed_runs"]].refusal:
-        raise ConfigError(f"config key 'inference.collapsed_runs': {refusal}")
     if config["final"]["cosreg_lambda"] == 0:
         raise ConfigError("config key 'final.cosreg_lambda': λ = 0 turns CosReg off, so its runs would be a second baseline "
                           "labelled CosReg; give a non-zero λ (the paper's is 1.0)")

@@ -9,22 +9,18 @@ such runs as failed and discuss the remedies below; Dodge et al. (2020) show how
     keep     every run, collapsed or not (the default)                the collapsed runs counted per arm
     exclude  a seed on which any arm collapsed leaves that cell,      the runs and seeds it removed, per arm
              every arm's run of it (a pair is dropped whole)
-    rerun    refused: see :data:`RERUN_REFUSAL`
+    rerun    as exclude, and the final stage trains every arm of a    the same counts; the replacements
+             cell again, once, on the next unused seed for each such  are the final runs' added seeds
+             seed (results/collapse/{model}/{task}.json, a workflow
+             checkpoint after the final runs); a replacement that
+             collapses too is excluded and counted
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CollapseRule", "COLLAPSE_RULES", "RERUN_REFUSAL", "get_collapse_rule"]
-
-RERUN_REFUSAL = (
-    "rerunning a collapsed run with the next unused seed is not supported: a study's seeds are planned from the "
-    "config before any run trains (docs/architecture.md), so a seed chosen after the final runs' metrics would need "
-    "a Snakemake checkpoint after them and, for every cell, seeds that differ between arms or a rerun of every arm; "
-    "declare keep or exclude, or add seeds to final.seeds and exclude")
-"""Why ``rerun`` is refused (the config check and :func:`get_collapse_rule` say it)."""
-
+__all__ = ["CollapseRule", "COLLAPSE_RULES", "get_collapse_rule"]
 
 @dataclass(frozen=True)
 class CollapseRule:
@@ -33,30 +29,30 @@ class CollapseRule:
     key : the value in the config.
     excludes : a seed with a collapsed run leaves its cell's paired comparison.
     wording : how a table's footnote names the rule.
-    refusal : why the workflow cannot run it (None: it can).
+    replaces : the final stage trains a collapsed seed's pair again on the next unused seed.
     """
 
     key: str
     excludes: bool
     wording: str
-    refusal: str | None = None
+    replaces: bool = False
 
 
 COLLAPSE_RULES: dict[str, CollapseRule] = {r.key: r for r in (
     CollapseRule("keep", excludes=False, wording="kept in every comparison"),
     CollapseRule("exclude", excludes=True,
                  wording="excluded: a seed on which any arm collapsed left its cell, every arm's run of it"),
-    CollapseRule("rerun", excludes=False, wording="rerun with the next unused seed", refusal=RERUN_REFUSAL),
+    CollapseRule("rerun", excludes=True, replaces=True,
+                 wording="a seed on which any arm of a final cell collapsed left it, every arm's run of it, "
+                         "and every arm trained once more on the next unused seed (a replacement that collapsed "
+                         "too is excluded; other studies' collapsed seeds are excluded)"),
 )}
 
 
 def get_collapse_rule(key: str) -> CollapseRule:
-    """The rule ``key``; a ValueError names the known rules, or why ``rerun`` cannot run."""
+    """The rule ``key``; a ValueError names the known rules."""
     try:
-        rule = COLLAPSE_RULES[key]
+        return COLLAPSE_RULES[key]
     except KeyError:
         raise ValueError(f"unknown rule for collapsed runs {key!r} (inference.collapsed_runs); choose from "
                          f"{', '.join(COLLAPSE_RULES)}") from None
-    if rule.refusal:
-        raise ValueError(f"inference.collapsed_runs: {key}: {rule.refusal}")
-    return rule

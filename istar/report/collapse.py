@@ -5,19 +5,28 @@ applied to ``runs.csv`` before its runs are paired, and the counts the tables st
 predictor, :func:`istar.core.metrics.collapsed`; empty for runs evaluated before that was recorded,
 which no rule touches). :func:`apply_collapse_rule` is the one place a rule acts: the aggregate step
 calls it before ``paired.csv``, the tables before Table 1, the padding table and the claims.
+
+Under ``rerun`` the final runs of a cell are checked once they exist (:func:`collapse_check`, ``istar
+collapse-check``, a workflow checkpoint): each seed on which any arm collapsed gets a replacement, the
+next unused seed, which the workflow trains in every arm; the rule then acts as ``exclude``.
 """
 
 from __future__ import annotations
+
+import argparse
 
 import pandas as pd
 
 from istar.registry.collapse_rules import get_collapse_rule
 from istar.registry.methods import METHODS
 
-__all__ = ["CELL", "COUNT_COLUMNS", "collapsed_flags", "apply_collapse_rule", "collapse_footnote"]
+__all__ = ["CELL", "COUNTS_ATTR", "COUNT_COLUMNS", "collapsed_flags", "apply_collapse_rule", "collapse_footnote", "collapse_check"]
 
 CELL = ("study", "model", "task")
 """The columns of ``runs.csv`` that name one comparison's cell; its arms are its methods."""
+
+COUNTS_ATTR = "collapse_counts"
+"""The key in ``kept.attrs`` (pandas' metadata of a DataFrame) under which :func:`apply_collapse_rule` leaves its counts."""
 
 COUNT_COLUMNS = (*CELL, "method", "rule", "runs", "collapsed", "excluded")
 """Columns of :func:`apply_collapse_rule`'s counts: per cell and arm, the rule, the arm's runs before
@@ -61,7 +70,10 @@ def apply_collapse_rule(runs: pd.DataFrame, rule: str) -> tuple[pd.DataFrame, pd
     arms = runs[[*CELL, "method"]].assign(runs=1, collapsed=flags.astype(int).to_numpy(), excluded=hit.astype(int))
     counts = arms.groupby([*CELL, "method"], sort=False, as_index=False)[["runs", "collapsed", "excluded"]].sum()
     counts.insert(len(CELL) + 1, "rule", rule)
-    return runs.loc[~hit], counts[list(COUNT_COLUMNS)]
+    kept = runs.loc[~hit].copy()
+    # a table that lists its cells from the runs still finds a cell the rule emptied (every seed collapsed)
+    kept.attrs[COUNTS_ATTR] = counts[list(COUNT_COLUMNS)]
+    return kept, counts[list(COUNT_COLUMNS)]
 
 
 def collapse_footnote(counts: pd.DataFrame, task_names: dict[str, str]) -> str:
@@ -83,3 +95,54 @@ def collapse_footnote(counts: pd.DataFrame, task_names: dict[str, str]) -> str:
                  + (f", {row.excluded} excluded" if rule.excludes else "") for row in every.itertuples()]
         cells.append(f"{where} ({'; '.join(parts)})")
     return f"{head}: " + "; ".join(cells) + "."
+
+
+def collapse_check(run_dirs, *, model: str, task: str, out=None) -> dict:
+    """Which seeds of one final cell collapsed in any arm, and the seed that replaces each (``rerun``).
+
+    Parameters
+    ----------
+    run_dirs : the final runs of ``model`` × ``task``, every arm and seed (finished run folders).
+    model, task : the cell.
+    out : where to write the result as JSON (atomically, with its content hash); None writes nothing.
+
+    Returns
+    -------
+    dict with ``model``, ``task``, ``seeds`` (those the runs have), ``collapsed`` (the seeds on which
+    any arm collapsed) and ``replacements`` (collapsed seed, as a string → its replacement: the next
+    seeds after the largest one, in the order of the collapsed seeds).
+    """
+    from istar.io import artifacts
+    from istar.io.results import read_finished_run
+
+    flags = {}
+    for run_dir in run_dirs:
+        metrics, _ = read_finished_run(run_dir)
+        if metrics.get("task") != task:
+            raise ValueError(f"run folder {run_dir} is a run of {metrics.get('task')!r}, not of {task!r}: give the "
+                             "final runs of one model and task")
+        seed = int(metrics["seed"])
+        flags[seed] = flags.get(seed, False) or metrics.get("collapsed") is True
+    if not flags:
+        raise ValueError(f"no final runs given for {model} × {task}: collapse-check reads the finished final runs")
+    seeds, collapsed = sorted(flags), sorted(seed for seed, hit in flags.items() if hit)
+    result = {"model": model, "task": task, "seeds": seeds, "collapsed": collapsed,
+              "replacements": {str(seed): seeds[-1] + 1 + index for index, seed in enumerate(collapsed)}}
+    if out is not None:
+        result = artifacts.write_json(out, result, digest=True)
+    return result
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="the model's short name (the config's key)")
+    parser.add_argument("--task", required=True, help="the task key")
+    parser.add_argument("--out", required=True, help="output JSON (results/collapse/MODEL/TASK.json)")
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="the cell's finished final runs, every arm")
+
+
+def run_cli(args) -> int:
+    result = collapse_check(args.run_dirs, model=args.model, task=args.task, out=args.out)
+    replaced = ", ".join(f"{seed} → {new}" for seed, new in result["replacements"].items()) or "none"
+    print(f"{args.model} × {args.task}: {len(result['collapsed'])} of {len(result['seeds'])} seed(s) collapsed in "
+          f"some arm; replaced (every arm trains again): {replaced} -> {args.out}")
+    return 0

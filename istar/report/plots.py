@@ -328,7 +328,7 @@ def forest(paired: pd.DataFrame) -> Figure:
         the paper's, the paper's own gain for that cell with its Welch interval (square). Per method
         a pooled diamond over the informative cells (Hartung–Knapp–Sidik–Jonkman below five; none
         below two). Cells without information (no variation or fewer than two pairs) are left out
-        and named under the axis.
+        and named under the axis; with no final comparison at all, a figure that says so.
     """
     from istar.registry.methods import METHODS
     from istar.report.paired import informative, pooled_gains
@@ -338,8 +338,15 @@ def forest(paired: pd.DataFrame) -> Figure:
                     "paired.csv", "make it with `istar aggregate`")
     rows = paired[(paired["study"] == "final") & (paired["measure"] == "score")]
     if rows.empty:
-        raise ValueError("paired.csv has no final score comparisons: run the final stage (Base and a regulariser) "
-                         "and `istar aggregate`")
+        # the config asked for final comparisons (the figure is drawn only then), so none is left: the rule for
+        # collapsed runs removed every pair
+        fig = Figure(figsize=(7.2, 1.6), layout="constrained")
+        ax = fig.add_subplot()
+        ax.set_axis_off()
+        ax.set_title("Paired differences from Base by cell: no pair left (paired.csv has no final score "
+                     "comparison;\nthe rule for collapsed runs, inference.collapsed_runs, can exclude every seed)",
+                     fontsize="medium")
+        return fig
     usable = rows[[informative(row) for row in rows.itertuples()]]
     left_out = rows.drop(usable.index)
     scales = {task: get_task(task).percent_scale for task in set(rows["task"])}

@@ -40,7 +40,7 @@ from istar.registry.methods import METHOD_NAMES, METHODS
 from istar.registry.tasks import get_task, ordered_tasks
 from istar.report.aggregate_csv import read_aggregate, require_columns
 from istar.report.inference import POWER
-from istar.report.collapse import collapsed_flags
+from istar.report.collapse import COUNTS_ATTR, collapsed_flags
 from istar.report.comparisons import study_tests
 from istar.report.paired import LEVEL, REFERENCE, SIGNIFICANT, difference_cell, power_cell
 from istar.report.select import protocol_note
@@ -120,7 +120,11 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
     """
     require_columns(runs, RUNS_COLUMNS, "runs.csv")
     final = runs[runs["study"] == "final"].copy()
-    if final.empty:
+    # the cells the rule for collapsed runs emptied (istar.report.collapse): listed with no runs left
+    counts = runs.attrs.get(COUNTS_ATTR)
+    emptied = (counts[(counts["study"] == "final") & (counts["runs"] == counts["excluded"])]
+               if counts is not None else pd.DataFrame(columns=["model", "task", "method"]))
+    if final.empty and emptied.empty:
         raise ValueError(
             "runs.csv has no rows with study == 'final' (Table 1 needs them): enable studies.final "
             "in the config, run the workflow, then `istar aggregate`"
@@ -137,15 +141,16 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
             "the final study must hold one chosen setting per method"
         )
     final["standin"] = _as_bool(final["standin"])
-    tasks = ordered_tasks(final["task"])
-    models = list(dict.fromkeys(final["model"]))
+    cells_present = pd.concat([final[["model", "task", "method"]], emptied[["model", "task", "method"]]])
+    tasks = ordered_tasks(cells_present["task"])
+    models = list(dict.fromkeys(cells_present["model"]))
     groups = {key: group for key, group in final.groupby(["model", "method", "task"])}
     tests = study_tests(runs)
     paired = tests.cells("final")
 
     index, cells, best, seed_counts, unpaired = [], [], [], set(), []
     for model in models:
-        methods = [m for m in METHOD_NAMES if (final["model"].eq(model) & final["method"].eq(m)).any()]
+        methods = [m for m in METHOD_NAMES if (cells_present["model"].eq(model) & cells_present["method"].eq(m)).any()]
         block = [[_table1_cell(groups.get((model, method, task)), get_task(task).kind == "qa") for task in tasks]
                  for method in methods]
         tops = [max((row[j][1] for row in block if row[j][1] is not None), default=None) for j in range(len(tasks))]
@@ -195,7 +200,7 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
     footnotes += _standin_footnote([get_task(t).display for t in tasks], standin)
     return Table(
         name="table1",
-        caption=f"Performance of {_listing([METHODS[m].label for m in METHOD_NAMES if m in set(final['method'])])} "
+        caption=f"Performance of {_listing([METHODS[m].label for m in METHOD_NAMES if m in set(cells_present['method'])])} "
         f"per model and task ({seeds} seeds), and each method's paired difference from Base with its {LEVEL:.0%} "
         "interval, p-values and minimum detectable effect.",
         index_names=["Model", "Method"],

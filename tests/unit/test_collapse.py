@@ -17,7 +17,7 @@ from istar.io import artifacts
 from istar.pipeline.validate import validate_config
 from istar.registry.tasks import get_task
 from istar.report.aggregate import aggregate
-from istar.report.collapse import apply_collapse_rule
+from istar.report.collapse import apply_collapse_rule, collapse_check
 from istar.report.table_specs import build
 from istar.steps.evaluate import evaluate_checkpoint
 from istar.steps.train import train
@@ -143,22 +143,32 @@ def test_each_rule_gives_its_counts_in_paired_csv_and_the_tables(rule, n, collap
     assert marked == [("1", "50.0 collapsed"), ("1", "45.0 collapsed"), ("3", "50.0 collapsed")]
 
 
-def test_the_rule_drops_a_pair_whole_and_refuses_rerun(five_seeds, tmp_path):
-    _, specs = five_seeds
+def test_the_rule_drops_a_pair_whole_and_rerun_names_the_replacements(five_seeds, tmp_path):
+    root, specs = five_seeds
     runs = aggregate(specs, [], tmp_path)["runs"]
     kept, counts = apply_collapse_rule(runs, "exclude")
     assert sorted(kept["seed"].unique()) == [0, 2, 4] and len(kept) == 6
     assert counts[["method", "runs", "collapsed", "excluded"]].values.tolist() == [["base", 5, 1, 2], ["istar", 5, 2, 2]]
-    with pytest.raises(ValueError, match="rerun.*not supported: a study's seeds are planned from the config"):
-        apply_collapse_rule(runs, "rerun")
+    # rerun compares as exclude does; the replacements are the final stage's added seeds
+    again, _ = apply_collapse_rule(runs, "rerun")
+    assert again.equals(kept)
+    check = collapse_check([run for _, run in specs], model="tiny", task="rte", out=tmp_path / "check.json")
+    assert (check["seeds"], check["collapsed"], check["replacements"]) == ([0, 1, 2, 3, 4], [1, 3], {"1": 5, "3": 6})
+    assert artifacts.read_json(tmp_path / "check.json")["replacements"] == {"1": 5, "3": 6}
+    with pytest.raises(ValueError, match="a run of 'rte', not of 'sst2'"):
+        collapse_check([specs[0][1]], model="tiny", task="sst2")
 
 
-def test_rerun_is_refused_by_the_config_check():
+def test_the_config_check_takes_each_rule_and_a_bundle_refuses_rerun():
     from istar.config.schema import load_yaml
+    from istar.pipeline.bundle_plan import confirmatory_problem
 
-    config = load_yaml("config/config.yaml")
-    config.setdefault("inference", {})["collapsed_runs"] = "rerun"
-    with pytest.raises(ConfigError, match="config key 'inference.collapsed_runs': rerunning a collapsed run"):
+    config = load_yaml("config/gpu-study.yaml")
+    for rule in ("keep", "exclude", "rerun"):
+        config.setdefault("inference", {})["collapsed_runs"] = rule
+        checked = validate_config(config, check_paths=False)
+        assert checked["inference"]["collapsed_runs"] == rule
+        assert ("inference.collapsed_runs" in (confirmatory_problem(checked) or "")) == (rule == "rerun")
+    config["inference"]["collapsed_runs"] = "retry"
+    with pytest.raises(ConfigError, match="collapsed_runs"):
         validate_config(config, check_paths=False)
-    config["inference"]["collapsed_runs"] = "exclude"
-    assert validate_config(config, check_paths=False)["inference"]["collapsed_runs"] == "exclude"

@@ -20,8 +20,10 @@ from istar.report.figures import (
     enabled_figures,
 )
 from istar.report.table_specs import TABLE_NAMES, enabled_tables, get_table
+from istar.registry.collapse_rules import get_collapse_rule
 from istar.config.layout import (
     AGGREGATE,
+    COLLAPSE_CHECK,
     DATA,
     MEASURES,
     MODEL_PIN,
@@ -202,14 +204,18 @@ def holdout_spec_json(wildcards):
     ).to_json()
 
 
-def measures_file(model, task, study, setting: Setting) -> str:
-    """The measurement file of a study's runs of a setting (its seeds come from the config alone)."""
-    return MEASURES.format(
-        model=model,
-        task=task,
-        setting=setting.name,
-        seeds=seeds_token(study_seeds(config, study, task)),
-    )
+def measures_files(model, task, runs, skip_final: bool = False) -> set[str]:
+    """The measurement files of planned runs ((study, setting, seed) of one model × task): one per
+    study and setting, over that study's seeds of it (``skip_final``: none for the final stage).
+    """
+    seeds = {}
+    for study, setting, seed in runs:
+        if not (skip_final and study == "final"):
+            seeds.setdefault((study, setting.name), []).append(seed)
+    return {
+        MEASURES.format(model=model, task=task, setting=name, seeds=seeds_token(chosen))
+        for (_, name), chosen in seeds.items()
+    }
 
 
 def measured_runs(wildcards) -> list[str]:
@@ -258,6 +264,32 @@ def survey_spec_json(wildcards, output):
 
 
 # ----------------------------------------------------------------------------- which runs
+
+COLLAPSE_RULE = get_collapse_rule(config["inference"]["collapsed_runs"])
+
+
+def final_seeds(model, task, replaced: bool) -> list[int]:
+    """The final runs' seeds: the config's, and with ``replaced`` under inference.collapsed_runs:
+    rerun the seeds that replace collapsed ones (waits for the collapse_check checkpoint).
+    """
+    seeds = study_seeds(config, "final", task)
+    if not (replaced and COLLAPSE_RULE.replaces):
+        return seeds
+    check = read_json(checkpoints.collapse_check.get(model=model, task=task).output[0])
+    return seeds + sorted(check["replacements"].values())
+
+
+def collapse_check_inputs(wildcards) -> list[str]:
+    """The final runs of the config's seeds, every arm (after the search's choice)."""
+    model, task = wildcards.model, wildcards.task
+    settings = final_settings(
+        config, selection(model, task), baselines_chosen(model, task)
+    )
+    return [
+        RUN.format(model=model, task=task, setting=s.name, seed=seed)
+        for s in settings
+        for seed in study_seeds(config, "final", task)
+    ]
 
 
 def selection(model, task) -> Setting:
@@ -343,18 +375,13 @@ def planned_runs(
     ``tuned`` None, none of the padding study's when it takes its own tuning;
     ``before_checkpoints``: none that wait for a checkpoint (the one-layer study's depth).
     """
+    after = chosen is not None and not before_checkpoints
     runs = [
         ("final", s, seed)
         for s in final_settings(
-            config,
-            chosen,
-            (
-                None
-                if chosen is None or before_checkpoints
-                else baselines_chosen(model, task)
-            ),
+            config, chosen, baselines_chosen(model, task) if after else None
         )
-        for seed in study_seeds(config, "final", task)
+        for seed in final_seeds(model, task, replaced=after)
     ]
     for study in STUDIES:
         layers = (
@@ -410,15 +437,26 @@ def known_measures() -> list[str]:
     λ | ζ is fixed in advance): each measure job needs its runs' models, so these bring every
     such run into the DAG (and a dry run).
     """
+    # under rerun the final stage's seeds are known after its collapse_check checkpoint, which
+    # brings the final runs into the DAG (COLLAPSE_CHECKS)
     return sorted(
-        {
-            measures_file(model, task, study, setting)
-            for model in MODELS
-            for task in TASKS
-            for study, setting, _ in planned_runs(
-                model, task, fixed_setting(config, model, task), before_checkpoints=True
+        set().union(
+            *(
+                measures_files(
+                    model,
+                    task,
+                    planned_runs(
+                        model,
+                        task,
+                        fixed_setting(config, model, task),
+                        before_checkpoints=True,
+                    ),
+                    skip_final=COLLAPSE_RULE.replaces,
+                )
+                for model in MODELS
+                for task in TASKS
             )
-        }
+        )
     )
 
 
@@ -442,20 +480,34 @@ def all_run_specs() -> list[tuple[str, str]]:
 def all_measures() -> list[str]:
     """Every measurement file, after the search's choice."""
     return sorted(
-        {
-            measures_file(model, task, study, s)
-            for model in MODELS
-            for task in TASKS
-            for study, s, _ in planned_runs(
-                model, task, selection(model, task), tuned_choice(model, task)
+        set().union(
+            *(
+                measures_files(
+                    model,
+                    task,
+                    planned_runs(
+                        model, task, selection(model, task), tuned_choice(model, task)
+                    ),
+                )
+                for model in MODELS
+                for task in TASKS
             )
-        }
+        )
     )
 
 
 SELECTIONS = [
     SELECTION.format(model=model, task=task) for model in MODELS for task in TASKS
 ]
+COLLAPSE_CHECKS = (
+    [
+        COLLAPSE_CHECK.format(model=model, task=task)
+        for model in MODELS
+        for task in TASKS
+    ]
+    if COLLAPSE_RULE.replaces
+    else []
+)
 TUNED_SELECTIONS = [
     TUNED_SELECTION.format(model=model, task=task)
     for model in MODELS
