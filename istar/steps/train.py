@@ -73,8 +73,8 @@ from istar.steps.sigma_tracking import SigmaTracker, check_given_sigma, read_giv
 from istar.steps.tracking import Tracking, settings_as_parameters
 from istar.steps.train_outputs import add_to_sums, finish_run, log_step
 
-__all__ = ["TrainSpec", "train", "prepare", "train_epochs", "optimization_step", "compute_penalty", "build_optimizer",
-           "deterministic_algorithms"]
+__all__ = ["TrainSpec", "train", "prepare", "train_epochs", "optimization_step", "forward_and_loss", "step_forward",
+           "compute_penalty", "build_optimizer", "deterministic_algorithms"]
 
 
 @dataclass
@@ -145,19 +145,68 @@ def build_optimizer(model, spec: TrainSpec) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=spec.learning_rate, eps=spec.adam_epsilon)
 
 
+def forward_and_loss(model, batch: dict, spec: TrainSpec, sigma_s, distributed: bool, autocast_dtype=None):
+    """The forward pass, the task loss and the method's penalty: the part of a step that ``training.compile``
+    compiles (:func:`step_forward`). The penalty runs under the forward's autocast (``autocast_dtype``; None: off),
+    so that IsoScore*'s product runs in that dtype (:func:`istar.core.isotropy.isoscore_star`).
+
+    Returns (loss, model outputs, Penalty or None)."""
+    method = get_method(spec.method)
+    outputs = model(**batch, output_hidden_states=method.penalty is not None)
+    if method.penalty is None:
+        return outputs.loss, outputs, None
+    with torch.autocast(batch["input_ids"].device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        penalty = compute_penalty(spec, outputs.hidden_states, batch["attention_mask"], sigma_s, distributed, method)
+    return outputs.loss + penalty.term, outputs, penalty
+
+
+COMPILE_MODES = ("none", "default", "reduce-overhead")
+
+
+def compile_problem(mode: str, device_type: str) -> str | None:
+    """Why ``training.compile = mode`` cannot run on this device (a one-line message naming the fix), or None."""
+    if mode == "reduce-overhead" and device_type != "cuda":
+        return (f"training.compile = reduce-overhead captures the step as CUDA graphs, which need a CUDA device; "
+                f"this run is on {device_type}: set training.compile to default (compiled, no graphs) or none")
+    if mode != "none" and device_type == "cpu" and not any(shutil.which(c) for c in
+                                                           (os.environ.get("CXX") or "g++", "c++", "clang++")):
+        return (f"training.compile = {mode} builds the step's CPU kernels with a C++ compiler (torch.compile's "
+                "inductor) and none was found (g++, c++, clang++ or $CXX): install one or set training.compile: none")
+    return None
+
+
+def step_forward(mode: str, device: torch.device):
+    """:func:`forward_and_loss` as ``training.compile`` asks: itself (none), ``torch.compile``d (default), or
+    compiled and replayed as CUDA graphs (reduce-overhead, each call a new graph step). Raises ValueError
+    naming the setting where the mode cannot run on ``device`` (:func:`compile_problem`)."""
+    if mode == "none":
+        return forward_and_loss
+    problem = compile_problem(mode, device.type)
+    if problem is not None:
+        raise ValueError(problem)
+    compiled = torch.compile(forward_and_loss, mode=mode)
+    if mode != "reduce-overhead":
+        return compiled
+
+    def captured(*args, **kwargs):
+        # the outputs of the previous call (already read: losses and logs are taken as floats) may be overwritten
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args, **kwargs)
+
+    return captured
+
+
 def optimization_step(spec: TrainSpec, accelerator, model, optimizer, scheduler, batch: dict, sigma_s,
-                      distributed: bool):
-    """One micro-batch of training: forward, task loss + penalty, backward, and (when the
-    accumulated gradients are synchronised) clipping and the optimizer and scheduler steps.
+                      distributed: bool, forward=forward_and_loss):
+    """One micro-batch of training: forward, task loss + penalty (``forward``: :func:`forward_and_loss`, or its
+    compiled form from :func:`step_forward`), backward, and (when the accumulated gradients are
+    synchronised) clipping and the optimizer and scheduler steps.
 
     Returns (loss, model outputs, Penalty or None); ``loss`` still carries the graph.
     """
-    method = get_method(spec.method)
+    autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(accelerator.mixed_precision)
     with accelerator.accumulate(model):
-        outputs = model(**batch, output_hidden_states=method.penalty is not None)
-        penalty = compute_penalty(spec, outputs.hidden_states, batch["attention_mask"], sigma_s, distributed, method) \
-            if method.penalty is not None else None
-        loss = outputs.loss if penalty is None else outputs.loss + penalty.term
+        loss, outputs, penalty = forward(model, batch, spec, sigma_s, distributed, autocast_dtype)
         accelerator.backward(loss)
         if accelerator.sync_gradients and spec.max_grad_norm > 0:
             accelerator.clip_grad_norm_(model.parameters(), spec.max_grad_norm)
@@ -191,6 +240,7 @@ class TrainingRun:
     progress: Progress
     fingerprint: dict
     total_steps: int
+    forward: object = forward_and_loss  # the step's forward and losses, compiled as training.compile asks
     sigma: SigmaTracker | None = None
 
     @property
@@ -253,6 +303,7 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
     step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps,
                      log_with=tracking.log_with, project_dir=tracking.project_dir)
     check_shared_gpu(step.model, spec.batch_size, spec.max_length, step.precision, step.accelerator.device)
+    forward = step_forward(spec.compile, step.accelerator.device)  # refused here where it cannot run
     if given_sigma is not None:
         check_given_sigma(spec, given_sigma, step)
     accelerator = step.accelerator
@@ -263,6 +314,7 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
     accelerator.wait_for_everyone()
     set_seed(spec.seed, device_specific=True)
     run = _build(spec, step, out, resume_dir, tracking)
+    run.forward = forward
     state = _resume(run)
     unwrapped = accelerator.unwrap_model(run.model)
     check_free_space(spec, unwrapped, out, resume_dir)
@@ -353,7 +405,7 @@ def _train_epoch(run: TrainingRun, stop: StopRequest, epoch: int) -> None:
                initial=progress.batches_in_epoch, total=len(run.train_loader))
     for batch in bar:
         loss, outputs, penalty = optimization_step(spec, accelerator, run.model, run.optimizer, run.scheduler, batch,
-                                                   run.sigma.penalty_sigma, accelerator.num_processes > 1)
+                                                   run.sigma.penalty_sigma, accelerator.num_processes > 1, run.forward)
         progress.batches_in_epoch += 1
         add_to_sums(sums, loss, outputs.loss, penalty)
         if not math.isfinite(sums["loss"]):
