@@ -78,6 +78,12 @@ def through_svd(X, sigma_s):
     return score
 
 
+def closed_form_float32(X, sigma_s):
+    """The closed form with autocast off: its product in float32, as it ran under autocast before."""
+    with torch.autocast(X.device.type, enabled=False):
+        return closed_form(X, sigma_s)
+
+
 def floor(X, sigma_s):
     (X.T @ X).sum().backward()
     return None
@@ -90,15 +96,17 @@ METHODS = {
     "svd": through_svd,
     "floor XᵀX": floor,
 }
+# timed on request only (bench.gpu_pack): the product as it ran under autocast before it ran in the autocast dtype
+BEFORE = {"closed form, float32 product": closed_form_float32}
 
 
 def time_methods(n: int, d: int, repeats: int, device: torch.device | str = "cpu",
-                 autocast: torch.dtype | None = None) -> tuple[dict[str, float], dict[str, float]]:
+                 autocast: torch.dtype | None = None, names=tuple(METHODS)) -> tuple[dict[str, float], dict[str, float]]:
     """Median time (s) of value + gradient of each method on an (n, d) float32 input, and its score.
 
     ``autocast``: run every method under ``torch.autocast`` with this dtype (the input stays
     float32, as hidden states coming out of a LayerNorm do). Returns (medians, scores); the
-    floor has no score.
+    floor has no score. ``names``: the methods to time, of :data:`METHODS` and :data:`BEFORE`.
     """
     device = torch.device(device)
     g = torch.Generator().manual_seed(0)
@@ -107,13 +115,15 @@ def time_methods(n: int, d: int, repeats: int, device: torch.device | str = "cpu
     sigma_s64 = sigma_s.double()
     context = (lambda: torch.autocast(device.type, dtype=autocast)) if autocast is not None else contextlib.nullcontext
 
+    methods = {**METHODS, **BEFORE}
+
     def call(name):
         X.grad = None
         with context():
-            return METHODS[name](X, sigma_s64 if name.startswith("closed form") else sigma_s)
+            return methods[name](X, sigma_s64 if name.startswith("closed form") else sigma_s)
 
-    medians = median_times({name: (lambda name=name: call(name)) for name in METHODS}, repeats, device)
-    scores = {name: float(score.detach()) for name in METHODS if (score := call(name)) is not None}
+    medians = median_times({name: (lambda name=name: call(name)) for name in names}, repeats, device)
+    scores = {name: float(score.detach()) for name in names if (score := call(name)) is not None}
     return medians, scores
 
 

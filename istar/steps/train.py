@@ -165,13 +165,17 @@ COMPILE_MODES = ("none", "default", "reduce-overhead")
 
 def compile_problem(mode: str, device_type: str) -> str | None:
     """Why ``training.compile = mode`` cannot run on this device (a one-line message naming the fix), or None."""
+    if mode == "none":
+        return None
     if mode == "reduce-overhead" and device_type != "cuda":
         return (f"training.compile = reduce-overhead captures the step as CUDA graphs, which need a CUDA device; "
                 f"this run is on {device_type}: set training.compile to default (compiled, no graphs) or none")
-    if mode != "none" and device_type == "cpu" and not any(shutil.which(c) for c in
-                                                           (os.environ.get("CXX") or "g++", "c++", "clang++")):
-        return (f"training.compile = {mode} builds the step's CPU kernels with a C++ compiler (torch.compile's "
-                "inductor) and none was found (g++, c++, clang++ or $CXX): install one or set training.compile: none")
+    # inductor builds CPU kernels with a C++ compiler; on a GPU, Triton builds its kernel launchers with a C compiler
+    language, names = ("C++", ("CXX", "g++", "c++", "clang++")) if device_type == "cpu" else ("C", ("CC", "cc", "gcc", "clang"))
+    if not any(shutil.which(name) for name in (os.environ.get(names[0]), *names[1:]) if name):
+        return (f"training.compile = {mode} needs a {language} compiler to build the step's kernels (torch.compile's "
+                f"inductor on {device_type}) and none was found ({', '.join(names[1:])} or ${names[0]}): install one "
+                "or set training.compile: none")
     return None
 
 

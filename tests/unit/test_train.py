@@ -478,6 +478,7 @@ def test_compile_setting_reaches_the_spec_and_is_refused_where_it_cannot_run(tin
     monkeypatch.setattr("shutil.which", lambda name: None)
     problem = compile_problem("default", "cpu")
     assert "training.compile = default" in problem and "C++ compiler" in problem and "\n" not in problem
+    assert "a C compiler" in compile_problem("reduce-overhead", "cuda")
     with pytest.raises(ValueError, match="install one or set training.compile: none"):
         step_forward("default", torch.device("cpu"))
 
