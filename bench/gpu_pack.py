@@ -12,11 +12,11 @@ Three sections, each timed side by side against today's code, printed and writte
    Target: closed form ≤ 1.10 × floor.
 2. **packing** — K = 1, 2, 4, 8 fine-tunes at once on the one GPU, one process each (as
    ``training.jobs_per_gpu`` packs them), each running the training loop's base step
-   (:func:`istar.steps.train.optimization_step`, fp16 autocast, the gradient scaler) on a batch of
+   (:func:`istar.steps.train_step.optimization_step`, fp16 autocast, the gradient scaler) on a batch of
    32 × 128 for the same time window: aggregate steps and examples per second, for a MiniLM-L6-shaped
    and a BERT-base-shaped encoder (random weights).
 3. **capture** — the same step eager and as ``training.compile: reduce-overhead`` runs it
-   (:func:`istar.steps.train.step_forward`: torch.compile with CUDA graphs), for base, CosReg and
+   (:func:`istar.steps.train_step.step_forward`: torch.compile with CUDA graphs), for base, CosReg and
    I-STAR on both encoders (dropout off in this section, so that the two see the same arithmetic):
    median step time, compile time, the losses of the first steps from the same weights (equal within
    fp16 rounding), every loss finite. Targets: I-STAR / base ≤ 1.05 (captured); and the base step's
@@ -119,7 +119,7 @@ def peak_tflops(device_name: str | None) -> float | None:
 
 class Trainer:
     """One encoder, its optimizer and batch prepared by an Accelerator, stepping through the training loop's
-    own step (:func:`istar.steps.train.optimization_step`) with a constant learning rate."""
+    own step (:func:`istar.steps.train_step.optimization_step`) with a constant learning rate."""
 
     def __init__(self, accelerator, shape: dict, batch: dict, method: str = "base", dropout: bool = True,
                  forward=None):
@@ -200,7 +200,8 @@ def worker(form: Form, device: torch.device) -> int:
         command = json.loads(line)
         name = command["encoder"]
         if "start" not in command:
-            trainers.setdefault(name, Trainer(accelerator, form.encoders[name], batch))
+            if name not in trainers:  # built once; later rounds warm it up again
+                trainers[name] = Trainer(accelerator, form.encoders[name], batch)
             losses = [trainers[name].step() for _ in range(form.warmup)]
             print(PREFIX + json.dumps({"ready": all(map(math.isfinite, losses))}), flush=True)
             continue

@@ -52,7 +52,6 @@ from istar.data.encoding import EpochShuffleSampler
 from istar.io import artifacts
 from istar.io.provenance import code_provenance
 from istar.io.runlock import writer_lock
-from istar.registry.methods import Method, get_method
 from istar.registry.precisions import PRECISIONS
 from istar.steps.disk_space import check_free_space
 from istar.steps.evaluate import collapse_note, evaluate_model
@@ -72,6 +71,14 @@ from istar.steps.run_folder import clear_earlier_outputs
 from istar.steps.sigma_tracking import SigmaTracker, check_given_sigma, read_given_sigma
 from istar.steps.tracking import Tracking, settings_as_parameters
 from istar.steps.train_outputs import add_to_sums, finish_run, log_step
+from istar.steps.train_step import (  # noqa: F401 (the step's parts, importable from here as before)
+    build_optimizer,
+    compile_problem,
+    compute_penalty,
+    forward_and_loss,
+    optimization_step,
+    step_forward,
+)
 
 __all__ = ["TrainSpec", "train", "prepare", "train_epochs", "optimization_step", "forward_and_loss", "step_forward",
            "compute_penalty", "build_optimizer", "deterministic_algorithms"]
@@ -120,104 +127,6 @@ def deterministic_algorithms(enabled: bool):
         torch.use_deterministic_algorithms(before, warn_only=warn_only)
         if workspace is None:
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
-
-
-# ------------------------------------------------------------------------------------- one step
-
-
-def compute_penalty(spec: TrainSpec, hidden_states, attention_mask, sigma_s, distributed: bool,
-                    method: Method | None = None) -> Penalty | None:
-    """The method's term for one batch (None for a method without a penalty, e.g. the baseline);
-    ``method`` is ``spec.method``'s registry entry when the caller holds it already."""
-    penalty = (method or get_method(spec.method)).penalty
-    if penalty is None:
-        return None
-    return penalty(hidden_states, attention_mask, lam=spec.lam, zeta=spec.zeta, sigma_s=sigma_s, layers=spec.layers,
-                   global_batch=spec.global_penalty and distributed, tokens=spec.tokens)
-
-
-def build_optimizer(model, spec: TrainSpec) -> torch.optim.Optimizer:
-    """AdamW (ε = ``spec.adam_epsilon``) with ``spec.weight_decay`` on every weight but biases and normalisation gains."""
-    no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
-    decay = [p for n, p in model.named_parameters() if p.requires_grad and not n.endswith(no_decay)]
-    rest = [p for n, p in model.named_parameters() if p.requires_grad and n.endswith(no_decay)]
-    groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=spec.learning_rate, eps=spec.adam_epsilon)
-
-
-def forward_and_loss(model, batch: dict, spec: TrainSpec, sigma_s, distributed: bool, autocast_dtype=None):
-    """The forward pass, the task loss and the method's penalty: the part of a step that ``training.compile``
-    compiles (:func:`step_forward`). The penalty runs under the forward's autocast (``autocast_dtype``; None: off),
-    so that IsoScore*'s product runs in that dtype (:func:`istar.core.isotropy.isoscore_star`).
-
-    Returns (loss, model outputs, Penalty or None)."""
-    method = get_method(spec.method)
-    outputs = model(**batch, output_hidden_states=method.penalty is not None)
-    if method.penalty is None:
-        return outputs.loss, outputs, None
-    with torch.autocast(batch["input_ids"].device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-        penalty = compute_penalty(spec, outputs.hidden_states, batch["attention_mask"], sigma_s, distributed, method)
-    return outputs.loss + penalty.term, outputs, penalty
-
-
-COMPILE_MODES = ("none", "default", "reduce-overhead")
-
-
-def compile_problem(mode: str, device_type: str) -> str | None:
-    """Why ``training.compile = mode`` cannot run on this device (a one-line message naming the fix), or None."""
-    if mode == "none":
-        return None
-    if mode == "reduce-overhead" and device_type != "cuda":
-        return (f"training.compile = reduce-overhead captures the step as CUDA graphs, which need a CUDA device; "
-                f"this run is on {device_type}: set training.compile to default (compiled, no graphs) or none")
-    # inductor builds CPU kernels with a C++ compiler; on a GPU, Triton builds its kernel launchers with a C compiler
-    language, names = ("C++", ("CXX", "g++", "c++", "clang++")) if device_type == "cpu" else ("C", ("CC", "cc", "gcc", "clang"))
-    if not any(shutil.which(name) for name in (os.environ.get(names[0]), *names[1:]) if name):
-        return (f"training.compile = {mode} needs a {language} compiler to build the step's kernels (torch.compile's "
-                f"inductor on {device_type}) and none was found ({', '.join(names[1:])} or ${names[0]}): install one "
-                "or set training.compile: none")
-    return None
-
-
-def step_forward(mode: str, device: torch.device):
-    """:func:`forward_and_loss` as ``training.compile`` asks: itself (none), ``torch.compile``d (default), or
-    compiled and replayed as CUDA graphs (reduce-overhead, each call a new graph step). Raises ValueError
-    naming the setting where the mode cannot run on ``device`` (:func:`compile_problem`)."""
-    if mode == "none":
-        return forward_and_loss
-    problem = compile_problem(mode, device.type)
-    if problem is not None:
-        raise ValueError(problem)
-    compiled = torch.compile(forward_and_loss, mode=mode)
-    if mode != "reduce-overhead":
-        return compiled
-
-    def captured(*args, **kwargs):
-        # the outputs of the previous call (already read: losses and logs are taken as floats) may be overwritten
-        torch.compiler.cudagraph_mark_step_begin()
-        return compiled(*args, **kwargs)
-
-    return captured
-
-
-def optimization_step(spec: TrainSpec, accelerator, model, optimizer, scheduler, batch: dict, sigma_s,
-                      distributed: bool, forward=forward_and_loss):
-    """One micro-batch of training: forward, task loss + penalty (``forward``: :func:`forward_and_loss`, or its
-    compiled form from :func:`step_forward`), backward, and (when the accumulated gradients are
-    synchronised) clipping and the optimizer and scheduler steps.
-
-    Returns (loss, model outputs, Penalty or None); ``loss`` still carries the graph.
-    """
-    autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(accelerator.mixed_precision)
-    with accelerator.accumulate(model):
-        loss, outputs, penalty = forward(model, batch, spec, sigma_s, distributed, autocast_dtype)
-        accelerator.backward(loss)
-        if accelerator.sync_gradients and spec.max_grad_norm > 0:
-            accelerator.clip_grad_norm_(model.parameters(), spec.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
-    return loss, outputs, penalty
 
 
 # ------------------------------------------------------------------------------------- the run's state
