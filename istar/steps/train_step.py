@@ -48,7 +48,7 @@ def forward_and_loss(model, batch: dict, spec: TrainSpec, sigma_s, distributed: 
     outputs = model(**batch, output_hidden_states=method.penalty is not None)
     if method.penalty is None:
         return outputs.loss, outputs, None
-    with torch.autocast(batch["input_ids"].device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+    with torch.autocast(batch["attention_mask"].device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
         penalty = compute_penalty(spec, outputs.hidden_states, batch["attention_mask"], sigma_s, distributed, method)
     return outputs.loss + penalty.term, outputs, penalty
 
@@ -61,7 +61,8 @@ def compile_problem(mode: str, device_type: str) -> str | None:
         return (f"training.compile = reduce-overhead captures the step as CUDA graphs, which need a CUDA device; "
                 f"this run is on {device_type}: set training.compile to default (compiled, no graphs) or none")
     # inductor builds CPU kernels with a C++ compiler; on a GPU, Triton builds its kernel launchers with a C compiler
-    language, names = ("C++", ("CXX", "g++", "c++", "clang++")) if device_type == "cpu" else ("C", ("CC", "cc", "gcc", "clang"))
+    language, names = (("C++", ("CXX", "g++", "c++", "clang++")) if device_type == "cpu"
+                       else ("C", ("CC", "cc", "gcc", "clang")))
     if not any(shutil.which(name) for name in (os.environ.get(names[0]), *names[1:]) if name):
         return (f"training.compile = {mode} needs a {language} compiler to build the step's kernels (torch.compile's "
                 f"inductor on {device_type}) and none was found ({', '.join(names[1:])} or ${names[0]}): install one "
