@@ -17,13 +17,16 @@ Three sections, each timed side by side against today's code, printed and writte
    and a BERT-base-shaped encoder (random weights).
 3. **capture** — the same step eager and as ``training.compile: reduce-overhead`` runs it
    (:func:`istar.steps.train_step.step_forward`: torch.compile with CUDA graphs), for base, CosReg and
-   I-STAR on both encoders (dropout off in this section, so that the two see the same arithmetic):
-   median step time, compile time, the losses of the first steps from the same weights (equal within
-   fp16 rounding), every loss finite. Targets: I-STAR / base ≤ 1.05 (captured); and the base step's
-   share of the card's peak (FLOP per step / time / the peak of :data:`PEAK_FP16_TFLOPS`).
+   I-STAR on both encoders, an encoder's six steps timed side by side (dropout off in this section, so
+   that eager and captured see the same arithmetic): median step time, compile time, the losses of the
+   first steps from the same weights (equal within fp16 rounding), every loss finite. Targets: I-STAR /
+   base ≤ 1.05 (captured); and the base step's share of the card's peak (FLOP per step / time / the
+   peak of :data:`PEAK_FP16_TFLOPS`).
 
-Budget on an H100: product ~0.5 min, packing ~2 min, capture ≤ ``CAPTURE_BUDGET_S`` (rows not started
-in time are recorded as skipped), about 6–7 minutes in all. ``--quick`` (automatic without CUDA) runs
+Budget on an H100 (estimated from the sizes; not yet run on one): product ~0.5 min, packing ~2 min,
+capture about 4–5 min (no encoder starts after ``CAPTURE_BUDGET_S``; one not started is recorded as
+skipped), 7–8 minutes in all. The JSON is written after every section, so a command cut short keeps
+the sections before. ``--quick`` (automatic without CUDA) runs
 the same code with tiny encoders, a 4 × 32 batch, K = 1, 2 and, on a CPU, dynamo with its eager
 backend in place of CUDA graphs (which a CPU run refuses; the refusal is recorded): the test suite
 runs it so the script cannot rot; its numbers say nothing about a GPU.
@@ -62,7 +65,7 @@ TINY = {
 PEAK_FP16_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.4, "H200": 989.4}
 TARGETS = {"istar_over_base": 1.05, "closed_form_over_floor": 1.10}
 LOSS_TOLERANCE = 1e-2  # relative: eager and captured first steps from the same weights, fp16 rounding apart
-CAPTURE_BUDGET_S = 240.0
+CAPTURE_BUDGET_S = 150.0  # no encoder starts after this: a BERT-base block (three compiles) may take ~3 min
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ class Form:
 
 
 GPU = Form("gpu", SHAPES, (32, 128), (1, 2, 4, 8), 6.0, 5, 20, ((24_576, 768), (12_288, 384)), CAPTURE_BUDGET_S)
-QUICK = Form("quick", TINY, (4, 32), (1, 2), 1.0, 2, 2, ((512, 32),), 120.0)
+QUICK = Form("quick", TINY, (4, 32), (1, 2), 1.0, 2, 2, ((512, 32),), 300.0)
 
 
 def encoder(shape: dict, dropout: bool = True):
@@ -302,32 +305,38 @@ def capture_section(form: Form, device: torch.device) -> dict:
     accelerator = make_accelerator(device)
     batch = synthetic_batch(*form.batch, accelerator.device)
     start, rows, captured_as, refusal = time.perf_counter(), [], None, None
-    for name, shape in form.encoders.items():
+    for name, shape in form.encoders.items():  # per encoder, its six steps timed side by side
+        if time.perf_counter() - start > form.capture_budget_s:
+            rows += [{"encoder": name, "method": m, "skipped": "the section's time budget was spent"} for m in METHODS]
+            continue
+        scaler = accelerator.scaler.state_dict() if accelerator.scaler is not None else None
+        trainers, losses, first_call = {}, {}, {}
         for method in METHODS:
-            if time.perf_counter() - start > form.capture_budget_s:
-                rows.append({"encoder": name, "method": method, "skipped": "the section's time budget was spent"})
-                continue
             forward, captured_as, refusal = capture_forward(accelerator.device)
-            eager = Trainer(accelerator, shape, batch, method, dropout=False)
-            captured = Trainer(accelerator, shape, batch, method, dropout=False, forward=forward)
-            scaler = accelerator.scaler.state_dict() if accelerator.scaler is not None else None
-            losses = {"eager": [eager.step() for _ in range(form.warmup)]}
-            if scaler is not None:  # the same loss scale for both runs' first steps
-                accelerator.scaler.load_state_dict(scaler)
-            compile_start = time.perf_counter()
-            losses["captured"] = [captured.step()]
-            compile_s = time.perf_counter() - compile_start
-            losses["captured"] += [captured.step() for _ in range(form.warmup - 1)]
-            medians = median_times({"eager": eager.step, "captured": captured.step}, form.repeats, accelerator.device)
-            difference = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(losses["captured"], losses["eager"]))
-            rows.append({"encoder": name, "method": method, "eager_ms": medians["eager"] * 1e3,
-                         "captured_ms": medians["captured"] * 1e3,
-                         "captured_over_eager": medians["captured"] / medians["eager"], "first_call_s": compile_s,
-                         "losses": losses, "largest_relative_loss_difference": difference,
-                         "finite": all(map(math.isfinite, losses["eager"] + losses["captured"]))})
-            del eager, captured
-            release(accelerator)
-            torch._dynamo.reset()
+            for variant in ("eager", "captured"):
+                trainer = Trainer(accelerator, shape, batch, method, dropout=False,
+                                  forward=forward if variant == "captured" else None)
+                if scaler is not None:  # every run's first steps from the same loss scale
+                    accelerator.scaler.load_state_dict(scaler)
+                call_start = time.perf_counter()
+                losses[method, variant] = [trainer.step()]
+                first_call[method, variant] = time.perf_counter() - call_start
+                losses[method, variant] += [trainer.step() for _ in range(form.warmup - 1)]
+                trainers[method, variant] = trainer
+        medians = median_times({key: trainer.step for key, trainer in trainers.items()}, form.repeats,
+                               accelerator.device)
+        for method in METHODS:
+            eager, captured = losses[method, "eager"], losses[method, "captured"]
+            rows.append({"encoder": name, "method": method, "eager_ms": medians[method, "eager"] * 1e3,
+                         "captured_ms": medians[method, "captured"] * 1e3,
+                         "captured_over_eager": medians[method, "captured"] / medians[method, "eager"],
+                         "first_call_s": first_call[method, "captured"], "losses": {"eager": eager, "captured": captured},
+                         "largest_relative_loss_difference": max(abs(a - b) / max(abs(b), 1e-6)
+                                                                 for a, b in zip(captured, eager)),
+                         "finite": all(map(math.isfinite, eager + captured))})
+        del trainers
+        release(accelerator)
+        torch._dynamo.reset()
     for row in rows:
         base = next((r for r in rows if r["encoder"] == row["encoder"] and r["method"] == "base" and "skipped" not in r),
                     None)
@@ -404,6 +413,7 @@ def main(argv=None) -> int:
                 "packing": lambda: packing_section(form, device, args.quick or not cuda),
                 "capture": lambda: capture_section(form, device)}
     for name in chosen:
+        write_json(Path(args.out), results)  # what is done so far, should the command be cut short
         print(f"\n## {name} ({form.name} form, {device.type})", flush=True)
         start = time.perf_counter()
         try:
