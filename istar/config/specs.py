@@ -192,6 +192,7 @@ class TrainSpec(ModelData):
     adam_epsilon: float = config_field("training.adam_epsilon")
     max_grad_norm: float = config_field("training.max_grad_norm")
     deterministic: bool = config_field("training.deterministic")
+    compile: str = config_field("training.compile")
     seed: int = option(0, help="run seed (Python, NumPy, torch, data order)")
     checkpoint_every: int = config_field("training.checkpoint_every")
     log_every: int = option(1, help="write a train_log.csv row every K optimizer steps",

@@ -321,6 +321,7 @@ def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: i
         warmup_ratio=training["warmup_ratio"], scheduler=training["scheduler"], weight_decay=training["weight_decay"],
         adam_epsilon=training["adam_epsilon"], max_grad_norm=training["max_grad_norm"],
         checkpoint_every=training["checkpoint_every"], deterministic=training["deterministic"],
+        compile=training["compile"],
         trackers=list(config["tracking"]["trackers"]), mlflow_tracking_uri=config["tracking"]["mlflow_tracking_uri"],
         tracking_experiment=config["tracking"]["experiment"],
         **hyperparameters)

@@ -52,7 +52,6 @@ from istar.data.encoding import EpochShuffleSampler
 from istar.io import artifacts
 from istar.io.provenance import code_provenance
 from istar.io.runlock import writer_lock
-from istar.registry.methods import Method, get_method
 from istar.registry.precisions import PRECISIONS
 from istar.steps.disk_space import check_free_space
 from istar.steps.evaluate import collapse_note, evaluate_model
@@ -72,9 +71,17 @@ from istar.steps.run_folder import clear_earlier_outputs
 from istar.steps.sigma_tracking import SigmaTracker, check_given_sigma, read_given_sigma
 from istar.steps.tracking import Tracking, settings_as_parameters
 from istar.steps.train_outputs import add_to_sums, finish_run, log_step
+from istar.steps.train_step import (  # noqa: F401 (the step's parts, importable from here as before)
+    build_optimizer,
+    compile_problem,
+    compute_penalty,
+    forward_and_loss,
+    optimization_step,
+    step_forward,
+)
 
-__all__ = ["TrainSpec", "train", "prepare", "train_epochs", "optimization_step", "compute_penalty", "build_optimizer",
-           "deterministic_algorithms"]
+__all__ = ["TrainSpec", "train", "prepare", "train_epochs", "optimization_step", "forward_and_loss", "step_forward",
+           "compute_penalty", "build_optimizer", "deterministic_algorithms"]
 
 
 @dataclass
@@ -122,51 +129,6 @@ def deterministic_algorithms(enabled: bool):
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
-# ------------------------------------------------------------------------------------- one step
-
-
-def compute_penalty(spec: TrainSpec, hidden_states, attention_mask, sigma_s, distributed: bool,
-                    method: Method | None = None) -> Penalty | None:
-    """The method's term for one batch (None for a method without a penalty, e.g. the baseline);
-    ``method`` is ``spec.method``'s registry entry when the caller holds it already."""
-    penalty = (method or get_method(spec.method)).penalty
-    if penalty is None:
-        return None
-    return penalty(hidden_states, attention_mask, lam=spec.lam, zeta=spec.zeta, sigma_s=sigma_s, layers=spec.layers,
-                   global_batch=spec.global_penalty and distributed, tokens=spec.tokens)
-
-
-def build_optimizer(model, spec: TrainSpec) -> torch.optim.Optimizer:
-    """AdamW (ε = ``spec.adam_epsilon``) with ``spec.weight_decay`` on every weight but biases and normalisation gains."""
-    no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
-    decay = [p for n, p in model.named_parameters() if p.requires_grad and not n.endswith(no_decay)]
-    rest = [p for n, p in model.named_parameters() if p.requires_grad and n.endswith(no_decay)]
-    groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=spec.learning_rate, eps=spec.adam_epsilon)
-
-
-def optimization_step(spec: TrainSpec, accelerator, model, optimizer, scheduler, batch: dict, sigma_s,
-                      distributed: bool):
-    """One micro-batch of training: forward, task loss + penalty, backward, and (when the
-    accumulated gradients are synchronised) clipping and the optimizer and scheduler steps.
-
-    Returns (loss, model outputs, Penalty or None); ``loss`` still carries the graph.
-    """
-    method = get_method(spec.method)
-    with accelerator.accumulate(model):
-        outputs = model(**batch, output_hidden_states=method.penalty is not None)
-        penalty = compute_penalty(spec, outputs.hidden_states, batch["attention_mask"], sigma_s, distributed, method) \
-            if method.penalty is not None else None
-        loss = outputs.loss if penalty is None else outputs.loss + penalty.term
-        accelerator.backward(loss)
-        if accelerator.sync_gradients and spec.max_grad_norm > 0:
-            accelerator.clip_grad_norm_(model.parameters(), spec.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
-    return loss, outputs, penalty
-
-
 # ------------------------------------------------------------------------------------- the run's state
 
 
@@ -191,6 +153,7 @@ class TrainingRun:
     progress: Progress
     fingerprint: dict
     total_steps: int
+    forward: object = forward_and_loss  # the step's forward and losses, compiled as training.compile asks
     sigma: SigmaTracker | None = None
 
     @property
@@ -253,6 +216,7 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
     step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps,
                      log_with=tracking.log_with, project_dir=tracking.project_dir)
     check_shared_gpu(step.model, spec.batch_size, spec.max_length, step.precision, step.accelerator.device)
+    forward = step_forward(spec.compile, step.accelerator.device)  # refused here where it cannot run
     if given_sigma is not None:
         check_given_sigma(spec, given_sigma, step)
     accelerator = step.accelerator
@@ -263,6 +227,7 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
     accelerator.wait_for_everyone()
     set_seed(spec.seed, device_specific=True)
     run = _build(spec, step, out, resume_dir, tracking)
+    run.forward = forward
     state = _resume(run)
     unwrapped = accelerator.unwrap_model(run.model)
     check_free_space(spec, unwrapped, out, resume_dir)
@@ -353,7 +318,7 @@ def _train_epoch(run: TrainingRun, stop: StopRequest, epoch: int) -> None:
                initial=progress.batches_in_epoch, total=len(run.train_loader))
     for batch in bar:
         loss, outputs, penalty = optimization_step(spec, accelerator, run.model, run.optimizer, run.scheduler, batch,
-                                                   run.sigma.penalty_sigma, accelerator.num_processes > 1)
+                                                   run.sigma.penalty_sigma, accelerator.num_processes > 1, run.forward)
         progress.batches_in_epoch += 1
         add_to_sums(sums, loss, outputs.loss, penalty)
         if not math.isfinite(sums["loss"]):

@@ -445,6 +445,91 @@ def test_deterministic_setting_reaches_the_step_and_run_config(tiny_model_dir, p
     assert spec.deterministic is True
     train(dataclasses.replace(spec, shrinkage_rows=1000))
     recorded = json.loads((tmp_path / "run" / "run_config.json").read_text())
-    assert recorded["deterministic"] is True
+    assert recorded["deterministic"] is True and recorded["compile"] == "none"
     assert recorded["determinism"] == {"algorithms": True, "cublas_workspace_config": ":4096:8"}
     assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+
+
+def test_compile_setting_reaches_the_spec_and_is_refused_where_it_cannot_run(tiny_model_dir, prepared, tmp_path,
+                                                                            monkeypatch):
+    """training.compile: config → the run's spec (→ run_config.json with the other settings); CUDA-graph capture
+    on a CPU run, and compiling on a CPU without a C++ compiler, stop the run before training in one line naming
+    the setting and the fix."""
+    from istar.config.layout import Setting
+    from istar.pipeline.plan import train_spec
+    from istar.pipeline.validate import validate_config
+    from istar.steps.train import compile_problem, step_forward
+
+    assert validate_config({}, check_paths=False)["training"]["compile"] == "none"
+    with pytest.raises(Exception, match="compile"):
+        validate_config({"training": {"compile": "max-autotune"}}, check_paths=False)
+    config = validate_config({"training": {"compile": "reduce-overhead", "epochs": 1, "batch_size": 16}},
+                             check_paths=False)
+    spec = train_spec(config, model=str(tiny_model_dir), task="rte", setting=Setting("base"), seed=0,
+                      data_dir=str(prepared("rte")), output_dir=str(tmp_path / "run"), sigma_s=None)
+    assert spec.compile == "reduce-overhead" and TrainSpec.from_json(spec.to_json()).compile == "reduce-overhead"
+    with pytest.raises(ValueError, match=r"training.compile = reduce-overhead .* CUDA device; this run is on cpu: "
+                                         r"set training.compile to default"):
+        train(dataclasses.replace(spec, shrinkage_rows=1000))
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+    assert compile_problem("none", "cpu") is None and compile_problem("reduce-overhead", "cuda") is None
+    assert compile_problem("default", "cuda") is None
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    problem = compile_problem("default", "cpu")
+    assert "training.compile = default" in problem and "C++ compiler" in problem and "\n" not in problem
+    assert "a C compiler" in compile_problem("reduce-overhead", "cuda")
+    with pytest.raises(ValueError, match="install one or set training.compile: none"):
+        step_forward("default", torch.device("cpu"))
+
+
+@pytest.mark.integration
+def test_compiled_step_equals_the_eager_step_on_cpu(tiny_model_dir, prepared):
+    """training.compile = default on the CPU (inductor; needs g++): the I-STAR step, penalty inside the compiled
+    function, gives the eager step's losses, penalty and weights over three optimizer steps (dropout from the
+    same random stream: inductor's fallback_random, so that only the kernels differ)."""
+    import shutil
+
+    import torch._inductor.config as inductor_config
+    from accelerate import Accelerator
+
+    from istar.data import read_split
+    from istar.models.loading import load_model, load_tokenizer
+    from istar.registry.tasks import get_task
+    from istar.steps.train import build_optimizer, optimization_step, step_forward
+
+    if not shutil.which("g++"):
+        pytest.skip("no C++ compiler: torch.compile cannot build CPU kernels here (the setting is refused)")
+    frame = read_split(prepared("rte"), "train")
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    batch = dict(tokenizer(list(frame["text_a"][:8]), list(frame["text_b"][:8]), truncation=True, max_length=32,
+                           padding="max_length", return_tensors="pt"))
+    batch["labels"] = torch.tensor(frame["label"][:8].tolist())
+    spec = TrainSpec(model="", data_dir="", output_dir="", method="istar", lam=-1.0, zeta=0.2, compile="default")
+    sigma_s = torch.cov(torch.randn(128, 32, generator=torch.Generator().manual_seed(1)).T).double()
+
+    def three_steps(forward):
+        torch.manual_seed(0)
+        model = load_model(str(tiny_model_dir), get_task("rte")).train()
+        accelerator = Accelerator(cpu=True)
+        model, optimizer = accelerator.prepare(model, build_optimizer(model, spec))
+        constant = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        torch.manual_seed(1)
+        losses = []
+        for _ in range(3):
+            loss, _, penalty = optimization_step(spec, accelerator, model, optimizer, constant, batch, sigma_s, False,
+                                                 forward)
+            losses.append((float(loss.detach()), float(penalty.logs["isoscore_star"])))
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(inductor_config, "fallback_random", True)
+    try:
+        compiled = three_steps(step_forward("default", torch.device("cpu")))
+    finally:
+        monkey.undo()
+        torch._dynamo.reset()
+    eager = three_steps(step_forward("none", torch.device("cpu")))
+    assert sum(compiled[0], ()) == pytest.approx(sum(eager[0], ()), rel=1e-4, abs=1e-6)
+    for got, expected in zip(compiled[1], eager[1]):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,111 @@
+"""One optimization step of a fine-tune (:mod:`istar.steps.train` runs the loop around it): the optimizer,
+the forward pass with the task loss and the method's penalty, that part compiled as ``training.compile`` asks
+(:func:`step_forward`: torch.compile, CUDA graphs, or a one-line refusal where it cannot run), the backward
+and the optimizer and scheduler steps under accelerate."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import torch
+
+from istar.config.specs import TrainSpec
+from istar.core.regularizers import Penalty
+from istar.registry.methods import Method, get_method
+
+__all__ = ["compute_penalty", "build_optimizer", "forward_and_loss", "compile_problem", "step_forward",
+           "optimization_step"]
+
+
+def compute_penalty(spec: TrainSpec, hidden_states, attention_mask, sigma_s, distributed: bool,
+                    method: Method | None = None) -> Penalty | None:
+    """The method's term for one batch (None for a method without a penalty, e.g. the baseline);
+    ``method`` is ``spec.method``'s registry entry when the caller holds it already."""
+    penalty = (method or get_method(spec.method)).penalty
+    if penalty is None:
+        return None
+    return penalty(hidden_states, attention_mask, lam=spec.lam, zeta=spec.zeta, sigma_s=sigma_s, layers=spec.layers,
+                   global_batch=spec.global_penalty and distributed, tokens=spec.tokens)
+
+
+def build_optimizer(model, spec: TrainSpec) -> torch.optim.Optimizer:
+    """AdamW (ε = ``spec.adam_epsilon``) with ``spec.weight_decay`` on every weight but biases and normalisation gains."""
+    no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and not n.endswith(no_decay)]
+    rest = [p for n, p in model.named_parameters() if p.requires_grad and n.endswith(no_decay)]
+    groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=spec.learning_rate, eps=spec.adam_epsilon)
+
+
+def forward_and_loss(model, batch: dict, spec: TrainSpec, sigma_s, distributed: bool, autocast_dtype=None):
+    """The forward pass, the task loss and the method's penalty: the part of a step that ``training.compile``
+    compiles (:func:`step_forward`). The penalty runs under the forward's autocast (``autocast_dtype``; None: off),
+    so that IsoScore*'s product runs in that dtype (:func:`istar.core.isotropy.isoscore_star`).
+
+    Returns (loss, model outputs, Penalty or None)."""
+    method = get_method(spec.method)
+    outputs = model(**batch, output_hidden_states=method.penalty is not None)
+    if method.penalty is None:
+        return outputs.loss, outputs, None
+    with torch.autocast(batch["attention_mask"].device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        penalty = compute_penalty(spec, outputs.hidden_states, batch["attention_mask"], sigma_s, distributed, method)
+    return outputs.loss + penalty.term, outputs, penalty
+
+
+def compile_problem(mode: str, device_type: str) -> str | None:
+    """Why ``training.compile = mode`` cannot run on this device (a one-line message naming the fix), or None."""
+    if mode == "none":
+        return None
+    if mode == "reduce-overhead" and device_type != "cuda":
+        return (f"training.compile = reduce-overhead captures the step as CUDA graphs, which need a CUDA device; "
+                f"this run is on {device_type}: set training.compile to default (compiled, no graphs) or none")
+    # inductor builds CPU kernels with a C++ compiler; on a GPU, Triton builds its kernel launchers with a C compiler
+    language, names = (("C++", ("CXX", "g++", "c++", "clang++")) if device_type == "cpu"
+                       else ("C", ("CC", "cc", "gcc", "clang")))
+    if not any(shutil.which(name) for name in (os.environ.get(names[0]), *names[1:]) if name):
+        return (f"training.compile = {mode} needs a {language} compiler to build the step's kernels (torch.compile's "
+                f"inductor on {device_type}) and none was found ({', '.join(names[1:])} or ${names[0]}): install one "
+                "or set training.compile: none")
+    return None
+
+
+def step_forward(mode: str, device: torch.device):
+    """:func:`forward_and_loss` as ``training.compile`` asks: itself (none), ``torch.compile``d (default), or
+    compiled and replayed as CUDA graphs (reduce-overhead, each call a new graph step). Raises ValueError
+    naming the setting where the mode cannot run on ``device`` (:func:`compile_problem`)."""
+    if mode == "none":
+        return forward_and_loss
+    problem = compile_problem(mode, device.type)
+    if problem is not None:
+        raise ValueError(problem)
+    compiled = torch.compile(forward_and_loss, mode=mode)
+    if mode != "reduce-overhead":
+        return compiled
+
+    def captured(*args, **kwargs):
+        # the outputs of the previous call (already read: losses and logs are taken as floats) may be overwritten
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args, **kwargs)
+
+    return captured
+
+
+def optimization_step(spec: TrainSpec, accelerator, model, optimizer, scheduler, batch: dict, sigma_s,
+                      distributed: bool, forward=forward_and_loss):
+    """One micro-batch of training: forward, task loss + penalty (``forward``: :func:`forward_and_loss`, or its
+    compiled form from :func:`step_forward`), backward, and (when the accumulated gradients are
+    synchronised) clipping and the optimizer and scheduler steps.
+
+    Returns (loss, model outputs, Penalty or None); ``loss`` still carries the graph.
+    """
+    autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(accelerator.mixed_precision)
+    with accelerator.accumulate(model):
+        loss, outputs, penalty = forward(model, batch, spec, sigma_s, distributed, autocast_dtype)
+        accelerator.backward(loss)
+        if accelerator.sync_gradients and spec.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(model.parameters(), spec.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    return loss, outputs, penalty
