@@ -34,6 +34,7 @@ from istar.config.schema import STUDIES, ConfigError
 from istar.core.tokens import TOKEN_SELECTION_NAMES, get_token_selection
 from istar.pipeline.plan import (
     final_settings,
+    replaces_collapsed,
     fixed_choice_args,
     fixed_setting,
     measure_spec,
@@ -45,7 +46,6 @@ from istar.pipeline.plan import (
     tuned_tokens,
 )
 from istar.registry.analysis import get_sigma_source
-from istar.registry.collapse_rules import get_collapse_rule
 from istar.registry.methods import get_method
 
 __all__ = ["confirmatory_problem", "planned_runs", "plan_jobs", "plan_units", "DeviceCosts", "model_sizes",
@@ -63,7 +63,7 @@ def confirmatory_problem(config: dict) -> str | None:
                 return (f"config key 'final.istar': {model} × {task} has no λ | ζ fixed in advance, so its I-STAR "
                         "setting would come from a search chosen on the device (a checkpoint this bundle cannot "
                         f"plan); add final.istar.{model}.{task}: {{lam: …, zeta: …}} (the confirmatory protocol)")
-    if get_collapse_rule(config["inference"]["collapsed_runs"]).replaces:
+    if replaces_collapsed(config):
         return ("config key 'inference.collapsed_runs': rerun trains replacement seeds chosen on the device after the "
                 "final runs (a checkpoint this bundle cannot plan); declare keep or exclude, or run the workflow")
     if config["search"]["tune_baselines"]:

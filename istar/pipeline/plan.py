@@ -14,10 +14,11 @@ from istar.config.layout import DEFAULT_TOKENS, Setting, heldout_folder
 from istar.config.specs import AS_GIVEN, HoldoutSpec, MeasureSpec, PrepareDataSpec, ShrinkageSpec, SurveySpec, TrainSpec
 from istar.core.tokens import TOKEN_SELECTION_NAMES, get_token_selection
 from istar.registry.analysis import get_sigma_source
+from istar.registry.collapse_rules import get_collapse_rule
 from istar.registry.methods import get_method
 from istar.registry.tasks import SPLITS, TASKS
 
-__all__ = ["search_settings", "searches_no_penalty", "istar_or_base", "selected_setting", "fixed_setting", "fixed_choice_args", "final_settings", "baseline_choices",
+__all__ = ["replaces_collapsed", "search_settings", "searches_no_penalty", "istar_or_base", "selected_setting", "fixed_setting", "fixed_choice_args", "final_settings", "baseline_choices",
            "tuned_tokens", "tuning_settings", "tuned_setting", "study_runs",
            "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "prepare_data_inputs",
            "train_spec", "heldout_name", "holdout_spec",
@@ -164,6 +165,12 @@ def study_seeds(config: dict, study: str, task: str) -> list[int]:
     final = config["final"]
     final_seeds = list(final["seeds_by_task"].get(task) or final["seeds"])
     return final_seeds if study == "final" else list(config["studies"][study]["seeds"] or final_seeds)
+
+
+def replaces_collapsed(config: dict) -> bool:
+    """Whether the final stage trains replacement seeds for collapsed runs (``inference.collapsed_runs``: rerun,
+    :mod:`istar.registry.collapse_rules`): they are known only after a checkpoint on the final runs."""
+    return get_collapse_rule(config["inference"]["collapsed_runs"]).replaces
 
 
 def study_scope(config: dict, study: str) -> tuple[list[str], list[str]]:

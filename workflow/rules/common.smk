@@ -20,7 +20,6 @@ from istar.report.figures import (
     enabled_figures,
 )
 from istar.report.table_specs import TABLE_NAMES, enabled_tables, get_table
-from istar.registry.collapse_rules import get_collapse_rule
 from istar.config.layout import (
     AGGREGATE,
     COLLAPSE_CHECK,
@@ -40,6 +39,7 @@ from istar.config.layout import (
     sigma_template,
 )
 from istar.pipeline.plan import (
+    replaces_collapsed,
     study_scope,
     baseline_choices,
     final_settings,
@@ -265,7 +265,7 @@ def survey_spec_json(wildcards, output):
 
 # ----------------------------------------------------------------------------- which runs
 
-COLLAPSE_RULE = get_collapse_rule(config["inference"]["collapsed_runs"])
+REPLACES_COLLAPSED = replaces_collapsed(config)
 
 
 def final_seeds(model, task, replaced: bool) -> list[int]:
@@ -273,7 +273,7 @@ def final_seeds(model, task, replaced: bool) -> list[int]:
     rerun the seeds that replace collapsed ones (waits for the collapse_check checkpoint).
     """
     seeds = study_seeds(config, "final", task)
-    if not (replaced and COLLAPSE_RULE.replaces):
+    if not (replaced and REPLACES_COLLAPSED):
         return seeds
     check = read_json(checkpoints.collapse_check.get(model=model, task=task).output[0])
     return seeds + sorted(check["replacements"].values())
@@ -451,7 +451,7 @@ def known_measures() -> list[str]:
                         fixed_setting(config, model, task),
                         before_checkpoints=True,
                     ),
-                    skip_final=COLLAPSE_RULE.replaces,
+                    skip_final=REPLACES_COLLAPSED,
                 )
                 for model in MODELS
                 for task in TASKS
@@ -505,7 +505,7 @@ COLLAPSE_CHECKS = (
         for model in MODELS
         for task in TASKS
     ]
-    if COLLAPSE_RULE.replaces
+    if REPLACES_COLLAPSED
     else []
 )
 TUNED_SELECTIONS = [
