@@ -427,8 +427,9 @@ def claims_table(runs: pd.DataFrame, selection: pd.DataFrame | None = None,
             "seeds above and below 0; a verdict says where the two disagree.",
             "Pooled: random-effects mean over the informative cells (points for scores), with the "
             "Hartung–Knapp–Sidik–Jonkman interval below five cells; a single cell is reported by its own paired "
-            "test. The trend: the slope of the score on the fine-tuned model's IsoScore* (and on λ) across the λ "
-            "sweep, from a linear mixed model with a random intercept per seed (REML, Wald interval).",
+            "test." + (" The trend: the slope of the score on the fine-tuned model's IsoScore* (and on λ) across "
+                       "the λ sweep, from a linear mixed model with a random intercept per seed (REML, Wald interval)."
+                       if runs["study"].eq("lambda_sweep").any() else ""),
             declared,
             "The paper's own cell: Rudman & Eickhoff (ICLR 2024) Table 1, the gain over Base of the paper model "
             "mapped to ours (inference.paper_models), Welch's interval over its 5 seeds; consistent where the "
