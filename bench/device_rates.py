@@ -11,6 +11,9 @@ import; ``--check`` exits 1 when the file is not what the records give, as the t
   GPU takes than the estimate, lowest and highest seen on that kind of GPU.
 - ``packed_ratio``: for each ``--parallel K`` of a ``run-bundle`` call, each fine-tune's seconds over
   K × its estimate alone: the GPU time one job costs when K share the GPU, relative to the estimate.
+- ``job_factor``: the other jobs of those calls (``measure``, ``shrinkage`` of either token
+  selection, ``select``), each one's seconds over its estimate, per rule: what
+  :func:`istar.pipeline.cost.bundle_call_seconds` sizes a device call with.
 """
 
 from __future__ import annotations
@@ -51,21 +54,38 @@ def packed_ratios(call: dict) -> list[float]:
             if job["rule"] == "train" and job["returncode"] == 0]
 
 
+def job_factors(call: dict) -> dict[str, list[float]]:
+    """Each job other than a fine-tune, its seconds over its estimate, by rule (the Σ_S rules as one)."""
+    factors: dict[str, list[float]] = {}
+    for job in call["jobs"]:
+        if job["rule"] != "train" and job["returncode"] == 0:
+            rule = "shrinkage" if job["rule"].startswith("shrinkage") else job["rule"]
+            factors.setdefault(rule, []).append(job["seconds"] / job["estimate_s"])
+    return factors
+
+
+def _kind() -> dict:
+    return {"step_factor": [], "packed_ratio": {}, "job_factor": {}, "sources": []}
+
+
 def build(records: Path) -> dict:
     rates: dict = {}
     for path in sorted(records.rglob("*gpu_check*.json")):
         check = json.loads(path.read_text(encoding="utf-8"))
-        kind = rates.setdefault(gpu_kind(check["environment"]["gpu"]), {"step_factor": [], "packed_ratio": {}, "sources": []})
+        kind = rates.setdefault(gpu_kind(check["environment"]["gpu"]), _kind())
         kind["step_factor"] += step_factors(check)
         kind["sources"].append(str(path.relative_to(REPO)))
     for path in sorted(records.rglob("*bundle-call.json")):
         call = json.loads(path.read_text(encoding="utf-8"))
-        kind = rates.setdefault(gpu_kind(call["device"]["gpus"][0]), {"step_factor": [], "packed_ratio": {}, "sources": []})
+        kind = rates.setdefault(gpu_kind(call["device"]["gpus"][0]), _kind())
         kind["packed_ratio"].setdefault(str(call["parallel"]), []).extend(packed_ratios(call))
+        for rule, factors in job_factors(call).items():
+            kind["job_factor"].setdefault(rule, []).extend(factors)
         kind["sources"].append(str(path.relative_to(REPO)))
     return {name: {"step_factor": [round(min(k["step_factor"]), 3), round(max(k["step_factor"]), 3)],
                    "packed_ratio": {parallel: [round(min(r), 3), round(max(r), 3)]
                                     for parallel, r in sorted(k["packed_ratio"].items(), key=lambda i: int(i[0]))},
+                   "job_factor": {rule: [round(min(r), 3), round(max(r), 3)] for rule, r in sorted(k["job_factor"].items())},
                    "sources": sorted(k["sources"])}
             for name, k in sorted(rates.items()) if k["step_factor"]}
 

@@ -13,8 +13,9 @@ recorded in the bundle's ``done.json``, so the next ``run-bundle`` skips them.
 
 Once every unit is back (or with ``--partial``, from what is back), it runs ``istar aggregate``,
 ``istar experiment`` (Table 1's cells as DVC metrics), ``istar stability`` where the config asks for
-Fig. 2, ``istar table`` and ``istar figure`` with the arguments their rules pass, each logging to the
-rule's log file, and writes the validated config to ``results/config.yaml``.
+Fig. 2, ``istar table``, ``istar figure`` and ``istar summary`` (the landing page, results/summary.md)
+with the arguments their rules pass, each logging to the rule's log file, and writes the validated
+config to ``results/config.yaml``.
 """
 
 from __future__ import annotations
@@ -159,6 +160,9 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
         steps.append((f"figure {figure}", f"logs/figure/{figure}.log",
                       ["figure", figure, "--aggregate-dir", "results/aggregate", "--out", f"results/figures/{figure}.png",
                        "--analysis-zeta", str(plan["analysis_zeta"])]))
+    steps.append(("summary", "logs/summary.log", ["summary", "--config", "results/config.yaml", "--aggregate-dir",
+                                                  "results/aggregate", "--out", "results/summary.md", "--rst",
+                                                  "results/summary.rst"]))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     for label, log, args in steps:
         (root / log).parent.mkdir(parents=True, exist_ok=True)
@@ -172,7 +176,7 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
     made = [f"results/aggregate/{name}.csv" for name in ("runs", "paired", "pooled")] + ["results/experiment/metrics.json"]
     made += [f"results/tables/{table}.md" for table in plan["tables"]]
     made += [f"results/figures/{figure}.png" for figure in plan["figures"]]
-    return made
+    return made + ["results/summary.md"]
 
 
 def import_bundle(archives, bundle, *, root=".", partial: bool = False, force: bool = False) -> dict:

@@ -16,6 +16,11 @@ from the GPU records by ``python -m bench.device_rates``):
 Wall time on N GPUs is the GPU time over N: a lower bound (the search must end before the final
 runs start). Fine-tunes only: the Σ_S passes of the pretrained models and the measurements add a
 job per setting (a few per cent of a study's fine-tunes' time in the GPU study).
+
+``istar cost --bundle FOLDER --units A:B --parallel K --kind h100`` sizes one device call of a built
+bundle instead (:func:`bundle_call_seconds`): the units' jobs as ``run-bundle`` runs them, each
+job's estimate turned into seconds by the same measured rates (``job_factor`` for the jobs that are
+not fine-tunes).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from istar.registry.methods import get_method
 from istar.registry.tasks import get_task
 
 __all__ = ["RATES_FILE", "gpu_kind", "load_rates", "model_shape", "planned_fine_tunes", "fine_tune_estimate_s",
-           "config_cost", "describe_cost"]
+           "config_cost", "describe_cost", "bundle_call_seconds"]
 
 RATES_FILE = Path(__file__).with_name("device_rates.json")
 
@@ -123,16 +128,50 @@ def fine_tune_estimate_s(run: dict, shape: dict, config: dict, costs: DeviceCost
             + (run["epochs"] + 1) * sigma_batches * forward)
 
 
+def _measured(kind: str, rates: dict) -> dict:
+    if kind not in rates["kinds"]:
+        raise ValueError(f"no rates measured on {kind!r}; measured: {', '.join(sorted(rates['kinds']))} "
+                         f"(a GPU record imported into docs/data adds its kind: python -m bench.device_rates)")
+    return rates["kinds"][kind]
+
+
+def bundle_call_seconds(plan: dict, numbers, kind: str, parallel: int, rates: dict | None = None) -> list[float]:
+    """[low, high] seconds of one ``run-bundle --parallel K`` call on a fresh machine with one GPU of ``kind``
+    that runs the bundle's units ``numbers`` (as ``istar bundle`` numbers them), from the measured rates:
+    first each Σ_S job the units read, once; then unit by unit its fine-tunes in waves of K, a wave as long
+    as its longest job at K × ``packed_ratio[K]`` × its estimate (K jobs share the GPU), then the unit's
+    measurement. Every job but a fine-tune takes ``job_factor[rule]`` × its estimate, one after another
+    (the runner overlaps some: an upper bound there). The machine's start is not included."""
+    measured = _measured(kind, rates or load_rates())
+    if str(parallel) not in measured["packed_ratio"]:
+        raise ValueError(f"no run-bundle call with --parallel {parallel} measured on {kind}; measured: "
+                         f"{', '.join(measured['packed_ratio'])}")
+    jobs, chosen = plan["jobs"], [plan["units"][number] for number in numbers]
+    wanted = {path for unit in chosen for index in unit["jobs"] for path in jobs[index]["needs"]}
+    sigmas = [job for job in jobs if job["rule"].startswith("shrinkage") and wanted & set(job["outputs"])]
+    bounds = []
+    for side in (0, 1):
+        def alone(job: dict) -> float:
+            rule = "shrinkage" if job["rule"].startswith("shrinkage") else job["rule"]
+            return measured["job_factor"][rule][side] * job["estimate_s"]
+
+        seconds = sum(alone(job) for job in sigmas)
+        for unit in chosen:
+            trains = [jobs[index]["estimate_s"] for index in unit["jobs"] if jobs[index]["rule"] == "train"]
+            waves = [trains[start:start + parallel] for start in range(0, len(trains), parallel)]
+            seconds += sum(parallel * measured["packed_ratio"][str(parallel)][side] * max(wave) for wave in waves)
+            seconds += sum(alone(jobs[index]) for index in unit["jobs"] if jobs[index]["rule"] != "train")
+        bounds.append(round(seconds, 1))
+    return bounds
+
+
 def config_cost(config: dict, kind: str, gpus: int, rates: dict | None = None) -> dict:
     """GPU-hours and wall hours of a validated config's fine-tunes on ``gpus`` GPUs of ``kind``, one job
     per GPU and K per GPU for each K measured there; each a [low, high] range from the measured rates."""
     rates = rates or load_rates()
-    if kind not in rates["kinds"]:
-        raise ValueError(f"no rates measured on {kind!r}; measured: {', '.join(sorted(rates['kinds']))} "
-                         f"(a GPU record imported into docs/data adds its kind: python -m bench.device_rates)")
+    measured = _measured(kind, rates)
     if gpus < 1:
         raise ValueError(f"--gpus must be at least 1; got {gpus}")
-    measured = rates["kinds"][kind]
     shapes = {model: model_shape(source, rates) for model, source in config["models"].items()}
     runs = planned_fine_tunes(config, {model: shape["layers"] for model, shape in shapes.items()})
     estimate_h = sum(fine_tune_estimate_s(run, shapes[run["model"]], config) for run in runs) / 3600
@@ -165,14 +204,28 @@ def describe_cost(cost: dict) -> str:
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", dest="configfiles", nargs="+", required=True, type=Path,
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", dest="configfiles", nargs="+", type=Path,
                         help="config file(s), merged in order as snakemake --configfile merges them")
-    parser.add_argument("--gpus", type=int, required=True, help="GPUs the config runs on")
+    source.add_argument("--bundle", type=Path, help="a built bundle (istar bundle --out): the seconds of one device call")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs the config runs on (default: %(default)s)")
     parser.add_argument("--kind", required=True, help="the kind of GPU (h100, h200: those with measured rates)")
+    parser.add_argument("--units", default=None, metavar="A:B", help="--bundle: the call's units, as run-bundle --units")
+    parser.add_argument("--parallel", type=int, default=10, help="--bundle: as run-bundle --parallel (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
 
 
 def run_cli(args) -> int:
+    if args.bundle is not None:
+        from istar.pipeline.bundle_run import read_plan, unit_range
+
+        plan = read_plan(args.bundle)
+        numbers = unit_range(args.units, len(plan["units"])) if args.units else range(len(plan["units"]))
+        low, high = bundle_call_seconds(plan, numbers, args.kind.lower(), args.parallel)
+        print(json.dumps({"units": [plan["units"][n]["name"] for n in numbers], "seconds": [low, high]}, indent=2)
+              if args.json else f"units {numbers.start}:{numbers.stop} of {args.bundle}, {args.parallel} at a time on one "
+              f"{args.kind.lower()}: {low / 60:.1f}–{high / 60:.1f} min ({low:.0f}–{high:.0f} s; the machine's start not included)")
+        return 0
     config = validate_config(merge_config_files(args.configfiles), check_paths=False)
     cost = config_cost(config, args.kind.lower(), args.gpus)
     print(json.dumps(cost, indent=2) if args.json else describe_cost(cost))

@@ -176,7 +176,7 @@ def _cell_finding(evidence: Evidence, row, sign: int, points: bool, label: str, 
 def _across_cells(evidence: Evidence, measure: str, method: str, sign: int, points: bool, label: str,
                   digits: int, unit: str) -> list[Finding]:
     """A claim across the final study's cells: the declared primary cell when this is its contrast, else
-    the pooled estimate over the informative cells (one cell: its own test; none: not informative)."""
+    the pooled estimate over the informative cells (one cell: its own test; none: each cell, not informative)."""
     rows = evidence.tests.rows("final", measure)
     rows = rows[rows["method"] == method]
     if rows.empty:
@@ -185,9 +185,9 @@ def _across_cells(evidence: Evidence, measure: str, method: str, sign: int, poin
     if primary:
         return [_cell_finding(evidence, primary[0], sign, points, label, digits, unit, primary=True)]
     cells = [row for row in rows.itertuples() if informative(row)]
-    if len(cells) < 2:
-        target = cells or list(rows.itertuples())
-        return [_cell_finding(evidence, target[0], sign, points, label, digits, unit)]
+    if len(cells) < 2:  # one informative cell: its own test; none: every cell, each not informative
+        return [_cell_finding(evidence, row, sign, points, label, digits, unit)
+                for row in cells or list(rows.itertuples())]
     scales = {task: (get_task(task).percent_scale if points else 1.0) for task in set(rows["task"])}
     pooled = pooled_gains(rows, scales)
     overall = pooled[pooled["scope"] == "all"].iloc[0]
@@ -427,8 +427,9 @@ def claims_table(runs: pd.DataFrame, selection: pd.DataFrame | None = None,
             "seeds above and below 0; a verdict says where the two disagree.",
             "Pooled: random-effects mean over the informative cells (points for scores), with the "
             "Hartung–Knapp–Sidik–Jonkman interval below five cells; a single cell is reported by its own paired "
-            "test. The trend: the slope of the score on the fine-tuned model's IsoScore* (and on λ) across the λ "
-            "sweep, from a linear mixed model with a random intercept per seed (REML, Wald interval).",
+            "test." + (" The trend: the slope of the score on the fine-tuned model's IsoScore* (and on λ) across "
+                       "the λ sweep, from a linear mixed model with a random intercept per seed (REML, Wald interval)."
+                       if runs["study"].eq("lambda_sweep").any() else ""),
             declared,
             "The paper's own cell: Rudman & Eickhoff (ICLR 2024) Table 1, the gain over Base of the paper model "
             "mapped to ours (inference.paper_models), Welch's interval over its 5 seeds; consistent where the "

@@ -29,6 +29,7 @@ from istar.io import artifacts
 from istar.registry.methods import METHODS
 from istar.registry.tasks import get_task, ordered_tasks
 from istar.report.aggregate_csv import read_aggregate
+from istar.report.claims import NOT_TESTED
 from istar.report.collapse import apply_collapse_rule, collapse_footnote
 from istar.report.figures import FIGURES, STABILITY_CSV, STUDY_FIGURES
 from istar.report.paired import REFERENCE
@@ -67,13 +68,26 @@ def landing(config: dict, runs: pd.DataFrame, selection: pd.DataFrame | None = N
     """
     from istar.report.table_specs import build
 
-    rule = config["inference"]["collapsed_runs"]
-    verdict = build("claims", runs, selection=selection, stability=stability, config=config)
+    verdict = _tested(build("claims", runs, selection=selection, stability=stability, config=config))
     forest = FIGURES[FOREST] if FOREST in FIGURES and FIGURES[FOREST].enabled(config) else None
-    final = runs[runs["study"] == FINAL]
-    _, counts = apply_collapse_rule(final, rule)
-    collapsed = collapse_footnote(counts, {task: get_task(task).display for task in set(final["task"])})
+    # the runs the claims read, under the declared rule: the claims table's own footnote, shown once, as its own line
+    _, counts = apply_collapse_rule(runs, config["inference"]["collapsed_runs"])
+    collapsed = collapse_footnote(counts, {task: get_task(task).display for task in set(runs["task"])})
+    verdict.footnotes = [note for note in verdict.footnotes if note != collapsed]
     return Landing(verdict, f"{forest.name}.png" if forest else None, collapsed, _what_ran(config, runs, selection))
+
+
+def _tested(table: Table) -> Table:
+    """The claims table without its "not tested" rows (they would name arms and stages the study did not
+    run), a footnote counting the claims left out."""
+    keep = [i for i, row in enumerate(table.cells) if not row[-1].startswith(NOT_TESTED)]
+    claims = list(dict.fromkeys(label[0] for label in table.index))
+    left = [claim for claim in claims if claim not in {table.index[i][0] for i in keep}]
+    table.index, table.cells, table.best = ([part[i] for i in keep] for part in (table.index, table.cells, table.best))
+    if left:
+        table.footnotes.insert(0, f"Not tested by this study: {len(left)} of the paper's {len(claims)} claims (the "
+                                  "claims table under Tables, results/tables/claims.md, lists each with the reason).")
+    return table
 
 
 def _what_ran(config: dict, runs: pd.DataFrame, selection: pd.DataFrame | None) -> list[tuple[str, str]]:

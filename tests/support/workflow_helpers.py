@@ -111,3 +111,28 @@ def missing_outputs(workdir: Path, configfile: Path | None = None) -> list[str]:
     rows = [line.split("\t") for line in summary.stdout.splitlines() if "\t" in line]
     status = rows[0].index("status")
     return sorted(row[0] for row in rows[1:] if row[status] == "missing")
+
+
+def check_landing(results: Path, *, search: str | None, cosreg: bool, studies: set[str]) -> str:
+    """The landing page a study's records produced (results/summary.md, and report.html where made) names
+    exactly what the study ran: its search and protocol (``search``: None, "validation" or "heldout"), the
+    selection-bias sentence only under a validation-split search, CosReg only with CosReg runs, and the
+    figure studies ``studies`` beside the final comparison, no others. Returns the Markdown."""
+    from istar.config.schema import STUDIES
+
+    md = (results / "summary.md").read_text(encoding="utf-8")
+    assert md.index("## Verdict") < md.index("| Claim") < md.index("## What ran"), md[:2000]
+    searched = re.findall(r"(?i)(?<!no )\bsearch", md)  # "…, with no search here" is the fixed protocol's note
+    assert bool(searched) == (search is not None) and ("The search trained" in md) == (search is not None), md
+    assert ("biased upward" in md) == (search == "validation"), md
+    assert ("held-out" in md) == (search == "heldout"), md
+    assert ("fixed in advance" in md) == (search is None), md
+    assert ("CosReg" in md) == cosreg, md
+    named = {study for study in STUDIES if f"{study} (" in md}
+    assert named == studies, (named, studies)
+    report = results / "report.html"
+    if report.is_file():  # the same page is the report's first screen
+        html = report.read_text(encoding="utf-8", errors="replace")
+        for line in ("Verdict", "What ran", md.split("**Protocol**: ")[1].split(":")[0]):
+            assert line in html, line
+    return md

@@ -18,6 +18,7 @@ from istar.pipeline.bundle import DEVICE_LIMIT, build_bundle, save_float16_copy,
 from istar.pipeline.bundle_plan import confirmatory_problem, plan_jobs, plan_units
 from istar.pipeline.bundle_import import import_bundle
 from istar.pipeline.bundle_run import JOBS_FILE, SUMMARY_NAME, run_bundle, unit_range
+from istar.pipeline.cost import bundle_call_seconds
 from istar.pipeline.validate import merge_config_files, validate_config
 from istar.registry.tasks import get_task
 
@@ -188,3 +189,8 @@ def test_gpu_study_bundle_from_the_full_releases_fits(tmp_path):
           f"estimated {plan['estimate']['total_s'] / 60:.1f} min on one H100")
     assert size["bundle_bytes"] + size["tree_bytes"] < DEVICE_LIMIT
     assert max(unit["estimate_s"] for unit in plan["units"]) < 400  # each setting fits a device call with room to spare
+    # the measured rates bracket the calls that ran this bundle whole (istar cost --bundle; the queue's minutes)
+    for kind, record in (("h100", "gpu-study-repeats/h100-bundle-call.json"), ("h200", "gpu-study/bundle-call.json")):
+        call = json.loads((REPO / "docs" / "data" / record).read_text())
+        low, high = bundle_call_seconds(plan, range(len(plan["units"])), kind, call["parallel"])
+        assert low < call["seconds"] < high, (kind, low, call["seconds"], high)

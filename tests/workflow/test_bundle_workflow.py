@@ -16,7 +16,7 @@ import pytest
 import yaml
 from device_env import device_python
 from mirrors import REPO, TEST_DATA
-from workflow_helpers import save_tiny_model, snakemake
+from workflow_helpers import check_landing, save_tiny_model, snakemake
 
 from istar.models.loading import resolve_model_source
 from istar.pipeline.bundle import build_bundle
@@ -187,6 +187,9 @@ def test_bundle_runs_without_snakemake_in_two_calls_and_comes_home_as_tables(tmp
         assert (home / path).is_file(), path
     with open(home / "results/aggregate/runs.csv", newline="") as handle:
         assert sum(row["study"] == "final" for row in csv.DictReader(handle)) == 4
+    # the landing page of a confirmatory study: λ | ζ fixed, Base and I-STAR, no search, no CosReg, no bias sentence
+    md = check_landing(home / "results", search=None, cosreg=False, studies=set())
+    assert "RTE (accuracy), 2 seeds (0, 1)" in md and "penalty over all positions" in md
 
 
 

@@ -1,12 +1,12 @@
 """A real workflow run under search.selection_split: heldout: the search never trains on, nor
 takes Σ_S from, the training rows that score it; the final runs train on the full training
-split; the selection, Table 1 and the report name the protocol."""
+split; the selection, Table 1, the report and its landing page name the protocol."""
 
 import json
 
 import numpy as np
 import pandas as pd
-from workflow_helpers import load_test_config, save_tiny_model, snakemake, write_project
+from workflow_helpers import check_landing, load_test_config, save_tiny_model, snakemake, write_project
 
 from istar.data import read_split
 
@@ -54,6 +54,8 @@ def test_heldout_workflow_never_trains_the_search_on_its_scoring_rows(tmp_path):
     protocol = "chosen on a held-out 25% of the training split (seed 1)"
     assert protocol in (tmp_path / "results/summary.md").read_text()
     assert protocol in (tmp_path / "results/report.html").read_text()
+    # the landing page: a search on held-out rows, so no selection-bias sentence; the figure studies are off
+    check_landing(tmp_path / "results", search="heldout", cosreg=True, studies=set())
 
 
 def test_a_fixed_istar_faces_a_base_tuned_on_heldout_rows(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from workflow_helpers import ENV, REPO, clean_clone, planned_jobs, snakemake
+from workflow_helpers import ENV, REPO, check_landing, clean_clone, planned_jobs, snakemake
 
 PAPER_JOBS = {
     # Σ_S over real tokens (the measurements) and over every padded position (the runs: penalty.tokens)
@@ -123,6 +123,12 @@ def test_tiny_workflow_produces_every_output(tiny_project):
     assert planned_jobs(snakemake(tiny_project, "-n").stdout) == {}
 
 
+def test_tiny_landing_page_names_its_search_cosreg_and_every_study_with_the_padding_study(tiny_project):
+    md = check_landing(tiny_project / "results", search="validation", cosreg=True, studies={
+        "lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep", "single_layer", "padding"})
+    assert "Real-token IsoScore* against performance" in md  # the padding study, by its figure's caption
+
+
 def test_changing_one_lambda_reruns_only_what_depends_on_it(tiny_project, tmp_path):
     config = yaml.safe_load((tiny_project / "config.yaml").read_text())
     config["studies"]["lambda_sweep"]["lambdas"] = [-1, 3]
@@ -208,3 +214,6 @@ def test_default_demo_config_runs_to_the_report(tmp_path):
     for figure in ("fig2", "fig3", "fig4", "fig5", "fig6"):
         assert (results / "figures" / f"{figure}.png").is_file()
     assert not (results / "figures" / "fig7.png").exists()  # its study is off in the demo
+    # the report opens on the demo's own landing page: its validation-split search (and the bias that implies),
+    # CosReg, and the four figure studies it runs
+    check_landing(results, search="validation", cosreg=True, studies={"lambda_sweep", "cosreg_means", "twonn", "layerwise"})

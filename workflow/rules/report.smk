@@ -142,6 +142,8 @@ rule report:
             f"--configfile {path}" for path in workflow.overwrite_configfiles
         ),
         snakefile=workflow.main_snakefile,
+        # the landing page from its top, at the width of its claims table (Snakemake centres the view)
+        stylesheet=Path(workflow.basedir) / "report" / "landing.css",
     shell:
         "snakemake --snakefile {params.snakefile} --directory . {params.configfiles} --nolock "
-        "--report {output} > {log} 2>&1"
+        "--report {output} --report-stylesheet {params.stylesheet} > {log} 2>&1"
