@@ -77,7 +77,7 @@ SUBCOMMANDS = {
     "experiment": Subcommand("istar.report.experiment", "Table 1's cells, the λ sweep and Σ_S curves as DVC metrics and plots"),
     "select": Subcommand("istar.report.select", "pick the best search setting of a model and task"),
     "collapse-check": Subcommand("istar.report.collapse", "which final seeds collapsed and the seeds that replace them (rerun)"),
-    "table": Subcommand("istar.report.tables", "render Table 1 / Table 2 from the aggregate CSVs"),
+    "table": Subcommand("istar.report.table_specs", "render Table 1 / Table 2 from the aggregate CSVs"),
     "stability": Subcommand("istar.steps.stability", "simulate Fig. 2's data: IsoScore* of mini-batches vs batch size"),
     "figure": Subcommand("istar.report.figures", "draw one of the paper's figures from the aggregate CSVs"),
     "summary": Subcommand("istar.report.summary", "the report's landing page: the verdict and what ran, as Markdown and reST"),

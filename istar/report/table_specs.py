@@ -7,8 +7,10 @@ neither pandas nor matplotlib: the building function is looked up when a table i
 
 from __future__ import annotations
 
+import argparse
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from istar.report.figures import switch_enabled
 
@@ -89,3 +91,46 @@ def build(name: str, frame, selection=None, stability=None, config=None):
     table = builder(kept, *extra)
     table.footnotes.append(collapse_footnote(counts, {key: task.display for key, task in TASKS.items()}))
     return table
+
+
+# --------------------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------------------
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``istar table``."""
+    parser.add_argument("which", choices=TABLE_NAMES,
+                        help="table1: performance; table2: chosen λ | ζ; padding: the padding study; claims: the paper's "
+                        "claims and their verdicts; seeds: every final run's score")
+    parser.add_argument("--runs", type=Path, default=Path("results/aggregate/runs.csv"),
+                        help="runs.csv of `istar aggregate` (table1, padding; default: %(default)s)")
+    parser.add_argument("--selection", type=Path, default=Path("results/aggregate/selection.csv"),
+                        help="selection.csv of `istar aggregate` (table2; table1: the selection protocol's footnote, "
+                        "left out when the file does not exist; default: %(default)s)")
+    parser.add_argument("--stability", type=Path, default=None,
+                        help="fig2_stability.csv of `istar stability` (claims; left out when not given)")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="the resolved config (results/config.yaml): the rule for collapsed runs of the tables "
+                             "that pair runs (inference.collapsed_runs); claims: the declared primary endpoint, the "
+                             "paper models, the training rows (left out: keep every run, nothing declared)")
+    parser.add_argument("--out-prefix", type=Path, default=None,
+                        help="output path without suffix; writes .csv, .md and .tex (default: results/tables/WHICH)")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Build the chosen table from its CSV and write it; print the files written."""
+    from istar.config.schema import load_yaml
+    from istar.report.aggregate_csv import read_aggregate
+    from istar.report.table_render import write_table
+
+    spec = get_table(args.which)
+    source = {"runs": args.runs, "selection": args.selection}[spec.data]
+    # a table that states the selection protocol reads it when the selection exists (it is drawn without it too)
+    selection = read_aggregate(args.selection) if spec.states_protocol and args.selection.is_file() else None
+    stability = read_aggregate(args.stability) if spec.reads_stability and args.stability else None
+    config = load_yaml(args.config) if args.config else None
+    table = build(args.which, read_aggregate(source), selection=selection, stability=stability, config=config)
+    for path in write_table(table, args.out_prefix or Path("results/tables") / args.which):
+        print(path)
+    return 0
