@@ -27,7 +27,6 @@ from istar.core.tokens import TOKEN_SELECTIONS
 from istar.registry.methods import METHODS
 from istar.registry.tasks import get_task, ordered_tasks
 from istar.report import figure_parts as parts
-from istar.report.figures import ANALYSIS_ZETA
 from istar.report.inference import POWER
 from istar.report.comparisons import study_tests, variant_label
 from istar.report.paired import LEVEL, REFERENCE, SIGNIFICANT, difference_cell, power_cell
@@ -157,7 +156,7 @@ def _with_zeta(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["method"].map(lambda method: METHODS[method].takes("zeta"))]
 
 
-def padding(runs: pd.DataFrame, analysis_zeta: float = ANALYSIS_ZETA) -> Figure:
+def padding(runs: pd.DataFrame, analysis_zeta: float) -> Figure:
     """The padding figure: real-token IsoScore* (x) against performance (y), one point per variant.
 
     Parameters

@@ -23,7 +23,6 @@ from istar.core.tokens import TOKEN_SELECTIONS
 from istar.registry.tasks import get_task
 from istar.report import figure_parts as parts
 from istar.report.aggregate_csv import require_columns
-from istar.report.figures import ANALYSIS_ZETA
 
 __all__ = ["fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8", "sigma_epochs", "forest"]
 
@@ -97,7 +96,7 @@ def _layer_lines(layers: pd.DataFrame, study: str, value: str, ylabel: str) -> F
     return fig
 
 
-def fig3(runs: pd.DataFrame, analysis_zeta: float = ANALYSIS_ZETA) -> Figure:
+def fig3(runs: pd.DataFrame, analysis_zeta: float) -> Figure:
     """Fig. 3: IsoScore* (x) vs performance (y) across the λ sweep.
 
     Parameters
@@ -172,7 +171,7 @@ def fig5(layers: pd.DataFrame) -> Figure:
     return _layer_lines(layers, "twonn", "twonn_cls", "Intrinsic dimension (TwoNN)")
 
 
-def fig6(layers: pd.DataFrame, analysis_zeta: float = ANALYSIS_ZETA) -> Figure:
+def fig6(layers: pd.DataFrame, analysis_zeta: float) -> Figure:
     """Fig. 6: IsoScore* per layer for λ = −1, +1 and Base.
 
     Parameters

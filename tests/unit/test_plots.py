@@ -13,6 +13,7 @@ from istar.core.fig2 import fig2_true_value, fig2_variances
 from istar.core.isotropy import isoscore_star_from_covariance
 from istar.registry.methods import METHODS
 from istar.report import figure_parts, plots
+from istar.report.figures import draw
 from istar.steps import stability
 
 MODELS = ("bert", "albert")
@@ -122,7 +123,7 @@ def test_fig2_data_reaches_the_true_value_and_draws(tmp_path):
 
 
 def test_fig3_points_per_lambda(tmp_path):
-    fig = plots.fig3(make_runs())
+    fig = plots.fig3(make_runs(), 0.2)
     panels = _panels(fig)
     assert len(panels) == 4 and {ax.get_title() for ax in panels} >= {"bert — RTE", "albert — STS-B"}
     for ax in panels:
@@ -135,7 +136,7 @@ def test_fig3_points_per_lambda(tmp_path):
 
 def test_fig3_performance_is_percent_with_std_over_seeds():
     runs = make_runs()
-    fig = plots.fig3(runs)
+    fig = plots.fig3(runs, 0.2)
     ax = next(ax for ax in fig.axes if ax.get_title() == "bert — RTE")
     rows = runs[(runs.study == "lambda_sweep") & (runs.model == "bert") & (runs.task == "rte") & (runs.lam == -5)]
     container = next(c for c in ax.containers if c.get_label() == "I-STAR λ = −5")
@@ -148,7 +149,7 @@ def test_fig3_performance_is_percent_with_std_over_seeds():
 
 def test_single_seed_has_no_error_bars():
     runs = make_runs()
-    fig = plots.fig3(runs[runs.seed == 0])
+    fig = plots.fig3(runs[runs.seed == 0], 0.2)
     for ax in _panels(fig):
         for container in ax.containers:
             assert container.has_xerr is False and container.has_yerr is False
@@ -171,7 +172,7 @@ def test_fig4_lines(tmp_path):
 
 @pytest.mark.parametrize("name, series", [("fig5", 5), ("fig6", 3)])
 def test_layer_figures(tmp_path, name, series):
-    fig = getattr(plots, name)(make_layers())
+    fig = draw(name, make_layers())  # as `istar figure` draws it (ζ of the analysis where the figure shows it)
     panels = _panels(fig)
     assert len(panels) == 2
     for ax in panels:
@@ -230,13 +231,13 @@ def test_fig8_layers_and_global_line(tmp_path):
 def test_missing_study_is_a_clear_error(name, frame, study):
     df = frame()
     with pytest.raises(ValueError, match=rf"no rows with study == '{study}' in \w+\.csv: enable studies\.{study} in the config"):
-        getattr(plots, name)(df[df.study != study])
+        draw(name, df[df.study != study])
 
 
 def test_missing_isoscore_and_columns_are_clear_errors():
     runs = make_runs().assign(isoscore_star=np.nan)
     with pytest.raises(ValueError, match="no 'isoscore_star' values.*istar analyze"):
-        plots.fig3(runs)
+        plots.fig3(runs, 0.2)
     with pytest.raises(ValueError, match="lacks the column.*twonn_cls"):
         plots.fig5(make_layers().drop(columns="twonn_cls"))
 
@@ -258,8 +259,6 @@ def test_cli_writes_png_and_pdf(tmp_path):
 
 @pytest.mark.parametrize("istar_tokens", ["real", "all_positions"])
 def test_sigma_epochs_says_which_rows_each_sigma_read_when_they_differ(istar_tokens):
-    from istar.report.figures import draw
-
     rows = [{"study": "final", "model": "m", "task": "rte", "method": method, "setting": method, "lam": lam,
              "seed": seed, "tokens": tokens, "epoch": epoch, "sigma_s_isoscore": 0.2 + 0.01 * epoch + 0.001 * seed}
             for method, lam, tokens in (("base", 0.0, "real"), ("istar", -1.0, istar_tokens))
