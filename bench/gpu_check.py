@@ -19,7 +19,7 @@ needed. Four sections, each printed as a table and written to the JSON:
    I-STAR ≤ 1.10 × base.
 3. The Σ_S step (``istar shrinkage``) over 250,000 rows of the RTE training data: time
    and peak GPU memory, in a child process.
-4. ``istar launch --gpus 1 --mixed-precision fp16 -- train …``: I-STAR (λ = −1, ζ = 0.2,
+4. ``istar launch --gpus 1 -- train --spec …`` (fp16, as the spec says): I-STAR (λ = −1, ζ = 0.2,
    the Σ_S of section 3) on the whole RTE training set for one epoch, with the options the
    workflow's ``train`` rule passes and the hyperparameters of config/gpu-study.yaml.
    Checked: ``run_config.json`` records fp16 as the effective precision, every logged loss
@@ -297,7 +297,7 @@ def launch_section(scale: Scale, model_source: str, rte_data: Path, sigma_s: Pat
     import pandas as pd
 
     training, shrinkage = study_training(scale)
-    command = [sys.executable, "-m", "istar", "launch", "--gpus", str(scale.gpus), "--mixed-precision", "fp16", "--",
+    command = [sys.executable, "-m", "istar", "launch", "--gpus", str(scale.gpus), "--",
                "train", "--spec", launch_spec(training, model_source, rte_data, run,
                                              min(scale.shrinkage_rows, shrinkage["rows"]), sigma_s)]
     print("$ python", " ".join(command[1:]), flush=True)

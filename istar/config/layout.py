@@ -16,6 +16,7 @@
                                                            evaluation + analysis of a setting's runs
     results/profile/{pmodel}/{revision}.json               an isotropy profile
     results/aggregate/{name}.csv                           the aggregate tables
+    logs/{rule's folder}/…/{job}.log                       a job's log (benchmarks/…/{job}.tsv: its timing)
 
 A *setting* is a fine-tuning method with its hyperparameters, spelled as a folder name:
 ``base``, ``cosreg_lam1``, ``istar_lam-1_zeta0.2``, ``istar_lam-1_zeta0.2_layer6``, plus
@@ -39,7 +40,8 @@ from istar.registry.methods import METHOD_PATTERN, get_method
 
 __all__ = ["Setting", "RunPath", "format_number", "parse_run_dir", "seed_of", "seeds_token", "DATA", "MODEL_PIN", "SIGMA",
            "SIGMA_ALL_POSITIONS", "sigma_template", "DEFAULT_TOKENS", "SEARCH_RUN", "heldout_folder", "search_templates",
-           "RUN", "SELECTION", "TUNED_SELECTION", "COLLAPSE_CHECK", "MEASURES", "PROFILE", "AGGREGATE", "WILDCARD_CONSTRAINTS"]
+           "RUN", "SELECTION", "TUNED_SELECTION", "COLLAPSE_CHECK", "MEASURES", "PROFILE", "AGGREGATE", "WILDCARD_CONSTRAINTS",
+           "TRAIN_LOG", "search_log", "MEASURE_LOG", "SELECT_LOG", "SELECT_TUNED_LOG", "shrinkage_log", "benchmark_of"]
 
 DATA = "resources/data/{task}"
 MODEL_PIN = "resources/models/{model}.json"
@@ -67,6 +69,29 @@ COLLAPSE_CHECK = "results/collapse/{model}/{task}.json"
 MEASURES = "results/measures/{model}/{task}/{setting}/seeds{seeds}.json"
 PROFILE = "results/profile/{pmodel}/{revision}.json"
 AGGREGATE = "results/aggregate/{name}.csv"
+
+
+# The logs of the jobs of a model × task (istar.pipeline.jobs); each job's benchmark file is its log's
+# path under benchmarks/ (:func:`benchmark_of`).
+TRAIN_LOG = "logs/finetune/{model}/{task}/{setting}/seed{seed}.log"
+MEASURE_LOG = "logs/measure/{model}/{task}/{setting}/seeds{seeds}.log"
+SELECT_LOG = "logs/select/{model}/{task}.log"
+SELECT_TUNED_LOG = "logs/select_tuned/{model}/{task}.log"
+
+
+def search_log(heldout: str | None) -> str:
+    """A search run's log (in the held-out split's folder under ``search.selection_split: heldout``)."""
+    return TRAIN_LOG.replace("logs/finetune/", f"logs/finetune_search/{heldout + '/' if heldout else ''}")
+
+
+def shrinkage_log(tokens: str, heldout: str | None = None) -> str:
+    """The log of the Σ_S job of a token selection (of the search part when ``heldout`` names one)."""
+    return f"logs/shrinkage/{heldout + '/' if heldout else ''}{{model}}/{{task}}{get_token_selection(tokens).suffix}.log"
+
+
+def benchmark_of(log: str) -> str:
+    """The benchmark file (Snakemake's timing of the job) beside a log template: benchmarks/….tsv."""
+    return "benchmarks/" + log.removeprefix("logs/").removesuffix(".log") + ".tsv"
 
 
 def heldout_folder(fraction: float, seed: int) -> str:

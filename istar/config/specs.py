@@ -354,7 +354,7 @@ def add_spec_arguments(parser: argparse.ArgumentParser, spec_class: type) -> Non
     hints = typing.get_type_hints(spec_class)
     parser.set_defaults(spec_class=spec_class)
     parser.add_argument("--spec", help="the whole step specification as JSON (written by the workflow); "
-                                       "the other options are then not allowed, except --mixed-precision")
+                                       "the other options are then not allowed")
     for f in dataclasses.fields(spec_class):
         flag, dest = _flag(f), f.name
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
@@ -384,7 +384,7 @@ def spec_from_cli(args: argparse.Namespace):
     names = [f.name for f in dataclasses.fields(spec_class)]
     given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.spec is not None:
-        extra = sorted(set(given) - {"mixed_precision"})
+        extra = sorted(given)
         if extra:
             flags = ", ".join(_flag_of(spec_class, name) for name in extra)
             raise SpecError(f"--spec holds the whole specification; do not also give {flags}")

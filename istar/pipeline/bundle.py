@@ -192,7 +192,7 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCo
 
     plan = {
         "format": BUNDLE_FORMAT,
-        "precision": training["mixed_precision"], "threads": training["threads"],
+        "threads": training["threads"],
         "inputs": [DATA.format(task=task) for task in config["tasks"]]
                   + [p for model in config["models"] for p in (MODEL_PIN.format(model=model), f"models/{model}")],
         "extra_data": [DATA.format(task=task) for task in extra],

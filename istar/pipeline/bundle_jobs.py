@@ -58,8 +58,7 @@ class Runner:
         if not job["launch"]:
             return [self.python, "-m", "istar", *job["step"]]
         gpus = job["gpus"] if self.gpus is None else min(job["gpus"], self.gpus)
-        return [self.python, "-m", "istar", "launch", "--gpus", str(gpus), "--mixed-precision", self.plan["precision"],
-                "--", *job["step"]]
+        return [self.python, "-m", "istar", "launch", "--gpus", str(gpus), "--", *job["step"]]
 
     def start(self, index: int) -> subprocess.Popen:
         job = self.jobs[index]

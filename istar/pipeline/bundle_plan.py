@@ -19,36 +19,15 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from istar.config.layout import (
-    DATA,
-    DEFAULT_TOKENS,
-    MEASURES,
-    MODEL_PIN,
-    RUN,
-    SELECTION,
-    Setting,
-    seeds_token,
-    sigma_template,
-)
-from istar.config.schema import STUDIES, ConfigError
-from istar.core.tokens import TOKEN_SELECTION_NAMES, get_token_selection
-from istar.pipeline.plan import (
-    final_settings,
-    replaces_collapsed,
-    fixed_choice_args,
-    fixed_setting,
-    measure_spec,
-    needs_sigma,
-    shrinkage_spec,
-    study_runs,
-    study_seeds,
-    train_spec,
-    tuned_tokens,
-)
+from istar.config.layout import DEFAULT_TOKENS
+from istar.config.schema import ConfigError
+from istar.core.tokens import get_token_selection
+from istar.pipeline.jobs import Decided, plan_cell
+from istar.pipeline.plan import fixed_setting, replaces_collapsed, tuned_tokens
 from istar.registry.analysis import get_sigma_source
 from istar.registry.methods import get_method
 
-__all__ = ["confirmatory_problem", "planned_runs", "plan_jobs", "plan_units", "DeviceCosts", "model_sizes",
+__all__ = ["confirmatory_problem", "plan_jobs", "plan_units", "DeviceCosts", "model_sizes",
            "model_sizes_of", "data_sizes", "estimate_jobs"]
 
 
@@ -81,94 +60,49 @@ def confirmatory_problem(config: dict) -> str | None:
     return None
 
 
-def planned_runs(config: dict, model: str, task: str, depth: int) -> list[tuple[str, Setting, int]]:
-    """(study, setting, seed) of the final stage and the figure studies of a model × task whose λ | ζ
-    is fixed in advance: what the workflow's ``planned_runs`` gives once nothing waits for a checkpoint
-    (``depth``: the model's L, for the one-layer study over every layer)."""
-    chosen = fixed_setting(config, model, task)
-    runs = [("final", setting, seed) for setting in final_settings(config, chosen, {})
-            for seed in study_seeds(config, "final", task)]
-    for study in STUDIES:
-        found = study_runs(config, study, model, task, chosen, depth, None)
-        runs += [(study, setting, seed) for setting, seed in found]
-    return runs
-
-
-def _job(rule: str, model: str, task: str, label: str, step: list[str], *, launch: bool, gpus: int,
-         outputs: list[str], keep: list[str], needs: list[str], log: str) -> dict:
-    return {"rule": rule, "model": model, "task": task, "label": label, "step": step, "launch": launch, "gpus": gpus,
-            "outputs": outputs, "keep": keep, "needs": needs, "log": log, "estimate_s": 0.0}
-
-
-def _shrinkage_rule(tokens: str) -> str:
-    """The workflow's rule for Σ_S over ``tokens``: shrinkage (real tokens) or shrinkage_all_positions."""
-    return "shrinkage" if tokens == DEFAULT_TOKENS else f"shrinkage_{tokens}"
+# what the archive brings back of each step's outputs: a run's records (not its model), the Σ_S provenance
+KEEP = {
+    "select": lambda job: list(job.outputs),
+    "shrinkage": lambda job: [job.outputs[1]],
+    "train": lambda job: [f"{folder}/{name}" for folder in [job.outputs[0].removesuffix("/metrics.json")]
+                          for name in ("metrics.json", "run_config.json", "train_log.csv")],
+    "measure": lambda job: list(job.outputs),
+}
 
 
 def plan_jobs(config: dict, depths: dict[str, int]) -> tuple[list[dict], dict]:
-    """Every job from Σ_S to the measurements, as the workflow's rules would run them, and the
-    aggregate's inputs: ``(jobs, aggregate)`` with ``aggregate`` = {runs: [[study, run folder]],
-    selections, measures} in the order the aggregate rule passes them."""
+    """Every job from Σ_S to the measurements — the workflow's own (:func:`istar.pipeline.jobs.plan_cell`,
+    with the λ | ζ fixed in advance and ``depths``, each model's L) — and the aggregate's inputs:
+    ``(jobs, aggregate)`` with ``aggregate`` = {runs: [[study, run folder]], selections, measures} in
+    the order the aggregate rule passes them."""
     problem = confirmatory_problem(config)
     if problem is not None:
         raise ConfigError(problem)
     gpus = config["training"]["gpus"]
-    step_gpus = min(gpus, 1)  # the Σ_S and measure rules take one GPU at most
-    selects, sigmas, trains, measures = [], [], [], []
+    order = ("select", "shrinkage", "train", "measure")
+    jobs: dict[str, list[dict]] = {step: [] for step in order}
     aggregate = {"runs": [], "selections": [], "measures": set()}
     for model in config["models"]:
-        pin = MODEL_PIN.format(model=model)
         for task in config["tasks"]:
-            data = DATA.format(task=task)
-            selection = SELECTION.format(model=model, task=task)
-            aggregate["selections"].append(selection)
-            selects.append(_job("select", model, task, f"{model}/{task}", [
-                "select", "--out", selection, "--fixed", json.dumps(fixed_choice_args(config, model, task))],
-                launch=False, gpus=0, outputs=[selection], keep=[selection], needs=[], log=f"logs/select/{model}/{task}.log"))
-            runs = planned_runs(config, model, task, depths[model])
-            aggregate["runs"] += [[study, RUN.format(model=model, task=task, setting=setting.name, seed=seed)]
-                                  for study, setting, seed in runs]
-            # Σ_S of each token selection a penalty reads, and of the real tokens the measurements read
-            wanted = {setting.tokens for _, setting, _ in runs if needs_sigma(setting)} | {DEFAULT_TOKENS}
-            for tokens in (key for key in TOKEN_SELECTION_NAMES if key in wanted):
-                sigma = sigma_template(tokens).format(model=model, task=task)
-                spec = shrinkage_spec(config, model=pin, task=task, data_dir=data, out=sigma, tokens=tokens)
-                provenance = sigma.replace(".pt", ".json")
-                sigmas.append(_job(_shrinkage_rule(tokens), model, task, f"{model}/{task} ({tokens})",
-                                   ["shrinkage", "--spec", spec.to_json()], launch=True, gpus=step_gpus,
-                                   outputs=[sigma, provenance], keep=[provenance], needs=[],
-                                   log=f"logs/shrinkage/{model}/{task}{get_token_selection(tokens).suffix}.log"))
-            seen = set()
-            for _, setting, seed in runs:
-                if (setting, seed) in seen:
-                    continue
-                seen.add((setting, seed))
-                run = RUN.format(model=model, task=task, setting=setting.name, seed=seed)
-                sigma = sigma_template(setting.tokens).format(model=model, task=task)
-                spec = train_spec(config, model=pin, task=task, setting=setting, seed=seed, data_dir=data,
-                                  output_dir=run, sigma_s=sigma)
-                trains.append(_job("train", model, task, f"{model}/{task}/{setting.name}/seed{seed}",
-                                   ["train", "--spec", spec.to_json()], launch=True, gpus=gpus, outputs=[f"{run}/metrics.json", f"{run}/model"],
-                                   keep=[f"{run}/metrics.json", f"{run}/run_config.json", f"{run}/train_log.csv"],
-                                   needs=[sigma] if needs_sigma(setting) else [],
-                                   log=f"logs/finetune/{model}/{task}/{setting.name}/seed{seed}.log"))
-            measured = set()
-            for study, setting, _ in runs:
-                seeds = study_seeds(config, study, task)
-                out = MEASURES.format(model=model, task=task, setting=setting.name, seeds=seeds_token(seeds))
-                if out in measured:
-                    continue
-                measured.add(out)
-                folders = [RUN.format(model=model, task=task, setting=setting.name, seed=seed) for seed in seeds]
-                sigma = sigma_template(DEFAULT_TOKENS).format(model=model, task=task)
-                spec = measure_spec(config, runs=folders, task=task, data_dir=data, sigma_s=sigma, out=out)
-                measures.append(_job("measure", model, task, f"{model}/{task}/{setting.name}/seeds{seeds_token(seeds)}",
-                                     ["measure", "--spec", spec.to_json()], launch=True, gpus=step_gpus,
-                                     outputs=[out], keep=[out], needs=[f"{run}/model" for run in folders] + [sigma],
-                                     log=f"logs/measure/{model}/{task}/{setting.name}/seeds{seeds_token(seeds)}.log"))
-            aggregate["measures"] |= measured
+            plan = plan_cell(config, model, task, Decided(selection=fixed_setting(config, model, task),
+                                                          depth=depths[model]))
+            aggregate["runs"] += [[study, run] for study, run in plan.runs]
+            aggregate["measures"] |= set(plan.measures)
+            for job in plan.jobs:
+                if job.step == "select":
+                    aggregate["selections"].append(job.outputs[0])
+                    step = ["select", "--out", job.outputs[0], *job.args, *job.runs]
+                else:
+                    step = [job.step, "--spec", job.spec.to_json()]
+                jobs[job.step].append({
+                    "rule": job.rule, "model": model, "task": task, "label": job.label, "step": step,
+                    "launch": job.step != "select",
+                    # the Σ_S and measure rules take one GPU at most
+                    "gpus": 0 if job.step == "select" else gpus if job.step == "train" else min(gpus, 1),
+                    "outputs": list(job.outputs), "keep": KEEP[job.step](job), "needs": list(job.needs),
+                    "log": job.log, "estimate_s": 0.0})
     aggregate["measures"] = sorted(aggregate["measures"])
-    return selects + sigmas + trains + measures, aggregate
+    return [job for step in order for job in jobs[step]], aggregate
 
 
 def plan_units(jobs: list[dict]) -> list[dict]:

@@ -11,7 +11,7 @@ trained), or one ``select`` job. This command runs the units in order in a work 
 bundle (``gpu-bundle-work/``), as the workflow would run their jobs (each unit's jobs as processes:
 :mod:`istar.pipeline.bundle_jobs`):
 
-- each model step through ``istar launch --gpus N --mixed-precision P -- STEP --spec …`` with
+- each model step through ``istar launch --gpus N -- STEP --spec …`` with
   ``OMP_NUM_THREADS`` set to the config's threads, its output in the rule's log file; the GPUs
   are claimed once for the whole run (:func:`istar.steps.launch.claim_gpus`) and handed to the
   jobs in ``CUDA_VISIBLE_DEVICES``, as SLURM does; ``--gpus N`` lowers every job's GPUs to at most

@@ -1,13 +1,21 @@
-"""Run an ``istar`` step with the processes and precision its granted GPUs allow.
+"""Run an ``istar`` step on the processes its granted GPUs allow.
 
-    istar launch --gpus {resources.gpu} --mixed-precision fp16 -- train --model … --out …
+    istar launch --gpus {resources.gpu} -- train --spec '{…, "mixed_precision": "fp16", …}'
+
+The launcher is told the GPU count only. The precision is the step's own (its spec's
+``mixed_precision``, or the step's ``--mixed-precision`` flag when it is given no spec), which the
+launcher reads from the step's arguments to tell accelerate:
 
 - ``--gpus 0``: one CPU process (no GPU visible to it), in the precision a CPU runs for the
   one asked (:func:`istar.registry.precisions.run_precision`: fp16 or bf16 → bf16 where the processor
   has it natively, else fp32; the step decides and records it).
-- ``--gpus 1``: ``accelerate launch --num_processes 1 --mixed_precision fp16``.
-- ``--gpus N > 1``: ``accelerate launch --multi_gpu --num_processes N --mixed_precision fp16``
+- ``--gpus 1``: ``accelerate launch --num_processes 1 --mixed_precision P``.
+- ``--gpus N > 1``: ``accelerate launch --multi_gpu --num_processes N --mixed_precision P``
   on a free port, so several multi-GPU jobs can share a machine.
+
+The workflow's rules still pass ``--mixed-precision`` to the launcher (training.mixed_precision):
+Snakemake reruns every job whose command changes, so their commands stay as the existing results
+were made with. The launcher only checks that it names the step's precision.
 
 On a site that takes GPUs as a SLURM generic resource only (``gres``, the rule's ``gpu`` set to 0
 so that no ``--gpus`` is asked for), ``--gpus 0`` runs on the GPUs SLURM granted the job step
@@ -41,6 +49,7 @@ import argparse
 import contextlib
 import ctypes
 import fcntl
+import json
 import os
 import signal
 import socket
@@ -54,7 +63,7 @@ from pathlib import Path
 from istar.config.gpu_slots import JOBS_PER_GPU_ENV, granted_gpus_of
 from istar.registry.precisions import PRECISIONS
 
-__all__ = ["launch_command", "claim_gpus", "try_claim", "Claim", "granted_gpus", "child_environment", "run_child", "FORWARDED_SIGNALS",
+__all__ = ["launch_command", "step_precision", "claim_gpus", "try_claim", "Claim", "granted_gpus", "child_environment", "run_child", "FORWARDED_SIGNALS",
            "SAVE_GRACE_SECONDS"]
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -73,17 +82,31 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch_command(gpus: int, mixed_precision: str, step_args: list[str]) -> list[str]:
+def step_precision(step_args: list[str]) -> str:
+    """The precision the step is asked for: its ``--spec``'s ``mixed_precision``, else its
+    ``--mixed-precision`` flag, else the specs' default."""
+    from istar.config.specs import TrainSpec
+
+    def value_of(flag: str) -> str | None:
+        return step_args[step_args.index(flag) + 1] if flag in step_args[:-1] else None
+
+    spec = value_of("--spec")
+    if spec is not None:
+        return json.loads(spec).get("mixed_precision", TrainSpec.mixed_precision)
+    return value_of("--mixed-precision") or TrainSpec.mixed_precision
+
+
+def launch_command(gpus: int, step_args: list[str]) -> list[str]:
     """The command line that runs ``istar STEP_ARGS…`` on ``gpus`` GPUs (0 = CPU)."""
     if gpus < 0:
         raise ValueError(f"gpus must be ≥ 0; got {gpus}")
     if gpus == 0:
-        return [sys.executable, "-m", "istar", *step_args, "--mixed-precision", mixed_precision]
+        return [sys.executable, "-m", "istar", *step_args]
     accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(gpus),
-                  "--num_machines", "1", "--mixed_precision", mixed_precision, "--dynamo_backend", "no"]
+                  "--num_machines", "1", "--mixed_precision", step_precision(step_args), "--dynamo_backend", "no"]
     if gpus > 1:
         accelerate += ["--multi_gpu", "--main_process_port", str(free_port())]
-    return [*accelerate, "-m", "istar", *step_args, "--mixed-precision", mixed_precision]
+    return [*accelerate, "-m", "istar", *step_args]
 
 
 def visible_gpu_count() -> int:
@@ -242,9 +265,8 @@ def child_environment(gpus: int, environ: dict) -> dict:
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, required=True, help="GPUs granted to the job (Snakemake's resources.gpu)")
-    parser.add_argument("--mixed-precision", choices=tuple(PRECISIONS), default="fp16",
-                        help="the precision asked for (training.mixed_precision); on a CPU fp16 and bf16 run as bf16 "
-                             "where the processor has it natively, else fp32")
+    parser.add_argument("--mixed-precision", choices=tuple(PRECISIONS),
+                        help="checked only: the step's spec holds its precision (the workflow's commands still name it)")
     parser.add_argument("step", nargs=argparse.REMAINDER, help="-- then the istar step and its arguments")
 
 
@@ -255,7 +277,10 @@ def run_cli(args) -> int:
     jobs_per_gpu = int(os.environ.get(JOBS_PER_GPU_ENV, "1"))
     granted = granted_gpus(args.gpus, os.environ)
     count, shared = granted_gpus_of(granted, jobs_per_gpu)
-    command = launch_command(count, args.mixed_precision, step)
+    if args.mixed_precision is not None and args.mixed_precision != step_precision(step):
+        raise ValueError(f"istar launch --mixed-precision {args.mixed_precision}, but the step asks for "
+                         f"{step_precision(step)}: the step's spec decides the precision; drop --mixed-precision")
+    command = launch_command(count, step)
     env = child_environment(count, os.environ)
     env[JOBS_PER_GPU_ENV] = str(jobs_per_gpu if shared else 1)  # for the step's memory check (istar.steps.gpu_memory)
     if count == 0:

@@ -1,5 +1,7 @@
 """The precision policy (istar.registry.precisions): what runs where, and the processor's bf16 detection."""
 
+import argparse
+import json
 import platform
 from pathlib import Path
 
@@ -11,7 +13,7 @@ from istar.pipeline.plan import measure_spec, shrinkage_spec
 from istar.pipeline.validate import validate_config
 from istar.registry.precisions import (BF16_CPU_FLAGS, PRECISIONS, cpu_flags, cpu_has_native_bf16, run_dtype,
                                        run_precision)
-from istar.steps.launch import launch_command
+from istar.steps.launch import add_cli_arguments, launch_command, run_cli, step_precision
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,7 +76,21 @@ def test_detection_agrees_with_the_processor_flags():
     assert cpu_has_native_bf16() == bool(cpu_flags() & BF16_CPU_FLAGS), (platform.processor(), sorted(cpu_flags()))
 
 
-def test_cpu_launch_passes_the_request_on():
-    # The step decides what runs on its device; the launcher no longer forces fp32 on a CPU.
-    command = launch_command(0, "fp16", ["train", "--spec", "{}"])
-    assert command[-2:] == ["--mixed-precision", "fp16"]
+def test_the_precision_takes_one_route_the_steps_spec():
+    # The launcher is told the GPU count only: accelerate gets the precision of the step's spec (or of
+    # the step's own flag), and the step's arguments go through unchanged, so nothing overrides its spec.
+    step = ["train", "--spec", json.dumps({"mixed_precision": "bf16"})]
+    assert launch_command(0, step)[-3:] == step
+    gpu = launch_command(1, step)
+    assert gpu[gpu.index("--mixed_precision") + 1] == "bf16" and gpu[-3:] == step
+    assert step_precision(["measure", "--runs", "r", "--mixed-precision", "fp16"]) == "fp16"
+    assert step_precision(["train", "--model", "m"]) == "no"
+
+
+def test_a_launcher_precision_that_contradicts_the_spec_is_refused():
+    parser = argparse.ArgumentParser()
+    add_cli_arguments(parser)
+    args = parser.parse_args(["--gpus", "0", "--mixed-precision", "fp16", "--", "train", "--spec",
+                              json.dumps({"mixed_precision": "bf16"})])
+    with pytest.raises(ValueError, match="the step's spec decides the precision"):
+        run_cli(args)

@@ -20,10 +20,12 @@ rule aggregate:
         CPU_ENV
     params:
         specs=lambda wildcards: " ".join(
-            f"{study}={run}" for study, run in all_run_specs()
+            f"{study}={run}" for plan in final_plans() for study, run in plan.runs
         ),
         selections=" ".join(SELECTIONS),
-        measures=lambda wildcards: " ".join(all_measures()),
+        measures=lambda wildcards: " ".join(
+            sorted({path for plan in final_plans() for path in plan.measures})
+        ),
         paper_models=json.dumps(config["inference"]["paper_models"], sort_keys=True),
         collapsed_runs=config["inference"]["collapsed_runs"],
     shell:

@@ -5,7 +5,7 @@
 import json
 import os
 
-from snakemake.exceptions import WorkflowError
+from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
 
 from istar.report.aggregate import AGGREGATE_NAMES, PROVENANCE_NAME
 from istar.io.artifacts import read_json
@@ -24,45 +24,39 @@ from istar.config.layout import (
     AGGREGATE,
     COLLAPSE_CHECK,
     DATA,
+    MEASURE_LOG,
     MEASURES,
     MODEL_PIN,
     PROFILE,
     RUN,
+    SELECT_LOG,
+    SELECT_TUNED_LOG,
     SELECTION,
     SIGMA,
-    TUNED_SELECTION,
     SIGMA_ALL_POSITIONS,
+    TRAIN_LOG,
+    TUNED_SELECTION,
     WILDCARD_CONSTRAINTS,
-    Setting,
+    benchmark_of,
+    search_log,
     search_templates,
-    seeds_token,
+    shrinkage_log,
     sigma_template,
 )
+from istar.pipeline.jobs import CellPlan, Decided, Job, needs_depth, plan_cell
 from istar.pipeline.plan import (
-    replaces_collapsed,
-    study_scope,
     baseline_choices,
-    final_settings,
-    fixed_choice_args,
     fixed_setting,
-    tuned_setting,
-    tuning_settings,
     heldout_name,
     holdout_spec,
-    measure_spec,
-    needs_sigma,
     prepare_data_inputs,
     prepare_data_spec,
+    replaces_collapsed,
+    selected_setting,
     survey_spec,
     survey_targets,
     survey_text_task,
-    search_settings,
-    searches_no_penalty,
-    selected_setting,
-    shrinkage_spec,
-    study_runs,
-    study_seeds,
-    train_spec,
+    tuned_setting,
 )
 
 try:
@@ -74,9 +68,9 @@ config.update(_validated)
 
 MODELS = list(config["models"])
 TASKS = list(config["tasks"])
-# the tasks whose data is prepared: the fine-tuning tasks and the profiles' text sample
-_profile_task = survey_text_task(config)
-DATA_TASKS = TASKS + ([_profile_task] if _profile_task not in [None, *TASKS] else [])
+# the tasks whose data is prepared: the fine-tuning tasks and the survey's text sample
+_survey_task = survey_text_task(config)
+DATA_TASKS = TASKS + ([_survey_task] if _survey_task not in [None, *TASKS] else [])
 TRAINING = config["training"]
 GPUS = TRAINING["gpus"]
 # Several fine-tunes per GPU (training.jobs_per_gpu = K, istar.config.gpu_slots): under
@@ -136,42 +130,6 @@ def model_source(wildcards):
     return MODEL_PIN.format(model=wildcards.model)
 
 
-def sigma_path(wildcards, setting: Setting, heldout=None) -> str:
-    """The pretrained Σ_S over the rows the setting's penalty reads (of the search part under heldout)."""
-    return sigma_template(setting.tokens, heldout).format(
-        model=wildcards.model, task=wildcards.task
-    )
-
-
-def sigma_input_of(heldout=None):
-    def sigma_input(wildcards):
-        setting = Setting.parse(wildcards.setting)
-        return sigma_path(wildcards, setting, heldout) if needs_sigma(setting) else []
-
-    return sigma_input
-
-
-# Each step gets its whole spec as one JSON argument (istar.pipeline.plan builds it from the config);
-# a changed spec is a changed param, so Snakemake reruns exactly the jobs whose spec changed.
-
-
-def train_spec_json(run_pattern, data_pattern=DATA, heldout=None):
-    def spec(wildcards):
-        setting = Setting.parse(wildcards.setting)
-        return train_spec(
-            config,
-            model=model_source(wildcards),
-            task=wildcards.task,
-            setting=setting,
-            seed=int(wildcards.seed),
-            data_dir=data_pattern.format(task=wildcards.task),
-            output_dir=run_pattern.format(**wildcards),
-            sigma_s=sigma_path(wildcards, setting, heldout),
-        ).to_json()
-
-    return spec
-
-
 def prepare_data_spec_json(wildcards):
     return prepare_data_spec(
         config, task=wildcards.task, out=DATA.format(task=wildcards.task)
@@ -182,20 +140,6 @@ def prepare_data_sources(wildcards):
     return prepare_data_inputs(config, wildcards.task)
 
 
-def shrinkage_spec_json(tokens, data_pattern=DATA):
-    def spec(wildcards, output):
-        return shrinkage_spec(
-            config,
-            model=model_source(wildcards),
-            task=wildcards.task,
-            data_dir=data_pattern.format(task=wildcards.task),
-            out=output.sigma,
-            tokens=tokens,
-        ).to_json()
-
-    return spec
-
-
 def holdout_spec_json(wildcards):
     return holdout_spec(
         config,
@@ -204,49 +148,7 @@ def holdout_spec_json(wildcards):
     ).to_json()
 
 
-def measures_files(model, task, runs, skip_final: bool = False) -> set[str]:
-    """The measurement files of planned runs ((study, setting, seed) of one model × task): one per
-    study and setting, over that study's seeds of it (``skip_final``: none for the final stage).
-    """
-    seeds = {}
-    for study, setting, seed in runs:
-        if not (skip_final and study == "final"):
-            seeds.setdefault((study, setting.name), []).append(seed)
-    return {
-        MEASURES.format(model=model, task=task, setting=name, seeds=seeds_token(chosen))
-        for (_, name), chosen in seeds.items()
-    }
-
-
-def measured_runs(wildcards) -> list[str]:
-    """The run folders one measure job covers: the setting's runs of the seeds its path names."""
-    return [
-        RUN.format(
-            model=wildcards.model,
-            task=wildcards.task,
-            setting=wildcards.setting,
-            seed=seed,
-        )
-        for seed in wildcards.seeds.split("_")
-    ]
-
-
-def measured_models(wildcards):
-    return [f"{run}/model" for run in measured_runs(wildcards)]
-
-
-def measure_spec_json(wildcards, input, output):
-    return measure_spec(
-        config,
-        runs=measured_runs(wildcards),
-        task=wildcards.task,
-        data_dir=DATA.format(task=wildcards.task),
-        sigma_s=input.sigma,
-        out=output[0],
-    ).to_json()
-
-
-def profile_text_input(wildcards):
+def survey_text_input(wildcards):
     """The prepared task folder's meta.json, or the text file (survey.text)."""
     task = survey_text_task(config)
     return DATA_MANIFEST.format(task=task) if task else config["survey"]["text"]
@@ -263,237 +165,150 @@ def survey_spec_json(wildcards, output):
     ).to_json()
 
 
-# ----------------------------------------------------------------------------- which runs
+# ----------------------------------------------------------------------------- the job table
+# Every Σ_S, fine-tuning, selection and measurement job of a model × task is planned once, by
+# istar.pipeline.jobs.plan_cell, with what the checkpoints have decided so far; a rule finds its job
+# by output path and takes the job's spec, inputs and arguments from it.
 
 REPLACES_COLLAPSED = replaces_collapsed(config)
 
 
-def final_seeds(model, task, replaced: bool) -> list[int]:
-    """The final runs' seeds: the config's, and with ``replaced`` under inference.collapsed_runs:
-    rerun the seeds that replace collapsed ones (waits for the collapse_check checkpoint).
+def decided(model, task, wait: bool, replaced: bool = True) -> Decided:
+    """What the checkpoints of a model × task decided. A checkpoint not yet run raises with ``wait``
+    (an input function then waits for it), else leaves its decision unknown (None). ``replaced``
+    False: the final seeds before inference.collapsed_runs: rerun has chosen replacements.
     """
-    seeds = study_seeds(config, "final", task)
-    if not (replaced and REPLACES_COLLAPSED):
-        return seeds
-    check = read_json(checkpoints.collapse_check.get(model=model, task=task).output[0])
-    return seeds + sorted(check["replacements"].values())
+
+    def known(read):
+        try:
+            return read()
+        except IncompleteCheckpointException:
+            if wait:
+                raise
+            return None
+
+    def chosen():
+        # read_json checks the content hash `istar select` recorded: an edited choice is named
+        return read_json(checkpoints.select.get(model=model, task=task).output[0])
+
+    fixed = fixed_setting(config, model, task)
+    selection = fixed or known(lambda: selected_setting(chosen(), config))
+    baselines = ()
+    if config["search"]["tune_baselines"]:
+        baselines = known(lambda: tuple(sorted(baseline_choices(chosen()).items())))
+    tuned = None
+    if PLANNED[model, task].job(TUNED_SELECTION.format(model=model, task=task)):
+        tuned = known(
+            lambda: tuned_setting(
+                read_json(
+                    checkpoints.select_tuned.get(model=model, task=task).output[0]
+                )
+            )
+        )
+    depth = None
+    if selection is not None and needs_depth(config, model, task):
+        depth = known(lambda: num_layers(model, task))
+    replacements = ()
+    if REPLACES_COLLAPSED:
+        replacements = (
+            known(lambda: replacement_seeds(model, task)) if replaced else None
+        )
+    return Decided(selection, baselines, tuned, depth, replacements)
+
+
+def num_layers(model, task) -> int:
+    """L of the model, from the Σ_S provenance of the config's token selection. Where λ | ζ is fixed
+    in advance no search precedes it: the `select` job then takes that file as its input, and this
+    waits for that checkpoint."""
+    if fixed_setting(config, model, task) is not None:
+        checkpoints.select.get(model=model, task=task)
+    sigma = sigma_template(config["penalty"]["tokens"]).format(model=model, task=task)
+    return read_json(sigma.replace(".pt", ".json"))["num_layers"]
+
+
+def replacement_seeds(model, task) -> tuple[int, ...]:
+    """The seeds that replace collapsed final runs (the collapse_check checkpoint)."""
+    check = checkpoints.collapse_check.get(model=model, task=task).output[0]
+    return tuple(sorted(read_json(check)["replacements"].values()))
+
+
+_PLANS = {}
+
+
+def cell_plan(model, task, known: Decided) -> CellPlan:
+    if (model, task, known) not in _PLANS:
+        _PLANS[model, task, known] = plan_cell(config, model, task, known)
+    return _PLANS[model, task, known]
+
+
+# the jobs known before any checkpoint: the search, the selections and every run that does not
+# wait for a choice (all of them where λ | ζ is fixed in advance)
+PLANNED = {
+    (model, task): cell_plan(
+        model,
+        task,
+        Decided(
+            selection=fixed_setting(config, model, task),
+            baselines=None,
+            replacements=None if REPLACES_COLLAPSED else (),
+        ),
+    )
+    for model in MODELS
+    for task in TASKS
+}
+
+
+def job_at(model, task, path) -> Job:
+    """The job of the table that writes ``path``."""
+    job = PLANNED[model, task].job(path) or (
+        cell_plan(model, task, decided(model, task, wait=False)).job(path)
+    )
+    if job is None:
+        raise WorkflowError(
+            f"{path}: no job of this configuration writes it; ask for the results the "
+            "config plans (rule all), or add the setting to the config"
+        )
+    return job
+
+
+def job_of(template):
+    """The job of the rule whose first output is ``template``, from the rule's wildcards."""
+    return lambda wildcards: job_at(
+        wildcards.model, wildcards.task, template.format(**wildcards)
+    )
+
+
+def needs_of(template):
+    """Input function: the files the job reads that other jobs of the table write."""
+    return lambda wildcards: list(job_of(template)(wildcards).needs)
+
+
+# Snakemake reruns a job whose recorded params changed, and records a param only when its function
+# takes the wildcards alone: a fine-tuning run's spec is recorded (a changed spec reruns exactly
+# that run), the Σ_S and measurement specs (functions of the output, as when existing results were
+# made) are not.
+def recorded_spec(template):
+    return lambda wildcards: job_of(template)(wildcards).spec.to_json()
+
+
+def output_spec(wildcards, output):
+    return job_at(wildcards.model, wildcards.task, output[0]).spec.to_json()
 
 
 def collapse_check_inputs(wildcards) -> list[str]:
     """The final runs of the config's seeds, every arm (after the search's choice)."""
-    model, task = wildcards.model, wildcards.task
-    settings = final_settings(
-        config, selection(model, task), baselines_chosen(model, task)
-    )
+    known = decided(wildcards.model, wildcards.task, wait=True, replaced=False)
+    plan = cell_plan(wildcards.model, wildcards.task, known)
+    return [run for study, run in plan.runs if study == "final"]
+
+
+def final_plans() -> list[CellPlan]:
+    """Every model × task's plan once every checkpoint has decided (waits for them)."""
     return [
-        RUN.format(model=model, task=task, setting=s.name, seed=seed)
-        for s in settings
-        for seed in study_seeds(config, "final", task)
+        cell_plan(model, task, decided(model, task, wait=True))
+        for model in MODELS
+        for task in TASKS
     ]
-
-
-def selection(model, task) -> Setting:
-    """The I-STAR setting fixed in advance (final.istar), or the one the search chose (waits
-    for the `select` checkpoint)."""
-    fixed = fixed_setting(config, model, task)
-    if fixed is not None:
-        return fixed
-    # read_json checks the content hash `istar select` recorded: an edited choice is named
-    return selected_setting(
-        read_json(checkpoints.select.get(model=model, task=task).output[0]), config
-    )
-
-
-def baselines_chosen(model, task) -> dict:
-    """Method → its own tuned baseline setting (search.tune_baselines), else {}."""
-    if not config["search"]["tune_baselines"]:
-        return {}
-    return baseline_choices(
-        read_json(checkpoints.select.get(model=model, task=task).output[0])
-    )
-
-
-def tuned_choice(model, task) -> Setting | None:
-    """The padding study's tuned variant (waits for the `select_tuned` checkpoint); None
-    when the study takes no tuning for this model × task."""
-    if not tuning_runs(model, task):
-        return None
-    return tuned_setting(
-        read_json(checkpoints.select_tuned.get(model=model, task=task).output[0])
-    )
-
-
-def depth_file(model, task) -> str:
-    """The pretrained Σ_S provenance of the config's token selection: it records L."""
-    sigma = sigma_template(config["penalty"]["tokens"])
-    return sigma.format(model=model, task=task).replace(".pt", ".json")
-
-
-def needs_depth(model, task) -> bool:
-    """Whether the single-layer study penalises every layer (1..L) of this model × task."""
-    study = config["studies"]["single_layer"]
-    models, tasks = study_scope(config, "single_layer")
-    return (
-        study["enabled"]
-        and study["layers"] == "all"
-        and model in models
-        and task in tasks
-    )
-
-
-def num_layers(model, task) -> int:
-    """L of the model. Where λ | ζ is fixed in advance no search precedes it: the `select` job
-    then takes the Σ_S provenance as its input, and this waits for that checkpoint."""
-    if fixed_setting(config, model, task) is not None:
-        checkpoints.select.get(model=model, task=task)
-    with open(depth_file(model, task)) as handle:
-        return json.load(handle)["num_layers"]
-
-
-def select_inputs(wildcards) -> list[str]:
-    """The search runs' metrics; where λ | ζ is fixed, the file that gives L when a study needs it
-    (and the tuned baselines' search runs, if any)."""
-    model, task = wildcards.model, wildcards.task
-    depth = (
-        [depth_file(model, task)]
-        if fixed_setting(config, model, task) is not None and needs_depth(model, task)
-        else []
-    )
-    return depth + [f"{run}/metrics.json" for run in search_runs(model, task)]
-
-
-def planned_runs(
-    model,
-    task,
-    chosen: Setting | None,
-    tuned: Setting | None = None,
-    before_checkpoints: bool = False,
-) -> list[tuple[str, Setting, int]]:
-    """(study, setting, seed) of the final stage and the figure studies for a model × task.
-
-    With ``chosen`` None: only the runs that do not depend on the search's choice; with
-    ``tuned`` None, none of the padding study's when it takes its own tuning;
-    ``before_checkpoints``: none that wait for a checkpoint (the one-layer study's depth).
-    """
-    after = chosen is not None and not before_checkpoints
-    runs = [
-        ("final", s, seed)
-        for s in final_settings(
-            config, chosen, baselines_chosen(model, task) if after else None
-        )
-        for seed in final_seeds(model, task, replaced=after)
-    ]
-    for study in STUDIES:
-        layers = (
-            num_layers(model, task)
-            if study == "single_layer"
-            and chosen is not None
-            and needs_depth(model, task)
-            and not before_checkpoints
-            else None
-        )
-        found = study_runs(config, study, model, task, chosen, layers, tuned)
-        runs += [(study, s, seed) for s, seed in (found or [])]
-    return runs
-
-
-def search_runs(model, task) -> list[str]:
-    """The search's runs of a model × task (beside a λ | ζ fixed in advance, only the tuned
-    baselines')."""
-    return [
-        SEARCH_RUN.format(model=model, task=task, setting=s.name, seed=seed)
-        for s in search_settings(config, model, task)
-        for seed in config["search"]["seeds"]
-    ]
-
-
-def tuning_runs(model, task) -> list[str]:
-    """The padding study's tuning runs of a model × task (search runs of its own grid)."""
-    models, tasks = study_scope(config, "padding")
-    if (
-        not config["studies"]["padding"]["enabled"]
-        or model not in models
-        or task not in tasks
-    ):
-        return []
-    return [
-        SEARCH_RUN.format(model=model, task=task, setting=s.name, seed=seed)
-        for s in tuning_settings(config)
-        for seed in config["studies"]["padding"]["tuning"]["seeds"]
-    ]
-
-
-def select_args(wildcards) -> str:
-    """`istar select`'s arguments: the search runs, after --fixed with the λ | ζ fixed in advance."""
-    runs = " ".join(search_runs(wildcards.model, wildcards.task))
-    if fixed_setting(config, wildcards.model, wildcards.task) is not None:
-        fixed = json.dumps(fixed_choice_args(config, wildcards.model, wildcards.task))
-        return f"--fixed '{fixed}' {runs}"
-    return f"--lambda-zero {runs}" if searches_no_penalty(config) else runs
-
-
-def known_measures() -> list[str]:
-    """The measurement files of the runs known before the search finishes (all of them where
-    λ | ζ is fixed in advance): each measure job needs its runs' models, so these bring every
-    such run into the DAG (and a dry run).
-    """
-    # under rerun the final stage's seeds are known after its collapse_check checkpoint, which
-    # brings the final runs into the DAG (COLLAPSE_CHECKS)
-    return sorted(
-        set().union(
-            *(
-                measures_files(
-                    model,
-                    task,
-                    planned_runs(
-                        model,
-                        task,
-                        fixed_setting(config, model, task),
-                        before_checkpoints=True,
-                    ),
-                    skip_final=REPLACES_COLLAPSED,
-                )
-                for model in MODELS
-                for task in TASKS
-            )
-        )
-    )
-
-
-def all_run_specs() -> list[tuple[str, str]]:
-    """(study, run folder) of every run, final and studies after the search's choice."""
-    specs = []
-    for model in MODELS:
-        for task in TASKS:
-            specs += [("search", run) for run in search_runs(model, task)]
-            specs += [("padding_tuning", run) for run in tuning_runs(model, task)]
-            chosen = selection(model, task)
-            specs += [
-                (study, RUN.format(model=model, task=task, setting=s.name, seed=seed))
-                for study, s, seed in planned_runs(
-                    model, task, chosen, tuned_choice(model, task)
-                )
-            ]
-    return specs
-
-
-def all_measures() -> list[str]:
-    """Every measurement file, after the search's choice."""
-    return sorted(
-        set().union(
-            *(
-                measures_files(
-                    model,
-                    task,
-                    planned_runs(
-                        model, task, selection(model, task), tuned_choice(model, task)
-                    ),
-                )
-                for model in MODELS
-                for task in TASKS
-            )
-        )
-    )
 
 
 SELECTIONS = [
@@ -509,16 +324,19 @@ COLLAPSE_CHECKS = (
     else []
 )
 TUNED_SELECTIONS = [
-    TUNED_SELECTION.format(model=model, task=task)
-    for model in MODELS
-    for task in TASKS
-    if tuning_runs(model, task)
+    path
+    for (model, task), plan in PLANNED.items()
+    if plan.job(path := TUNED_SELECTION.format(model=model, task=task))
 ]
+# The measurements of the runs known before any checkpoint: each needs its runs' models, so these
+# bring every such run into the DAG (and a dry run).
+KNOWN_MEASURES = sorted({path for plan in PLANNED.values() for path in plan.measures})
 
 
 def aggregate_inputs(wildcards):
-    runs = sorted({f"{run}/metrics.json" for _, run in all_run_specs()})
-    return runs + all_measures() + SELECTIONS
+    plans = final_plans()
+    runs = sorted({f"{run}/metrics.json" for plan in plans for _, run in plan.runs})
+    return runs + sorted({m for plan in plans for m in plan.measures}) + SELECTIONS
 
 
 TABLES = expand(

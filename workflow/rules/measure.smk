@@ -8,14 +8,13 @@
 rule measure:
     input:
         data=DATA_MANIFEST,
-        models=measured_models,
-        sigma=SIGMA,
+        needs=needs_of(MEASURES),
     output:
         MEASURES,
     log:
-        "logs/measure/{model}/{task}/{setting}/seeds{seeds}.log",
+        MEASURE_LOG,
     benchmark:
-        "benchmarks/measure/{model}/{task}/{setting}/seeds{seeds}.tsv"
+        benchmark_of(MEASURE_LOG)
     conda:
         TRAINING_ENV
     threads: TRAINING["threads"]
@@ -26,7 +25,7 @@ rule measure:
         # several runs, each with an exact TwoNN over every [CLS] vector per layer (CPU), in one job
         runtime=TRAINING["runtime"],
     params:
-        spec=measure_spec_json,
+        spec=output_spec,
         precision=TRAINING["mixed_precision"],
     shell:
         "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision {params.precision} -- "

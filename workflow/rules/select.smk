@@ -5,17 +5,17 @@
 
 checkpoint select:
     input:
-        select_inputs,
+        needs_of(SELECTION),
     output:
         SELECTION,
     log:
-        "logs/select/{model}/{task}.log",
+        SELECT_LOG,
     benchmark:
-        "benchmarks/select/{model}/{task}.tsv"
+        benchmark_of(SELECT_LOG)
     conda:
         CPU_ENV
     params:
-        args=select_args,
+        args=lambda wildcards: job_of(SELECTION)(wildcards).arguments,
     shell:
         "python -m istar select --out {output} {params.args} > {log} 2>&1"
 
@@ -24,19 +24,16 @@ checkpoint select:
 # the token selection that penalty.tokens does not cover, chosen the same way.
 checkpoint select_tuned:
     input:
-        lambda wildcards: [
-            f"{run}/metrics.json"
-            for run in tuning_runs(wildcards.model, wildcards.task)
-        ],
+        needs_of(TUNED_SELECTION),
     output:
         TUNED_SELECTION,
     log:
-        "logs/select_tuned/{model}/{task}.log",
+        SELECT_TUNED_LOG,
     benchmark:
-        "benchmarks/select_tuned/{model}/{task}.tsv"
+        benchmark_of(SELECT_TUNED_LOG)
     conda:
         "../../envs/istar.yaml"
     params:
-        runs=lambda wildcards: tuning_runs(wildcards.model, wildcards.task),
+        runs=lambda wildcards: list(job_of(TUNED_SELECTION)(wildcards).runs),
     shell:
         "python -m istar select --out {output} {params.runs} > {log} 2>&1"

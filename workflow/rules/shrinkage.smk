@@ -6,9 +6,9 @@ rule shrinkage:
         sigma=SIGMA,
         provenance=SIGMA.replace(".pt", ".json"),
     log:
-        "logs/shrinkage/{model}/{task}.log",
+        shrinkage_log("real"),
     benchmark:
-        "benchmarks/shrinkage/{model}/{task}.tsv"
+        benchmark_of(shrinkage_log("real"))
     conda:
         TRAINING_ENV
     threads: TRAINING["threads"]
@@ -17,7 +17,7 @@ rule shrinkage:
         mem_mb=TRAINING["mem_mb"],
         runtime=60,
     params:
-        spec=shrinkage_spec_json("real"),
+        spec=output_spec,
         precision=TRAINING["mixed_precision"],
     shell:
         "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision {params.precision} -- "
@@ -31,11 +31,11 @@ use rule shrinkage as shrinkage_all_positions with:
         sigma=SIGMA_ALL_POSITIONS,
         provenance=SIGMA_ALL_POSITIONS.replace(".pt", ".json"),
     log:
-        "logs/shrinkage/{model}/{task}_allpos.log",
+        shrinkage_log("all_positions"),
     benchmark:
-        "benchmarks/shrinkage/{model}/{task}_allpos.tsv"
+        benchmark_of(shrinkage_log("all_positions"))
     params:
-        spec=shrinkage_spec_json("all_positions"),
+        spec=output_spec,
         precision=TRAINING["mixed_precision"],
 
 
@@ -51,11 +51,11 @@ if HELDOUT:
             sigma=SEARCH_SIGMA,
             provenance=SEARCH_SIGMA.replace(".pt", ".json"),
         log:
-            f"logs/shrinkage/{SEARCH_TAG}{{model}}/{{task}}.log",
+            shrinkage_log("real", HELDOUT),
         benchmark:
-            f"benchmarks/shrinkage/{SEARCH_TAG}{{model}}/{{task}}.tsv"
+            benchmark_of(shrinkage_log("real", HELDOUT))
         params:
-            spec=shrinkage_spec_json("real", SEARCH_DATA),
+            spec=output_spec,
             precision=TRAINING["mixed_precision"],
 
     use rule shrinkage as shrinkage_search_all_positions with:
@@ -66,9 +66,9 @@ if HELDOUT:
             sigma=sigma_template("all_positions", HELDOUT),
             provenance=sigma_template("all_positions", HELDOUT).replace(".pt", ".json"),
         log:
-            f"logs/shrinkage/{SEARCH_TAG}{{model}}/{{task}}_allpos.log",
+            shrinkage_log("all_positions", HELDOUT),
         benchmark:
-            f"benchmarks/shrinkage/{SEARCH_TAG}{{model}}/{{task}}_allpos.tsv"
+            benchmark_of(shrinkage_log("all_positions", HELDOUT))
         params:
-            spec=shrinkage_spec_json("all_positions", SEARCH_DATA),
+            spec=output_spec,
             precision=TRAINING["mixed_precision"],

@@ -6,7 +6,7 @@
 
 rule survey:
     input:
-        text=profile_text_input,
+        text=survey_text_input,
     output:
         PROFILE,
     log:

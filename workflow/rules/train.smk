@@ -8,7 +8,7 @@ rule train:
     input:
         data=DATA_MANIFEST,
         model=MODEL_PIN,
-        sigma=sigma_input_of(),
+        sigma=needs_of(f"{RUN}/metrics.json"),
     # metrics.json (written last, the run's completion mark) and model/ are what later jobs read;
     # train_log.csv and run_config.json beside them are bound to metrics.json by the step itself
     # (istar.steps.run_folder: cleared before training; istar.io.results: fingerprint and content
@@ -18,9 +18,9 @@ rule train:
         metrics=f"{RUN}/metrics.json",
         model=directory(f"{RUN}/model"),
     log:
-        "logs/finetune/{model}/{task}/{setting}/seed{seed}.log",
+        TRAIN_LOG,
     benchmark:
-        "benchmarks/finetune/{model}/{task}/{setting}/seed{seed}.tsv"
+        benchmark_of(TRAIN_LOG)
     conda:
         TRAINING_ENV
     threads: TRAINING["threads"]
@@ -29,7 +29,7 @@ rule train:
         mem_mb=TRAINING["mem_mb"],
         runtime=TRAINING["runtime"],
     params:
-        spec=train_spec_json(RUN),
+        spec=recorded_spec(f"{RUN}/metrics.json"),
         precision=TRAINING["mixed_precision"],
     shell:
         "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision {params.precision} -- "
@@ -43,7 +43,7 @@ use rule train as train_search with:
     input:
         data=SEARCH_DATA_MANIFEST,
         model=MODEL_PIN,
-        sigma=sigma_input_of(HELDOUT),
+        sigma=needs_of(f"{SEARCH_RUN}/metrics.json"),
     output:
         metrics=f"{SEARCH_RUN}/metrics.json",
         model=(
@@ -52,9 +52,9 @@ use rule train as train_search with:
             else temp(directory(f"{SEARCH_RUN}/model"))
         ),
     log:
-        f"logs/finetune_search/{SEARCH_TAG}{{model}}/{{task}}/{{setting}}/seed{{seed}}.log",
+        search_log(HELDOUT),
     benchmark:
-        f"benchmarks/finetune_search/{SEARCH_TAG}{{model}}/{{task}}/{{setting}}/seed{{seed}}.tsv"
+        benchmark_of(search_log(HELDOUT))
     params:
-        spec=train_spec_json(SEARCH_RUN, SEARCH_DATA, HELDOUT),
+        spec=recorded_spec(f"{SEARCH_RUN}/metrics.json"),
         precision=TRAINING["mixed_precision"],

@@ -1,0 +1,212 @@
+"""The job table: every Σ_S, fine-tuning, selection and measurement job of one model × task, once.
+
+A :class:`Job` is what its rule runs: the rule, the ``istar`` step and its spec (the step's settings,
+:mod:`istar.config.specs`), the files it writes and its log (paths of :mod:`istar.config.layout`),
+and the files of other jobs it reads. :func:`plan_cell` is the one plan of a model × task:
+
+- the workflow's rules look their job up by output path (workflow/rules/common.smk), so a run's
+  spec comes from the :class:`~istar.config.layout.Setting` the plan made, not from its folder name;
+- a bundle runs the same jobs (:mod:`istar.pipeline.bundle_plan`).
+
+What the workflow's checkpoints decide — the search's choice, the tuned baselines, the padding
+study's tuned variant, the model's depth, the seeds that replace collapsed runs — comes in as
+:class:`Decided`; a job that needs a decision not yet made is not in the plan.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+
+from istar.config.layout import (
+    DATA,
+    DEFAULT_TOKENS,
+    MEASURE_LOG,
+    MEASURES,
+    MODEL_PIN,
+    RUN,
+    SELECTION,
+    SELECT_LOG,
+    SELECT_TUNED_LOG,
+    TRAIN_LOG,
+    TUNED_SELECTION,
+    Setting,
+    search_log,
+    search_templates,
+    seeds_token,
+    shrinkage_log,
+    sigma_template,
+)
+from istar.config.schema import STUDIES
+from istar.core.tokens import TOKEN_SELECTION_NAMES
+from istar.pipeline.plan import (
+    final_settings,
+    fixed_choice_args,
+    fixed_setting,
+    heldout_name,
+    measure_spec,
+    needs_sigma,
+    search_settings,
+    searches_no_penalty,
+    shrinkage_spec,
+    study_scope,
+    study_runs,
+    study_seeds,
+    train_spec,
+    tuning_settings,
+)
+
+__all__ = ["Job", "Decided", "CellPlan", "plan_cell", "needs_depth"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job: ``rule`` runs ``istar {step}`` with ``spec`` (a selection: with ``args`` and the run
+    folders ``runs``), writes ``outputs`` and ``log`` and reads ``needs`` (outputs of other jobs)."""
+
+    rule: str
+    step: str
+    outputs: tuple[str, ...]
+    log: str
+    label: str
+    needs: tuple[str, ...] = ()
+    spec: object = None
+    args: tuple[str, ...] = ()
+    runs: tuple[str, ...] = ()
+
+    @property
+    def arguments(self) -> str:
+        """A selection's arguments as its shell command spells them (options, then the run folders)."""
+        return " ".join([*map(shlex.quote, self.args), " ".join(self.runs)])
+
+
+@dataclass(frozen=True)
+class Decided:
+    """What the checkpoints of a model × task decided; None: not decided yet (jobs that need it wait)."""
+
+    selection: Setting | None = None  # the I-STAR setting, fixed in advance (final.istar) or chosen
+    baselines: tuple[tuple[str, Setting], ...] | None = None  # method → its tuned setting (search.tune_baselines)
+    tuned: Setting | None = None  # the padding study's tuned variant (studies.padding.lam: tuned)
+    depth: int | None = None  # the model's L, for the one-layer study over every layer
+    replacements: tuple[int, ...] | None = ()  # final seeds replacing collapsed ones (inference.collapsed_runs: rerun)
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """The jobs of a model × task, and what the aggregate reads of them: ``runs`` as (study, run
+    folder) in the order the aggregate is given them, ``measures`` its measurement files."""
+
+    jobs: tuple[Job, ...]
+    runs: tuple[tuple[str, str], ...]
+    measures: tuple[str, ...]
+    by_output: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def job(self, path: str) -> Job | None:
+        """The job that writes ``path``, or None."""
+        return self.by_output.get(path)
+
+
+def needs_depth(config: dict, model: str, task: str) -> bool:
+    """Whether the one-layer study penalises every layer (1..L) of this model × task."""
+    study = config["studies"]["single_layer"]
+    models, tasks = study_scope(config, "single_layer")
+    return study["enabled"] and study["layers"] == "all" and model in models and task in tasks
+
+
+def _train_job(config: dict, model: str, task: str, setting: Setting, seed: int, heldout: str | None,
+               search: bool) -> Job:
+    _, data, _, run_template = search_templates(heldout) if search else ("", DATA, None, RUN)
+    names = {"model": model, "task": task, "setting": setting.name, "seed": seed}
+    run = run_template.format(**names)
+    sigma = sigma_template(setting.tokens, heldout if search else None).format(model=model, task=task)
+    spec = train_spec(config, model=MODEL_PIN.format(model=model), task=task, setting=setting, seed=seed,
+                      data_dir=data.format(task=task), output_dir=run, sigma_s=sigma)
+    return Job("train_search" if search else "train", "train", (f"{run}/metrics.json", f"{run}/model"),
+               (search_log(heldout) if search else TRAIN_LOG).format(**names),
+               f"{model}/{task}/{setting.name}/seed{seed}", needs=(sigma,) if needs_sigma(setting) else (), spec=spec)
+
+
+def _shrinkage_job(config: dict, model: str, task: str, tokens: str, heldout: str | None) -> Job:
+    _, data, _, _ = search_templates(heldout)
+    sigma = sigma_template(tokens, heldout).format(model=model, task=task)
+    spec = shrinkage_spec(config, model=MODEL_PIN.format(model=model), task=task, data_dir=data.format(task=task),
+                          out=sigma, tokens=tokens)
+    rule = "shrinkage" + ("_search" if heldout else "") + ("" if tokens == DEFAULT_TOKENS else f"_{tokens}")
+    return Job(rule, "shrinkage", (sigma, sigma.replace(".pt", ".json")),
+               shrinkage_log(tokens, heldout).format(model=model, task=task), f"{model}/{task} ({tokens})", spec=spec)
+
+
+def _folder(job: Job) -> str:
+    return job.outputs[0].removesuffix("/metrics.json")
+
+
+def plan_cell(config: dict, model: str, task: str, decided: Decided) -> CellPlan:
+    """Every job of ``model`` × ``task`` that ``decided`` allows, each once: Σ_S of each token selection
+    read, the search's runs (and the padding study's tuning runs), the selections, the final and study
+    runs, and one measurement per study's setting and seeds."""
+    heldout, names = heldout_name(config), {"model": model, "task": task}
+    sigmas = {(None, DEFAULT_TOKENS)}  # (held-out part or None, token selection): the measurements read real tokens
+
+    def train_jobs(settings, seeds, search: bool) -> list[Job]:
+        sigmas.update((heldout if search else None, s.tokens) for s in settings if needs_sigma(s))
+        return [_train_job(config, model, task, s, seed, heldout, search) for s in settings for seed in seeds]
+
+    search = train_jobs(search_settings(config, model, task), config["search"]["seeds"], search=True)
+    padding = config["studies"]["padding"]
+    models, tasks = study_scope(config, "padding")
+    tuning = train_jobs(tuning_settings(config), padding["tuning"]["seeds"], search=True) if (
+        padding["enabled"] and model in models and task in tasks) else []
+    runs = [("search", _folder(job)) for job in search] + [("padding_tuning", _folder(job)) for job in tuning]
+
+    # the selections (the workflow's checkpoints)
+    fixed = fixed_setting(config, model, task)
+    needs = tuple(job.outputs[0] for job in search)
+    if fixed is None:
+        options = ("--lambda-zero",) if searches_no_penalty(config) else ()
+    else:
+        options = ("--fixed", json.dumps(fixed_choice_args(config, model, task)))
+        if needs_depth(config, model, task):  # the Σ_S provenance gives L
+            sigmas.add((None, config["penalty"]["tokens"]))
+            needs = (sigma_template(config["penalty"]["tokens"]).format(**names).replace(".pt", ".json"), *needs)
+    selects = [Job("select", "select", (SELECTION.format(**names),), SELECT_LOG.format(**names), f"{model}/{task}",
+                   needs=needs, args=options, runs=tuple(map(_folder, search)))]
+    if tuning:
+        selects.append(Job("select_tuned", "select", (TUNED_SELECTION.format(**names),),
+                           SELECT_TUNED_LOG.format(**names), f"{model}/{task} (padding)",
+                           needs=tuple(job.outputs[0] for job in tuning), runs=tuple(map(_folder, tuning))))
+
+    # the final stage and the figure studies: (study, setting, seed); a run asked for twice is one job
+    baselines = None if decided.baselines is None else dict(decided.baselines)
+    planned = [("final", s, seed) for s in final_settings(config, decided.selection, baselines)
+               for seed in study_seeds(config, "final", task) + list(decided.replacements or ())]
+    for study in STUDIES:
+        found = study_runs(config, study, model, task, decided.selection, decided.depth, decided.tuned)
+        planned += [(study, s, seed) for s, seed in (found or [])]
+    trains = {}
+    for _, setting, seed in planned:
+        if (setting, seed) not in trains:
+            trains[setting, seed] = train_jobs([setting], [seed], search=False)[0]
+    runs += [(study, _folder(trains[setting, seed])) for study, setting, seed in planned]
+
+    # one measurement per study's setting and seeds (the final stage's once its seeds are known)
+    seeds_of: dict[tuple[str, str], list[int]] = {}
+    for study, setting, seed in planned:
+        if not (study == "final" and decided.replacements is None):
+            seeds_of.setdefault((study, setting.name), []).append(seed)
+    sigma = sigma_template(DEFAULT_TOKENS).format(**names)
+    measures = {}
+    for (_, name), seeds in seeds_of.items():
+        token = seeds_token(seeds)
+        out = MEASURES.format(**names, setting=name, seeds=token)
+        folders = [RUN.format(**names, setting=name, seed=seed) for seed in token.split("_")]
+        measures.setdefault(out, Job(
+            "measure", "measure", (out,), MEASURE_LOG.format(**names, setting=name, seeds=token),
+            f"{model}/{task}/{name}/seeds{token}", needs=(*(f"{folder}/model" for folder in folders), sigma),
+            spec=measure_spec(config, runs=folders, task=task, data_dir=DATA.format(task=task), sigma_s=sigma, out=out)))
+
+    shrinkage = [_shrinkage_job(config, model, task, tokens, part) for part in dict.fromkeys([None, heldout])
+                 for tokens in TOKEN_SELECTION_NAMES if (part, tokens) in sigmas]
+    table = (*shrinkage, *search, *tuning, *selects, *trains.values(), *measures.values())
+    return CellPlan(jobs=table, runs=tuple(runs), measures=tuple(sorted(measures)),
+                    by_output={path: job for job in table for path in job.outputs})
