@@ -25,22 +25,22 @@ from istar.models.shrinkage import accumulate_shrinkage
 __all__ = ["training_statistics", "compute_shrinkage_file"]
 
 
-def training_statistics(step, layers: LayerSpec, rows: int, batch_size: int, seed: int, tokens: str = "real") -> list:
+def training_statistics(context, layers: LayerSpec, rows: int, batch_size: int, seed: int, tokens: str = "real") -> list:
     """Every hidden state's statistics (:class:`istar.core.covariance.CovarianceAccumulator`, index =
-    hidden state) of ``step``'s model over its task's training split, read in an order fixed by
+    hidden state) of ``context``'s model over its task's training split, read in an order fixed by
     ``seed`` until ``layers`` hold ``rows`` rows: Σ_S of that model (the pretrained one for
     ``istar shrinkage``, a fine-tuned one for the measurement's ``analysis.sigma_s_model``)."""
     from accelerate.data_loader import prepare_data_loader
 
-    accelerator = step.accelerator
-    model = step.model.to(accelerator.device)
-    features = step.features("train", with_labels=False)
-    loader = step.loader(features, batch_size, sampler=EpochShuffleSampler(len(features), seed))
+    accelerator = context.accelerator
+    model = context.model.to(accelerator.device)
+    features = context.features("train", with_labels=False)
+    loader = context.loader(features, batch_size, sampler=EpochShuffleSampler(len(features), seed))
     # even_batches=False: accelerate would otherwise repeat rows to even out the shards, and Σ_S
     # would count them twice.
     loader = prepare_data_loader(loader, accelerator.device, accelerator.num_processes, accelerator.process_index,
                                  put_on_device=True, even_batches=False)
-    return accumulate_shrinkage(model, loader, layers, rows, accelerator, description=f"Σ_S {step.task.key}",
+    return accumulate_shrinkage(model, loader, layers, rows, accelerator, description=f"Σ_S {context.task.key}",
                                 tokens=tokens)
 
 
@@ -51,26 +51,26 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
     provenance (model, task, rows, layers, …) are written to ``spec.out``, the provenance also
     to ``spec.out`` with the suffix ``.json``. Returns the provenance.
     """
-    from istar.steps.common import open_step
+    from istar.steps.common import open_model_context
 
     spec.validate()
-    step = open_step(spec, model_seed=spec.seed)
-    accelerator, task = step.accelerator, step.task
-    indices = resolve_layers(spec.layers, step.model.config.num_hidden_layers + 1)
+    context = open_model_context(spec, model_seed=spec.seed)
+    accelerator, task = context.accelerator, context.task
+    indices = resolve_layers(spec.layers, context.model.config.num_hidden_layers + 1)
     start = time.perf_counter()
     try:
-        per_layer = training_statistics(step, spec.layers, spec.rows, spec.batch_size, spec.seed, spec.tokens)
+        per_layer = training_statistics(context, spec.layers, spec.rows, spec.batch_size, spec.seed, spec.tokens)
     except NonFiniteStatistics as error:
         raise NonFiniteStatistics(f"Σ_S for {spec.out} is not finite: {error}; nothing was written") from None
     rows = merge_layers(per_layer, indices).count
     provenance = {
-        "model": step.model_name, "model_path": step.model_path, "task": task.key, "split": "train",
+        "model": context.model_name, "model_path": context.model_path, "task": task.key, "split": "train",
         # a held-out selection split's record (istar.data.holdout): which training rows Σ_S saw
-        "data_dir": spec.data_dir, "heldout": step.meta.get("heldout"),
-        "standin": step.standin, "layer_spec": spec.layers, "tokens": spec.tokens, "batch_size": spec.batch_size,
+        "data_dir": spec.data_dir, "heldout": context.meta.get("heldout"),
+        "standin": context.standin, "layer_spec": spec.layers, "tokens": spec.tokens, "batch_size": spec.batch_size,
         "requested_rows": spec.rows, "max_length": spec.max_length, "seed": spec.seed,
         # the forward passes' precision as it ran (istar.registry.precisions); the sums are float64
-        "precision": step.precision.label,
+        "precision": context.precision.label,
         "num_processes": accelerator.num_processes, "seconds": round(time.perf_counter() - start, 2),
     }
     provenance["num_layers"] = len(per_layer) - 1
@@ -78,7 +78,7 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
         save_shrinkage(spec.out, per_layer, indices, provenance)
         artifacts.write_json(Path(spec.out).with_suffix(".json"), {**provenance, "layers": indices, "rows": rows})
     accelerator.wait_for_everyone()
-    accelerator.print(f"Σ_S of {step.model_name} on {task.display} train: {rows:,} rows ({spec.tokens}) over layers "
+    accelerator.print(f"Σ_S of {context.model_name} on {task.display} train: {rows:,} rows ({spec.tokens}) over layers "
                       f"{indices} from {accelerator.num_processes} process(es) -> {spec.out}")
     if rows < spec.rows:
         accelerator.print(f"note: the training data gave only {rows:,} of the {spec.rows:,} requested rows")

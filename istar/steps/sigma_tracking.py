@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +26,11 @@ from istar.core.tokens import get_token_selection
 from istar.data.encoding import EpochShuffleSampler
 from istar.models.shrinkage import accumulate_shrinkage
 from istar.registry.methods import get_method
+
+if TYPE_CHECKING:
+    from istar.data.encoding import Features
+    from istar.steps.common import ModelContext
+    from istar.steps.resume import Progress
 
 __all__ = ["read_given_sigma", "check_given_sigma", "SigmaTracker"]
 
@@ -42,11 +48,11 @@ def read_given_sigma(spec: TrainSpec):
     return given
 
 
-def check_given_sigma(spec: TrainSpec, given, step) -> None:
+def check_given_sigma(spec: TrainSpec, given, context: ModelContext) -> None:
     """The given Σ_S is of this task and this model's shape (before any forward pass)."""
-    config = step.model.config
-    check_sigma_fits(spec.sigma_s, *given, task=step.task.key, data=spec.data_dir,
-                     shape=(config.hidden_size, config.num_hidden_layers + 1), model=step.model_name)
+    config = context.model.config
+    check_sigma_fits(spec.sigma_s, *given, task=context.task.key, data=spec.data_dir,
+                     shape=(config.hidden_size, config.num_hidden_layers + 1), model=context.model_name)
 
 
 def _isoscore(sigma: torch.Tensor) -> float:
@@ -57,15 +63,15 @@ def _isoscore(sigma: torch.Tensor) -> float:
 @dataclass
 class SigmaTracker:
     """Σ_S of one run: what it records in ``progress`` (``sigma_s``, ``sigma_epoch``,
-    ``sigma_isoscore`` of :class:`istar.steps.train.Progress`, saved with every state) and the Σ_S
+    ``sigma_isoscore`` of :class:`istar.steps.resume.Progress`, saved with every state) and the Σ_S
     the penalty uses next (``penalty_sigma``, on the device; None for a run without one)."""
 
     spec: TrainSpec
-    step: object  # istar.steps.common.Step
+    context: ModelContext
     out: Path
     model: torch.nn.Module  # unwrapped: Σ_S is measured outside the training wrapper
-    features: object  # the training features Σ_S rows are drawn from
-    progress: object  # istar.steps.train.Progress
+    features: Features  # the training features Σ_S rows are drawn from
+    progress: Progress
     penalty_sigma: torch.Tensor | None = None
 
     def start(self, given) -> float | None:
@@ -73,7 +79,7 @@ class SigmaTracker:
         resumed state holds one, and measure IsoScore(Σ_S) before training unless a state has it.
 
         Returns that IsoScore when it was measured now (None on resuming)."""
-        spec, progress, accelerator = self.spec, self.progress, self.step.accelerator
+        spec, progress, accelerator = self.spec, self.progress, self.context.accelerator
         measured = None
         if given is not None and progress.sigma_s is None:
             per_layer, provenance = given
@@ -94,7 +100,7 @@ class SigmaTracker:
     def after_epoch(self, epochs_done: int) -> None:
         """Σ_S of the model after ``epochs_done`` epochs: its IsoScore is recorded, and I-STAR with
         ``recompute_shrinkage`` trains the next epoch with it (saved as ``sigma_epoch{e}.pt``)."""
-        spec, accelerator = self.spec, self.step.accelerator
+        spec, accelerator = self.spec, self.context.accelerator
         per_layer, merged, indices = self._measure(epochs_done)
         sigma = merged.covariance().cpu()
         self.progress.sigma_isoscore.append(_isoscore(sigma))
@@ -104,7 +110,7 @@ class SigmaTracker:
         self.progress.sigma_s, self.progress.sigma_epoch = sigma, epochs_done
         if accelerator.is_main_process:
             save_shrinkage(self.out / f"sigma_epoch{epochs_done}.pt", per_layer, indices, {
-                "model": f"{self.step.model_name} fine-tuned for {epochs_done} epoch(s)", "layer_spec": spec.layers,
+                "model": f"{self.context.model_name} fine-tuned for {epochs_done} epoch(s)", "layer_spec": spec.layers,
                 "epoch": epochs_done, "requested_rows": spec.shrinkage_rows, "tokens": spec.tokens,
                 "num_processes": accelerator.num_processes})
         accelerator.print(f"Σ_S recomputed for epoch {epochs_done + 1}: {merged.count:,} rows")
@@ -119,10 +125,10 @@ class SigmaTracker:
         """
         from accelerate.data_loader import prepare_data_loader
 
-        spec, accelerator = self.spec, self.step.accelerator
+        spec, accelerator = self.spec, self.context.accelerator
         batch_size = spec.batch_size if get_token_selection(spec.tokens).sigma_uses_training_batches \
             else spec.eval_batch_size
-        loader = self.step.loader(self.features, batch_size,
+        loader = self.context.loader(self.features, batch_size,
                                   sampler=EpochShuffleSampler(len(self.features), spec.seed + 7919 * (epoch + 1)))
         # even_batches=False: accelerate would otherwise repeat rows to even out the shards, and Σ_S
         # would count them twice.
