@@ -136,12 +136,8 @@ class IStarConfig:
         attention_mask : (B, T) tensor, non-zero at real tokens (None with ``tokens="all_positions"``).
         sigma_s : (d, d) Σ_S on the hidden states' device, or None when ζ = 0.
         """
-        method = self.entry
-        if method.penalty is None:
-            return None
-        return method.penalty(hidden_states, attention_mask, lam=self.lam, zeta=self.zeta, sigma_s=sigma_s,
-                              layers=method.penalty_layers(self.layers), global_batch=self.global_penalty,
-                              tokens=self.tokens)
+        return self.entry.penalise(hidden_states, attention_mask, lam=self.lam, zeta=self.zeta, sigma_s=sigma_s,
+                                   layers=self.layers, global_batch=self.global_penalty, tokens=self.tokens)
 
     def given_sigma_s(self, model) -> torch.Tensor | None:
         """The ``sigma_s`` given, as (d, d) float64 on ``model``'s device, checked against its hidden size.
