@@ -14,6 +14,7 @@ import contextlib
 import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -23,8 +24,8 @@ from istar.core.shrinkage import add_hidden_states, layer_accumulators, current_
 from istar.core.tokens import get_token_selection
 from istar.models.hidden_states import hidden_state_pass
 
-__all__ = ["default_rows", "progress_disabled", "forked_rng", "accumulate_shrinkage", "shrinkage_covariance",
-           "text_batches"]
+__all__ = ["default_rows", "progress_disabled", "forked_rng", "accumulate_shrinkage", "SigmaStatistics",
+           "sigma_statistics", "shrinkage_covariance", "text_batches"]
 
 
 def default_rows() -> int:
@@ -120,6 +121,37 @@ def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSpec = "all
     return per_layer
 
 
+@dataclass(frozen=True)
+class SigmaStatistics:
+    """What one Σ_S pass (:func:`sigma_statistics`) gives.
+
+    Attributes
+    ----------
+    per_layer : list of CovarianceAccumulator
+        every hidden state's statistics (index = hidden state, 0 = embeddings), as :func:`accumulate_shrinkage`.
+    layers : list of int
+        the hidden states of the layer selection.
+    selection : CovarianceAccumulator
+        their merge: ``selection.covariance()`` is Σ_S, ``selection.count`` its rows.
+    """
+
+    per_layer: list[CovarianceAccumulator]
+    layers: list[int]
+    selection: CovarianceAccumulator
+
+
+def sigma_statistics(model, loader: Iterable[dict], layers: LayerSpec = "all", max_rows: int | None = None,
+                     accelerator=None, description: str = "Σ_S", tokens: str = "real",
+                     progress: bool = True) -> SigmaStatistics:
+    """The one Σ_S pass: :func:`accumulate_shrinkage` (same arguments), then the merge of the selected
+    layers. ``istar shrinkage``, the measurement's fine-tuned Σ_S, fine-tuning's per-epoch Σ_S
+    (:func:`istar.steps.shrinkage.training_statistics`) and :func:`shrinkage_covariance` all call it."""
+    per_layer = accumulate_shrinkage(model, loader, layers, max_rows, accelerator, description=description,
+                                     tokens=tokens, progress=progress)
+    indices = resolve_layers(layers, len(per_layer))
+    return SigmaStatistics(per_layer, indices, merge_layers(per_layer, indices))
+
+
 def text_batches(texts: Sequence, tokenizer, batch_size: int = 32, max_length: int = 128,
                  shard: tuple[int, int] = (0, 1)) -> Iterator[dict]:
     """Tokenised, padded batches of ``texts``: strings, or (text, text) pairs for paired tasks.
@@ -197,7 +229,6 @@ def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSpec = "al
     elif isinstance(data, (str, bytes)) or (isinstance(data, Sequence) and data and isinstance(data[0], str)):
         raise TypeError("data holds texts: pass the tokenizer too (shrinkage_covariance(model, texts, tokenizer))")
     with forked_rng(next(model.parameters()).device):
-        per_layer = accumulate_shrinkage(model, data, layers, max_rows, accelerator, description=description,
-                                         tokens=tokens, progress=progress)
-    indices = resolve_layers(layers, len(per_layer))
-    return merge_layers(per_layer, indices).covariance().to(next(model.parameters()).device)
+        statistics = sigma_statistics(model, data, layers, max_rows, accelerator, description=description,
+                                      tokens=tokens, progress=progress)
+    return statistics.selection.covariance().to(next(model.parameters()).device)

@@ -99,7 +99,7 @@ def _fine_tuned_sigma(context, spec: MeasureSpec, run: str):
     from istar.steps.analyze import ShrinkageReference
     from istar.steps.shrinkage import training_statistics
 
-    per_layer = training_statistics(context, spec.layers, spec.shrinkage_rows, spec.batch_size, seed=0)
+    per_layer = training_statistics(context, spec.layers, spec.shrinkage_rows, spec.batch_size, seed=0).per_layer
     return ShrinkageReference(per_layer, {"task": context.task.key, "model": f"{run}/model"},
                               f"the fine-tuned model of {run} ({per_layer[0].count:,} training tokens per layer)")
 
