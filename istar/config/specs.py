@@ -71,9 +71,9 @@ class SpecError(ValueError):
 
 
 def _parse_layers(text):
-    from istar.core.regularizers import parse_layer_spec
+    from istar.core.regularizers import parse_layer_selection
 
-    return parse_layer_spec(text)
+    return parse_layer_selection(text)
 
 
 def _finite(name: str, value) -> None:

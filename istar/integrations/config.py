@@ -17,7 +17,7 @@ import torch
 
 from istar.config.schema import default_of, out_of_range, schema_entry
 from istar.core.isotropy import isoscore_star_from_covariance
-from istar.core.regularizers import LayerSpec, Penalty, resolve_layers
+from istar.core.regularizers import LayerSelection, Penalty, resolve_layers
 from istar.core.shrinkage import load_shrinkage
 from istar.core.tokens import get_token_selection
 from istar.models.shrinkage import renamed_keyword, shrinkage_covariance
@@ -47,7 +47,7 @@ class IStarConfig:
         ``"base"`` (the task loss alone).
     layers : str, int or list of int
         The hidden states I-STAR's penalty and Σ_S read (default ``"all"``: every transformer
-        layer; :data:`istar.core.regularizers.LayerSpec`). CosReg reads the last layer whatever it is.
+        layer; :data:`istar.core.regularizers.LayerSelection`). CosReg reads the last layer whatever it is.
     tokens : str
         ``"real"`` (the attention-masked tokens, the default) or ``"all_positions"`` (every padded
         position, as the authors' code).
@@ -88,7 +88,7 @@ class IStarConfig:
     lam: float | None = None
     zeta: float | None = None
     method: str = "istar"
-    layers: LayerSpec = default_of("penalty.layers")
+    layers: LayerSelection = default_of("penalty.layers")
     tokens: str = default_of("penalty.tokens")
     shrinkage_rows: int = default_of("shrinkage.rows")
     recompute_shrinkage: bool = default_of("shrinkage.recompute_every_epoch")

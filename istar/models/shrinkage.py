@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from istar.core.covariance import CovarianceAccumulator
-from istar.core.regularizers import LayerSpec, resolve_layers
+from istar.core.regularizers import LayerSelection, resolve_layers
 from istar.core.shrinkage import add_hidden_states, layer_accumulators, current_processes, merge_across_processes, merge_layers
 from istar.core.tokens import get_token_selection
 from istar.models.hidden_states import hidden_state_pass
@@ -69,7 +69,7 @@ def forked_rng(device: torch.device) -> Iterator[None]:
 
 
 @torch.no_grad()
-def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSpec = "all", shrinkage_rows: int | None = None,
+def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSelection = "all", shrinkage_rows: int | None = None,
                          accelerator=None, description: str = "Σ_S", tokens: str = "real",
                          progress: bool = True, *, max_rows: int | None = None) -> list[CovarianceAccumulator]:
     """Accumulate per-layer token statistics until the selected layers gave ``shrinkage_rows`` rows.
@@ -85,7 +85,7 @@ def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSpec = "all
         Under several processes each process reads its own shard (a loader prepared by
         accelerate, or one with a ``DistributedSampler``).
     layers : the selection whose rows (tokens × selected layers) are counted against
-        ``shrinkage_rows`` (see :data:`istar.core.regularizers.LayerSpec`).
+        ``shrinkage_rows`` (see :data:`istar.core.regularizers.LayerSelection`).
     shrinkage_rows : stop once the selected layers hold this many rows, all processes together;
         fewer if the data runs out. None: :func:`default_rows`.
     accelerator : an ``accelerate.Accelerator`` for autocast and the merge across processes;
@@ -154,7 +154,7 @@ class SigmaStatistics:
     selection: CovarianceAccumulator
 
 
-def sigma_statistics(model, loader: Iterable[dict], layers: LayerSpec = "all", shrinkage_rows: int | None = None,
+def sigma_statistics(model, loader: Iterable[dict], layers: LayerSelection = "all", shrinkage_rows: int | None = None,
                      accelerator=None, description: str = "Σ_S", tokens: str = "real",
                      progress: bool = True) -> SigmaStatistics:
     """The one Σ_S pass: :func:`accumulate_shrinkage` (same arguments), then the merge of the selected
@@ -186,7 +186,7 @@ def text_batches(texts: Sequence, tokenizer, batch_size: int = 32, max_length: i
         yield dict(tokenizer(first, second, padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
 
 
-def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSpec = "all", tokens: str = "real",
+def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSelection = "all", tokens: str = "real",
                          shrinkage_rows: int | None = None, batch_size: int = 32, max_length: int = 128,
                          accelerator=None, progress: bool = True, description: str = "Σ_S",
                          max_rows: int | None = None) -> torch.Tensor:
@@ -211,8 +211,8 @@ def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSpec = "al
         a sequence of texts, or of (text, text) pairs.
     tokenizer : transformers.PreTrainedTokenizerBase, optional
         tokenises ``data`` when it holds texts (split across processes automatically).
-    layers : LayerSpec
-        the hidden states whose rows form Σ_S (see :data:`istar.core.regularizers.LayerSpec`).
+    layers : LayerSelection
+        the hidden states whose rows form Σ_S (see :data:`istar.core.regularizers.LayerSelection`).
     tokens : str
         ``"real"`` (attention-masked tokens) or ``"all_positions"`` (every padded position).
     shrinkage_rows : int, optional

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from istar.config.specs import ShrinkageSpec
-from istar.core.regularizers import LayerSpec
+from istar.core.regularizers import LayerSelection
 from istar.core.shrinkage import NonFiniteStatistics, save_shrinkage
 from istar.data.encoding import EpochShuffleSampler
 from istar.io import artifacts
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["training_statistics", "compute_shrinkage_file"]
 
 
-def training_statistics(context: ModelContext, layers: LayerSpec, shrinkage_rows: int, batch_size: int, seed: int,
+def training_statistics(context: ModelContext, layers: LayerSelection, shrinkage_rows: int, batch_size: int, seed: int,
                         tokens: str = "real", *, model=None, features: Features | None = None,
                         description: str | None = None) -> SigmaStatistics:
     """The Σ_S pass over a task's training split (:func:`istar.models.shrinkage.sigma_statistics`),
