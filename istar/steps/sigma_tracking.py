@@ -27,15 +27,18 @@ from istar.registry.methods import get_method
 from istar.steps.shrinkage import training_statistics
 
 if TYPE_CHECKING:
+    from istar.core.covariance import CovarianceAccumulator
     from istar.data.encoding import Features
     from istar.models.shrinkage import SigmaStatistics
     from istar.steps.common import ModelContext
     from istar.steps.resume import Progress
 
+    GivenSigma = tuple[list[CovarianceAccumulator], dict]  # a given Σ_S file's per-layer statistics and provenance
+
 __all__ = ["read_given_sigma", "check_given_sigma", "SigmaTracker"]
 
 
-def read_given_sigma(spec: TrainSpec):
+def read_given_sigma(spec: TrainSpec) -> GivenSigma | None:
     """The Σ_S file the run was given, as (per-layer statistics, provenance), read and checked (hash,
     NaN / inf, token rows) before the model and data are loaded; None for a method that needs none."""
     if not get_method(spec.method).needs_sigma_s(spec.zeta):
@@ -48,7 +51,7 @@ def read_given_sigma(spec: TrainSpec):
     return given
 
 
-def check_given_sigma(spec: TrainSpec, given, context: ModelContext) -> None:
+def check_given_sigma(spec: TrainSpec, given: GivenSigma, context: ModelContext) -> None:
     """The given Σ_S is of this task and this model's shape (before any forward pass)."""
     config = context.model.config
     check_sigma_fits(spec.sigma_s, *given, task=context.task.key, data=spec.data_dir,
@@ -74,7 +77,7 @@ class SigmaTracker:
     progress: Progress
     penalty_sigma: torch.Tensor | None = None
 
-    def start(self, given) -> float | None:
+    def start(self, given: GivenSigma | None) -> float | None:
         """Before the first step of this process: keep the given Σ_S (``read_given_sigma``) unless a
         resumed state holds one, and measure IsoScore(Σ_S) before training unless a state has it.
 

@@ -4,7 +4,7 @@
     loss = task loss + λ·(1/M²)·Σ_{i≠j} x̂_iᵀx̂_j           method "cosreg" (docs/method.md §4)
     loss = task loss + λ·(1 − IsoScore*(X̃, ζ, Σ_S))        method "istar"  (docs/method.md §3)
 
-The module reads top to bottom: :func:`prepare` builds a :class:`TrainingRun` (model, optimizer,
+The module reads top to bottom: :func:`prepare` builds a :class:`istar.steps.run_state.TrainingRun` (model, optimizer,
 scheduler, loaders, progress, Σ_S tracking), :func:`train_epochs` trains it, and
 :func:`istar.steps.train_outputs.finish_run` writes the outputs, atomically, ``metrics.json`` last
 as the run's completion mark. With ``global_penalty`` the IsoScore* of the *global* batch is
@@ -38,6 +38,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -185,7 +186,7 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
 
 
 def _build(spec: TrainSpec, context: ModelContext, out: Path, resume_dir: Path, tracking: Tracking,
-           forward) -> TrainingRun:
+           forward: Callable) -> TrainingRun:
     """The loaders, the optimizer and the scheduler, prepared by accelerate, a fresh progress and the
     run's Σ_S tracker (started once a saved state is resumed)."""
     from transformers import get_scheduler
