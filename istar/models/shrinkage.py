@@ -137,21 +137,11 @@ def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSelection =
 
 @dataclass(frozen=True)
 class SigmaStatistics:
-    """What one Σ_S pass (:func:`sigma_statistics`) gives.
+    """What one Σ_S pass (:func:`sigma_statistics`) gives."""
 
-    Attributes
-    ----------
-    per_layer : list of CovarianceAccumulator
-        every hidden state's statistics (index = hidden state, 0 = embeddings), as :func:`accumulate_shrinkage`.
-    layers : list of int
-        the hidden states of the layer selection.
-    selection : CovarianceAccumulator
-        their merge: ``selection.covariance()`` is Σ_S, ``selection.count`` its rows.
-    """
-
-    per_layer: list[CovarianceAccumulator]
-    layers: list[int]
-    selection: CovarianceAccumulator
+    per_layer: list[CovarianceAccumulator]  # every hidden state's statistics, as accumulate_shrinkage returns them
+    layers: list[int]  # the hidden states of the layer selection
+    selection: CovarianceAccumulator  # their merge: .covariance() is Σ_S, .count its rows
 
 
 def sigma_statistics(model, loader: Iterable[dict], layers: LayerSelection = "all", shrinkage_rows: int | None = None,
