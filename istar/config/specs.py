@@ -71,9 +71,9 @@ class SpecError(ValueError):
 
 
 def _parse_layers(text):
-    from istar.core.regularizers import parse_layer_spec
+    from istar.core.regularizers import parse_layer_selection
 
-    return parse_layer_spec(text)
+    return parse_layer_selection(text)
 
 
 def _finite(name: str, value) -> None:
@@ -152,7 +152,7 @@ class HoldoutSpec(Spec):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelData(Spec):
-    """The model-and-data part every model step shares (see :func:`istar.steps.common.open_step`)."""
+    """The model-and-data part every model step shares (see :func:`istar.steps.common.open_model_context`)."""
 
     model: str = option(help="HF id (optionally @revision), local folder or package:NAME/SUBFOLDER", flag="--model")
     data_dir: str = option(help="prepared task folder (train/validation parquet + meta.json)", flag="--data")
@@ -302,7 +302,7 @@ class MeasureSpec(Spec):
                             f"only with it; got sigma_s_model {self.sigma_s_model} and sigma_s {self.sigma_s!r}")
 
     def model_data(self, run: str) -> ModelData:
-        """The model-and-data spec of one run's fine-tuned model (for :func:`istar.steps.common.open_step`)."""
+        """The model-and-data spec of one run's fine-tuned model (for :func:`istar.steps.common.open_model_context`)."""
         return ModelData(model=str(Path(run) / "model"), data_dir=self.data_dir, max_length=self.max_length,
                          doc_stride=self.doc_stride, segment_ids=self.segment_ids, mixed_precision=self.mixed_precision)
 

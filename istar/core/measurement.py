@@ -34,7 +34,7 @@ import torch
 
 from istar.core.covariance import CovarianceAccumulator
 from istar.core.isotropy import isoscore_star_from_covariance
-from istar.core.regularizers import LayerSpec, check_hidden_states, resolve_layers
+from istar.core.regularizers import LayerSelection, check_hidden_states, resolve_layers
 from istar.core.shrinkage import Processes, current_processes, load_layer_statistics, merge_across_processes, merge_layers
 from istar.core.twonn import twonn_dimension
 
@@ -125,7 +125,7 @@ def _sigma_layers(sigma_s, num_hidden_states: int, dim: int) -> list[CovarianceA
 
 def isotropy_of_statistics(per_layer: Sequence[CovarianceAccumulator], unit_sums: Sequence[torch.Tensor],
                            cls: Sequence[torch.Tensor] | None, *, zeta: float = 0.2, sigma_s=None,
-                           layers: LayerSpec = "all", twonn_discard: float = 0.1) -> IsotropyReport:
+                           layers: LayerSelection = "all", twonn_discard: float = 0.1) -> IsotropyReport:
     """Score accumulated token statistics (the module docstring's measures).
 
     Parameters
@@ -139,7 +139,7 @@ def isotropy_of_statistics(per_layer: Sequence[CovarianceAccumulator], unit_sums
         layer's IsoScore* uses its own Σ_S, the overall one the merge over ``layers``; or one
         (d, d) Σ_S of the ``layers`` selection (from ``istar.shrinkage_covariance``), which
         scores ``overall`` only; or None (no IsoScore* unless ζ = 0).
-    layers : the hidden states of ``overall`` (see :data:`istar.core.regularizers.LayerSpec`).
+    layers : the hidden states of ``overall`` (see :data:`istar.core.regularizers.LayerSelection`).
     twonn_discard : fraction in [0, 1) of the largest neighbour ratios left out of the TwoNN fit.
     """
     zeta = float(zeta)
@@ -192,7 +192,7 @@ class IsotropyMetric:
 
     Parameters
     ----------
-    zeta, sigma_s, layers, twonn_discard : float, optional, LayerSpec, float
+    zeta, sigma_s, layers, twonn_discard : float, optional, LayerSelection, float
         as in :func:`isotropy_of_statistics`.
     twonn : bool
         keep the [CLS] vectors for TwoNN (n × d floats per layer); False leaves TwoNN out.
@@ -213,7 +213,7 @@ class IsotropyMetric:
     (3, 12)
     """
 
-    def __init__(self, zeta: float = 0.2, sigma_s=None, layers: LayerSpec = "all", twonn_discard: float = 0.1,
+    def __init__(self, zeta: float = 0.2, sigma_s=None, layers: LayerSelection = "all", twonn_discard: float = 0.1,
                  twonn: bool = True):
         self.zeta, self.sigma_s, self.layers, self.twonn_discard, self.twonn = zeta, sigma_s, layers, twonn_discard, twonn
         self.reset()

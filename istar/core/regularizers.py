@@ -22,12 +22,14 @@ import torch
 from istar.core.isotropy import isoscore_star, isoscore_star_from_covariance
 from istar.core.tokens import get_token_selection
 
-__all__ = ["Penalty", "resolve_layers", "parse_layer_spec", "check_hidden_states", "token_rows", "istar_penalty", "global_istar_penalty",
-           "global_isoscore_star", "cosreg_penalty", "LayerSpec"]
+__all__ = ["Penalty", "resolve_layers", "parse_layer_selection", "check_hidden_states", "token_rows", "istar_penalty", "global_istar_penalty",
+           "global_isoscore_star", "cosreg_penalty", "LayerSelection"]
 
-LayerSpec = Union[str, int, Sequence[int]]
+LayerSelection = Union[str, int, Sequence[int]]
 """Which hidden states a penalty reads: ``"all"`` (layers 1..L, the paper's default),
 ``"all+embeddings"`` (0..L), one layer index, or a list of indices (0 = embedding output)."""
+
+LayerSpec = LayerSelection  # the old name of LayerSelection, kept for code that imports it
 
 
 @dataclass(frozen=True)
@@ -55,12 +57,12 @@ class Penalty:
     logs: dict = field(default_factory=dict)
 
 
-def resolve_layers(layers: LayerSpec, num_hidden_states: int) -> list[int]:
+def resolve_layers(layers: LayerSelection, num_hidden_states: int) -> list[int]:
     """Turn a layer specification into a sorted list of indices into ``hidden_states``.
 
     Parameters
     ----------
-    layers : "all" | "all+embeddings" | int | sequence of int (see :data:`LayerSpec`).
+    layers : "all" | "all+embeddings" | int | sequence of int (see :data:`LayerSelection`).
         Negative integers count from the end (−1 = last layer).
     num_hidden_states : L + 1, the length of the model's ``hidden_states`` tuple.
     """
@@ -86,7 +88,7 @@ def resolve_layers(layers: LayerSpec, num_hidden_states: int) -> list[int]:
     return sorted(set(resolved))
 
 
-def parse_layer_spec(text: str) -> LayerSpec:
+def parse_layer_selection(text: str) -> LayerSelection:
     """Parse a command-line layer selection: ``all``, ``all+embeddings``, ``6`` or ``1,3,5``."""
     text = str(text).strip()
     if text in ("all", "all+embeddings"):
@@ -96,6 +98,9 @@ def parse_layer_spec(text: str) -> LayerSpec:
     except ValueError:
         raise ValueError(f"cannot read layer selection {text!r}: use all, all+embeddings, an index or a list like 1,3,5") from None
     return indices[0] if len(indices) == 1 else indices
+
+
+parse_layer_spec = parse_layer_selection  # the old name of parse_layer_selection
 
 
 def check_hidden_states(hidden_states, attention_mask, tokens: str = "real"):
@@ -125,7 +130,7 @@ def check_hidden_states(hidden_states, attention_mask, tokens: str = "real"):
     return hidden_states, attention_mask
 
 
-def token_rows(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor | None, layers: LayerSpec = "all",
+def token_rows(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor | None, layers: LayerSelection = "all",
                tokens: str = "real") -> torch.Tensor:
     """The token vectors of the selected layers, stacked: X̃ of the paper's Fig. 1.
 
@@ -134,7 +139,7 @@ def token_rows(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tens
     hidden_states : tuple of L + 1 tensors (B, T, d) (``outputs.hidden_states`` of a model
         called with ``output_hidden_states=True``).
     attention_mask : (B, T), non-zero at real tokens; may be None with ``tokens="all_positions"``.
-    layers : see :data:`LayerSpec`.
+    layers : see :data:`LayerSelection`.
     tokens : a key of :data:`istar.core.tokens.TOKEN_SELECTIONS`: ``real`` keeps the positions where the mask is
         non-zero, ``all_positions`` all B·T positions.
 
@@ -165,7 +170,7 @@ def istar_penalty(
     lam: float,
     zeta: float,
     sigma_s: torch.Tensor | None,
-    layers: LayerSpec = "all",
+    layers: LayerSelection = "all",
     tokens: str = "real",
 ) -> Penalty:
     """The I-STAR term λ·(1 − IsoScore*(X̃, ζ, Σ_S)) of the paper's Eq. (2) / docs/method.md §3.
@@ -185,7 +190,7 @@ def istar_penalty(
         (d, d) shrinkage covariance Σ_S of the same layers and tokens, from
         :func:`istar.models.shrinkage.shrinkage_covariance` (``istar.shrinkage_covariance``);
         may be None when ζ = 0. Keep it on the model's device (it is returned there).
-    layers : LayerSpec
+    layers : LayerSelection
         which hidden states form X̃ (default: every transformer layer, no embeddings).
     tokens : str
         which positions form X̃ (:data:`istar.core.tokens.TOKEN_SELECTIONS`; Σ_S must come from the same selection).
@@ -297,7 +302,7 @@ def global_istar_penalty(
     lam: float,
     zeta: float,
     sigma_s: torch.Tensor | None,
-    layers: LayerSpec = "all",
+    layers: LayerSelection = "all",
     tokens: str = "real",
 ) -> Penalty:
     """:func:`istar_penalty` on the global batch of all data-parallel processes.

@@ -91,7 +91,7 @@ def load_task(
     ValueError
         Unknown task or source, bad arguments, or malformed data (naming file and line).
     """
-    spec = get_task(task)
+    entry = get_task(task)
     if source not in SOURCES:
         raise ValueError(f"unknown data source {source!r}; use one of: {', '.join(SOURCES)}")
     if not 0 < standin_fraction < 1:
@@ -112,17 +112,17 @@ def load_task(
     if source == "hub" or (source == "auto" and (root is None or not root.is_dir())):
         if source == "auto":
             logger.warning("data source auto: no mirror folder (%s: %s), so %s comes from the hub",
-                           origin, root, spec.key)
-        splits, provenance = load_hub(spec, revision, hub_dataset)
+                           origin, root, entry.key)
+        splits, provenance = load_hub(entry, revision, hub_dataset)
     else:
         if revision is not None:
-            raise ValueError(f"a dataset revision ({revision!r}) applies to the hub only, but {spec.key} comes "
+            raise ValueError(f"a dataset revision ({revision!r}) applies to the hub only, but {entry.key} comes "
                              f"from the mirror {root}; drop the revision or use source 'hub'")
-        if hub_source(spec.key, hub_dataset) is not hub_source(spec.key):
-            raise ValueError(f"the hub dataset {hub_dataset!r} applies to the hub only, but {spec.key} comes from the "
-                             f"mirror {root}, which holds the release of {hub_source(spec.key).hub_id}; use source "
-                             f"'hub' or data.hub_datasets.{spec.key}: {hub_source(spec.key).hub_id}")
-        splits, provenance = load_mirror(spec, root, allow_standin, standin_fraction, seed, subset)
+        if hub_source(entry.key, hub_dataset) is not hub_source(entry.key):
+            raise ValueError(f"the hub dataset {hub_dataset!r} applies to the hub only, but {entry.key} comes from the "
+                             f"mirror {root}, which holds the release of {hub_source(entry.key).hub_id}; use source "
+                             f"'hub' or data.hub_datasets.{entry.key}: {hub_source(entry.key).hub_id}")
+        splits, provenance = load_mirror(entry, root, allow_standin, standin_fraction, seed, subset)
         provenance.update(hub_revision=None, hub_commit=None)
     provenance["source_requested"] = source
     return splits, provenance
@@ -195,7 +195,7 @@ def prepare_task(
         ``max_eval_samples``, ``seed``, ``labels`` (split -> label counts, score range or,
         for SQuAD, article count), ``created`` (UTC, ISO 8601), ``istar_version``.
     """
-    spec = get_task(task)
+    entry = get_task(task)
     for name, value in (("max_train_samples", max_train_samples),
                         ("max_eval_samples", max_eval_samples)):
         if value is not None:
@@ -208,7 +208,7 @@ def prepare_task(
     kept = {split: _subsample(splits[split], caps[split], seed, stream)
             for stream, split in enumerate(SPLITS, start=1)}
     meta = {
-        "task": spec.key,
+        "task": entry.key,
         **provenance,
         "standin_fraction": standin_fraction if provenance["standin"] else None,
         "subset": subset,
@@ -217,11 +217,11 @@ def prepare_task(
         "max_train_samples": max_train_samples,
         "max_eval_samples": max_eval_samples,
         "seed": seed,
-        "labels": {split: label_summary(kept[split], spec) for split in SPLITS},
+        "labels": {split: label_summary(kept[split], entry) for split in SPLITS},
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "istar_version": __version__,
     }
-    write_prepared(out_dir, spec, kept, meta)
+    write_prepared(out_dir, entry, kept, meta)
     return meta
 
 

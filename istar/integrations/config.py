@@ -4,23 +4,23 @@ One :class:`IStarConfig` drives each form the library offers (the ``transformers
 the model wrapper, the sentence-transformers loss): which method of the registry
 (:mod:`istar.registry.methods`) adds its penalty, its λ and ζ within the config schema's ranges,
 and where Σ_S comes from: computed from the current model (before training and, with
-``recompute_every_epoch``, at each later epoch's start), or given — a (d, d) tensor or the file
+``recompute_shrinkage``, at each later epoch's start), or given — a (d, d) tensor or the file
 ``istar shrinkage`` writes — for the first epoch, then refreshed or kept.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import torch
 
 from istar.config.schema import default_of, out_of_range, schema_entry
 from istar.core.isotropy import isoscore_star_from_covariance
-from istar.core.regularizers import LayerSpec, Penalty, resolve_layers
+from istar.core.regularizers import LayerSelection, Penalty, resolve_layers
 from istar.core.shrinkage import load_shrinkage
 from istar.core.tokens import get_token_selection
-from istar.models.shrinkage import shrinkage_covariance
+from istar.models.shrinkage import renamed_keyword, shrinkage_covariance
 from istar.registry.methods import Method, get_method
 
 __all__ = ["IStarConfig", "sigma_isoscore", "check_mask", "SigmaSchedule", "penalty_logs",
@@ -47,15 +47,17 @@ class IStarConfig:
         ``"base"`` (the task loss alone).
     layers : str, int or list of int
         The hidden states I-STAR's penalty and Σ_S read (default ``"all"``: every transformer
-        layer; :data:`istar.core.regularizers.LayerSpec`). CosReg reads the last layer whatever it is.
+        layer; :data:`istar.core.regularizers.LayerSelection`). CosReg reads the last layer whatever it is.
     tokens : str
         ``"real"`` (the attention-masked tokens, the default) or ``"all_positions"`` (every padded
         position, as the authors' code).
-    sigma_rows : int
-        Σ_S's row budget, tokens × layers (default 250,000, as in the paper).
-    recompute_every_epoch : bool
+    shrinkage_rows : int
+        Σ_S's row budget, tokens × layers (default 250,000, as in the paper; the config's
+        ``shrinkage.rows``).
+    recompute_shrinkage : bool
         Recompute Σ_S from the current model at each later epoch's start (default True, as the
-        paper); False keeps the first Σ_S (computed or given) for the whole run.
+        paper; the config's ``shrinkage.recompute_every_epoch``); False keeps the first Σ_S
+        (computed or given) for the whole run.
     global_penalty : bool
         Under several processes, penalise the global batch's IsoScore* (default False, as the
         authors' code: each process its own batch).
@@ -63,6 +65,10 @@ class IStarConfig:
         The first epoch's Σ_S instead of one computed from the model: a (d, d) tensor (d the model's
         hidden size) or the path of the file ``istar shrinkage`` writes (its Σ_S is rebuilt for
         ``layers``). Needs a method that shrinks (I-STAR with ζ > 0).
+    sigma_rows : int, optional
+        The old name of ``shrinkage_rows`` (a deprecated keyword; the attribute is ``shrinkage_rows``).
+    recompute_every_epoch : bool, optional
+        The old name of ``recompute_shrinkage`` (a deprecated keyword; the attribute is ``recompute_shrinkage``).
 
     Raises
     ------
@@ -82,14 +88,20 @@ class IStarConfig:
     lam: float | None = None
     zeta: float | None = None
     method: str = "istar"
-    layers: LayerSpec = default_of("penalty.layers")
+    layers: LayerSelection = default_of("penalty.layers")
     tokens: str = default_of("penalty.tokens")
-    sigma_rows: int = default_of("shrinkage.rows")
-    recompute_every_epoch: bool = default_of("shrinkage.recompute_every_epoch")
+    shrinkage_rows: int = default_of("shrinkage.rows")
+    recompute_shrinkage: bool = default_of("shrinkage.recompute_every_epoch")
     global_penalty: bool = default_of("penalty.global_penalty")
     sigma_s: torch.Tensor | str | os.PathLike | None = field(default=None, compare=False, repr=False)
+    sigma_rows: InitVar[int | None] = None  # the old names, as keywords only
+    recompute_every_epoch: InitVar[bool | None] = None
 
-    def __post_init__(self):
+    def __post_init__(self, sigma_rows, recompute_every_epoch):
+        for old, new, value in (("sigma_rows", "shrinkage_rows", sigma_rows),
+                                ("recompute_every_epoch", "recompute_shrinkage", recompute_every_epoch)):
+            if value is not None:
+                object.__setattr__(self, new, renamed_keyword(None, value, old, new))
         method = get_method(self.method)
         object.__setattr__(self, "lam", self._resolved("lam", self.lam, method, "$defs.lambda"))
         object.__setattr__(self, "zeta", self._resolved("zeta", self.zeta, method, "$defs.zeta"))
@@ -136,12 +148,8 @@ class IStarConfig:
         attention_mask : (B, T) tensor, non-zero at real tokens (None with ``tokens="all_positions"``).
         sigma_s : (d, d) Σ_S on the hidden states' device, or None when ζ = 0.
         """
-        method = self.entry
-        if method.penalty is None:
-            return None
-        return method.penalty(hidden_states, attention_mask, lam=self.lam, zeta=self.zeta, sigma_s=sigma_s,
-                              layers=method.penalty_layers(self.layers), global_batch=self.global_penalty,
-                              tokens=self.tokens)
+        return self.entry.penalise(hidden_states, attention_mask, lam=self.lam, zeta=self.zeta, sigma_s=sigma_s,
+                                   layers=self.layers, global_batch=self.global_penalty, tokens=self.tokens)
 
     def given_sigma_s(self, model) -> torch.Tensor | None:
         """The ``sigma_s`` given, as (d, d) float64 on ``model``'s device, checked against its hidden size.
@@ -180,7 +188,7 @@ class SigmaSchedule:
     """When Σ_S is set, and from what: the one decision every integration makes at an epoch's start.
 
     At the first epoch of a run: the given ``sigma_s`` of the config, else one computed from the
-    model; at a later epoch: a recomputed one with ``recompute_every_epoch``, else the same. With ζ = 0
+    model; at a later epoch: a recomputed one with ``recompute_shrinkage``, else the same. With ζ = 0
     (or a method that reads none) there is none.
 
     Attributes
@@ -199,7 +207,7 @@ class SigmaSchedule:
     def due(self, epoch: int) -> bool:
         """Whether Σ_S is to be set at the start of ``epoch`` (0-based)."""
         first = self.sigma_epoch < 0
-        return epoch > self.sigma_epoch and (first or self.config.recompute_every_epoch)
+        return epoch > self.sigma_epoch and (first or self.config.recompute_shrinkage)
 
     def update(self, epoch: int, model, loader, accelerator=None, progress: bool = True) -> float | None:
         """Set Σ_S for ``epoch`` if :meth:`due`: the given one at the first epoch, else computed over ``loader``.
@@ -214,7 +222,7 @@ class SigmaSchedule:
             return None
         given = self.config.given_sigma_s(model) if first else None
         self.sigma_s = given if given is not None else shrinkage_covariance(
-            model, loader, layers=self.config.layers, tokens=self.config.tokens, max_rows=self.config.sigma_rows,
+            model, loader, layers=self.config.layers, tokens=self.config.tokens, shrinkage_rows=self.config.shrinkage_rows,
             accelerator=accelerator, progress=progress, description=f"Σ_S at epoch {epoch + 1}")
         return sigma_isoscore(self.sigma_s)
 

@@ -125,7 +125,7 @@ class IStarLoss(torch.nn.Module):
         if computed and self.sigma_data is None:
             raise ValueError("Σ_S is computed from the model but no texts were given: IStarLoss(model, loss, istar, "
                              "sigma_data=train_dataset['anchor']), or a fixed IStarConfig(sigma_s=..., "
-                             "recompute_every_epoch=False)")
+                             "recompute_shrinkage=False)")
         batches = None
         if computed:
             processes = current_processes(accelerator)

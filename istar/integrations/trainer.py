@@ -9,14 +9,14 @@
 
 The method, λ, ζ and where Σ_S comes from are the :class:`istar.integrations.config.IStarConfig`'s
 (CosReg: ``IStarConfig(method="cosreg")``; a fixed or file Σ_S: ``sigma_s=...,
-recompute_every_epoch=False``).
+recompute_shrinkage=False``).
 
 What it adds to the Trainer, and nothing else:
 
 - **Σ_S** (:func:`istar.models.shrinkage.shrinkage_covariance`) from the current model over the
   training set before training (unless ``IStarConfig.sigma_s`` gives it) and, as in the paper, at
-  the start of every later epoch (``recompute_every_epoch``); every process holds the same Σ_S (merged across processes).
-  Its rows are the first ``sigma_rows`` of ``train_dataset`` in its order, read in batches of
+  the start of every later epoch (``recompute_shrinkage``); every process holds the same Σ_S (merged across processes).
+  Its rows are the first ``shrinkage_rows`` of ``train_dataset`` in its order, read in batches of
   ``per_device_eval_batch_size`` through the Trainer's own evaluation loader (its collator and
   column removal), in a forked random state (:func:`istar.models.shrinkage.forked_rng`), so the
   training order and torch's random state are untouched: λ = 0 trains exactly as ζ = 0. Each

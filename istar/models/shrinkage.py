@@ -13,18 +13,20 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from istar.core.covariance import CovarianceAccumulator
-from istar.core.regularizers import LayerSpec, resolve_layers
+from istar.core.regularizers import LayerSelection, resolve_layers
 from istar.core.shrinkage import add_hidden_states, layer_accumulators, current_processes, merge_across_processes, merge_layers
 from istar.core.tokens import get_token_selection
 from istar.models.hidden_states import hidden_state_pass
 
-__all__ = ["default_rows", "progress_disabled", "forked_rng", "accumulate_shrinkage", "shrinkage_covariance",
-           "text_batches"]
+__all__ = ["default_rows", "progress_disabled", "renamed_keyword", "forked_rng", "accumulate_shrinkage", "SigmaStatistics",
+           "sigma_statistics", "shrinkage_covariance", "text_batches"]
 
 
 def default_rows() -> int:
@@ -37,6 +39,16 @@ def default_rows() -> int:
 def progress_disabled(show: bool = True) -> bool:
     """Whether a progress bar stays hidden: not asked for (``show``), or ``TQDM_DISABLE`` set to a true value."""
     return not show or os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def renamed_keyword(value, old_value, old: str, new: str):
+    """``value``, or ``old_value`` given under a keyword's old name (with a DeprecationWarning naming the new one)."""
+    if old_value is None:
+        return value
+    if value is not None and value != old_value:
+        raise TypeError(f"{old}= is the old name of {new}=: give one of them")
+    warnings.warn(f"{old}= is deprecated: it is now called {new}=", DeprecationWarning, stacklevel=3)
+    return old_value
 
 
 @contextlib.contextmanager
@@ -57,10 +69,10 @@ def forked_rng(device: torch.device) -> Iterator[None]:
 
 
 @torch.no_grad()
-def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSpec = "all", max_rows: int | None = None,
+def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSelection = "all", shrinkage_rows: int | None = None,
                          accelerator=None, description: str = "Σ_S", tokens: str = "real",
-                         progress: bool = True) -> list[CovarianceAccumulator]:
-    """Accumulate per-layer token statistics until the selected layers gave ``max_rows`` rows.
+                         progress: bool = True, *, max_rows: int | None = None) -> list[CovarianceAccumulator]:
+    """Accumulate per-layer token statistics until the selected layers gave ``shrinkage_rows`` rows.
 
     Every hidden state (embeddings and each layer) gets its own accumulator, at no extra
     forward cost; Σ_S of any layer selection is then the merge of those layers'
@@ -73,8 +85,8 @@ def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSpec = "all
         Under several processes each process reads its own shard (a loader prepared by
         accelerate, or one with a ``DistributedSampler``).
     layers : the selection whose rows (tokens × selected layers) are counted against
-        ``max_rows`` (see :data:`istar.core.regularizers.LayerSpec`).
-    max_rows : stop once the selected layers hold this many rows, all processes together;
+        ``shrinkage_rows`` (see :data:`istar.core.regularizers.LayerSelection`).
+    shrinkage_rows : stop once the selected layers hold this many rows, all processes together;
         fewer if the data runs out. None: :func:`default_rows`.
     accelerator : an ``accelerate.Accelerator`` for autocast and the merge across processes;
         None runs on the model's device and merges through ``torch.distributed`` when a
@@ -84,6 +96,7 @@ def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSpec = "all
         ``real`` the attention-masked tokens, ``all_positions`` all B·T positions.
     progress : show a progress bar (on the main process, counting batches out of the loader's
         length; ``TQDM_DISABLE=1`` hides it too).
+    max_rows : the old name of ``shrinkage_rows`` (deprecated).
 
     Returns
     -------
@@ -92,11 +105,13 @@ def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSpec = "all
     """
     from tqdm.auto import tqdm
 
-    max_rows = default_rows() if max_rows is None else int(max_rows)
-    if max_rows < 2:
-        raise ValueError(f"max_rows = {max_rows}: Σ_S needs at least 2 rows (the default is {default_rows():,})")
+    shrinkage_rows = renamed_keyword(shrinkage_rows, max_rows, "max_rows", "shrinkage_rows")
+    shrinkage_rows = default_rows() if shrinkage_rows is None else int(shrinkage_rows)
+    if shrinkage_rows < 2:
+        raise ValueError(f"shrinkage_rows = {shrinkage_rows}: Σ_S needs at least 2 rows "
+                         f"(the default is {default_rows():,})")
     processes = current_processes(accelerator)
-    target = math.ceil(max_rows / processes.size)
+    target = math.ceil(shrinkage_rows / processes.size)
     device = next(model.parameters()).device
     # Accumulators exist before the first batch: a process whose shard is empty still joins the merge.
     per_layer = layer_accumulators(model.config.num_hidden_layers + 1, model.config.hidden_size, device=device)
@@ -120,6 +135,27 @@ def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSpec = "all
     return per_layer
 
 
+@dataclass(frozen=True)
+class SigmaStatistics:
+    """What one Σ_S pass (:func:`sigma_statistics`) gives."""
+
+    per_layer: list[CovarianceAccumulator]  # every hidden state's statistics, as accumulate_shrinkage returns them
+    layers: list[int]  # the hidden states of the layer selection
+    selection: CovarianceAccumulator  # their merge: .covariance() is Σ_S, .count its rows
+
+
+def sigma_statistics(model, loader: Iterable[dict], layers: LayerSelection = "all", shrinkage_rows: int | None = None,
+                     accelerator=None, description: str = "Σ_S", tokens: str = "real",
+                     progress: bool = True) -> SigmaStatistics:
+    """The one Σ_S pass: :func:`accumulate_shrinkage` (same arguments), then the merge of the selected
+    layers. ``istar shrinkage``, the measurement's fine-tuned Σ_S, fine-tuning's per-epoch Σ_S
+    (:func:`istar.steps.shrinkage.training_statistics`) and :func:`shrinkage_covariance` all call it."""
+    per_layer = accumulate_shrinkage(model, loader, layers, shrinkage_rows, accelerator, description=description,
+                                     tokens=tokens, progress=progress)
+    indices = resolve_layers(layers, len(per_layer))
+    return SigmaStatistics(per_layer, indices, merge_layers(per_layer, indices))
+
+
 def text_batches(texts: Sequence, tokenizer, batch_size: int = 32, max_length: int = 128,
                  shard: tuple[int, int] = (0, 1)) -> Iterator[dict]:
     """Tokenised, padded batches of ``texts``: strings, or (text, text) pairs for paired tasks.
@@ -140,13 +176,14 @@ def text_batches(texts: Sequence, tokenizer, batch_size: int = 32, max_length: i
         yield dict(tokenizer(first, second, padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
 
 
-def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSpec = "all", tokens: str = "real",
-                         max_rows: int | None = None, batch_size: int = 32, max_length: int = 128,
-                         accelerator=None, progress: bool = True, description: str = "Σ_S") -> torch.Tensor:
+def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSelection = "all", tokens: str = "real",
+                         shrinkage_rows: int | None = None, batch_size: int = 32, max_length: int = 128,
+                         accelerator=None, progress: bool = True, description: str = "Σ_S",
+                         max_rows: int | None = None) -> torch.Tensor:
     """Σ_S of ``model`` on ``data``: the shrinkage covariance :func:`istar.core.regularizers.istar_penalty` takes.
 
     The covariance of the token vectors at ``layers`` and ``tokens`` (the same selections the
-    penalty is given), from forward passes without gradients, over at least ``max_rows`` rows
+    penalty is given), from forward passes without gradients, over at least ``shrinkage_rows`` rows
     or all of ``data`` (docs/method.md §3). Rows are never stacked: the sums are float64 and
     O(d²) per hidden state.
 
@@ -164,11 +201,11 @@ def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSpec = "al
         a sequence of texts, or of (text, text) pairs.
     tokenizer : transformers.PreTrainedTokenizerBase, optional
         tokenises ``data`` when it holds texts (split across processes automatically).
-    layers : LayerSpec
-        the hidden states whose rows form Σ_S (see :data:`istar.core.regularizers.LayerSpec`).
+    layers : LayerSelection
+        the hidden states whose rows form Σ_S (see :data:`istar.core.regularizers.LayerSelection`).
     tokens : str
         ``"real"`` (attention-masked tokens) or ``"all_positions"`` (every padded position).
-    max_rows : int, optional
+    shrinkage_rows : int, optional
         the row budget (tokens × selected layers, all processes together); None: the
         schema's ``shrinkage.rows``, 250,000 as in the paper.
     batch_size, max_length : int
@@ -180,6 +217,8 @@ def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSpec = "al
         show a progress bar (``TQDM_DISABLE=1`` hides it too).
     description : str
         the progress bar's label.
+    max_rows : int, optional
+        the old name of ``shrinkage_rows`` (deprecated).
 
     Returns
     -------
@@ -188,16 +227,16 @@ def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSpec = "al
 
     Examples
     --------
-    >>> sigma_s = istar.shrinkage_covariance(model, train_loader, max_rows=20_000)   # doctest: +SKIP
+    >>> sigma_s = istar.shrinkage_covariance(model, train_loader, shrinkage_rows=20_000)   # doctest: +SKIP
     >>> sigma_s = istar.shrinkage_covariance(model, sentences, tokenizer)           # doctest: +SKIP
     """
+    shrinkage_rows = renamed_keyword(shrinkage_rows, max_rows, "max_rows", "shrinkage_rows")
     if tokenizer is not None:
         processes = current_processes(accelerator)
         data = list(text_batches(data, tokenizer, batch_size, max_length, shard=(processes.rank, processes.size)))
     elif isinstance(data, (str, bytes)) or (isinstance(data, Sequence) and data and isinstance(data[0], str)):
         raise TypeError("data holds texts: pass the tokenizer too (shrinkage_covariance(model, texts, tokenizer))")
     with forked_rng(next(model.parameters()).device):
-        per_layer = accumulate_shrinkage(model, data, layers, max_rows, accelerator, description=description,
-                                         tokens=tokens, progress=progress)
-    indices = resolve_layers(layers, len(per_layer))
-    return merge_layers(per_layer, indices).covariance().to(next(model.parameters()).device)
+        statistics = sigma_statistics(model, data, layers, shrinkage_rows, accelerator, description=description,
+                                      tokens=tokens, progress=progress)
+    return statistics.selection.covariance().to(next(model.parameters()).device)

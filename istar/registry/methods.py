@@ -74,6 +74,15 @@ class Method:
         """The hidden states the penalty reads, given the configured ``layers`` selection."""
         return layers if self.takes("layers") else self.fixed_layers
 
+    def penalise(self, hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch, tokens):
+        """The method's term for one batch (:class:`istar.core.regularizers.Penalty`) over
+        :meth:`penalty_layers` of ``layers``; None for a method that adds none (the baseline). The
+        one place both the ``train`` step and the integrations turn a method into its penalty."""
+        if self.penalty is None:
+            return None
+        return self.penalty(hidden_states, attention_mask, lam=lam, zeta=zeta, sigma_s=sigma_s,
+                            layers=self.penalty_layers(layers), global_batch=global_batch, tokens=tokens)
+
 
 # The penalties are imported when a batch is penalised, not with the registry: the workflow
 # reads the registry while it builds the DAG, and torch would add seconds to that.

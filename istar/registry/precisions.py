@@ -14,7 +14,7 @@ its matrix products natively — a MiniLM-L6 training step took 0.59–0.66 × i
 (``bench/RESULTS.md``). Without those instructions bf16 has no hardware path and no
 speed-up to offer for its lost precision, so such a CPU runs fp32 whatever was asked. The effective precision is
 what ``run_config.json`` and the resume fingerprint record. The workflow's Σ_S and measure jobs
-run in the fine-tuning precision (``istar.pipeline.plan``), and a profile's ``survey.dtype``
+run in the fine-tuning precision (``istar.pipeline.plan``), and the survey's ``survey.dtype``
 follows the same CPU rule (:func:`run_dtype`). Under any autocast, IsoScore*'s product XᵀX runs in
 the autocast dtype with float32 accumulation, and its d × d reductions, Σ_S and every other d × d
 reduction compute in float32 or float64 (``istar.core.isotropy``,

@@ -76,7 +76,7 @@ from istar.io.results import read_measures
 from istar.registry.methods import get_method
 from istar.report.select import read_run
 
-__all__ = ["aggregate", "parse_run_spec", "RUNS_COLUMNS", "LAYERS_COLUMNS", "DIMS_COLUMNS", "EPOCHS_COLUMNS",
+__all__ = ["aggregate", "parse_run_argument", "RUNS_COLUMNS", "LAYERS_COLUMNS", "DIMS_COLUMNS", "EPOCHS_COLUMNS",
            "SELECTION_COLUMNS", "AGGREGATE_NAMES", "PROVENANCE_COLUMNS", "PROVENANCE_NAME"]
 
 METRIC_COLUMNS = ("accuracy", "f1", "exact_match", "matthews", "pearson", "spearman", "eval_loss")
@@ -106,7 +106,7 @@ SORT_KEYS = ("study", "model", "task", "method", "lam", "zeta", "layer", "tokens
 NAN = float("nan")
 
 
-def parse_run_spec(text: str) -> tuple[str, Path]:
+def parse_run_argument(text: str) -> tuple[str, Path]:
     """Split a ``STUDY=RUN_DIR`` argument into (study, run folder)."""
     study, sep, run_dir = str(text).partition("=")
     if not sep or not study.strip() or not run_dir.strip():
@@ -232,14 +232,14 @@ def _with_collapse_counts(paired, counts, rule: str):
     return merged.assign(collapse_rule=rule)[[*paired.columns, *PAIRED_COLLAPSE_COLUMNS]]
 
 
-def aggregate(run_specs, selection_files, out_dir, measure_files=(), collapse_rule: str = "keep",
+def aggregate(study_runs, selection_files, out_dir, measure_files=(), collapse_rule: str = "keep",
               paper_models: dict[str, str] | None = None) -> dict:
     """Collect runs and selections into ``runs.csv``, ``layers.csv``, ``dims.csv``, ``epochs.csv``, ``selection.csv``,
     ``paired.csv``, ``trend.csv`` and ``pooled.csv``, and where their code came from into ``provenance.csv``.
 
     Parameters
     ----------
-    run_specs : sequence of (study, run folder); every folder must hold metrics.json and
+    study_runs : sequence of (study, run folder); every folder must hold metrics.json and
         run_config.json (a finished run).
     selection_files : sequence of ``best.json`` files written by :func:`istar.report.select.select_best`.
     out_dir : folder for the CSV files (created; each written atomically).
@@ -267,7 +267,7 @@ def aggregate(run_specs, selection_files, out_dir, measure_files=(), collapse_ru
 
     analyses = _analyses(measure_files)
     seen, entries = set(), []
-    for study, run_dir in run_specs:
+    for study, run_dir in study_runs:
         run_dir = Path(run_dir)
         if (study, run_dir.resolve()) in seen:
             continue
@@ -338,13 +338,13 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args) -> int:
-    # `--selection a.json final=DIR` hands the run specs to the option before them: move them back.
+    # `--selection a.json final=DIR` hands the STUDY=RUN_DIR arguments to the option before them: move them back.
     def files(items):
         return [item for item in items if "=" not in item or Path(item).is_file()]
 
     selection, measures = files(args.selection), files(args.measures)
-    specs = [item for item in args.selection + args.measures if item not in selection + measures] + list(args.runs)
-    frames = aggregate([parse_run_spec(spec) for spec in specs], selection, args.out_dir, measures,
+    arguments = [item for item in args.selection + args.measures if item not in selection + measures] + list(args.runs)
+    frames = aggregate([parse_run_argument(argument) for argument in arguments], selection, args.out_dir, measures,
                        collapse_rule=args.collapsed_runs, paper_models=args.paper_models)
     print(", ".join(f"{name}.csv: {len(frame):,} rows" for name, frame in frames.items()) + f" -> {args.out_dir}")
     return 0

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from istar.config.schema import default_of
 
-__all__ = ["FigureSpec", "FIGURES", "FIGURE_NAMES", "STUDY_FIGURES", "PROFILE_FIGURES", "STABILITY_CSV",
+__all__ = ["FigureEntry", "FIGURES", "FIGURE_NAMES", "STUDY_FIGURES", "PROFILE_FIGURES", "STABILITY_CSV",
            "PROFILES_CSV", "PROJECTIONS_CSV", "get_figure", "enabled_figures",
            "figure_csv", "draw"]
 
@@ -47,7 +47,7 @@ def switch_enabled(switch: str | None, config: dict) -> bool:
 
 
 @dataclass(frozen=True)
-class FigureSpec:
+class FigureEntry:
     """A figure of the paper.
 
     name : ``"fig2"`` … ``"fig8"``, ``"profile_layers"`` …; also the stem of the PNG and PDF and the
@@ -74,48 +74,48 @@ class FigureSpec:
         return switch_enabled(self.switch, config)
 
 
-FIGURES: dict[str, FigureSpec] = {
-    spec.name: spec
-    for spec in (
-        FigureSpec("fig2", "studies.stability", STABILITY_CSV, "istar stability",
+FIGURES: dict[str, FigureEntry] = {
+    entry.name: entry
+    for entry in (
+        FigureEntry("fig2", "studies.stability", STABILITY_CSV, "istar stability",
                    "IsoScore* of mini-batches of a known Gaussian against batch size, for several ζ."),
-        FigureSpec("fig3", "studies.lambda_sweep", "runs", "istar aggregate",
+        FigureEntry("fig3", "studies.lambda_sweep", "runs", "istar aggregate",
                    "IsoScore* against performance across the I-STAR λ sweep.", uses_analysis_zeta=True),
-        FigureSpec("fig4", "studies.cosreg_means", "dims", "istar aggregate",
+        FigureEntry("fig4", "studies.cosreg_means", "dims", "istar aggregate",
                    "Per-dimension mean of last-layer activations with CosReg and without a regulariser."),
-        FigureSpec("fig5", "studies.twonn", "layers", "istar aggregate",
+        FigureEntry("fig5", "studies.twonn", "layers", "istar aggregate",
                    "TwoNN intrinsic dimension of the [CLS] vectors per layer."),
-        FigureSpec("fig6", "studies.layerwise", "layers", "istar aggregate",
+        FigureEntry("fig6", "studies.layerwise", "layers", "istar aggregate",
                    "IsoScore* per layer with I-STAR and without a regulariser.", uses_analysis_zeta=True),
-        FigureSpec("fig7", "studies.zeta_sweep", "runs", "istar aggregate",
+        FigureEntry("fig7", "studies.zeta_sweep", "runs", "istar aggregate",
                    "Performance against the shrinkage parameter ζ, the best ζ marked."),
-        FigureSpec("fig8", "studies.single_layer", "runs", "istar aggregate",
+        FigureEntry("fig8", "studies.single_layer", "runs", "istar aggregate",
                    "Performance with I-STAR on one layer at a time against the global penalty."),
-        FigureSpec("padding", "studies.padding", "runs", "istar aggregate",
+        FigureEntry("padding", "studies.padding", "runs", "istar aggregate",
                    "Real-token IsoScore* against performance: base, and I-STAR with the penalty over real tokens "
                    "or over every padded position.", uses_analysis_zeta=True, module="istar.report.padding_study"),
-        FigureSpec("sigma_epochs", None, "epochs", "istar aggregate",
+        FigureEntry("sigma_epochs", None, "epochs", "istar aggregate",
                    "IsoScore of Σ_S after each epoch of fine-tuning, base, CosReg and I-STAR."),
-        FigureSpec("forest", None, "paired", "istar aggregate",
+        FigureEntry("forest", None, "paired", "istar aggregate",
                    "The verdict as a picture: each cell's paired score difference from Base with its interval and "
                    "minimum detectable effect, the pooled estimate, and the paper's own cell beside ours."),
-        FigureSpec("profile_layers", "survey", PROFILES_CSV, "istar survey-aggregate",
+        FigureEntry("profile_layers", "survey", PROFILES_CSV, "istar survey-aggregate",
                    "IsoScore, IsoScore* and average cosine similarity of every hidden state of the pretrained "
                    "models, against relative depth.", module="istar.report.survey_plots"),
-        FigureSpec("profile_steps", "survey", PROFILES_CSV, "istar survey-aggregate",
+        FigureEntry("profile_steps", "survey", PROFILES_CSV, "istar survey-aggregate",
                    "The headline measures (I(W) of both embedding matrices as the NAACL paper computes it, raw "
                    "and centred; last-layer IsoScore, IsoScore*, average cosine, TwoNN and effective rank) "
                    "against training step, model size as colour.", module="istar.report.survey_plots"),
-        FigureSpec("profile_sizes", "survey", PROFILES_CSV, "istar survey-aggregate",
+        FigureEntry("profile_sizes", "survey", PROFILES_CSV, "istar survey-aggregate",
                    "Input-embedding I(W) and last-layer IsoScore and IsoScore* against model size.",
                    module="istar.report.survey_plots"),
-        FigureSpec("profile_final_norm", "survey", PROFILES_CSV, "istar survey-aggregate",
+        FigureEntry("profile_final_norm", "survey", PROFILES_CSV, "istar survey-aggregate",
                    "IsoScore and IsoScore* of the last block's output before and after the final norm.",
                    module="istar.report.survey_plots"),
-        FigureSpec("profile_gallery", "survey", PROJECTIONS_CSV, "istar survey-aggregate",
+        FigureEntry("profile_gallery", "survey", PROJECTIONS_CSV, "istar survey-aggregate",
                    "2-D SVD projections of the input and output embedding matrices, raw and centred, one row "
                    "per model at its latest revision.", module="istar.report.survey_plots"),
-        FigureSpec("profile_gallery_steps", "survey", PROJECTIONS_CSV, "istar survey-aggregate",
+        FigureEntry("profile_gallery_steps", "survey", PROJECTIONS_CSV, "istar survey-aggregate",
                    "2-D SVD projections of the embedding matrices at every training checkpoint, one column "
                    "per checkpoint.", module="istar.report.survey_plots"),
     )
@@ -124,15 +124,15 @@ FIGURES: dict[str, FigureSpec] = {
 FIGURE_NAMES: tuple[str, ...] = tuple(FIGURES)
 """The figure names in registry order."""
 
-STUDY_FIGURES: dict[str, str] = {spec.switch.removeprefix("studies."): spec.name for spec in FIGURES.values()
-                                  if spec.switch and spec.switch.startswith("studies.")}
+STUDY_FIGURES: dict[str, str] = {entry.switch.removeprefix("studies."): entry.name for entry in FIGURES.values()
+                                  if entry.switch and entry.switch.startswith("studies.")}
 """Config study → the figure it draws."""
 
-PROFILE_FIGURES: tuple[str, ...] = tuple(spec.name for spec in FIGURES.values() if spec.switch == "survey")
+PROFILE_FIGURES: tuple[str, ...] = tuple(entry.name for entry in FIGURES.values() if entry.switch == "survey")
 """The figures of the isotropy profiles."""
 
 
-def get_figure(name: str) -> FigureSpec:
+def get_figure(name: str) -> FigureEntry:
     """Look a figure up by name, with an error that lists the known figures."""
     try:
         return FIGURES[name]
@@ -142,7 +142,7 @@ def get_figure(name: str) -> FigureSpec:
 
 def enabled_figures(config: dict) -> list[str]:
     """Names of the figures a validated config asks for (each one's ``enabled`` switch), in registry order."""
-    return [spec.name for spec in FIGURES.values() if spec.enabled(config)]
+    return [entry.name for entry in FIGURES.values() if entry.enabled(config)]
 
 
 def figure_csv(name: str, aggregate_dir="results/aggregate") -> Path:
@@ -156,9 +156,9 @@ def draw(name: str, frame, analysis_zeta: float = ANALYSIS_ZETA):
     ``analysis_zeta`` is the ζ of the IsoScore* analysis, shown on the axes of the figures
     that use it.
     """
-    spec = get_figure(name)
-    function = getattr(importlib.import_module(spec.module), spec.name)
-    return function(frame, analysis_zeta) if spec.uses_analysis_zeta else function(frame)
+    entry = get_figure(name)
+    function = getattr(importlib.import_module(entry.module), entry.name)
+    return function(frame, analysis_zeta) if entry.uses_analysis_zeta else function(frame)
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:

@@ -120,7 +120,7 @@ def profile_layers(df: pd.DataFrame) -> Figure:
         ax.grid(alpha=0.3)
     grid.flat[-1].legend(*axes[0].get_legend_handles_labels(), fontsize=8, loc="center")
     fig.suptitle("Isotropy and dimension of every hidden state of the pretrained models "
-                 "(TwoNN: the first profile.twonn_tokens tokens)")
+                 "(TwoNN: the first survey.twonn_tokens tokens)")
     return fig
 
 

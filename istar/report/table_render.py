@@ -155,7 +155,7 @@ def latex_escape(text: str) -> str:
 def render_latex(table: Table) -> str:
     """The table as a LaTeX ``table`` float with a booktabs ``tabular``; needs ``\\usepackage{booktabs}``."""
     n_index = len(table.index_names)
-    spec = "l" * n_index + "c" * len(table.columns)
+    column_format = "l" * n_index + "c" * len(table.columns)
     headers = table.index_names + [
         latex_escape(c) + (r"$^\dagger$" if s else "") for c, s in zip(table.columns, table.standin)
     ]
@@ -165,7 +165,7 @@ def render_latex(table: Table) -> str:
         r"\centering",
         f"\\caption{{{latex_escape(table.caption)}}}",
         f"\\label{{tab:{table.name}}}",
-        f"\\begin{{tabular}}{{{spec}}}",
+        f"\\begin{{tabular}}{{{column_format}}}",
         r"\toprule",
         " & ".join(latex_escape(h) if i < n_index else h for i, h in enumerate(headers)) + r" \\",
         r"\midrule",

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from istar.report.figures import switch_enabled
 
-__all__ = ["TableSpec", "TABLES", "TABLE_NAMES", "get_table", "enabled_tables", "build"]
+__all__ = ["TableEntry", "TABLES", "TABLE_NAMES", "get_table", "enabled_tables", "build"]
 
 
 @dataclass(frozen=True)
-class TableSpec:
+class TableEntry:
     """A table: ``name`` (the stem of its files, ``results/tables/{name}.{csv,md,tex}``), ``switch``
     (the config section whose ``enabled`` key asks for it; None: always), ``data`` (the aggregate
     CSV it reads, ``runs`` or ``selection``), ``builder`` (``module:function`` returning a
@@ -43,22 +43,22 @@ class TableSpec:
         return switch_enabled(self.switch, config)
 
 
-TABLES: dict[str, TableSpec] = {
-    spec.name: spec
-    for spec in (
-        TableSpec("table1", None, "runs", "istar.report.tables:table1", states_protocol=True, pairs_runs=True),
-        TableSpec("table2", None, "selection", "istar.report.tables:table2"),
-        TableSpec("padding", "studies.padding", "runs", "istar.report.padding_study:padding_table", pairs_runs=True),
-        TableSpec("claims", None, "runs", "istar.report.claims:claims_table", states_protocol=True,
+TABLES: dict[str, TableEntry] = {
+    entry.name: entry
+    for entry in (
+        TableEntry("table1", None, "runs", "istar.report.tables:table1", states_protocol=True, pairs_runs=True),
+        TableEntry("table2", None, "selection", "istar.report.tables:table2"),
+        TableEntry("padding", "studies.padding", "runs", "istar.report.padding_study:padding_table", pairs_runs=True),
+        TableEntry("claims", None, "runs", "istar.report.claims:claims_table", states_protocol=True,
                   reads_stability=True, reads_config=True, pairs_runs=True),
-        TableSpec("seeds", None, "runs", "istar.report.tables:seed_table"),
+        TableEntry("seeds", None, "runs", "istar.report.tables:seed_table"),
     )
 }
 
 TABLE_NAMES: tuple[str, ...] = tuple(TABLES)
 
 
-def get_table(name: str) -> TableSpec:
+def get_table(name: str) -> TableEntry:
     try:
         return TABLES[name]
     except KeyError:
@@ -67,7 +67,7 @@ def get_table(name: str) -> TableSpec:
 
 def enabled_tables(config: dict) -> list[str]:
     """Names of the tables a validated config asks for, in registry order."""
-    return [spec.name for spec in TABLES.values() if spec.enabled(config)]
+    return [entry.name for entry in TABLES.values() if entry.enabled(config)]
 
 
 def build(name: str, frame, selection=None, stability=None, config=None):
@@ -76,12 +76,12 @@ def build(name: str, frame, selection=None, stability=None, config=None):
     DataFrame or None; for one that reads the config, the resolved config dict or None). A table that
     pairs runs gets the runs that the config's ``inference.collapsed_runs`` keeps (keep without a
     config), and a footnote naming the rule and its counts per arm."""
-    spec = get_table(name)
-    module, function = spec.builder.split(":")
+    entry = get_table(name)
+    module, function = entry.builder.split(":")
     builder = getattr(importlib.import_module(module), function)
-    extra = (([selection] if spec.states_protocol else []) + ([stability] if spec.reads_stability else [])
-             + ([config] if spec.reads_config else []))
-    if not spec.pairs_runs:
+    extra = (([selection] if entry.states_protocol else []) + ([stability] if entry.reads_stability else [])
+             + ([config] if entry.reads_config else []))
+    if not entry.pairs_runs:
         return builder(frame, *extra)
     from istar.registry.tasks import TASKS
     from istar.report.collapse import apply_collapse_rule, collapse_footnote
@@ -124,11 +124,11 @@ def run_cli(args: argparse.Namespace) -> int:
     from istar.report.aggregate_csv import read_aggregate
     from istar.report.table_render import write_table
 
-    spec = get_table(args.which)
-    source = {"runs": args.runs, "selection": args.selection}[spec.data]
+    entry = get_table(args.which)
+    source = {"runs": args.runs, "selection": args.selection}[entry.data]
     # a table that states the selection protocol reads it when the selection exists (it is drawn without it too)
-    selection = read_aggregate(args.selection) if spec.states_protocol and args.selection.is_file() else None
-    stability = read_aggregate(args.stability) if spec.reads_stability and args.stability else None
+    selection = read_aggregate(args.selection) if entry.states_protocol and args.selection.is_file() else None
+    stability = read_aggregate(args.stability) if entry.reads_stability and args.stability else None
     config = load_yaml(args.config) if args.config else None
     table = build(args.which, read_aggregate(source), selection=selection, stability=stability, config=config)
     for path in write_table(table, args.out_prefix or Path("results/tables") / args.which):

@@ -75,18 +75,18 @@ def collect(model, loader, num_tokens: int, sample_size: int, seed: int, acceler
     return tensors
 
 
-def activation_statistics(step, split: str, batch_size: int, token_sample: int, seed: int):
-    """The tensors of the module docstring for an opened step's model (:func:`istar.steps.common.open_step`)
+def activation_statistics(context, split: str, batch_size: int, token_sample: int, seed: int):
+    """The tensors of the module docstring for an opened model context (:func:`istar.steps.common.open_model_context`)
     on a prepared split, and their string metadata. Returns (tensors, metadata)."""
-    model = step.accelerator.prepare(step.model)
-    features = step.features(split, with_labels=False, for_qa_eval=True)
+    model = context.accelerator.prepare(context.model)
+    features = context.features(split, with_labels=False, for_qa_eval=True)
     num_tokens = features.num_tokens()
-    tensors = collect(model, step.loader(features, batch_size), num_tokens, token_sample, seed, step.accelerator)
-    num_hidden_states = step.model.config.num_hidden_layers + 1
+    tensors = collect(model, context.loader(features, batch_size), num_tokens, token_sample, seed, context.accelerator)
+    num_hidden_states = context.model.config.num_hidden_layers + 1
     metadata = {
-        "model": str(step.spec.model), "task": step.task.key, "split": split, "num_hidden_states": str(num_hidden_states),
+        "model": str(context.spec.model), "task": context.task.key, "split": split, "num_hidden_states": str(num_hidden_states),
         "features": str(len(features)), "tokens": str(num_tokens), "token_sample": str(tensors["tokens.layer0"].shape[0]),
-        "max_length": str(step.spec.max_length), "seed": str(seed), "standin": json.dumps(step.standin),
+        "max_length": str(context.spec.max_length), "seed": str(seed), "standin": json.dumps(context.standin),
         "istar_version": __version__,
     }
     return tensors, metadata
@@ -94,13 +94,13 @@ def activation_statistics(step, split: str, batch_size: int, token_sample: int, 
 
 def extract_activations(spec: ActivationsSpec) -> dict:
     """The activations step: :func:`activation_statistics` written to ``spec.out``. Returns the file's metadata."""
-    from istar.steps.common import open_step
+    from istar.steps.common import open_model_context
 
     spec.validate()
-    step = open_step(spec)
-    tensors, metadata = activation_statistics(step, spec.split, spec.batch_size, spec.token_sample, spec.seed)
+    context = open_model_context(spec)
+    tensors, metadata = activation_statistics(context, spec.split, spec.batch_size, spec.token_sample, spec.seed)
     artifacts.save_tensors(spec.out, tensors, metadata)
-    print(f"activations of {spec.model} on {step.task.display} {spec.split}: {int(metadata['features']):,} features, "
+    print(f"activations of {spec.model} on {context.task.display} {spec.split}: {int(metadata['features']):,} features, "
           f"{int(metadata['tokens']):,} tokens, {metadata['num_hidden_states']} hidden states -> {spec.out}")
     return metadata
 

@@ -41,7 +41,7 @@ from istar.config.schema import default_of
 from istar.config.specs import AnalyzeSpec, add_spec_arguments, spec_from_cli
 from istar.core.covariance import CovarianceAccumulator
 from istar.core.measurement import isotropy_of_statistics
-from istar.core.regularizers import LayerSpec
+from istar.core.regularizers import LayerSelection
 from istar.core.shrinkage import load_layer_statistics
 from istar.io import artifacts
 from istar.steps.activations import load_activations
@@ -110,7 +110,7 @@ def _checked(tensors: dict[str, torch.Tensor], metadata: dict[str, str], source:
 
 def analyze_run(activations_path, sigma_path, zeta: float, out=None,
                 twonn_discard: float = default_of("analysis.twonn_discard"),
-                layers: LayerSpec = "all") -> dict:
+                layers: LayerSelection = "all") -> dict:
     """Isotropy and intrinsic dimension of a run's evaluation-split representations.
 
     Parameters
@@ -136,7 +136,7 @@ def analyze_run(activations_path, sigma_path, zeta: float, out=None,
 
 
 def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str], sigma, zeta: float,
-                       twonn_discard: float = 0.1, layers: LayerSpec = "all", source: str = "the activations") -> dict:
+                       twonn_discard: float = 0.1, layers: LayerSelection = "all", source: str = "the activations") -> dict:
     """The analysis of activation statistics, in memory or read from a file.
 
     Parameters
@@ -149,7 +149,7 @@ def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     twonn_discard : fraction in [0, 1) of the largest μ = r₂/r₁ left out of the TwoNN fit.
     layers : the hidden states whose union forms the ``global`` point cloud ("all" =
         layers 1..L, "all+embeddings", an index or a list; see
-        :data:`istar.core.regularizers.LayerSpec`).
+        :data:`istar.core.regularizers.LayerSelection`).
     source : how to name the statistics in error messages.
 
     Returns

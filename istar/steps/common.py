@@ -1,11 +1,11 @@
-"""The opening every model step shares: accelerator, prepared task, tokenizer, model, features.
+"""The model context every model step opens: accelerator, prepared task, tokenizer, model, features.
 
 ``train``, ``evaluate``, ``shrinkage``, ``activations`` and ``measure`` (once per run) all start
 the same way from the model-and-data part of their spec (:class:`istar.config.specs.ModelData`)::
 
-    step = open_step(spec)                      # accelerator, meta.json, task, tokenizer, model
-    features = step.features("train")           # the split, tokenised for the task's head
-    loader = step.loader(features, batch_size)  # padded batches in a fixed order
+    context = open_model_context(spec)             # accelerator, meta.json, task, tokenizer, model
+    features = context.features("train")           # the split, tokenised for the task's head
+    loader = context.loader(features, batch_size)  # padded batches in a fixed order
 
 so device placement, mixed precision and the model's source are handled in one place.
 """
@@ -14,23 +14,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from istar.config.specs import ModelData
 
-__all__ = ["Step", "open_step"]
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from istar.data.encoding import Features
+    from istar.registry.precisions import Precision
+    from istar.registry.tasks import Task
+
+__all__ = ["ModelContext", "open_model_context"]
 
 
 @dataclass
-class Step:
-    """What :func:`open_step` loaded; ``columns(split)`` and ``features(split)`` read on demand."""
+class ModelContext:
+    """What :func:`open_model_context` loaded for a model step; ``columns(split)`` and ``features(split)``
+    read on demand."""
 
     spec: ModelData
-    accelerator: object
+    accelerator: Accelerator
     meta: dict
-    task: object
-    tokenizer: object
-    model: object
-    precision: object  # istar.registry.precisions.Precision: what runs (spec.mixed_precision on this device)
+    task: Task
+    tokenizer: PreTrainedTokenizerBase
+    model: PreTrainedModel
+    precision: Precision  # what runs: spec.mixed_precision on this device
 
     @cached_property
     def model_path(self) -> str:
@@ -56,7 +67,7 @@ class Step:
 
         return read_columns(self.spec.data_dir, split)
 
-    def features(self, split: str, *, columns=None, with_labels: bool = True, for_qa_eval: bool = False):
+    def features(self, split: str, *, columns=None, with_labels: bool = True, for_qa_eval: bool = False) -> Features:
         """The split encoded for the task (QA: overlapping windows of ``max_length`` with ``doc_stride``)."""
         from istar.data.encoding import encode_split
 
@@ -65,15 +76,15 @@ class Step:
                             with_labels=with_labels, for_qa_eval=for_qa_eval and self.task.kind == "qa",
                             segment_ids=self.spec.segment_ids)
 
-    def loader(self, features, batch_size: int, *, sampler=None, pad_to_multiple_of: int | None = None):
+    def loader(self, features, batch_size: int, *, sampler=None, pad_to_multiple_of: int | None = None) -> DataLoader:
         from istar.data.encoding import make_loader
 
         return make_loader(features, self.tokenizer, batch_size, sampler=sampler, pad_to_multiple_of=pad_to_multiple_of)
 
 
-def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumulation_steps: int = 1,
-              log_with: list | None = None, project_dir: str | None = None) -> Step:
-    """Open a model step.
+def open_model_context(spec: ModelData, *, model_seed: int | None = None, gradient_accumulation_steps: int = 1,
+                       log_with: list | None = None, project_dir: str | None = None) -> ModelContext:
+    """Open a model step's context: its accelerator, prepared task, tokenizer and model.
 
     Parameters
     ----------
@@ -113,5 +124,5 @@ def open_step(spec: ModelData, *, model_seed: int | None = None, gradient_accumu
     if model_seed is not None:
         set_seed(model_seed)
     model = load_model(spec.model, task)
-    return Step(spec=spec, accelerator=accelerator, meta=meta, task=task, tokenizer=tokenizer, model=model,
-                precision=precision)
+    return ModelContext(spec=spec, accelerator=accelerator, meta=meta, task=task, tokenizer=tokenizer, model=model,
+                        precision=precision)

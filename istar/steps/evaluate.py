@@ -89,27 +89,27 @@ def collapse_note(result: dict, task: Task) -> str | None:
             f"{result['trivial_score']:.4f} ({how}); the run learned nothing the metric can see")
 
 
-def evaluation_report(step, split: str, batch_size: int) -> dict:
-    """The evaluation of an opened step's model (:func:`istar.steps.common.open_step`) on a prepared split:
+def evaluation_report(context, split: str, batch_size: int) -> dict:
+    """The evaluation of an opened model context (:func:`istar.steps.common.open_model_context`) on a prepared split:
     task, split, model, standin, headline metric, ``metrics`` (see :func:`evaluate_model`) and examples."""
-    columns = step.columns(split)
-    features = step.features(split, columns=columns, for_qa_eval=True)
-    model, loader = step.accelerator.prepare(step.model, step.loader(features, batch_size))
-    result = evaluate_model(model, loader, step.task, step.accelerator, features=features, columns=columns)
-    step.accelerator.print(f"{step.task.display} {split}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
-    if note := collapse_note(result, step.task):
-        step.accelerator.print(note)
-    return {"task": step.task.key, "split": split, "model": step.spec.model, "standin": step.standin,
-            "metric": step.task.metric, "metrics": result, "examples": len(next(iter(columns.values())))}
+    columns = context.columns(split)
+    features = context.features(split, columns=columns, for_qa_eval=True)
+    model, loader = context.accelerator.prepare(context.model, context.loader(features, batch_size))
+    result = evaluate_model(model, loader, context.task, context.accelerator, features=features, columns=columns)
+    context.accelerator.print(f"{context.task.display} {split}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
+    if note := collapse_note(result, context.task):
+        context.accelerator.print(note)
+    return {"task": context.task.key, "split": split, "model": context.spec.model, "standin": context.standin,
+            "metric": context.task.metric, "metrics": result, "examples": len(next(iter(columns.values())))}
 
 
 def evaluate_checkpoint(spec: EvaluateSpec) -> dict:
     """The evaluation step: :func:`evaluation_report` of a saved model, written as JSON to ``spec.out``."""
-    from istar.steps.common import open_step
+    from istar.steps.common import open_model_context
 
     spec.validate()
-    step = open_step(spec)
-    report = evaluation_report(step, spec.split, spec.batch_size)
-    if step.accelerator.is_main_process:
+    context = open_model_context(spec)
+    report = evaluation_report(context, spec.split, spec.batch_size)
+    if context.accelerator.is_main_process:
         artifacts.write_json(spec.out, report)
     return report

@@ -58,7 +58,7 @@ def measure_runs(spec: MeasureSpec) -> dict:
     from istar.registry.analysis import get_sigma_source
     from istar.steps.activations import activation_statistics
     from istar.steps.analyze import ShrinkageReference, analyze_statistics
-    from istar.steps.common import open_step
+    from istar.steps.common import open_model_context
     from istar.steps.evaluate import evaluation_report
     from istar.io.results import read_finished_run
 
@@ -74,17 +74,17 @@ def measure_runs(spec: MeasureSpec) -> dict:
     check_inputs(spec, finished, pretrained)
     runs, main_process, precision = {}, True, None
     for run in tqdm(spec.runs, desc="runs measured", unit="run"):
-        step = open_step(spec.model_data(run))
-        main_process, precision = step.accelerator.is_main_process, step.precision.label
-        evaluation = evaluation_report(step, spec.split, spec.batch_size) if spec.evaluate else None
-        tensors, metadata = activation_statistics(step, spec.split, spec.batch_size, spec.token_sample, spec.seed)
-        sigma = pretrained or _fine_tuned_sigma(step, spec, run)
+        context = open_model_context(spec.model_data(run))
+        main_process, precision = context.accelerator.is_main_process, context.precision.label
+        evaluation = evaluation_report(context, spec.split, spec.batch_size) if spec.evaluate else None
+        tensors, metadata = activation_statistics(context, spec.split, spec.batch_size, spec.token_sample, spec.seed)
+        sigma = pretrained or _fine_tuned_sigma(context, spec, run)
         analysis = analyze_statistics(tensors, metadata, sigma, spec.zeta, twonn_discard=spec.twonn_discard,
                                       layers=spec.layers, source=f"the activations of run {run}")
         runs[run] = {"evaluation": evaluation, "analysis": analysis, "trained_on": _trained_on(run)}
         print(f"{run}: global IsoScore* (ζ = {spec.zeta}) {analysis['global']['isoscore_star']:.4f}"
               + (f", {evaluation['metric']} {evaluation['metrics'][evaluation['metric']]:.4f}" if evaluation else ""))
-        del step, tensors
+        del context, tensors
         gc.collect()  # one model at a time: the next run's is loaded into the memory this one held
     result = {"split": spec.split, "sigma_s": spec.sigma_s, "sigma_s_model": spec.sigma_s_model, "zeta": spec.zeta,
               "evaluated": spec.evaluate,
@@ -94,13 +94,13 @@ def measure_runs(spec: MeasureSpec) -> dict:
     return result
 
 
-def _fine_tuned_sigma(step, spec: MeasureSpec, run: str):
+def _fine_tuned_sigma(context, spec: MeasureSpec, run: str):
     """Σ_S of the run's fine-tuned model: the statistic ``istar shrinkage`` takes of the pretrained one."""
     from istar.steps.analyze import ShrinkageReference
     from istar.steps.shrinkage import training_statistics
 
-    per_layer = training_statistics(step, spec.layers, spec.shrinkage_rows, spec.batch_size, seed=0)
-    return ShrinkageReference(per_layer, {"task": step.task.key, "model": f"{run}/model"},
+    per_layer = training_statistics(context, spec.layers, spec.shrinkage_rows, spec.batch_size, seed=0).per_layer
+    return ShrinkageReference(per_layer, {"task": context.task.key, "model": f"{run}/model"},
                               f"the fine-tuned model of {run} ({per_layer[0].count:,} training tokens per layer)")
 
 

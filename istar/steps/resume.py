@@ -10,6 +10,7 @@ complete state or starts afresh.
 
 SIGTERM and SIGINT during training (:class:`StopRequest`) are acted on at the next optimizer
 step boundary: a state is saved there and :class:`Interrupted` says where and how to resume.
+:class:`Progress` is the run's own part of every state (epoch, step, Σ_S, history).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import os
 import shutil
 import signal
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from istar import __version__
 from istar.config.specs import TrainSpec
@@ -29,8 +32,31 @@ from istar.data.storage import data_fingerprint
 from istar.io import artifacts
 from istar.registry.methods import get_method
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["STATES_AT_ONCE", "run_fingerprint", "fingerprint_hash", "changed_settings", "latest_state", "matching_state", "save_state",
-           "load_state", "restore_log", "saved_tracking", "StopRequest", "Interrupted"]
+           "load_state", "restore_log", "saved_tracking", "StopRequest", "Interrupted", "Progress"]
+
+
+@dataclass
+class Progress:
+    """Training progress, saved and restored with the accelerate state (``register_for_checkpointing``)."""
+
+    epoch: int = 0
+    batches_in_epoch: int = 0
+    step: int = 0
+    sigma_epoch: int = -1
+    sigma_s: torch.Tensor | None = None
+    history: list = field(default_factory=list)
+    sigma_isoscore: list = field(default_factory=list)  # IsoScore(Σ_S) after 0, 1, … epochs
+
+    def state_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
 
 # Settings that change neither the arithmetic nor the data order of a run: a state saved under
 # other values of these is still the same run.

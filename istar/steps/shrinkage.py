@@ -4,7 +4,8 @@ Rows are the token vectors of the selected layers at the selected positions (the
 selections as the I-STAR penalty: ``layers``, and ``tokens`` — real tokens, or every position
 of the padded batch, :data:`istar.core.tokens.TOKEN_SELECTIONS`), from forward passes without
 gradients, until at least ``rows`` rows (250,000 in the paper) have been seen (docs/method.md §3).
-The pass is :func:`istar.models.shrinkage.accumulate_shrinkage`, the statistics and their
+The pass is :func:`training_statistics` (shared with the measurement and fine-tuning's per-epoch Σ_S,
+around :func:`istar.models.shrinkage.sigma_statistics`), the statistics and their
 merges :mod:`istar.core.shrinkage`, the file :mod:`istar.io.sigma_file`; this module only
 reads the spec, opens the model and data, and writes the file and its provenance.
 """
@@ -13,35 +14,42 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from istar.config.specs import ShrinkageSpec
-from istar.core.regularizers import resolve_layers
-from istar.core.regularizers import LayerSpec
-from istar.core.shrinkage import NonFiniteStatistics, merge_layers, save_shrinkage
+from istar.core.regularizers import LayerSelection
+from istar.core.shrinkage import NonFiniteStatistics, save_shrinkage
 from istar.data.encoding import EpochShuffleSampler
 from istar.io import artifacts
-from istar.models.shrinkage import accumulate_shrinkage
+from istar.models.shrinkage import SigmaStatistics, sigma_statistics
+
+if TYPE_CHECKING:
+    from istar.data.encoding import Features
+    from istar.steps.common import ModelContext
 
 __all__ = ["training_statistics", "compute_shrinkage_file"]
 
 
-def training_statistics(step, layers: LayerSpec, rows: int, batch_size: int, seed: int, tokens: str = "real") -> list:
-    """Every hidden state's statistics (:class:`istar.core.covariance.CovarianceAccumulator`, index =
-    hidden state) of ``step``'s model over its task's training split, read in an order fixed by
-    ``seed`` until ``layers`` hold ``rows`` rows: Σ_S of that model (the pretrained one for
-    ``istar shrinkage``, a fine-tuned one for the measurement's ``analysis.sigma_s_model``)."""
+def training_statistics(context: ModelContext, layers: LayerSelection, shrinkage_rows: int, batch_size: int, seed: int,
+                        tokens: str = "real", *, model=None, features: Features | None = None,
+                        description: str | None = None) -> SigmaStatistics:
+    """The Σ_S pass over a task's training split (:func:`istar.models.shrinkage.sigma_statistics`),
+    read in an order fixed by ``seed`` until ``layers`` hold ``shrinkage_rows`` rows: Σ_S of
+    ``context``'s model (the pretrained one for ``istar shrinkage``, a fine-tuned one for the
+    measurement's ``analysis.sigma_s_model``), or of ``model`` over ``features`` (the model a run
+    trains, after each epoch: :mod:`istar.steps.sigma_tracking`)."""
     from accelerate.data_loader import prepare_data_loader
 
-    accelerator = step.accelerator
-    model = step.model.to(accelerator.device)
-    features = step.features("train", with_labels=False)
-    loader = step.loader(features, batch_size, sampler=EpochShuffleSampler(len(features), seed))
+    accelerator = context.accelerator
+    model = context.model.to(accelerator.device) if model is None else model
+    features = context.features("train", with_labels=False) if features is None else features
+    loader = context.loader(features, batch_size, sampler=EpochShuffleSampler(len(features), seed))
     # even_batches=False: accelerate would otherwise repeat rows to even out the shards, and Σ_S
     # would count them twice.
     loader = prepare_data_loader(loader, accelerator.device, accelerator.num_processes, accelerator.process_index,
                                  put_on_device=True, even_batches=False)
-    return accumulate_shrinkage(model, loader, layers, rows, accelerator, description=f"Σ_S {step.task.key}",
-                                tokens=tokens)
+    return sigma_statistics(model, loader, layers, shrinkage_rows, accelerator,
+                            description=description or f"Σ_S {context.task.key}", tokens=tokens)
 
 
 def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
@@ -51,26 +59,25 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
     provenance (model, task, rows, layers, …) are written to ``spec.out``, the provenance also
     to ``spec.out`` with the suffix ``.json``. Returns the provenance.
     """
-    from istar.steps.common import open_step
+    from istar.steps.common import open_model_context
 
     spec.validate()
-    step = open_step(spec, model_seed=spec.seed)
-    accelerator, task = step.accelerator, step.task
-    indices = resolve_layers(spec.layers, step.model.config.num_hidden_layers + 1)
+    context = open_model_context(spec, model_seed=spec.seed)
+    accelerator, task = context.accelerator, context.task
     start = time.perf_counter()
     try:
-        per_layer = training_statistics(step, spec.layers, spec.rows, spec.batch_size, spec.seed, spec.tokens)
+        statistics = training_statistics(context, spec.layers, spec.rows, spec.batch_size, spec.seed, spec.tokens)
     except NonFiniteStatistics as error:
         raise NonFiniteStatistics(f"Σ_S for {spec.out} is not finite: {error}; nothing was written") from None
-    rows = merge_layers(per_layer, indices).count
+    per_layer, indices, rows = statistics.per_layer, statistics.layers, statistics.selection.count
     provenance = {
-        "model": step.model_name, "model_path": step.model_path, "task": task.key, "split": "train",
+        "model": context.model_name, "model_path": context.model_path, "task": task.key, "split": "train",
         # a held-out selection split's record (istar.data.holdout): which training rows Σ_S saw
-        "data_dir": spec.data_dir, "heldout": step.meta.get("heldout"),
-        "standin": step.standin, "layer_spec": spec.layers, "tokens": spec.tokens, "batch_size": spec.batch_size,
+        "data_dir": spec.data_dir, "heldout": context.meta.get("heldout"),
+        "standin": context.standin, "layer_spec": spec.layers, "tokens": spec.tokens, "batch_size": spec.batch_size,
         "requested_rows": spec.rows, "max_length": spec.max_length, "seed": spec.seed,
         # the forward passes' precision as it ran (istar.registry.precisions); the sums are float64
-        "precision": step.precision.label,
+        "precision": context.precision.label,
         "num_processes": accelerator.num_processes, "seconds": round(time.perf_counter() - start, 2),
     }
     provenance["num_layers"] = len(per_layer) - 1
@@ -78,7 +85,7 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
         save_shrinkage(spec.out, per_layer, indices, provenance)
         artifacts.write_json(Path(spec.out).with_suffix(".json"), {**provenance, "layers": indices, "rows": rows})
     accelerator.wait_for_everyone()
-    accelerator.print(f"Σ_S of {step.model_name} on {task.display} train: {rows:,} rows ({spec.tokens}) over layers "
+    accelerator.print(f"Σ_S of {context.model_name} on {task.display} train: {rows:,} rows ({spec.tokens}) over layers "
                       f"{indices} from {accelerator.num_processes} process(es) -> {spec.out}")
     if rows < spec.rows:
         accelerator.print(f"note: the training data gave only {rows:,} of the {spec.rows:,} requested rows")

@@ -14,22 +14,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from istar.config.specs import TrainSpec
 from istar.core.isotropy import isoscore_star_from_covariance
 from istar.core.regularizers import resolve_layers
-from istar.core.shrinkage import check_sigma_fits, load_layer_statistics, load_shrinkage, merge_layers, save_shrinkage
+from istar.core.shrinkage import check_sigma_fits, load_layer_statistics, load_shrinkage, save_shrinkage
 from istar.core.tokens import get_token_selection
-from istar.data.encoding import EpochShuffleSampler
-from istar.models.shrinkage import accumulate_shrinkage
 from istar.registry.methods import get_method
+from istar.steps.shrinkage import training_statistics
+
+if TYPE_CHECKING:
+    from istar.core.covariance import CovarianceAccumulator
+    from istar.data.encoding import Features
+    from istar.models.shrinkage import SigmaStatistics
+    from istar.steps.common import ModelContext
+    from istar.steps.resume import Progress
+
+    GivenSigma = tuple[list[CovarianceAccumulator], dict]  # a given Σ_S file's per-layer statistics and provenance
 
 __all__ = ["read_given_sigma", "check_given_sigma", "SigmaTracker"]
 
 
-def read_given_sigma(spec: TrainSpec):
+def read_given_sigma(spec: TrainSpec) -> GivenSigma | None:
     """The Σ_S file the run was given, as (per-layer statistics, provenance), read and checked (hash,
     NaN / inf, token rows) before the model and data are loaded; None for a method that needs none."""
     if not get_method(spec.method).needs_sigma_s(spec.zeta):
@@ -42,11 +51,11 @@ def read_given_sigma(spec: TrainSpec):
     return given
 
 
-def check_given_sigma(spec: TrainSpec, given, step) -> None:
+def check_given_sigma(spec: TrainSpec, given: GivenSigma, context: ModelContext) -> None:
     """The given Σ_S is of this task and this model's shape (before any forward pass)."""
-    config = step.model.config
-    check_sigma_fits(spec.sigma_s, *given, task=step.task.key, data=spec.data_dir,
-                     shape=(config.hidden_size, config.num_hidden_layers + 1), model=step.model_name)
+    config = context.model.config
+    check_sigma_fits(spec.sigma_s, *given, task=context.task.key, data=spec.data_dir,
+                     shape=(config.hidden_size, config.num_hidden_layers + 1), model=context.model_name)
 
 
 def _isoscore(sigma: torch.Tensor) -> float:
@@ -57,23 +66,23 @@ def _isoscore(sigma: torch.Tensor) -> float:
 @dataclass
 class SigmaTracker:
     """Σ_S of one run: what it records in ``progress`` (``sigma_s``, ``sigma_epoch``,
-    ``sigma_isoscore`` of :class:`istar.steps.train.Progress`, saved with every state) and the Σ_S
+    ``sigma_isoscore`` of :class:`istar.steps.resume.Progress`, saved with every state) and the Σ_S
     the penalty uses next (``penalty_sigma``, on the device; None for a run without one)."""
 
     spec: TrainSpec
-    step: object  # istar.steps.common.Step
+    context: ModelContext
     out: Path
     model: torch.nn.Module  # unwrapped: Σ_S is measured outside the training wrapper
-    features: object  # the training features Σ_S rows are drawn from
-    progress: object  # istar.steps.train.Progress
+    features: Features  # the training features Σ_S rows are drawn from
+    progress: Progress
     penalty_sigma: torch.Tensor | None = None
 
-    def start(self, given) -> float | None:
+    def start(self, given: GivenSigma | None) -> float | None:
         """Before the first step of this process: keep the given Σ_S (``read_given_sigma``) unless a
         resumed state holds one, and measure IsoScore(Σ_S) before training unless a state has it.
 
         Returns that IsoScore when it was measured now (None on resuming)."""
-        spec, progress, accelerator = self.spec, self.progress, self.step.accelerator
+        spec, progress, accelerator = self.spec, self.progress, self.context.accelerator
         measured = None
         if given is not None and progress.sigma_s is None:
             per_layer, provenance = given
@@ -85,7 +94,7 @@ class SigmaTracker:
                 save_shrinkage(self.out / "sigma_epoch0.pt", per_layer, layers, provenance)
         if not progress.sigma_isoscore:
             # I-STAR's Σ_S before training is the file it was given; the other runs measure their own.
-            sigma = progress.sigma_s if progress.sigma_s is not None else self._measure(0)[1].covariance().cpu()
+            sigma = progress.sigma_s if progress.sigma_s is not None else self._measure(0).selection.covariance().cpu()
             measured = _isoscore(sigma)
             progress.sigma_isoscore.append(measured)
         self.penalty_sigma = progress.sigma_s.to(accelerator.device) if progress.sigma_s is not None else None
@@ -94,41 +103,31 @@ class SigmaTracker:
     def after_epoch(self, epochs_done: int) -> None:
         """Σ_S of the model after ``epochs_done`` epochs: its IsoScore is recorded, and I-STAR with
         ``recompute_shrinkage`` trains the next epoch with it (saved as ``sigma_epoch{e}.pt``)."""
-        spec, accelerator = self.spec, self.step.accelerator
-        per_layer, merged, indices = self._measure(epochs_done)
-        sigma = merged.covariance().cpu()
+        spec, accelerator = self.spec, self.context.accelerator
+        statistics = self._measure(epochs_done)
+        sigma = statistics.selection.covariance().cpu()
         self.progress.sigma_isoscore.append(_isoscore(sigma))
         if not (get_method(spec.method).needs_sigma_s(spec.zeta) and spec.recompute_shrinkage
                 and epochs_done < spec.epochs):
             return
         self.progress.sigma_s, self.progress.sigma_epoch = sigma, epochs_done
         if accelerator.is_main_process:
-            save_shrinkage(self.out / f"sigma_epoch{epochs_done}.pt", per_layer, indices, {
-                "model": f"{self.step.model_name} fine-tuned for {epochs_done} epoch(s)", "layer_spec": spec.layers,
+            save_shrinkage(self.out / f"sigma_epoch{epochs_done}.pt", statistics.per_layer, statistics.layers, {
+                "model": f"{self.context.model_name} fine-tuned for {epochs_done} epoch(s)", "layer_spec": spec.layers,
                 "epoch": epochs_done, "requested_rows": spec.shrinkage_rows, "tokens": spec.tokens,
                 "num_processes": accelerator.num_processes})
-        accelerator.print(f"Σ_S recomputed for epoch {epochs_done + 1}: {merged.count:,} rows")
+        accelerator.print(f"Σ_S recomputed for epoch {epochs_done + 1}: {statistics.selection.count:,} rows")
         self.penalty_sigma = sigma.to(accelerator.device)
 
-    def _measure(self, epoch: int):
-        """Σ_S statistics of the current model over ``spec.layers``: (per-layer accumulators, their
-        merge over the selected layers, the layer indices).
+    def _measure(self, epoch: int) -> SigmaStatistics:
+        """Σ_S of the current model over ``spec.layers`` (:func:`istar.steps.shrinkage.training_statistics`).
 
         The rows (``shrinkage_rows`` of the training split) come in an order fixed by the run's
         seed and ``epoch``; the result is identical on all processes.
         """
-        from accelerate.data_loader import prepare_data_loader
-
-        spec, accelerator = self.spec, self.step.accelerator
+        spec = self.spec
         batch_size = spec.batch_size if get_token_selection(spec.tokens).sigma_uses_training_batches \
             else spec.eval_batch_size
-        loader = self.step.loader(self.features, batch_size,
-                                  sampler=EpochShuffleSampler(len(self.features), spec.seed + 7919 * (epoch + 1)))
-        # even_batches=False: accelerate would otherwise repeat rows to even out the shards, and Σ_S
-        # would count them twice.
-        loader = prepare_data_loader(loader, accelerator.device, accelerator.num_processes, accelerator.process_index,
-                                     put_on_device=True, even_batches=False)
-        per_layer = accumulate_shrinkage(self.model, loader, spec.layers, spec.shrinkage_rows, accelerator,
-                                         description=f"Σ_S after {epoch} epoch(s)", tokens=spec.tokens)
-        indices = resolve_layers(spec.layers, len(per_layer))
-        return per_layer, merge_layers(per_layer, indices), indices
+        return training_statistics(self.context, spec.layers, spec.shrinkage_rows, batch_size,
+                                   spec.seed + 7919 * (epoch + 1), spec.tokens, model=self.model,
+                                   features=self.features, description=f"Σ_S after {epoch} epoch(s)")

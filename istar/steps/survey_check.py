@@ -2,7 +2,7 @@
 
 The NAACL 2024 paper's public code reports, for pythia-70m's final weights, the partition
 isotropy I(W) of the input and output embedding matrices, raw and centred (:data:`PUBLISHED`).
-This command profiles a model at a revision through :func:`istar.steps.survey.run_survey` (by
+This command surveys a model at a revision through :func:`istar.steps.survey.run_survey` (by
 default pythia-70m at ``step143000``, its final checkpoint; needs the Hugging Face hub or a
 filled cache) and compares the profile's ``partition_isotropy_solver_signs`` values — the
 authors' recipe, docs/method.md §8 — with the reference, one line per number with the
@@ -108,7 +108,7 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: the four published numbers for pythia-70m)")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="largest |difference| that passes "
                                                                             "(default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=Path("results/profile-check/profile.json"),
+    parser.add_argument("--out", type=Path, default=Path("results/survey-check/profile.json"),
                         help="where the profile JSON goes (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
 

@@ -4,7 +4,7 @@
     loss = task loss + λ·(1/M²)·Σ_{i≠j} x̂_iᵀx̂_j           method "cosreg" (docs/method.md §4)
     loss = task loss + λ·(1 − IsoScore*(X̃, ζ, Σ_S))        method "istar"  (docs/method.md §3)
 
-The module reads top to bottom: :func:`prepare` builds a :class:`TrainingRun` (model, optimizer,
+The module reads top to bottom: :func:`prepare` builds a :class:`istar.steps.run_state.TrainingRun` (model, optimizer,
 scheduler, loaders, progress, Σ_S tracking), :func:`train_epochs` trains it, and
 :func:`istar.steps.train_outputs.finish_run` writes the outputs, atomically, ``metrics.json`` last
 as the run's completion mark. With ``global_penalty`` the IsoScore* of the *global* batch is
@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import math
 import os
 import shutil
 import signal
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -56,18 +55,20 @@ from istar.registry.precisions import PRECISIONS
 from istar.steps.disk_space import check_free_space
 from istar.steps.evaluate import collapse_note, evaluate_model
 from istar.steps.gpu_memory import check_shared_gpu
+from istar.steps.common import ModelContext
 from istar.steps.resume import (
     Interrupted,
+    Progress,
     StopRequest,
     latest_state,
     load_state,
     matching_state,
     restore_log,
     run_fingerprint,
-    save_state,
     saved_tracking,
 )
 from istar.steps.run_folder import clear_earlier_outputs
+from istar.steps.run_state import TrainingRun
 from istar.steps.sigma_tracking import SigmaTracker, check_given_sigma, read_given_sigma
 from istar.steps.tracking import Tracking, settings_as_parameters
 from istar.steps.train_outputs import add_to_sums, finish_run, log_step
@@ -82,26 +83,6 @@ from istar.steps.train_step import (  # noqa: F401 (the step's parts, importable
 
 __all__ = ["TrainSpec", "train", "prepare", "train_epochs", "optimization_step", "forward_and_loss", "step_forward",
            "compute_penalty", "build_optimizer", "deterministic_algorithms"]
-
-
-@dataclass
-class Progress:
-    """Training progress, saved and restored with the accelerate state."""
-
-    epoch: int = 0
-    batches_in_epoch: int = 0
-    step: int = 0
-    sigma_epoch: int = -1
-    sigma_s: torch.Tensor | None = None
-    history: list = field(default_factory=list)
-    sigma_isoscore: list = field(default_factory=list)  # IsoScore(Σ_S) after 0, 1, … epochs
-
-    def state_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def load_state_dict(self, state: dict) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
 
 
 # cuBLAS's deterministic mode needs a fixed workspace (PyTorch's reproducibility notes); it is read when the
@@ -130,45 +111,6 @@ def deterministic_algorithms(enabled: bool):
 
 
 # ------------------------------------------------------------------------------------- the run's state
-
-
-@dataclass
-class TrainingRun:
-    """Everything one run holds while it trains, built by :func:`prepare` (its settings are in ``spec``):
-    model, optimizer, scheduler and loaders prepared by accelerate, the progress saved with every state."""
-
-    spec: TrainSpec
-    step: object  # istar.steps.common.Step: accelerator, task, tokenizer, data meta, model source
-    out: Path
-    resume_dir: Path
-    tracking: Tracking
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    train_loader: object
-    eval_loader: object
-    train_features: object
-    eval_features: object
-    eval_columns: dict
-    progress: Progress
-    fingerprint: dict
-    total_steps: int
-    forward: object = forward_and_loss  # the step's forward and losses, compiled as training.compile asks
-    sigma: SigmaTracker | None = None
-
-    @property
-    def accelerator(self):
-        return self.step.accelerator
-
-    @property
-    def log_path(self) -> Path:
-        return self.resume_dir / "train_log.csv"
-
-    def save_state(self) -> None:
-        """A resumable state at the current optimizer step; the trackers hold every point up to it first."""
-        self.tracking.commit()
-        save_state(self.accelerator, self.resume_dir, self.progress.step, self.log_path, self.fingerprint,
-                   self.tracking.state())
 
 
 def train(spec: TrainSpec, restart: bool = False) -> dict:
@@ -208,70 +150,73 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
     (the same fingerprint) is resumed; the disk has room, and Σ_S before training is recorded."""
     from accelerate.utils import set_seed
 
-    from istar.steps.common import open_step
+    from istar.steps.common import open_model_context
 
     tracking = Tracking(spec.trackers, out, spec.tracking_experiment, spec.mlflow_tracking_uri)
     tracking.preflight()  # a tracking server that does not answer stops the run before anything is loaded
     given_sigma = read_given_sigma(spec)  # before the model and data are loaded
-    step = open_step(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps,
-                     log_with=tracking.log_with, project_dir=tracking.project_dir)
-    check_shared_gpu(step.model, spec.batch_size, spec.max_length, step.precision, step.accelerator.device)
-    forward = step_forward(spec.compile, step.accelerator.device)  # refused here where it cannot run
+    context = open_model_context(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps,
+                                 log_with=tracking.log_with, project_dir=tracking.project_dir)
+    check_shared_gpu(context.model, spec.batch_size, spec.max_length, context.precision, context.accelerator.device)
+    forward = step_forward(spec.compile, context.accelerator.device)  # refused here where it cannot run
     if given_sigma is not None:
-        check_given_sigma(spec, given_sigma, step)
-    accelerator = step.accelerator
+        check_given_sigma(spec, given_sigma, context)
+    accelerator = context.accelerator
     if accelerator.is_main_process:
         if restart:
             shutil.rmtree(resume_dir, ignore_errors=True)
         resume_dir.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     set_seed(spec.seed, device_specific=True)
-    run = _build(spec, step, out, resume_dir, tracking)
-    run.forward = forward
+    run = _build(spec, context, out, resume_dir, tracking, forward)
     state = _resume(run)
-    unwrapped = accelerator.unwrap_model(run.model)
-    check_free_space(spec, unwrapped, out, resume_dir)
+    check_free_space(spec, accelerator.unwrap_model(run.model), out, resume_dir)
     tracking.start(accelerator, settings_as_parameters(spec, code_provenance()),
                    resume_step=run.progress.step if state is not None else None, saved=saved_tracking(state))
-    run.sigma = SigmaTracker(spec, step, out, unwrapped, run.train_features, run.progress)
     isoscore = run.sigma.start(given_sigma)
     if isoscore is not None:
         tracking.log({"sigma_s_isoscore": isoscore}, step=0)
-    precision, requested = step.precision.label, PRECISIONS[spec.mixed_precision].label
+    precision, requested = context.precision.label, PRECISIONS[spec.mixed_precision].label
     accelerator.print(
-        f"{spec.method} on {step.task.display} ({len(run.train_features):,} train features, "
+        f"{spec.method} on {context.task.display} ({len(run.train_features):,} train features, "
         f"{len(run.eval_features):,} eval) | {accelerator.num_processes} process(es) on {accelerator.device.type} | "
         f"precision {precision}" + (f" (asked for {spec.mixed_precision})" if precision != requested else "")
         + f" | {run.total_steps} optimizer steps")
     return run
 
 
-def _build(spec: TrainSpec, step, out: Path, resume_dir: Path, tracking: Tracking) -> TrainingRun:
-    """The loaders, the optimizer and the scheduler, prepared by accelerate, and a fresh progress."""
+def _build(spec: TrainSpec, context: ModelContext, out: Path, resume_dir: Path, tracking: Tracking,
+           forward: Callable) -> TrainingRun:
+    """The loaders, the optimizer and the scheduler, prepared by accelerate, a fresh progress and the
+    run's Σ_S tracker (started once a saved state is resumed)."""
     from transformers import get_scheduler
 
-    accelerator = step.accelerator
-    pad_multiple = 8 if step.precision.key != "no" and get_token_selection(spec.tokens).pad_multiple else None
-    eval_columns = step.columns("validation")
-    train_features = step.features("train")
-    eval_features = step.features("validation", columns=eval_columns, for_qa_eval=True)
+    accelerator = context.accelerator
+    pad_multiple = 8 if context.precision.key != "no" and get_token_selection(spec.tokens).pad_multiple else None
+    eval_columns = context.columns("validation")
+    train_features = context.features("train")
+    eval_features = context.features("validation", columns=eval_columns, for_qa_eval=True)
     sampler = EpochShuffleSampler(len(train_features), spec.seed)
-    train_loader = step.loader(train_features, spec.batch_size, sampler=sampler, pad_to_multiple_of=pad_multiple)
-    eval_loader = step.loader(eval_features, spec.eval_batch_size, pad_to_multiple_of=pad_multiple)
+    train_loader = context.loader(train_features, spec.batch_size, sampler=sampler, pad_to_multiple_of=pad_multiple)
+    eval_loader = context.loader(eval_features, spec.eval_batch_size, pad_to_multiple_of=pad_multiple)
 
     total_steps = math.ceil(len(train_loader) / spec.gradient_accumulation_steps) * spec.epochs
-    optimizer = build_optimizer(step.model, spec)
+    optimizer = build_optimizer(context.model, spec)
     scheduler = get_scheduler(spec.scheduler, optimizer, num_warmup_steps=int(spec.warmup_ratio * total_steps),
                               num_training_steps=total_steps)
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
-        step.model, optimizer, train_loader, eval_loader, scheduler)
+        context.model, optimizer, train_loader, eval_loader, scheduler)
     progress = Progress()
     accelerator.register_for_checkpointing(progress)
-    fingerprint = run_fingerprint(spec, step.meta, step.model_path, accelerator.num_processes, step.precision.label)
-    return TrainingRun(spec=spec, step=step, out=out, resume_dir=resume_dir, tracking=tracking, model=model,
+    fingerprint = run_fingerprint(spec, context.meta, context.model_path, accelerator.num_processes,
+                                  context.precision.label)
+    # Σ_S is measured on the unwrapped model (the same module a resumed state is loaded into)
+    sigma = SigmaTracker(spec, context, out, accelerator.unwrap_model(model), train_features, progress)
+    return TrainingRun(spec=spec, context=context, out=out, resume_dir=resume_dir, tracking=tracking, model=model,
                        optimizer=optimizer, scheduler=scheduler, train_loader=train_loader, eval_loader=eval_loader,
                        train_features=train_features, eval_features=eval_features, eval_columns=eval_columns,
-                       progress=progress, fingerprint=fingerprint, total_steps=total_steps)
+                       progress=progress, fingerprint=fingerprint, total_steps=total_steps, forward=forward,
+                       sigma=sigma)
 
 
 def _resume(run: TrainingRun) -> Path | None:
@@ -340,11 +285,11 @@ def _train_epoch(run: TrainingRun, stop: StopRequest, epoch: int) -> None:
 def _end_epoch(run: TrainingRun, stop: StopRequest, epoch: int) -> None:
     """After the last step of ``epoch``: evaluation, Σ_S of the model, and a state."""
     accelerator, progress = run.accelerator, run.progress
-    result = evaluate_model(run.model, run.eval_loader, run.step.task, accelerator, features=run.eval_features,
+    result = evaluate_model(run.model, run.eval_loader, run.context.task, accelerator, features=run.eval_features,
                             columns=run.eval_columns)
     progress.history.append({"epoch": epoch + 1, "step": progress.step, **result})
     accelerator.print(f"epoch {epoch + 1}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
-    if note := collapse_note(result, run.step.task):
+    if note := collapse_note(result, run.context.task):
         accelerator.print(f"epoch {epoch + 1}: {note}")
     progress.epoch, progress.batches_in_epoch = epoch + 1, 0
     run.sigma.after_epoch(epoch + 1)

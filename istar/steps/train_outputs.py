@@ -24,6 +24,7 @@ import dataclasses
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,6 +36,9 @@ from istar.io.provenance import code_provenance
 from istar.registry.methods import get_method
 from istar.steps.resume import fingerprint_hash, latest_state
 from istar.io.results import model_sha256
+
+if TYPE_CHECKING:
+    from istar.steps.run_state import TrainingRun
 
 __all__ = ["LOG_COLUMNS", "add_to_sums", "log_step", "finish_run"]
 
@@ -53,7 +57,7 @@ def add_to_sums(sums: dict, loss, task_loss, penalty: Penalty | None) -> None:
     sums["micro_batches"] = sums.get("micro_batches", 0) + 1
 
 
-def log_step(run, sums: dict, epoch: int) -> dict:
+def log_step(run: TrainingRun, sums: dict, epoch: int) -> dict:
     """The row of ``run``'s current optimizer step (micro-batch ``sums`` since the last row): appended to
     the live train_log.csv and sent to the trackers by the main process. Returns the row."""
     accelerator, step = run.accelerator, run.progress.step
@@ -84,18 +88,18 @@ def _append_log(path: Path, row: dict) -> None:
         writer.writerow(row)
 
 
-def finish_run(run, seconds: float) -> dict:
-    """Write the final outputs of ``run`` (an :class:`istar.steps.train.TrainingRun`) atomically;
+def finish_run(run: TrainingRun, seconds: float) -> dict:
+    """Write the final outputs of ``run`` atomically;
     metrics.json last, as the run's completion mark. Returns the content of metrics.json."""
-    spec, step, progress = run.spec, run.step, run.progress
-    accelerator, task, meta = step.accelerator, step.task, step.meta
+    spec, context, progress = run.spec, run.context, run.progress
+    accelerator, task, meta = context.accelerator, context.task, context.meta
     method = get_method(spec.method)
     final = progress.history[-1] if progress.history else {}
     report = {
-        "task": task.key, "model": step.model_name, "method": spec.method, "lam": spec.lam,
+        "task": task.key, "model": context.model_name, "method": spec.method, "lam": spec.lam,
         "zeta": spec.zeta if method.takes("zeta") else None,
         "layers": spec.layers if method.takes("layers") else None, "tokens": spec.tokens, "seed": spec.seed,
-        "standin": step.standin, "standin_note": meta.get("standin_note"),
+        "standin": context.standin, "standin_note": meta.get("standin_note"),
         "metric": task.metric, "final": final, "collapsed": metrics.collapsed(final, task.metric),
         "epochs": progress.history,
         "sigma_s_isoscore": progress.sigma_isoscore, "fingerprint": fingerprint_hash(run.fingerprint),
@@ -122,17 +126,17 @@ def determinism() -> dict:
             "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
 
 
-def _write_outputs(run, report: dict, seconds: float) -> dict:
+def _write_outputs(run: TrainingRun, report: dict, seconds: float) -> dict:
     """The final model, log, run_config.json and metrics.json (last), each atomically; returns the
     report as written (with its content hash and the model's)."""
-    spec, step, out = run.spec, run.step, run.out
-    accelerator, task = step.accelerator, step.task
+    spec, context, out = run.spec, run.context, run.out
+    accelerator, task = context.accelerator, context.task
     staging = out / ".model-staging"
     shutil.rmtree(staging, ignore_errors=True)
     try:
         with artifacts.storage_errors(out / "model"):
             accelerator.unwrap_model(run.model).save_pretrained(staging, save_function=accelerator.save)
-            step.tokenizer.save_pretrained(staging)
+            context.tokenizer.save_pretrained(staging)
             artifacts.record_digests(staging)  # checked whenever the model is loaded again
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -142,12 +146,12 @@ def _write_outputs(run, report: dict, seconds: float) -> dict:
         shutil.copy2(run.log_path, tmp) if run.log_path.exists() else tmp.write_text(",".join(LOG_COLUMNS) + "\n")
     report["model_sha256"] = model_sha256(out / "model")
     artifacts.write_json(out / "run_config.json", {
-        **dataclasses.asdict(spec), "model_path": step.model_path, "task": task.key,
-        "precision": {"requested": spec.mixed_precision, "effective": step.precision.label},
+        **dataclasses.asdict(spec), "model_path": context.model_path, "task": task.key,
+        "precision": {"requested": spec.mixed_precision, "effective": context.precision.label},
         "determinism": determinism(),
         "num_processes": accelerator.num_processes, "device": accelerator.device.type,
         "total_optimizer_steps": run.total_steps, "train_seconds": round(seconds, 2),
-        "model_source": step.model_name, "data_meta": step.meta, "fingerprint": report["fingerprint"],
+        "model_source": context.model_name, "data_meta": context.meta, "fingerprint": report["fingerprint"],
         "fingerprint_inputs": run.fingerprint, "istar_version": __version__, "torch_version": torch.__version__,
         "provenance": code_provenance(), "trackers": {"names": list(spec.trackers), **run.tracking.state()},
     }, digest=True)

@@ -12,21 +12,17 @@ import torch
 
 from istar.config.specs import TrainSpec
 from istar.core.regularizers import Penalty
-from istar.registry.methods import Method, get_method
+from istar.registry.methods import get_method
 
 __all__ = ["compute_penalty", "build_optimizer", "forward_and_loss", "compile_problem", "step_forward",
            "optimization_step"]
 
 
-def compute_penalty(spec: TrainSpec, hidden_states, attention_mask, sigma_s, distributed: bool,
-                    method: Method | None = None) -> Penalty | None:
-    """The method's term for one batch (None for a method without a penalty, e.g. the baseline);
-    ``method`` is ``spec.method``'s registry entry when the caller holds it already."""
-    penalty = (method or get_method(spec.method)).penalty
-    if penalty is None:
-        return None
-    return penalty(hidden_states, attention_mask, lam=spec.lam, zeta=spec.zeta, sigma_s=sigma_s, layers=spec.layers,
-                   global_batch=spec.global_penalty and distributed, tokens=spec.tokens)
+def compute_penalty(spec: TrainSpec, hidden_states, attention_mask, sigma_s, distributed: bool) -> Penalty | None:
+    """The method's term for one batch (None for a method without a penalty, e.g. the baseline)."""
+    return get_method(spec.method).penalise(hidden_states, attention_mask, lam=spec.lam, zeta=spec.zeta,
+                                            sigma_s=sigma_s, layers=spec.layers,
+                                            global_batch=spec.global_penalty and distributed, tokens=spec.tokens)
 
 
 def build_optimizer(model, spec: TrainSpec) -> torch.optim.Optimizer:
@@ -44,12 +40,12 @@ def forward_and_loss(model, batch: dict, spec: TrainSpec, sigma_s, distributed: 
     so that IsoScore*'s product runs in that dtype (:func:`istar.core.isotropy.isoscore_star`).
 
     Returns (loss, model outputs, Penalty or None)."""
-    method = get_method(spec.method)
-    outputs = model(**batch, output_hidden_states=method.penalty is not None)
-    if method.penalty is None:
+    penalised = get_method(spec.method).penalty is not None
+    outputs = model(**batch, output_hidden_states=penalised)
+    if not penalised:
         return outputs.loss, outputs, None
     with torch.autocast(batch["attention_mask"].device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-        penalty = compute_penalty(spec, outputs.hidden_states, batch["attention_mask"], sigma_s, distributed, method)
+        penalty = compute_penalty(spec, outputs.hidden_states, batch["attention_mask"], sigma_s, distributed)
     return outputs.loss + penalty.term, outputs, penalty
 
 

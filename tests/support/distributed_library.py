@@ -29,7 +29,7 @@ def main(out: str) -> None:
         mask[size // 2:, length - 3:] = 0
         batches.append({"input_ids": torch.randint(0, 100, (size, length), generator=generator), "attention_mask": mask})
     shard = batches[:2] if rank == 0 else batches[2:]
-    merged = istar.shrinkage_covariance(model, shard, max_rows=10**9, progress=False)
+    merged = istar.shrinkage_covariance(model, shard, shrinkage_rows=10**9, progress=False)
     reference = istar.CovarianceAccumulator(16)
     metric, single = istar.IsotropyMetric(zeta=0.0), istar.IsotropyMetric(zeta=0.0)
     with torch.no_grad():

@@ -13,7 +13,7 @@ from trainer_runs import trainer_for
 
 
 def main(out: str) -> None:
-    trainer = trainer_for(Path(out) / "run", istar.IStarConfig(lam=-1.0, zeta=0.2, sigma_rows=2000, global_penalty=True),
+    trainer = trainer_for(Path(out) / "run", istar.IStarConfig(lam=-1.0, zeta=0.2, shrinkage_rows=2000, global_penalty=True),
                           num_train_epochs=1, per_device_train_batch_size=4)
     trainer.train()
     result = trainer.evaluate()

@@ -22,7 +22,7 @@ from istar.report.aggregate import (
     RUNS_COLUMNS,
     SELECTION_COLUMNS,
     aggregate,
-    parse_run_spec,
+    parse_run_argument,
 )
 from istar.report.select import select_best
 from istar.steps.measure import measure_runs
@@ -389,8 +389,8 @@ def test_empty_inputs_and_errors(runs, tmp_path):
         aggregate([("final", runs["folders"][("base", 0)]), ("final", unfinished)], [], tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
     with pytest.raises(ValueError, match="STUDY=RUN_DIR"):
-        parse_run_spec("results/runs/tiny/rte/base/seed0")
-    assert parse_run_spec("final=a/b=c") == ("final", Path("a/b=c"))
+        parse_run_argument("results/runs/tiny/rte/base/seed0")
+    assert parse_run_argument("final=a/b=c") == ("final", Path("a/b=c"))
 
 
 def test_model_name_falls_back_to_run_config(runs, tmp_path):

@@ -33,17 +33,17 @@ def authors_collate(features: list[dict]) -> dict:
 
 
 def first_batch(model_dir, data, segment_ids: bool, size: int = 8, **lengths):
-    from istar.steps.common import open_step
+    from istar.steps.common import open_model_context
 
-    step = open_step(ModelData(model=str(model_dir), data_dir=str(data), segment_ids=segment_ids, **lengths),
-                     model_seed=0)
-    features = step.features("train")
-    return step, features, next(iter(step.loader(features, size)))
+    context = open_model_context(ModelData(model=str(model_dir), data_dir=str(data), segment_ids=segment_ids,
+                                           **lengths), model_seed=0)
+    features = context.features("train")
+    return context, features, next(iter(context.loader(features, size)))
 
 
 def test_without_segment_ids_a_pair_task_gets_the_authors_batch_and_the_model_reads_segment_0(tiny_model_dir, prepared):
     data = prepared("rte", 16, 8)
-    step, features, ours = first_batch(tiny_model_dir, data, segment_ids=False)
+    context, features, ours = first_batch(tiny_model_dir, data, segment_ids=False)
     _, _, with_segments = first_batch(tiny_model_dir, data, segment_ids=True)
     theirs = authors_collate([features[i] for i in range(8)])
     assert set(ours) == set(theirs) == {"input_ids", "attention_mask", "labels"}
@@ -51,7 +51,7 @@ def test_without_segment_ids_a_pair_task_gets_the_authors_batch_and_the_model_re
         assert torch.equal(ours[key], theirs[key].to(ours[key].dtype)), key
     # the same pairs, the tokenizer's segment ids: 1 over each second sentence
     assert torch.equal(with_segments["input_ids"], ours["input_ids"]) and with_segments["token_type_ids"].any()
-    model = step.model.eval()
+    model = context.model.eval()
     with torch.no_grad():
         left_out = model(**ours).logits
         zeros = model(**ours, token_type_ids=torch.zeros_like(ours["input_ids"])).logits

@@ -35,7 +35,7 @@ def st_run(tmp_path, lam: float):
     model = SentenceTransformer(resolve_model_source(MINILM), device="cpu")
     train = Dataset.from_dict({"anchor": SENTENCES, "positive": [s.split(",")[0][::-1] for s in SENTENCES]})
     loss = istar.IStarLoss(model, losses.MultipleNegativesRankingLoss(model),
-                           istar.IStarConfig(lam=lam, zeta=0.2, sigma_rows=1000), sigma_data=train["anchor"])
+                           istar.IStarConfig(lam=lam, zeta=0.2, shrinkage_rows=1000), sigma_data=train["anchor"])
     args = SentenceTransformerTrainingArguments(str(tmp_path), per_device_train_batch_size=4, num_train_epochs=2,
                                                 learning_rate=5e-4, logging_steps=1, report_to=[], save_strategy="no",
                                                 use_cpu=True, disable_tqdm=True, seed=0)
@@ -106,7 +106,7 @@ def sft_run(tmp_path, lam: float, **arguments):
                     report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, seed=0, max_length=32)
     trainer = IStarSFTTrainer(model=model, args=SFTConfig(str(tmp_path), **{**settings, **arguments}),
                               train_dataset=Dataset.from_dict({"text": SENTENCES}), processing_class=tokenizer,
-                              istar=istar.IStarConfig(lam=lam, zeta=0.2, sigma_rows=1000))
+                              istar=istar.IStarConfig(lam=lam, zeta=0.2, shrinkage_rows=1000))
     trainer.train()
     return trainer
 
@@ -156,7 +156,7 @@ def wrapped_trainer(tmp_path, config, wrap: bool = True, **arguments):
 def test_the_wrapper_in_a_plain_trainer_penalises_logs_and_leaves_evaluation_alone(tmp_path):
     """A plain Trainer with the wrapped model: the penalty in the loss and the logs, Σ_S at each epoch, evaluate() with
     compute_metrics as without I-STAR; at λ = 0 the parameters are the plain Trainer's, bit for bit."""
-    trainer = wrapped_trainer(tmp_path / "lower", istar.IStarConfig(lam=-1.0, zeta=0.2, sigma_rows=1000))
+    trainer = wrapped_trainer(tmp_path / "lower", istar.IStarConfig(lam=-1.0, zeta=0.2, shrinkage_rows=1000))
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if "isoscore_star" in entry]
     assert len(logs) == 4 and [e["step"] for e in logs if "sigma_s_isoscore" in e] == [1, 3]
@@ -168,7 +168,7 @@ def test_the_wrapper_in_a_plain_trainer_penalises_logs_and_leaves_evaluation_alo
 
     parameters = {}
     for name, wrap in (("plain", False), ("zero", True)):
-        run = wrapped_trainer(tmp_path / name, istar.IStarConfig(lam=0.0, zeta=0.2, sigma_rows=1000), wrap=wrap)
+        run = wrapped_trainer(tmp_path / name, istar.IStarConfig(lam=0.0, zeta=0.2, shrinkage_rows=1000), wrap=wrap)
         run.train()
         model = run.model.model if wrap else run.model
         parameters[name] = {key: value.detach().clone() for key, value in model.named_parameters()}
@@ -189,7 +189,7 @@ def test_the_wrapper_in_a_plain_accelerate_loop(tmp_path):
     model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=2)
     data, collator = sst2("train", 8, tokenizer), DataCollatorWithPadding(tokenizer)
     accelerator = Accelerator(cpu=True)
-    model = istar.IStarModel(model, istar.IStarConfig(lam=-1.0, zeta=0.2, sigma_rows=500),
+    model = istar.IStarModel(model, istar.IStarConfig(lam=-1.0, zeta=0.2, shrinkage_rows=500),
                              sigma_data=DataLoader(data.remove_columns("labels"), batch_size=8, collate_fn=collator))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     loader = DataLoader(data, batch_size=4, shuffle=True, collate_fn=collator)
@@ -223,7 +223,7 @@ def test_the_wrapper_names_what_is_missing_before_work(tiny_bert):
     with pytest.raises(ValueError, match=r"no Σ_S yet: call refresh_sigma\(epoch\)"):
         model(**batch, attention_mask=torch.ones(1, 3, dtype=torch.long))
     fixed = istar.IStarModel(tiny_bert, istar.IStarConfig(lam=-1.0, zeta=0.2, sigma_s=torch.eye(16),
-                                                          recompute_every_epoch=False))
+                                                          recompute_shrinkage=False))
     assert fixed.refresh_sigma(0) is not None and fixed.refresh_sigma(1) is None and fixed.sigma_epoch == 0
 
 

@@ -43,7 +43,7 @@ def test_public_sigma_equals_the_file_istar_shrinkage_writes(tiny_model_dir, pre
     from_file, provenance = load_shrinkage(out)
     model = BertModel.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    public = istar.shrinkage_covariance(model, _texts(data), tokenizer, max_rows=10**9, max_length=64, tokens=tokens,
+    public = istar.shrinkage_covariance(model, _texts(data), tokenizer, shrinkage_rows=10**9, max_length=64, tokens=tokens,
                                         batch_size=48 if tokens == "all_positions" else 7, progress=False)
     assert public.shape == (32, 32) and public.dtype == torch.float64
     assert provenance["rows"] > 1000
@@ -58,7 +58,7 @@ def test_public_sigma_from_a_dataloader_stops_at_the_row_budget(tiny_model_dir, 
     batches = [dict(tokenizer([a for a, _ in texts[i:i + 8]], [b for _, b in texts[i:i + 8]], padding=True,
                               truncation=True, max_length=64, return_tensors="pt")) for i in range(0, 48, 8)]
     one_batch = int(batches[0]["attention_mask"].sum())
-    first = istar.shrinkage_covariance(model, batches, layers=[2], max_rows=one_batch, progress=False)
+    first = istar.shrinkage_covariance(model, batches, layers=[2], shrinkage_rows=one_batch, progress=False)
     assert model.training  # its mode is given back
     expected = istar.CovarianceAccumulator(32)
     with torch.no_grad():
@@ -240,6 +240,22 @@ def test_every_registry_method_reaches_the_config_with_its_own_defaults():
         if method.default_lam_key is not None:
             assert config.lam == float(default_of(method.default_lam_key))
         assert config.zeta == (default_of("$defs.zeta") if method.takes("zeta") else 0.0)
+
+
+def test_the_old_keywords_still_set_the_row_budget_and_the_recompute_flag():
+    """``sigma_rows=`` and ``recompute_every_epoch=`` (IStarConfig) and ``max_rows=`` (the Σ_S pass) are the old
+    names of ``shrinkage_rows`` and ``recompute_shrinkage``: they still work, with a DeprecationWarning."""
+    from istar.models.shrinkage import renamed_keyword
+
+    with pytest.warns(DeprecationWarning) as warned:
+        old = istar.IStarConfig(lam=-1.0, sigma_rows=1000, recompute_every_epoch=False)
+    assert [str(w.message).split(": ")[1] for w in warned] == ["it is now called shrinkage_rows=",
+                                                               "it is now called recompute_shrinkage="]
+    assert old == istar.IStarConfig(lam=-1.0, shrinkage_rows=1000, recompute_shrinkage=False)
+    with pytest.warns(DeprecationWarning, match="max_rows= is deprecated"):
+        assert renamed_keyword(None, 7, "max_rows", "shrinkage_rows") == 7
+    with pytest.raises(TypeError, match="give one of them"):
+        renamed_keyword(5, 7, "max_rows", "shrinkage_rows")
 
 
 @pytest.mark.parametrize(("settings", "message"), [

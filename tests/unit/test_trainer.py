@@ -30,7 +30,7 @@ def three_runs(tmp_path_factory):
     2 epochs × 3 optimizer steps of 8 sentences, the same seed."""
     runs = {}
     for name, lam in (("lower", -1.0), ("base", 0.0), ("raise", 1.0)):
-        trainer = trainer_for(tmp_path_factory.mktemp(name), istar.IStarConfig(lam=lam, zeta=0.2, sigma_rows=1000))
+        trainer = trainer_for(tmp_path_factory.mktemp(name), istar.IStarConfig(lam=lam, zeta=0.2, shrinkage_rows=1000))
         trainer.train()
         runs[name] = trainer
     return runs
@@ -71,7 +71,7 @@ def test_evaluate_and_compute_metrics_are_untouched(three_runs):
 def test_gradient_accumulation_and_bf16_scale_the_penalty_like_the_task_loss(tmp_path):
     """Two micro-batches per optimizer step under bf16 autocast: the logged loss (what the Trainer
     backpropagates, summed over the step) is still the micro-batch mean of task loss + penalty."""
-    trainer = trainer_for(tmp_path, istar.IStarConfig(lam=-1.0, zeta=0.2, sigma_rows=2000), gradient_accumulation_steps=2,
+    trainer = trainer_for(tmp_path, istar.IStarConfig(lam=-1.0, zeta=0.2, shrinkage_rows=2000), gradient_accumulation_steps=2,
                           per_device_train_batch_size=4, max_steps=2, bf16=True)
     trainer.train()
     logs = training_logs(trainer)
@@ -136,7 +136,7 @@ def test_lambda_zero_trains_the_same_parameters_with_and_without_sigma(tmp_path)
     step and one at epoch 2) ends on exactly the parameters of λ = 0 with ζ = 0 (no Σ_S), dropout on."""
     runs = {}
     for zeta in (0.0, 0.2):
-        trainer = trainer_for(tmp_path / str(zeta), istar.IStarConfig(lam=0.0, zeta=zeta, sigma_rows=1000), max_steps=4)
+        trainer = trainer_for(tmp_path / str(zeta), istar.IStarConfig(lam=0.0, zeta=zeta, shrinkage_rows=1000), max_steps=4)
         trainer.train()
         runs[zeta] = _parameters(trainer)
     assert runs[0.2]["classifier.weight"].abs().sum() > 0
@@ -147,7 +147,7 @@ def test_lambda_zero_trains_the_same_parameters_with_and_without_sigma(tmp_path)
 def test_a_run_resumed_from_a_checkpoint_ends_on_the_same_parameters(tmp_path):
     """Checkpoint at step 2 (epoch 1 of 2, Σ_S of epoch 1 saved in it), resumed in a fresh Trainer: the
     last parameters equal the uninterrupted run's bit for bit, through the Σ_S refresh of epoch 2."""
-    config = istar.IStarConfig(lam=-1.0, zeta=0.2, sigma_rows=1000)
+    config = istar.IStarConfig(lam=-1.0, zeta=0.2, shrinkage_rows=1000)
     whole = trainer_for(tmp_path / "whole", config, save_strategy="steps", save_steps=2)
     whole.train()
     checkpoint = tmp_path / "whole" / "checkpoint-2"
@@ -172,7 +172,7 @@ def test_cosreg_trains_through_the_config_and_logs_its_own_measure(tmp_path):
 @pytest.mark.integration  # a Σ_S pass for the file, then 4 steps across an epoch
 def test_a_sigma_file_of_istar_shrinkage_is_kept_when_no_refresh_is_asked(tmp_path):
     """The file `istar shrinkage` writes (save_shrinkage of the pretrained model's statistics), given as
-    IStarConfig(sigma_s=path, recompute_every_epoch=False): trained with through epoch 2, never recomputed."""
+    IStarConfig(sigma_s=path, recompute_shrinkage=False): trained with through epoch 2, never recomputed."""
     from istar.core.shrinkage import save_shrinkage
     from istar.models.shrinkage import accumulate_shrinkage
 
@@ -180,7 +180,7 @@ def test_a_sigma_file_of_istar_shrinkage_is_kept_when_no_refresh_is_asked(tmp_pa
     per_layer = accumulate_shrinkage(probe.model, probe.get_eval_dataloader(probe.train_dataset), "all", 300,
                                      progress=False)
     save_shrinkage(tmp_path / "sigma.safetensors", per_layer, list(range(1, 7)), {"model": "minilm"})
-    config = istar.IStarConfig(lam=-1.0, zeta=0.2, sigma_s=tmp_path / "sigma.safetensors", recompute_every_epoch=False)
+    config = istar.IStarConfig(lam=-1.0, zeta=0.2, sigma_s=tmp_path / "sigma.safetensors", recompute_shrinkage=False)
     expected = config.given_sigma_s(probe.model)
     trainer = trainer_for(tmp_path / "run", config, max_steps=4)
     trainer.train()
