@@ -138,7 +138,7 @@ class IStarLoss(torch.nn.Module):
         return {key: value for key, value in self._logs.pop(accelerator).items() if not key.endswith(("_loss", "_penalty"))}
 
     def forward(self, sentence_features, labels):
-        if not self.training or self.istar.entry.penalty is None:
+        if not self.training or not self.istar.entry.penalises:
             return self.loss(sentence_features, labels)
         if self.istar.needs_sigma_s and self.sigma_s is None:
             raise ValueError("no Σ_S yet: pass callbacks=[IStarCallback(loss)] to the trainer (or call "

@@ -178,7 +178,7 @@ class IStarTrainerMixin:
         if not model.training:  # evaluation and prediction: exactly the Trainer's outputs
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
-        penalised = self.istar.entry.penalty is not None  # the base method adds none
+        penalised = self.istar.entry.penalises
         # The hidden states are read where the backbone returns them (a forward hook), not from the
         # outputs compute_loss returns: a Trainer may compute its loss from other outputs (TRL's
         # SFTTrainer, from its fused LM head's log-probabilities) and rebuild those it returns

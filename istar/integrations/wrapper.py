@@ -174,7 +174,7 @@ class IStarModel(torch.nn.Module):
         """
         if labels is not None:
             kwargs["labels"] = labels
-        if not self.training or self.istar.entry.penalty is None:
+        if not self.training or not self.istar.entry.penalises:
             return self.model(*args, **kwargs)
         check_mask(kwargs, self.istar, "the model's inputs")
         if self.istar.needs_sigma_s and self.sigma_s is None:

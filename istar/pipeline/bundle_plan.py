@@ -234,7 +234,7 @@ def estimate_jobs(jobs: list[dict], config: dict, models: dict[str, dict], data:
         elif job["rule"] == "train":
             micro = math.ceil(sizes["train"]["features"] / spec["batch_size"]) * spec["epochs"]
             step = costs.step_s(model["layers"], model["parameters"], spec["batch_size"] * sizes["train"]["mean_padded"],
-                                penalised=get_method(spec["method"]).penalty is not None)
+                                penalised=get_method(spec["method"]).penalises)
             # a Σ_S pass after each epoch, and before training unless the run was given one
             passes = spec["epochs"] + (0 if spec["sigma_s"] else 1)
             saves = (spec["epochs"] * 3 + 1) * 4 * model["total"] / costs.write_bytes_per_s  # states (weights + Adam), model

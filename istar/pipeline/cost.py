@@ -121,7 +121,7 @@ def fine_tune_estimate_s(run: dict, shape: dict, config: dict, costs: DeviceCost
     eval_rows = min(task.rows[1], eval_limit) if eval_limit else task.rows[1]
     layers, parameters = shape["layers"], shape["parameters"]
     micro = math.ceil(rows / run["batch_size"]) * run["epochs"]
-    step = costs.step_s(layers, parameters, run["batch_size"] * tokens, get_method(run["method"]).penalty is not None)
+    step = costs.step_s(layers, parameters, run["batch_size"] * tokens, get_method(run["method"]).penalises)
     forward = costs.forward_s(layers, parameters, eval_batch * tokens)
     sigma_batches = min(math.ceil(rows / eval_batch), math.ceil(config["shrinkage"]["rows"] / (eval_batch * tokens)))
     return (costs.job_start_s + micro * step + run["epochs"] * math.ceil(eval_rows / eval_batch) * forward

@@ -70,6 +70,11 @@ class Method:
         """Whether a run with shrinkage weight ``zeta`` reads a Σ_S file (it shrinks towards it when ζ > 0)."""
         return self.takes("sigma_s") and zeta > 0
 
+    @property
+    def penalises(self) -> bool:
+        """Whether the method adds a term to the task loss (the baseline adds none)."""
+        return self.penalty is not None
+
     def penalty_layers(self, layers):
         """The hidden states the penalty reads, given the configured ``layers`` selection."""
         return layers if self.takes("layers") else self.fixed_layers
@@ -78,7 +83,7 @@ class Method:
         """The method's term for one batch (:class:`istar.core.regularizers.Penalty`) over
         :meth:`penalty_layers` of ``layers``; None for a method that adds none (the baseline). The
         one place both the ``train`` step and the integrations turn a method into its penalty."""
-        if self.penalty is None:
+        if not self.penalises:
             return None
         return self.penalty(hidden_states, attention_mask, lam=lam, zeta=zeta, sigma_s=sigma_s,
                             layers=self.penalty_layers(layers), global_batch=global_batch, tokens=tokens)

@@ -40,7 +40,7 @@ def forward_and_loss(model, batch: dict, spec: TrainSpec, sigma_s, distributed: 
     so that IsoScore*'s product runs in that dtype (:func:`istar.core.isotropy.isoscore_star`).
 
     Returns (loss, model outputs, Penalty or None)."""
-    penalised = get_method(spec.method).penalty is not None
+    penalised = get_method(spec.method).penalises
     outputs = model(**batch, output_hidden_states=penalised)
     if not penalised:
         return outputs.loss, outputs, None
