@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["PRIVATE_NAMES", "plan_missing_outputs", "replan_interrupted", "planned_jobs"]
+__all__ = ["PRIVATE_NAMES", "plan_missing_outputs", "replan_interrupted", "planned_jobs", "unless_pending"]
 
 PRIVATE_NAMES = (
     # module, then attribute path: the private names the workflow uses
@@ -36,7 +36,7 @@ PRIVATE_NAMES = (
     ("snakemake.dag", "DAG.reason"), ("snakemake.dag", "DAG.jobs"), ("snakemake.dag", "DAG.incomplete_files"),
     ("snakemake.dag", "DAG.check_incomplete"), ("snakemake.dag", "DAG.postprocess_after_update"),
     ("snakemake.dag", "DAG.needrun_jobs"),
-    ("snakemake.io", "is_flagged"),
+    ("snakemake.io", "is_flagged"), ("snakemake.exceptions", "IncompleteCheckpointException"),
     ("snakemake.workflow", "Workflow.dag"), ("snakemake.workflow", "Workflow.async_run"),
     ("snakemake.workflow", "Workflow.dag_settings"),
 )
@@ -118,3 +118,16 @@ def replan_interrupted(workflow) -> list:
 def planned_jobs(workflow) -> list:
     """The jobs Snakemake will run."""
     return list(workflow.dag.needrun_jobs())
+
+
+def unless_pending(read, wait: bool):
+    """``read()``, or None while a checkpoint it reads has not run. With ``wait`` Snakemake's own
+    exception goes on instead, so that the input function calling this waits for the checkpoint."""
+    from snakemake.exceptions import IncompleteCheckpointException
+
+    try:
+        return read()
+    except IncompleteCheckpointException:
+        if wait:
+            raise
+        return None

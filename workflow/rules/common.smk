@@ -2,10 +2,11 @@
 # The logic lives in istar.pipeline (validation, plan) and istar.config.layout (the paths); this
 # file only maps it onto rules.
 
+import functools
 import json
 import os
 
-from snakemake.exceptions import IncompleteCheckpointException, WorkflowError
+from snakemake.exceptions import WorkflowError
 
 from istar.report.aggregate import AGGREGATE_NAMES, PROVENANCE_NAME
 from istar.io.artifacts import read_json
@@ -43,6 +44,7 @@ from istar.config.layout import (
     shrinkage_log,
     sigma_template,
 )
+from istar.pipeline.engine import unless_pending
 from istar.pipeline.jobs import CellPlan, Decided, Job, needs_depth, plan_cell
 from istar.pipeline.plan import (
     baseline_choices,
@@ -180,16 +182,11 @@ def decided(model, task, wait: bool, replaced: bool = True) -> Decided:
     """
 
     def known(read):
-        try:
-            return read()
-        except IncompleteCheckpointException:
-            if wait:
-                raise
-            return None
+        return unless_pending(read, wait)
 
     def chosen():
         # read_json checks the content hash `istar select` recorded: an edited choice is named
-        return read_json(checkpoints.select.get(model=model, task=task).output[0])
+        return read_decision(checkpoints.select.get(model=model, task=task).output[0])
 
     fixed = fixed_setting(config, model, task)
     selection = fixed or known(lambda: selected_setting(chosen(), config))
@@ -200,7 +197,7 @@ def decided(model, task, wait: bool, replaced: bool = True) -> Decided:
     if PLANNED[model, task].job(TUNED_SELECTION.format(model=model, task=task)):
         tuned = known(
             lambda: tuned_setting(
-                read_json(
+                read_decision(
                     checkpoints.select_tuned.get(model=model, task=task).output[0]
                 )
             )
@@ -216,6 +213,18 @@ def decided(model, task, wait: bool, replaced: bool = True) -> Decided:
     return Decided(selection, baselines, tuned, depth, replacements)
 
 
+@functools.lru_cache(maxsize=None)
+def _decision(path, stamp) -> dict:
+    return read_json(path)
+
+
+def read_decision(path) -> dict:
+    """A file a checkpoint decides by (read_json: its recorded content hash checked), read again
+    only once it changed: every job planned after the checkpoint looks it up."""
+    stat = os.stat(path)
+    return _decision(path, (stat.st_mtime_ns, stat.st_size))
+
+
 def num_layers(model, task) -> int:
     """L of the model, from the Σ_S provenance of the config's token selection. Where λ | ζ is fixed
     in advance no search precedes it: the `select` job then takes that file as its input, and this
@@ -223,13 +232,13 @@ def num_layers(model, task) -> int:
     if fixed_setting(config, model, task) is not None:
         checkpoints.select.get(model=model, task=task)
     sigma = sigma_template(config["penalty"]["tokens"]).format(model=model, task=task)
-    return read_json(sigma.replace(".pt", ".json"))["num_layers"]
+    return read_decision(sigma.replace(".pt", ".json"))["num_layers"]
 
 
 def replacement_seeds(model, task) -> tuple[int, ...]:
     """The seeds that replace collapsed final runs (the collapse_check checkpoint)."""
     check = checkpoints.collapse_check.get(model=model, task=task).output[0]
-    return tuple(sorted(read_json(check)["replacements"].values()))
+    return tuple(sorted(read_decision(check)["replacements"].values()))
 
 
 _PLANS = {}
