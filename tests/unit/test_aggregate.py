@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from mirrors import REPO
 
 from istar.config.specs import MeasureSpec
 from istar.io import artifacts
@@ -27,7 +28,6 @@ from istar.report.aggregate import (
 from istar.report.select import select_best
 from istar.steps.measure import measure_runs
 
-REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 EXPECTED_RUNS_COLUMNS = [

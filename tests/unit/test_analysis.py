@@ -4,10 +4,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from mirrors import REPO
 from safetensors.torch import save_file
 
 from istar.config.specs import ActivationsSpec, TrainSpec
@@ -20,7 +20,6 @@ from istar.steps.analyze import analyze_run
 from istar.core.shrinkage import load_layer_statistics, load_shrinkage, save_shrinkage
 from istar.steps.train import train
 
-REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 ZETA = 0.2
 

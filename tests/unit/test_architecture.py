@@ -12,10 +12,11 @@ import re
 from pathlib import Path
 
 import pytest
+from mirrors import REPO
 
 from istar.layers import MAY_IMPORT, NEVER_IMPORTS, WORKFLOW_IMPORTS
 
-PACKAGE = Path(__file__).resolve().parents[2] / "istar"
+PACKAGE = REPO / "istar"
 WORKFLOW = PACKAGE.parent / "workflow"
 TOP = {"cli", "__main__", "__init__", "layers"}
 

@@ -9,14 +9,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mirrors import TEST_DATA
+from mirrors import REPO, TEST_DATA
 
 from istar.config.layout import Setting
 from istar.config.schema import ConfigError
 from istar.pipeline.plan import final_settings, search_settings, study_runs
 from istar.pipeline.validate import load_config, validate_config
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def demo():

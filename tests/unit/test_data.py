@@ -7,13 +7,12 @@ import shutil
 import subprocess
 import sys
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from mirrors import FULL_MIRROR, TEST_DATA
+from mirrors import FULL_MIRROR, REPO, TEST_DATA
 
 from istar.data import (
     MissingSplitError,
@@ -26,7 +25,6 @@ from istar.data import (
 )
 from istar.registry.tasks import TASKS
 
-REPO = Path(__file__).parents[2]
 
 CLASSIFICATION_COLUMNS = ["idx", "text_a", "text_b", "label"]
 QA_COLUMNS = ["id", "title", "context", "question", "answer_texts", "answer_starts"]

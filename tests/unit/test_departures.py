@@ -1,17 +1,15 @@
 """The departures from the authors' code that are settings (docs/method.md §7): each one changes
 what it claims to change, and config/paper.yaml (config/anisotropy.yaml) sets the authors' value."""
 
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from mirrors import REPO
 
 from istar.config.specs import ModelData
 from istar.pipeline.plan import measure_spec, shrinkage_spec, train_spec
 from istar.pipeline.validate import load_config, validate_config
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def paper_config() -> dict:

@@ -6,17 +6,16 @@ early stop signal and the time the launcher gives a multi-GPU step to save."""
 import re
 import tomllib
 from importlib.metadata import version
-from pathlib import Path
 
 import pytest
 import yaml
+from mirrors import REPO
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from istar.steps.launch import SAVE_GRACE_SECONDS
 
-REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 RUNTIME = [Requirement(line) for line in PYPROJECT["project"]["dependencies"]]
 # The rule environments and the PyTorch build each names (the rules pick one: workflow/rules/common.smk).

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from mirrors import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 # Tests and test configs (.test/) may name the larger data mirror that sits beside a checkout.
 ALLOWED = ("tests/", ".test/")
 

@@ -4,15 +4,13 @@ installed Snakemake, whose major version is the one pyproject.toml pins."""
 import importlib
 import re
 import tomllib
-from pathlib import Path
 
 import pytest
 import snakemake
 import snakemake.api  # noqa: F401  (snakemake.dag and snakemake.workflow import each other: load them in order)
+from mirrors import REPO
 
 from istar.pipeline.engine import PRIVATE_NAMES
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("module, path", PRIVATE_NAMES, ids=[f"{m}:{p}" for m, p in PRIVATE_NAMES])

@@ -6,15 +6,14 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from mirrors import REPO
 
 from bench.gpu_check import steps_taken
 from istar.registry.precisions import run_precision
 
-REPO = Path(__file__).resolve().parents[2]
 ENV_KEYS = {"python", "torch", "cuda", "transformers", "accelerate", "istar", "device"}
 
 

@@ -7,11 +7,9 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from mirrors import REPO
 
 
 def test_peak_table_and_step_flops():

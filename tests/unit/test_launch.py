@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from mirrors import REPO
 from processes import processes_naming
 
 from istar.steps.launch import SAVE_GRACE_SECONDS, child_environment, claim_gpus
 
-REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
 ISTAR = (sys.executable, "-m", "istar")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mirrors import REPO
 from services import free_port
 from transformers import AutoTokenizer, BertModel
 
@@ -211,7 +212,7 @@ def test_sigma_and_the_metric_merge_over_two_torch_distributed_ranks(tmp_path):
     """torchrun, two gloo ranks, no accelerate: each rank's shard, one Σ_S and one report, equal to one process's."""
     torchrun = str(Path(sys.executable).parent / "torchrun")
     result = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", str(free_port()),
-                             str(Path(__file__).parents[1] / "support" / "distributed_library.py"), str(tmp_path)],
+                             str(REPO / "tests" / "support" / "distributed_library.py"), str(tmp_path)],
                             capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):

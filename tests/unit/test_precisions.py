@@ -4,6 +4,7 @@ import platform
 from pathlib import Path
 
 import pytest
+from mirrors import REPO
 
 import yaml
 
@@ -12,8 +13,6 @@ from istar.pipeline.validate import validate_config
 from istar.registry.precisions import (BF16_CPU_FLAGS, PRECISIONS, cpu_flags, cpu_has_native_bf16, run_dtype,
                                        run_precision)
 from istar.steps.launch import launch_command
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("requested, native, device, expected", [

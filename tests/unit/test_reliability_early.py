@@ -16,13 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from mirrors import TEST_DATA
+from mirrors import REPO, TEST_DATA
 
 from istar.config.schema import ConfigError, load_yaml
 from istar.core.covariance import CovarianceAccumulator
 from istar.pipeline.validate import validate_config
 
-REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 

@@ -13,16 +13,15 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from mirrors import REPO
 from processes import processes_naming
 
 from istar.io import artifacts
 from istar.io.runlock import LOCK_NAME, FolderLockedError, writer_lock
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-REPO = Path(__file__).resolve().parents[2]
 ISTAR = (sys.executable, "-m", "istar")
 
 

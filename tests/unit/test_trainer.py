@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from mirrors import REPO
 from trainer_runs import MINILM, trainer_for
 
 import istar
 from istar.models.loading import resolve_model_source
 
-SUPPORT = Path(__file__).resolve().parents[1] / "support"
+SUPPORT = REPO / "tests" / "support"
 
 
 def training_logs(trainer) -> list[dict]:

@@ -8,8 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from mirrors import REPO
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from hub_repos import tiny_model_files
 from hub_server import reload_hub_constants
+from mirrors import REPO
 from workflow_helpers import load_test_config, planned_jobs
 
 from istar.data import prepare_task, read_meta, read_split
@@ -22,7 +23,6 @@ from istar.io.revisions import RevisionUnavailableError, resolve_revision
 from istar.models.loading import check_model_available, load_model, load_tokenizer, parse_model_source, pin_model
 from istar.registry.tasks import SPLITS, TASKS, get_task
 
-REPO = Path(__file__).parents[2]
 HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 

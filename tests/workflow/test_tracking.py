@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from mirrors import REPO
 from services import ACCELERATE_2_CPU, MlflowServer, free_port
 
-REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 ENV.pop("MLFLOW_TRACKING_URI", None)
 
