@@ -24,7 +24,7 @@ LANES = {
     "integration": "steps as subprocesses (the istar CLI, accelerate, signals), the hub server, trackers",
     "e2e": "Snakemake runs, SLURM, DVC remotes, SSH, mounts",
 }
-FOLDER_LANES = {"unit": "fast", "workflow": "e2e"}
+FOLDER_LANES = {"unit": "fast", "workflow": "e2e", "fast": "fast", "integration": "integration", "e2e": "e2e"}
 # The hang guard, per test in seconds of wall time: a test still running after it hangs.
 HANG_SECONDS = {"fast": 300, "integration": 900, "e2e": 1200}
 # The cost limit, per test in CPU seconds of its call on each core it may use (torch's threads): a fast

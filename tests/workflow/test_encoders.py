@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import HUB_ENCODERS
+from fixture_parts import HUB_ENCODERS
 from hub_server import reload_hub_constants
 
 from istar.config.schema import ConfigError
