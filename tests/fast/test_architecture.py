@@ -12,18 +12,13 @@ import re
 from pathlib import Path
 
 import pytest
-from mirrors import REPO
+from architecture_helpers import PACKAGE, _layer, _modules
 
 from istar.layers import MAY_IMPORT, NEVER_IMPORTS, WORKFLOW_IMPORTS
 
-PACKAGE = REPO / "istar"
+
 WORKFLOW = PACKAGE.parent / "workflow"
 TOP = {"cli", "__main__", "__init__", "layers"}
-
-
-def _modules() -> dict[str, Path]:
-    return {".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): path
-            for path in PACKAGE.rglob("*.py")}
 
 
 def _imports(path: Path, module: str) -> list[tuple[str, int]]:
@@ -40,15 +35,6 @@ def _imports(path: Path, module: str) -> list[tuple[str, int]]:
             found.append((base, node.lineno))
             found += [(f"{base}.{alias.name}", node.lineno) for alias in node.names]
     return found
-
-
-def _layer(module: str) -> str | None:
-    parts = module.split(".")
-    if parts[0] != "istar":
-        return None
-    if len(parts) == 1:
-        return "root"  # istar/__init__.py: the version and lazy names of the maths, below everything
-    return parts[1] if parts[1] in MAY_IMPORT else "top"
 
 
 def _edges():
@@ -168,16 +154,3 @@ def test_no_import_cycle():
     for node in sorted(graph):
         if node not in state:
             visit(node, [node])
-
-
-@pytest.mark.integration
-def test_report_runs_without_torch():
-    """Importing every report module (and what it imports in turn) loads no torch."""
-    import subprocess
-    import sys
-
-    report = sorted(m for m in _modules() if _layer(m) == "report")
-    code = ("import sys\n" + "".join(f"import {m}\n" for m in report)
-            + f"print(sorted(name for name in {NEVER_IMPORTS['report']!r} if name in sys.modules))")
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert loaded == "[]", f"importing istar.report loads {loaded}"

@@ -8,14 +8,13 @@ import importlib
 import importlib.util
 import inspect
 import io
-import os
 import pkgutil
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from docs_helpers import PAGES, pages_with_istar_code
 from mirrors import REPO
 
 # Tests and test configs (.test/) may name the larger data mirror that sits beside a checkout.
@@ -49,28 +48,10 @@ def test_every_cited_section_of_the_method_exists():
     assert cited and cited <= sections, f"cited {sorted(cited)}, documented {sorted(sections)}"
 
 
-@pytest.mark.integration
-def test_config_readme_is_generated_from_the_schema():
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "config-readme"), "--check"], capture_output=True,
-                            text=True)
-    assert result.returncode == 0, result.stderr
-
-
 def test_the_docs_the_readme_links_exist():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     for link in re.findall(r"\]\(((?:docs|config|bench)/[^)#]+)\)", readme):
         assert (REPO / link).is_file(), link
-
-
-# ----------------------------------------------------------------------------- the documentation site and its examples
-
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
-FENCE = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
-IMPORTS_ISTAR = re.compile(r"^\s*(import istar\b|from istar\b)", re.M)
-
-
-def pages_with_istar_code() -> list[Path]:
-    return [page for page in PAGES if any(IMPORTS_ISTAR.search(block) for block in FENCE.findall(page.read_text("utf-8")))]
 
 
 def test_the_pages_with_library_code_are_found():
@@ -126,60 +107,6 @@ def test_every_public_name_has_numpydoc_sections_that_render_and_examples_that_r
         if runner.run(test, out=output.write).failed:
             problems.append(f"{name}: its Examples fail:\n{output.getvalue()}")
     assert not problems, "\n".join(problems)
-
-
-@pytest.mark.parametrize("page", pages_with_istar_code(), ids=lambda page: page.relative_to(REPO).as_posix())
-@pytest.mark.integration
-def test_every_code_block_that_imports_istar_runs(page, tmp_path):
-    """A page's Python blocks run in order as one script (a later block uses an earlier one's names), in a
-    fresh folder, offline with an empty Hugging Face cache: the model is the packaged MiniLM the page loads."""
-    script = "\n\n".join(FENCE.findall(page.read_text(encoding="utf-8")))
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, f"{page.name}:\n{result.stderr[-4000:]}"
-
-
-@pytest.mark.integration
-def test_the_documentation_site_builds_without_a_warning(tmp_path):
-    """sphinx-build -W: a warning (a broken docstring, a missing page or link target) fails the build."""
-    result = subprocess.run([sys.executable, "-m", "sphinx", "-E", "-W", "--keep-going", "-q", "-b", "html",
-                             str(REPO / "docs"), str(tmp_path / "site")], capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-4000:]
-    for page in ("index.html", "library.html", "api/penalties.html", "configuration.html", "citing.html"):
-        assert (tmp_path / "site" / page).is_file(), page
-    api = (tmp_path / "site" / "api" / "penalties.html").read_text(encoding="utf-8")
-    assert "shrinkage_covariance" in api and "Refresh Σ_S every epoch" in api  # generated from the docstrings
-    configuration = (tmp_path / "site" / "configuration.html").read_text(encoding="utf-8")
-    assert "shrinkage.recompute_every_epoch" in configuration  # the reference generated from the schema
-
-
-@pytest.mark.integration
-def test_the_software_is_licensed_citable_and_versioned():
-    import yaml
-
-    from istar import __version__
-
-    assert (REPO / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")
-    citation = yaml.safe_load((REPO / "CITATION.cff").read_text(encoding="utf-8"))
-    assert citation["version"] == __version__ and citation["license"] == "MIT"
-    assert [reference["title"] for reference in citation["references"]] == [
-        "Stable Anisotropic Regularization", "Anisotropy is Not Inherent to Transformers",
-        "IsoScore: Measuring the Uniformity of Embedding Space Utilization",
-        "Representation Degeneration Problem in Training Natural Language Generation Models",
-        "Estimating the intrinsic dimension of datasets by a minimal neighborhood information"]
-    changelog = (REPO / "CHANGELOG.md").read_text(encoding="utf-8")
-    assert re.search(rf"^## \[{re.escape(__version__)}\] - {citation['date-released']}$", changelog, re.M), (
-        "CHANGELOG.md has no section for this version dated as CITATION.cff's date-released")
-    # The citing page: the same papers, in entry types every BibTeX style knows (plain, alpha, unsrt:
-    # no @software, which only biblatex defines), the software's entry at this version.
-    citing = (REPO / "docs" / "citing.md").read_text(encoding="utf-8")
-    entries = re.findall(r"^@(\w+)\{", citing, re.M)
-    assert len(entries) == 6 and set(entries) <= {"article", "inproceedings", "misc", "book", "techreport"}, entries
-    assert f"version {__version__}" in citing
-    version = subprocess.run([sys.executable, "-m", "istar", "--version"], capture_output=True, text=True, cwd=REPO)
-    assert version.returncode == 0 and version.stdout.strip() == f"istar {__version__}"
 
 
 # ----------------------------------------------------------------------------- every istar name the text gives exists

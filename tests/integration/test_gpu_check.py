@@ -8,10 +8,8 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 from mirrors import REPO
 
-from bench.gpu_check import steps_taken
 from istar.registry.precisions import run_precision
 
 ENV_KEYS = {"python", "torch", "cuda", "transformers", "accelerate", "istar", "device"}
@@ -75,12 +73,6 @@ def test_cpu_form_runs_every_section_and_writes_sane_json(tiny_model_dir, prepar
     assert set(results["targets"]) == {"svd_over_closed_form", "closed_form_over_floor", "istar_over_base"}
 
 
-def test_steps_taken_counts_learning_rate_moves():
-    # linear decay from 1e-4 over 4 steps, the scaler skipping the first and third attempt
-    assert steps_taken([1e-4, 7.5e-5, 7.5e-5, 5e-5, 2.5e-5, 0.0], initial_lr=1e-4) == 4
-    assert steps_taken([1e-4, 1e-4], initial_lr=1e-4) == 0
-
-
 @pytest.mark.parametrize("problem", ["missing", "not_rte"])
 @pytest.mark.integration
 def test_bad_rte_data_gets_a_one_line_error(problem, tiny_model_dir, prepared, tmp_path):
@@ -90,30 +82,3 @@ def test_bad_rte_data_gets_a_one_line_error(problem, tiny_model_dir, prepared, t
     message = done.stderr.strip().splitlines()[-1]
     assert message.startswith("gpu_check: error:") and "istar prepare-data --task rte" in message
     assert not (tmp_path / "r.json").exists()
-
-
-GPU_STUDY_JOBS = {
-    # per task (SST-2, MRPC): λ | ζ fixed in advance, so no search; Σ_S over real tokens (for the
-    # measurements) and over all positions (the penalty's); Base and I-STAR over 10 seeds, one
-    # measure job per setting
-    "prepare_data": 2, "pin_model": 1, "shrinkage": 2, "shrinkage_all_positions": 2, "select": 2,
-    "train": 2 * 2 * 10, "measure": 2 * 2,
-    "run_config": 1, "aggregate": 1, "experiment": 1, "table": 4, "figure": 2, "summary": 1, "report": 1, "all": 1,  # Tables 1, 2, claims, seeds; Σ_S across epochs, the forest plot
-}
-
-
-@pytest.mark.e2e
-def test_gpu_study_config_dry_run(tmp_path):
-    from mirrors import TEST_DATA
-    from workflow_helpers import planned_jobs, snakemake
-
-    config = yaml.safe_load((REPO / "config" / "gpu-study.yaml").read_text())
-    assert config["training"]["gpus"] == 1 and config["training"]["mixed_precision"] == "fp16"
-    config["data"].update(source="mirror", mirror=str(TEST_DATA), subset=True)  # offline: a dry run only asks that the files exist
-    configfile = tmp_path / "gpu-study.yaml"
-    configfile.write_text(yaml.safe_dump(config))
-    result = snakemake(tmp_path, "-n", "--resources", "gpu=1", configfile=configfile)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert planned_jobs(result.stdout) == GPU_STUDY_JOBS
-    # every fine-tune is launched on one GPU in fp16
-    assert result.stdout.count("--gpus 1 --mixed-precision fp16 -- train") == 40

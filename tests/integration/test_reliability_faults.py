@@ -17,6 +17,7 @@ import time
 import pytest
 from mirrors import REPO
 from processes import processes_naming
+from reliability_faults_helpers import _mount, small_disk
 
 from istar.io import artifacts
 from istar.io.runlock import LOCK_NAME, FolderLockedError, writer_lock
@@ -178,34 +179,6 @@ def test_a_second_writer_of_a_run_folder_stops_at_once_naming_the_first(tiny_mod
     assert not (out / LOCK_NAME).exists()  # released: the next writer has nothing to take over
 
 
-# --------------------------------------------------------------------------------------- resources
-
-
-def _mount(*args):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small file system for a real full disk needs root")
-    result = subprocess.run(["mount", *args], capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount here: {result.stderr.strip()}")
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """small_disk(mebibytes) -> a folder on a tmpfs of that size; resize(mebibytes) grows it."""
-    mounted = []
-
-    def make(mebibytes):
-        folder = tmp_path / f"disk{len(mounted)}"
-        folder.mkdir()
-        _mount("-t", "tmpfs", "-o", f"size={mebibytes}M", "tmpfs", str(folder))
-        mounted.append(folder)
-        return folder
-
-    yield make
-    for folder in mounted:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
-
-
 def resize(folder, mebibytes):
     subprocess.run(["mount", "-o", f"remount,size={mebibytes}M", str(folder)], check=True)
 
@@ -345,17 +318,6 @@ def test_prepare_data_on_a_full_disk_names_the_file(small_disk):
     assert result.stderr.startswith(f"error: no space left on the disk of {disk / 'rte' / 'train.parquet'} while "
                                     "writing it (0.0 MiB free now): train.parquet was not written")
     assert [p.name for p in (disk / "rte").iterdir()] == []  # no partial file
-
-
-def test_an_atomic_write_on_a_full_disk_keeps_the_previous_file(small_disk):
-    disk = small_disk(1)
-    artifacts.write_json(disk / "measures.json", {"runs": {}}, digest=True)
-    with pytest.raises(artifacts.OutOfSpaceError) as error:
-        artifacts.write_json(disk / "measures.json", {"runs": {"x": "y" * (2 << 20)}}, digest=True)
-    assert f"no space left on the disk of {disk / 'measures.json'}" in str(error.value)
-    assert "the previous measures.json is kept unchanged" in str(error.value)
-    assert artifacts.read_json(disk / "measures.json")["runs"] == {}
-    assert [p.name for p in disk.iterdir()] == ["measures.json"]
 
 
 @pytest.mark.parametrize("step", ["train", "prepare-data"])

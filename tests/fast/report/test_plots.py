@@ -1,13 +1,11 @@
 """Figures on synthetic aggregate data: files written, panels and series counted, clear errors."""
 
-import subprocess
-import sys
-
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 from matplotlib.figure import Figure
+from plots_helpers import LAYERS, MODELS, SEEDS, SWEEP, make_runs
 
 from istar.core.fig2 import fig2_true_value, fig2_variances
 from istar.core.isotropy import isoscore_star_from_covariance
@@ -15,40 +13,6 @@ from istar.registry.methods import METHODS
 from istar.report import figure_parts, plots
 from istar.report.figures import draw
 from istar.steps import stability
-
-MODELS = ("bert", "albert")
-SWEEP = (-5.0, -3.0, -1.0, 0.5, 1.0, 3.0, 5.0)
-SEEDS = (0, 1, 2)
-LAYERS = 6
-
-
-def _run(study, model, task, method, lam, seed, score, **extra):
-    zeta = extra.pop("zeta", 0.2 if method == "istar" else np.nan)
-    return dict(study=study, model=model, task=task, method=method, setting=f"{method}_lam{lam:g}", lam=lam,
-                zeta=zeta, layer=extra.pop("layer", np.nan), seed=seed, metric="accuracy", score=score,
-                standin=False, **extra)
-
-
-def make_runs(rng=None) -> pd.DataFrame:
-    """runs.csv rows of the λ sweep (RTE, STS-B), ζ sweep (RTE) and single-layer study (CoLA)."""
-    rng = rng or np.random.default_rng(0)
-    rows = []
-    for m, model in enumerate(MODELS):
-        for task, base_score in (("rte", 0.64 + 0.05 * m), ("stsb", 0.86)):
-            for lam in SWEEP:
-                for seed in SEEDS:
-                    iso = float(np.clip(0.25 + 0.05 * lam + rng.normal(0, 0.01), 0.01, 0.99))
-                    score = base_score - 0.006 * lam + rng.normal(0, 0.008)
-                    rows.append(_run("lambda_sweep", model, task, "istar", lam, seed, score, isoscore_star=iso))
-        for zeta in np.round(np.linspace(0, 1, 6), 1):
-            for seed in SEEDS:
-                score = 0.65 + 0.03 * m - 0.1 * (zeta - 0.4) ** 2 + rng.normal(0, 0.006)
-                rows.append(_run("zeta_sweep", model, "rte", "istar", -1.0, seed, score, zeta=zeta))
-        for layer in [np.nan, *range(1, LAYERS + 1)]:
-            for seed in SEEDS:
-                score = 0.55 + 0.01 * m + rng.normal(0, 0.01) + (0.004 if np.isnan(layer) else 0.0)
-                rows.append(_run("single_layer", model, "cola", "istar", -1.0, seed, score, layer=layer))
-    return pd.DataFrame(rows)
 
 
 def make_layers(rng=None) -> pd.DataFrame:
@@ -240,21 +204,6 @@ def test_missing_isoscore_and_columns_are_clear_errors():
         plots.fig3(runs, 0.2)
     with pytest.raises(ValueError, match="lacks the column.*twonn_cls"):
         plots.fig5(make_layers().drop(columns="twonn_cls"))
-
-
-@pytest.mark.integration
-def test_cli_writes_png_and_pdf(tmp_path):
-    aggregate = tmp_path / "aggregate"
-    aggregate.mkdir()
-    make_runs().to_csv(aggregate / "runs.csv", index=False)
-    out = tmp_path / "figures" / "fig7.png"
-    result = subprocess.run([sys.executable, "-m", "istar", "figure", "fig7", "--aggregate-dir", str(aggregate),
-                             "--out", str(out)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert out.stat().st_size > 10_000 and out.with_suffix(".pdf").stat().st_size > 1_000
-    result = subprocess.run([sys.executable, "-m", "istar", "figure", "fig5", "--aggregate-dir", str(aggregate)],
-                            capture_output=True, text=True, cwd=tmp_path)
-    assert result.returncode == 2 and "layers.csv does not exist" in result.stderr
 
 
 @pytest.mark.parametrize("istar_tokens", ["real", "all_positions"])

@@ -1,60 +1,19 @@
 """Tests of the analysis step against direct computations on the token vectors of a real run."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from mirrors import REPO
+from analysis_helpers import ZETA, result, run
 from safetensors.torch import save_file
 
-from istar.config.specs import ActivationsSpec, TrainSpec
 from istar.core.baseline_measures import average_cosine_similarity
 from istar.core.covariance import CovarianceAccumulator
 from istar.core.isotropy import isoscore, isoscore_star_from_covariance
 from istar.core.twonn import twonn_dimension
-from istar.steps.activations import extract_activations, load_activations
+from istar.steps.activations import load_activations
 from istar.steps.analyze import analyze_run
 from istar.core.shrinkage import load_layer_statistics, load_shrinkage, save_shrinkage
-from istar.steps.train import train
-
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-ZETA = 0.2
-
-
-@pytest.fixture(scope="module")
-def run(tiny_model_dir, prepared, tiny_sigma, tmp_path_factory):
-    """A fine-tuned run with its activations, the pretrained Σ_S, and the token vectors computed directly."""
-    from istar.data import read_split
-    from istar.models.loading import load_model, load_tokenizer
-    from istar.registry.tasks import get_task
-
-    root = tmp_path_factory.mktemp("analysis")
-    data = prepared("rte")
-    sigma = tiny_sigma("rte")
-    out = root / "run"
-    train(TrainSpec(model=str(tiny_model_dir), data_dir=str(data), output_dir=str(out), method="istar", lam=-1.0,
-                    zeta=ZETA, sigma_s=str(sigma), epochs=1, batch_size=16, learning_rate=1e-3))
-    activations = out / "activations.safetensors"
-    extract_activations(ActivationsSpec(model=str(out / "model"), data_dir=str(data), out=str(activations)))
-
-    frame = read_split(data, "validation")
-    tokenizer = load_tokenizer(str(out / "model"))
-    model = load_model(str(out / "model"), get_task("rte")).eval()
-    batch = tokenizer(list(frame["text_a"]), list(frame["text_b"]), truncation=True, max_length=128, padding=True,
-                      return_tensors="pt")
-    with torch.no_grad():
-        states = model(**batch, output_hidden_states=True).hidden_states
-    mask = batch["attention_mask"].bool()
-    return {"sigma": sigma, "activations": activations, "root": root, "run": out, "data": data,
-            "tokens": [s[mask].double() for s in states], "cls": [s[:, 0].double() for s in states]}
-
-
-@pytest.fixture(scope="module")
-def result(run):
-    return analyze_run(run["activations"], run["sigma"], ZETA, out=run["root"] / "analysis.json")
 
 
 def test_json_file_and_format(run, result):
@@ -155,44 +114,3 @@ def test_mismatched_and_invalid_inputs_raise(run, tmp_path):
     (tmp_path / "junk.safetensors").write_text("not a tensor file")
     with pytest.raises(ValueError, match="not a readable safetensors"):
         analyze_run(tmp_path / "junk.safetensors", run["sigma"], ZETA)
-
-
-@pytest.mark.integration
-def test_cli(run, result, tmp_path):
-    out = tmp_path / "cli.json"
-    command = [sys.executable, "-m", "istar", "analyze", "--activations", str(run["activations"]), "--sigma-s",
-               str(run["sigma"]), "--zeta", str(ZETA), "--out", str(out)]
-    done = subprocess.run(command, env=ENV, cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
-    assert "IsoScore*" in done.stdout
-    done = subprocess.run(command[:-4] + ["--zeta", "2", "--out", str(out)], env=ENV, cwd=REPO, capture_output=True,
-                          text=True)
-    assert done.returncode == 2 and "zeta must lie in [0, 1]" in done.stderr
-
-
-@pytest.mark.integration
-def test_measure_equals_the_separate_steps(run, result, tmp_path):
-    """`istar measure` (the workflow's one process per setting) writes what `istar evaluate`,
-    `istar activations` and `istar analyze` write one by one."""
-    from istar.config.specs import EvaluateSpec
-    from istar.steps.evaluate import evaluate_checkpoint
-
-    out = tmp_path / "measures.json"
-    command = [sys.executable, "-m", "istar", "measure", "--runs", str(run["run"]), "--data", str(run["data"]),
-               "--sigma-s", str(run["sigma"]), "--zeta", str(ZETA), "--evaluate", "--out", str(out)]
-    done = subprocess.run(command, env=ENV, cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert "1 run(s) measured" in done.stdout
-    measures = json.loads(out.read_text())
-    assert list(measures["runs"]) == [str(run["run"])] and measures["evaluated"] is True
-    assert measures["precision"] == "fp32"  # what ran: no precision was asked for
-    assert json.loads(run["sigma"].with_suffix(".json").read_text())["precision"] == "fp32"
-    entry = measures["runs"][str(run["run"])]
-    assert entry["analysis"] == {key: value for key, value in json.loads(json.dumps(result)).items() if key != "sha256"}
-    evaluation = evaluate_checkpoint(EvaluateSpec(model=str(run["run"] / "model"), data_dir=str(run["data"]),
-                                                  out=str(tmp_path / "eval.json")))
-    assert entry["evaluation"] == json.loads(json.dumps(evaluation))
-    missing = subprocess.run([*command[:5], str(tmp_path / "untrained"), *command[6:]], env=ENV, cwd=REPO,
-                             capture_output=True, text=True)
-    assert missing.returncode != 0 and "train these runs first" in missing.stderr

