@@ -4,13 +4,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 from config_helpers import with_change
 from mirrors import REPO
 
 
-@pytest.mark.e2e
 def test_snakemake_stops_before_any_job_on_a_bad_config(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(with_change("search.zetas", [0.2, 2.0])))
@@ -21,7 +19,6 @@ def test_snakemake_stops_before_any_job_on_a_bad_config(tmp_path):
     assert "Job stats" not in result.stdout
 
 
-@pytest.mark.e2e
 def test_snakemake_names_the_yaml_error_of_the_default_config(tmp_path):
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "config.yaml").write_text("tasks: [rte\nmodels: {}\n")

@@ -1,7 +1,6 @@
 """The GPU check (bench/gpu_check.py) in its reduced CPU form, end to end, and the GPU study
 config (config/gpu-study.yaml) as a Snakemake dry run."""
 
-import pytest
 import yaml
 from mirrors import REPO
 
@@ -16,7 +15,6 @@ GPU_STUDY_JOBS = {
 }
 
 
-@pytest.mark.e2e
 def test_gpu_study_config_dry_run(tmp_path):
     from mirrors import TEST_DATA
     from workflow_helpers import planned_jobs, snakemake

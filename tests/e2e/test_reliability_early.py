@@ -8,12 +8,10 @@ workflow: tests/workflow/test_reliability_rebuild.py.)
 
 import subprocess
 
-import pytest
 from mirrors import REPO
 from reliability_early_helpers import ENV, SNAKEMAKE
 
 
-@pytest.mark.e2e
 def test_a_nested_key_written_twice_in_the_default_config_is_refused_by_snakemake(tmp_path):
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "config.yaml").write_text("tasks: [rte]\ntraining:\n  epochs: 1\n  batch_size: 8\n"

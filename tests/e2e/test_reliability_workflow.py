@@ -12,7 +12,6 @@ import time
 from base64 import urlsafe_b64decode
 from pathlib import Path
 
-import pytest
 from workflow_helpers import (
     ENV,
     REPO,

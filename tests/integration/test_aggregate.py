@@ -6,14 +6,12 @@ import subprocess
 import sys
 
 import pandas as pd
-import pytest
 from aggregate_helpers import aggregated, runs, search
 from mirrors import REPO
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-@pytest.mark.integration
 def test_select_cli(search, tmp_path):
     out = tmp_path / "best.json"
     done = subprocess.run([sys.executable, "-m", "istar", "select", "--task-metric", "accuracy", "--out", str(out),
@@ -22,7 +20,6 @@ def test_select_cli(search, tmp_path):
     assert json.loads(out.read_text())["lam"] == -3.0 and "λ = -3" in done.stdout
 
 
-@pytest.mark.integration
 def test_aggregate_cli(aggregated, tmp_path):
     folders = aggregated["folders"]
     out = tmp_path / "cli"

@@ -5,14 +5,12 @@ import os
 import subprocess
 import sys
 
-import pytest
 from analysis_helpers import ZETA, result, run
 from mirrors import REPO
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-@pytest.mark.integration
 def test_cli(run, result, tmp_path):
     out = tmp_path / "cli.json"
     command = [sys.executable, "-m", "istar", "analyze", "--activations", str(run["activations"]), "--sigma-s",
@@ -26,7 +24,6 @@ def test_cli(run, result, tmp_path):
     assert done.returncode == 2 and "zeta must lie in [0, 1]" in done.stderr
 
 
-@pytest.mark.integration
 def test_measure_equals_the_separate_steps(run, result, tmp_path):
     """`istar measure` (the workflow's one process per setting) writes what `istar evaluate`,
     `istar activations` and `istar analyze` write one by one."""

@@ -7,13 +7,11 @@ the contract and is checked against it here. No module is longer than ``MAX_MODU
 
 from __future__ import annotations
 
-import pytest
 from architecture_helpers import _layer, _modules
 
 from istar.layers import NEVER_IMPORTS
 
 
-@pytest.mark.integration
 def test_report_runs_without_torch():
     """Importing every report module (and what it imports in turn) loads no torch."""
     import subprocess

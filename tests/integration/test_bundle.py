@@ -41,7 +41,6 @@ def _summary(archive):
         return json.load(handle.extractfile(SUMMARY_NAME)), sorted(handle.getnames())
 
 
-@pytest.mark.integration
 def test_runner_keeps_to_its_budget_skips_what_exists_and_what_came_back(tmp_path):
     bundle = _select_bundle(tmp_path / "bundle", [3.0, 1000.0, 3.0])
     first = run_bundle(bundle, tmp_path / "first.tar.gz", budget=60, gpus=0)
@@ -68,14 +67,12 @@ def test_runner_keeps_to_its_budget_skips_what_exists_and_what_came_back(tmp_pat
         import_bundle([tmp_path / "again.tar.gz"], bundle, root=tmp_path / "home")
 
 
-@pytest.mark.integration
 def test_run_bundle_names_what_is_not_a_bundle(tmp_path):
     done = subprocess.run([sys.executable, "-m", "istar", "run-bundle", str(tmp_path), "--out", str(tmp_path / "x.tar.gz")],
                           capture_output=True, text=True, env=ENV, cwd=REPO)
     assert done.returncode == 2 and "is not a study bundle" in done.stderr and "istar bundle" in done.stderr
 
 
-@pytest.mark.integration
 def test_gpu_study_bundle_fits_what_a_device_call_carries(tmp_path):
     # Built from the test data (a few hundred rows per task); the data of the full releases, which
     # the test data is a slice of, projected from its bytes per row (the model is the real one).

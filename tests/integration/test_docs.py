@@ -11,7 +11,6 @@ from docs_helpers import FENCE, pages_with_istar_code
 from mirrors import REPO
 
 
-@pytest.mark.integration
 def test_config_readme_is_generated_from_the_schema():
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "config-readme"), "--check"], capture_output=True,
                             text=True)
@@ -19,7 +18,6 @@ def test_config_readme_is_generated_from_the_schema():
 
 
 @pytest.mark.parametrize("page", pages_with_istar_code(), ids=lambda page: page.relative_to(REPO).as_posix())
-@pytest.mark.integration
 def test_every_code_block_that_imports_istar_runs(page, tmp_path):
     """A page's Python blocks run in order as one script (a later block uses an earlier one's names), in a
     fresh folder, offline with an empty Hugging Face cache: the model is the packaged MiniLM the page loads."""
@@ -31,7 +29,6 @@ def test_every_code_block_that_imports_istar_runs(page, tmp_path):
     assert result.returncode == 0, f"{page.name}:\n{result.stderr[-4000:]}"
 
 
-@pytest.mark.integration
 def test_the_documentation_site_builds_without_a_warning(tmp_path):
     """sphinx-build -W: a warning (a broken docstring, a missing page or link target) fails the build."""
     result = subprocess.run([sys.executable, "-m", "sphinx", "-E", "-W", "--keep-going", "-q", "-b", "html",
@@ -45,7 +42,6 @@ def test_the_documentation_site_builds_without_a_warning(tmp_path):
     assert "shrinkage.recompute_every_epoch" in configuration  # the reference generated from the schema
 
 
-@pytest.mark.integration
 def test_the_software_is_licensed_citable_and_versioned():
     import yaml
 

@@ -25,7 +25,6 @@ def finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-@pytest.mark.integration
 def test_cpu_form_runs_every_section_and_writes_sane_json(tiny_model_dir, prepared, tmp_path):
     out = tmp_path / "results.json"
     done = run_check("--model", str(tiny_model_dir), "--rte-data", str(prepared("rte", 24, 8)), "--out", str(out),
@@ -74,7 +73,6 @@ def test_cpu_form_runs_every_section_and_writes_sane_json(tiny_model_dir, prepar
 
 
 @pytest.mark.parametrize("problem", ["missing", "not_rte"])
-@pytest.mark.integration
 def test_bad_rte_data_gets_a_one_line_error(problem, tiny_model_dir, prepared, tmp_path):
     data = tmp_path / "nothing" if problem == "missing" else prepared("mrpc", 16, 8)
     done = run_check("--model", str(tiny_model_dir), "--rte-data", str(data), "--out", str(tmp_path / "r.json"))

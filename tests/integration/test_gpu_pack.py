@@ -8,11 +8,9 @@ import os
 import subprocess
 import sys
 
-import pytest
 from mirrors import REPO
 
 
-@pytest.mark.integration
 def test_quick_form_runs_every_section_and_writes_finite_ratios(tmp_path):
     out = tmp_path / "gpu_pack.json"
     done = subprocess.run([sys.executable, "-m", "bench.gpu_pack", "--quick", "--out", str(out)], cwd=REPO,

@@ -42,7 +42,7 @@ def st_run(tmp_path, lam: float):
     return trainer
 
 
-@pytest.mark.integration  # two SentenceTransformerTrainer runs of 4 steps, a Σ_S pass at each epoch's start
+# two SentenceTransformerTrainer runs of 4 steps, a Σ_S pass at each epoch's start
 def test_the_sentence_transformers_loss_moves_isoscore_star_the_way_lambda_says(tmp_path):
     runs = {lam: st_run(tmp_path / str(lam), lam) for lam in (-1.0, 1.0)}
     for trainer in runs.values():
@@ -81,7 +81,7 @@ def sft_run(tmp_path, lam: float, **arguments):
     return trainer
 
 
-@pytest.mark.integration  # two SFTTrainer runs of 4 steps, a Σ_S pass at each epoch's start
+# two SFTTrainer runs of 4 steps, a Σ_S pass at each epoch's start
 def test_sft_trainer_through_the_mixin_moves_isoscore_star_the_way_lambda_says(tmp_path):
     """TRL computes its loss from a fused LM head and rebuilds the outputs without gradients; the mixin reads the
     hidden states from the backbone's forward, so the penalty's gradient reaches the model."""
@@ -122,7 +122,7 @@ def wrapped_trainer(tmp_path, config, wrap: bool = True, **arguments):
                    callbacks=callbacks)
 
 
-@pytest.mark.integration  # three Trainer runs of 4 steps, a Σ_S pass at each epoch's start of two
+# three Trainer runs of 4 steps, a Σ_S pass at each epoch's start of two
 def test_the_wrapper_in_a_plain_trainer_penalises_logs_and_leaves_evaluation_alone(tmp_path):
     """A plain Trainer with the wrapped model: the penalty in the loss and the logs, Σ_S at each epoch, evaluate() with
     compute_metrics as without I-STAR; at λ = 0 the parameters are the plain Trainer's, bit for bit."""
@@ -145,7 +145,7 @@ def test_the_wrapper_in_a_plain_trainer_penalises_logs_and_leaves_evaluation_alo
     assert [key for key in parameters["plain"] if not torch.equal(parameters["plain"][key], parameters["zero"][key])] == []
 
 
-@pytest.mark.integration  # 4 steps and two Σ_S passes: about 20 s on a loaded 2-core machine
+# 4 steps and two Σ_S passes: about 20 s on a loaded 2-core machine
 def test_the_wrapper_in_a_plain_accelerate_loop(tmp_path):
     """The recipe of docs/library.md for accelerate: prepare the wrapped model, refresh Σ_S at each epoch's start,
     backpropagate outputs.loss; the logs carry the penalty, and evaluation mode is the model's own forward."""

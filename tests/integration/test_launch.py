@@ -37,7 +37,6 @@ def contender(lock_dir: Path, poll_seconds: float) -> subprocess.Popen:
     return process
 
 
-@pytest.mark.integration
 def test_two_jobs_that_each_want_every_gpu_both_finish(tmp_path):
     """The interleaving that deadlocks a claim which keeps the GPUs it has while it waits for more:
     A (slow to retry) finds GPU 0 taken by a 1-GPU job and could keep GPU 1; B (quick to retry) takes
@@ -63,7 +62,6 @@ def test_two_jobs_that_each_want_every_gpu_both_finish(tmp_path):
         assert stdout == "claimed [0, 1]\n"
 
 
-@pytest.mark.integration
 def test_a_waiting_claim_holds_no_gpu(tmp_path):
     with claim_gpus(1, 1, tmp_path) as held:
         assert held == [0]
@@ -77,7 +75,6 @@ def test_a_waiting_claim_holds_no_gpu(tmp_path):
     assert stdout == "claimed [0, 1]\n"
 
 
-@pytest.mark.integration
 def test_asking_for_more_gpus_than_exist_is_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"^the job asks for 3 GPU\(s\) but this machine shows 2; "):
         with claim_gpus(3, 2, tmp_path):
@@ -93,7 +90,6 @@ def test_asking_for_more_gpus_than_exist_is_refused_in_one_line(tmp_path):
     assert "launching" not in result.stdout
 
 
-@pytest.mark.integration
 def test_a_preset_cuda_visible_devices_is_taken_as_given(tiny_model_dir, prepared, tmp_path):
     assert child_environment(2, {"CUDA_VISIBLE_DEVICES": "3,5"})["CUDA_VISIBLE_DEVICES"] == "3,5"
     assert child_environment(2, {"CUDA_VISIBLE_DEVICES": "3,5"})["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(
@@ -119,7 +115,6 @@ def test_a_preset_cuda_visible_devices_is_taken_as_given(tiny_model_dir, prepare
         "for 2 GPU(s), or unset CUDA_VISIBLE_DEVICES to let istar claim them"]
 
 
-@pytest.mark.integration
 def test_a_stop_signal_reaches_the_step_behind_accelerate_and_the_launcher_waits_for_its_save(
         tiny_model_dir, prepared, tmp_path):
     """On one GPU the step runs under `accelerate launch`, which dies of SIGTERM at once: the launcher

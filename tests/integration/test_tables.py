@@ -4,11 +4,9 @@ import subprocess
 import sys
 
 import pandas as pd
-import pytest
 from tables_helpers import make_runs, make_selection
 
 
-@pytest.mark.integration
 def test_cli_writes_three_files(tmp_path):
     runs, selection = tmp_path / "runs.csv", tmp_path / "selection.csv"
     make_runs().to_csv(runs, index=False)

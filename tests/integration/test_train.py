@@ -29,7 +29,6 @@ def istar_cli(*args, launcher=(sys.executable, "-m", "istar"), env=ENV, **kwargs
 
 
 @pytest.mark.parametrize("lam, direction", [(-5.0, -1), (5.0, +1)])
-@pytest.mark.integration
 def test_lambda_sign_moves_isoscore_the_right_way(lam, direction, tiny_model_dir, prepared, tmp_path):
     cfg = TrainSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte", 160, 16)), output_dir=str(tmp_path),
                     method="istar", lam=lam, zeta=0.0, epochs=4, batch_size=16, learning_rate=1e-3,
@@ -41,7 +40,6 @@ def test_lambda_sign_moves_isoscore_the_right_way(lam, direction, tiny_model_dir
     assert direction * (last - first) > 0.05, (first, last)
 
 
-@pytest.mark.integration
 def test_cpu_precision_is_the_one_that_runs_and_is_logged(tiny_model_dir, prepared, tmp_path):
     # fp16 and bf16 both run as bf16 on a processor with native bf16, else fp32 (istar.registry.precisions).
     reduced = "bf16" if cpu_has_native_bf16() else "fp32"
@@ -61,7 +59,6 @@ def train_command(model, data, out, sigma_s):
             "--shrinkage-rows", 2000, "--max-length", 64, "--learning-rate", 1e-4]
 
 
-@pytest.mark.integration
 def test_resume_after_kill_equals_uninterrupted_run(tiny_model_dir, prepared, sigma, tmp_path):
     data, sigma_s = prepared("rte", 480, 24), sigma("rte")
     reference = istar_cli(*train_command(tiny_model_dir, data, tmp_path / "reference", sigma_s))
@@ -92,7 +89,6 @@ def test_resume_after_kill_equals_uninterrupted_run(tiny_model_dir, prepared, si
 
 
 
-@pytest.mark.integration
 def test_two_cpu_ranks_agree_on_sigma_and_train_with_the_global_penalty(tiny_model_dir, prepared, tmp_path):
     launcher = (str(Path(sys.executable).parent / ACCELERATE_2_CPU[0]), *ACCELERATE_2_CPU[1:])
     # One thread per process, for the ranks and for the single-process reference alike: float32
@@ -124,7 +120,6 @@ def test_two_cpu_ranks_agree_on_sigma_and_train_with_the_global_penalty(tiny_mod
     assert len(read_log(out / "train_log.csv")) == 2 * 4  # 64 examples / (8 per rank × 2 ranks) per epoch
 
 
-@pytest.mark.integration
 def test_nan_loss_stops_with_the_step(tiny_model_dir, prepared, tmp_path):
     from transformers import BertForSequenceClassification
 
@@ -140,7 +135,6 @@ def test_nan_loss_stops_with_the_step(tiny_model_dir, prepared, tmp_path):
     assert "non-finite loss at epoch 1, batch 1, optimizer step 1" in result.stderr
 
 
-@pytest.mark.integration
 def test_clear_errors(tiny_model_dir, prepared, tmp_path):
     result = istar_cli("train", "--model", tmp_path / "no-such-model", "--data", prepared("rte"), "--out", tmp_path / "run")
     assert result.returncode == 2 and "does not exist" in result.stderr
@@ -153,7 +147,6 @@ def test_clear_errors(tiny_model_dir, prepared, tmp_path):
     assert result.returncode == 2 and "prepare-data" in result.stderr
 
 
-@pytest.mark.integration
 def test_evaluate_and_activations_steps(tiny_model_dir, prepared, tmp_path):
     data = prepared("rte")
     result = istar_cli("evaluate", "--model", tiny_model_dir, "--data", data, "--out", tmp_path / "eval.json")
@@ -177,7 +170,6 @@ def test_evaluate_and_activations_steps(tiny_model_dir, prepared, tmp_path):
     assert -1 / (tokens - 1) <= float((unit_sum @ unit_sum - tokens) / (tokens * (tokens - 1))) <= 1
 
 
-@pytest.mark.integration
 def test_global_penalty_over_two_ranks_equals_the_union(tmp_path):
     out = tmp_path / "global.json"
     torchrun = str(Path(sys.executable).parent / "torchrun")
@@ -204,7 +196,6 @@ def kill_after_first_state(command, out):
     assert not (out / "metrics.json").exists(), "the run finished before it could be killed"
 
 
-@pytest.mark.integration
 def test_resume_after_a_setting_change_starts_afresh(tiny_model_dir, prepared, sigma, tmp_path):
     data, sigma_s = prepared("rte", 480, 24), sigma("rte")
     changed = [*train_command(tiny_model_dir, data, tmp_path / "reference", sigma_s)][:-1] + [2e-4]
@@ -225,7 +216,6 @@ def test_resume_after_a_setting_change_starts_afresh(tiny_model_dir, prepared, s
     assert json.loads((out / "run_config.json").read_text())["fingerprint"] == got["fingerprint"]
 
 
-@pytest.mark.integration
 def test_restart_discards_the_saved_state(tiny_model_dir, prepared, sigma, tmp_path):
     data, sigma_s = prepared("rte", 480, 24), sigma("rte")
     out = tmp_path / "run"
@@ -235,7 +225,6 @@ def test_restart_discards_the_saved_state(tiny_model_dir, prepared, sigma, tmp_p
     assert "resuming from" not in rerun.stdout and (out / "metrics.json").is_file()
 
 
-@pytest.mark.integration
 def test_non_finite_loss_explains_how_to_restart_and_leaves_no_empty_folder(tiny_model_dir, prepared, tmp_path):
     from transformers import BertForSequenceClassification
 
@@ -252,7 +241,6 @@ def test_non_finite_loss_explains_how_to_restart_and_leaves_no_empty_folder(tiny
     assert not (tmp_path / "run" / "resume").exists()
 
 
-@pytest.mark.integration
 def test_non_finite_settings_are_rejected(tiny_model_dir, prepared, tmp_path):
     for option, value in (("--lam", "nan"), ("--learning-rate", "inf"), ("--zeta", "nan")):
         result = istar_cli("train", "--model", tiny_model_dir, "--data", prepared("rte"), "--out", tmp_path / "run",
@@ -260,7 +248,6 @@ def test_non_finite_settings_are_rejected(tiny_model_dir, prepared, tmp_path):
         assert result.returncode == 2 and "must be a finite number" in result.stderr, (option, result.stderr[-500:])
 
 
-@pytest.mark.integration
 def test_compiled_step_equals_the_eager_step_on_cpu(tiny_model_dir, prepared):
     """training.compile = default on the CPU (inductor; needs g++): the I-STAR step, penalty inside the compiled
     function, gives the eager step's losses, penalty and weights over three optimizer steps (dropout from the

@@ -33,7 +33,6 @@ def three_runs(tmp_path_factory):
     return runs
 
 
-@pytest.mark.integration
 def test_the_penalty_moves_the_logged_isoscore_star_against_the_base_run(three_runs):
     logs = {name: training_logs(trainer) for name, trainer in three_runs.items()}
     assert [len(entries) for entries in logs.values()] == [6, 6, 6]
@@ -47,7 +46,7 @@ def test_the_penalty_moves_the_logged_isoscore_star_against_the_base_run(three_r
     assert all(entry["istar_penalty"] == 0.0 for entry in logs["base"])
 
 
-@pytest.mark.integration  # three Trainer runs in the module's fixture: a minute or more
+# three Trainer runs in the module's fixture: a minute or more
 def test_sigma_is_computed_before_training_and_at_each_epoch(three_runs):
     trainer = three_runs["lower"]
     refreshes = [entry for entry in trainer.state.log_history if "sigma_s_isoscore" in entry]
@@ -56,7 +55,7 @@ def test_sigma_is_computed_before_training_and_at_each_epoch(three_runs):
     assert 0 < refreshes[0]["sigma_s_isoscore"] < 1 and refreshes[0]["sigma_s_isoscore"] != refreshes[1]["sigma_s_isoscore"]
 
 
-@pytest.mark.integration  # three Trainer runs in the module's fixture: a minute or more
+# three Trainer runs in the module's fixture: a minute or more
 def test_evaluate_and_compute_metrics_are_untouched(three_runs):
     """Evaluation asks for no hidden states, so the predictions compute_metrics gets are the logits alone."""
     result = three_runs["lower"].evaluate()
@@ -65,7 +64,6 @@ def test_evaluate_and_compute_metrics_are_untouched(three_runs):
     assert prediction.predictions.shape == (16, 2)
 
 
-@pytest.mark.integration
 def test_two_gloo_ranks_share_sigma_and_log_the_global_penalty(tmp_path):
     """``accelerate launch`` with two CPU processes: Σ_S merged to the same matrix on both ranks, the global
     penalty's IsoScore* logged, evaluate() with compute_metrics on the sharded split."""
@@ -92,7 +90,7 @@ def _differing(first: dict, second: dict) -> list[str]:
     return [name for name in first if not torch.equal(first[name], second[name])]
 
 
-@pytest.mark.integration  # two Trainer runs of 4 steps, a Σ_S pass at each epoch's start
+# two Trainer runs of 4 steps, a Σ_S pass at each epoch's start
 def test_lambda_zero_trains_the_same_parameters_with_and_without_sigma(tmp_path):
     """The Σ_S pass runs in a forked random state: λ = 0 with ζ > 0 (two Σ_S passes, one before the first
     step and one at epoch 2) ends on exactly the parameters of λ = 0 with ζ = 0 (no Σ_S), dropout on."""
@@ -105,7 +103,7 @@ def test_lambda_zero_trains_the_same_parameters_with_and_without_sigma(tmp_path)
     assert _differing(runs[0.0], runs[0.2]) == []
 
 
-@pytest.mark.integration  # three Trainer runs: 6 steps, then 4 resumed steps, checkpoints written
+# three Trainer runs: 6 steps, then 4 resumed steps, checkpoints written
 def test_a_run_resumed_from_a_checkpoint_ends_on_the_same_parameters(tmp_path):
     """Checkpoint at step 2 (epoch 1 of 2, Σ_S of epoch 1 saved in it), resumed in a fresh Trainer: the
     last parameters equal the uninterrupted run's bit for bit, through the Σ_S refresh of epoch 2."""
@@ -120,7 +118,7 @@ def test_a_run_resumed_from_a_checkpoint_ends_on_the_same_parameters(tmp_path):
     assert _differing(_parameters(whole), _parameters(resumed)) == []
 
 
-@pytest.mark.integration  # a Σ_S pass for the file, then 4 steps across an epoch
+# a Σ_S pass for the file, then 4 steps across an epoch
 def test_a_sigma_file_of_istar_shrinkage_is_kept_when_no_refresh_is_asked(tmp_path):
     """The file `istar shrinkage` writes (save_shrinkage of the pretrained model's statistics), given as
     IStarConfig(sigma_s=path, recompute_every_epoch=False): trained with through epoch 2, never recomputed."""

@@ -38,7 +38,6 @@ def _istar(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-@pytest.mark.integration
 def test_the_wheel_validates_a_config_and_offers_every_step(unpacked_wheel, tmp_path):
     where = subprocess.run([sys.executable, "-c", "import istar; print(istar.__file__)"], cwd=tmp_path, text=True,
                            capture_output=True, env={**os.environ, "PYTHONPATH": str(unpacked_wheel)}, check=True)
@@ -53,7 +52,7 @@ def test_the_wheel_validates_a_config_and_offers_every_step(unpacked_wheel, tmp_
         assert "--spec" in helped.stdout
 
 
-@pytest.mark.integration  # python -m build (an sdist, then the wheel from it), twine check, a fresh venv: about 1 min
+# python -m build (an sdist, then the wheel from it), twine check, a fresh venv: about 1 min
 def test_the_release_builds_passes_twine_and_installs_in_a_fresh_venv(tmp_path):
     """The release as docs/release.md makes it: ``python -m build`` writes the sdist and the wheel built from that
     sdist (so the sdist is complete), ``twine check`` passes both, and the wheel installs into a new virtual
