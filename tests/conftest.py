@@ -125,7 +125,7 @@ def hub(tmp_path_factory):
     server.decoder_commits = {
         step: server.add_repo("models", HUB_DECODER, {step: tiny_model_files("gpt_neox", root / step, seed)})[step]
         for seed, step in enumerate(("step0", "step1000"))}
-    # newer encoders, tiny and random, built from their configs (tests/workflow/test_encoders.py)
+    # newer encoders, tiny and random, built from their configs (tests/e2e/test_encoders.py)
     server.encoder_commits = {
         repo_id: server.add_repo("models", repo_id, {"main": tiny_model_files(kind, root / kind)})["main"]
         for kind, repo_id in HUB_ENCODERS.items()}
@@ -160,7 +160,7 @@ def tiny_project(tiny_study, tmp_path_factory):
     """A tiny workflow project (.test/config/tiny.yaml) run to completion once per session (a few minutes
     on 2 cores; the workers share it), copied for each worker: shared by the workflow tests that only read
     it or change it and leave it finished and up to date with its config.yaml again
-    (tests/workflow/test_workflow.py, test_reliability_rebuild.py)."""
+    (tests/e2e/test_workflow.py, test_reliability_rebuild.py)."""
     from workflow_helpers import snakemake
 
     workdir = tmp_path_factory.mktemp("tiny-project")

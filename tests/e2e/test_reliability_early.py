@@ -2,8 +2,8 @@
 cannot become paths, data files that are not UTF-8, a measurement of a run on another task, data
 or model, and Σ_S files of another task or model given to a step.
 
-(Free disk space before training: tests/unit/test_reliability_faults.py; runs rebuilt by the
-workflow: tests/workflow/test_reliability_rebuild.py.)
+(Free disk space before training: tests/integration/test_reliability_faults.py; runs rebuilt by the
+workflow: tests/e2e/test_reliability_rebuild.py.)
 """
 
 import subprocess

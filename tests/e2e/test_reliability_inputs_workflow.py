@@ -1,6 +1,6 @@
 """Damaged inputs and silent wrong results that only Snakemake shows (issue 24): a changed source
 file of prepare_data, and hub data missing from the cache offline. The other cases are in
-tests/unit/test_reliability_inputs.py."""
+tests/fast/test_reliability_inputs.py and tests/integration/test_reliability_inputs.py."""
 
 import shutil
 import subprocess

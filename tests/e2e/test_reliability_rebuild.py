@@ -5,7 +5,7 @@ and what depends on them), rebuilt (the interrupted run resumes from its saved s
 workflow ends with every declared output present; where they cannot be rebuilt, it stops before
 any job and names them.
 
-Every test runs on the finished tiny project of tests/workflow/conftest.py and leaves it
+Every test runs on the finished tiny project of tests/conftest.py and leaves it
 finished and up to date.
 """
 

@@ -10,7 +10,7 @@ GPUs. Through `--profile profiles/slurm`:
 - a fine-tuning job whose time limit is shorter than its training gets the profile's early
   SIGTERM, saves a state, is submitted again and resumes, and logs every optimizer step once
   (that a run resumed after a signal equals the run never stopped is checked on a shorter run,
-  tests/unit/test_reliability_faults.py).
+  tests/integration/test_reliability_faults.py).
 
 Nothing global is changed besides installing the packages when they are missing: the cluster's
 configuration, state, logs, munge key and socket live in a temporary folder and SLURM finds

@@ -1,6 +1,6 @@
 """The study bundle's parts (istar.pipeline.bundle, bundle_plan, bundle_run, bundle_import): the float16 model copy,
 the refusal of configs that search, the units, the runner's budget and bookkeeping, and the size of
-config/gpu-study.yaml's bundle. The whole path, on the CPU without Snakemake: tests/workflow/test_bundle_workflow.py."""
+config/gpu-study.yaml's bundle. The whole path, on the CPU without Snakemake: tests/e2e/test_bundle_workflow.py."""
 
 import json
 import subprocess

@@ -38,13 +38,13 @@ def test_test_data_is_the_slice_the_script_makes_of_the_releases(tmp_path):
 def test_a_skipped_test_fails_the_run_and_the_last_lines_say_why(tmp_path):
     """The conftest's rule, on a real session: the full-release row of one test with no release copy."""
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "full_release",
-                             "tests/unit/test_data.py::test_mirror_values_are_parsed_verbatim"], cwd=REPO,
+                             "tests/fast/data/test_data.py::test_mirror_values_are_parsed_verbatim"], cwd=REPO,
                             capture_output=True, text=True, timeout=300,
                             env={**os.environ, "ISTAR_FULL_MIRROR": str(tmp_path / "no-release")})
     assert result.returncode == 1, result.stdout[-3000:]
     last = result.stdout.splitlines()[-3:]
     assert "1 skipped: this run FAILS" in last[0]
-    assert last[1] == ("SKIPPED tests/unit/test_data.py::test_mirror_values_are_parsed_verbatim[full-release]: the "
+    assert last[1] == ("SKIPPED tests/fast/data/test_data.py::test_mirror_values_are_parsed_verbatim[full-release]: the "
                        f"full_release group needs a full copy of the releases at {tmp_path / 'no-release'} (set "
                        "$ISTAR_FULL_MIRROR to one); `make test` leaves the group out")
     assert "1 skipped, 1 deselected" in last[2]

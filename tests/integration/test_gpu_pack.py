@@ -26,7 +26,7 @@ def test_quick_form_runs_every_section_and_writes_finite_ratios(tmp_path):
     product = sections["product"]
     assert all(math.isfinite(r["closed_form_over_floor"]) and math.isfinite(r["before_over_floor"])
                for r in product["timings"])
-    for row in product["accuracy"]:  # the reduced product stays near float64 (bounds: tests/unit/test_isotropy.py)
+    for row in product["accuracy"]:  # the reduced product stays near float64 (bounds: tests/fast/core/test_isotropy.py)
         assert row["score_error"] < 2e-4 and row["gradient_relative_error"] < 2e-2, row
 
     packing = sections["packing"]["rows"]

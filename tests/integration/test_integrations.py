@@ -1,6 +1,6 @@
 """The integrations beyond IStarTrainer, trained for real on the packaged MiniLM: the sentence-transformers loss with
 SentenceTransformerTrainer, TRL's SFTTrainer through the mixin, the model wrapper in a transformers.Trainer and in a plain
-accelerate loop (the Lightning recipe of docs/library.md runs in tests/unit/test_docs.py)."""
+accelerate loop (the Lightning recipe of docs/library.md runs in tests/integration/test_docs.py)."""
 
 from __future__ import annotations
 

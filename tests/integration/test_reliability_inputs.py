@@ -1,6 +1,6 @@
 """Damaged inputs and silent wrong results (issue 24): each case is named, early, with the fix.
 
-(The cases that need Snakemake are in tests/workflow/test_reliability_inputs_workflow.py.)
+(The cases that need Snakemake are in tests/e2e/test_reliability_inputs_workflow.py.)
 
 Every test damages a real file (a copy of the packaged MiniLM, the packaged GGUF decoder, a Σ_S
 file, a run folder written by ``istar train``) and runs the project's own entry points on it.

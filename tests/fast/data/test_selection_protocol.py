@@ -1,5 +1,5 @@
 """The held-out selection protocol (search.selection_split: heldout): the schema, the paths it
-decides and the cut of the training split (the workflow run: tests/workflow/test_heldout_selection.py)."""
+decides and the cut of the training split (the workflow run: tests/e2e/test_heldout_selection.py)."""
 
 import pytest
 from mirrors import FULL_MIRROR
