@@ -7,6 +7,7 @@ import pytest
 import torch
 from fixture_parts import MINILM
 from survey_helpers import check_static_independently, minilm_profile
+from survey_helpers import text_file  # noqa: F401 (a fixture minilm_profile requests)
 
 from istar.steps.survey import static_measures
 
