@@ -33,7 +33,8 @@ lint: $(READY)
 	$(BIN)/snakemake --lint --configfile config/config.yaml
 	$(BIN)/snakefmt --check workflow/
 
-# The lanes by cost (README "Tests"; tests/support/lane_rules.py decides each test's lane). A skipped test fails
+# The lanes by cost (README "Tests"): a test's folder is its lane (tests/fast, tests/integration, tests/e2e;
+# tests/support/lane_rules.py marks each test with it and refuses a marker that disagrees). A skipped test fails
 # the run. `make test`, before each commit: lint and the fast lane. `make test-all` (CI): every lane,
 # the full_release group included (it needs a full copy of the releases: $$ISTAR_FULL_MIRROR, else
 # shared/data beside the repository's folder), with the slowest tests listed.

@@ -1,4 +1,4 @@
-"""Sphinx configuration of the documentation site (``sphinx-build -W docs site``; tests/unit/test_docs.py builds it).
+"""Sphinx configuration of the documentation site (``sphinx-build -W docs site``; tests/integration/test_docs.py builds it).
 
 Pages are Markdown (MyST); the API reference is generated from the package's numpydoc docstrings
 (autodoc + napoleon), whose ``:func:``/``:class:`` roles become links.

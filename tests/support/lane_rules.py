@@ -1,6 +1,9 @@
 """The test lanes by cost (README "Tests"), as a pytest plugin (tests/conftest.py loads it).
 
-Every test is in exactly one lane: its own marker, else its module's, else its folder's. A lane has
+Every test is in exactly one lane, the one its folder names: tests/fast (which mirrors the package:
+tests/fast/<subpackage>/test_*.py, cross-cutting modules at its top), tests/integration, tests/e2e.
+A lane marker that disagrees with the folder stops the collection, naming the test and the fix, so a
+folder cannot say one lane while its tests run in another (full_release is a group, not a lane). A lane has
 two limits. Its *hang guard* is a wall-clock limit (pytest-timeout) on the whole test, fixtures
 included, long enough that a busy machine never reaches it. Its *cost limit* is the CPU time of the
 test's call alone (this process and the processes it waited for), which load on the machine does not
@@ -24,7 +27,7 @@ LANES = {
     "integration": "steps as subprocesses (the istar CLI, accelerate, signals), the hub server, trackers",
     "e2e": "Snakemake runs, SLURM, DVC remotes, SSH, mounts",
 }
-FOLDER_LANES = {"unit": "fast", "workflow": "e2e"}
+FOLDER_LANES = {"fast": "fast", "integration": "integration", "e2e": "e2e"}  # tests/<folder> -> its lane
 # The hang guard, per test in seconds of wall time: a test still running after it hangs.
 HANG_SECONDS = {"fast": 300, "integration": 900, "e2e": 1200}
 # The cost limit, per test in CPU seconds of its call on each core it may use (torch's threads): a fast
@@ -37,15 +40,20 @@ LANE = pytest.StashKey[str]()
 
 
 def lane_of(item) -> str:
-    # iter_markers goes from the test outwards: its own marker, then its class's and module's
-    marked = next((mark.name for mark in item.iter_markers() if mark.name in LANES), None)
-    if marked:
-        return marked
+    """The lane of the folder the test's module is in (tests/fast, tests/integration, tests/e2e)."""
     folder = Path(str(item.fspath)).relative_to(Path(__file__).parents[1]).parts[0]
     if folder not in FOLDER_LANES:
-        raise pytest.UsageError(f"{item.nodeid}: no lane; mark it with one of {', '.join(LANES)} "
-                                "(tests/support/lane_rules.py)")
-    return FOLDER_LANES[folder]
+        raise pytest.UsageError(f"{item.nodeid}: no lane: a test module lives in the folder of its lane, "
+                                f"{', '.join(f'tests/{name}' for name in FOLDER_LANES)} (tests/support/lane_rules.py)")
+    lane = FOLDER_LANES[folder]
+    # iter_markers goes from the test outwards: its own marker, then its module's
+    other = next((mark.name for mark in item.iter_markers() if mark.name in LANES and mark.name != lane), None)
+    if other:
+        home = next(name for name, marked in FOLDER_LANES.items() if marked == other)
+        raise pytest.UsageError(f"{item.nodeid} is marked {other} but its folder tests/{folder} is the {lane} lane: "
+                                f"the folder decides the lane; move the test to a module of the same name in "
+                                f"tests/{home} (helpers both use go to tests/support) and drop the marker")
+    return lane
 
 
 def cpu_seconds() -> float:
@@ -81,14 +89,14 @@ def pytest_runtest_call(item):
         lane = item.stash[LANE]
         raise pytest.fail.Exception(f"{item.nodeid} took {spent:.0f} CPU seconds in its call, over the {lane} lane's "
                                     f"{limit} s on each of {cores} core(s): make it cheaper or move it to the "
-                                    "integration lane (@pytest.mark.integration)")
+                                    "integration lane (tests/integration)")
     return result
 
 
 @pytest.fixture(autouse=True)
 def _fast_lane_starts_no_interpreter(request, monkeypatch):
     """In the fast lane, starting a Python interpreter (the istar CLI, Snakemake, accelerate, …) fails
-    the test: it belongs in the integration lane (mark it so)."""
+    the test: it belongs in the integration lane (tests/integration)."""
     if request.node.stash.get(LANE, None) != "fast":
         return
     popen_init = subprocess.Popen.__init__
@@ -96,8 +104,8 @@ def _fast_lane_starts_no_interpreter(request, monkeypatch):
     def guarded(self, args, *posargs, **kwargs):
         program = os.path.basename(str(args[0] if isinstance(args, (list, tuple)) else str(args).split()[0]))
         if any(program.startswith(name) for name in SLOW_PROGRAMS):
-            raise RuntimeError(f"{request.node.nodeid} is in the fast lane but starts {program!r}: mark it "
-                               "@pytest.mark.integration (or e2e), or test the step in-process")
+            raise RuntimeError(f"{request.node.nodeid} is in the fast lane but starts {program!r}: move it to "
+                               "tests/integration (or tests/e2e), or test the step in-process")
         popen_init(self, args, *posargs, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", guarded)

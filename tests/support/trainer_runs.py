@@ -1,5 +1,5 @@
-"""The I-STAR Trainer on the packaged MiniLM and a few SST-2 rows of tests/data: what tests/unit/test_trainer.py and
-its two-rank script (trainer_two_ranks.py) train."""
+"""The I-STAR Trainer on the packaged MiniLM and a few SST-2 rows of tests/data: what tests/fast/integrations/test_trainer.py,
+tests/integration/test_trainer.py and its two-rank script (trainer_two_ranks.py) train."""
 
 from __future__ import annotations
 

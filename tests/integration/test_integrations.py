@@ -1,0 +1,181 @@
+"""The integrations beyond IStarTrainer, trained for real on the packaged MiniLM: the sentence-transformers loss with
+SentenceTransformerTrainer, TRL's SFTTrainer through the mixin, the model wrapper in a transformers.Trainer and in a plain
+accelerate loop (the Lightning recipe of docs/library.md runs in tests/integration/test_docs.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from integrations_helpers import SENTENCES
+from trainer_runs import MINILM, accuracy, sst2
+
+import istar
+from istar.models.loading import resolve_model_source
+
+
+def late_isoscore(log_history, key="isoscore_star") -> float:
+    values = [entry[key] for entry in log_history if key in entry]
+    assert len(values) >= 4, log_history
+    return float(np.mean(values[-2:]))
+
+
+# ----------------------------------------------------------------------------- sentence-transformers
+
+
+def st_run(tmp_path, lam: float):
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer import losses
+
+    torch.manual_seed(0)
+    model = SentenceTransformer(resolve_model_source(MINILM), device="cpu")
+    train = Dataset.from_dict({"anchor": SENTENCES, "positive": [s.split(",")[0][::-1] for s in SENTENCES]})
+    loss = istar.IStarLoss(model, losses.MultipleNegativesRankingLoss(model),
+                           istar.IStarConfig(lam=lam, zeta=0.2, shrinkage_rows=1000), sigma_data=train["anchor"])
+    args = SentenceTransformerTrainingArguments(str(tmp_path), per_device_train_batch_size=4, num_train_epochs=2,
+                                                learning_rate=5e-4, logging_steps=1, report_to=[], save_strategy="no",
+                                                use_cpu=True, disable_tqdm=True, seed=0)
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=train, loss=loss,
+                                         callbacks=[istar.IStarCallback(loss)])
+    trainer.train()
+    return trainer
+
+
+# two SentenceTransformerTrainer runs of 4 steps, a Σ_S pass at each epoch's start
+def test_the_sentence_transformers_loss_moves_isoscore_star_the_way_lambda_says(tmp_path):
+    runs = {lam: st_run(tmp_path / str(lam), lam) for lam in (-1.0, 1.0)}
+    for trainer in runs.values():
+        logs = [entry for entry in trainer.state.log_history if "isoscore_star" in entry]
+        assert len(logs) == 4 and [e["step"] for e in trainer.state.log_history if "sigma_s_isoscore" in e] == [1, 3]
+        for entry in logs:  # the trainer's loss is the wrapped loss plus the penalty, logged apart
+            assert entry["loss"] == pytest.approx(entry["task_loss"] + entry["istar_penalty"], abs=2e-3), entry
+    first = [trainer.state.log_history[0]["isoscore_star"] for trainer in runs.values()]
+    assert first[0] == pytest.approx(first[1], abs=1e-6)  # the same model and batch at step 1
+    late = {lam: late_isoscore(trainer.state.log_history) for lam, trainer in runs.items()}
+    assert late[-1.0] < late[1.0], late  # from the same start, on the same batches: λ's sign alone differs
+
+
+# ----------------------------------------------------------------------------- TRL's SFTTrainer
+
+
+def sft_run(tmp_path, lam: float, **arguments):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    class IStarSFTTrainer(istar.IStarTrainerMixin, SFTTrainer):
+        pass
+
+    source = resolve_model_source(MINILM)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer.eos_token = tokenizer.sep_token  # a BERT tokenizer names no end-of-sequence token
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(source, is_decoder=True)  # MiniLM as a small causal LM
+    settings = dict(per_device_train_batch_size=4, num_train_epochs=2, learning_rate=5e-4, logging_steps=1,
+                    report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, seed=0, max_length=32)
+    trainer = IStarSFTTrainer(model=model, args=SFTConfig(str(tmp_path), **{**settings, **arguments}),
+                              train_dataset=Dataset.from_dict({"text": SENTENCES}), processing_class=tokenizer,
+                              istar=istar.IStarConfig(lam=lam, zeta=0.2, shrinkage_rows=1000))
+    trainer.train()
+    return trainer
+
+
+# two SFTTrainer runs of 4 steps, a Σ_S pass at each epoch's start
+def test_sft_trainer_through_the_mixin_moves_isoscore_star_the_way_lambda_says(tmp_path):
+    """TRL computes its loss from a fused LM head and rebuilds the outputs without gradients; the mixin reads the
+    hidden states from the backbone's forward, so the penalty's gradient reaches the model."""
+    runs = {lam: sft_run(tmp_path / str(lam), lam) for lam in (-1.0, 1.0)}
+    for trainer in runs.values():
+        logs = [entry for entry in trainer.state.log_history if "isoscore_star" in entry]
+        assert len(logs) == 4 and "mean_token_accuracy" in logs[0]  # TRL's own logs are kept
+        for entry in logs:
+            assert entry["loss"] == pytest.approx(entry["task_loss"] + entry["istar_penalty"], abs=2e-3), entry
+    first = [trainer.state.log_history[1]["isoscore_star"] for trainer in runs.values()]
+    assert first[0] == pytest.approx(first[1], abs=1e-6)  # the same model and batch at step 1
+    late = {lam: late_isoscore(trainer.state.log_history) for lam, trainer in runs.items()}
+    assert late[-1.0] < late[1.0], late
+
+
+# ----------------------------------------------------------------------------- the model wrapper
+
+
+def wrapped_trainer(tmp_path, config, wrap: bool = True, **arguments):
+    from torch.utils.data import DataLoader
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer
+    from transformers import TrainingArguments
+
+    source = resolve_model_source(MINILM)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=2)
+    train, collator = sst2("train", 16, tokenizer), DataCollatorWithPadding(tokenizer)
+    callbacks = []
+    if wrap:
+        sigma_loader = DataLoader(train.remove_columns("labels"), batch_size=16, collate_fn=collator)
+        model = istar.IStarModel(model, config, sigma_data=sigma_loader)
+        callbacks = [istar.IStarCallback(model)]
+    settings = dict(per_device_train_batch_size=8, per_device_eval_batch_size=8, num_train_epochs=2, learning_rate=1e-4,
+                    logging_steps=1, seed=0, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
+    return Trainer(model=model, args=TrainingArguments(str(tmp_path), **{**settings, **arguments}), train_dataset=train,
+                   eval_dataset=sst2("dev", 8, tokenizer), data_collator=collator, compute_metrics=accuracy,
+                   callbacks=callbacks)
+
+
+# three Trainer runs of 4 steps, a Σ_S pass at each epoch's start of two
+def test_the_wrapper_in_a_plain_trainer_penalises_logs_and_leaves_evaluation_alone(tmp_path):
+    """A plain Trainer with the wrapped model: the penalty in the loss and the logs, Σ_S at each epoch, evaluate() with
+    compute_metrics as without I-STAR; at λ = 0 the parameters are the plain Trainer's, bit for bit."""
+    trainer = wrapped_trainer(tmp_path / "lower", istar.IStarConfig(lam=-1.0, zeta=0.2, shrinkage_rows=1000))
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "isoscore_star" in entry]
+    assert len(logs) == 4 and [e["step"] for e in logs if "sigma_s_isoscore" in e] == [1, 3]
+    for entry in logs:
+        assert entry["loss"] == pytest.approx(entry["task_loss"] + entry["istar_penalty"], abs=1e-4), entry
+    assert trainer.model.sigma_epoch == 1 and trainer.model.sigma_s.shape == (384, 384)
+    result = trainer.evaluate()
+    assert 0.0 <= result["eval_accuracy"] <= 1.0 and np.isfinite(result["eval_loss"])
+
+    parameters = {}
+    for name, wrap in (("plain", False), ("zero", True)):
+        run = wrapped_trainer(tmp_path / name, istar.IStarConfig(lam=0.0, zeta=0.2, shrinkage_rows=1000), wrap=wrap)
+        run.train()
+        model = run.model.model if wrap else run.model
+        parameters[name] = {key: value.detach().clone() for key, value in model.named_parameters()}
+    assert [key for key in parameters["plain"] if not torch.equal(parameters["plain"][key], parameters["zero"][key])] == []
+
+
+# 4 steps and two Σ_S passes: about 20 s on a loaded 2-core machine
+def test_the_wrapper_in_a_plain_accelerate_loop(tmp_path):
+    """The recipe of docs/library.md for accelerate: prepare the wrapped model, refresh Σ_S at each epoch's start,
+    backpropagate outputs.loss; the logs carry the penalty, and evaluation mode is the model's own forward."""
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+
+    source = resolve_model_source(MINILM)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=2)
+    data, collator = sst2("train", 8, tokenizer), DataCollatorWithPadding(tokenizer)
+    accelerator = Accelerator(cpu=True)
+    model = istar.IStarModel(model, istar.IStarConfig(lam=-1.0, zeta=0.2, shrinkage_rows=500),
+                             sigma_data=DataLoader(data.remove_columns("labels"), batch_size=8, collate_fn=collator))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    loader = DataLoader(data, batch_size=4, shuffle=True, collate_fn=collator)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    logs, scores = [], []
+    for epoch in range(2):
+        scores.append(accelerator.unwrap_model(model).refresh_sigma(epoch, accelerator, progress=False))
+        model.train()
+        for batch in loader:
+            accelerator.backward(model(**batch).loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            logs.append(accelerator.unwrap_model(model).pop_logs(accelerator))
+    assert len(logs) == 4 and all(0 < entry["isoscore_star"] < 1 and entry["istar_penalty"] < 0 for entry in logs)
+    assert all(0 < score < 1 for score in scores) and scores[0] != scores[1]
+    model.eval()
+    with torch.no_grad():
+        outputs = model(**next(iter(loader)))
+    assert outputs.hidden_states is None and model.pop_logs() == {}
