@@ -99,14 +99,13 @@ def heldout_folder(fraction: float, seed: int) -> str:
     return f"heldout{format_number(fraction)}_seed{int(seed)}"
 
 
-def search_templates(heldout: str | None) -> tuple[str, str, str, str]:
-    """(tag, data, Σ_S, run) templates of the search: the task's own data, Σ_S and
-    ``results/search/…`` when ``heldout`` is None (the validation protocol), else the held-out
-    split's (``heldout`` from :func:`heldout_folder`); ``tag`` is ``"{heldout}/"`` or ``""``, the
-    prefix of the search's log and benchmark paths."""
+def search_templates(heldout: str | None) -> tuple[str, str, str]:
+    """(data, Σ_S, run) templates of the search: the task's own data, Σ_S and ``results/search/…``
+    when ``heldout`` is None (the validation protocol), else the held-out split's (``heldout`` from
+    :func:`heldout_folder`)."""
     if heldout is None:
-        return "", DATA, SIGMA, SEARCH_RUN
-    return (f"{heldout}/", f"{DATA}/{heldout}", sigma_template("real", heldout),
+        return DATA, SIGMA, SEARCH_RUN
+    return (f"{DATA}/{heldout}", sigma_template("real", heldout),
             SEARCH_RUN.replace("results/search/", f"results/search/{heldout}/"))
 
 WILDCARD_CONSTRAINTS = {

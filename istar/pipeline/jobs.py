@@ -116,7 +116,7 @@ def needs_depth(config: dict, model: str, task: str) -> bool:
 
 def _train_job(config: dict, model: str, task: str, setting: Setting, seed: int, heldout: str | None,
                search: bool) -> Job:
-    _, data, _, run_template = search_templates(heldout) if search else ("", DATA, None, RUN)
+    data, _, run_template = search_templates(heldout) if search else (DATA, None, RUN)
     names = {"model": model, "task": task, "setting": setting.name, "seed": seed}
     run = run_template.format(**names)
     sigma = sigma_template(setting.tokens, heldout if search else None).format(model=model, task=task)
@@ -128,7 +128,7 @@ def _train_job(config: dict, model: str, task: str, setting: Setting, seed: int,
 
 
 def _shrinkage_job(config: dict, model: str, task: str, tokens: str, heldout: str | None) -> Job:
-    _, data, _, _ = search_templates(heldout)
+    data, _, _ = search_templates(heldout)
     sigma = sigma_template(tokens, heldout).format(model=model, task=task)
     spec = shrinkage_spec(config, model=MODEL_PIN.format(model=model), task=task, data_dir=data.format(task=task),
                           out=sigma, tokens=tokens)

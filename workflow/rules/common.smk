@@ -102,7 +102,7 @@ TRAINING_ENV = GPU_ENV if GPUS else CPU_ENV
 # protocol) or, under search.selection_split: heldout, a held-out split of the training rows
 # made by the holdout_data rule, with a Σ_S of its own; the final runs always read DATA.
 HELDOUT = heldout_name(config)
-SEARCH_TAG, SEARCH_DATA, SEARCH_SIGMA, SEARCH_RUN = search_templates(HELDOUT)
+SEARCH_DATA, SEARCH_SIGMA, SEARCH_RUN = search_templates(HELDOUT)
 PROFILES = [
     PROFILE.format(pmodel=name, revision=revision)
     for name, revision in survey_targets(config)

@@ -23,12 +23,12 @@ def test_the_schema_offers_exactly_the_registered_protocols():
 
 def test_the_protocol_decides_the_search_paths():
     default = validate_config({}, check_paths=False)
-    assert heldout_name(default) is None and search_templates(None) == ("", DATA, SIGMA, SEARCH_RUN)
+    assert heldout_name(default) is None and search_templates(None) == (DATA, SIGMA, SEARCH_RUN)
     heldout = validate_config({"search": {"selection_split": "heldout"}}, check_paths=False)
     assert (heldout["search"]["heldout_fraction"], heldout["search"]["heldout_seed"]) == (0.2, 0)
     assert heldout_name(heldout) == "heldout0.2_seed0"
     assert search_templates("heldout0.2_seed0") == (
-        "heldout0.2_seed0/", "resources/data/{task}/heldout0.2_seed0",
+        "resources/data/{task}/heldout0.2_seed0",
         "resources/shrinkage/{model}/{task}/heldout0.2_seed0/sigma0.pt",
         "results/search/heldout0.2_seed0/{model}/{task}/{setting}/seed{seed}")
     spec = holdout_spec(heldout, data_dir="resources/data/rte", out="resources/data/rte/heldout0.2_seed0")
