@@ -88,7 +88,10 @@ def plan_jobs(config: dict, depths: dict[str, int]) -> tuple[list[dict], dict]:
                                                           depth=depths[model]))
             aggregate["runs"] += [[study, run] for study, run in plan.runs]
             aggregate["measures"] |= set(plan.measures)
+            needed = {path for job in plan.jobs for path in job.needs}
             for job in plan.jobs:
+                if job.step == "shrinkage" and needed.isdisjoint(job.outputs):
+                    continue  # a Σ_S no job of the bundle reads
                 if job.step == "select":
                     aggregate["selections"].append(job.outputs[0])
                     step = ["select", "--out", job.outputs[0], *job.args, *job.runs]

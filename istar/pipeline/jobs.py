@@ -39,6 +39,7 @@ from istar.config.layout import (
     sigma_template,
 )
 from istar.config.schema import STUDIES
+from istar.config.specs import Spec
 from istar.core.tokens import TOKEN_SELECTION_NAMES
 from istar.pipeline.plan import (
     final_settings,
@@ -71,13 +72,14 @@ class Job:
     log: str
     label: str
     needs: tuple[str, ...] = ()
-    spec: object = None
+    spec: Spec | None = None
     args: tuple[str, ...] = ()
     runs: tuple[str, ...] = ()
 
     @property
     def arguments(self) -> str:
-        """A selection's arguments as its shell command spells them (options, then the run folders)."""
+        """A selection's arguments as its shell command spells them: options, then the run folders (a space
+        after the options even when there is none, as the commands of existing selections were made)."""
         return " ".join([*map(shlex.quote, self.args), " ".join(self.runs)])
 
 
@@ -142,14 +144,12 @@ def _folder(job: Job) -> str:
 
 
 def plan_cell(config: dict, model: str, task: str, decided: Decided) -> CellPlan:
-    """Every job of ``model`` × ``task`` that ``decided`` allows, each once: Σ_S of each token selection
-    read, the search's runs (and the padding study's tuning runs), the selections, the final and study
+    """Every job of ``model`` × ``task`` that ``decided`` allows, each once: Σ_S of each token selection,
+    the search's runs (and the padding study's tuning runs), the selections, the final and study
     runs, and one measurement per study's setting and seeds."""
     heldout, names = heldout_name(config), {"model": model, "task": task}
-    sigmas = {(None, DEFAULT_TOKENS)}  # (held-out part or None, token selection): the measurements read real tokens
 
     def train_jobs(settings, seeds, search: bool) -> list[Job]:
-        sigmas.update((heldout if search else None, s.tokens) for s in settings if needs_sigma(s))
         return [_train_job(config, model, task, s, seed, heldout, search) for s in settings for seed in seeds]
 
     search = train_jobs(search_settings(config, model, task), config["search"]["seeds"], search=True)
@@ -167,7 +167,6 @@ def plan_cell(config: dict, model: str, task: str, decided: Decided) -> CellPlan
     else:
         options = ("--fixed", json.dumps(fixed_choice_args(config, model, task)))
         if needs_depth(config, model, task):  # the Σ_S provenance gives L
-            sigmas.add((None, config["penalty"]["tokens"]))
             needs = (sigma_template(config["penalty"]["tokens"]).format(**names).replace(".pt", ".json"), *needs)
     selects = [Job("select", "select", (SELECTION.format(**names),), SELECT_LOG.format(**names), f"{model}/{task}",
                    needs=needs, args=options, runs=tuple(map(_folder, search)))]
@@ -205,8 +204,10 @@ def plan_cell(config: dict, model: str, task: str, decided: Decided) -> CellPlan
             f"{model}/{task}/{name}/seeds{token}", needs=(*(f"{folder}/model" for folder in folders), sigma),
             spec=measure_spec(config, runs=folders, task=task, data_dir=DATA.format(task=task), sigma_s=sigma, out=out)))
 
+    # Σ_S of every token selection, whether or not a job of this plan reads it: its job waits for no
+    # decision, so a cluster job's own Snakemake finds it before any checkpoint is known
     shrinkage = [_shrinkage_job(config, model, task, tokens, part) for part in dict.fromkeys([None, heldout])
-                 for tokens in TOKEN_SELECTION_NAMES if (part, tokens) in sigmas]
+                 for tokens in TOKEN_SELECTION_NAMES]
     table = (*shrinkage, *search, *tuning, *selects, *trains.values(), *measures.values())
     return CellPlan(jobs=table, runs=tuple(runs), measures=tuple(sorted(measures)),
                     by_output={path: job for job in table for path in job.outputs})

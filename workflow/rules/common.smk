@@ -268,10 +268,15 @@ PLANNED = {
 
 
 def job_at(model, task, path) -> Job:
-    """The job of the table that writes ``path``."""
-    job = PLANNED[model, task].job(path) or (
-        cell_plan(model, task, decided(model, task, wait=False)).job(path)
-    )
+    """The job of the table that writes ``path``: among the jobs known before any checkpoint, else
+    after what the checkpoints have decided so far, else waiting for them. (A cluster job's own
+    Snakemake knows no checkpoint has run until it asks: the raised wait makes it look. The
+    collapse check is asked for last, since the final runs it reads look themselves up here.)"""
+    job = PLANNED[model, task].job(path)
+    for wait, replaced in ((False, True), (True, False), (True, True)):
+        if job is not None:
+            return job
+        job = cell_plan(model, task, decided(model, task, wait, replaced)).job(path)
     if job is None:
         raise WorkflowError(
             f"{path}: no job of this configuration writes it; ask for the results the "
