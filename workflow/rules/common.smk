@@ -271,7 +271,8 @@ def job_at(model, task, path) -> Job:
     """The job of the table that writes ``path``: among the jobs known before any checkpoint, else
     after what the checkpoints have decided so far, else waiting for them. (A cluster job's own
     Snakemake knows no checkpoint has run until it asks: the raised wait makes it look. The
-    collapse check is asked for last, since the final runs it reads look themselves up here.)"""
+    collapse check is asked for last, since the final runs it reads look themselves up here.)
+    """
     job = PLANNED[model, task].job(path)
     for wait, replaced in ((False, True), (True, False), (True, True)):
         if job is not None:
