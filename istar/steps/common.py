@@ -99,6 +99,7 @@ def open_model_context(spec: ModelData, *, model_seed: int | None = None, gradie
     from pathlib import Path
 
     from accelerate import Accelerator, PartialState
+    from accelerate.state import AcceleratorState
     from accelerate.utils import parse_flag_from_env, set_seed
 
     from istar.data import read_meta
@@ -113,6 +114,10 @@ def open_model_context(spec: ModelData, *, model_seed: int | None = None, gradie
     # shared state of a multi-process CPU run (gloo) has one process, and every rank runs alone.
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     precision = run_precision(spec.mixed_precision, state.device.type)
+    # accelerate keeps one AcceleratorState per process and refuses a second precision in it: a step's
+    # Accelerator is the only one its process needs, so what an earlier step in the same process left
+    # (a test, a bundle's steps) is dropped first; the shared PartialState (device, ranks) stays.
+    AcceleratorState._reset_state()
     accelerator = Accelerator(mixed_precision=precision.key, gradient_accumulation_steps=gradient_accumulation_steps,
                               log_with=log_with or None, project_dir=project_dir)
     meta = read_meta(spec.data_dir)
