@@ -58,7 +58,8 @@ def prepared(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_sigma(tiny_model_dir, prepared, tmp_path_factory):
-    """tiny_sigma(task) -> the Σ_S file of the tiny model on the task's prepared rows (all of them), computed once."""
+    """tiny_sigma(task) -> the Σ_S file of the tiny model on the task's prepared rows (all of them: the schema's row
+    budget, which a run's spec expects by default, exceeds them), computed once."""
     from istar.config.specs import ShrinkageSpec
     from istar.steps.shrinkage import compute_shrinkage_file
 
@@ -68,7 +69,7 @@ def tiny_sigma(tiny_model_dir, prepared, tmp_path_factory):
         if task not in cache:
             out = tmp_path_factory.mktemp(f"sigma-{task}") / "sigma0.pt"
             compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(prepared(task)), out=str(out),
-                                                 rows=10**9, batch_size=32))
+                                                 batch_size=32))
             cache[task] = out
         return cache[task]
 

@@ -23,7 +23,7 @@ from istar import __version__
 from istar.core.covariance import CovarianceAccumulator
 from istar.io.sigma_file import first_non_finite, read_sigma_file, write_sigma_file
 
-__all__ = ["NonFiniteStatistics", "layer_accumulators", "add_hidden_states", "merge_layers", "check_sigma_fits", "Processes", "current_processes",
+__all__ = ["NonFiniteStatistics", "layer_accumulators", "add_hidden_states", "merge_layers", "check_sigma_fits", "check_sigma_settings", "Processes", "current_processes",
            "merge_across_processes", "save_shrinkage", "load_layer_statistics", "load_shrinkage"]
 
 
@@ -161,6 +161,25 @@ def check_sigma_fits(path, per_layer: Sequence[CovarianceAccumulator], provenanc
         raise ValueError(f"{path} holds Σ_S of {len(per_layer)} hidden states of dimension {per_layer[0].dim}, but "
                          f"the model {model} has {shape[1]} of dimension {shape[0]}: it is another model's Σ_S; give "
                          "the Σ_S of the same pretrained model")
+
+
+# Where a Σ_S file written before its pass recorded its spec keeps the settings a reader checks
+# (ShrinkageSpec field -> provenance key); the model it names there is its source, not the spec's.
+LEGACY_SETTING_KEYS = {"rows": "requested_rows", "layers": "layer_spec", "tokens": "tokens"}
+
+
+def check_sigma_settings(path, provenance: dict, expected: dict, fix: str) -> None:
+    """Refuse the Σ_S file ``path`` when a setting of the pass that made it differs from what the reader
+    expects: ``expected`` maps fields of :class:`istar.config.specs.ShrinkageSpec` (``rows``, ``layers``,
+    ``tokens``, ``model``) to the reader's values, compared with the spec the file records (or, in a file
+    written before specs were recorded, the provenance keys that hold them). A ValueError names the file,
+    each differing setting with both values, and ``fix``; raised before any forward pass."""
+    recorded = provenance.get("spec") or {name: provenance[key] for name, key in LEGACY_SETTING_KEYS.items()
+                                          if key in provenance}
+    differ = [f"{name} {recorded[name]!r} where {value!r} is expected" for name, value in expected.items()
+              if name in recorded and recorded[name] != value]
+    if differ:
+        raise ValueError(f"{path} was computed with other settings than its reader's: {'; '.join(differ)}; {fix}")
 
 
 def load_layer_statistics(path) -> tuple[list[CovarianceAccumulator], dict]:

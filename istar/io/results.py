@@ -82,12 +82,22 @@ def read_finished_run(run_dir) -> tuple[dict, dict]:
     return metrics, config
 
 
-def read_measures(path) -> dict[str, dict]:
-    """The runs of a measurement file, keyed by run folder, each with ``evaluation`` and ``analysis``
-    (hash checked; a file not written by ``istar measure`` is named in the error)."""
+def read_measures(path, expected: dict | None = None) -> dict[str, dict]:
+    """The runs of a measurement file, keyed by run folder, each with ``evaluation`` and ``analysis`` (whose
+    ``zeta`` is the file's: the ζ its IsoScore* used), hash checked; a file not written by ``istar measure`` is
+    named in the error. ``expected``: the analysis settings the reader needs (``zeta``, ``sigma_s_model``,
+    ``sigma_s``); a file measured with another value of one is refused, naming both and the fix."""
     measures = artifacts.read_json(path)
     runs = measures.get("runs") if isinstance(measures, dict) else None
     if not isinstance(runs, dict) or any(not isinstance(entry, dict) or not {"evaluation", "analysis"} <= set(entry)
                                          for entry in runs.values()):
         raise ValueError(f"{path} lacks runs with evaluation and analysis: it was not written by `istar measure`")
+    differ = [f"{name} {measures.get(name)!r} where the analysis has {value!r}"
+              for name, value in (expected or {}).items() if measures.get(name) != value]
+    if differ:
+        raise ValueError(f"{path} was measured with other settings than this analysis: {'; '.join(differ)}; measure "
+                         "those runs again (in the workflow its measure job reruns once its spec is recorded: "
+                         "`istar adopt-specs` for a results folder made before)")
+    for entry in runs.values():
+        entry["analysis"]["zeta"] = measures.get("zeta")
     return runs

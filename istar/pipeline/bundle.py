@@ -199,7 +199,6 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCo
         "jobs": jobs, "units": units, "aggregate": aggregate,
         "tables": enabled_tables(config), "figures": enabled_figures(config),
         "stability": config["studies"]["stability"]["repeats"] if config["studies"]["stability"]["enabled"] else None,
-        "analysis_zeta": config["analysis"]["zeta"],
         "data": {task: json.loads((staging / DATA.format(task=task) / "meta.json").read_text())["split_sha256"]
                  for task in config["tasks"]},
         "models": {model: {"digests_sha256": artifacts.file_digest(staging / "models" / model / artifacts.DIGESTS),

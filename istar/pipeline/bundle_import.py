@@ -125,6 +125,7 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
     """Aggregate, (Fig. 2's simulation,) tables and figures, as their rules run them; returns the files made."""
     from istar.config.schema import load_yaml
     from istar.io import artifacts
+    from istar.pipeline.plan import measured_analysis
     from istar.pipeline.validate import validate_config
     from istar.report.figures import STABILITY_CSV
     from istar.report.table_specs import get_table
@@ -141,11 +142,13 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
     # collapsed runs, the paper's models, the primary endpoint), as their rules pass it
     config_file = root / "results" / "config.yaml"
     artifacts.write_text(config_file, (bundle / CONFIG_NAME).read_text(encoding="utf-8"))
-    inference = validate_config(load_yaml(config_file), check_paths=False)["inference"]
+    config = validate_config(load_yaml(config_file), check_paths=False)
+    inference = config["inference"]
     steps = [("aggregate", "logs/aggregate/aggregate.log",
               ["aggregate", "--out-dir", "results/aggregate", "--collapsed-runs", inference["collapsed_runs"],
                *(f"{study}={run}" for study, run in runs), "--selection", *selections, "--measures", *measures,
-               "--paper-models", json.dumps(inference["paper_models"], sort_keys=True)]),
+               "--paper-models", json.dumps(inference["paper_models"], sort_keys=True),
+               "--analysis", json.dumps(measured_analysis(config), sort_keys=True)]),
              ("experiment", "logs/aggregate/experiment.log",
               ["experiment", "--aggregate-dir", "results/aggregate", "--out-dir", "results/experiment"])]
     if plan["stability"] is not None:
@@ -158,8 +161,7 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
                        "--out-prefix", f"results/tables/{table}"]))
     for figure in plan["figures"]:
         steps.append((f"figure {figure}", f"logs/figure/{figure}.log",
-                      ["figure", figure, "--aggregate-dir", "results/aggregate", "--out", f"results/figures/{figure}.png",
-                       "--analysis-zeta", str(plan["analysis_zeta"])]))
+                      ["figure", figure, "--aggregate-dir", "results/aggregate", "--out", f"results/figures/{figure}.png"]))
     steps.append(("summary", "logs/summary.log", ["summary", "--config", "results/config.yaml", "--aggregate-dir",
                                                   "results/aggregate", "--out", "results/summary.md", "--rst",
                                                   "results/summary.rst"]))

@@ -22,7 +22,7 @@ __all__ = ["replaces_collapsed", "search_settings", "searches_no_penalty", "ista
            "tuned_tokens", "tuning_settings", "tuned_setting", "study_runs",
            "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "prepare_data_inputs",
            "train_spec", "heldout_name", "holdout_spec",
-           "shrinkage_spec", "measure_spec", "AS_GIVEN", "survey_targets", "survey_text_task", "survey_spec"]
+           "shrinkage_spec", "measure_spec", "measured_analysis", "AS_GIVEN", "survey_targets", "survey_text_task", "survey_spec"]
 
 
 def _training_grid(search: dict) -> list[tuple]:
@@ -364,6 +364,13 @@ def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sig
                        batch_size=training["eval_batch_size"], token_sample=analysis["token_sample"],
                        zeta=analysis["zeta"], twonn_discard=analysis["twonn_discard"],
                        layers=config["penalty"]["layers"], mixed_precision=training["mixed_precision"])
+
+
+def measured_analysis(config: dict) -> dict:
+    """The analysis settings every measurement the aggregate reads must carry (``istar aggregate --analysis``):
+    a measurement made under another ζ or Σ_S reference is refused, not mixed in."""
+    analysis = config["analysis"]
+    return {"zeta": analysis["zeta"], "sigma_s_model": analysis["sigma_s_model"]}
 
 
 # ----------------------------------------------------------------------------- isotropy profiles

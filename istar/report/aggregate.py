@@ -22,7 +22,8 @@ these files, whose columns are fixed:
     before it, for runs evaluated before these were recorded); ``isoscore_star`` and ``isoscore``
     of the global point cloud and ``cosine_similarity`` of the last layer from the run's
     analysis in a measurement file (:mod:`istar.steps.measure`; empty when no file given measures
-    the run, e.g. search runs).
+    the run, e.g. search runs), and ``analysis_zeta`` the ζ that analysis used (figures label their
+    IsoScore* axes with it).
 ``layers.csv`` — one row per (study, run, hidden state) of measured runs,
     columns :data:`LAYERS_COLUMNS` (``hidden_state`` 0 = embeddings … L).
 ``dims.csv`` — one row per (study, run, dimension) of measured runs, columns
@@ -83,12 +84,13 @@ METRIC_COLUMNS = ("accuracy", "f1", "exact_match", "matthews", "pearson", "spear
 RUN_KEYS = ("study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens")
 COLLAPSE_COLUMNS = ("trivial_score", "top_label_share", "prediction_std")
 RUNS_COLUMNS = (*RUN_KEYS, "batch_size", "epochs", "learning_rate", "seed", "metric", "score", *METRIC_COLUMNS,
-                *COLLAPSE_COLUMNS, "collapsed", "standin", "isoscore_star", "isoscore", "cosine_similarity", "run_dir")
+                *COLLAPSE_COLUMNS, "collapsed", "standin", "isoscore_star", "isoscore", "cosine_similarity", "analysis_zeta",
+                "run_dir")
 PAIRED_COLLAPSE_COLUMNS = ("collapse_rule", "collapsed_reference", "collapsed_method", "excluded_seeds")
 """What ``paired.csv`` adds to :data:`istar.report.paired.PAIRED_COLUMNS`: the rule for collapsed runs that
 ran, how many runs of the reference and of the method collapsed, and how many seeds the rule excluded."""
 LAYERS_COLUMNS = (*RUN_KEYS, "seed", "hidden_state", "isoscore_star", "isoscore", "twonn_cls", "cosine_similarity",
-                  "standin")
+                  "standin", "analysis_zeta")
 DIMS_COLUMNS = (*RUN_KEYS, "seed", "dim", "mean", "std")
 EPOCHS_COLUMNS = (*RUN_KEYS, "seed", "epoch", "sigma_s_isoscore", "score")
 AGGREGATE_NAMES = ("runs", "layers", "dims", "epochs", "selection", "paired", "trend", "pooled")
@@ -128,11 +130,12 @@ def _single_layer(run: dict) -> float:
     return float(layers[0]) if len(layers) == 1 else NAN
 
 
-def _analyses(measure_files) -> dict[Path, dict]:
-    """Each measured run's analysis, keyed by its resolved folder, checked for the keys the CSVs need."""
+def _analyses(measure_files, expected: dict | None) -> dict[Path, dict]:
+    """Each measured run's analysis, keyed by its resolved folder, checked for the keys the CSVs need and
+    against the analysis settings ``expected`` (:func:`istar.io.results.read_measures`)."""
     analyses = {}
     for path in measure_files:
-        for run_dir, entry in read_measures(path).items():
+        for run_dir, entry in read_measures(path, expected).items():
             analysis = entry["analysis"]
             missing = [key for key in ("global", "layers", "last_layer") if key not in analysis]
             if missing:
@@ -154,12 +157,13 @@ def _run_row(study: str, run: dict, analysis: dict | None) -> dict:
         "score": _number(final.get(run["metric"])), **{name: _number(final.get(name)) for name in METRIC_COLUMNS},
         **{name: _number(final.get(name)) for name in COLLAPSE_COLUMNS}, "collapsed": collapsed(final, run["metric"]),
         "standin": run["standin"], "isoscore_star": NAN, "isoscore": NAN, "cosine_similarity": NAN,
-        "run_dir": run["run_dir"],
+        "analysis_zeta": NAN, "run_dir": run["run_dir"],
     }
     if analysis is not None:
         row.update(isoscore_star=_number(analysis["global"]["isoscore_star"]),
                    isoscore=_number(analysis["global"]["isoscore"]),
-                   cosine_similarity=_number(analysis["layers"][-1]["cosine_similarity"]))
+                   cosine_similarity=_number(analysis["layers"][-1]["cosine_similarity"]),
+                   analysis_zeta=_number(analysis["zeta"]))
     return row
 
 
@@ -233,7 +237,7 @@ def _with_collapse_counts(paired, counts, rule: str):
 
 
 def aggregate(study_runs, selection_files, out_dir, measure_files=(), collapse_rule: str = "keep",
-              paper_models: dict[str, str] | None = None) -> dict:
+              paper_models: dict[str, str] | None = None, analysis: dict | None = None) -> dict:
     """Collect runs and selections into ``runs.csv``, ``layers.csv``, ``dims.csv``, ``epochs.csv``, ``selection.csv``,
     ``paired.csv``, ``trend.csv`` and ``pooled.csv``, and where their code came from into ``provenance.csv``.
 
@@ -252,6 +256,8 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), collapse_r
         recorded them, compared after resolving, so give the same working directory.
     paper_models : ``inference.paper_models``: model → the paper's model whose Table 1 cells
         ``paired.csv`` sets beside its cells (None: the schema's default).
+    analysis : the analysis settings every measurement must have been made with (``zeta``,
+        ``sigma_s_model``: the config's ``analysis`` section); None: not checked.
 
     Returns
     -------
@@ -265,7 +271,7 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), collapse_r
     from .comparisons import study_tests
     from .paired import pooled_gains
 
-    analyses = _analyses(measure_files)
+    analyses = _analyses(measure_files, analysis)
     seen, entries = set(), []
     for study, run_dir in study_runs:
         run_dir = Path(run_dir)
@@ -295,7 +301,8 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), collapse_r
         for layer in analysis["layers"]:
             layer_rows.append({**keys, "hidden_state": layer["layer"], "isoscore_star": _number(layer["isoscore_star"]),
                                "isoscore": _number(layer["isoscore"]), "twonn_cls": _number(layer["twonn_cls"]),
-                               "cosine_similarity": _number(layer["cosine_similarity"]), "standin": row["standin"]})
+                               "cosine_similarity": _number(layer["cosine_similarity"]), "standin": row["standin"],
+                               "analysis_zeta": row["analysis_zeta"]})
         last = analysis["last_layer"]
         dim_rows.extend({**keys, "dim": dim, "mean": float(mean), "std": float(std)}
                         for dim, (mean, std) in enumerate(zip(last["mean"], last["std"], strict=True)))
@@ -334,6 +341,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--collapsed-runs", default="keep", metavar="RULE",
                         help="what the paired comparisons do with a collapsed run: keep or exclude "
                              "(inference.collapsed_runs; default: %(default)s)")
+    parser.add_argument("--analysis", type=json.loads, default=None, metavar="JSON",
+                        help="the analysis settings every measurement must have been made with, e.g. "
+                             "'{\"zeta\": 0.2, \"sigma_s_model\": \"pretrained\"}' (default: not checked)")
     parser.add_argument("runs", nargs="*", metavar="STUDY=RUN_DIR", help="a finished run folder and its study")
 
 
@@ -345,6 +355,6 @@ def run_cli(args) -> int:
     selection, measures = files(args.selection), files(args.measures)
     arguments = [item for item in args.selection + args.measures if item not in selection + measures] + list(args.runs)
     frames = aggregate([parse_run_argument(argument) for argument in arguments], selection, args.out_dir, measures,
-                       collapse_rule=args.collapsed_runs, paper_models=args.paper_models)
+                       collapse_rule=args.collapsed_runs, paper_models=args.paper_models, analysis=args.analysis)
     print(", ".join(f"{name}.csv: {len(frame):,} rows" for name, frame in frames.items()) + f" -> {args.out_dir}")
     return 0

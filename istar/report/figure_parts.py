@@ -77,6 +77,17 @@ def with_performance(runs: pd.DataFrame) -> pd.DataFrame:
     return runs.assign(performance=runs["score"] * scale)
 
 
+def isoscore_label(rows: pd.DataFrame, name: str = "IsoScore*") -> str:
+    """The axis label of IsoScore* values, with the ζ their analysis used (``analysis_zeta`` of runs.csv or
+    layers.csv; records written before that column name none): a figure says what it plots, never the config's ζ.
+    Rows measured with several ζ are refused."""
+    zetas = sorted(set(rows["analysis_zeta"].dropna())) if "analysis_zeta" in rows else []
+    if len(zetas) > 1:
+        raise ValueError(f"the rows plotted were measured with several ζ ({', '.join(f'{z:g}' for z in zetas)}): "
+                         "measure every run with the analysis's ζ (the workflow's measure jobs) and aggregate again")
+    return f"{name} (ζ = {zetas[0]:g})" if zetas else name
+
+
 def summary(df: pd.DataFrame, by: list[str], values: list[str]) -> pd.DataFrame:
     """Mean and std (ddof = 1; NaN for one seed) of ``values`` per ``by``: columns ``{v}_mean``, ``{v}_std``."""
     grouped = df.groupby(by, sort=True)

@@ -15,7 +15,6 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from istar.config.schema import default_of
 
 __all__ = ["FigureEntry", "FIGURES", "FIGURE_NAMES", "STUDY_FIGURES", "PROFILE_FIGURES", "STABILITY_CSV",
            "PROFILES_CSV", "PROJECTIONS_CSV", "get_figure", "enabled_figures",
@@ -29,10 +28,6 @@ PROFILES_CSV = "profiles"
 
 PROJECTIONS_CSV = "profile_projections"
 """Stem of the CSV of the embedding matrices' 2-D projections (``istar survey-aggregate``), beside it."""
-
-
-ANALYSIS_ZETA = default_of("analysis.zeta")
-"""The ζ of the IsoScore* analysis when none is given (the schema's ``analysis.zeta``)."""
 
 
 def switch_enabled(switch: str | None, config: dict) -> bool:
@@ -57,7 +52,6 @@ class FigureEntry:
     data : stem of the CSV in the aggregate folder that the figure reads (``runs`` → ``runs.csv``).
     step : the command that writes that CSV.
     caption : one sentence saying what the figure shows.
-    uses_analysis_zeta : whether the drawing labels an axis with the analysis's ζ.
     module : the module of the drawing function.
     """
 
@@ -66,7 +60,6 @@ class FigureEntry:
     data: str
     step: str
     caption: str
-    uses_analysis_zeta: bool = False
     module: str = "istar.report.plots"
 
     def enabled(self, config: dict) -> bool:
@@ -80,20 +73,20 @@ FIGURES: dict[str, FigureEntry] = {
         FigureEntry("fig2", "studies.stability", STABILITY_CSV, "istar stability",
                    "IsoScore* of mini-batches of a known Gaussian against batch size, for several ζ."),
         FigureEntry("fig3", "studies.lambda_sweep", "runs", "istar aggregate",
-                   "IsoScore* against performance across the I-STAR λ sweep.", uses_analysis_zeta=True),
+                   "IsoScore* against performance across the I-STAR λ sweep."),
         FigureEntry("fig4", "studies.cosreg_means", "dims", "istar aggregate",
                    "Per-dimension mean of last-layer activations with CosReg and without a regulariser."),
         FigureEntry("fig5", "studies.twonn", "layers", "istar aggregate",
                    "TwoNN intrinsic dimension of the [CLS] vectors per layer."),
         FigureEntry("fig6", "studies.layerwise", "layers", "istar aggregate",
-                   "IsoScore* per layer with I-STAR and without a regulariser.", uses_analysis_zeta=True),
+                   "IsoScore* per layer with I-STAR and without a regulariser."),
         FigureEntry("fig7", "studies.zeta_sweep", "runs", "istar aggregate",
                    "Performance against the shrinkage parameter ζ, the best ζ marked."),
         FigureEntry("fig8", "studies.single_layer", "runs", "istar aggregate",
                    "Performance with I-STAR on one layer at a time against the global penalty."),
         FigureEntry("padding", "studies.padding", "runs", "istar aggregate",
                    "Real-token IsoScore* against performance: base, and I-STAR with the penalty over real tokens "
-                   "or over every padded position.", uses_analysis_zeta=True, module="istar.report.padding_study"),
+                   "or over every padded position.", module="istar.report.padding_study"),
         FigureEntry("sigma_epochs", None, "epochs", "istar aggregate",
                    "IsoScore of Σ_S after each epoch of fine-tuning, base, CosReg and I-STAR."),
         FigureEntry("forest", None, "paired", "istar aggregate",
@@ -150,15 +143,10 @@ def figure_csv(name: str, aggregate_dir="results/aggregate") -> Path:
     return Path(aggregate_dir) / f"{get_figure(name).data}.csv"
 
 
-def draw(name: str, frame, analysis_zeta: float = ANALYSIS_ZETA):
-    """Draw figure ``name`` from the DataFrame of its CSV; returns a matplotlib Figure.
-
-    ``analysis_zeta`` is the ζ of the IsoScore* analysis, shown on the axes of the figures
-    that use it.
-    """
+def draw(name: str, frame):
+    """Draw figure ``name`` from the DataFrame of its CSV; returns a matplotlib Figure."""
     entry = get_figure(name)
-    function = getattr(importlib.import_module(entry.module), entry.name)
-    return function(frame, analysis_zeta) if entry.uses_analysis_zeta else function(frame)
+    return getattr(importlib.import_module(entry.module), entry.name)(frame)
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
@@ -169,8 +157,6 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
                         f"{STABILITY_CSV}.csv, {PROFILES_CSV}.csv and {PROJECTIONS_CSV}.csv (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None,
                         help="PNG path; the PDF goes next to it (default: results/figures/WHICH.png)")
-    parser.add_argument("--analysis-zeta", type=float, default=ANALYSIS_ZETA,
-                        help="ζ of the IsoScore* analysis, for axis labels of fig3/fig6 (default: %(default)s)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -179,7 +165,7 @@ def run_cli(args: argparse.Namespace) -> int:
     from istar.report.figure_parts import save
 
     frame = read_aggregate(figure_csv(args.which, args.aggregate_dir), get_figure(args.which).step)
-    fig = draw(args.which, frame, args.analysis_zeta)
+    fig = draw(args.which, frame)
     for written in save(fig, args.out or Path("results/figures") / f"{args.which}.png"):
         print(written)
     return 0

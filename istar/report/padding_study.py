@@ -156,13 +156,13 @@ def _with_zeta(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["method"].map(lambda method: METHODS[method].takes("zeta"))]
 
 
-def padding(runs: pd.DataFrame, analysis_zeta: float) -> Figure:
+def padding(runs: pd.DataFrame) -> Figure:
     """The padding figure: real-token IsoScore* (x) against performance (y), one point per variant.
 
     Parameters
     ----------
-    runs : ``runs.csv``; rows with ``study == "padding"`` and an ``isoscore_star`` value.
-    analysis_zeta : ζ of the analysis's IsoScore* (axis label).
+    runs : ``runs.csv``; rows with ``study == "padding"`` and an ``isoscore_star`` value (the axis label
+        names the ζ of their analysis, ``analysis_zeta``).
 
     Returns
     -------
@@ -192,7 +192,7 @@ def padding(runs: pd.DataFrame, analysis_zeta: float) -> Figure:
                         markersize=6, capsize=2, color=METHODS[method].colour,
                         markerfacecolor="white" if not TOKEN_SELECTIONS[tokens].masked else METHODS[method].colour,
                         label=label)
-        ax.set_xlabel(f"IsoScore* of real tokens (ζ = {analysis_zeta:g})")
+        ax.set_xlabel(parts.isoscore_label(rows, "IsoScore* of real tokens"))
         ax.set_ylabel(parts.PERFORMANCE_LABELS[get_task(task).metric])
         if len(shared) == 1 and not math.isnan(float(shared["zeta"].iloc[0])):
             ax.set_title(f"{ax.get_title()} (λ = {shared['lam'].iloc[0]:g}, ζ = {shared['zeta'].iloc[0]:g})",

@@ -96,15 +96,14 @@ def _layer_lines(layers: pd.DataFrame, study: str, value: str, ylabel: str) -> F
     return fig
 
 
-def fig3(runs: pd.DataFrame, analysis_zeta: float) -> Figure:
+def fig3(runs: pd.DataFrame) -> Figure:
     """Fig. 3: IsoScore* (x) vs performance (y) across the λ sweep.
 
     Parameters
     ----------
     runs : DataFrame
-        ``runs.csv``; rows with ``study == "lambda_sweep"`` and an ``isoscore_star`` value.
-    analysis_zeta : float
-        ζ with which the analysis computed IsoScore* (for the axis label).
+        ``runs.csv``; rows with ``study == "lambda_sweep"`` and an ``isoscore_star`` value (the axis
+        label names the ζ of their analysis, ``analysis_zeta``).
 
     Returns
     -------
@@ -120,7 +119,7 @@ def fig3(runs: pd.DataFrame, analysis_zeta: float) -> Figure:
             ax.errorbar(point["isoscore_star_mean"], point["performance_mean"], xerr=parts.yerr(point["isoscore_star_std"]),
                         yerr=parts.yerr(point["performance_std"]), fmt="o", markersize=5, capsize=2, color=colour,
                         label=label)
-        ax.set_xlabel(f"IsoScore* (ζ = {analysis_zeta:g})")
+        ax.set_xlabel(parts.isoscore_label(rows))
         ax.set_ylabel(parts.PERFORMANCE_LABELS[get_task(task).metric])
     parts.figure_legend(fig, axes.values())
     return fig
@@ -171,22 +170,22 @@ def fig5(layers: pd.DataFrame) -> Figure:
     return _layer_lines(layers, "twonn", "twonn_cls", "Intrinsic dimension (TwoNN)")
 
 
-def fig6(layers: pd.DataFrame, analysis_zeta: float) -> Figure:
+def fig6(layers: pd.DataFrame) -> Figure:
     """Fig. 6: IsoScore* per layer for λ = −1, +1 and Base.
 
     Parameters
     ----------
     layers : DataFrame
-        ``layers.csv``; rows with ``study == "layerwise"`` and an ``isoscore_star`` value.
-    analysis_zeta : float
-        ζ with which the analysis computed IsoScore* (for the axis label).
+        ``layers.csv``; rows with ``study == "layerwise"`` and an ``isoscore_star`` value (the axis label
+        names the ζ of their analysis, ``analysis_zeta``).
 
     Returns
     -------
     Figure
         One panel per model × task; one error-bar line (std over seeds) per (method, λ).
     """
-    return _layer_lines(layers, "layerwise", "isoscore_star", f"IsoScore* (ζ = {analysis_zeta:g})")
+    return _layer_lines(layers, "layerwise", "isoscore_star",
+                        parts.isoscore_label(layers[layers["study"] == "layerwise"]))
 
 
 def fig7(runs: pd.DataFrame) -> Figure:

@@ -23,7 +23,8 @@ keep one per run; ``istar activations`` and ``istar analyze`` write and read suc
 manual work. One job per setting rather than two or three per run keeps the paper's DAG small
 (docs/architecture.md). The output, written once at the end (atomically, with its hash)::
 
-    {"split", "sigma_s": the pretrained Σ_S file or null, "sigma_s_model", "zeta", "evaluated": bool,
+    {"spec": the MeasureSpec as given, "split", "sigma_s": the pretrained Σ_S file or null, "sigma_s_model",
+     "zeta", "evaluated": bool,
      "precision": the forward passes' (as they ran),
      "runs": {RUN_FOLDER: {"evaluation": {…} or null, "analysis": {…}, "trained_on": TOKENS}, …},
      "provenance": {"git": {…}, "versions": {…}}}
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 from pathlib import Path
 
 from istar.config.specs import MeasureSpec, add_spec_arguments, spec_from_cli
@@ -86,8 +88,8 @@ def measure_runs(spec: MeasureSpec) -> dict:
               + (f", {evaluation['metric']} {evaluation['metrics'][evaluation['metric']]:.4f}" if evaluation else ""))
         del context, tensors
         gc.collect()  # one model at a time: the next run's is loaded into the memory this one held
-    result = {"split": spec.split, "sigma_s": spec.sigma_s, "sigma_s_model": spec.sigma_s_model, "zeta": spec.zeta,
-              "evaluated": spec.evaluate,
+    result = {"spec": json.loads(spec.to_json()), "split": spec.split, "sigma_s": spec.sigma_s,
+              "sigma_s_model": spec.sigma_s_model, "zeta": spec.zeta, "evaluated": spec.evaluate,
               "precision": precision, "runs": runs, "provenance": code_provenance()}
     if main_process:
         result = artifacts.write_json(spec.out, result, digest=True)
@@ -114,14 +116,18 @@ def check_inputs(spec: MeasureSpec, finished: dict[str, tuple[dict, dict]], pret
     ``pretrained``: the Σ_S file as an :class:`istar.steps.analyze.ShrinkageReference`, or None when
     each run's own fine-tuned Σ_S is measured. A ValueError names the run and the fix.
     """
-    from istar.core.shrinkage import check_sigma_fits
+    from istar.config.layout import DEFAULT_TOKENS
+    from istar.core.shrinkage import check_sigma_fits, check_sigma_settings
     from istar.data.storage import data_fingerprint, read_meta
     from istar.models.loading import model_shape
+    from istar.steps.shrinkage import STALE_SIGMA_FIX
 
     meta = read_meta(spec.data_dir)
     task, fingerprint = meta["task"], data_fingerprint(meta)
     if pretrained is not None:
         check_sigma_fits(spec.sigma_s, pretrained.per_layer, pretrained.provenance, task=task, data=spec.data_dir)
+        check_sigma_settings(spec.sigma_s, pretrained.provenance, {"rows": spec.shrinkage_rows, "layers": spec.layers,
+                                                                   "tokens": DEFAULT_TOKENS}, STALE_SIGMA_FIX)
     for run, (metrics, config) in finished.items():
         if metrics["task"] != task:
             raise ValueError(f"run {run} was trained on {metrics['task']}, but the data {spec.data_dir} is "

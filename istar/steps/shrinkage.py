@@ -12,6 +12,7 @@ reads the spec, opens the model and data, and writes the file and its provenance
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,7 +28,12 @@ if TYPE_CHECKING:
     from istar.data.encoding import Features
     from istar.steps.common import ModelContext
 
-__all__ = ["training_statistics", "compute_shrinkage_file"]
+__all__ = ["training_statistics", "compute_shrinkage_file", "STALE_SIGMA_FIX"]
+
+# What a step tells the user when a Σ_S file's settings are not its own (the workflow records each
+# job's spec and reruns a Σ_S job whose spec changed, so this finds files made outside it or before).
+STALE_SIGMA_FIX = ("compute it again with those settings (`istar shrinkage`; in the workflow, "
+                   "`istar adopt-specs` once for a results folder made before jobs recorded their specs)")
 
 
 def training_statistics(context: ModelContext, layers: LayerSelection, shrinkage_rows: int, batch_size: int, seed: int,
@@ -71,6 +77,8 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
         raise NonFiniteStatistics(f"Σ_S for {spec.out} is not finite: {error}; nothing was written") from None
     per_layer, indices, rows = statistics.per_layer, statistics.layers, statistics.selection.count
     provenance = {
+        # the settings as given, which a reader checks against its own (istar.core.shrinkage.check_sigma_settings)
+        "spec": json.loads(spec.to_json()),
         "model": context.model_name, "model_path": context.model_path, "task": task.key, "split": "train",
         # a held-out selection split's record (istar.data.holdout): which training rows Σ_S saw
         "data_dir": spec.data_dir, "heldout": context.meta.get("heldout"),

@@ -21,10 +21,16 @@ import torch
 from istar.config.specs import TrainSpec
 from istar.core.isotropy import isoscore_star_from_covariance
 from istar.core.regularizers import resolve_layers
-from istar.core.shrinkage import check_sigma_fits, load_layer_statistics, load_shrinkage, save_shrinkage
+from istar.core.shrinkage import (
+    check_sigma_fits,
+    check_sigma_settings,
+    load_layer_statistics,
+    load_shrinkage,
+    save_shrinkage,
+)
 from istar.core.tokens import get_token_selection
 from istar.registry.methods import get_method
-from istar.steps.shrinkage import training_statistics
+from istar.steps.shrinkage import STALE_SIGMA_FIX, training_statistics
 
 if TYPE_CHECKING:
     from istar.core.covariance import CovarianceAccumulator
@@ -44,10 +50,9 @@ def read_given_sigma(spec: TrainSpec) -> GivenSigma | None:
     if not get_method(spec.method).needs_sigma_s(spec.zeta):
         return None
     given = load_layer_statistics(spec.sigma_s)
-    tokens = given[1].get("tokens", "real")  # files written before the setting existed hold real-token rows
-    if tokens != spec.tokens:
-        raise ValueError(f"{spec.sigma_s} holds Σ_S of {tokens} rows but this run's penalty reads {spec.tokens} "
-                         f"rows: compute it with `istar shrinkage --tokens {spec.tokens}`")
+    # (not its layers: a one-layer run reads the Σ_S of the config's penalty layers, whose per-layer statistics hold its own)
+    check_sigma_settings(spec.sigma_s, given[1], {"rows": spec.shrinkage_rows, "tokens": spec.tokens, "model": spec.model},
+                         STALE_SIGMA_FIX)
     return given
 
 

@@ -10,11 +10,14 @@ SEEDS = (0, 1, 2)
 LAYERS = 6
 
 
+ANALYSIS_ZETA = 0.6  # the measurements' ζ, unlike the training ζ (0.2): a label must say the one it plots
+
+
 def _run(study, model, task, method, lam, seed, score, **extra):
     zeta = extra.pop("zeta", 0.2 if method == "istar" else np.nan)
     return dict(study=study, model=model, task=task, method=method, setting=f"{method}_lam{lam:g}", lam=lam,
                 zeta=zeta, layer=extra.pop("layer", np.nan), seed=seed, metric="accuracy", score=score,
-                standin=False, **extra)
+                standin=False, analysis_zeta=ANALYSIS_ZETA, **extra)
 
 
 def make_runs(rng=None) -> pd.DataFrame:

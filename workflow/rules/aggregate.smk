@@ -28,10 +28,11 @@ rule aggregate:
         ),
         paper_models=json.dumps(config["inference"]["paper_models"], sort_keys=True),
         collapsed_runs=config["inference"]["collapsed_runs"],
+        analysis=json.dumps(measured_analysis(config), sort_keys=True),
     shell:
         "python -m istar aggregate --out-dir results/aggregate --collapsed-runs {params.collapsed_runs} "
         "{params.specs} --selection {params.selections} --measures {params.measures} "
-        "--paper-models {params.paper_models:q} > {log} 2>&1"
+        "--paper-models {params.paper_models:q} --analysis {params.analysis:q} > {log} 2>&1"
 
 
 # Table 1's cells, the λ sweep and the Σ_S curves in the form DVC compares across experiments

@@ -51,6 +51,7 @@ from istar.pipeline.plan import (
     fixed_setting,
     heldout_name,
     holdout_spec,
+    measured_analysis,
     prepare_data_inputs,
     prepare_data_spec,
     replaces_collapsed,
@@ -299,15 +300,10 @@ def needs_of(template):
 
 
 # Snakemake reruns a job whose recorded params changed, and records a param only when its function
-# takes the wildcards alone: a fine-tuning run's spec is recorded (a changed spec reruns exactly
-# that run), the Σ_S and measurement specs (functions of the output, as when existing results were
-# made) are not.
-def recorded_spec(template):
+# takes the wildcards alone: every job of the table passes its spec this way, so an edit of any
+# setting a spec holds reruns exactly the jobs whose specs it changes (Σ_S, fine-tuning, measurement).
+def job_spec(template):
     return lambda wildcards: job_of(template)(wildcards).spec.to_json()
-
-
-def output_spec(wildcards, output):
-    return job_at(wildcards.model, wildcards.task, output[0]).spec.to_json()
 
 
 def collapse_check_inputs(wildcards) -> list[str]:

@@ -25,7 +25,7 @@ rule measure:
         # several runs, each with an exact TwoNN over every [CLS] vector per layer (CPU), in one job
         runtime=TRAINING["runtime"],
     params:
-        spec=output_spec,
+        spec=job_spec(MEASURES),
         precision=TRAINING["mixed_precision"],
     shell:
         "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision {params.precision} -- "

@@ -77,11 +77,9 @@ rule figure:
         figure="|".join(FIGURE_NAMES),
     conda:
         CPU_ENV
-    params:
-        zeta=config["analysis"]["zeta"],
     shell:
         "python -m istar figure {wildcards.figure} --aggregate-dir results/aggregate --out {output.png} "
-        "--analysis-zeta {params.zeta} > {log} 2>&1"
+        "> {log} 2>&1"
 
 
 rule run_config:

@@ -17,7 +17,7 @@ rule shrinkage:
         mem_mb=TRAINING["mem_mb"],
         runtime=60,
     params:
-        spec=output_spec,
+        spec=job_spec(SIGMA),
         precision=TRAINING["mixed_precision"],
     shell:
         "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision {params.precision} -- "
@@ -35,7 +35,7 @@ use rule shrinkage as shrinkage_all_positions with:
     benchmark:
         benchmark_of(shrinkage_log("all_positions"))
     params:
-        spec=output_spec,
+        spec=job_spec(SIGMA_ALL_POSITIONS),
         precision=TRAINING["mixed_precision"],
 
 
@@ -55,7 +55,7 @@ if HELDOUT:
         benchmark:
             benchmark_of(shrinkage_log("real", HELDOUT))
         params:
-            spec=output_spec,
+            spec=job_spec(SEARCH_SIGMA),
             precision=TRAINING["mixed_precision"],
 
     use rule shrinkage as shrinkage_search_all_positions with:
@@ -70,5 +70,5 @@ if HELDOUT:
         benchmark:
             benchmark_of(shrinkage_log("all_positions", HELDOUT))
         params:
-            spec=output_spec,
+            spec=job_spec(sigma_template("all_positions", HELDOUT)),
             precision=TRAINING["mixed_precision"],

@@ -29,7 +29,7 @@ rule train:
         mem_mb=TRAINING["mem_mb"],
         runtime=TRAINING["runtime"],
     params:
-        spec=recorded_spec(f"{RUN}/metrics.json"),
+        spec=job_spec(f"{RUN}/metrics.json"),
         precision=TRAINING["mixed_precision"],
     shell:
         "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision {params.precision} -- "
@@ -56,5 +56,5 @@ use rule train as train_search with:
     benchmark:
         benchmark_of(search_log(HELDOUT))
     params:
-        spec=recorded_spec(f"{SEARCH_RUN}/metrics.json"),
+        spec=job_spec(f"{SEARCH_RUN}/metrics.json"),
         precision=TRAINING["mixed_precision"],

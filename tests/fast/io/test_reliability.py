@@ -175,13 +175,29 @@ def test_measurement_file_content_is_checked(tmp_path):
     path = tmp_path / "measures.json"
     entry = {"evaluation": None, "analysis": {"global": {"isoscore_star": 0.25}, "layers": [], "last_layer": {}}}
     artifacts.write_json(path, {"runs": {"results/runs/m/rte/base/seed0": entry}}, digest=True)
-    assert read_measures(path)["results/runs/m/rte/base/seed0"] == entry
+    assert read_measures(path)["results/runs/m/rte/base/seed0"] == {**entry, "analysis": {**entry["analysis"], "zeta": None}}
     path.write_text(path.read_text().replace("0.25", "0.75"))
     with pytest.raises(DamagedArtifactError, match="differs from the sha256"):
         read_measures(path)
     artifacts.write_json(path, {"global": {"isoscore_star": 0.25}}, digest=True)  # an analysis.json, not a measurement
     with pytest.raises(ValueError, match="not written by `istar measure`"):
         read_measures(path)
+
+
+def test_a_measurement_of_another_analysis_is_refused_by_its_reader(tmp_path):
+    """A measurement made with another ζ or Σ_S reference than the analysis asks for gives no number: the aggregate
+    refuses it, naming the file, both values and the fix (a stale file after an edit of analysis.zeta)."""
+    from istar.io.results import read_measures
+
+    path = tmp_path / "measures.json"
+    entry = {"evaluation": None, "analysis": {"global": {"isoscore_star": 0.25}, "layers": [], "last_layer": {}}}
+    artifacts.write_json(path, {"zeta": 0.2, "sigma_s_model": "pretrained", "runs": {"run": entry}}, digest=True)
+    assert read_measures(path, {"zeta": 0.2, "sigma_s_model": "pretrained"})["run"]["analysis"]["zeta"] == 0.2
+    with pytest.raises(ValueError, match=r"measures.json was measured with other settings than this analysis: "
+                                         r"zeta 0.2 where the analysis has 0.6; measure those runs again"):
+        read_measures(path, {"zeta": 0.6, "sigma_s_model": "pretrained"})
+    with pytest.raises(ValueError, match="sigma_s_model 'pretrained' where the analysis has 'fine_tuned'"):
+        read_measures(path, {"zeta": 0.2, "sigma_s_model": "fine_tuned"})
 
 
 def test_a_killed_step_is_explained_and_exits_128_plus_the_signal(capsys):

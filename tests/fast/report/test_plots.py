@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 import torch
 from matplotlib.figure import Figure
-from plots_helpers import LAYERS, MODELS, SEEDS, SWEEP, make_runs
+from plots_helpers import ANALYSIS_ZETA, LAYERS, MODELS, SEEDS, SWEEP, make_runs
 
 from istar.core.fig2 import fig2_true_value, fig2_variances
 from istar.core.isotropy import isoscore_star_from_covariance
@@ -33,7 +33,7 @@ def make_layers(rng=None) -> pd.DataFrame:
                             isoscore_star=float(np.clip(0.3 - 0.2 * depth + 0.04 * lam * depth + rng.normal(0, 0.01), 0, 1)),
                             isoscore=np.nan,
                             twonn_cls=18 - 8 * depth + 1.2 * lam * depth + rng.normal(0, 0.5),
-                            cosine_similarity=np.nan, standin=False))
+                            cosine_similarity=np.nan, standin=False, analysis_zeta=ANALYSIS_ZETA))
     return pd.DataFrame(rows)
 
 
@@ -87,20 +87,32 @@ def test_fig2_data_reaches_the_true_value_and_draws(tmp_path):
 
 
 def test_fig3_points_per_lambda(tmp_path):
-    fig = plots.fig3(make_runs(), 0.2)
+    fig = plots.fig3(make_runs())
     panels = _panels(fig)
     assert len(panels) == 4 and {ax.get_title() for ax in panels} >= {"bert — RTE", "albert — STS-B"}
     for ax in panels:
         assert len(ax.containers) == len(SWEEP)
-        assert ax.get_xlabel() == "IsoScore* (ζ = 0.2)"
+        assert ax.get_xlabel() == f"IsoScore* (ζ = {ANALYSIS_ZETA:g})"
     assert {ax.get_ylabel() for ax in panels} == {"Accuracy (%)", "Pearson correlation (×100)"}
     assert len(fig.legends) == 1 and len(fig.legends[0].get_texts()) == len(SWEEP)
     _check_saved(fig, tmp_path, "fig3")
 
 
+def test_an_isoscore_axis_names_the_zeta_its_measurements_used():
+    """The label comes from the rows plotted (runs.csv / layers.csv ``analysis_zeta``), never from a config:
+    records without the column name no ζ, rows measured with two ζ are refused."""
+    runs = make_runs()
+    assert figure_parts.isoscore_label(runs) == "IsoScore* (ζ = 0.6)"
+    assert figure_parts.isoscore_label(runs.drop(columns="analysis_zeta")) == "IsoScore*"
+    assert draw("fig6", make_layers()).axes[0].get_ylabel() == "IsoScore* (ζ = 0.6)"
+    mixed = runs.assign(analysis_zeta=np.where(runs.seed == 0, 0.2, 0.6))
+    with pytest.raises(ValueError, match=r"measured with several ζ \(0.2, 0.6\): measure every run"):
+        plots.fig3(mixed)
+
+
 def test_fig3_performance_is_percent_with_std_over_seeds():
     runs = make_runs()
-    fig = plots.fig3(runs, 0.2)
+    fig = plots.fig3(runs)
     ax = next(ax for ax in fig.axes if ax.get_title() == "bert — RTE")
     rows = runs[(runs.study == "lambda_sweep") & (runs.model == "bert") & (runs.task == "rte") & (runs.lam == -5)]
     container = next(c for c in ax.containers if c.get_label() == "I-STAR λ = −5")
@@ -113,7 +125,7 @@ def test_fig3_performance_is_percent_with_std_over_seeds():
 
 def test_single_seed_has_no_error_bars():
     runs = make_runs()
-    fig = plots.fig3(runs[runs.seed == 0], 0.2)
+    fig = plots.fig3(runs[runs.seed == 0])
     for ax in _panels(fig):
         for container in ax.containers:
             assert container.has_xerr is False and container.has_yerr is False
@@ -201,7 +213,7 @@ def test_missing_study_is_a_clear_error(name, frame, study):
 def test_missing_isoscore_and_columns_are_clear_errors():
     runs = make_runs().assign(isoscore_star=np.nan)
     with pytest.raises(ValueError, match="no 'isoscore_star' values.*istar analyze"):
-        plots.fig3(runs, 0.2)
+        plots.fig3(runs)
     with pytest.raises(ValueError, match="lacks the column.*twonn_cls"):
         plots.fig5(make_layers().drop(columns="twonn_cls"))
 

@@ -165,7 +165,7 @@ def test_padding_table_and_figure_from_runs():
     assert table.cells[6][0].startswith("p = ") and "(rank 0.500; 0+ 2−), Holm" in table.cells[6][0]
     assert "the study's 2 confirmatory tests" in table.footnotes[1]
     assert "Student's t" in table.footnotes[1]
-    fig = padding(runs, 0.2)
+    fig = padding(runs)
     assert len(fig.axes[0].containers) == 3
     with pytest.raises(ValueError, match="enable studies.padding"):
         padding_table(runs[runs["study"] == "final"])
