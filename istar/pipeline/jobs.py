@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from istar.config.layout import (
+    COLLAPSE_CHECK,
     DATA,
     DEFAULT_TOKENS,
     MEASURE_LOG,
@@ -42,23 +44,27 @@ from istar.config.schema import STUDIES
 from istar.config.specs import Spec
 from istar.core.tokens import TOKEN_SELECTION_NAMES
 from istar.pipeline.plan import (
+    baseline_choices,
     final_settings,
     fixed_choice_args,
     fixed_setting,
     heldout_name,
     measure_spec,
     needs_sigma,
+    replaces_collapsed,
     search_settings,
+    selected_setting,
     searches_no_penalty,
     shrinkage_spec,
     study_scope,
     study_runs,
     study_seeds,
     train_spec,
+    tuned_setting,
     tuning_settings,
 )
 
-__all__ = ["Job", "Decided", "CellPlan", "plan_cell", "needs_depth"]
+__all__ = ["Job", "Decided", "CellPlan", "plan_cell", "needs_depth", "before_decisions", "decide"]
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,57 @@ def needs_depth(config: dict, model: str, task: str) -> bool:
     return study["enabled"] and study["layers"] == "all" and model in models and task in tasks
 
 
+def _padding_tuning(config: dict, model: str, task: str) -> tuple[list[Setting], list[int]]:
+    """The padding study's tuning grid and seeds for this model × task (empty where it tunes nothing here)."""
+    padding = config["studies"]["padding"]
+    models, tasks = study_scope(config, "padding")
+    if not (padding["enabled"] and model in models and task in tasks):
+        return [], []
+    return tuning_settings(config), padding["tuning"]["seeds"]
+
+
+def before_decisions(config: dict, model: str, task: str) -> Decided:
+    """What is known of a model × task before any checkpoint: a λ | ζ fixed in advance, nothing else."""
+    return Decided(selection=fixed_setting(config, model, task), baselines=None,
+                   replacements=None if replaces_collapsed(config) else ())
+
+
+def decide(config: dict, model: str, task: str, read: Callable[[str, str], dict | None], *,
+           replaced: bool = True) -> Decided:
+    """What the checkpoints of ``model`` × ``task`` decided, from the files they write.
+
+    ``read(checkpoint, path)`` gives the content of the decision file ``path`` once the checkpoint rule
+    ``checkpoint`` has run, else None (the workflow: Snakemake's checkpoint lookup, which may instead raise to
+    wait for it; a command outside Snakemake: the file if it exists). A decision it gives no content for stays
+    None, and the jobs that need it stay out of the plan. ``replaced`` False: the final seeds before
+    ``inference.collapsed_runs: rerun`` chose replacements.
+    """
+    names = {"model": model, "task": task}
+
+    def decision(checkpoint: str, path: str, then: Callable[[dict], object]):
+        content = read(checkpoint, path.format(**names))
+        return None if content is None else then(content)
+
+    known = before_decisions(config, model, task)
+    selection = known.selection or decision("select", SELECTION, lambda chosen: selected_setting(chosen, config))
+    baselines = ()
+    if config["search"]["tune_baselines"]:
+        baselines = decision("select", SELECTION, lambda chosen: tuple(sorted(baseline_choices(chosen).items())))
+    tuned = None
+    if all(_padding_tuning(config, model, task)):
+        tuned = decision("select_tuned", TUNED_SELECTION, tuned_setting)
+    depth = None
+    if selection is not None and needs_depth(config, model, task):
+        # L from the Σ_S provenance; where λ | ζ is fixed, the `select` checkpoint is the job that reads that file
+        sigma = sigma_template(config["penalty"]["tokens"]).replace(".pt", ".json")
+        depth = decision("select", sigma, lambda provenance: provenance["num_layers"])
+    replacements = ()
+    if replaces_collapsed(config):
+        replacements = decision("collapse_check", COLLAPSE_CHECK,
+                                lambda check: tuple(sorted(check["replacements"].values()))) if replaced else None
+    return Decided(selection, baselines, tuned, depth, replacements)
+
+
 def _train_job(config: dict, model: str, task: str, setting: Setting, seed: int, heldout: str | None,
                search: bool) -> Job:
     data, _, run_template = search_templates(heldout) if search else (DATA, None, RUN)
@@ -153,10 +210,7 @@ def plan_cell(config: dict, model: str, task: str, decided: Decided) -> CellPlan
         return [_train_job(config, model, task, s, seed, heldout, search) for s in settings for seed in seeds]
 
     search = train_jobs(search_settings(config, model, task), config["search"]["seeds"], search=True)
-    padding = config["studies"]["padding"]
-    models, tasks = study_scope(config, "padding")
-    tuning = train_jobs(tuning_settings(config), padding["tuning"]["seeds"], search=True) if (
-        padding["enabled"] and model in models and task in tasks) else []
+    tuning = train_jobs(*_padding_tuning(config, model, task), search=True)
     runs = [("search", _folder(job)) for job in search] + [("padding_tuning", _folder(job)) for job in tuning]
 
     # the selections (the workflow's checkpoints)

@@ -16,14 +16,15 @@ def read_log(path):
 
 @pytest.fixture(scope="module")
 def sigma(tiny_model_dir, prepared, tmp_path_factory):
-    """sigma(task) -> a Σ_S file of the tiny model on the task's (subsampled) training data."""
+    """sigma(task) -> a Σ_S file of the tiny model on the task's (subsampled) training data, of 2,000 rows: a run
+    reading it asks for that budget (shrinkage_rows=2000)."""
     cache = {}
 
     def make(task):
         if task not in cache:
             out = tmp_path_factory.mktemp("sigma") / f"{task}.pt"
             compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(prepared(task)), out=str(out),
-                                                 rows=3000, doc_stride=32, batch_size=32))
+                                                 rows=2000, doc_stride=32, batch_size=32))
             cache[task] = out
         return cache[task]
 

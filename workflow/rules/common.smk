@@ -45,21 +45,24 @@ from istar.config.layout import (
     sigma_template,
 )
 from istar.pipeline.engine import unless_pending
-from istar.pipeline.jobs import CellPlan, Decided, Job, needs_depth, plan_cell
+from istar.pipeline.jobs import (
+    CellPlan,
+    Decided,
+    Job,
+    before_decisions,
+    decide,
+    plan_cell,
+)
 from istar.pipeline.plan import (
-    baseline_choices,
-    fixed_setting,
     heldout_name,
     holdout_spec,
     measured_analysis,
     prepare_data_inputs,
     prepare_data_spec,
     replaces_collapsed,
-    selected_setting,
     survey_spec,
     survey_targets,
     survey_text_task,
-    tuned_setting,
 )
 
 try:
@@ -177,41 +180,18 @@ REPLACES_COLLAPSED = replaces_collapsed(config)
 
 
 def decided(model, task, wait: bool, replaced: bool = True) -> Decided:
-    """What the checkpoints of a model × task decided. A checkpoint not yet run raises with ``wait``
-    (an input function then waits for it), else leaves its decision unknown (None). ``replaced``
-    False: the final seeds before inference.collapsed_runs: rerun has chosen replacements.
+    """What the checkpoints of a model × task decided (istar.pipeline.jobs.decide). A checkpoint not yet
+    run raises with ``wait`` (an input function then waits for it), else leaves its decision unknown.
     """
 
-    def known(read):
-        return unless_pending(read, wait)
+    def read(checkpoint, path):
+        def content():
+            getattr(checkpoints, checkpoint).get(model=model, task=task)
+            return read_decision(path)
 
-    def chosen():
-        # read_json checks the content hash `istar select` recorded: an edited choice is named
-        return read_decision(checkpoints.select.get(model=model, task=task).output[0])
+        return unless_pending(content, wait)
 
-    fixed = fixed_setting(config, model, task)
-    selection = fixed or known(lambda: selected_setting(chosen(), config))
-    baselines = ()
-    if config["search"]["tune_baselines"]:
-        baselines = known(lambda: tuple(sorted(baseline_choices(chosen()).items())))
-    tuned = None
-    if PLANNED[model, task].job(TUNED_SELECTION.format(model=model, task=task)):
-        tuned = known(
-            lambda: tuned_setting(
-                read_decision(
-                    checkpoints.select_tuned.get(model=model, task=task).output[0]
-                )
-            )
-        )
-    depth = None
-    if selection is not None and needs_depth(config, model, task):
-        depth = known(lambda: num_layers(model, task))
-    replacements = ()
-    if REPLACES_COLLAPSED:
-        replacements = (
-            known(lambda: replacement_seeds(model, task)) if replaced else None
-        )
-    return Decided(selection, baselines, tuned, depth, replacements)
+    return decide(config, model, task, read, replaced=replaced)
 
 
 @functools.lru_cache(maxsize=None)
@@ -226,22 +206,6 @@ def read_decision(path) -> dict:
     return _decision(path, (stat.st_mtime_ns, stat.st_size))
 
 
-def num_layers(model, task) -> int:
-    """L of the model, from the Σ_S provenance of the config's token selection. Where λ | ζ is fixed
-    in advance no search precedes it: the `select` job then takes that file as its input, and this
-    waits for that checkpoint."""
-    if fixed_setting(config, model, task) is not None:
-        checkpoints.select.get(model=model, task=task)
-    sigma = sigma_template(config["penalty"]["tokens"]).format(model=model, task=task)
-    return read_decision(sigma.replace(".pt", ".json"))["num_layers"]
-
-
-def replacement_seeds(model, task) -> tuple[int, ...]:
-    """The seeds that replace collapsed final runs (the collapse_check checkpoint)."""
-    check = checkpoints.collapse_check.get(model=model, task=task).output[0]
-    return tuple(sorted(read_decision(check)["replacements"].values()))
-
-
 _PLANS = {}
 
 
@@ -254,15 +218,7 @@ def cell_plan(model, task, known: Decided) -> CellPlan:
 # the jobs known before any checkpoint: the search, the selections and every run that does not
 # wait for a choice (all of them where λ | ζ is fixed in advance)
 PLANNED = {
-    (model, task): cell_plan(
-        model,
-        task,
-        Decided(
-            selection=fixed_setting(config, model, task),
-            baselines=None,
-            replacements=None if REPLACES_COLLAPSED else (),
-        ),
-    )
+    (model, task): cell_plan(model, task, before_decisions(config, model, task))
     for model in MODELS
     for task in TASKS
 }

@@ -26,9 +26,11 @@ from istar.report.select import select_best
 EXPECTED_RUNS_COLUMNS = [
     "study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens", "batch_size", "epochs",
     "learning_rate", "seed", "metric", "score", "accuracy", "f1", "exact_match", "matthews", "pearson", "spearman", "eval_loss",
-    "trivial_score", "top_label_share", "prediction_std", "collapsed", "standin", "isoscore_star", "isoscore", "cosine_similarity", "run_dir"]
+    "trivial_score", "top_label_share", "prediction_std", "collapsed", "standin", "isoscore_star", "isoscore", "cosine_similarity", "analysis_zeta",
+    "run_dir"]
 EXPECTED_LAYERS_COLUMNS = ["study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens", "seed",
-                           "hidden_state", "isoscore_star", "isoscore", "twonn_cls", "cosine_similarity", "standin"]
+                           "hidden_state", "isoscore_star", "isoscore", "twonn_cls", "cosine_similarity", "standin",
+                           "analysis_zeta"]
 EXPECTED_DIMS_COLUMNS = ["study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens", "seed", "dim",
                          "mean", "std"]
 EXPECTED_SELECTION_COLUMNS = ["model", "task", "metric", "lam", "zeta", "batch_size", "epochs", "learning_rate",

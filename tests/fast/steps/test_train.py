@@ -55,7 +55,8 @@ def test_every_method_and_head_trains(task, method, tiny_model_dir, prepared, si
 
 def test_one_layer_run_rebuilds_its_sigma_from_the_global_file(tiny_model_dir, prepared, sigma, tmp_path):
     cfg = TrainSpec(model=str(tiny_model_dir), data_dir=str(prepared("rte")), output_dir=str(tmp_path),
-                    method="istar", lam=-1.0, zeta=0.2, layers=2, sigma_s=str(sigma("rte")), epochs=1)
+                    method="istar", lam=-1.0, zeta=0.2, layers=2, sigma_s=str(sigma("rte")), epochs=1,
+                    shrinkage_rows=2000)
     train(cfg)
     used, provenance = load_shrinkage(tmp_path / "sigma_epoch0.pt")
     per_layer, _ = load_layer_statistics(sigma("rte"))
@@ -132,11 +133,11 @@ def test_all_positions_run_logs_its_rows_and_refuses_a_real_token_sigma(tiny_mod
     data = prepared("rte")
     common = dict(model=str(tiny_model_dir), data_dir=str(data), method="istar", lam=-1.0, zeta=0.2, epochs=2,
                   batch_size=16, shrinkage_rows=2000, learning_rate=1e-4, tokens="all_positions")
-    with pytest.raises(ValueError, match="holds Σ_S of real rows.*istar shrinkage --tokens all_positions"):
+    with pytest.raises(ValueError, match="tokens 'real' where 'all_positions' is expected; compute it again"):
         train(TrainSpec(**common, output_dir=str(tmp_path / "wrong"), sigma_s=str(sigma("rte"))))
     allpos = tmp_path / "sigma_allpos.pt"
     compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(data), out=str(allpos),
-                                         tokens="all_positions", rows=3000, batch_size=16))
+                                         tokens="all_positions", rows=2000, batch_size=16))
     out = tmp_path / "run"
     report = train(TrainSpec(**common, output_dir=str(out), sigma_s=str(allpos)))
     assert report["tokens"] == "all_positions"
