@@ -88,6 +88,8 @@ SUBCOMMANDS = {
     "bundle": Subcommand("istar.pipeline.bundle", "a confirmatory study as a folder for a GPU machine without network or Snakemake"),
     "run-bundle": Subcommand("istar.pipeline.bundle_run", "run a bundle's jobs on this machine and pack their results"),
     "import-bundle": Subcommand("istar.pipeline.bundle_import", "unpack a bundle's results, then aggregate, tables and figures"),
+    "adopt-specs": Subcommand("istar.pipeline.adopt", "record the specs of a results folder made before jobs recorded "
+                              "them, naming the files that differ"),
     "cost": Subcommand("istar.pipeline.cost", "a config's GPU-hours and wall time on N GPUs of a kind, alone and packed"),
 }
 

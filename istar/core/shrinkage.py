@@ -163,9 +163,10 @@ def check_sigma_fits(path, per_layer: Sequence[CovarianceAccumulator], provenanc
                          "the Σ_S of the same pretrained model")
 
 
-# Where a Σ_S file written before its pass recorded its spec keeps the settings a reader checks
-# (ShrinkageSpec field -> provenance key); the model it names there is its source, not the spec's.
-LEGACY_SETTING_KEYS = {"rows": "requested_rows", "layers": "layer_spec", "tokens": "tokens"}
+# Where a Σ_S file written before its pass recorded its spec keeps its settings (ShrinkageSpec field ->
+# provenance key); the model it names there is its source, not the spec's.
+LEGACY_SETTING_KEYS = {"rows": "requested_rows", "layers": "layer_spec", "tokens": "tokens", "batch_size": "batch_size",
+                       "max_length": "max_length", "data_dir": "data_dir", "seed": "seed"}
 
 
 def check_sigma_settings(path, provenance: dict, expected: dict, fix: str) -> None:

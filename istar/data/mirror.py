@@ -106,13 +106,15 @@ def load_mirror(task: Task, root: Path, allow_standin: bool, standin_fraction: f
     :class:`MissingSplitError`, and :class:`IncompleteSplitError` for a file whose row count is
     not the official one unless ``subset`` says the mirror holds a subset on purpose.
     """
-    root = root.resolve()
+    # recorded as given (a folder named relative to the project stays so: the data's fingerprint is then the same
+    # in every clone of the project), read where it resolves
+    given, root = str(root), root.resolve()
     paths = {split: root / mirror_file(task.key, split) for split in SPLITS}
     missing = [split for split in SPLITS if not paths[split].is_file()]
     available = next((split for split in SPLITS if split not in missing), None)
     provenance = {
         "source": "mirror",
-        "mirror": str(root),
+        "mirror": given,
         "hub_id": None,
         "hub_config": None,
         "files": {},

@@ -27,7 +27,7 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["code_provenance", "git_provenance", "package_versions", "KEY_PACKAGES"]
+__all__ = ["code_provenance", "git_provenance", "package_versions", "portable_path", "KEY_PACKAGES"]
 
 # The packages whose versions can change a result.
 KEY_PACKAGES = ("istar", "torch", "transformers", "accelerate", "numpy", "scipy", "tokenizers", "safetensors")
@@ -90,3 +90,10 @@ def _provenance(cwd: str) -> dict:
 def code_provenance() -> dict:
     """:func:`git_provenance` of the code's checkout and :func:`package_versions` (once per process and directory)."""
     return json.loads(json.dumps(_provenance(str(Path.cwd()))))  # a copy: callers may extend it
+
+
+def portable_path(path: str) -> str:
+    """``path`` as a record keeps it: relative to the working directory when it lies inside it (a project's
+    own folders then read the same in every clone of the project), else as it is (a hub id, a package's folder)."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(Path.cwd())) if Path(path).exists() and resolved.is_relative_to(Path.cwd()) else path

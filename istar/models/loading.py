@@ -153,8 +153,10 @@ def pin_model(source: str) -> dict:
     """
     parsed = parse_model_source(source)
     if parsed.kind != "hub":
+        # a folder as given (relative to the project where it was so given, a package by name): the pin file
+        # then holds no path of this machine; it resolves where each step runs, as the source did
         return {"source": str(source), "kind": parsed.kind, "hub_id": None, "revision": None, "commit": None,
-                "pinned": parsed.location}
+                "pinned": str(source)}
     revision = parsed.revision or DEFAULT_REVISION
     commit = resolve_revision(parsed.location, revision, repo_type="model")
     return {"source": str(source), "kind": "hub", "hub_id": parsed.location, "revision": revision,

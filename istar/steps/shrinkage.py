@@ -22,6 +22,7 @@ from istar.core.regularizers import LayerSelection
 from istar.core.shrinkage import NonFiniteStatistics, save_shrinkage
 from istar.data.encoding import EpochShuffleSampler
 from istar.io import artifacts
+from istar.io.provenance import portable_path
 from istar.models.shrinkage import SigmaStatistics, sigma_statistics
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
     provenance = {
         # the settings as given, which a reader checks against its own (istar.core.shrinkage.check_sigma_settings)
         "spec": json.loads(spec.to_json()),
-        "model": context.model_name, "model_path": context.model_path, "task": task.key, "split": "train",
+        "model": context.model_name, "model_path": portable_path(context.model_path), "task": task.key, "split": "train",
         # a held-out selection split's record (istar.data.holdout): which training rows Σ_S saw
         "data_dir": spec.data_dir, "heldout": context.meta.get("heldout"),
         "standin": context.standin, "layer_spec": spec.layers, "tokens": spec.tokens, "batch_size": spec.batch_size,

@@ -32,7 +32,7 @@ from istar import __version__
 from istar.core import metrics
 from istar.core.regularizers import Penalty
 from istar.io import artifacts
-from istar.io.provenance import code_provenance
+from istar.io.provenance import code_provenance, portable_path
 from istar.registry.methods import get_method
 from istar.steps.resume import fingerprint_hash, latest_state
 from istar.io.results import model_sha256
@@ -146,7 +146,7 @@ def _write_outputs(run: TrainingRun, report: dict, seconds: float) -> dict:
         shutil.copy2(run.log_path, tmp) if run.log_path.exists() else tmp.write_text(",".join(LOG_COLUMNS) + "\n")
     report["model_sha256"] = model_sha256(out / "model")
     artifacts.write_json(out / "run_config.json", {
-        **dataclasses.asdict(spec), "model_path": context.model_path, "task": task.key,
+        **dataclasses.asdict(spec), "model_path": portable_path(context.model_path), "task": task.key,
         "precision": {"requested": spec.mixed_precision, "effective": context.precision.label},
         "determinism": determinism(),
         "num_processes": accelerator.num_processes, "device": accelerator.device.type,
