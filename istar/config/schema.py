@@ -20,6 +20,8 @@ from pathlib import Path
 
 import yaml
 
+from istar import REMOVED_IN
+
 __all__ = ["ConfigError", "SCHEMA_PATH", "STUDIES", "RENAMED_KEYS", "load_schema", "load_yaml", "resolve_ref", "fill_defaults",
            "check_schema", "schema_entry", "default_of", "out_of_range"]
 
@@ -29,8 +31,8 @@ RENAMED_KEYS = {
     "shrinkage.layers": "penalty.layers",
     "shrinkage.global_penalty": "penalty.global_penalty",
 }
-"""Old config key (a section, or ``section.key``) → its new name. The old one still works, with a
-one-line notice naming the new key."""
+"""Old config key (a section, or ``section.key``) → its new name. The old one still works until
+:data:`istar.REMOVED_IN`, with a one-line notice naming the new key."""
 
 STUDIES = ("lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep", "single_layer", "padding")
 
@@ -321,7 +323,7 @@ def _rename_keys(config: dict) -> None:
                                       f"of '{new}': keep only '{new}'")
                 config[new] = config.pop(old)
                 print(f"istar: config section '{old}' is deprecated; rename it to '{new}' (the old name still works "
-                      "for now)", file=sys.stderr)
+                      f"until istar {REMOVED_IN})", file=sys.stderr)
             continue
         (old_section, old_name), (new_section, new_name) = old.split("."), new.split(".")
         section = config.get(old_section)
@@ -334,8 +336,8 @@ def _rename_keys(config: dict) -> None:
             raise ConfigError(f"config keys '{old}' and '{new}' are both given; '{old}' is the old name of '{new}': "
                               f"keep only '{new}'")
         target[new_name] = section.pop(old_name)
-        print(f"istar: config key '{old}' is deprecated; rename it to '{new}' (the old name still works for now)",
-              file=sys.stderr)
+        print(f"istar: config key '{old}' is deprecated; rename it to '{new}' (the old name still works until "
+              f"istar {REMOVED_IN})", file=sys.stderr)
 
 
 def check_schema(config: dict, schema: dict | None = None) -> dict:
