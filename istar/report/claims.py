@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from istar.registry.methods import METHODS, SEARCHED_METHOD
+from istar.registry.methods import SEARCHED_METHOD
 from istar.registry.tasks import get_task
 from istar.report.comparisons import StudyTests, study_tests
 from istar.report.inference import ALPHA, POWER
