@@ -48,8 +48,9 @@ class Subcommand:
     summary : one line for ``istar --help``.
     spec : for a step whose options are exactly its spec's fields, that spec class's name in
         :mod:`istar.config.specs`; the options are generated from it (:func:`istar.config.specs.add_spec_arguments`).
-    step : with ``spec``, the module's function the built spec is handed to. Without them, the module
-        defines ``add_cli_arguments(parser)`` and ``run_cli(args) -> exit status`` itself.
+        Without it the module defines ``add_cli_arguments(parser)``.
+    step : the module's function the built spec is handed to; without it the module's
+        ``run_cli(args) -> exit status`` runs (a step that prints what it did, or has an exit status of its own).
     """
 
     module: str
@@ -60,8 +61,9 @@ class Subcommand:
 
 SUBCOMMANDS = {
     "config": Subcommand("istar.pipeline.validate", "validate a workflow config and print it with every default filled in"),
-    "prepare-data": Subcommand("istar.data", "normalise a task's splits to parquet (+ meta.json)"),
-    "holdout-data": Subcommand("istar.data.holdout", "cut a prepared training split into a search part and a held-out part"),
+    "prepare-data": Subcommand("istar.data.prepare", "normalise a task's splits to parquet (+ meta.json)", "PrepareDataSpec"),
+    "holdout-data": Subcommand("istar.data.holdout", "cut a prepared training split into a search part and a held-out part",
+                               "HoldoutSpec"),
     "pin-model": Subcommand("istar.models.loading", "resolve a model source's hub revision to its commit, once (a pin file)"),
     "shrinkage": Subcommand("istar.steps.shrinkage", "Σ_S of a model on a task's training data",
                             "ShrinkageSpec", "compute_shrinkage_file"),
@@ -71,8 +73,9 @@ SUBCOMMANDS = {
     "activations": Subcommand("istar.steps.activations", "[CLS] and token vectors of every layer on the evaluation split",
                               "ActivationsSpec", "extract_activations"),
     "launch": Subcommand("istar.steps.launch", "run a step with the processes and precision its granted GPUs allow"),
-    "analyze": Subcommand("istar.steps.analyze", "isotropy and intrinsic dimension of a run's activations"),
-    "measure": Subcommand("istar.steps.measure", "evaluation, activations and analysis of several fine-tuned runs in one process"),
+    "analyze": Subcommand("istar.steps.analyze", "isotropy and intrinsic dimension of a run's activations", "AnalyzeSpec"),
+    "measure": Subcommand("istar.steps.measure", "evaluation, activations and analysis of several fine-tuned runs in one process",
+                          "MeasureSpec"),
     "aggregate": Subcommand("istar.report.aggregate", "collect runs into the aggregate CSVs"),
     "experiment": Subcommand("istar.report.experiment", "Table 1's cells, the λ sweep and Σ_S curves as DVC metrics and plots"),
     "select": Subcommand("istar.report.select", "pick the best search setting of a model and task"),
@@ -115,10 +118,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the parsed subcommand: hand a spec step its built spec, else the module's ``run_cli``."""
+    """Run the parsed subcommand: hand a step its built spec, else the module's ``run_cli``."""
     entry = args.subcommand
     module = importlib.import_module(entry.module)
-    if entry.spec is None:
+    if entry.step is None:
         return module.run_cli(args)
     from istar.config.specs import spec_from_cli
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import yaml
 
+from istar import REMOVED_IN
+
 __all__ = ["ConfigError", "SCHEMA_PATH", "STUDIES", "RENAMED_KEYS", "load_schema", "load_yaml", "resolve_ref", "fill_defaults",
            "check_schema", "schema_entry", "default_of", "out_of_range"]
 
@@ -29,8 +31,8 @@ RENAMED_KEYS = {
     "shrinkage.layers": "penalty.layers",
     "shrinkage.global_penalty": "penalty.global_penalty",
 }
-"""Old config key (a section, or ``section.key``) → its new name. The old one still works, with a
-one-line notice naming the new key."""
+"""Old config key (a section, or ``section.key``) → its new name. The old one still works until
+:data:`istar.REMOVED_IN`, with a one-line notice naming the new key."""
 
 STUDIES = ("lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep", "single_layer", "padding")
 
@@ -314,28 +316,20 @@ def out_of_range(value, entry: dict) -> str | None:
 def _rename_keys(config: dict) -> None:
     """Move each old key of :data:`RENAMED_KEYS` to its new name, in place, with one notice on stderr."""
     for old, new in RENAMED_KEYS.items():
-        if "." not in old:  # a whole section
-            if old in config:
-                if new in config:
-                    raise ConfigError(f"config sections '{old}' and '{new}' are both given; '{old}' is the old name "
-                                      f"of '{new}': keep only '{new}'")
-                config[new] = config.pop(old)
-                print(f"istar: config section '{old}' is deprecated; rename it to '{new}' (the old name still works "
-                      "for now)", file=sys.stderr)
+        (*old_section, old_name), (*new_section, new_name) = old.split("."), new.split(".")
+        source = config.get(old_section[0]) if old_section else config
+        if not isinstance(source, dict) or old_name not in source:
             continue
-        (old_section, old_name), (new_section, new_name) = old.split("."), new.split(".")
-        section = config.get(old_section)
-        if not isinstance(section, dict) or old_name not in section:
-            continue
-        target = config.setdefault(new_section, {})
+        target = config.setdefault(new_section[0], {}) if new_section else config
         if not isinstance(target, dict):
             continue  # the schema check names the malformed section
+        kind = "key" if old_section else "section"
         if new_name in target:
-            raise ConfigError(f"config keys '{old}' and '{new}' are both given; '{old}' is the old name of '{new}': "
+            raise ConfigError(f"config {kind}s '{old}' and '{new}' are both given; '{old}' is the old name of '{new}': "
                               f"keep only '{new}'")
-        target[new_name] = section.pop(old_name)
-        print(f"istar: config key '{old}' is deprecated; rename it to '{new}' (the old name still works for now)",
-              file=sys.stderr)
+        target[new_name] = source.pop(old_name)
+        print(f"istar: config {kind} '{old}' is deprecated; rename it to '{new}' (the old name still works until "
+              f"istar {REMOVED_IN})", file=sys.stderr)
 
 
 def check_schema(config: dict, schema: dict | None = None) -> dict:

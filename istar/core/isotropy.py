@@ -37,7 +37,6 @@ __all__ = [
     "isoscore_from_eigenvalues",
     "isoscore_star",
     "isoscore_star_from_covariance",
-    "shrink_covariance",
 ]
 
 
@@ -170,21 +169,6 @@ def isoscore(X) -> float:
 # --------------------------------------------------------------------------------------
 # IsoScore* (Algorithm 1), closed form
 # --------------------------------------------------------------------------------------
-
-
-def shrink_covariance(cov_x, zeta: float, sigma_s=None) -> torch.Tensor:
-    """RDA shrinkage Σ_ζ = (1 − ζ)·Σ_X + ζ·Σ_S (Algorithm 1, step 4), in float64.
-
-    Parameters
-    ----------
-    cov_x : (d, d) covariance of the sample.
-    zeta : float in [0, 1]; the weight of ``sigma_s`` (0 = no shrinkage).
-    sigma_s : (d, d) shrinkage covariance; may be None when ``zeta == 0``.
-    """
-    cov_x = _as_covariance(cov_x, "cov_x")
-    sigma_s = _check_zeta(zeta, sigma_s, cov_x.shape[0], cov_x.device)
-    cov_x = cov_x.to(torch.float64)
-    return cov_x if sigma_s is None else (1.0 - zeta) * cov_x + zeta * sigma_s
 
 
 def isoscore_star_from_covariance(cov_x, zeta: float = 0.0, sigma_s=None) -> torch.Tensor:

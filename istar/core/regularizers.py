@@ -19,6 +19,7 @@ from typing import Sequence, Union
 
 import torch
 
+from istar import warn_renamed
 from istar.core.isotropy import isoscore_star, isoscore_star_from_covariance
 from istar.core.tokens import get_token_selection
 
@@ -29,7 +30,6 @@ LayerSelection = Union[str, int, Sequence[int]]
 """Which hidden states a penalty reads: ``"all"`` (layers 1..L, the paper's default),
 ``"all+embeddings"`` (0..L), one layer index, or a list of indices (0 = embedding output)."""
 
-LayerSpec = LayerSelection  # the old name of LayerSelection, kept for code that imports it
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,15 @@ def parse_layer_selection(text: str) -> LayerSelection:
     return indices[0] if len(indices) == 1 else indices
 
 
-parse_layer_spec = parse_layer_selection  # the old name of parse_layer_selection
+_RENAMED = {"LayerSpec": "LayerSelection", "parse_layer_spec": "parse_layer_selection"}
+
+
+def __getattr__(name: str):
+    """The old names of :data:`_RENAMED`, with a DeprecationWarning (:func:`istar.warn_renamed`)."""
+    if name not in _RENAMED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warn_renamed(name, _RENAMED[name])
+    return globals()[_RENAMED[name]]
 
 
 def check_hidden_states(hidden_states, attention_mask, tokens: str = "real"):

@@ -348,13 +348,6 @@ def holdout_split(data_dir, out_dir, fraction: float, seed: int) -> dict:
     return meta
 
 
-def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``holdout-data`` options, generated from :class:`istar.config.specs.HoldoutSpec`."""
-    from istar.config.specs import HoldoutSpec, add_spec_arguments
-
-    add_spec_arguments(parser, HoldoutSpec)
-
-
 def run_cli(args: argparse.Namespace) -> int:
     from istar.config.specs import spec_from_cli
 

@@ -225,13 +225,6 @@ def prepare_task(
     return meta
 
 
-def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``prepare-data`` options, generated from :class:`istar.config.specs.PrepareDataSpec`."""
-    from istar.config.specs import PrepareDataSpec, add_spec_arguments
-
-    add_spec_arguments(parser, PrepareDataSpec)
-
-
 def run_cli(args: argparse.Namespace) -> int:
     """Run ``prepare-data`` with parsed arguments; print a line per split. Returns the exit code."""
     from istar.config.specs import spec_from_cli

@@ -23,7 +23,7 @@ from istar.core.tokens import get_token_selection
 from istar.models.shrinkage import renamed_keyword, shrinkage_covariance
 from istar.registry.methods import Method, get_method
 
-__all__ = ["IStarConfig", "sigma_isoscore", "check_mask", "SigmaSchedule", "penalty_logs",
+__all__ = ["IStarConfig", "check_mask", "SigmaSchedule", "penalty_logs",
            "LogMeans"]
 
 
@@ -171,11 +171,6 @@ class IStarConfig:
         return sigma.to(device=next(model.parameters()).device, dtype=torch.float64)
 
 
-def sigma_isoscore(sigma_s: torch.Tensor) -> float:
-    """IsoScore of Σ_S (what the integrations log as ``sigma_s_isoscore`` at each refresh)."""
-    return float(isoscore_star_from_covariance(sigma_s, 0.0))
-
-
 def check_mask(batch, config: IStarConfig, where: str = "the training batches") -> None:
     """Refuse a batch without the ``attention_mask`` the penalty needs (before any Σ_S pass or step)."""
     if "attention_mask" not in batch and get_token_selection(config.tokens).masked:
@@ -224,7 +219,7 @@ class SigmaSchedule:
         self.sigma_s = given if given is not None else shrinkage_covariance(
             model, loader, layers=self.config.layers, tokens=self.config.tokens, shrinkage_rows=self.config.shrinkage_rows,
             accelerator=accelerator, progress=progress, description=f"Σ_S at epoch {epoch + 1}")
-        return sigma_isoscore(self.sigma_s)
+        return float(isoscore_star_from_covariance(self.sigma_s))  # IsoScore: ζ = 0
 
 
 def penalty_logs(config: IStarConfig, task_loss: torch.Tensor, penalty: Penalty | None) -> dict[str, torch.Tensor]:

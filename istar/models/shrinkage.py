@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from istar import warn_renamed
 from istar.core.covariance import CovarianceAccumulator
 from istar.core.regularizers import LayerSelection, resolve_layers
 from istar.core.shrinkage import add_hidden_states, layer_accumulators, current_processes, merge_across_processes, merge_layers
@@ -42,12 +42,13 @@ def progress_disabled(show: bool = True) -> bool:
 
 
 def renamed_keyword(value, old_value, old: str, new: str):
-    """``value``, or ``old_value`` given under a keyword's old name (with a DeprecationWarning naming the new one)."""
+    """``value``, or ``old_value`` given under a keyword's old name (with a DeprecationWarning naming the new one
+    and the release that removes the old: :func:`istar.warn_renamed`)."""
     if old_value is None:
         return value
     if value is not None and value != old_value:
         raise TypeError(f"{old}= is the old name of {new}=: give one of them")
-    warnings.warn(f"{old}= is deprecated: it is now called {new}=", DeprecationWarning, stacklevel=3)
+    warn_renamed(f"{old}=", f"{new}=", stacklevel=4)
     return old_value
 
 

@@ -1,9 +1,15 @@
 """Every use of Snakemake's private side, in one module: what the workflow needs from Snakemake's
-internals, for the major version pyproject.toml pins (``PRIVATE_NAMES`` lists them; a fast test checks
-that each still exists, so an upgrade that renames one fails there, not in a user's run).
+internals, for the major version pyproject.toml pins.
 
-The one private use outside this module is the Snakefile's first: it reads where the workflow comes
-from (``snakemake.sourcecache``) to find istar itself, before istar can be imported.
+``PRIVATE_NAMES`` lists every Snakemake name the workflow and this package use beyond the documented
+snakefile API (rules, checkpoints, ``workflow.basedir``, ``workflow.current_basedir``,
+``snakemake.utils``): those this module calls, and those the Snakefile and the rule files read where
+no public name says the same (where the workflow comes from, ``snakemake.sourcecache``, before istar
+can be imported; the ``--resources`` budget, ``workflow.global_resources``, which the GPU slots
+rewrite; whether this is the main process, ``workflow.is_main_process`` and ``workflow.local_exec``;
+the ``--configfile`` list; the deployment method). Fast tests check that each still exists, so an
+upgrade that renames one fails there, not in a user's run, and that no other Snakemake internal is
+used in workflow/ or istar/.
 
 Missing outputs are planned again, even where what was built from them exists. Snakemake 9 plans a
 job whose declared outputs are missing only when they are targets or when a job that needs them is
@@ -30,6 +36,12 @@ __all__ = ["PRIVATE_NAMES", "plan_missing_outputs", "replan_interrupted", "plann
 
 PRIVATE_NAMES = (
     # module, then attribute path: the private names the workflow uses
+    ("snakemake.workflow", "Workflow.global_resources"), ("snakemake.workflow", "Workflow.is_main_process"),
+    ("snakemake.workflow", "Workflow.local_exec"), ("snakemake.workflow", "Workflow.overwrite_configfiles"),
+    ("snakemake.workflow", "Workflow.main_snakefile"), ("snakemake.workflow", "Workflow.deployment_settings"),
+    ("snakemake.settings.types", "DeploymentSettings.deployment_method"),
+    ("snakemake.settings.types", "DeploymentMethod.CONDA"), ("snakemake.settings.types", "DAGSettings.force_incomplete"),
+    ("snakemake.exceptions", "WorkflowError"), ("snakemake.dag", "DAG.rules_allowed_for_needrun"),
     ("snakemake.sourcecache", "LocalSourceFile"), ("snakemake.sourcecache", "LocalGitFile"),
     ("snakemake.sourcecache", "HostingProviderFile"), ("snakemake.sourcecache", "LocalSourceFile.get_path_or_uri"),
     ("snakemake.dag", "DAG.update_needrun"), ("snakemake.dag", "DAG.needrun"), ("snakemake.dag", "DAG.finished"),

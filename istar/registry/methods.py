@@ -25,7 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Method", "METHODS", "METHOD_NAMES", "METHOD_PATTERN", "HYPERPARAMETERS", "get_method"]
+__all__ = ["Method", "METHODS", "METHOD_NAMES", "METHOD_PATTERN", "BASELINE_METHOD", "SEARCHED_METHOD", "HYPERPARAMETERS",
+           "get_method"]
 
 HYPERPARAMETERS = ("lam", "zeta", "layers", "sigma_s", "tokens")
 """Hyperparameters a method may take: λ, shrinkage ζ, the penalised layers, the shrinkage covariance Σ_S,
@@ -50,6 +51,8 @@ class Method:
         and the baseline: ``-1``, the last layer); None for a method that takes ``layers``. (The
         Σ_S every run measures after each epoch is over the spec's ``layers`` whatever the method:
         :mod:`istar.steps.sigma_tracking`.)
+    searched : whether the search tunes this method's λ and ζ (I-STAR): ``best.json`` names its choice, a
+        fixed λ | ζ (``final.istar``) stands in for that choice, and the claims are about it.
     """
 
     key: str
@@ -59,6 +62,7 @@ class Method:
     default_lam_key: str | None
     penalty: Callable | None = None
     fixed_layers: int | None = None
+    searched: bool = False
 
     def takes(self, name: str) -> bool:
         """Whether the method takes the hyperparameter ``name`` (one of :data:`HYPERPARAMETERS`)."""
@@ -109,7 +113,8 @@ METHODS: dict[str, Method] = {
     for method in (
         Method("base", "Base", "#7f7f7f", (), None, fixed_layers=-1),
         Method("cosreg", "CosReg", "#ff7f0e", ("lam", "tokens"), "final.cosreg_lambda", penalty=_cosreg_penalty, fixed_layers=-1),
-        Method("istar", "I-STAR", "#1f77b4", HYPERPARAMETERS, None, penalty=_istar_penalty),
+        Method("istar", "I-STAR", "#1f77b4", HYPERPARAMETERS, None, penalty=_istar_penalty,
+               searched=True),
     )
 }
 
@@ -118,6 +123,13 @@ METHOD_NAMES: tuple[str, ...] = tuple(METHODS)
 
 METHOD_PATTERN = "|".join(METHOD_NAMES)
 """Regular-expression alternation of the method keys (``base|cosreg|istar``), for setting names and wildcards."""
+
+
+BASELINE_METHOD: str = next(key for key, method in METHODS.items() if not method.penalises)
+"""The method every other one is compared with, seed by seed: the one that adds no penalty (``base``)."""
+
+SEARCHED_METHOD: str = next(key for key, method in METHODS.items() if method.searched)
+"""The method whose λ and ζ the search tunes (``istar``); where λ = 0 is in its grid, Base is one of its candidates."""
 
 
 def get_method(key: str) -> Method:

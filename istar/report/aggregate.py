@@ -74,7 +74,7 @@ from pathlib import Path
 
 from istar.io import artifacts
 from istar.io.results import read_measures
-from istar.registry.methods import get_method
+from istar.registry.methods import BASELINE_METHOD, get_method
 from istar.report.select import read_run
 
 __all__ = ["aggregate", "parse_run_argument", "RUNS_COLUMNS", "LAYERS_COLUMNS", "DIMS_COLUMNS", "EPOCHS_COLUMNS",
@@ -224,10 +224,9 @@ def _provenance_rows(run_dirs, measure_files, out_dir) -> list[dict]:
 def _with_collapse_counts(paired, counts, rule: str):
     """``paired`` with :data:`PAIRED_COLLAPSE_COLUMNS`, from :func:`istar.report.collapse.apply_collapse_rule`'s counts
     (a seed the rule excludes leaves every arm, so the reference's count of excluded runs is the cell's)."""
-    from .paired import REFERENCE
 
     cell = ["study", "model", "task"]
-    reference = counts.loc[counts["method"] == REFERENCE, [*cell, "collapsed", "excluded"]].rename(
+    reference = counts.loc[counts["method"] == BASELINE_METHOD, [*cell, "collapsed", "excluded"]].rename(
         columns={"collapsed": "collapsed_reference", "excluded": "excluded_seeds"})
     method = counts[[*cell, "method", "collapsed"]].rename(columns={"collapsed": "collapsed_method"})
     merged = paired.merge(reference, on=cell, how="left").merge(method, on=[*cell, "method"], how="left")

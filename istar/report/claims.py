@@ -36,11 +36,11 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from istar.registry.methods import METHODS
+from istar.registry.methods import SEARCHED_METHOD
 from istar.registry.tasks import get_task
 from istar.report.comparisons import StudyTests, study_tests
 from istar.report.inference import ALPHA, POWER
-from istar.report.paired import REFERENCE, format_p, informative, pooled_gains
+from istar.report.paired import format_p, informative, pooled_gains
 from istar.report.table_render import Table
 
 __all__ = ["Evidence", "Finding", "Claim", "CLAIMS", "claims_table"]
@@ -88,7 +88,7 @@ class Evidence:
         epochs = sorted(set(final["epochs"].dropna().astype(int))) if "epochs" in final else []
         if epochs:
             parts.append(f"{'/'.join(map(str, epochs))} epoch{'s' if epochs != [1] else ''}")
-        if method == "istar":
+        if method == SEARCHED_METHOD:
             parts.append(f"λ | ζ {self._origin(model, task)}")
         return ", ".join(parts)
 
@@ -217,8 +217,8 @@ def _beside_paper(evidence: Evidence, findings: list[Finding], method: str) -> l
 
 
 def _istar_beats_base(evidence: Evidence) -> list[Finding]:
-    findings = _across_cells(evidence, "score", "istar", +1, True, "I-STAR − Base", 2, " points")
-    return _beside_paper(evidence, findings, "istar")
+    findings = _across_cells(evidence, "score", SEARCHED_METHOD, +1, True, "I-STAR − Base", 2, " points")
+    return _beside_paper(evidence, findings, SEARCHED_METHOD)
 
 
 def _negative_lambdas(evidence: Evidence) -> list[Finding]:
@@ -277,7 +277,7 @@ def _decreasing_isotropy_helps(evidence: Evidence) -> list[Finding]:
     findings = []
     for row in scores.itertuples():
         iso = isotropy.get((row.model, row.method, row.task))
-        lam = runs[(runs["model"] == row.model) & (runs["task"] == row.task) & (runs["method"] == "istar")]
+        lam = runs[(runs["model"] == row.model) & (runs["task"] == row.task) & (runs["method"] == SEARCHED_METHOD)]
         if iso is None or lam.empty or (lam["lam"].astype(float) >= 0).any():
             continue
         finding = _cell_finding(evidence, row, +1, True, f"{row.method} − Base", 2, " points")
@@ -292,8 +292,8 @@ def _decreasing_isotropy_helps(evidence: Evidence) -> list[Finding]:
     # without a padding study: the final I-STAR (λ < 0) against Base, where it lowered IsoScore*
     final = evidence.tests.rows("final", "score")
     iso_final = evidence.tests.cells("final", "isoscore_star")
-    negative = evidence.runs[(evidence.runs["study"] == "final") & (evidence.runs["method"] == "istar")]
-    for row in final[final["method"] == "istar"].itertuples():
+    negative = evidence.runs[(evidence.runs["study"] == "final") & (evidence.runs["method"] == SEARCHED_METHOD)]
+    for row in final[final["method"] == SEARCHED_METHOD].itertuples():
         iso = iso_final.get((row.model, row.method, row.task))
         lam = negative[(negative["model"] == row.model) & (negative["task"] == row.task)]["lam"].astype(float)
         if iso is None or lam.empty or (lam >= 0).any():
@@ -308,12 +308,12 @@ def _decreasing_isotropy_helps(evidence: Evidence) -> list[Finding]:
 
 def _istar_lowers_isoscore(evidence: Evidence) -> list[Finding]:
     rows = evidence.tests.rows("final", "isoscore_star")
-    lams = evidence.runs[(evidence.runs["study"] == "final") & (evidence.runs["method"] == "istar")]
+    lams = evidence.runs[(evidence.runs["study"] == "final") & (evidence.runs["method"] == SEARCHED_METHOD)]
     negative = {(m, t) for (m, t), lam in lams.groupby(["model", "task"])["lam"] if (lam.astype(float) < 0).all()}
     if rows.empty or not negative:
         return []
     rows = rows[[(m, t) in negative for m, t in zip(rows["model"], rows["task"])]]
-    return _across_rows(evidence, rows, "istar", -1, "I-STAR (λ < 0) − Base IsoScore*")
+    return _across_rows(evidence, rows, SEARCHED_METHOD, -1, "I-STAR (λ < 0) − Base IsoScore*")
 
 
 def _across_rows(evidence: Evidence, rows: pd.DataFrame, method: str, sign: int, label: str) -> list[Finding]:

@@ -26,10 +26,10 @@ import numpy as np
 import pandas as pd
 
 from istar.core.tokens import TOKEN_SELECTIONS
-from istar.registry.methods import METHODS
+from istar.registry.methods import BASELINE_METHOD, METHODS
 from istar.registry.tasks import get_task
 from istar.report.inference import POWER, family_alpha, holm, random_intercept_slope
-from istar.report.paired import LEVEL, PAIRED_COLUMNS, REFERENCE, adjust_family, informative, paired_differences
+from istar.report.paired import LEVEL, PAIRED_COLUMNS, adjust_family, informative, paired_differences
 from istar.report.paper import Estimate, difference, paper_gain, paper_model
 
 __all__ = ["MEASURES", "TREND_COLUMNS", "PAPER_COLUMNS", "STUDY_PAIRED_COLUMNS", "StudyTests", "variant_label",
@@ -91,7 +91,7 @@ def _paired_parts(runs: pd.DataFrame, level: float) -> list[pd.DataFrame]:
             continue
         if study == "padding":  # its two I-STAR arms differ by token selection: each is compared as an arm
             rows = rows.assign(method=[variant_label(m, t) for m, t in zip(rows["method"], rows["tokens"])])
-        reference = METHODS[REFERENCE].label if study == "padding" else REFERENCE
+        reference = METHODS[BASELINE_METHOD].label if study == "padding" else BASELINE_METHOD
         for measure in measures:
             if measure in rows and rows[measure].notna().any():
                 parts.append(paired_differences(rows.assign(score=rows[measure]), study, reference, level, measure))

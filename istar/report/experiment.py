@@ -25,7 +25,7 @@ import math
 from pathlib import Path
 
 from istar.io import artifacts
-from istar.report.paired import REFERENCE
+from istar.registry.methods import BASELINE_METHOD
 
 __all__ = ["table1_metrics", "lambda_sweep_curves", "sigma_curves", "write_experiment"]
 
@@ -47,7 +47,7 @@ def table1_metrics(runs, paired) -> dict:
             "mean": _number(group["score"].mean()), "isoscore_star": _number(group["isoscore_star"].mean()),
             "seeds": int(group["seed"].nunique())}
     # paired.csv tests several measures of each final cell: Table 1's difference is the score's
-    scores = paired[(paired["study"] == FINAL) & (paired["reference"] == REFERENCE) & (paired["measure"] == "score")]
+    scores = paired[(paired["study"] == FINAL) & (paired["reference"] == BASELINE_METHOD) & (paired["measure"] == "score")]
     for row in scores.itertuples():
         cell = metrics.get(row.model, {}).get(row.task, {}).get(row.method)
         if cell is not None:

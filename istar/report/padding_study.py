@@ -24,12 +24,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from istar.core.tokens import TOKEN_SELECTIONS
-from istar.registry.methods import METHODS
+from istar.registry.methods import BASELINE_METHOD, METHODS
 from istar.registry.tasks import get_task, ordered_tasks
 from istar.report import figure_parts as parts
 from istar.report.inference import POWER
 from istar.report.comparisons import study_tests, variant_label
-from istar.report.paired import LEVEL, REFERENCE, SIGNIFICANT, difference_cell, power_cell
+from istar.report.paired import LEVEL, SIGNIFICANT, difference_cell, power_cell
 from istar.report.table_render import Table
 
 __all__ = ["padding_rows", "padding_table", "padding"]
@@ -51,7 +51,7 @@ def _order(rows: pd.DataFrame) -> list[str]:
     return [v for v in dict.fromkeys(order) if v in set(rows["variant"])]
 
 
-BASE = METHODS[REFERENCE].label
+BASE = METHODS[BASELINE_METHOD].label
 """The baseline's variant: it takes no token selection, so its variant is its method's label."""
 
 

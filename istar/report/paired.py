@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from istar.registry.methods import BASELINE_METHOD
 from istar.report.inference import (
     family_alpha,
     holm,
@@ -45,12 +46,9 @@ from istar.report.inference import (
     signed_rank_pvalue,
 )
 
-__all__ = ["PAIRED_COLUMNS", "POOLED_COLUMNS", "SIGNIFICANT", "LEVEL", "REFERENCE", "NO_INFORMATION", "difference_cell",
+__all__ = ["PAIRED_COLUMNS", "POOLED_COLUMNS", "SIGNIFICANT", "LEVEL", "NO_INFORMATION", "difference_cell",
            "power_cell", "paired_interval", "paired_differences", "adjust_family", "informative", "pooled_gains",
            "format_p"]
-
-REFERENCE = "base"
-"""The method every other one is compared with (a key of :data:`istar.registry.methods.METHODS`)."""
 
 LEVEL = 0.95
 """Coverage of the intervals the tables and ``paired.csv`` report."""
@@ -114,7 +112,7 @@ def _seed_scores(group: pd.DataFrame, what: str) -> dict[int, float]:
     return {int(seed): float(score) for seed, score in zip(scores["seed"], scores["score"])}
 
 
-def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str = REFERENCE,
+def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str = BASELINE_METHOD,
                        level: float = LEVEL, measure: str = "score") -> pd.DataFrame:
     """Every method against ``reference`` per model × task, paired by seed.
 

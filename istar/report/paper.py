@@ -25,6 +25,8 @@ from pathlib import Path
 
 from scipy import stats
 
+from istar.registry.methods import BASELINE_METHOD
+
 __all__ = ["PAPER_TABLE1", "PAPER_MODELS", "Estimate", "paper_table1", "paper_model", "paper_gain", "difference"]
 
 PAPER_TABLE1 = Path(__file__).resolve().parent / "data" / "paper_table1.csv"
@@ -79,7 +81,7 @@ def paper_gain(model: str, task: str, method: str, alpha: float = 0.05) -> Estim
     cells = table[(table["model"] == model) & (table["task"] == task)]
     if metric is not None:
         cells = cells[cells["metric"] == metric]
-    mine, base = cells[cells["method"] == method], cells[cells["method"] == "base"]
+    mine, base = cells[cells["method"] == method], cells[cells["method"] == BASELINE_METHOD]
     if mine.empty or base.empty:
         return None
     (m1, s1, n1), (m0, s0, n0) = (tuple(float(v) for v in frame[["mean", "sd", "n"]].iloc[0]) for frame in (mine, base))

@@ -44,6 +44,7 @@ from pathlib import Path
 from istar.config.layout import parse_run_dir, seed_of
 from istar.io import artifacts
 from istar.io.results import read_finished_run
+from istar.registry.methods import BASELINE_METHOD, SEARCHED_METHOD
 
 __all__ = ["read_run", "model_short_name", "setting_name", "select_best", "fixed_choice", "SETTING_KEYS", "PROTOCOLS",
            "protocol_note"]
@@ -241,8 +242,8 @@ def select_best(run_dirs, out=None, metric: str | None = None, lambda_zero: bool
     candidates = _candidates(runs, metric)
     # I-STAR's choice is the selection (Base among its candidates where λ = 0 was in its grid); baselines
     # searched beside it (search.tune_baselines) each get their own
-    istar = [c for c in candidates if c["method"] == "istar" or (lambda_zero and c["method"] == "base")]
-    best = (istar or candidates)[0]
+    searched = [c for c in candidates if c["method"] == SEARCHED_METHOD or (lambda_zero and c["method"] == BASELINE_METHOD)]
+    best = (searched or candidates)[0]
     scored_on = _scored_on(runs, model, task)
     protocol = {"protocol": "heldout" if scored_on["heldout_fraction"] is not None else "validation", **scored_on,
                 "settings": len(candidates)}
@@ -284,15 +285,15 @@ def fixed_choice(*, model: str, task: str, lam: float, zeta: float, tokens: str,
         if tuple(pair) != (model, task):
             raise ValueError(f"the baseline runs are of {pair[0]} × {pair[1]}, the fixed choice of {model} × {task}: "
                              "give the search runs of the same model and task")
-        if any(run["method"] == "istar" for run in runs):
+        if any(run["method"] == SEARCHED_METHOD for run in runs):
             raise ValueError(f"I-STAR run(s) given beside the λ | ζ fixed in advance for {model} × {task}: only the "
                              "baselines are searched there (search.tune_baselines); give only their runs")
         candidates, scored_on = _candidates(runs, get_task(task).metric), _scored_on(runs, model, task)
-    result = {"model": model, "task": task, "metric": get_task(task).metric, "method": "istar", "lam": float(lam),
+    result = {"model": model, "task": task, "metric": get_task(task).metric, "method": SEARCHED_METHOD, "lam": float(lam),
               "zeta": float(zeta), "layers": layers, "tokens": tokens, "batch_size": None, "epochs": None,
               "learning_rate": None, "score": None, "score_std": None, "seeds": 0, "standin": False,
               "protocol": "fixed", **scored_on, "settings": len(candidates),
-              "baselines": _best_per_method(candidates, "istar"), "candidates": candidates}
+              "baselines": _best_per_method(candidates, SEARCHED_METHOD), "candidates": candidates}
     if out is not None:
         result = artifacts.write_json(out, result, digest=True)
     return result

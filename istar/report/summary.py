@@ -26,13 +26,12 @@ import pandas as pd
 
 from istar.config.schema import load_yaml
 from istar.io import artifacts
-from istar.registry.methods import METHODS
+from istar.registry.methods import BASELINE_METHOD, METHODS
 from istar.registry.tasks import get_task, ordered_tasks
 from istar.report.aggregate_csv import read_aggregate
 from istar.report.claims import NOT_TESTED
 from istar.report.collapse import apply_collapse_rule, collapse_footnote
 from istar.report.figures import FIGURES, STABILITY_CSV, STUDY_FIGURES
-from istar.report.paired import REFERENCE
 from istar.report.select import protocol_note
 from istar.report.table_render import Table, render_markdown
 
@@ -146,14 +145,14 @@ def _arms(final: pd.DataFrame) -> str:
     for method in (m for m in METHODS if m in set(final["method"])):
         rows = final[final["method"] == method].drop_duplicates(["model", "task", "lam", "zeta", "tokens"])
         label = METHODS[method].label
-        if method == REFERENCE:
+        if method == BASELINE_METHOD:
             arms.append(label)
             continue
         values = [f"{get_task(row.task).display} λ = {row.lam:g}" + ("" if pd.isna(row.zeta) else f" | ζ = {row.zeta:g}")
                   + ("" if row.tokens == "real" else f", penalty over {row.tokens.replace('_', ' ')}")
                   for row in rows.itertuples()]
         arms.append(f"{label} ({'; '.join(values)})")
-    return ", ".join(arms) + f"; each compared with {METHODS[REFERENCE].label} seed by seed"
+    return ", ".join(arms) + f"; each compared with {METHODS[BASELINE_METHOD].label} seed by seed"
 
 
 def _recipe(config: dict) -> str:
@@ -170,7 +169,7 @@ def _primary(config: dict) -> str:
     if primary is None:
         return "none declared: every claim is judged on its pooled estimate"
     contrast = "the λ sweep's trend" if primary["contrast"] == "lambda_sweep" else \
-        f"{METHODS[primary['contrast']].label} − {METHODS[REFERENCE].label}"
+        f"{METHODS[primary['contrast']].label} − {METHODS[BASELINE_METHOD].label}"
     return f"{contrast} on {primary['model']} {get_task(primary['task']).display} (declared in inference.primary)"
 
 

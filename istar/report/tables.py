@@ -34,13 +34,13 @@ import math
 
 import pandas as pd
 
-from istar.registry.methods import METHOD_NAMES, METHODS
+from istar.registry.methods import BASELINE_METHOD, METHOD_NAMES, METHODS
 from istar.registry.tasks import get_task, ordered_tasks
 from istar.report.aggregate_csv import require_columns
 from istar.report.inference import POWER
 from istar.report.collapse import COUNTS_ATTR, collapsed_flags
 from istar.report.comparisons import study_tests
-from istar.report.paired import LEVEL, REFERENCE, SIGNIFICANT, difference_cell, power_cell
+from istar.report.paired import LEVEL, SIGNIFICANT, difference_cell, power_cell
 from istar.report.select import protocol_note
 from istar.report.table_render import Table, latex_escape, render_csv, render_latex, render_markdown, write_table
 
@@ -157,8 +157,8 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
             cells.append([text for text, _, _ in row])
             best.append([key is not None and key == top for (_, key, _), top in zip(row, tops)])
             seed_counts.update(n for _, _, n in row if n)
-        for method in [m for m in methods if m != REFERENCE] if REFERENCE in methods else []:
-            label = f"{METHODS[method].label} − {METHODS[REFERENCE].label}"
+        for method in [m for m in methods if m != BASELINE_METHOD] if BASELINE_METHOD in methods else []:
+            label = f"{METHODS[method].label} − {METHODS[BASELINE_METHOD].label}"
             index.append([model, label])
             cells.append([difference_cell(paired.get((model, method, task)), get_task(task).percent_scale)
                           for task in tasks])
@@ -333,7 +333,7 @@ def seed_table(runs: pd.DataFrame) -> Table:
         raise ValueError("runs.csv has no rows with study == 'final': run the workflow's final stage, then "
                          "`istar aggregate`")
     methods = [m for m in METHOD_NAMES if m in set(final["method"])]
-    others = [m for m in methods if m != REFERENCE] if REFERENCE in methods else []
+    others = [m for m in methods if m != BASELINE_METHOD] if BASELINE_METHOD in methods else []
     scores = final.groupby(["model", "task", "seed", "method"])["score"].first()
     failed = set(final.loc[collapsed_flags(final), ["model", "task", "seed", "method"]].itertuples(index=False, name=None))
     index, cells = [], []
@@ -344,11 +344,11 @@ def seed_table(runs: pd.DataFrame) -> Table:
                 value = {m: scores.get((model, task, seed, m), math.nan) * scale for m in methods}
                 row = ["–" if math.isnan(value[m]) else f"{value[m]:.1f}" + " collapsed" * ((model, task, seed, m) in failed)
                        for m in methods]
-                row += ["–" if math.isnan(value[m] - value[REFERENCE]) else f"{value[m] - value[REFERENCE]:+.1f}"
+                row += ["–" if math.isnan(value[m] - value[BASELINE_METHOD]) else f"{value[m] - value[BASELINE_METHOD]:+.1f}"
                         for m in others]
                 index.append([model, get_task(task).display, str(seed)])
                 cells.append(row)
-    columns = [METHODS[m].label for m in methods] + [f"{METHODS[m].label} − {METHODS[REFERENCE].label}" for m in others]
+    columns = [METHODS[m].label for m in methods] + [f"{METHODS[m].label} − {METHODS[BASELINE_METHOD].label}" for m in others]
     return Table(
         name="seeds",
         caption="Every final run's score, seed by seed, and each method's difference from Base on the same seed.",

@@ -30,7 +30,6 @@ Definitions (N = non-padding evaluation tokens, the same tokens in every hidden 
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ from pathlib import Path
 import torch
 
 from istar.config.schema import default_of
-from istar.config.specs import AnalyzeSpec, add_spec_arguments, spec_from_cli
+from istar.config.specs import spec_from_cli
 from istar.core.covariance import CovarianceAccumulator
 from istar.core.measurement import isotropy_of_statistics
 from istar.core.regularizers import LayerSelection
@@ -180,10 +179,6 @@ def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str
                        "std": tensors["last_layer_token_std"].double().tolist()},
         "warnings": report["warnings"],
     }
-
-
-def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    add_spec_arguments(parser, AnalyzeSpec)
 
 
 def run_cli(args) -> int:

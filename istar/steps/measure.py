@@ -41,12 +41,11 @@ each takes a forward pass or two, not a training run.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 from pathlib import Path
 
-from istar.config.specs import MeasureSpec, add_spec_arguments, spec_from_cli
+from istar.config.specs import MeasureSpec, spec_from_cli
 from istar.io import artifacts
 from istar.io.provenance import code_provenance
 
@@ -158,10 +157,6 @@ def _trained_on(run: str) -> str:
     """The run's token selection from its run_config.json (runs written before the setting: real tokens)."""
     config = Path(run) / "run_config.json"
     return artifacts.read_json(config).get("tokens", "real") if config.is_file() else "real"
-
-
-def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    add_spec_arguments(parser, MeasureSpec)
 
 
 def run_cli(args) -> int:

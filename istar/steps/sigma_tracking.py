@@ -63,11 +63,6 @@ def check_given_sigma(spec: TrainSpec, given: GivenSigma, context: ModelContext)
                      shape=(config.hidden_size, config.num_hidden_layers + 1), model=context.model_name)
 
 
-def _isoscore(sigma: torch.Tensor) -> float:
-    """IsoScore of a covariance (d, d): IsoScore* with ζ = 0 (docs/method.md §2)."""
-    return float(isoscore_star_from_covariance(sigma, 0.0))
-
-
 @dataclass
 class SigmaTracker:
     """Σ_S of one run: what it records in ``progress`` (``sigma_s``, ``sigma_epoch``,
@@ -100,7 +95,7 @@ class SigmaTracker:
         if not progress.sigma_isoscore:
             # I-STAR's Σ_S before training is the file it was given; the other runs measure their own.
             sigma = progress.sigma_s if progress.sigma_s is not None else self._measure(0).selection.covariance().cpu()
-            measured = _isoscore(sigma)
+            measured = float(isoscore_star_from_covariance(sigma))  # IsoScore: ζ = 0 (docs/method.md §2)
             progress.sigma_isoscore.append(measured)
         self.penalty_sigma = progress.sigma_s.to(accelerator.device) if progress.sigma_s is not None else None
         return measured
@@ -111,7 +106,7 @@ class SigmaTracker:
         spec, accelerator = self.spec, self.context.accelerator
         statistics = self._measure(epochs_done)
         sigma = statistics.selection.covariance().cpu()
-        self.progress.sigma_isoscore.append(_isoscore(sigma))
+        self.progress.sigma_isoscore.append(float(isoscore_star_from_covariance(sigma)))
         if not (get_method(spec.method).needs_sigma_s(spec.zeta) and spec.recompute_shrinkage
                 and epochs_done < spec.epochs):
             return

@@ -217,19 +217,78 @@ def test_every_registry_method_reaches_the_config_with_its_own_defaults():
         assert config.zeta == (default_of("$defs.zeta") if method.takes("zeta") else 0.0)
 
 
-def test_the_old_keywords_still_set_the_row_budget_and_the_recompute_flag():
-    """``sigma_rows=`` and ``recompute_every_epoch=`` (IStarConfig) and ``max_rows=`` (the Σ_S pass) are the old
-    names of ``shrinkage_rows`` and ``recompute_shrinkage``: they still work, with a DeprecationWarning."""
+def _old_layer_selection():
+    from istar.core.regularizers import LayerSelection, LayerSpec
+
+    assert LayerSpec is LayerSelection
+
+
+def _old_layer_parser():
+    from istar.core import regularizers
+
+    assert regularizers.parse_layer_spec("1,3") == regularizers.parse_layer_selection("1,3") == [1, 3]
+
+
+def _old_row_budget_keyword():
+    assert istar.IStarConfig(lam=-1.0, sigma_rows=1000) == istar.IStarConfig(lam=-1.0, shrinkage_rows=1000)
+
+
+def _old_recompute_keyword():
+    assert istar.IStarConfig(lam=-1.0, recompute_every_epoch=False) == istar.IStarConfig(lam=-1.0, recompute_shrinkage=False)
+
+
+def _row_batches(tiny_model_dir):
+    """Three batches of two sentences of the tiny BERT, and the rows of the first (its real tokens)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    batches = [dict(tokenizer([f"sentence {i}", f"a longer sentence number {i}"], padding=True, return_tensors="pt"))
+               for i in range(3)]
+    return BertModel.from_pretrained(tiny_model_dir), batches, int(batches[0]["attention_mask"].sum())
+
+
+def _old_max_rows_of_the_public_sigma(tiny_model_dir):
+    model, batches, rows = _row_batches(tiny_model_dir)
+    torch.testing.assert_close(istar.shrinkage_covariance(model, batches, layers=[2], max_rows=rows, progress=False),
+                               istar.shrinkage_covariance(model, batches, layers=[2], shrinkage_rows=rows, progress=False))
+
+
+def _old_max_rows_of_the_accumulation(tiny_model_dir):
+    from istar.models.shrinkage import accumulate_shrinkage
+
+    model, batches, rows = _row_batches(tiny_model_dir)
+    old = accumulate_shrinkage(model, batches, layers=[2], max_rows=rows, progress=False)
+    assert old[2].count == rows == accumulate_shrinkage(model, batches, layers=[2], shrinkage_rows=rows, progress=False)[2].count
+
+
+def _warns_with_the_release(old: str, new: str):
+    """The DeprecationWarning of an old name: the new name and the release that removes the old one."""
+    return pytest.warns(DeprecationWarning, match=rf"^{old} is deprecated and goes in istar 0\.3\.0: it is now called {new}$")
+
+
+@pytest.mark.parametrize(("use", "old", "new"), [
+    (_old_layer_selection, "LayerSpec", "LayerSelection"),
+    (_old_layer_parser, "parse_layer_spec", "parse_layer_selection"),
+    (_old_row_budget_keyword, "sigma_rows=", "shrinkage_rows="),
+    (_old_recompute_keyword, "recompute_every_epoch=", "recompute_shrinkage="),
+], ids=["LayerSpec", "parse_layer_spec", "sigma_rows", "recompute_every_epoch"])
+def test_each_old_name_still_works_and_warns_with_the_release_that_removes_it(use, old, new):
+    """The renamed names of the library keep working until istar.REMOVED_IN (the next minor release)."""
+    with _warns_with_the_release(old, new):
+        use()
+
+
+@pytest.mark.parametrize("use", [_old_max_rows_of_the_public_sigma, _old_max_rows_of_the_accumulation],
+                         ids=["shrinkage_covariance", "accumulate_shrinkage"])
+def test_the_old_row_budget_keyword_of_the_sigma_pass_still_works_and_warns(use, tiny_model_dir):
+    with _warns_with_the_release("max_rows=", "shrinkage_rows="):
+        use(tiny_model_dir)
+
+
+def test_the_old_names_go_in_the_next_minor_release():
+    major, minor, _ = map(int, istar.__version__.split("."))
+    assert istar.REMOVED_IN == f"{major}.{minor + 1}.0", "the release removing the old names is here: remove them"
     from istar.models.shrinkage import renamed_keyword
 
-    with pytest.warns(DeprecationWarning) as warned:
-        old = istar.IStarConfig(lam=-1.0, sigma_rows=1000, recompute_every_epoch=False)
-    assert [str(w.message).split(": ")[1] for w in warned] == ["it is now called shrinkage_rows=",
-                                                               "it is now called recompute_shrinkage="]
-    assert old == istar.IStarConfig(lam=-1.0, shrinkage_rows=1000, recompute_shrinkage=False)
-    with pytest.warns(DeprecationWarning, match="max_rows= is deprecated"):
-        assert renamed_keyword(None, 7, "max_rows", "shrinkage_rows") == 7
-    with pytest.raises(TypeError, match="give one of them"):
+    with pytest.raises(TypeError, match="max_rows= is the old name of shrinkage_rows=: give one of them"):
         renamed_keyword(5, 7, "max_rows", "shrinkage_rows")
 
 

@@ -276,9 +276,9 @@ def test_an_old_key_still_works_with_a_notice_naming_the_new_one(capsys):
     assert "layers" not in config["shrinkage"]
     notices = capsys.readouterr().err.strip().splitlines()
     assert notices == ["istar: config key 'shrinkage.layers' is deprecated; rename it to 'penalty.layers' (the old name "
-                       "still works for now)",
+                       "still works until istar 0.3.0)",
                        "istar: config key 'shrinkage.global_penalty' is deprecated; rename it to "
-                       "'penalty.global_penalty' (the old name still works for now)"]
+                       "'penalty.global_penalty' (the old name still works until istar 0.3.0)"]
     with pytest.raises(ConfigError, match="'shrinkage.layers' and 'penalty.layers' are both given"):
         validate_config({"shrinkage": {"layers": 1}, "penalty": {"layers": 2}}, check_paths=False)
 

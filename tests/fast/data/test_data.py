@@ -1,6 +1,5 @@
 """Tests of istar.data: mirror and hub loaders, stand-ins, subsampling, prepared folders, CLI."""
 
-import argparse
 import json
 from functools import lru_cache
 
@@ -13,7 +12,6 @@ from mirrors import FULL_MIRROR, TEST_DATA
 
 from istar.data import (
     MissingSplitError,
-    add_cli_arguments,
     load_task,
     prepare_task,
     read_meta,
@@ -382,9 +380,9 @@ def test_bad_arguments_raise_clear_errors(tiny_mirror, tmp_path, monkeypatch):
 
 
 def parse(argv):
-    parser = argparse.ArgumentParser()
-    add_cli_arguments(parser)
-    return parser.parse_args(argv)
+    from istar.cli import build_parser
+
+    return build_parser("prepare-data").parse_args(["prepare-data", *argv])
 
 
 def test_cli_says_when_a_standin_is_used_and_reports_errors(tiny_mirror, tmp_path, capsys):
