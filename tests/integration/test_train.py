@@ -297,3 +297,25 @@ def test_compiled_step_equals_the_eager_step_on_cpu(tiny_model_dir, prepared):
     assert sum(compiled[0], ()) == pytest.approx(sum(eager[0], ()), rel=1e-4, abs=1e-6)
     for got, expected in zip(compiled[1], eager[1]):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_step_that_keeps_recompiling_warns_once():
+    """warn_on_recompiles on a real torch.compile (dynamo, eager backend: no kernels to build) of a function
+    compiled afresh for every input shape: quiet while the recompilations stay within the limit, one warning after.
+    In this lane for dynamo's start-up (tens of seconds on a busy CPU)."""
+    import warnings
+
+    from istar.steps.train_step import warn_on_recompiles
+
+    torch._dynamo.reset()
+    step = warn_on_recompiles(torch.compile(lambda x: (x * 2).sum(), backend="eager", dynamic=False), "default", 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for rows in (1, 2, 3, 1, 2):
+            step(torch.ones(rows))
+        assert not caught
+        for rows in (4, 5, 6):
+            step(torch.ones(rows))
+    torch._dynamo.reset()
+    assert [str(w.message)[:70] for w in caught] == [
+        "training.compile = default: the step has been compiled 3 more times si"]
