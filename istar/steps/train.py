@@ -55,7 +55,7 @@ from istar.registry.compile_modes import BUCKET_MULTIPLE, get_compile_mode
 from istar.registry.precisions import PRECISIONS
 from istar.steps.disk_space import check_free_space
 from istar.steps.evaluate import collapse_note, evaluate_model
-from istar.steps.gpu_memory import check_shared_gpu
+from istar.steps.gpu_memory import claim_gpu_share
 from istar.steps.common import ModelContext
 from istar.steps.resume import (
     Interrupted,
@@ -158,7 +158,7 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
     given_sigma = read_given_sigma(spec)  # before the model and data are loaded
     context = open_model_context(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps,
                                  log_with=tracking.log_with, project_dir=tracking.project_dir)
-    check_shared_gpu(context.model, spec.batch_size, spec.max_length, context.precision, context.accelerator.device)
+    claim_gpu_share(context.model, spec.batch_size, spec.max_length, context.precision, context.accelerator.device)
     forward = step_forward(spec.compile, context.accelerator.device)  # refused here where it cannot run
     if given_sigma is not None:
         check_given_sigma(spec, given_sigma, context)
