@@ -103,7 +103,7 @@ if JOBS_PER_GPU > 1:
         THREADS = packed_threads(
             THREADS,
             workflow.global_resources["_cores"].value,
-            workflow.global_resources["gpu"],
+            gpu_budget(_GPU_LIMIT.value, JOBS_PER_GPU),
         )
     except ValueError as error:
         raise WorkflowError(str(error)) from None

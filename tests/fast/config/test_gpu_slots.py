@@ -128,3 +128,27 @@ def test_a_run_on_the_cpu_is_not_held_to_a_gpu_share(monkeypatch, tiny_bert):
 
     monkeypatch.setenv("ISTAR_JOBS_PER_GPU", "64")
     claim_gpu_share(tiny_bert, 32, 128, PRECISIONS["fp16"], torch.device("cpu"))
+
+
+def test_replicas_as_micro_batches_ask_for_one_gpu_and_accumulate_every_replicas_batch():
+    from istar.config.gpu_slots import fine_tune_gpus, micro_batches_per_step
+    from istar.pipeline.validate import validate_config
+
+    ddp = {"gpus": 2, "gradient_accumulation_steps": 2, "replicas_as_micro_batches": False}
+    one = {**ddp, "replicas_as_micro_batches": True}
+    assert (fine_tune_gpus(ddp), micro_batches_per_step(ddp)) == (2, 2)
+    assert (fine_tune_gpus(one), micro_batches_per_step(one)) == (1, 4)
+    cpu = {**one, "gpus": 0}
+    assert (fine_tune_gpus(cpu), micro_batches_per_step(cpu)) == (0, 2)
+    with pytest.raises(Exception, match=r"replicas_as_micro_batches': .* set replicas_as_micro_batches to false, or "
+                                        r"global_penalty to false"):
+        validate_config({"training": one, "penalty": {"global_penalty": True}}, check_paths=False)
+
+
+def test_threads_are_lowered_so_every_slot_can_run_or_refused_with_the_numbers():
+    from istar.config.gpu_slots import packed_threads
+
+    assert packed_threads(8, 32, 6) == 5 and packed_threads(2, 32, 6) == 2 and packed_threads(8, 6, 6) == 1
+    with pytest.raises(ValueError, match=r"^--cores 4 runs at most 4 jobs at once, fewer than the 6 GPU slots .* "
+                                         r"give --cores 6 or more"):
+        packed_threads(8, 4, 6)
