@@ -11,6 +11,8 @@ import; ``--check`` exits 1 when the file is not what the records give, as the t
   GPU takes than the estimate, lowest and highest seen on that kind of GPU.
 - ``packed_ratio``: for each ``--parallel K`` of a ``run-bundle`` call, each fine-tune's seconds over
   K × its estimate alone: the GPU time one job costs when K share the GPU, relative to the estimate.
+- ``packed_models``: the configured models whose fine-tunes those calls packed (a rate applied to
+  another model is extrapolated to it, and ``istar cost`` says so).
 - ``job_factor``: the other jobs of those calls (``measure``, ``shrinkage`` of either token
   selection, ``select``), each one's seconds over its estimate, per rule: what
   :func:`istar.pipeline.cost.bundle_call_seconds` sizes a device call with.
@@ -65,7 +67,7 @@ def job_factors(call: dict) -> dict[str, list[float]]:
 
 
 def _kind() -> dict:
-    return {"step_factor": [], "packed_ratio": {}, "job_factor": {}, "sources": []}
+    return {"step_factor": [], "packed_ratio": {}, "packed_models": set(), "job_factor": {}, "sources": []}
 
 
 def build(records: Path) -> dict:
@@ -79,12 +81,14 @@ def build(records: Path) -> dict:
         call = json.loads(path.read_text(encoding="utf-8"))
         kind = rates.setdefault(gpu_kind(call["device"]["gpus"][0]), _kind())
         kind["packed_ratio"].setdefault(str(call["parallel"]), []).extend(packed_ratios(call))
+        kind["packed_models"] |= {job["label"].split("/")[0] for job in call["jobs"] if job["rule"] == "train"}
         for rule, factors in job_factors(call).items():
             kind["job_factor"].setdefault(rule, []).extend(factors)
         kind["sources"].append(str(path.relative_to(REPO)))
     return {name: {"step_factor": [round(min(k["step_factor"]), 3), round(max(k["step_factor"]), 3)],
                    "packed_ratio": {parallel: [round(min(r), 3), round(max(r), 3)]
                                     for parallel, r in sorted(k["packed_ratio"].items(), key=lambda i: int(i[0]))},
+                   "packed_models": sorted(k["packed_models"]),
                    "job_factor": {rule: [round(min(r), 3), round(max(r), 3)] for rule, r in sorted(k["job_factor"].items())},
                    "sources": sorted(k["sources"])}
             for name, k in sorted(rates.items()) if k["step_factor"]}

@@ -25,8 +25,8 @@ Three sections, each timed side by side against today's code, printed and writte
 
 Budget on an H100 (estimated from the sizes; not yet run on one): product ~0.5 min, packing ~2 min,
 capture about 4–5 min (no encoder starts after ``CAPTURE_BUDGET_S``; one not started is recorded as
-skipped), 7–8 minutes in all. The JSON is written after every section, so a command cut short keeps
-the sections before. ``--quick`` (automatic without CUDA) runs
+skipped), 7–8 minutes in all. The JSON is rewritten (atomically) after every section and after
+every measured row of the packing and capture sections, so a command cut short keeps what it measured. ``--quick`` (automatic without CUDA) runs
 the same code with tiny encoders, a 4 × 32 batch, K = 1, 2 and, on a CPU, dynamo with its eager
 backend in place of CUDA graphs (which a CPU run refuses; the refusal is recorded): the test suite
 runs it so the script cannot rot; its numbers say nothing about a GPU.
@@ -232,7 +232,7 @@ def _answer(process) -> dict:
     raise RuntimeError(f"a packing worker stopped (exit status {process.wait()})")
 
 
-def packing_section(form: Form, device: torch.device, quick: bool) -> dict:
+def packing_section(form: Form, device: torch.device, quick: bool, save_rows=lambda rows: None) -> dict:
     command = [sys.executable, "-m", "bench.gpu_pack", "--worker", "--out", "-"] + (["--quick"] if quick else [])
     env = {**child_env(device.type == "cpu"), "OMP_NUM_THREADS": "1"}
     workers = [subprocess.Popen(command, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -257,6 +257,7 @@ def packing_section(form: Form, device: torch.device, quick: bool) -> dict:
                              "steps_per_s": steps_per_s, "examples_per_s": steps_per_s * form.batch[0],
                              "peak_memory_mb_per_job": max(peaks) if peaks else None,
                              "finite": all(warm) and all(r["finite"] for r in results)})
+                save_rows(rows)
     finally:
         for process in workers:
             process.stdin.close()
@@ -301,7 +302,7 @@ def capture_forward(device: torch.device) -> tuple[object, str, str | None]:
         return captured, "torch.compile(backend='cudagraphs')", str(refusal)
 
 
-def capture_section(form: Form, device: torch.device) -> dict:
+def capture_section(form: Form, device: torch.device, save_rows=lambda rows: None) -> dict:
     accelerator = make_accelerator(device)
     batch = synthetic_batch(*form.batch, accelerator.device)
     start, rows, captured_as, refusal = time.perf_counter(), [], None, None
@@ -334,6 +335,7 @@ def capture_section(form: Form, device: torch.device) -> dict:
                          "largest_relative_loss_difference": max(abs(a - b) / max(abs(b), 1e-6)
                                                                  for a, b in zip(captured, eager)),
                          "finite": all(map(math.isfinite, eager + captured))})
+        save_rows(rows)
         del trainers
         release(accelerator)
         torch._dynamo.reset()
@@ -409,9 +411,17 @@ def main(argv=None) -> int:
 
     chosen = [name.strip() for name in args.sections.split(",")]
     results = {"form": form.name, "environment": environment(device), "sizes": asdict(form), "sections": {}}
+
+    def saver(name: str):
+        """Rows measured so far, written into the JSON as the section's (``partial``) before it ends."""
+        def save_rows(rows: list) -> None:
+            results["sections"][name] = {"rows": rows, "partial": True}
+            write_json(Path(args.out), results)
+        return save_rows
+
     sections = {"product": lambda: product_section(form, device),
-                "packing": lambda: packing_section(form, device, args.quick or not cuda),
-                "capture": lambda: capture_section(form, device)}
+                "packing": lambda: packing_section(form, device, args.quick or not cuda, saver("packing")),
+                "capture": lambda: capture_section(form, device, saver("capture"))}
     for name in chosen:
         write_json(Path(args.out), results)  # what is done so far, should the command be cut short
         print(f"\n## {name} ({form.name} form, {device.type})", flush=True)
@@ -420,7 +430,8 @@ def main(argv=None) -> int:
             results["sections"][name] = sections[name]()
         except Exception as error:  # record and go on: one broken section must not hide the others' numbers
             print(f"{name} failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
-            results["sections"][name] = {"error": f"{type(error).__name__}: {error}"}
+            # (the rows it saved before it failed stay)
+            results["sections"][name] = {**results["sections"].get(name, {}), "error": f"{type(error).__name__}: {error}"}
         results["sections"][name]["seconds"] = time.perf_counter() - start
         if cuda:
             torch.cuda.empty_cache()

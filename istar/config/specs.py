@@ -34,6 +34,7 @@ from istar.core.tokens import TOKEN_SELECTION_NAMES
 from istar.io import artifacts
 from istar.registry import precisions
 from istar.registry.analysis import get_sigma_source
+from istar.registry.compile_modes import compile_conflict
 from istar.registry.methods import METHOD_NAMES, get_method
 from istar.registry.tasks import TASKS
 
@@ -211,6 +212,8 @@ class TrainSpec(ModelData):
                             f"leave it at {TOKEN_SELECTION_NAMES[0]}")
         if method.needs_sigma_s(self.zeta) and not self.sigma_s:
             raise SpecError(f"method {self.method} with zeta > 0 needs --sigma-s, the file written by `istar shrinkage`")
+        if problem := compile_conflict(self.compile, self.gradient_accumulation_steps, self.tokens):
+            raise SpecError(problem)
 
     @property
     def penalty_layers(self):

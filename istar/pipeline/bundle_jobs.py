@@ -144,11 +144,11 @@ def claimed_gpus(count: int, env: dict):
     if count == 0 or "CUDA_VISIBLE_DEVICES" in env:
         yield env
         return
-    from istar.steps.launch import claim_gpus, visible_gpu_count
+    from istar.steps.launch import claim_gpus, visible_devices
 
-    total = visible_gpu_count()
-    if total < count:
-        raise ValueError(f"the bundle's jobs ask for {count} GPU(s) but this machine shows {total}: run on a GPU "
-                         "machine, or on the CPU with --gpus 0")
-    with claim_gpus(count, total) as gpus:
-        yield {**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+    devices = visible_devices(env)
+    if len(devices) < count:
+        raise ValueError(f"the bundle's jobs ask for {count} GPU(s) but this machine shows {len(devices)}: run on a "
+                         "GPU machine, or on the CPU with --gpus 0")
+    with claim_gpus(count, devices) as gpus:
+        yield {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}

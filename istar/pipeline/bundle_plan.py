@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from istar.config.gpu_slots import fine_tune_gpus
 from istar.config.layout import DEFAULT_TOKENS
 from istar.config.schema import ConfigError
 from istar.core.tokens import get_token_selection
@@ -78,7 +79,7 @@ def plan_jobs(config: dict, depths: dict[str, int]) -> tuple[list[dict], dict]:
     problem = confirmatory_problem(config)
     if problem is not None:
         raise ConfigError(problem)
-    gpus = config["training"]["gpus"]
+    gpus = fine_tune_gpus(config["training"])
     order = ("select", "shrinkage", "train", "measure")
     jobs: dict[str, list[dict]] = {step: [] for step in order}
     aggregate = {"runs": [], "selections": [], "measures": set()}

@@ -13,6 +13,12 @@ from the GPU records by ``python -m bench.device_rates``):
   ``packed_ratio[K]`` (one job's GPU time when K share the GPU, over its estimate alone), for each K
   measured on that kind.
 
+What the config as written runs (:func:`as_written`): a fine-tune of ``training.gpus`` G ≥ 2 holds G
+whole GPUs (DDP) and shares none, unless ``training.replicas_as_micro_batches`` runs it as one process
+on one GPU; a one-GPU fine-tune shares its GPU with ``training.jobs_per_gpu`` − 1 others. Its rate is
+the measured one for that K, or, for a K not measured, the range from the best measured sharing to a
+job alone; a packed rate measured on other models than the config's is marked extrapolated.
+
 Wall time on N GPUs is the GPU time over N: a lower bound (the search must end before the final
 runs start). Fine-tunes only: the Σ_S passes of the pretrained models and the measurements add a
 job per setting (a few per cent of a study's fine-tunes' time in the GPU study).
@@ -31,6 +37,7 @@ import math
 import re
 from pathlib import Path
 
+from istar.config.gpu_slots import fine_tune_gpus
 from istar.config.layout import Setting
 from istar.config.schema import STUDIES
 from istar.pipeline.bundle_plan import DeviceCosts, model_sizes_of
@@ -49,7 +56,7 @@ from istar.registry.methods import get_method
 from istar.registry.tasks import get_task
 
 __all__ = ["RATES_FILE", "gpu_kind", "load_rates", "model_shape", "planned_fine_tunes", "fine_tune_estimate_s",
-           "config_cost", "describe_cost", "bundle_call_seconds"]
+           "config_cost", "as_written", "describe_cost", "bundle_call_seconds"]
 
 RATES_FILE = Path(__file__).with_name("device_rates.json")
 
@@ -184,9 +191,43 @@ def config_cost(config: dict, kind: str, gpus: int, rates: dict | None = None) -
     return {"kind": kind, "gpus": gpus, "fine_tunes": len(runs),
             "search_fine_tunes": sum(run["stage"] == "search" for run in runs),
             "estimate_gpu_hours": round(estimate_h, 1),
+            "as_written": as_written(config, measured, hours),
             "alone": hours(measured["step_factor"], 1),
             "packed": [hours(ratio, int(k)) for k, ratio in measured["packed_ratio"].items()],
             "sources": measured["sources"]}
+
+
+def as_written(config: dict, measured: dict, hours) -> dict:
+    """What the config's own settings run: fine-tunes per GPU, whether it packs and why not, its GPU-hours
+    (``hours(ratio, per_gpu)``) and which of its rates are measured or extrapolated."""
+    training = config["training"]
+    gpus_per_job = fine_tune_gpus(training)
+    per_gpu = training["jobs_per_gpu"] if gpus_per_job == 1 else 1
+    if gpus_per_job > 1:
+        why_not = (f"training.gpus = {gpus_per_job}: each fine-tune holds {gpus_per_job} whole GPUs (DDP); "
+                   "training.replicas_as_micro_batches: true runs it as one process on one GPU, which can be shared")
+    elif per_gpu == 1:
+        why_not = "training.jobs_per_gpu = 1"
+    else:
+        why_not = None
+    packed = measured["packed_ratio"]
+    if per_gpu == 1:
+        ratio, rate = measured["step_factor"], "measured (a job alone)" + (
+            "; DDP's all-reduce not included" if gpus_per_job > 1 else "")
+    elif str(per_gpu) in packed:
+        ratio, rate = packed[str(per_gpu)], f"measured at {per_gpu} jobs per GPU"
+    else:
+        ratio = [min(low for low, _ in packed.values()), measured["step_factor"][1]]
+        rate = (f"{per_gpu} jobs per GPU not measured: from the best sharing measured "
+                f"({', '.join(packed)} per GPU) to a job alone")
+    others = sorted(set(config["models"]) - set(measured["packed_models"]))
+    if per_gpu > 1 and others:
+        rate += (f"; packing measured on {', '.join(measured['packed_models'])} fine-tunes, extrapolated to "
+                 f"{', '.join(others)}")
+    return {**hours(ratio, per_gpu), "gpus_per_fine_tune": gpus_per_job,
+            "packs": per_gpu > 1, "why_not_packed": why_not, "rate": rate,
+            "threads": "each job's threads are lowered to --cores / (--resources gpu × jobs_per_gpu)"
+            if per_gpu > 1 else None}
 
 
 def describe_cost(cost: dict) -> str:
@@ -196,6 +237,10 @@ def describe_cost(cost: dict) -> str:
     lines = [f"{cost['fine_tunes']:,} fine-tunes ({cost['search_fine_tunes']:,} in the search), "
              f"estimated {cost['estimate_gpu_hours']:,.1f} GPU-hours alone before the {cost['kind']}'s rates",
              f"on {cost['gpus']} × {cost['kind']}:  GPU-hours  wall hours (at least)"]
+    written = cost["as_written"]
+    lines.append(f"  as written ({written['jobs_per_gpu']} per GPU) {span(written['gpu_hours']):>12}  "
+                 f"{span(written['wall_hours']):>14}  ({written['rate']}"
+                 + (f"; not packed: {written['why_not_packed']}" if written["why_not_packed"] else "") + ")")
     for row in [cost["alone"], *cost["packed"]]:
         label = "one job per GPU" if row["jobs_per_gpu"] == 1 else f"{row['jobs_per_gpu']} jobs per GPU"
         lines.append(f"  {label:<18} {span(row['gpu_hours']):>16}  {span(row['wall_hours']):>14}")

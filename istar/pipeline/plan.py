@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+from istar.config.gpu_slots import micro_batches_per_step
 from istar.config.layout import DEFAULT_TOKENS, Setting, heldout_folder
 from istar.config.specs import AS_GIVEN, HoldoutSpec, MeasureSpec, PrepareDataSpec, ShrinkageSpec, SurveySpec, TrainSpec
 from istar.core.tokens import TOKEN_SELECTION_NAMES, get_token_selection
@@ -324,7 +325,7 @@ def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: i
         lam=float(setting.lam), seed=int(seed), mixed_precision=training["mixed_precision"],
         learning_rate=setting.learning_rate or training["learning_rate"],
         batch_size=setting.batch_size or training["batch_size"], epochs=setting.epochs or training["epochs"],
-        eval_batch_size=training["eval_batch_size"], gradient_accumulation_steps=training["gradient_accumulation_steps"],
+        eval_batch_size=training["eval_batch_size"], gradient_accumulation_steps=micro_batches_per_step(training),
         warmup_ratio=training["warmup_ratio"], scheduler=training["scheduler"], weight_decay=training["weight_decay"],
         adam_epsilon=training["adam_epsilon"], max_grad_norm=training["max_grad_norm"],
         checkpoint_every=training["checkpoint_every"], deterministic=training["deterministic"],

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import yaml
 
+from istar.config.gpu_slots import micro_batches_per_step
 from istar.config.schema import STUDIES, ConfigError, check_schema, load_yaml
+from istar.registry.compile_modes import compile_conflict
 
 __all__ = ["validate_config", "load_config", "merge_config_files", "model_depth"]
 
@@ -53,6 +55,13 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
             if task not in tasks:
                 raise ConfigError(f"config key 'studies.{study}.tasks': {task!r} is not in 'tasks' ({tasks}); add it there first")
     training = config["training"]
+    if problem := compile_conflict(training["compile"], micro_batches_per_step(training), config["penalty"]["tokens"]):
+        raise ConfigError(f"config key 'training.compile': {problem}")
+    if training["replicas_as_micro_batches"] and training["gpus"] > 1 and config["penalty"]["global_penalty"]:
+        raise ConfigError(f"config key 'training.replicas_as_micro_batches': one process accumulating the "
+                          f"{training['gpus']} replicas' batches penalises each batch on its own, and "
+                          "penalty.global_penalty penalises their union (all-reduced across processes); set "
+                          "replicas_as_micro_batches to false, or global_penalty to false")
     if "squad" in tasks and training["doc_stride"] >= training["qa_max_length"] // 2:
         raise ConfigError(f"config key 'training.doc_stride': {training['doc_stride']} must be smaller than half of "
                           f"training.qa_max_length = {training['qa_max_length']}, so each window still holds the question")

@@ -26,12 +26,14 @@ workflow then counts its ``gpu`` resource in slots of 1/K GPU and says so in ``I
 (:mod:`istar.config.gpu_slots`); a job granted one slot claims one of its GPU's K slots, a job of
 two or more GPUs whole GPUs (:func:`try_claim`).
 
-Snakemake does not assign GPUs to local jobs. Unless ``CUDA_VISIBLE_DEVICES`` is already set
-(as SLURM does; it must then name at least N devices), the launcher claims N GPUs for the job's
-lifetime with lock files in the system's temporary folder and sets ``CUDA_VISIBLE_DEVICES`` to
-them, so two 1-GPU jobs under ``--resources gpu=2`` do not both land on GPU 0. A claim takes
-all N GPUs at once or none (:func:`claim_gpus`): a job that holds some GPUs while it waits for
-more could wait forever on another job doing the same.
+Snakemake does not assign GPUs to local jobs. The launcher claims N GPUs for the job's lifetime
+with lock files in the system's temporary folder and sets ``CUDA_VISIBLE_DEVICES`` to them, so two
+1-GPU jobs under ``--resources gpu=2`` do not both land on GPU 0. It claims among the machine's GPUs,
+or among the entries of a ``CUDA_VISIBLE_DEVICES`` already set (``salloc``, the user's own export;
+:func:`visible_devices`), so that each job sees its own entry; a preset list of exactly N entries for
+a job that does not share (SLURM's allocation for that job) is taken as given. A claim takes all N
+GPUs at once or none (:func:`claim_gpus`): a job that holds some GPUs while it waits for more could
+wait forever on another job doing the same.
 
 The launcher never leaves its child behind: SIGTERM, SIGINT and SIGHUP it receives are
 forwarded to the child's process group (accelerate's process and, for one GPU, the ``istar``
@@ -63,8 +65,8 @@ from pathlib import Path
 from istar.config.gpu_slots import JOBS_PER_GPU_ENV, granted_gpus_of
 from istar.registry.precisions import PRECISIONS
 
-__all__ = ["launch_command", "step_precision", "claim_gpus", "try_claim", "Claim", "granted_gpus", "child_environment", "run_child", "FORWARDED_SIGNALS",
-           "SAVE_GRACE_SECONDS"]
+__all__ = ["launch_command", "step_precision", "claim_gpus", "try_claim", "Claim", "visible_devices", "granted_gpus",
+           "child_environment", "run_child", "FORWARDED_SIGNALS", "SAVE_GRACE_SECONDS"]
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -109,21 +111,26 @@ def launch_command(gpus: int, step_args: list[str]) -> list[str]:
     return [*accelerate, "-m", "istar", *step_args]
 
 
-def visible_gpu_count() -> int:
+def visible_devices(environ: dict) -> list[str]:
+    """The GPUs a claim shares out, as ``CUDA_VISIBLE_DEVICES`` names them: the entries of a preset
+    ``CUDA_VISIBLE_DEVICES``, else the indices of every GPU this machine shows."""
+    preset = environ.get("CUDA_VISIBLE_DEVICES")
+    if preset is not None:
+        return [device.strip() for device in preset.split(",") if device.strip()]
     try:
         import torch
 
-        return torch.cuda.device_count()
+        return [str(index) for index in range(torch.cuda.device_count())]
     except ImportError:
-        return 0
+        return []
 
 
 @dataclass
 class Claim:
-    """GPUs held by one job: ``gpus`` (their ids) and, for a job that shares its GPU, ``slot`` (which of
-    the GPU's ``jobs_per_gpu`` slots it holds; None for whole GPUs). ``release()`` frees them."""
+    """GPUs held by one job: ``gpus`` (as ``CUDA_VISIBLE_DEVICES`` names them) and, for a job that shares its
+    GPU, ``slot`` (which of the GPU's ``jobs_per_gpu`` slots it holds; None for whole GPUs). ``release()`` frees them."""
 
-    gpus: list[int]
+    gpus: list[str]
     slot: int | None
     handles: list[int]
 
@@ -134,9 +141,10 @@ class Claim:
 
 
 @contextlib.contextmanager
-def claim_gpus(count: int, total: int, lock_dir: Path | None = None, poll_seconds: float = 5.0,
+def claim_gpus(count: int, devices: list[str], lock_dir: Path | None = None, poll_seconds: float = 5.0,
                jobs_per_gpu: int = 1):
-    """Hold ``count`` of the GPUs 0..total−1 (file locks) while the block runs; yields their ids.
+    """Hold ``count`` of ``devices`` (GPUs as ``CUDA_VISIBLE_DEVICES`` names them; file locks) while the
+    block runs; yields the names held.
 
     All or nothing: each attempt, made under one machine-wide claim lock, takes what the job needs or,
     finding too little, takes nothing and waits ``poll_seconds`` before the next
@@ -144,11 +152,11 @@ def claim_gpus(count: int, total: int, lock_dir: Path | None = None, poll_second
     want every GPU cannot deadlock. With ``jobs_per_gpu`` K > 1 a one-GPU job takes one of K slots
     on a GPU (``training.jobs_per_gpu``); a job of two or more GPUs still takes whole GPUs.
     """
-    if count > total:
-        raise ValueError(f"the job asks for {count} GPU(s) but this machine shows {total}; lower training.gpus "
+    if count > len(devices):
+        raise ValueError(f"the job asks for {count} GPU(s) but this machine shows {len(devices)}; lower training.gpus "
                          f"(or --resources gpu=N), or run it where {count} GPU(s) are visible")
     lock_dir = Path(lock_dir or tempfile.gettempdir())
-    while (claim := try_claim(lock_dir, count, total, jobs_per_gpu)) is None:
+    while (claim := try_claim(lock_dir, count, devices, jobs_per_gpu)) is None:
         time.sleep(poll_seconds)
     try:
         yield claim.gpus
@@ -156,30 +164,36 @@ def claim_gpus(count: int, total: int, lock_dir: Path | None = None, poll_second
         claim.release()
 
 
-def try_claim(lock_dir: Path, count: int, total: int, jobs_per_gpu: int = 1) -> Claim | None:
+def try_claim(lock_dir: Path, count: int, devices: list[str], jobs_per_gpu: int = 1) -> Claim | None:
     """One all-or-nothing attempt (under the machine-wide claim lock): the claim, or None if what the
     job needs is not free now.
 
     A GPU's lock file ``istar-gpu-{g}.lock`` is held exclusively by a job with the whole GPU and
     shared by the jobs with one of its slots, each of which also holds ``istar-gpu-{g}-slot-{s}.lock``
     exclusively (s < ``jobs_per_gpu``). So a whole-GPU job never meets a slot holder on its GPUs,
-    and no GPU has more than ``jobs_per_gpu`` slot holders. A slot goes to the GPU with the most
-    slots taken (then the lowest id), so sharing fills GPUs one by one and leaves the others whole
-    for the jobs that need whole GPUs.
+    and no GPU has more than ``jobs_per_gpu`` slot holders. A slot goes to the GPU with the fewest
+    slots taken (then the first listed), so jobs spread over the GPUs: with fewer jobs than slots
+    no GPU idles while another holds several.
     """
     with _locked(lock_dir / "istar-gpu-claim.lock"):
         if count == 1 and jobs_per_gpu > 1:
-            return _take_slot(lock_dir, total, jobs_per_gpu)
-        return _take_whole(lock_dir, count, total)
+            return _take_slot(lock_dir, devices, jobs_per_gpu)
+        return _take_whole(lock_dir, count, devices)
 
 
-def _take_whole(lock_dir: Path, count: int, total: int) -> Claim | None:
+def _gpu_lock(lock_dir: Path, gpu: str, slot: int | None = None) -> Path:
+    """The lock file of GPU ``gpu`` (a ``CUDA_VISIBLE_DEVICES`` entry; an old-style MIG name holds '/'), or of one of its slots."""
+    name = gpu.replace("/", "_")
+    return lock_dir / (f"istar-gpu-{name}.lock" if slot is None else f"istar-gpu-{name}-slot-{slot}.lock")
+
+
+def _take_whole(lock_dir: Path, count: int, devices: list[str]) -> Claim | None:
     """``count`` GPUs with no holder at all, locked exclusively now; None if fewer are free."""
-    taken: list[tuple[int, int]] = []
-    for gpu in range(total):
+    taken: list[tuple[str, int]] = []
+    for gpu in devices:
         if len(taken) == count:
             break
-        handle = _try_lock(lock_dir / f"istar-gpu-{gpu}.lock", fcntl.LOCK_EX)
+        handle = _try_lock(_gpu_lock(lock_dir, gpu), fcntl.LOCK_EX)
         if handle is not None:
             taken.append((gpu, handle))
     claim = Claim([gpu for gpu, _ in taken], None, [handle for _, handle in taken])
@@ -189,18 +203,18 @@ def _take_whole(lock_dir: Path, count: int, total: int) -> Claim | None:
     return claim
 
 
-def _take_slot(lock_dir: Path, total: int, jobs_per_gpu: int) -> Claim | None:
-    """A free slot on the fullest GPU that has one (no whole-GPU holder, fewer than ``jobs_per_gpu`` slot holders)."""
-    options = []  # (slots taken, gpu, a free slot)
-    for gpu in range(total):
-        free = [slot for slot in range(jobs_per_gpu) if _is_free(lock_dir / f"istar-gpu-{gpu}-slot-{slot}.lock")]
-        if free and _is_free(lock_dir / f"istar-gpu-{gpu}.lock", fcntl.LOCK_SH):
-            options.append((jobs_per_gpu - len(free), gpu, free[0]))
+def _take_slot(lock_dir: Path, devices: list[str], jobs_per_gpu: int) -> Claim | None:
+    """A free slot on the least-loaded GPU that has one (no whole-GPU holder, fewer than ``jobs_per_gpu`` slot holders)."""
+    options = []  # (slots taken, position in devices, gpu, a free slot)
+    for position, gpu in enumerate(devices):
+        free = [slot for slot in range(jobs_per_gpu) if _is_free(_gpu_lock(lock_dir, gpu, slot))]
+        if free and _is_free(_gpu_lock(lock_dir, gpu), fcntl.LOCK_SH):
+            options.append((jobs_per_gpu - len(free), position, gpu, free[0]))
     if not options:
         return None
-    _, gpu, slot = max(options, key=lambda option: (option[0], -option[1]))
-    shared = _try_lock(lock_dir / f"istar-gpu-{gpu}.lock", fcntl.LOCK_SH)
-    own = _try_lock(lock_dir / f"istar-gpu-{gpu}-slot-{slot}.lock", fcntl.LOCK_EX)
+    *_, gpu, slot = min(options)
+    shared = _try_lock(_gpu_lock(lock_dir, gpu), fcntl.LOCK_SH)
+    own = _try_lock(_gpu_lock(lock_dir, gpu, slot), fcntl.LOCK_EX)
     return Claim([gpu], slot, [shared, own])
 
 
@@ -286,12 +300,13 @@ def run_cli(args) -> int:
     if count == 0:
         print("launching on the CPU:", " ".join(command), flush=True)
         return exit_status(run_child(command, env), step[0])
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
+    devices = visible_devices(os.environ)
+    if "CUDA_VISIBLE_DEVICES" in os.environ and len(devices) == count and not shared:
         given = "granted by SLURM as a generic resource" if granted != args.gpus else "CUDA_VISIBLE_DEVICES as given"
         print(f"launching on GPU(s) {env['CUDA_VISIBLE_DEVICES']} ({given}):", " ".join(command), flush=True)
         return exit_status(run_child(command, env), step[0])
-    with claim_gpus(count, visible_gpu_count(), jobs_per_gpu=jobs_per_gpu if shared else 1) as gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+    with claim_gpus(count, devices, jobs_per_gpu=jobs_per_gpu if shared else 1) as gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         how = f"claimed, one of {jobs_per_gpu} jobs on it" if shared else "claimed"
         print(f"launching on GPU(s) {env['CUDA_VISIBLE_DEVICES']} ({how}):", " ".join(command), flush=True)
         return exit_status(run_child(command, env), step[0])

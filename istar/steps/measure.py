@@ -61,6 +61,7 @@ def measure_runs(spec: MeasureSpec) -> dict:
     from istar.steps.analyze import ShrinkageReference, analyze_statistics
     from istar.steps.common import open_model_context
     from istar.steps.evaluate import evaluation_report
+    from istar.steps.gpu_memory import claim_gpu_share
     from istar.io.results import read_finished_run
 
     spec.validate()
@@ -76,6 +77,8 @@ def measure_runs(spec: MeasureSpec) -> dict:
     runs, main_process, precision = {}, True, None
     for run in tqdm(spec.runs, desc="runs measured", unit="run"):
         context = open_model_context(spec.model_data(run))
+        claim_gpu_share(context.model, spec.batch_size, spec.max_length, context.precision,
+                        context.accelerator.device, trains=False)
         main_process, precision = context.accelerator.is_main_process, context.precision.label
         evaluation = evaluation_report(context, spec.split, spec.batch_size) if spec.evaluate else None
         tensors, metadata = activation_statistics(context, spec.split, spec.batch_size, spec.token_sample, spec.seed)

@@ -67,9 +67,12 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
     to ``spec.out`` with the suffix ``.json``. Returns the provenance.
     """
     from istar.steps.common import open_model_context
+    from istar.steps.gpu_memory import claim_gpu_share
 
     spec.validate()
     context = open_model_context(spec, model_seed=spec.seed)
+    claim_gpu_share(context.model, spec.batch_size, spec.max_length, context.precision, context.accelerator.device,
+                    trains=False)
     accelerator, task = context.accelerator, context.task
     start = time.perf_counter()
     try:

@@ -51,10 +51,11 @@ from istar.data.encoding import EpochShuffleSampler
 from istar.io import artifacts
 from istar.io.provenance import code_provenance
 from istar.io.runlock import writer_lock
+from istar.registry.compile_modes import BUCKET_MULTIPLE, get_compile_mode
 from istar.registry.precisions import PRECISIONS
 from istar.steps.disk_space import check_free_space
 from istar.steps.evaluate import collapse_note, evaluate_model
-from istar.steps.gpu_memory import check_shared_gpu
+from istar.steps.gpu_memory import claim_gpu_share
 from istar.steps.common import ModelContext
 from istar.steps.resume import (
     Interrupted,
@@ -157,7 +158,7 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
     given_sigma = read_given_sigma(spec)  # before the model and data are loaded
     context = open_model_context(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps,
                                  log_with=tracking.log_with, project_dir=tracking.project_dir)
-    check_shared_gpu(context.model, spec.batch_size, spec.max_length, context.precision, context.accelerator.device)
+    claim_gpu_share(context.model, spec.batch_size, spec.max_length, context.precision, context.accelerator.device)
     forward = step_forward(spec.compile, context.accelerator.device)  # refused here where it cannot run
     if given_sigma is not None:
         check_given_sigma(spec, given_sigma, context)
@@ -185,6 +186,17 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
     return run
 
 
+def batch_pad_multiple(spec: TrainSpec, precision) -> int | None:
+    """What a batch's length is rounded up to (None: its longest sequence): nothing where the penalty counts
+    padding (:class:`istar.core.tokens.TokenSelection`), else a compiled step's few bucket lengths
+    (:data:`istar.registry.compile_modes.BUCKET_MULTIPLE`), else 8 in fp16/bf16 (its kernels' tile)."""
+    if not get_token_selection(spec.tokens).pad_multiple:
+        return None
+    if get_compile_mode(spec.compile).compiles:
+        return BUCKET_MULTIPLE
+    return 8 if precision.key != "no" else None
+
+
 def _build(spec: TrainSpec, context: ModelContext, out: Path, resume_dir: Path, tracking: Tracking,
            forward: Callable) -> TrainingRun:
     """The loaders, the optimizer and the scheduler, prepared by accelerate, a fresh progress and the
@@ -192,7 +204,7 @@ def _build(spec: TrainSpec, context: ModelContext, out: Path, resume_dir: Path, 
     from transformers import get_scheduler
 
     accelerator = context.accelerator
-    pad_multiple = 8 if context.precision.key != "no" and get_token_selection(spec.tokens).pad_multiple else None
+    pad_multiple = batch_pad_multiple(spec, context.precision)
     eval_columns = context.columns("validation")
     train_features = context.features("train")
     eval_features = context.features("validation", columns=eval_columns, for_qa_eval=True)

@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 
 import torch
 
 from istar.config.specs import TrainSpec
 from istar.core.regularizers import Penalty
+from istar.registry.compile_modes import get_compile_mode
 from istar.registry.methods import get_method
 
 __all__ = ["compute_penalty", "build_optimizer", "forward_and_loss", "compile_problem", "step_forward",
-           "optimization_step"]
+           "optimization_step", "warn_on_recompiles", "RECOMPILE_WARN_LIMIT"]
+
+# Graphs a compiled step may compile after its first batch before it warns: a few batch lengths
+# (istar.registry.compile_modes.BUCKET_MULTIPLE) and a last, shorter batch fit under it.
+RECOMPILE_WARN_LIMIT = 12
 
 
 def compute_penalty(spec: TrainSpec, hidden_states, attention_mask, sigma_s, distributed: bool) -> Penalty | None:
@@ -51,10 +57,11 @@ def forward_and_loss(model, batch: dict, spec: TrainSpec, sigma_s, distributed: 
 
 def compile_problem(mode: str, device_type: str) -> str | None:
     """Why ``training.compile = mode`` cannot run on this device (a one-line message naming the fix), or None."""
-    if mode == "none":
+    compile_mode = get_compile_mode(mode)
+    if not compile_mode.compiles:
         return None
-    if mode == "reduce-overhead" and device_type != "cuda":
-        return (f"training.compile = reduce-overhead captures the step as CUDA graphs, which need a CUDA device; "
+    if compile_mode.captures_graphs and device_type != "cuda":
+        return (f"training.compile = {mode} captures the step as CUDA graphs, which need a CUDA device; "
                 f"this run is on {device_type}: set training.compile to default (compiled, no graphs) or none")
     # inductor builds CPU kernels with a C++ compiler; on a GPU, Triton builds its kernel launchers with a C compiler
     language, names = (("C++", ("CXX", "g++", "c++", "clang++")) if device_type == "cpu"
@@ -69,22 +76,53 @@ def compile_problem(mode: str, device_type: str) -> str | None:
 def step_forward(mode: str, device: torch.device):
     """:func:`forward_and_loss` as ``training.compile`` asks: itself (none), ``torch.compile``d (default), or
     compiled and replayed as CUDA graphs (reduce-overhead, each call a new graph step). Raises ValueError
-    naming the setting where the mode cannot run on ``device`` (:func:`compile_problem`)."""
-    if mode == "none":
+    naming the setting where the mode cannot run on ``device`` (:func:`compile_problem`). A compiled step
+    warns once when it has compiled more than :data:`RECOMPILE_WARN_LIMIT` graphs after its first call
+    (:func:`warn_on_recompiles`)."""
+    compile_mode = get_compile_mode(mode)
+    if not compile_mode.compiles:
         return forward_and_loss
     problem = compile_problem(mode, device.type)
     if problem is not None:
         raise ValueError(problem)
-    compiled = torch.compile(forward_and_loss, mode=mode)
-    if mode != "reduce-overhead":
-        return compiled
+    compiled = torch.compile(forward_and_loss, mode=compile_mode.torch_mode)
 
-    def captured(*args, **kwargs):
-        # the outputs of the previous call (already read: losses and logs are taken as floats) may be overwritten
-        torch.compiler.cudagraph_mark_step_begin()
+    def step(*args, **kwargs):
+        if compile_mode.captures_graphs:
+            # the outputs of the previous call (already read: losses and logs are taken as floats) may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
         return compiled(*args, **kwargs)
 
-    return captured
+    return warn_on_recompiles(step, mode, RECOMPILE_WARN_LIMIT)
+
+
+def warn_on_recompiles(compiled, mode: str, limit: int):
+    """``compiled`` that warns (once) when more than ``limit`` graphs were compiled after its first call.
+
+    The first call compiles the step's pieces (one graph per region between graph breaks); each graph
+    after it is a recompilation for a new batch shape or a changed guard, which costs seconds, and
+    under CUDA graphs a new recording. The count is torch._dynamo's ``unique_graphs`` (process-wide;
+    nothing else in a fine-tune is compiled)."""
+    from torch._dynamo.utils import counters
+
+    first: int | None = None  # graphs compiled once the first call is done; None: no call yet
+    warned = False
+
+    def watched(*args, **kwargs):
+        nonlocal first, warned
+        result = compiled(*args, **kwargs)
+        graphs = counters["stats"]["unique_graphs"]
+        if first is None:
+            first = graphs
+        elif graphs - first > limit and not warned:
+            warned = True
+            warnings.warn(f"training.compile = {mode}: the step has been compiled {graphs - first} more times since "
+                          "its first batch (new batch shapes or guards), each recompilation costing seconds (and under "
+                          "CUDA graphs a new recording); if it goes on, set training.compile to none",
+                          RuntimeWarning, stacklevel=2)
+        return result
+
+    return watched
 
 
 def optimization_step(spec: TrainSpec, accelerator, model, optimizer, scheduler, batch: dict, sigma_s,

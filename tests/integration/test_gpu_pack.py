@@ -47,3 +47,24 @@ def test_quick_form_runs_every_section_and_writes_finite_ratios(tmp_path):
     summary = results["summary"]
     assert set(summary["istar_over_base"]) == encoders and summary["peak_fp16_tflops"] is None
     assert all(share["flop_per_step"] > 0 for share in summary["base_share_of_peak"].values())
+
+
+def test_a_command_cut_inside_a_section_keeps_the_rows_it_measured(tmp_path):
+    """Killed (SIGKILL, as a time limit does) once the packing section's first row is measured: the JSON holds
+    that row, marked partial."""
+    import time
+
+    out = tmp_path / "gpu_pack.json"
+    process = subprocess.Popen([sys.executable, "-m", "bench.gpu_pack", "--quick", "--sections", "packing", "--out",
+                                str(out)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    try:
+        deadline = time.monotonic() + 300
+        while "packing" not in (json.loads(out.read_text())["sections"] if out.exists() else {}):
+            assert process.poll() is None and time.monotonic() < deadline, "no row was written before the end"
+            time.sleep(0.2)
+    finally:
+        process.kill()
+        process.wait()
+    packing = json.loads(out.read_text())["sections"]["packing"]
+    assert packing["partial"] and len(packing["rows"]) >= 1 and packing["rows"][0]["jobs"] == 1

@@ -1,7 +1,7 @@
 """`istar launch`: GPU claims that cannot deadlock, a scheduler's CUDA_VISIBLE_DEVICES taken as
 given, a request for more GPUs than exist refused in one line, and a stop signal that reaches the
 step behind accelerate's process (issue 34). The claims need no GPU: `claim_gpus` takes the
-count, the total and the lock folder, and the command line finds its lock folder through TMPDIR."""
+count, the GPUs' names and the lock folder, and the command line finds its lock folder through TMPDIR."""
 
 import os
 import signal
@@ -24,7 +24,7 @@ CONTENDER = """\
 import sys, time
 from istar.steps.launch import claim_gpus
 print("claiming", flush=True)
-with claim_gpus(2, 2, sys.argv[1], poll_seconds=float(sys.argv[2])) as gpus:
+with claim_gpus(2, ["0", "1"], sys.argv[1], poll_seconds=float(sys.argv[2])) as gpus:
     print("claimed", gpus, flush=True)
     time.sleep(0.2)
 """
@@ -41,7 +41,7 @@ def test_two_jobs_that_each_want_every_gpu_both_finish(tmp_path):
     """The interleaving that deadlocks a claim which keeps the GPUs it has while it waits for more:
     A (slow to retry) finds GPU 0 taken by a 1-GPU job and could keep GPU 1; B (quick to retry) takes
     GPU 0 the moment that job ends. All-or-nothing claims leave A nothing to keep."""
-    with claim_gpus(1, 1, tmp_path):  # a 1-GPU job on GPU 0
+    with claim_gpus(1, ["0"], tmp_path):  # a 1-GPU job on GPU 0
         a = contender(tmp_path, poll_seconds=2.0)
         time.sleep(0.5)  # A's first attempt is made
         b = contender(tmp_path, poll_seconds=0.05)
@@ -59,25 +59,25 @@ def test_two_jobs_that_each_want_every_gpu_both_finish(tmp_path):
                 process.wait()
     for process, (stdout, stderr) in zip((a, b), outputs):
         assert process.returncode == 0, stderr
-        assert stdout == "claimed [0, 1]\n"
+        assert stdout == "claimed ['0', '1']\n"
 
 
 def test_a_waiting_claim_holds_no_gpu(tmp_path):
-    with claim_gpus(1, 1, tmp_path) as held:
-        assert held == [0]
+    with claim_gpus(1, ["0"], tmp_path) as held:
+        assert held == ["0"]
         waiting = contender(tmp_path, poll_seconds=0.05)
         time.sleep(0.5)
         assert waiting.poll() is None
         # GPU 1 is free for another job while the 2-GPU claim waits (a claim that keeps what it has would hold it)
-        with claim_gpus(1, 2, tmp_path, poll_seconds=0.01) as other:
-            assert other == [1]
+        with claim_gpus(1, ["0", "1"], tmp_path, poll_seconds=0.01) as other:
+            assert other == ["1"]
     stdout, _ = waiting.communicate(timeout=30)
-    assert stdout == "claimed [0, 1]\n"
+    assert stdout == "claimed ['0', '1']\n"
 
 
 def test_asking_for_more_gpus_than_exist_is_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"^the job asks for 3 GPU\(s\) but this machine shows 2; "):
-        with claim_gpus(3, 2, tmp_path):
+        with claim_gpus(3, ["0", "1"], tmp_path):
             pass
     shown = torch.cuda.device_count()
     env = {key: value for key, value in ENV.items() if key != "CUDA_VISIBLE_DEVICES"}
@@ -97,7 +97,7 @@ def test_a_preset_cuda_visible_devices_is_taken_as_given(tiny_model_dir, prepare
     assert child_environment(0, {"CUDA_VISIBLE_DEVICES": "3,5"})["CUDA_VISIBLE_DEVICES"] == ""
     # As SLURM sets it: no claim is made (every lock is held here, and this machine may show no GPU).
     out = tmp_path / "sigma.pt"
-    with claim_gpus(1, 1, tmp_path):
+    with claim_gpus(1, ["0"], tmp_path):
         result = subprocess.run(
             [*ISTAR, "launch", "--gpus", "1", "--", "shrinkage", "--model", str(tiny_model_dir), "--data",
              str(prepared("rte")), "--rows", "1000", "--max-length", "32", "--out", str(out)],

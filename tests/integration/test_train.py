@@ -297,3 +297,65 @@ def test_compiled_step_equals_the_eager_step_on_cpu(tiny_model_dir, prepared):
     assert sum(compiled[0], ()) == pytest.approx(sum(eager[0], ()), rel=1e-4, abs=1e-6)
     for got, expected in zip(compiled[1], eager[1]):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_step_that_keeps_recompiling_warns_once():
+    """warn_on_recompiles on a real torch.compile (dynamo, eager backend: no kernels to build) of a function
+    compiled afresh for every input shape: quiet while the recompilations stay within the limit, one warning after.
+    In this lane for dynamo's start-up (tens of seconds on a busy CPU)."""
+    import warnings
+
+    from istar.steps.train_step import warn_on_recompiles
+
+    torch._dynamo.reset()
+    step = warn_on_recompiles(torch.compile(lambda x: (x * 2).sum(), backend="eager", dynamic=False), "default", 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for rows in (1, 2, 3, 1, 2):
+            step(torch.ones(rows))
+        assert not caught
+        for rows in (4, 5, 6):
+            step(torch.ones(rows))
+    torch._dynamo.reset()
+    assert [str(w.message)[:70] for w in caught] == [
+        "training.compile = default: the step has been compiled 3 more times si"]
+
+
+def test_two_ranks_and_one_process_accumulating_their_batches_take_the_same_steps(tiny_model_dir, prepared, sigma,
+                                                                                  tmp_path):
+    """training.replicas_as_micro_batches: the authors' DDP form (two gloo ranks, each its own batch of 8 and its
+    own I-STAR penalty, two micro-batches per step, gradients averaged) against one process accumulating
+    micro_batches_per_step = 4 micro-batches, on the same data order: every logged loss and penalty, the
+    learning rate, and the weights after four optimizer steps agree to float tolerance (dropout off: its
+    random streams are the one thing the forms do not share)."""
+    from safetensors.torch import load_file
+    from transformers import BertForSequenceClassification
+
+    from istar.config.gpu_slots import micro_batches_per_step
+
+    model = tmp_path / "no-dropout"
+    BertForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2, hidden_dropout_prob=0.0,
+                                                  attention_probs_dropout_prob=0.0).save_pretrained(model)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).write_bytes((tiny_model_dir / name).read_bytes())
+    launcher = (str(Path(sys.executable).parent / ACCELERATE_2_CPU[0]), *ACCELERATE_2_CPU[1:])
+    env = {**ENV, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}  # (one thread: the same summation order)
+    common = ("train", "--model", model, "--data", prepared("rte", 64, 24), "--method", "istar", "--lam", -1,
+              "--zeta", 0.2, "--sigma-s", sigma("rte"), "--epochs", 2, "--batch-size", 8, "--max-length", 64,
+              "--shrinkage-rows", 2000, "--learning-rate", 1e-3)
+    training = {"gpus": 2, "gradient_accumulation_steps": 2, "replicas_as_micro_batches": True}
+    two = istar_cli(*common, "--out", tmp_path / "two", "--gradient-accumulation-steps", 2, launcher=launcher, env=env)
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = istar_cli(*common, "--out", tmp_path / "one", "--gradient-accumulation-steps",
+                    micro_batches_per_step(training), env=env)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert json.loads((tmp_path / "two" / "run_config.json").read_text())["num_processes"] == 2
+    logs = [read_log(tmp_path / form / "train_log.csv") for form in ("two", "one")]
+    assert [row["step"] for row in logs[0]] == [row["step"] for row in logs[1]] == ["1", "2", "3", "4"]
+    for ranks, single in zip(*logs):
+        for key in ("loss", "task_loss", "penalty", "isoscore_star", "lr"):
+            assert float(ranks[key]) == pytest.approx(float(single[key]), rel=1e-5, abs=1e-7), (key, ranks, single)
+    weights = [load_file(tmp_path / form / "model" / "model.safetensors") for form in ("two", "one")]
+    assert weights[0].keys() == weights[1].keys()
+    for name in weights[0]:
+        torch.testing.assert_close(weights[0][name], weights[1][name], rtol=1e-5, atol=1e-6)

@@ -11,7 +11,13 @@ from snakemake.exceptions import WorkflowError
 from istar.report.aggregate import AGGREGATE_NAMES, PROVENANCE_NAME
 from istar.io.artifacts import read_json
 from istar.config.schema import STUDIES, ConfigError
-from istar.config.gpu_slots import JOBS_PER_GPU_ENV, gpu_budget, gpu_units
+from istar.config.gpu_slots import (
+    JOBS_PER_GPU_ENV,
+    fine_tune_gpus,
+    gpu_budget,
+    gpu_units,
+    packed_threads,
+)
 from istar.pipeline.validate import validate_config
 from istar.report.figures import (
     STABILITY_CSV,
@@ -78,7 +84,8 @@ TASKS = list(config["tasks"])
 _survey_task = survey_text_task(config)
 DATA_TASKS = TASKS + ([_survey_task] if _survey_task not in [None, *TASKS] else [])
 TRAINING = config["training"]
-GPUS = TRAINING["gpus"]
+# (one where training.replicas_as_micro_batches runs the data-parallel replicas in one process)
+GPUS = fine_tune_gpus(TRAINING)
 # Several fine-tunes per GPU (training.jobs_per_gpu = K, istar.config.gpu_slots): under
 # `--resources gpu=N` the `gpu` budget becomes N·K slots, a one-GPU job asks for one and a job of
 # G ≥ 2 GPUs for G·K; ISTAR_JOBS_PER_GPU tells `istar launch` that it is granted slots. Without a
@@ -91,9 +98,19 @@ JOBS_PER_GPU = (
 )
 # (a value left in the caller's environment is not this run's)
 os.environ.pop(JOBS_PER_GPU_ENV, None)
+# Threads of the GPU jobs: training.threads, lowered so that all N·K slots can be busy within --cores.
+THREADS = TRAINING["threads"]
 if JOBS_PER_GPU > 1:
     workflow.global_resources["gpu"] = gpu_budget(_GPU_LIMIT.value, JOBS_PER_GPU)
     os.environ[JOBS_PER_GPU_ENV] = str(JOBS_PER_GPU)
+    try:
+        THREADS = packed_threads(
+            THREADS,
+            workflow.global_resources["_cores"].value,
+            gpu_budget(_GPU_LIMIT.value, JOBS_PER_GPU),
+        )
+    except ValueError as error:
+        raise WorkflowError(str(error)) from None
 GPU_UNITS = gpu_units(GPUS, JOBS_PER_GPU)
 # Each rule's environment under --sdm conda: conda-forge's CUDA build of PyTorch for the jobs that
 # get GPUs, the CPU build elsewhere. Named, not detected: environments are created on the

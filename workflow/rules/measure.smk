@@ -17,7 +17,7 @@ rule measure:
         benchmark_of(MEASURE_LOG)
     conda:
         TRAINING_ENV
-    threads: TRAINING["threads"]
+    threads: THREADS
     resources:
         gpu=min(GPUS, 1),
         # every [CLS] vector of every layer is held for TwoNN: about 1.6 GB for QQP with BERT-base

@@ -11,7 +11,7 @@ rule shrinkage:
         benchmark_of(shrinkage_log("real"))
     conda:
         TRAINING_ENV
-    threads: TRAINING["threads"]
+    threads: THREADS
     resources:
         gpu=min(GPUS, 1),
         mem_mb=TRAINING["mem_mb"],

@@ -23,7 +23,7 @@ rule train:
         benchmark_of(TRAIN_LOG)
     conda:
         TRAINING_ENV
-    threads: TRAINING["threads"]
+    threads: THREADS
     resources:
         gpu=GPU_UNITS,
         mem_mb=TRAINING["mem_mb"],

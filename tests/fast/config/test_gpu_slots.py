@@ -10,33 +10,55 @@ import pytest
 import torch
 
 from istar.config.gpu_slots import gpu_budget, gpu_units, granted_gpus_of
-from istar.steps.gpu_memory import GIB, check_gpu_share, check_shared_gpu, training_memory_bytes
-from istar.steps.launch import claim_gpus, try_claim
+from istar.steps.gpu_memory import GIB, claim_gpu_share, memory_bytes, share_problem
+from istar.steps.launch import claim_gpus, try_claim, visible_devices
 
 
-def test_each_slot_job_gets_a_slot_on_the_fullest_gpu_and_whole_gpus_wait_for_every_slot(tmp_path):
+TWO = ["0", "1"]  # two pretended GPUs, as CUDA_VISIBLE_DEVICES names them
+
+
+def test_slot_jobs_spread_over_the_gpus_and_whole_gpus_wait_for_every_slot(tmp_path):
     k = 2
-    first = try_claim(tmp_path, 1, 2, k)
-    assert (first.gpus, first.slot) == ([0], 0)
-    second = try_claim(tmp_path, 1, 2, k)
-    assert (second.gpus, second.slot) == ([0], 1)  # GPU 0 fills first: GPU 1 stays whole
-    third = try_claim(tmp_path, 1, 2, k)
-    assert (third.gpus, third.slot) == ([1], 0)
-    assert try_claim(tmp_path, 1, 2, 1) is None  # a whole GPU: none is free of slot holders
-    fourth = try_claim(tmp_path, 1, 2, k)
-    assert (fourth.gpus, fourth.slot) == ([1], 1)
-    assert try_claim(tmp_path, 1, 2, k) is None  # 2 GPUs × K = 2: every slot is taken
+    first = try_claim(tmp_path, 1, TWO, k)
+    assert (first.gpus, first.slot) == (["0"], 0)
+    second = try_claim(tmp_path, 1, TWO, k)
+    assert (second.gpus, second.slot) == (["1"], 0)  # the least-loaded GPU: GPU 1 does not idle
+    third = try_claim(tmp_path, 1, TWO, k)
+    assert (third.gpus, third.slot) == (["0"], 1)
+    assert try_claim(tmp_path, 1, TWO, 1) is None  # a whole GPU: none is free of slot holders
+    fourth = try_claim(tmp_path, 1, TWO, k)
+    assert (fourth.gpus, fourth.slot) == (["1"], 1)
+    assert try_claim(tmp_path, 1, TWO, k) is None  # 2 GPUs × K = 2: every slot is taken
     first.release()
-    again = try_claim(tmp_path, 1, 2, k)
-    assert (again.gpus, again.slot) == ([0], 0)
-    for claim in (again, second, fourth):
+    again = try_claim(tmp_path, 1, TWO, k)
+    assert (again.gpus, again.slot) == (["0"], 0)
+    for claim in (again, third, fourth):
         claim.release()
-    assert try_claim(tmp_path, 2, 2, k) is None  # GPU 1 still has a slot holder: nothing is taken
-    third.release()
-    whole = try_claim(tmp_path, 2, 2, k)
-    assert (whole.gpus, whole.slot) == ([0, 1], None)
-    assert try_claim(tmp_path, 1, 2, k) is None  # no slot on a GPU a whole-GPU job holds
+    assert try_claim(tmp_path, 2, TWO, k) is None  # GPU 1 still has a slot holder: nothing is taken
+    second.release()
+    whole = try_claim(tmp_path, 2, TWO, k)
+    assert (whole.gpus, whole.slot) == (TWO, None)
+    assert try_claim(tmp_path, 1, TWO, k) is None  # no slot on a GPU a whole-GPU job holds
     whole.release()
+
+
+def test_four_jobs_with_k_4_on_two_gpus_run_two_per_gpu(tmp_path):
+    claims = [try_claim(tmp_path, 1, TWO, 4) for _ in range(4)]
+    assert Counter(claim.gpus[0] for claim in claims) == {"0": 2, "1": 2}
+    for claim in claims:
+        claim.release()
+
+
+def test_a_preset_cuda_visible_devices_is_shared_out_among_jobs(tmp_path):
+    """CUDA_VISIBLE_DEVICES=1,3 (salloc, or the user's own export): jobs claim its entries, each sees its own."""
+    devices = visible_devices({"CUDA_VISIBLE_DEVICES": "1,3"})
+    assert devices == ["1", "3"]
+    one, other = (try_claim(tmp_path, 1, devices, 2) for _ in range(2))
+    assert (one.gpus, other.gpus) == (["1"], ["3"])
+    whole = try_claim(tmp_path, 1, ["3", "5"], 1)
+    assert whole.gpus == ["5"]  # GPU 3 has a slot holder
+    for claim in (one, other, whole):
+        claim.release()
 
 
 def test_mixed_one_and_two_gpu_jobs_never_exceed_k_per_gpu_and_all_finish(tmp_path):
@@ -49,18 +71,18 @@ def test_mixed_one_and_two_gpu_jobs_never_exceed_k_per_gpu_and_all_finish(tmp_pa
 
     def job(count: int) -> None:
         try:
-            with claim_gpus(count, total, tmp_path, poll_seconds=0.002, jobs_per_gpu=k) as gpus:
+            with claim_gpus(count, [str(gpu) for gpu in range(total)], tmp_path, poll_seconds=0.002, jobs_per_gpu=k) as gpus:
                 kind = "slot" if count == 1 else "whole"
                 with lock:
                     for gpu in gpus:
-                        holders[gpu][kind] += 1
-                        assert holders[gpu]["slot"] <= k and holders[gpu]["whole"] <= 1
-                        assert not (holders[gpu]["slot"] and holders[gpu]["whole"])
-                        peaks[gpu] = max(peaks[gpu], holders[gpu]["slot"])
+                        holders[int(gpu)][kind] += 1
+                        assert holders[int(gpu)]["slot"] <= k and holders[int(gpu)]["whole"] <= 1
+                        assert not (holders[int(gpu)]["slot"] and holders[int(gpu)]["whole"])
+                        peaks[gpu] = max(peaks[gpu], holders[int(gpu)]["slot"])
                 time.sleep(0.01)
                 with lock:
                     for gpu in gpus:
-                        holders[gpu][kind] -= 1
+                        holders[int(gpu)][kind] -= 1
         except BaseException as error:  # reported by the main thread
             errors.append(error)
 
@@ -85,20 +107,48 @@ def test_the_gpu_resource_counts_slots_and_the_launcher_reads_them_back():
         granted_gpus_of(6, 4)
 
 
-def test_a_share_that_does_not_fit_is_refused_naming_the_setting():
-    minilm = training_memory_bytes(22_713_216, 384, 6, 12, batch=32, tokens=128)
-    bert_base = training_memory_bytes(109_483_778, 768, 12, 12, batch=32, tokens=128)
+def test_a_share_that_does_not_fit_is_refused_before_any_step_naming_k_and_the_estimate():
+    minilm = memory_bytes(22_713_216, 384, 6, 12, batch=32, tokens=128)
+    bert_base = memory_bytes(109_483_778, 768, 12, 12, batch=32, tokens=128)
     assert 1.0 * GIB < minilm < 2.0 * GIB and 3.0 * GIB < bert_base < 5.0 * GIB
-    assert training_memory_bytes(1, 384, 6, 12, 32, 128, activation_bytes=4) > \
-        training_memory_bytes(1, 384, 6, 12, 32, 128)  # fp32 activations take twice the room
-    check_gpu_share(8, bert_base, 80 * GIB, "an H100")  # 8 BERT-base fine-tunes fit in 80 GiB
-    with pytest.raises(MemoryError, match=r"training.jobs_per_gpu = 8 fine-tunes .* set training.jobs_per_gpu to 4"):
-        check_gpu_share(8, bert_base, 16 * GIB, "a 16 GiB GPU")
-    check_gpu_share(1, bert_base, GIB, "a small GPU")  # one job per GPU is never refused here
+    assert memory_bytes(1, 384, 6, 12, 32, 128, activation_bytes=4) > memory_bytes(1, 384, 6, 12, 32, 128)
+    assert memory_bytes(109_483_778, 768, 12, 12, 128, 128, trains=False) < bert_base  # forward only, 4× the batch
+    h100 = 80 * GIB
+    assert share_problem(8, bert_base, h100, h100, "an H100") is None  # 8 BERT-base fine-tunes: 10 GiB each
+    assert share_problem(8, bert_base, 16 * GIB, 16 * GIB, "a 16 GiB GPU") == (
+        f"training.jobs_per_gpu = 8: each job's share of a 16 GiB GPU is 2.0 GiB of its 16.0 GiB, and one needs about "
+        f"{bert_base / GIB:.1f} GiB (estimated); set training.jobs_per_gpu to 4 or less, or lower training.batch_size")
+    # its share fits, but another process holds most of the card now
+    held = share_problem(8, bert_base, 3 * GIB, h100, "an H100")
+    assert held.startswith("an H100 has 3.0 GiB free of its 80.0 GiB") and "lower training.jobs_per_gpu" in held
 
 
 def test_a_run_on_the_cpu_is_not_held_to_a_gpu_share(monkeypatch, tiny_bert):
     from istar.registry.precisions import PRECISIONS
 
     monkeypatch.setenv("ISTAR_JOBS_PER_GPU", "64")
-    check_shared_gpu(tiny_bert, 32, 128, PRECISIONS["fp16"], torch.device("cpu"))
+    claim_gpu_share(tiny_bert, 32, 128, PRECISIONS["fp16"], torch.device("cpu"))
+
+
+def test_replicas_as_micro_batches_ask_for_one_gpu_and_accumulate_every_replicas_batch():
+    from istar.config.gpu_slots import fine_tune_gpus, micro_batches_per_step
+    from istar.pipeline.validate import validate_config
+
+    ddp = {"gpus": 2, "gradient_accumulation_steps": 2, "replicas_as_micro_batches": False}
+    one = {**ddp, "replicas_as_micro_batches": True}
+    assert (fine_tune_gpus(ddp), micro_batches_per_step(ddp)) == (2, 2)
+    assert (fine_tune_gpus(one), micro_batches_per_step(one)) == (1, 4)
+    cpu = {**one, "gpus": 0}
+    assert (fine_tune_gpus(cpu), micro_batches_per_step(cpu)) == (0, 2)
+    with pytest.raises(Exception, match=r"replicas_as_micro_batches': .* set replicas_as_micro_batches to false, or "
+                                        r"global_penalty to false"):
+        validate_config({"training": one, "penalty": {"global_penalty": True}}, check_paths=False)
+
+
+def test_threads_are_lowered_so_every_slot_can_run_or_refused_with_the_numbers():
+    from istar.config.gpu_slots import packed_threads
+
+    assert packed_threads(8, 32, 6) == 5 and packed_threads(2, 32, 6) == 2 and packed_threads(8, 6, 6) == 1
+    with pytest.raises(ValueError, match=r"^--cores 4 runs at most 4 jobs at once, fewer than the 6 GPU slots .* "
+                                         r"give --cores 6 or more"):
+        packed_threads(8, 4, 6)

@@ -38,3 +38,29 @@ def test_a_kind_without_rates_is_refused_naming_those_measured():
     with pytest.raises(ValueError, match="no rates measured on 'a100'; measured: h100, h200"):
         config_cost(config, "a100", 1)
     assert gpu_kind("NVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04") == "h100" and gpu_kind("NVIDIA H200") == "h200"
+
+
+def test_the_cost_says_what_the_config_as_written_runs(capsys, monkeypatch):
+    """config/paper.yaml as written (the authors' two DDP processes run as one process's micro-batches, three per
+    GPU) packs; the same config with two DDP processes per fine-tune does not, and says why; a K not measured
+    is a range from the best sharing measured to a job alone, and packing rates measured on other models are
+    marked extrapolated."""
+    import json
+
+    from istar.cli import main
+
+    config = load_config(REPO / "config" / "paper.yaml", check_paths=False)
+    monkeypatch.chdir(REPO)
+    assert main(["cost", "--config", "config/paper.yaml", "--gpus", "2", "--kind", "h100", "--json"]) == 0
+    written = json.loads(capsys.readouterr().out)["as_written"]
+    assert written["jobs_per_gpu"] == config["training"]["jobs_per_gpu"] >= 2 and written["packs"]
+    assert written["why_not_packed"] is None and written["gpus_per_fine_tune"] == 1
+    cost = config_cost(config, "h100", 2)
+    assert written["gpu_hours"] == [cost["packed"][0]["gpu_hours"][0], cost["alone"]["gpu_hours"][1]]
+    assert "not measured" in written["rate"] and "extrapolated to albert, bert, distilbert" in written["rate"]
+
+    config["training"]["replicas_as_micro_batches"] = False
+    ddp = config_cost(config, "h100", 2)["as_written"]
+    assert (ddp["jobs_per_gpu"], ddp["packs"], ddp["gpu_hours"]) == (1, False, cost["alone"]["gpu_hours"])
+    assert ddp["why_not_packed"].startswith("training.gpus = 2: each fine-tune holds 2 whole GPUs (DDP)")
+    assert "all-reduce not included" in ddp["rate"]

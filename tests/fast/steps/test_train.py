@@ -213,3 +213,36 @@ def test_compile_setting_reaches_the_spec_and_is_refused_where_it_cannot_run(tin
     assert "a C compiler" in compile_problem("reduce-overhead", "cuda")
     with pytest.raises(ValueError, match="install one or set training.compile: none"):
         step_forward("default", torch.device("cpu"))
+
+
+def test_cuda_graphs_are_refused_with_accumulation_or_a_penalty_that_counts_padding():
+    """reduce-overhead replays CUDA graphs: refused, naming both settings and the fix, with gradient accumulation
+    (a replay may overwrite the accumulated gradients) and with penalty.tokens = all_positions (batch lengths cannot
+    be bucketed there), both when the configuration is validated and when a run's spec is."""
+    from istar.config.specs import SpecError
+    from istar.pipeline.validate import validate_config
+
+    with pytest.raises(Exception, match=r"training.compile = reduce-overhead .*gradient_accumulation_steps = 2 .*"
+                                        r"set training.compile to default"):
+        validate_config({"training": {"compile": "reduce-overhead", "gradient_accumulation_steps": 2}},
+                        check_paths=False)
+    with pytest.raises(Exception, match=r"penalty.tokens = all_positions counts padding.*penalty.tokens to real"):
+        validate_config({"training": {"compile": "reduce-overhead"}, "penalty": {"tokens": "all_positions"}},
+                        check_paths=False)
+    validate_config({"training": {"compile": "default", "gradient_accumulation_steps": 2},
+                     "penalty": {"tokens": "all_positions"}}, check_paths=False)
+    spec = TrainSpec(model="m", data_dir="d", output_dir="o", compile="reduce-overhead", gradient_accumulation_steps=2)
+    with pytest.raises(SpecError, match="gradient_accumulation_steps = 2"):
+        spec.validate()
+
+
+def test_compiled_batches_are_bucketed_unless_padding_is_counted():
+    from istar.registry.precisions import PRECISIONS
+    from istar.steps.train import batch_pad_multiple
+
+    spec = TrainSpec(model="m", data_dir="d", output_dir="o")
+    assert batch_pad_multiple(spec, PRECISIONS["no"]) is None and batch_pad_multiple(spec, PRECISIONS["fp16"]) == 8
+    assert batch_pad_multiple(dataclasses.replace(spec, compile="default"), PRECISIONS["no"]) == 32
+    padded = dataclasses.replace(spec, compile="default", method="istar", lam=-1.0, zeta=0.0, tokens="all_positions")
+    assert batch_pad_multiple(padded, PRECISIONS["fp16"]) is None
+
