@@ -36,9 +36,9 @@ EXPECTED_SELECTION_COLUMNS = ["model", "task", "metric", "lam", "zeta", "batch_s
                               "settings"]
 EXPECTED_PAIRED_COLUMNS = ["study", "measure", "model", "task", "method", "reference", "metric", "n", "mean_difference",
                            "sd_difference", "ci_low", "ci_high", "level", "excludes_zero", "p_value", "p_wilcoxon",
-                           "n_positive", "n_negative", "p_holm", "significant", "mde", "mde_alpha", "family_size",
-                           "seeds", "unpaired", "paper_model", "paper_gain", "paper_low", "paper_high", "paper_p",
-                           "gap", "gap_low", "gap_high", "consistent", "collapse_rule", "collapsed_reference",
+                           "n_positive", "n_negative", "p_holm", "p_wilcoxon_holm", "significant", "mde", "mde_alpha",
+                           "family_size", "seeds", "unpaired", "paper_model", "paper_gain", "paper_low", "paper_high",
+                           "paper_p", "gap", "gap_low", "gap_high", "gap_mde", "consistent", "collapse_rule", "collapsed_reference",
                            "collapsed_method", "excluded_seeds"]
 EXPECTED_TREND_COLUMNS = ["study", "model", "task", "covariate", "n", "groups", "slope", "se", "ci_low", "ci_high",
                           "level", "p_value", "p_holm", "significant", "mde", "mde_alpha", "family_size",

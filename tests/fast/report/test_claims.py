@@ -150,4 +150,44 @@ def test_the_papers_own_cell_is_set_beside_ours():
     # DistilBERT's Table 1: SST-2 91.42 ± 0.11 vs 91.36 ± 0.15 (n = 5): +0.06, Welch p = 0.49
     assert "the paper's distilbert SST-2: +0.06" in numbers and "(p = 0.493)" in numbers
     assert "the paper's distilbert MRPC: +0.49" in numbers and "(p = 0.077)" in numbers
-    assert ": consistent" in numbers
+    assert ": not distinguishable; it could detect a gap of" in numbers and "(minilm and distilbert)" in numbers
+
+
+def test_the_rank_test_is_judged_at_the_verdicts_level():
+    """The dose-response records (docs/data): 8 seeds in a family of 8; every IsoScore* comparison has all
+    8 seeds on one side (signed-rank p 0.0078), which Holm's first step at 0.00625 cannot take."""
+    from pathlib import Path
+
+    runs = pd.read_csv(Path(__file__).parents[3] / "docs" / "data" / "dose-response" / "runs.csv")
+    ((_, numbers, verdict),) = _cells(claims_table(runs), "istar_lowers_isoscore")
+    assert verdict.startswith("supported; the signed-rank test cannot pass at this level: with 8 pairs its smallest "
+                              "p is 0.0078, not below α / m = 0.0063 (it needs 9 pairs)")
+    assert "signed-rank p = 0.008" in numbers and "(signed-rank p = 0.062; family of 8)" in numbers
+    # beside the paper's own cell, the gap test's power at its level (the paper's own gain is +0.06)
+    ((_, numbers, _),) = _cells(claims_table(runs), "istar_beats_base")
+    assert ("ours − the paper's -0.50 [-1.54, +0.54] (95%): not distinguishable; it could detect a gap of 1.44 "
+            "points or more (80% power)") in numbers
+    # with 12 seeds the rank test can reach the family's level and agrees with the t-test: no note
+    (verdict,) = _verdicts(claims_table(_runs(+0.02)))["istar_lowers_isoscore"]
+    assert verdict == "supported"
+
+
+def test_cosregs_claim_is_judged_in_three_parts_on_the_last_layer():
+    runs = _runs(+0.02)
+    final_base = runs["method"] == "base"
+    # the last layer: CosReg leaves its IsoScore* where Base has it (0.01, as the paper's 0.004–0.007)
+    runs["last_layer_isoscore_star"] = 0.01 + RNG.normal(0, 0.002, len(runs))
+    lowered, unchanged, *own = _cells(claims_table(runs), "cosreg_not_isotropic")
+    assert lowered[0].startswith("the cosine lowered: m SST-2") and lowered[2] == "supported"
+    assert unchanged[0].startswith("isotropy unchanged") and "CosReg − Base last-layer IsoScore*" in unchanged[1]
+    assert unchanged[2].startswith("supported as far as the test sees: not distinguishable from Base; it could have "
+                                   "detected")
+    assert [cells[2] for cells in own] == ["supported", "supported"]  # a row per task, far below 1
+    assert "CosReg's last-layer IsoScore* 0.010" in own[0][1]
+    # CosReg raising the last layer's IsoScore* to 0.9: changed against Base and made isotropic
+    runs.loc[runs["method"] == "cosreg", "last_layer_isoscore_star"] = 0.9 + RNG.normal(0, 0.002, (~final_base).sum() // 2)
+    _, unchanged, *own = _cells(claims_table(runs), "cosreg_not_isotropic")
+    assert unchanged[2] == "contradicted: CosReg changed it" and [cells[2] for cells in own] == ["contradicted"] * 2
+    # the records without the last layer (runs.csv before the column): that part is not tested
+    _, last = _cells(claims_table(runs.drop(columns="last_layer_isoscore_star")), "cosreg_not_isotropic")
+    assert last[2] == "not tested"
