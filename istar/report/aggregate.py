@@ -104,8 +104,8 @@ PROVENANCE_COLUMNS = ("kind", "path", "git_commit", "git_dirty", "git_diff_sha25
                       "transformers", "accelerate", "python")
 SELECTION_COLUMNS = ("model", "task", "metric", "lam", "zeta", "batch_size", "epochs", "learning_rate", "score",
                      "score_std", "seeds", "standin", "protocol", "heldout_fraction", "heldout_seed", "settings")
-INTEGER_COLUMNS = ("layer", "batch_size", "epochs", "seed", "threads", "hidden_state", "dim", "seeds", "epoch", "heldout_seed",
-                   "settings")
+INTEGER_COLUMNS = ("layer", "batch_size", "epochs", "seed", "threads", "hidden_state", "dim", "seeds", "epoch",
+                   "heldout_seed", "settings")
 SORT_KEYS = ("study", "model", "task", "method", "lam", "zeta", "layer", "tokens", "seed", "setting", "batch_size", "epochs",
              "learning_rate", "run_dir")
 NAN = float("nan")

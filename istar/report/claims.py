@@ -50,6 +50,9 @@ __all__ = ["Claim", "CLAIMS", "claims_table"]
 SUPPORTED, CONTRADICTED, INCONCLUSIVE, NOT_TESTED = "supported", "contradicted", "inconclusive", "not tested"
 NOT_INFORMATIVE = "not informative"
 
+PRIMARY = " (the declared primary endpoint)"
+"""What ends the scope of the finding the declared primary endpoint is judged on."""
+
 LAST_LAYER = "last_layer_isoscore_star"
 """The paper's quantity for CosReg's claim (runs.csv): the IsoScore* of the fine-tuned model's last layer."""
 
@@ -112,7 +115,7 @@ def _cell_finding(evidence: Evidence, row, sign: int, points: bool, label: str, 
                   primary: bool = False) -> Finding:
     """A finding from one cell's paired comparison (a row of the family's paired table)."""
     scale = get_task(row.task).percent_scale if points else 1.0
-    scope = evidence.scope(row.model, row.task, row.method) + (" (the declared primary endpoint)" if primary else "")
+    scope = evidence.scope(row.model, row.task, row.method) + (PRIMARY if primary else "")
     cells = ((row.model, row.task),)
     if not informative(row):
         return Finding(scope, f"{label} {row.mean_difference * scale:+.{digits}f}{unit} over n = {row.n} pair(s)",
@@ -208,13 +211,13 @@ def _trend(evidence: Evidence) -> list[Finding]:
                    f"{iso.groups} seeds (random intercepts)")
         if "lam" in by:
             lam = by["lam"]
-            numbers += (f". Added after the run (IsoScore* is an outcome of the run, λ its treatment): the dose-response "
-                        f"on λ, the causal contrast, "
+            numbers += (f". Added after the run (IsoScore* is an outcome of the run, λ its treatment): the "
+                        f"dose-response on λ, the causal contrast, "
                         f"{lam.slope:+.3f} points per unit [{lam.ci_low:+.3f}, {lam.ci_high:+.3f}], Holm "
                         f"{_p(lam.p_holm)}; " + _split_slope(evidence.runs, model, task))
         primary = evidence.is_primary("lambda_sweep", model, task)
         scope = (f"{evidence.scope(model, task)}, the λ sweep at ζ = "
-                 f"{_sweep_zeta(evidence.runs, model, task)}" + (" (the declared primary endpoint)" if primary else ""))
+                 f"{_sweep_zeta(evidence.runs, model, task)}" + (PRIMARY if primary else ""))
         verdict = _verdict(iso.slope, iso.p_holm, iso.mde / 10, -1, " points per +0.1 IsoScore*", 2)
         findings.append(Finding(scope, numbers, verdict))
     return findings
@@ -225,8 +228,11 @@ def _split_slope(runs: pd.DataFrame, model: str, task: str) -> str:
     fit with λ as the instrument (:func:`istar.report.inference.treatment_slopes`), 95 % intervals, descriptive."""
     sweep = runs[(runs["study"] == "lambda_sweep") & (runs["model"] == model) & (runs["task"] == task)].dropna(
         subset=["score", "isoscore_star"])
-    slopes = treatment_slopes(sweep["score"] * get_task(task).percent_scale, sweep["isoscore_star"],
-                              sweep["lam"].fillna(0.0), sweep["seed"])
+    try:
+        slopes = treatment_slopes(sweep["score"] * get_task(task).percent_scale, sweep["isoscore_star"],
+                                  sweep["lam"].fillna(0.0), sweep["seed"])
+    except ValueError:
+        return "too few runs to split the IsoScore* slope by λ"
     between, within, iv = (f"{slopes[part].mean / 10:+.2f} [{slopes[part].ci_low / 10:+.2f}, "
                            f"{slopes[part].ci_high / 10:+.2f}]" for part in ("between", "within", "iv"))
     return (f"the IsoScore* slope per +0.1 split (descriptive, 95 %): across λ {between}, within λ (seed to seed, "
@@ -373,13 +379,15 @@ def claims_table(runs: pd.DataFrame, selection: pd.DataFrame | None = None,
 
     Returns
     -------
-    Table with rows claim × finding (a claim without evidence gets one "not tested" row) and the
+    Table with rows claim × finding (a claim without evidence gets one "not tested" row; the claim
+    judged on the declared primary endpoint first, the others in the order of :data:`CLAIMS`) and the
     columns ``Cells``, ``Numbers``, ``Verdict``.
     """
     evidence = Evidence(runs, selection, stability, config)
     index, cells = [], []
-    for claim in CLAIMS:
-        findings = claim.judge(evidence) or [Finding("–", claim.untested, NOT_TESTED)]
+    judged = [(claim, claim.judge(evidence) or [Finding("–", claim.untested, NOT_TESTED)]) for claim in CLAIMS]
+    judged.sort(key=lambda pair: not any(finding.scope.endswith(PRIMARY) for finding in pair[1]))  # it opens the table
+    for claim, findings in judged:
         for finding in findings:
             index.append([claim.statement])
             cells.append([finding.scope, finding.numbers, finding.verdict])

@@ -59,16 +59,17 @@ def signed_rank_pairs_needed(level: float) -> int:
 
 
 def rank_test_warning(config: dict) -> str | None:
-    """Where the final study's seeds are too few for the signed-rank test to pass Holm's first step:
-    a sentence naming the seeds, m and the seeds needed; None where it can pass, or where one seed leaves
-    nothing to test."""
+    """Where a declared design's final seeds are too few for the signed-rank test to pass Holm's first
+    step: a sentence naming the seeds, m and the seeds needed. None where it can pass, where one seed
+    leaves nothing to test, or where no primary endpoint is declared (``inference.primary``: an
+    exploratory run, whose tests no verdict is declared on)."""
     m = planned_family_size(config)
     level = ALPHA / max(m, 1)
     seeds = min(len(config["final"]["seeds_by_task"].get(task) or config["final"]["seeds"])
                 for task in config["tasks"])
-    if seeds < 2 or smallest_signed_rank_p(seeds) < level:
+    if config["inference"]["primary"] is None or seeds < 2 or smallest_signed_rank_p(seeds) < level:
         return None
-    return (f"the signed-rank test beside each paired t-test cannot pass at this design's level: with {seeds} "
-            f"seeds its smallest two-sided p is {smallest_signed_rank_p(seeds):.4f}, not below α / m = "
+    return (f"the signed-rank test beside each paired t-test cannot pass at this declared design's level: with "
+            f"{seeds} seeds its smallest two-sided p is {smallest_signed_rank_p(seeds):.4f}, not below α / m = "
             f"{ALPHA:g} / {m} = {level:.4f} (Holm's first step over the family of {m} planned tests); its verdict "
             f"will say so. Give final.seeds at least {signed_rank_pairs_needed(level)} seeds for it to be able to pass")

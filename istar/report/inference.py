@@ -428,6 +428,8 @@ def treatment_slopes(y, x, treatment, groups, alpha: float = ALPHA) -> dict[str,
         beta = np.linalg.lstsq(regressors, y, rcond=None)[0]
         residuals = y - design @ beta
         df = len(y) - np.linalg.matrix_rank(regressors)
+        if df < 1:
+            raise ValueError(f"treatment_slopes needs more runs than the {name} fit has columns; got {len(y)} runs")
         covariance = float(residuals @ residuals) / df * np.linalg.pinv(regressors.T @ regressors)
         out[name] = Estimate.of(float(beta[0]), float(math.sqrt(covariance[0, 0])), df, alpha)
     return out

@@ -138,6 +138,12 @@ def test_the_trend_across_the_lambda_sweep_is_the_claim_of_decreasing_isotropy()
     ((scope, numbers, verdict),) = _cells(claims_table(runs, config=config), "decreasing_isotropy_helps")
     assert "the λ sweep at ζ = 0.6 (the declared primary endpoint)" in scope
     assert verdict == "supported" and "per +0.1" in numbers and "on λ" in numbers and "8 seeds" in numbers
+    assert "the causal contrast" in numbers and "across λ" in numbers and "with λ as the instrument" in numbers
+    # the claim judged on the declared primary opens the table; the others keep their order
+    statements = [statement for (statement,) in claims_table(runs, config=config).index]
+    first = next(claim for claim in CLAIMS if claim.key == "decreasing_isotropy_helps").statement
+    assert statements[0] == first and [s for s in dict.fromkeys(statements) if s != first] == \
+        [claim.statement for claim in CLAIMS if claim.statement != first]
     flat = pd.DataFrame(rows).assign(isoscore_star=lambda f: 0.20 - 0.02 * f["lam"] + RNG.normal(0, 0.005, len(f)))
     runs = pd.concat([_runs(0.0, seeds=8), flat], ignore_index=True)
     ((_, _, verdict),) = _cells(claims_table(runs, config=config), "decreasing_isotropy_helps")
