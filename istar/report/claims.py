@@ -107,8 +107,8 @@ def _p(value: float) -> str:
 
 
 def _interval(row, digits: int, unit: str = "") -> str:
-    return (f"{row['mean']:+.{digits}f}{unit} [{row['ci_low']:+.{digits}f}, {row['ci_high']:+.{digits}f}], "
-            f"{_p(row['p_value'])}")
+    return (f"{row['mean']:+.{digits}f}{unit} [{row['ci_low']:+.{digits}f}, {row['ci_high']:+.{digits}f}] "
+            f"({1 - ALPHA:.0%}), {_p(row['p_value'])}")
 
 
 def _cell_finding(evidence: Evidence, row, sign: int, points: bool, label: str, digits: int, unit: str,
@@ -123,7 +123,8 @@ def _cell_finding(evidence: Evidence, row, sign: int, points: bool, label: str, 
                                                  "every pair differs by the same amount (no variation to test)"),
                        cells)
     numbers = (f"{label} {row.mean_difference * scale:+.{digits}f}{unit} [{row.ci_low * scale:+.{digits}f}, "
-               f"{row.ci_high * scale:+.{digits}f}], n = {row.n} ({row.n_positive} above 0, {row.n_negative} below), "
+               f"{row.ci_high * scale:+.{digits}f}] ({row.level:.0%}), n = {row.n} ({row.n_positive} above 0, "
+               f"{row.n_negative} below), "
                f"{_p(row.p_value)}, signed-rank {_p(row.p_wilcoxon)}, Holm {_p(row.p_holm)} (signed-rank "
                f"{_p(row.p_wilcoxon_holm)}; family of {row.family_size})")
     return Finding(scope, numbers, _verdict(row.mean_difference, row.p_holm, row.mde * scale, sign, unit, digits, row),
@@ -406,9 +407,11 @@ def claims_table(runs: pd.DataFrame, selection: pd.DataFrame | None = None,
         cells=cells,
         best=[[False] * 3 for _ in cells],
         footnotes=[
-            f"Tests at α = {ALPHA:g}, two-sided, paired by seed; every p-value is Holm-adjusted over the study's one "
-            f"family of {evidence.tests.family_size} confirmatory tests (paired.csv, trend.csv), the same value as in "
-            "the tables. supported / contradicted: significant in / against the claimed direction; inconclusive: not "
+            f"Tests at α = {ALPHA:g}, two-sided, paired by seed; intervals at the level each names (95 %: the "
+            "verdicts' α before Holm's adjustment; the detectable effects at α / m); every p-value is "
+            f"Holm-adjusted over the study's one family of {evidence.tests.family_size} confirmatory tests "
+            "(paired.csv, trend.csv), the same value as in the tables. supported / contradicted: significant in / "
+            "against the claimed direction; inconclusive: not "
             f"significant, with the smallest effect the comparison detects with {POWER:.0%} power at α / m, the "
             "level Holm's first step needs (below it, a real effect can hide); not informative: no variation to "
             "test; not tested: no runs here bear on it. Beside each t-test, the Wilcoxon signed-rank test (on the "

@@ -22,6 +22,9 @@ paired difference the workflow prints and by the claims table (:mod:`istar.repor
   large difference cannot carry it).
 - :func:`random_intercept_slope`: the slope of a linear mixed model y = β₀ + β₁x + u_seed + ε with a
   random intercept per group, fitted by restricted maximum likelihood (the trend test of the λ sweep).
+- :func:`treatment_slopes`: that slope where x is an outcome of a set treatment (IsoScore* of λ),
+  split into its between- and within-treatment parts, and its two-stage least-squares fit with the
+  treatment as the instrument.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ from scipy import optimize, stats
 
 from istar.report.family import ALPHA
 
-__all__ = ["ALPHA", "POWER", "HKSJ_BELOW", "TIE_TOLERANCE", "paired_t_pvalue", "signed_rank_pvalue", "holm", "family_alpha",
-           "minimum_detectable_effect", "Pooled", "random_effects", "Slope", "random_intercept_slope"]
+__all__ = ["ALPHA", "POWER", "HKSJ_BELOW", "TIE_TOLERANCE", "paired_t_pvalue", "signed_rank_pvalue", "holm",
+           "family_alpha", "minimum_detectable_effect", "Pooled", "random_effects", "Slope", "random_intercept_slope",
+           "treatment_slopes"]
 
 POWER = 0.8
 """The power at which minimum detectable effects are reported."""

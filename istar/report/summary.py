@@ -174,8 +174,9 @@ def _ran(final: pd.DataFrame) -> str:
         values = final[column].dropna() if column in final else final["run_dir"].iloc[:0]
         counts = values.astype(str).str.removesuffix(".0").str[:12].value_counts(sort=False)
         missing = len(final) - len(values)
-        parts.append(f"{name} " + ", ".join(f"{value} ({count} runs)" for value, count in counts.items())
-                     + (f"{'; ' if len(values) else ''}not recorded by {missing} of {len(final)} runs" if missing else ""))
+        recorded = ", ".join(f"{value} ({count} runs)" for value, count in counts.items())
+        unknown = f"not recorded by {missing} of {len(final)} runs" if missing else ""
+        parts.append(f"{name} " + "; ".join(part for part in (recorded, unknown) if part))
     return "; ".join(parts)
 
 
