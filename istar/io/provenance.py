@@ -3,7 +3,8 @@
 Every run (``run_config.json``), measurement file and the report record :func:`code_provenance`::
 
     {"git": {"commit": "…40 hex…", "dirty": true, "diff_sha256": "…", "root": "/path/to/checkout"},
-     "versions": {"istar": "0.1.0", "torch": "2.13.0", "transformers": …, "accelerate": …, "python": "3.11.7"}}
+     "versions": {"istar": "0.1.0", "torch": "2.13.0", "transformers": …, "accelerate": …, "python": "3.11.7"},
+     "code_sha256": "…"}
 
 The checkout is the one holding the imported ``istar`` package (the code that ran: the
 workflow's own checkout, or an editable install of it); when the package lies outside any
@@ -12,6 +13,10 @@ non-ignored files exist; ``diff_sha256`` hashes those changes (``git diff HEAD -
 the untracked files' names and contents), so two results with the same commit and hash ran
 the same code. Outside a git checkout (or without git) ``git`` is
 ``{"commit": null, "note": "not a git checkout: …"}``, naming both places looked at.
+
+``diff_sha256`` changes with any file of the checkout, a growing log beside the code included;
+``code_sha256`` (:func:`package_sha256`) hashes the imported package's own files alone, so two
+results with one ``code_sha256`` ran the same code, installed or from a checkout.
 
 Provenance is not part of a run's fingerprint (:mod:`istar.steps.resume`): a new commit must not
 invalidate finished runs or resume states.
@@ -27,7 +32,8 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["code_provenance", "git_provenance", "package_versions", "portable_path", "KEY_PACKAGES"]
+__all__ = ["code_provenance", "git_provenance", "package_versions", "package_sha256", "portable_path",
+           "KEY_PACKAGES"]
 
 # The packages whose versions can change a result.
 KEY_PACKAGES = ("istar", "torch", "transformers", "accelerate", "numpy", "scipy", "tokenizers", "safetensors")
@@ -76,6 +82,17 @@ def package_versions() -> dict:
     return versions
 
 
+def package_sha256(package: Path | None = None) -> str:
+    """SHA-256 over the ``istar`` package's files (default: the imported one): each file's path relative
+    to the package and its bytes, in sorted order; compiled bytecode (``__pycache__``) left out."""
+    package = Path(__file__).resolve().parents[1] if package is None else Path(package)
+    digest = hashlib.sha256()
+    for path in sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
 @lru_cache(maxsize=4)
 def _provenance(cwd: str) -> dict:
     package = Path(__file__).resolve().parents[1]
@@ -84,7 +101,7 @@ def _provenance(cwd: str) -> dict:
         git = git_provenance(cwd)
         if git["commit"] is None:
             git["note"] = f"not a git checkout: neither the istar package ({package}) nor the working directory ({cwd})"
-    return {"git": git, "versions": package_versions()}
+    return {"git": git, "versions": package_versions(), "code_sha256": package_sha256(package)}
 
 
 def code_provenance() -> dict:

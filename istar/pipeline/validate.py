@@ -6,7 +6,9 @@ tasks whose files the mirror lacks, hub datasets not in the cache offline, SQuAD
 layer indices beyond a local model's depth as read from its ``config.json``, weight files
 cut short (:mod:`istar.models.files`), CosReg with λ = 0, NaN or infinite numbers, names that cannot
 become file names on the common file systems: too long, or with characters they refuse). Every
-problem raises :class:`ConfigError` naming the key and the allowed values, before any job runs;
+problem raises :class:`ConfigError` naming the key and the allowed values, before any job runs (a
+design whose seeds are too few for the signed-rank test to pass at the family's level is warned
+about, :func:`istar.report.family.rank_test_warning`);
 :func:`load_yaml` reports a YAML syntax error as ``FILE:LINE:COLUMN`` on one line, and refuses a
 key written twice and bytes that are not UTF-8.
 """
@@ -14,6 +16,7 @@ key written twice and bytes that are not UTF-8.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import yaml
@@ -21,6 +24,7 @@ import yaml
 from istar.config.gpu_slots import micro_batches_per_step
 from istar.config.schema import STUDIES, ConfigError, check_schema, load_yaml
 from istar.registry.compile_modes import compile_conflict
+from istar.report.family import rank_test_warning
 
 __all__ = ["validate_config", "load_config", "merge_config_files", "model_depth"]
 
@@ -104,6 +108,9 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
         if primary["contrast"] != "lambda_sweep" and primary["contrast"] not in config["final"]["methods"]:
             raise ConfigError(f"config key 'inference.primary.contrast': {primary['contrast']!r} has no final runs; add it "
                               "to final.methods or declare another contrast")
+    rank_warning = rank_test_warning(config)
+    if rank_warning:
+        print(f"istar: warning: {rank_warning}", file=sys.stderr)
     if config["final"]["cosreg_lambda"] == 0:
         raise ConfigError("config key 'final.cosreg_lambda': λ = 0 turns CosReg off, so its runs would be a second baseline "
                           "labelled CosReg; give a non-zero λ (the paper's is 1.0)")

@@ -20,10 +20,14 @@ these files, whose columns are fixed:
     frequent predicted class (classification), ``prediction_std`` the predictions' standard deviation
     (regression), ``collapsed`` whether ``score`` fails to beat ``trivial_score`` (empty, like the three
     before it, for runs evaluated before these were recorded); ``isoscore_star`` and ``isoscore``
-    of the global point cloud and ``cosine_similarity`` of the last layer from the run's
+    of the global point cloud, ``cosine_similarity`` and ``last_layer_isoscore_star`` of the last
+    layer (the paper's quantity for CosReg's claim; ``layers.csv`` holds every layer) from the run's
     analysis in a measurement file (:mod:`istar.steps.measure`; empty when no file given measures
     the run, e.g. search runs), and ``analysis_zeta`` the ζ that analysis used (figures label their
-    IsoScore* axes with it).
+    IsoScore* axes with it); ``precision`` the precision fine-tuning ran in (fp32, bf16, fp16),
+    ``threads`` torch's intra-op threads in training and ``code_sha256`` the hash of the package's
+    code (:func:`istar.io.provenance.package_sha256`), from run_config.json (empty for runs written
+    before these were recorded).
 ``layers.csv`` — one row per (study, run, hidden state) of measured runs,
     columns :data:`LAYERS_COLUMNS` (``hidden_state`` 0 = embeddings … L).
 ``dims.csv`` — one row per (study, run, dimension) of measured runs, columns
@@ -84,8 +88,8 @@ METRIC_COLUMNS = ("accuracy", "f1", "exact_match", "matthews", "pearson", "spear
 RUN_KEYS = ("study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens")
 COLLAPSE_COLUMNS = ("trivial_score", "top_label_share", "prediction_std")
 RUNS_COLUMNS = (*RUN_KEYS, "batch_size", "epochs", "learning_rate", "seed", "metric", "score", *METRIC_COLUMNS,
-                *COLLAPSE_COLUMNS, "collapsed", "standin", "isoscore_star", "isoscore", "cosine_similarity", "analysis_zeta",
-                "run_dir")
+                *COLLAPSE_COLUMNS, "collapsed", "standin", "isoscore_star", "isoscore", "cosine_similarity",
+                "last_layer_isoscore_star", "analysis_zeta", "precision", "threads", "code_sha256", "run_dir")
 PAIRED_COLLAPSE_COLUMNS = ("collapse_rule", "collapsed_reference", "collapsed_method", "excluded_seeds")
 """What ``paired.csv`` adds to :data:`istar.report.paired.PAIRED_COLUMNS`: the rule for collapsed runs that
 ran, how many runs of the reference and of the method collapsed, and how many seeds the rule excluded."""
@@ -101,8 +105,8 @@ PROVENANCE_COLUMNS = ("kind", "path", "git_commit", "git_dirty", "git_diff_sha25
                       "transformers", "accelerate", "python")
 SELECTION_COLUMNS = ("model", "task", "metric", "lam", "zeta", "batch_size", "epochs", "learning_rate", "score",
                      "score_std", "seeds", "standin", "protocol", "heldout_fraction", "heldout_seed", "settings")
-INTEGER_COLUMNS = ("layer", "batch_size", "epochs", "seed", "hidden_state", "dim", "seeds", "epoch", "heldout_seed",
-                   "settings")
+INTEGER_COLUMNS = ("layer", "batch_size", "epochs", "seed", "threads", "hidden_state", "dim", "seeds", "epoch",
+                   "heldout_seed", "settings")
 SORT_KEYS = ("study", "model", "task", "method", "lam", "zeta", "layer", "tokens", "seed", "setting", "batch_size", "epochs",
              "learning_rate", "run_dir")
 NAN = float("nan")
@@ -157,12 +161,13 @@ def _run_row(study: str, run: dict, analysis: dict | None) -> dict:
         "score": _number(final.get(run["metric"])), **{name: _number(final.get(name)) for name in METRIC_COLUMNS},
         **{name: _number(final.get(name)) for name in COLLAPSE_COLUMNS}, "collapsed": collapsed(final, run["metric"]),
         "standin": run["standin"], "isoscore_star": NAN, "isoscore": NAN, "cosine_similarity": NAN,
-        "analysis_zeta": NAN, "run_dir": run["run_dir"],
+        "last_layer_isoscore_star": NAN, "analysis_zeta": NAN, **run["ran"], "run_dir": run["run_dir"],
     }
     if analysis is not None:
         row.update(isoscore_star=_number(analysis["global"]["isoscore_star"]),
                    isoscore=_number(analysis["global"]["isoscore"]),
                    cosine_similarity=_number(analysis["layers"][-1]["cosine_similarity"]),
+                   last_layer_isoscore_star=_number(analysis["layers"][-1]["isoscore_star"]),
                    analysis_zeta=_number(analysis["zeta"]))
     return row
 

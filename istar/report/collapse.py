@@ -28,9 +28,9 @@ CELL = ("study", "model", "task")
 COUNTS_ATTR = "collapse_counts"
 """The key in ``kept.attrs`` (pandas' metadata of a DataFrame) under which :func:`apply_collapse_rule` leaves its counts."""
 
-COUNT_COLUMNS = (*CELL, "method", "rule", "runs", "collapsed", "excluded")
+COUNT_COLUMNS = (*CELL, "method", "rule", "runs", "checked", "collapsed", "excluded")
 """Columns of :func:`apply_collapse_rule`'s counts: per cell and arm, the rule, the arm's runs before
-the rule, how many of them collapsed and how many the rule removed."""
+the rule, how many of them carry a collapse flag, how many collapsed and how many the rule removed."""
 
 
 def collapsed_flags(runs: pd.DataFrame) -> pd.Series:
@@ -67,8 +67,11 @@ def apply_collapse_rule(runs: pd.DataFrame, rule: str) -> tuple[pd.DataFrame, pd
         hit = runs[[*CELL, "seed"]].merge(failed, how="left", indicator=True)["_merge"].eq("both").to_numpy()
     else:
         hit = pd.Series(False, index=runs.index).to_numpy()
-    arms = runs[[*CELL, "method"]].assign(runs=1, collapsed=flags.astype(int).to_numpy(), excluded=hit.astype(int))
-    counts = arms.groupby([*CELL, "method"], sort=False, as_index=False)[["runs", "collapsed", "excluded"]].sum()
+    checked = runs["collapsed"].notna() if "collapsed" in runs.columns else pd.Series(False, index=runs.index)
+    arms = runs[[*CELL, "method"]].assign(runs=1, checked=checked.astype(int).to_numpy(),
+                                          collapsed=flags.astype(int).to_numpy(), excluded=hit.astype(int))
+    counts = arms.groupby([*CELL, "method"], sort=False, as_index=False)[["runs", "checked", "collapsed",
+                                                                          "excluded"]].sum()
     counts.insert(len(CELL) + 1, "rule", rule)
     kept = runs.loc[~hit].copy()
     # a table that lists its cells from the runs still finds a cell the rule emptied (every seed collapsed)
@@ -84,6 +87,11 @@ def collapse_footnote(counts: pd.DataFrame, task_names: dict[str, str]) -> str:
     head = (f"Collapsed runs (final score no better than the task's trivial predictor on the evaluation split: the "
             f"best constant class, the constant mean, an empty answer; inference.collapsed_runs: {rule.key}, "
             f"{rule.wording})")
+    unchecked = int(counts["runs"].sum() - counts["checked"].sum())
+    if touched.empty and unchecked:
+        return (f"{head}: not checked for {unchecked} of {int(counts['runs'].sum())} runs (evaluated before the flag "
+                "was recorded); none among the others." if counts["checked"].sum() else
+                f"{head}: not checked (no run carries the flag: they were evaluated before it was recorded).")
     if touched.empty:
         return f"{head}: none."
     studies = counts["study"].nunique() > 1

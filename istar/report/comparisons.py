@@ -28,19 +28,14 @@ import pandas as pd
 from istar.core.tokens import TOKEN_SELECTIONS
 from istar.registry.methods import BASELINE_METHOD, METHODS
 from istar.registry.tasks import get_task
+from istar.report.family import FAMILY_MEASURES, TREND_COVARIATES, TREND_STUDY
 from istar.report.inference import POWER, family_alpha, holm, random_intercept_slope
 from istar.report.paired import LEVEL, PAIRED_COLUMNS, adjust_family, informative, paired_differences
 from istar.report.paper import Estimate, difference, paper_gain, paper_model
 
-__all__ = ["MEASURES", "TREND_COLUMNS", "PAPER_COLUMNS", "STUDY_PAIRED_COLUMNS", "StudyTests", "variant_label",
+__all__ = ["TREND_COLUMNS", "PAPER_COLUMNS", "STUDY_PAIRED_COLUMNS", "StudyTests", "variant_label",
            "trend_tests", "study_tests", "paper_comparisons"]
 
-MEASURES = {"final": ("score", "isoscore_star", "cosine_similarity"), "padding": ("score", "isoscore_star")}
-"""Study → the measures its paired comparisons test (those the runs have values of)."""
-
-TREND_STUDY = "lambda_sweep"
-TREND_COVARIATES = ("isoscore_star", "lam")
-"""What the λ sweep's score is regressed on: the fine-tuned model's IsoScore* (the paper's claim), and λ."""
 
 TREND_COLUMNS = ("study", "model", "task", "covariate", "n", "groups", "slope", "se", "ci_low", "ci_high", "level",
                  "p_value", "p_holm", "significant", "mde", "mde_alpha", "family_size", "group_variance",
@@ -48,7 +43,7 @@ TREND_COLUMNS = ("study", "model", "task", "covariate", "n", "groups", "slope", 
 """Columns of ``trend.csv``: the slope in points per unit of the covariate, its Wald interval and test."""
 
 PAPER_COLUMNS = ("paper_model", "paper_gain", "paper_low", "paper_high", "paper_p", "gap", "gap_low", "gap_high",
-                 "consistent")
+                 "gap_mde", "consistent")
 """Columns :func:`study_tests` adds to the final study's score rows of ``paired.csv``: the paper's own cell
 (:func:`paper_comparisons`), in points; empty elsewhere."""
 
@@ -85,7 +80,7 @@ class StudyTests:
 
 def _paired_parts(runs: pd.DataFrame, level: float) -> list[pd.DataFrame]:
     parts = []
-    for study, measures in MEASURES.items():
+    for study, measures in FAMILY_MEASURES.items():
         rows = runs[runs["study"] == study]
         if rows.empty:
             continue
@@ -174,7 +169,9 @@ def paper_comparisons(paired: pd.DataFrame, mapping: dict[str, str], level: floa
     -------
     DataFrame with :data:`PAPER_COLUMNS` on the index of ``paired`` (points): ``paper_gain`` (the
     paper's gain, Welch, :mod:`istar.report.paper`) with its interval and p-value, ``gap`` = ours −
-    the paper's with its interval, and ``consistent`` (the gap's interval holds 0). Rows without a
+    the paper's with its interval, ``gap_mde`` (the smallest |gap| its test detects with 80 % power at
+    the interval's level, :meth:`istar.report.paper.Estimate.detectable`) and ``consistent`` (the gap's
+    interval holds 0). Rows without a
     paper model, a paper cell or an informative comparison are left out.
     """
     alpha = 1 - level
@@ -191,5 +188,5 @@ def paper_comparisons(paired: pd.DataFrame, mapping: dict[str, str], level: floa
         gap = difference(ours, theirs, alpha)
         out[index] = {"paper_model": theirs_model, "paper_gain": theirs.mean, "paper_low": theirs.ci_low,
                       "paper_high": theirs.ci_high, "paper_p": theirs.p_value, "gap": gap.mean, "gap_low": gap.ci_low,
-                      "gap_high": gap.ci_high, "consistent": gap.holds_zero}
+                      "gap_high": gap.ci_high, "gap_mde": gap.detectable(alpha, POWER), "consistent": gap.holds_zero}
     return pd.DataFrame.from_dict(out, orient="index", columns=list(PAPER_COLUMNS))

@@ -17,10 +17,14 @@ paired difference the workflow prints and by the claims table (:mod:`istar.repor
   interval, test and detectable effect are the Hartung–Knapp–Sidik–Jonkman ones (Hartung & Knapp
   2001; Sidik & Jonkman 2002): a variance scaled by the weighted spread of the cells and Student's t
   with k − 1 degrees of freedom.
-- :func:`signed_rank_pvalue`: the two-sided Wilcoxon signed-rank test of paired differences, the
-  rank test reported beside every paired t-test (one seed with a large difference cannot carry it).
+- :func:`signed_rank_pvalue`: the two-sided Wilcoxon signed-rank test of paired differences on the
+  score's own grid (ties kept), the rank test reported beside every paired t-test (one seed with a
+  large difference cannot carry it).
 - :func:`random_intercept_slope`: the slope of a linear mixed model y = β₀ + β₁x + u_seed + ε with a
   random intercept per group, fitted by restricted maximum likelihood (the trend test of the λ sweep).
+- :func:`treatment_slopes`: that slope where x is an outcome of a set treatment (IsoScore* of λ),
+  split into its between- and within-treatment parts, and its two-stage least-squares fit with the
+  treatment as the instrument.
 """
 
 from __future__ import annotations
@@ -31,17 +35,21 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, stats
 
-__all__ = ["ALPHA", "POWER", "HKSJ_BELOW", "paired_t_pvalue", "signed_rank_pvalue", "holm", "family_alpha",
-           "minimum_detectable_effect", "Pooled", "random_effects", "Slope", "random_intercept_slope"]
+from istar.report.family import ALPHA
 
-ALPHA = 0.05
-"""The level of every test the workflow reports (two-sided)."""
+__all__ = ["ALPHA", "POWER", "HKSJ_BELOW", "TIE_TOLERANCE", "paired_t_pvalue", "signed_rank_pvalue", "holm",
+           "family_alpha", "minimum_detectable_effect", "Pooled", "random_effects", "Slope", "random_intercept_slope",
+           "treatment_slopes"]
 
 POWER = 0.8
 """The power at which minimum detectable effects are reported."""
 
 HKSJ_BELOW = 5
 """Pooled estimates over fewer cells than this use the Hartung–Knapp–Sidik–Jonkman interval."""
+
+TIE_TOLERANCE = 1e-9
+"""Paired differences this close are one value to the signed-rank test: far above floating-point noise
+(~1e-16) and far below any score's grid (accuracy on n examples moves by 1/n, n < 10⁸)."""
 
 
 def paired_t_pvalue(mean: float, sd: float, n: int) -> float:
@@ -68,20 +76,35 @@ def paired_t_pvalue(mean: float, sd: float, n: int) -> float:
 def signed_rank_pvalue(differences) -> float:
     """Two-sided p-value of the Wilcoxon signed-rank test of H0: the differences are symmetric about 0.
 
+    A score lives on its own grid (accuracy on n examples moves in steps of 1/n), so two seeds whose
+    scores moved by the same number of examples tie; computed in floating point their differences
+    can part by ~1e-16, and ranked raw the tie would be lost. Absolute differences within
+    :data:`TIE_TOLERANCE` of each other are therefore ranked as one value, and those within it of 0
+    as zeros.
+
     Parameters
     ----------
     differences : sequence of float, shape (n,), the paired differences (method − reference).
 
     Returns
     -------
-    float in [0, 1]: ``scipy.stats.wilcoxon``'s, exact where SciPy computes it exactly (small n,
-    no ties), zero differences dropped (Wilcoxon's own rule). NaN where fewer than two differences
-    are non-zero: the test has nothing to rank.
+    float in [0, 1]: ``scipy.stats.wilcoxon``'s on the snapped differences, zeros kept in the ranking
+    (Pratt's rule) and ties shared, exact (tie-aware) or normal as SciPy chooses. NaN where fewer than
+    two differences are non-zero: the test has nothing to rank.
     """
     d = np.asarray(differences, dtype=np.float64)
+    size = np.abs(d)
+    order = np.argsort(size, kind="stable")
+    snapped = size[order]
+    snapped[snapped <= TIE_TOLERANCE] = 0.0
+    for i in range(1, len(snapped)):  # sorted: a value near the one before it takes that one's value
+        if snapped[i] - snapped[i - 1] <= TIE_TOLERANCE:
+            snapped[i] = snapped[i - 1]
+    size[order] = snapped
+    d = np.sign(d) * size
     if np.count_nonzero(d) < 2:
         return math.nan
-    return float(stats.wilcoxon(d, zero_method="wilcox", alternative="two-sided").pvalue)
+    return float(stats.wilcoxon(d, zero_method="pratt", alternative="two-sided").pvalue)
 
 
 def family_alpha(m: int, alpha: float = ALPHA) -> float:
@@ -362,3 +385,55 @@ def random_intercept_slope(y, x, groups, alpha: float = ALPHA, power: float = PO
                  p_value=float(2 * stats.norm.sf(abs(estimate) / se)), mde=(z + float(stats.norm.ppf(power))) * se,
                  intercept=float(beta[0]), group_variance=float(math.exp(fit.x) * sigma2),
                  residual_variance=float(sigma2), n=len(y), groups=len(names))
+
+
+def treatment_slopes(y, x, treatment, groups, alpha: float = ALPHA) -> dict[str, Estimate]:
+    """The slope of y on x where ``treatment`` is set and x is an outcome of it, by least squares with a
+    fixed intercept per group.
+
+    In the λ sweep y is the score, x the fine-tuned model's IsoScore* and the treatment λ: IsoScore*
+    moves with λ and also from seed to seed at one λ, and only the first part is set by the design.
+    With x̄_λ the mean of x at each treatment value:
+
+    - ``between``: the coefficient of x̄_λ in y ~ x̄_λ + (x − x̄_λ) + group, the part of the slope
+      carried by what λ sets;
+    - ``within``: the coefficient of x in y ~ x + λ (as categories) + group, the seed-to-seed part at
+      one λ (observational: whatever moves IsoScore* within an arm may move the score too);
+    - ``iv``: two-stage least squares with λ as the instrument, each value its own category (first
+      stage x ~ λ + group, so no shape of IsoScore*'s response to λ is assumed; second y ~ x̂ + group),
+      its residuals y − x β̂ on x itself; under its assumption (λ acts on the score only through x)
+      the causal slope, and near ``between``.
+
+    Parameters
+    ----------
+    y, x, treatment, groups : sequences of shape (n,) (y and x float, the others labels or numbers).
+    alpha : level of the intervals.
+
+    Returns
+    -------
+    {"between", "within", "iv"} → :class:`istar.report.paper.Estimate` (y's units per unit of x;
+    Student's t with n − k degrees of freedom, k the columns of the design).
+    """
+    from istar.report.paper import Estimate
+
+    y, x, lam = (np.asarray(values, dtype=np.float64) for values in (y, x, treatment))
+    group = np.asarray(groups)
+    intercepts = (group[:, None] == np.unique(group)[None, :]).astype(float)
+    arms = (lam[:, None] == np.unique(lam)[None, 1:]).astype(float)  # one arm absorbed by the intercepts
+    arm_mean = np.array([x[lam == value].mean() for value in lam])
+    first_stage = np.column_stack([arms, intercepts])
+    fitted = first_stage @ np.linalg.lstsq(first_stage, x, rcond=None)[0]
+    fits = {"between": (np.column_stack([arm_mean, x - arm_mean, intercepts]), None),
+            "within": (np.column_stack([x, arms, intercepts]), None),
+            "iv": (np.column_stack([x, intercepts]), np.column_stack([fitted, intercepts]))}
+    out = {}
+    for name, (design, regressors) in fits.items():
+        regressors = design if regressors is None else regressors
+        beta = np.linalg.lstsq(regressors, y, rcond=None)[0]
+        residuals = y - design @ beta
+        df = len(y) - np.linalg.matrix_rank(regressors)
+        if df < 1:
+            raise ValueError(f"treatment_slopes needs more runs than the {name} fit has columns; got {len(y)} runs")
+        covariance = float(residuals @ residuals) / df * np.linalg.pinv(regressors.T @ regressors)
+        out[name] = Estimate.of(float(beta[0]), float(math.sqrt(covariance[0, 0])), df, alpha)
+    return out

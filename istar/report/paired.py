@@ -62,8 +62,8 @@ NO_INFORMATION = "no information"
 
 PAIRED_COLUMNS = ("study", "measure", "model", "task", "method", "reference", "metric", "n", "mean_difference",
                   "sd_difference", "ci_low", "ci_high", "level", "excludes_zero", "p_value", "p_wilcoxon",
-                  "n_positive", "n_negative", "p_holm", "significant", "mde", "mde_alpha", "family_size", "seeds",
-                  "unpaired")
+                  "n_positive", "n_negative", "p_holm", "p_wilcoxon_holm", "significant", "mde", "mde_alpha",
+                  "family_size", "seeds", "unpaired")
 """Columns of :func:`paired_differences` (``results/aggregate/paired.csv``)."""
 
 POOLED_COLUMNS = ("study", "measure", "method", "reference", "scope", "k", "interval", "mean", "se", "ci_low",
@@ -186,7 +186,8 @@ def adjust_family(frame: pd.DataFrame, level: float = LEVEL, extra_p_values=()) 
     Returns
     -------
     A copy with ``p_holm`` (Holm-adjusted over the family's m tests: every row with a p-value, and
-    the extra ones), ``significant`` (``p_holm`` < α; NA without a test), ``family_size`` m,
+    the extra ones), ``p_wilcoxon_holm`` (the same adjustment with each row's signed-rank p in place
+    of its t-test's: the rank test at the level the verdict uses), ``significant`` (``p_holm`` < α; NA without a test), ``family_size`` m,
     ``mde_alpha`` = α / m and ``mde``, the minimum detectable effect at 80 % power at that level
     (NaN without information).
     """
@@ -196,6 +197,9 @@ def adjust_family(frame: pd.DataFrame, level: float = LEVEL, extra_p_values=()) 
     adjusted = holm(p_values) if len(p_values) else np.array([])
     m = int(np.count_nonzero(~np.isnan(p_values)))
     frame["p_holm"] = adjusted[:len(frame)]
+    ranks = np.concatenate([frame["p_wilcoxon"].where(frame["p_value"].notna()).to_numpy(dtype=float),
+                            p_values[len(frame):]])
+    frame["p_wilcoxon_holm"] = holm(ranks)[:len(frame)] if len(ranks) else np.array([])
     frame["significant"] = [pd.NA if math.isnan(p) else bool(p < alpha) for p in frame["p_holm"]]
     frame["family_size"] = m
     frame["mde_alpha"] = family_alpha(m, alpha)

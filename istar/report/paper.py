@@ -52,6 +52,11 @@ class Estimate:
         p_value = float(2 * stats.t.sf(abs(mean) / se, df)) if se > 0 else math.nan
         return cls(mean=mean, se=se, df=df, ci_low=mean - half, ci_high=mean + half, p_value=p_value)
 
+    def detectable(self, alpha: float = 0.05, power: float = 0.8) -> float:
+        """The smallest true |value| the two-sided t-test of this estimate at ``alpha`` detects with
+        ``power``: (t_{1−α/2, df} + t_{power, df}) · se, in the estimate's units."""
+        return float((stats.t.isf(alpha / 2, self.df) + stats.t.ppf(power, self.df)) * self.se)
+
     @property
     def holds_zero(self) -> bool:
         return self.ci_low <= 0 <= self.ci_high

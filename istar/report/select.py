@@ -133,7 +133,8 @@ def read_run(run_dir) -> dict:
     after each epoch), ``sigma_s_isoscore`` (IsoScore of Σ_S after 0, 1, … epochs; empty
     for runs written before it was recorded) and ``heldout`` (the ``heldout`` record of the
     data's meta.json when the run trained on a held-out split of :mod:`istar.data.holdout`,
-    else None).
+    else None) and ``ran``: what ran, ``precision`` (effective), ``threads`` and ``code_sha256``
+    (each None for runs written before it was recorded).
     """
     metrics, config = read_finished_run(run_dir)
     run_dir = Path(run_dir)
@@ -152,6 +153,8 @@ def read_run(run_dir) -> dict:
         "final": dict(metrics["final"]), "standin": bool(metrics.get("standin", False)),
         "history": list(metrics.get("epochs", [])), "sigma_s_isoscore": list(metrics.get("sigma_s_isoscore", [])),
         "heldout": (config.get("data_meta") or {}).get("heldout"),
+        "ran": {"precision": (config.get("precision") or {}).get("effective"), "threads": config.get("threads"),
+                "code_sha256": (config.get("provenance") or {}).get("code_sha256")},
     }
 
 

@@ -98,6 +98,7 @@ def _what_ran(config: dict, runs: pd.DataFrame, selection: pd.DataFrame | None) 
              ("Tasks and seeds", "; ".join(_seeds(final, task) for task in tasks)),
              ("Arms", _arms(final)),
              ("Training", _recipe(config)),
+             ("What ran", _ran(final)),
              ("Primary endpoint", _primary(config))]
     studies = [study for study in dict.fromkeys(runs["study"]) if study not in (FINAL, SEARCH)]
     if studies:
@@ -161,7 +162,21 @@ def _recipe(config: dict) -> str:
                                            if t["gradient_accumulation_steps"] > 1 else "")
     return (f"{t['epochs']} epoch{'s' * (t['epochs'] != 1)}, {steps}, learning rate {t['learning_rate']:g} "
             f"({t['scheduler']} schedule, warm-up {t['warmup_ratio']:g}), weight decay {t['weight_decay']:g}, "
-            f"max length {t['max_length']}, precision {t['mixed_precision']}")
+            f"max length {t['max_length']}, precision {t['mixed_precision']} requested")
+
+
+def _ran(final: pd.DataFrame) -> str:
+    """What the final runs record they ran with (runs.csv): the precision, torch's threads and the package's
+    code hash, each value with its number of runs; runs written before these were recorded are counted apart."""
+    parts = []
+    for column, name in (("precision", "precision"), ("threads", "threads"), ("code_sha256", "code")):
+        values = final[column].dropna() if column in final else final["run_dir"].iloc[:0]
+        counts = values.astype(str).str.removesuffix(".0").str[:12].value_counts(sort=False)
+        missing = len(final) - len(values)
+        recorded = ", ".join(f"{value} ({count} runs)" for value, count in counts.items())
+        unknown = f"not recorded by {missing} of {len(final)} runs" if missing else ""
+        parts.append(f"{name} " + "; ".join(part for part in (recorded, unknown) if part))
+    return "; ".join(parts)
 
 
 def _primary(config: dict) -> str:

@@ -148,7 +148,7 @@ def _write_outputs(run: TrainingRun, report: dict, seconds: float) -> dict:
     artifacts.write_json(out / "run_config.json", {
         **dataclasses.asdict(spec), "model_path": portable_path(context.model_path), "task": task.key,
         "precision": {"requested": spec.mixed_precision, "effective": context.precision.label},
-        "determinism": determinism(),
+        "threads": torch.get_num_threads(), "determinism": determinism(),
         "num_processes": accelerator.num_processes, "device": accelerator.device.type,
         "total_optimizer_steps": run.total_steps, "train_seconds": round(seconds, 2),
         "model_source": context.model_name, "data_meta": context.meta, "fingerprint": report["fingerprint"],

@@ -332,3 +332,17 @@ def test_specs_refuse_exactly_what_the_config_refuses():
                     check_schema({section: {name: value}})
             checked.append(f"{spec_class.__name__}.{f.name}")
     assert len(checked) > 40, checked  # every bounded setting of every step, not a handful
+
+
+def test_a_design_whose_rank_test_cannot_pass_at_its_level_is_warned_about(capsys):
+    """The dose-response design: 8 seeds, a family of 10 planned tests (two comparisons × the score, IsoScore*,
+    the last layer's cosine and IsoScore*; two trends); the exact signed-rank test's smallest p, 2 / 2⁸ =
+    0.0078, is above 0.05 / 10."""
+    design = load_config(REPO / "config" / "dose-response.yaml", check_paths=False)
+    warning = capsys.readouterr().err
+    assert "with 8 seeds its smallest two-sided p is 0.0078, not below α / m = 0.05 / 10 = 0.0050" in warning
+    assert "at least 9 seeds" in warning
+    nine = copy.deepcopy(design)
+    nine["final"]["seeds"] = list(range(9))
+    validate_config(nine, check_paths=False)
+    assert "signed-rank" not in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
 import subprocess
 
-from istar.io.provenance import code_provenance, git_provenance, package_versions
+from istar.io.provenance import code_provenance, git_provenance, package_sha256, package_versions
 
 
 def git(root, *args):
@@ -47,3 +47,17 @@ def test_the_code_provenance_of_this_checkout():
     assert len(found["git"]["commit"]) == 40 and isinstance(found["git"]["dirty"], bool)
     versions = package_versions()
     assert found["versions"] == versions and versions["torch"] and versions["istar"] and versions["python"]
+
+
+def test_the_code_hash_covers_the_packages_files_and_nothing_beside_them(tmp_path):
+    package = tmp_path / "istar"
+    (package / "report").mkdir(parents=True)
+    (package / "report" / "claims.py").write_text("VERDICT = 1\n")
+    first = package_sha256(package)
+    (package / "report" / "__pycache__").mkdir()
+    (package / "report" / "__pycache__" / "claims.cpython-311.pyc").write_bytes(b"compiled")
+    (tmp_path / "growing.log").write_text("a log beside the package")
+    assert package_sha256(package) == first  # bytecode and files outside the package leave it
+    (package / "report" / "claims.py").write_text("VERDICT = 2\n")
+    assert package_sha256(package) != first
+    assert code_provenance()["code_sha256"] == package_sha256()  # the imported package's

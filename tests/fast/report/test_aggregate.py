@@ -12,6 +12,7 @@ import pytest
 from aggregate_helpers import aggregated, fake_run, runs, search
 
 from istar.io import artifacts
+from istar.io.provenance import package_sha256
 from istar.report.aggregate import (
     DIMS_COLUMNS,
     LAYERS_COLUMNS,
@@ -26,8 +27,8 @@ from istar.report.select import select_best
 EXPECTED_RUNS_COLUMNS = [
     "study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens", "batch_size", "epochs",
     "learning_rate", "seed", "metric", "score", "accuracy", "f1", "exact_match", "matthews", "pearson", "spearman", "eval_loss",
-    "trivial_score", "top_label_share", "prediction_std", "collapsed", "standin", "isoscore_star", "isoscore", "cosine_similarity", "analysis_zeta",
-    "run_dir"]
+    "trivial_score", "top_label_share", "prediction_std", "collapsed", "standin", "isoscore_star", "isoscore", "cosine_similarity",
+    "last_layer_isoscore_star", "analysis_zeta", "precision", "threads", "code_sha256", "run_dir"]
 EXPECTED_LAYERS_COLUMNS = ["study", "model", "task", "method", "setting", "lam", "zeta", "layer", "tokens", "seed",
                            "hidden_state", "isoscore_star", "isoscore", "twonn_cls", "cosine_similarity", "standin",
                            "analysis_zeta"]
@@ -38,9 +39,9 @@ EXPECTED_SELECTION_COLUMNS = ["model", "task", "metric", "lam", "zeta", "batch_s
                               "settings"]
 EXPECTED_PAIRED_COLUMNS = ["study", "measure", "model", "task", "method", "reference", "metric", "n", "mean_difference",
                            "sd_difference", "ci_low", "ci_high", "level", "excludes_zero", "p_value", "p_wilcoxon",
-                           "n_positive", "n_negative", "p_holm", "significant", "mde", "mde_alpha", "family_size",
-                           "seeds", "unpaired", "paper_model", "paper_gain", "paper_low", "paper_high", "paper_p",
-                           "gap", "gap_low", "gap_high", "consistent", "collapse_rule", "collapsed_reference",
+                           "n_positive", "n_negative", "p_holm", "p_wilcoxon_holm", "significant", "mde", "mde_alpha",
+                           "family_size", "seeds", "unpaired", "paper_model", "paper_gain", "paper_low", "paper_high",
+                           "paper_p", "gap", "gap_low", "gap_high", "gap_mde", "consistent", "collapse_rule", "collapsed_reference",
                            "collapsed_method", "excluded_seeds"]
 EXPECTED_TREND_COLUMNS = ["study", "model", "task", "covariate", "n", "groups", "slope", "se", "ci_low", "ci_high",
                           "level", "p_value", "p_holm", "significant", "mde", "mde_alpha", "family_size",
@@ -240,7 +241,12 @@ def test_runs_csv_rows_values_and_nan(aggregated):
     assert base["isoscore_star"] == pytest.approx(analysis["global"]["isoscore_star"], rel=1e-12)
     assert base["isoscore"] == pytest.approx(analysis["global"]["isoscore"], rel=1e-12)
     assert base["cosine_similarity"] == pytest.approx(analysis["layers"][-1]["cosine_similarity"], rel=1e-12)
+    assert base["last_layer_isoscore_star"] == pytest.approx(analysis["layers"][-1]["isoscore_star"], rel=1e-12)
     assert base["score"] == pytest.approx(metrics["final"]["accuracy"]) and base["run_dir"].endswith("base/seed0")
+    # what ran, from run_config.json: the precision that ran, torch's threads, the package's code
+    recorded = json.loads((aggregated["folders"][("base", 0)] / "run_config.json").read_text())
+    assert base["precision"] == recorded["precision"]["effective"] and base["threads"] == recorded["threads"] >= 1
+    assert base["code_sha256"] == recorded["provenance"]["code_sha256"] == package_sha256()
     search = runs[runs["study"] == "search"]
     assert search["isoscore_star"].isna().all() and sorted(search["score"]) == [0.5, 0.6, 0.75, 0.85, 0.9]
     assert list(search["lam"]) == [-5.0, -3.0, -3.0, -1.0, -1.0]  # sorted by λ, then ζ, layer, seed

@@ -154,3 +154,23 @@ def test_the_config_check_takes_each_rule_and_a_bundle_refuses_rerun():
     config["inference"]["collapsed_runs"] = "retry"
     with pytest.raises(ConfigError, match="collapsed_runs"):
         validate_config(config, check_paths=False)
+
+
+def test_runs_without_a_collapse_flag_are_not_checked_rather_than_none():
+    """The dose-response records (docs/data) predate the flag: every run's collapsed column is empty."""
+    from pathlib import Path
+
+    runs = pd.read_csv(Path(__file__).parents[3] / "docs" / "data" / "dose-response" / "runs.csv")
+    final = runs[runs["study"] == "final"]
+    assert final["collapsed"].isna().all()
+    note = build("table1", final).footnotes[-1]
+    assert note.endswith(": not checked (no run carries the flag: they were evaluated before it was recorded).")
+    checked = final.assign(collapsed=final["collapsed"].astype("boolean"))
+    checked.loc[checked.index[:3], "collapsed"] = False
+    note = build("table1", checked).footnotes[-1]
+    assert note.endswith(f": not checked for {len(final) - 3} of {len(final)} runs (evaluated before the flag was "
+                         "recorded); none among the others.")
+    assert build("table1", final.assign(collapsed=False)).footnotes[-1].endswith(": none.")
+    assert build("table1", final.drop(columns="collapsed")).footnotes[-1].endswith(": not checked (no run carries "
+                                                                                     "the flag: they were evaluated "
+                                                                                     "before it was recorded).")

@@ -1,6 +1,7 @@
 """The inference behind every comparison the workflow prints, against statsmodels and SciPy on the same numbers."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,6 +19,7 @@ from istar.report.inference import (
     random_intercept_slope,
     signed_rank_pvalue,
 )
+from istar.report.family import smallest_signed_rank_p
 from istar.report.paired import paired_differences, pooled_gains
 
 RNG = np.random.default_rng(7)
@@ -147,13 +149,39 @@ def test_the_signed_rank_test_is_scipys_and_needs_two_nonzero_differences():
     assert math.isnan(signed_rank_pvalue([0.0, 0.0, 0.0])) and math.isnan(signed_rank_pvalue([0.1, 0.0]))
 
 
+def test_the_signed_rank_test_ranks_differences_on_the_scores_grid_ties_and_zeros_kept():
+    """The H100 MRPC cell of the GPU study's repeat (docs/data): accuracies on 408 dev examples whose
+    differences tie as counts of examples (±3, 5 and 9 twice each) but not as floats."""
+    runs = pd.read_csv(Path(__file__).parents[3] / "docs/data/gpu-study-repeats/h100-runs.csv")
+    arms = runs[(runs.task == "mrpc") & (runs.study == "final")].pivot(index="seed", columns="method", values="score")
+    d = (arms["istar"] - arms["base"]).to_numpy()
+    on_grid = np.round(d * 408) / 408
+    assert len(set(np.abs(d))) > len(set(np.abs(on_grid)))  # the raw floats lose ties the examples have
+    assert signed_rank_pvalue(d) == pytest.approx(stats.wilcoxon(on_grid, zero_method="pratt").pvalue, rel=1e-12)
+    assert signed_rank_pvalue(d) != pytest.approx(stats.wilcoxon(d).pvalue, rel=1e-3)
+    # a difference of no example is a zero (kept in the ranking, Pratt's rule), not the smallest non-zero one
+    counts = np.array([3, -1, 0, 4, 2, 5, 1, 6], dtype=float)
+    noisy = counts / 872
+    noisy[2] = 0.1 + 0.2 - 0.3  # a zero difference as floating point leaves it (5.6e-17)
+    pratt = stats.wilcoxon(counts / 872, zero_method="pratt").pvalue
+    assert signed_rank_pvalue(noisy) == pytest.approx(pratt, rel=1e-12)
+    assert pratt != pytest.approx(stats.wilcoxon(noisy, zero_method="pratt").pvalue, rel=1e-3)
+
+
+def test_the_smallest_signed_rank_p_is_the_exact_tests_floor():
+    for n in (5, 8, 9):
+        assert smallest_signed_rank_p(n) == pytest.approx(stats.wilcoxon(np.arange(1.0, n + 1), method="exact").pvalue)
+    # a family of 8 at 0.05 tests its first step at 0.00625: 8 seeds cannot reach it, 9 can
+    assert smallest_signed_rank_p(8) > 0.05 / 8 > smallest_signed_rank_p(9)
+
+
 def test_paired_rows_report_the_rank_test_and_no_test_without_variation():
     runs = _runs({("sst2", "base"): [0.80, 0.82, 0.81, 0.79, 0.80], ("sst2", "istar"): [0.83, 0.84, 0.82, 0.81, 0.70],
                   ("mrpc", "base"): [0.68] * 5, ("mrpc", "istar"): [0.68] * 5})
     paired = paired_differences(runs).set_index("task")
     sst2, mrpc = paired.loc["sst2"], paired.loc["mrpc"]
     d = np.array([0.83, 0.84, 0.82, 0.81, 0.70]) - np.array([0.80, 0.82, 0.81, 0.79, 0.80])
-    assert sst2["p_wilcoxon"] == pytest.approx(stats.wilcoxon(d).pvalue)
+    assert sst2["p_wilcoxon"] == pytest.approx(stats.wilcoxon(np.round(d, 2), zero_method="pratt").pvalue)
     assert (sst2["n_positive"], sst2["n_negative"]) == (4, 1)
     # every run of both arms identical (e.g. all collapsed to one class): no p, no power, out of the family
     assert math.isnan(mrpc["p_value"]) and math.isnan(mrpc["mde"]) and math.isnan(mrpc["p_holm"])
@@ -191,3 +219,30 @@ def test_the_random_intercept_slope_equals_statsmodels_mixedlm():
     assert (fit.n, fit.groups) == (56, 8)
     with pytest.raises(ValueError, match="at least two groups"):
         random_intercept_slope(score[:7], iso[:7], seeds[:7])
+
+
+def test_the_sweeps_slope_split_and_its_instrumental_variable_fit_equal_statsmodels():
+    """On the dose-response study's λ sweep (docs/data): the slope of the score on IsoScore* between λ
+    and within λ (seed fixed effects), and two-stage least squares with λ as the instrument."""
+    import statsmodels.formula.api as smf
+    from statsmodels.sandbox.regression.gmm import IV2SLS
+
+    from istar.report.inference import treatment_slopes
+
+    runs = pd.read_csv(Path(__file__).parents[3] / "docs/data/dose-response/runs.csv")
+    sweep = runs[runs.study == "lambda_sweep"]
+    data = pd.DataFrame({"y": sweep.score * 100, "x": sweep.isoscore_star, "lam": sweep.lam, "seed": sweep.seed})
+    slopes = treatment_slopes(data.y, data.x, data.lam, data.seed)
+    data["x_arm"] = data.groupby("lam").x.transform("mean")
+    data["x_off"] = data.x - data.x_arm
+    for name, formula, term in (("between", "y ~ x_arm + x_off + C(seed)", "x_arm"),
+                                ("within", "y ~ x + C(lam) + C(seed)", "x")):
+        fit = smf.ols(formula, data).fit()
+        assert slopes[name].mean == pytest.approx(fit.params[term], rel=1e-9), name
+        assert (slopes[name].ci_low, slopes[name].ci_high) == pytest.approx(tuple(fit.conf_int().loc[term]), rel=1e-9)
+    seeds, arms = pd.get_dummies(data.seed, dtype=float), pd.get_dummies(data.lam, dtype=float).iloc[:, 1:]
+    iv = IV2SLS(data.y, pd.concat([data[["x"]], seeds], axis=1), pd.concat([arms, seeds], axis=1)).fit()
+    assert slopes["iv"].mean == pytest.approx(iv.params["x"], rel=1e-9)
+    assert slopes["iv"].se == pytest.approx(iv.bse["x"], rel=1e-9) and slopes["iv"].df == iv.df_resid
+    # the declared slope blends a flat part λ sets with a steep seed-to-seed part of the opposite sign
+    assert abs(slopes["between"].mean) < 1 < slopes["within"].ci_low

@@ -93,6 +93,7 @@ def test_demo_landing_names_its_search_its_bias_and_cosreg(studies):
     assert "CosReg (RTE λ = 1" in text and "I-STAR (RTE λ = -1 | ζ = 0.2" in text
     assert "lambda_sweep" in text and "padding" not in text
     assert "Primary endpoint: none declared" in text
+    assert "What ran: precision not recorded by 6 of 6 runs; threads not recorded" in text  # runs before the record
     assert page.verdict.name == "claims" and "Collapsed runs" in page.collapsed and page.collapsed.endswith("none.")
 
 
@@ -107,6 +108,14 @@ def test_confirmatory_landing_has_no_search_no_cosreg_and_no_bias_sentence(studi
     # seed 3 collapsed in both arms of both cells, counted per arm under the declared rule (keep)
     assert "inference.collapsed_runs: keep" in page.collapsed
     assert "minilm SST-2 (Base 1 of 10; I-STAR 1 of 10)" in page.collapsed
+    # what the runs record they ran with, from runs.csv, beside the precision the config requested
+    config, runs, selection, _ = studies["gpu"]
+    final = runs["study"] == "final"
+    runs = runs.assign(precision="bf16", threads=2, code_sha256="c0de" * 16)
+    runs.loc[final & (runs["seed"] == 9), ["precision", "threads", "code_sha256"]] = math.nan
+    text = what_ran(landing(config, runs, selection))
+    assert "What ran: precision bf16 (36 runs); not recorded by 4 of 40 runs; threads 2 (36 runs);" in text
+    assert "code c0dec0dec0de (36 runs)" in text
 
 
 def test_padding_landing_names_the_padding_study_and_the_token_selection(studies):
