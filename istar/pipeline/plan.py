@@ -16,7 +16,7 @@ from istar.config.specs import AS_GIVEN, HoldoutSpec, MeasureSpec, PrepareDataSp
 from istar.core.tokens import TOKEN_SELECTION_NAMES, get_token_selection
 from istar.registry.analysis import get_sigma_source
 from istar.registry.collapse_rules import get_collapse_rule
-from istar.registry.methods import get_method
+from istar.registry.methods import BASELINE_METHOD, SEARCHED_METHOD, get_method
 from istar.registry.tasks import SPLITS, TASKS
 
 __all__ = ["replaces_collapsed", "search_settings", "searches_no_penalty", "istar_or_base", "selected_setting", "fixed_setting", "fixed_choice_args", "final_settings", "baseline_choices",
@@ -66,10 +66,19 @@ def searches_no_penalty(config: dict) -> bool:
 
 
 def _baselines(config: dict) -> list[Setting]:
-    """The final stage's methods other than I-STAR, at their configured λ (``final.methods``)."""
-    methods = config["final"]["methods"]
-    return [Setting("base")] + ([Setting("cosreg", lam=float(config["final"]["cosreg_lambda"]),
-                                         tokens=config_tokens(config))] if "cosreg" in methods else [])
+    """The final stage's methods other than the searched one, each penalty at its configured λ (``final.methods``,
+    the key its registry entry names: ``default_lam_key``)."""
+    penalised = [get_method(key) for key in config["final"]["methods"] if key not in (BASELINE_METHOD, SEARCHED_METHOD)]
+    return [Setting(BASELINE_METHOD)] + [
+        Setting(method.key, lam=float(_config_value(config, method.default_lam_key)), tokens=config_tokens(config))
+        for method in penalised]
+
+
+def _config_value(config: dict, key: str):
+    """The value of a dotted config key (``final.cosreg_lambda``) in a validated config."""
+    for part in key.split("."):
+        config = config[part]
+    return config
 
 
 def selected_setting(selection: dict, config: dict) -> Setting:
@@ -79,7 +88,7 @@ def selected_setting(selection: dict, config: dict) -> Setting:
     training = Setting("base", batch_size=int(selection["batch_size"]) if searched else None,
                        epochs=int(selection["epochs"]) if searched else None,
                        learning_rate=float(selection["learning_rate"]) if searched else None)
-    if selection["method"] == "base":
+    if selection["method"] == BASELINE_METHOD:
         return training
     return Setting("istar", lam=float(selection["lam"]), zeta=float(selection["zeta"]),
                    tokens=config_tokens(config)).with_training(training)
