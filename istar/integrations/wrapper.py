@@ -31,10 +31,11 @@ __all__ = ["IStarModel", "IStarCallback", "penalty_share"]
 def penalty_share(labels: torch.Tensor | None, num_items_in_batch, shifted: bool = False) -> torch.Tensor | float:
     """The weight of a micro-batch's penalty when the task loss is a sum over an accumulated step's tokens.
 
-    A Trainer that passes ``num_items_in_batch`` to the model (a causal LM, TRL's ``SFTTrainer``)
-    normalises the task loss by the label tokens of the whole optimizer step and does not divide by
-    the accumulation steps; the penalty of each micro-batch is then weighted by its share of those
-    tokens, n_k / N, so that the step's penalty is the token-weighted mean of its micro-batches'.
+    A caller that passes ``num_items_in_batch`` to the model (a Trainer never does: see
+    ``IStarModel.accepts_loss_kwargs``) normalises the task loss by the label tokens of the whole
+    optimizer step and does not divide by the accumulation steps; the penalty of each micro-batch is
+    then weighted by its share of those tokens, n_k / N, so that the step's penalty is the
+    token-weighted mean of its micro-batches'.
 
     Parameters
     ----------
@@ -214,8 +215,9 @@ class IStarModel(torch.nn.Module):
 
     def pop_logs(self, accelerator=None) -> dict[str, float]:
         """The means since the last call of ``task_loss``, ``istar_penalty`` and ``isoscore_star`` (CosReg:
-        ``cosreg_penalty``, ``cosine_similarity``) over the training forwards, averaged over processes
-        with ``accelerator``; empty when none ran."""
+        ``cosreg_penalty``, ``cosine_similarity``) over the training forwards, averaged over the processes
+        (``accelerator``'s, or an initialised ``torch.distributed`` group's: call it on every process); empty
+        when none ran."""
         return self._logs.pop(accelerator)
 
 
