@@ -77,6 +77,18 @@ def test_the_wrapper_names_what_is_missing_before_work(tiny_bert):
     assert fixed.refresh_sigma(0) is not None and fixed.refresh_sigma(1) is None and fixed.sigma_epoch == 0
 
 
+def test_the_callback_finds_its_wrapper_as_the_trainers_model_or_names_what_is_missing(tiny_bert):
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    args = TrainingArguments("unused", use_cpu=True, disable_tqdm=True, report_to=[])
+    wrapped = istar.IStarModel(tiny_bert, istar.IStarConfig(lam=-1.0, zeta=0.2, sigma_s=torch.eye(16)))
+    callback = istar.IStarCallback()
+    callback.on_train_begin(args, TrainerState(), TrainerControl(), model=wrapped)
+    assert callback.target is wrapped and wrapped.sigma_epoch == 0 and torch.equal(wrapped.sigma_s, torch.eye(16).double())
+    with pytest.raises(TypeError, match=r"^IStarCallback\(\) found a BertModel as the Trainer's model, not an IStarModel"):
+        istar.IStarCallback().on_train_begin(args, TrainerState(), TrainerControl(), model=tiny_bert)
+
+
 def test_a_trainer_that_normalises_by_the_step_tokens_weighs_each_penalty_by_its_share():
     from istar.integrations.wrapper import penalty_share
 
