@@ -42,7 +42,7 @@ def test_the_sentence_transformers_loss_composes_outside_matryoshka_and_is_refus
         inside(features, None)
     outside = istar.IStarLoss(model, losses.MatryoshkaLoss(model, ranking, [384, 64]), istar.IStarConfig(lam=-1.0, zeta=0.0))
     parts = outside(features, None)
-    assert sorted(parts) == ["istar_penalty", "task_loss"] and float(parts["istar_penalty"]) < 0
+    assert sorted(parts) == ["istar_penalty", "task_loss"] and float(parts["istar_penalty"].detach()) < 0
     assert parts["task_loss"].requires_grad and parts["istar_penalty"].requires_grad
 
 
