@@ -37,6 +37,7 @@ __all__ = [
     "isoscore_from_eigenvalues",
     "isoscore_star",
     "isoscore_star_from_covariance",
+    "check_sigma_s",
 ]
 
 
@@ -72,6 +73,30 @@ def _as_covariance(cov, name: str) -> torch.Tensor:
     if cov.shape[0] < 2:
         raise ValueError(f"{name} is {cov.shape[0]}×{cov.shape[0]}; isotropy is defined for d ≥ 2")
     return cov
+
+
+def check_sigma_s(sigma_s) -> torch.Tensor:
+    """Σ_S as given by a user, checked once where it enters: a finite, symmetric, positive semi-definite (d, d) matrix.
+
+    Symmetry and the smallest eigenvalue are judged relative to the largest entry (1e-6 of it), so the
+    rounding of a covariance computed in float32 passes and a sign error or a transposed half does not.
+
+    Returns
+    -------
+    Σ_S as float64 (d, d); ``ValueError`` naming the problem and where a valid Σ_S comes from otherwise.
+    """
+    sigma_s = _as_covariance(sigma_s, "sigma_s").to(torch.float64)
+    fix = "give a covariance matrix (istar.shrinkage_covariance, or the file `istar shrinkage` writes)"
+    if not torch.isfinite(sigma_s).all():
+        raise ValueError(f"sigma_s contains NaN or inf: {fix}")
+    tolerance = 1e-6 * float(sigma_s.abs().max())
+    asymmetry = float((sigma_s - sigma_s.T).abs().max())
+    if asymmetry > tolerance:
+        raise ValueError(f"sigma_s is not symmetric (entries differ from their transposes by up to {asymmetry:.3g}): {fix}")
+    smallest = float(torch.linalg.eigvalsh(sigma_s)[0])
+    if smallest < -tolerance:
+        raise ValueError(f"sigma_s is not positive semi-definite (an eigenvalue is {smallest:.3g}): {fix}")
+    return sigma_s
 
 
 def _check_zeta(zeta: float, sigma_s, d: int, device) -> torch.Tensor | None:

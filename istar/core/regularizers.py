@@ -14,6 +14,7 @@ values to log.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence, Union
 
@@ -23,7 +24,7 @@ from istar import warn_renamed
 from istar.core.isotropy import isoscore_star, isoscore_star_from_covariance
 from istar.core.tokens import get_token_selection
 
-__all__ = ["Penalty", "resolve_layers", "parse_layer_selection", "check_hidden_states", "token_rows", "istar_penalty", "global_istar_penalty",
+__all__ = ["Penalty", "resolve_layers", "parse_layer_selection", "check_hidden_states", "check_lam", "token_rows", "istar_penalty", "global_istar_penalty",
            "global_isoscore_star", "cosreg_penalty", "LayerSelection"]
 
 LayerSelection = Union[str, int, Sequence[int]]
@@ -138,6 +139,12 @@ def check_hidden_states(hidden_states, attention_mask, tokens: str = "real"):
     return hidden_states, attention_mask
 
 
+def check_lam(lam) -> None:
+    """Refuse a λ that is NaN or infinite (the penalty and every gradient would be too, without a word)."""
+    if not math.isfinite(float(lam)):
+        raise ValueError(f"lam must be a finite number (λ < 0 lowers isotropy, > 0 raises it); got {float(lam)}")
+
+
 def token_rows(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor | None, layers: LayerSelection = "all",
                tokens: str = "real") -> torch.Tensor:
     """The token vectors of the selected layers, stacked: X̃ of the paper's Fig. 1.
@@ -234,6 +241,7 @@ def istar_penalty(
     >>> int(penalty.logs["penalty_rows"])       # 7 real tokens × layers 1 and 2
     14
     """
+    check_lam(lam)
     rows = token_rows(hidden_states, attention_mask, layers, tokens)
     score = isoscore_star(rows, zeta=zeta, sigma_s=sigma_s)
     term = (lam * (1.0 - score)).to(torch.float32)
@@ -345,6 +353,7 @@ def global_istar_penalty(
     if not _several_processes():
         return istar_penalty(hidden_states, attention_mask, lam=lam, zeta=zeta, sigma_s=sigma_s, layers=layers,
                              tokens=tokens)
+    check_lam(lam)
     rows = token_rows(hidden_states, attention_mask, layers, tokens)
     score = global_isoscore_star(rows, zeta, sigma_s)
     return Penalty(term=(lam * (1.0 - score)).to(torch.float32),
@@ -382,6 +391,7 @@ def cosreg_penalty(hidden_states: Sequence[torch.Tensor], attention_mask: torch.
     >>> bool(penalty.logs["cosine_similarity"] > 0.5)
     True
     """
+    check_lam(lam)
     rows = token_rows(hidden_states, attention_mask, layers=-1, tokens=tokens)
     m = rows.shape[0]
     if m < 2:

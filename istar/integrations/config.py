@@ -16,10 +16,11 @@ from dataclasses import InitVar, dataclass, field
 import torch
 
 from istar.config.schema import default_of, out_of_range, schema_entry
-from istar.core.isotropy import isoscore_star_from_covariance
+from istar.core.isotropy import check_sigma_s, isoscore_star_from_covariance
 from istar.core.regularizers import LayerSelection, Penalty, resolve_layers
-from istar.core.shrinkage import load_shrinkage
+from istar.core.shrinkage import current_processes, load_shrinkage
 from istar.core.tokens import get_token_selection
+from istar.io.artifacts import DamagedArtifactError
 from istar.models.shrinkage import renamed_keyword, shrinkage_covariance
 from istar.registry.methods import Method, get_method
 
@@ -109,10 +110,8 @@ class IStarConfig:
         if self.sigma_s is not None and not method.needs_sigma_s(self.zeta):
             raise ValueError(f"sigma_s is given but method={self.method!r} with zeta={self.zeta} reads no Σ_S: "
                              "use method='istar' with zeta > 0, or leave sigma_s out")
-        if isinstance(self.sigma_s, torch.Tensor) and (self.sigma_s.ndim != 2
-                                                        or self.sigma_s.shape[0] != self.sigma_s.shape[1]):
-            raise ValueError(f"sigma_s has shape {tuple(self.sigma_s.shape)}; it must be a (d, d) covariance "
-                             "(istar.shrinkage_covariance) or the path of a file `istar shrinkage` wrote")
+        if isinstance(self.sigma_s, torch.Tensor):
+            object.__setattr__(self, "sigma_s", check_sigma_s(self.sigma_s))
 
     def _resolved(self, name: str, value, method: Method, schema_key: str) -> float:
         """``value`` checked against the method and the schema's range, or the method's default for it."""
@@ -163,7 +162,12 @@ class IStarConfig:
             sigma = self.sigma_s
         else:
             states = int(model.config.num_hidden_layers) + 1
-            sigma, _ = load_shrinkage(self.sigma_s, resolve_layers(self.layers, states), expected_dim=hidden_size)
+            try:
+                sigma, _ = load_shrinkage(self.sigma_s, resolve_layers(self.layers, states), expected_dim=hidden_size)
+            except DamagedArtifactError as error:  # the workflow's fix (snakemake) means nothing to a library user
+                raise DamagedArtifactError(error.path, error.problem, fix="write it again with `istar shrinkage`, or "
+                                           "give IStarConfig(sigma_s=istar.shrinkage_covariance(model, loader))"
+                                           ) from None
         if tuple(sigma.shape) != (hidden_size, hidden_size):
             raise ValueError(f"sigma_s has shape {tuple(sigma.shape)} but the model's hidden states have d = "
                              f"{hidden_size}, so Σ_S must be ({hidden_size}, {hidden_size}): give the Σ_S of this "
@@ -249,12 +253,16 @@ class LogMeans:
         self.batches += 1
 
     def pop(self, accelerator=None) -> dict[str, float]:
-        """The means since the last call (averaged over processes with ``accelerator``), and start again."""
+        """The means since the last call, averaged over the processes (``accelerator``'s, else an initialised
+        ``torch.distributed`` group's: :func:`istar.core.shrinkage.current_processes`), and start again.
+
+        Every process must call it at the same point (a collective when there are several)."""
         if not self.batches:
             return {}
         keys = list(self.sums)
         means = torch.stack([self.sums[key] for key in keys]) / self.batches
-        if accelerator is not None and accelerator.num_processes > 1:
-            means = accelerator.reduce(means, reduction="mean")
+        processes = current_processes(accelerator)
+        if processes.gather is not None:
+            means = processes.gather(means.to(processes.device).unsqueeze(0)).mean(dim=0)
         self.sums, self.batches = {}, 0
         return dict(zip(keys, means.tolist()))

@@ -138,6 +138,15 @@ class IStarLoss(torch.nn.Module):
         return {key: value for key, value in self._logs.pop(accelerator).items() if not key.endswith(("_loss", "_penalty"))}
 
     def forward(self, sentence_features, labels):
+        model = getattr(self.model, "module", self.model)
+        swapped = vars(model).get("forward")
+        if swapped is not None and getattr(swapped, "__self__", None) is not model:
+            # MatryoshkaLoss and AdaptiveLayerLoss swap the model's forward for one that calls this loss again
+            # on cached embeddings (they put the model's own bound forward back afterwards, which is no swap),
+            # where no hidden states pass and a dict of parts cannot be weighted.
+            raise ValueError(f"IStarLoss runs inside a loss that replaced the model's forward "
+                             f"({type(swapped).__name__}), as MatryoshkaLoss and AdaptiveLayerLoss do: put IStarLoss "
+                             "outside, IStarLoss(model, MatryoshkaLoss(model, loss, dims), IStarConfig(...))")
         if not self.training or not self.istar.entry.penalises:
             return self.loss(sentence_features, labels)
         if self.istar.needs_sigma_s and self.sigma_s is None:

@@ -5,7 +5,7 @@ plain accelerate loop, a Lightning module — wrap the model, and refresh Σ_S a
 (:class:`IStarCallback` does it in a Trainer; elsewhere call :meth:`IStarModel.refresh_sigma`)::
 
     model = IStarModel(model, IStarConfig(lam=-1.0, zeta=0.2), sigma_data=sigma_loader)
-    trainer = Trainer(model=model, ..., callbacks=[IStarCallback(model)])
+    trainer = Trainer(model=model, ..., callbacks=[IStarCallback()])
 
 In training mode, ``forward`` calls the wrapped model with ``output_hidden_states=True`` and
 returns its outputs with ``loss`` = task loss + the penalty of the batch (the paper's Eq. 2 for
@@ -17,6 +17,7 @@ else (``config``, ``save_pretrained``, ``generate``, …) is the wrapped model's
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 from transformers import TrainerCallback
@@ -30,10 +31,11 @@ __all__ = ["IStarModel", "IStarCallback", "penalty_share"]
 def penalty_share(labels: torch.Tensor | None, num_items_in_batch, shifted: bool = False) -> torch.Tensor | float:
     """The weight of a micro-batch's penalty when the task loss is a sum over an accumulated step's tokens.
 
-    A Trainer that passes ``num_items_in_batch`` to the model (a causal LM, TRL's ``SFTTrainer``)
-    normalises the task loss by the label tokens of the whole optimizer step and does not divide by
-    the accumulation steps; the penalty of each micro-batch is then weighted by its share of those
-    tokens, n_k / N, so that the step's penalty is the token-weighted mean of its micro-batches'.
+    A caller that passes ``num_items_in_batch`` to the model (a Trainer never does: see
+    ``IStarModel.accepts_loss_kwargs``) normalises the task loss by the label tokens of the whole
+    optimizer step and does not divide by the accumulation steps; the penalty of each micro-batch is
+    then weighted by its share of those tokens, n_k / N, so that the step's penalty is the
+    token-weighted mean of its micro-batches'.
 
     Parameters
     ----------
@@ -77,11 +79,11 @@ class IStarModel(torch.nn.Module):
     Notes
     -----
     **Loss normalisation.** The penalty is one value per forward call (micro-batch), added to the
-    micro-batch's task loss. Where the caller divides the loss by the accumulation steps (a plain
-    loop, the ``Trainer`` with a classifier) both terms are divided alike. Where a ``Trainer`` passes
-    ``num_items_in_batch`` (a causal LM, TRL's ``SFTTrainer``), the task loss is a sum over the
-    step's tokens divided by their count, and the penalty is weighted by the micro-batch's share of
-    those tokens (:func:`penalty_share`).
+    micro-batch's task loss, and whoever divides the loss by the accumulation steps divides both
+    alike: a plain loop, and a ``Trainer``, which (``accepts_loss_kwargs = False``) passes no
+    ``num_items_in_batch`` and divides. A caller that passes ``num_items_in_batch`` itself (the task
+    loss a sum over the step's tokens divided by their count) gets the penalty weighted by the
+    micro-batch's share of those tokens (:func:`penalty_share`).
 
     **Labels.** A ``Trainer`` reads the label names from the class's ``forward`` signature, which
     names ``labels``; for other targets (``start_positions``, …) set ``TrainingArguments(label_names=…)``.
@@ -95,10 +97,21 @@ class IStarModel(torch.nn.Module):
     ...         model(**batch).loss.backward()
     """
 
+    # A transformers.Trainer reads this before the forward's signature (which, copied from the wrapped model,
+    # takes **kwargs): it then passes no num_items_in_batch and divides each micro-batch's loss by the
+    # accumulation steps, so the task loss (each micro-batch's mean) and the penalty are scaled alike, across
+    # processes too, as in IStarTrainer, whatever the wrapped model's loss does with num_items_in_batch.
+    accepts_loss_kwargs = False
+
     def __init__(self, model, istar: IStarConfig, sigma_data=None):
         if not isinstance(istar, IStarConfig):
             raise TypeError(f"istar must be an IStarConfig (IStarModel(model, IStarConfig(lam=..., zeta=...))); "
                             f"got {type(istar).__name__}")
+        parameters = inspect.signature(model.forward).parameters.values()
+        if not any(p.name == "output_hidden_states" or p.kind is p.VAR_KEYWORD for p in parameters):
+            raise TypeError(f"{type(model).__name__}.forward takes no output_hidden_states, which IStarModel passes to "
+                            "read the hidden states: wrap a Hugging Face model (AutoModelFor...), or add the penalty in "
+                            "your own loop with istar.istar_penalty(hidden_states, attention_mask, lam=..., ...)")
         super().__init__()
         self.model = model
         self.istar = istar
@@ -179,7 +192,7 @@ class IStarModel(torch.nn.Module):
         check_mask(kwargs, self.istar, "the model's inputs")
         if self.istar.needs_sigma_s and self.sigma_s is None:
             raise ValueError("no Σ_S yet: call refresh_sigma(epoch) at each epoch's start (a Trainer: "
-                             "callbacks=[IStarCallback(model)]), or use zeta=0")
+                             "callbacks=[IStarCallback()]), or use zeta=0")
         outputs = self.model(*args, **{**kwargs, "output_hidden_states": True})
         hidden_states = outputs.get("hidden_states") if isinstance(outputs, dict) else None
         if hidden_states is None or outputs.get("loss") is None:
@@ -202,8 +215,9 @@ class IStarModel(torch.nn.Module):
 
     def pop_logs(self, accelerator=None) -> dict[str, float]:
         """The means since the last call of ``task_loss``, ``istar_penalty`` and ``isoscore_star`` (CosReg:
-        ``cosreg_penalty``, ``cosine_similarity``) over the training forwards, averaged over processes
-        with ``accelerator``; empty when none ran."""
+        ``cosreg_penalty``, ``cosine_similarity``) over the training forwards, averaged over the processes
+        (``accelerator``'s, or an initialised ``torch.distributed`` group's: call it on every process); empty
+        when none ran."""
         return self._logs.pop(accelerator)
 
 
@@ -216,20 +230,27 @@ class IStarCallback(TrainerCallback):
 
     Parameters
     ----------
-    target : IStarModel or istar.IStarLoss
-        Whatever holds the penalty: something with ``refresh_sigma(epoch)`` and ``pop_logs()``.
+    target : IStarModel or istar.IStarLoss, optional
+        Whatever holds the penalty: something with ``refresh_sigma(epoch)`` and ``pop_logs()``. Default:
+        the Trainer's model, which is then the :class:`IStarModel`; an ``IStarLoss`` is named here.
 
     Examples
     --------
     >>> model = IStarModel(model, IStarConfig(lam=-1.0), sigma_data=sigma_loader)       # doctest: +SKIP
-    >>> Trainer(model=model, args=args, train_dataset=train, callbacks=[IStarCallback(model)])  # doctest: +SKIP
+    >>> Trainer(model=model, args=args, train_dataset=train, callbacks=[IStarCallback()])  # doctest: +SKIP
     """
 
-    def __init__(self, target):
+    def __init__(self, target=None):
         self.target = target
         self._pending: dict[str, float] = {}
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.target is None:
+            if not hasattr(model, "refresh_sigma"):
+                raise TypeError(f"IStarCallback() found a {type(model).__name__} as the Trainer's model, not an "
+                                "IStarModel: train IStarModel(model, IStarConfig(...)), or name what holds the penalty, "
+                                "IStarCallback(loss) for an IStarLoss")
+            self.target = model
         self._refresh(args, int(state.epoch or 0))
 
     def on_epoch_begin(self, args, state, control, **kwargs):

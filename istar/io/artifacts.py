@@ -64,11 +64,12 @@ anywhere; the rest on NTFS, exFAT and SMB shares), control characters included."
 class DamagedArtifactError(ValueError):
     """A file whose content is not what was written; the message says how to rebuild it."""
 
-    def __init__(self, path, problem: str, target=None):
+    def __init__(self, path, problem: str, target=None, fix: str | None = None):
         self.path, self.problem = Path(path), problem
         target = target if target is not None else path
-        super().__init__(f"{path} is damaged ({problem}): rebuild it with `snakemake --forcerun {target}` "
-                         f"(or delete it and run the step that wrote it again)")
+        fix = fix or (f"rebuild it with `snakemake --forcerun {target}` (or delete it and run the step that wrote "
+                      "it again)")
+        super().__init__(f"{path} is damaged ({problem}): {fix}")
 
 
 def name_problem(name: str) -> str | None:

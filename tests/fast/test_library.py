@@ -300,7 +300,11 @@ def test_the_old_names_go_in_the_next_minor_release():
     ({"lam": -1.0, "zeta": 1.5}, r"^zeta must lie in \[0, 1\]; got 1.5$"),
     ({"lam": float("nan")}, r"^lam must lie in \[-100, 100\]; got nan$"),
     ({"lam": -1.0, "zeta": 0.0, "sigma_s": torch.eye(4)}, r"^sigma_s is given but method='istar' with zeta=0.0 reads no"),
-    ({"lam": -1.0, "sigma_s": torch.ones(4, 5)}, r"^sigma_s has shape \(4, 5\); it must be a \(d, d\) covariance"),
+    ({"lam": -1.0, "sigma_s": torch.ones(4, 5)}, r"^sigma_s must be a square \(d, d\) matrix; got shape \(4, 5\)$"),
+    ({"lam": -1.0, "sigma_s": torch.full((4, 4), float("nan"))}, r"^sigma_s contains NaN or inf: give a covariance"),
+    ({"lam": -1.0, "sigma_s": -torch.eye(4)}, r"^sigma_s is not positive semi-definite \(an eigenvalue is -1\): give"),
+    ({"lam": -1.0, "sigma_s": torch.eye(4) + torch.triu(torch.ones(4, 4), 1)},
+     r"^sigma_s is not symmetric \(entries differ from their transposes by up to 1\): give a covariance matrix"),
 ])
 def test_a_config_out_of_the_registry_or_the_schema_is_refused_in_one_line(settings, message):
     with pytest.raises(ValueError, match=message) as error:

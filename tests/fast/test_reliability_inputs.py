@@ -63,6 +63,18 @@ def test_non_finite_sigma_is_named_where_it_is_read(nan_sigma):
     assert f"snakemake --forcerun {nan_sigma}" in str(error.value)
 
 
+def test_a_damaged_sigma_given_to_the_library_names_a_library_fix(nan_sigma):
+    from transformers import BertModel
+
+    from fixture_parts import tiny_bert_config
+    from istar import IStarConfig
+
+    model = BertModel(tiny_bert_config(hidden_size=32, num_hidden_layers=2))
+    with pytest.raises(DamagedArtifactError, match=r"is damaged \(it holds NaN or inf in per_layer.m2.*\): write it "
+                                                   r"again with `istar shrinkage`, or give IStarConfig\(sigma_s=istar"):
+        IStarConfig(lam=-1.0, sigma_s=nan_sigma).given_sigma_s(model)
+
+
 # ----------------------------------------------------------------------------- file modes
 
 

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 
 import pytest
 from docs_helpers import FENCE, pages_with_istar_code
@@ -50,6 +51,9 @@ def test_the_software_is_licensed_citable_and_versioned():
     assert (REPO / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")
     citation = yaml.safe_load((REPO / "CITATION.cff").read_text(encoding="utf-8"))
     assert citation["version"] == __version__ and citation["license"] == "MIT"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["license"] == citation["license"] and project["license-files"] == ["LICENSE"]
+    assert project["authors"] == [{"name": author["name"]} for author in citation["authors"]]
     assert [reference["title"] for reference in citation["references"]] == [
         "Stable Anisotropic Regularization", "Anisotropy is Not Inherent to Transformers",
         "IsoScore: Measuring the Uniformity of Embedding Space Utilization",

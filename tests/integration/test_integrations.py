@@ -4,11 +4,20 @@ accelerate loop (the Lightning recipe of docs/library.md runs in tests/integrati
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from integrations_helpers import SENTENCES
+from mirrors import REPO
+from services import free_port
 from trainer_runs import MINILM, accuracy, sst2
+from wrapper_step import step_split
 
 import istar
 from istar.models.loading import resolve_model_source
@@ -114,7 +123,7 @@ def wrapped_trainer(tmp_path, config, wrap: bool = True, **arguments):
     if wrap:
         sigma_loader = DataLoader(train.remove_columns("labels"), batch_size=16, collate_fn=collator)
         model = istar.IStarModel(model, config, sigma_data=sigma_loader)
-        callbacks = [istar.IStarCallback(model)]
+        callbacks = [istar.IStarCallback()]
     settings = dict(per_device_train_batch_size=8, per_device_eval_batch_size=8, num_train_epochs=2, learning_rate=1e-4,
                     logging_steps=1, seed=0, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
     return Trainer(model=model, args=TrainingArguments(str(tmp_path), **{**settings, **arguments}), train_dataset=train,
@@ -179,3 +188,28 @@ def test_the_wrapper_in_a_plain_accelerate_loop(tmp_path):
     with torch.no_grad():
         outputs = model(**next(iter(loader)))
     assert outputs.hidden_states is None and model.pop_logs() == {}
+
+
+@pytest.mark.parametrize("kind", ["classifier", "causal_lm"])
+def test_one_micro_batch_per_step_weighs_task_and_penalty_alike(tmp_path, kind):
+    split = step_split(tmp_path, kind, accumulation=1)
+    assert split["task"] == pytest.approx(1.0, abs=1e-5) and split["penalty"] == pytest.approx(1.0, abs=1e-5), split
+
+
+# torchrun, two gloo ranks, four Trainers of one step on width-16 models
+def test_two_processes_weigh_task_and_penalty_alike(tmp_path):
+    """Two gloo ranks × two micro-batches: the all-reduced gradient is the mean over both ranks' micro-batches of the
+    task loss's gradient plus the penalty's (λ is not divided by the number of processes)."""
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    result = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", str(free_port()),
+                             str(REPO / "tests" / "support" / "wrapper_step.py"), str(tmp_path)],
+                            capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        found = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert found["world_size"] == 2
+        for kind in ("classifier", "causal_lm"):
+            split = found[kind]
+            assert split["task"] == pytest.approx(1.0, abs=1e-5), (rank, kind, split)
+            assert split["penalty"] == pytest.approx(1.0, abs=1e-5), (rank, kind, split)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from istar.core.isotropy import isoscore_star
-from istar.core.regularizers import cosreg_penalty, istar_penalty, resolve_layers, token_rows
+from istar.core.regularizers import cosreg_penalty, global_istar_penalty, istar_penalty, resolve_layers, token_rows
 
 
 def random_hidden_states(num_layers=4, batch=3, length=7, dim=5, seed=0):
@@ -52,6 +52,15 @@ def test_istar_penalty_value_and_logs():
     assert not penalty.logs["isoscore_star"].requires_grad
     penalty.term.backward()
     assert all(s.grad is not None for s in states[1:]) and states[0].grad is None
+
+
+@pytest.mark.parametrize("penalty", [istar_penalty, global_istar_penalty])
+@pytest.mark.parametrize("lam", [float("nan"), float("inf")])
+def test_a_lambda_that_is_not_finite_is_refused(penalty, lam):
+    with pytest.raises(ValueError, match=r"^lam must be a finite number \(λ < 0 lowers isotropy, > 0 raises it\); got "):
+        penalty(random_hidden_states(), padded_mask([7, 5, 3]), lam=lam, zeta=0.0, sigma_s=None)
+    with pytest.raises(ValueError, match="^lam must be a finite number"):
+        cosreg_penalty(random_hidden_states(), padded_mask([7, 5, 3]), lam=lam)
 
 
 def cosreg_double_loop(rows, lam):
