@@ -14,11 +14,12 @@ from mirrors import REPO
 from services import ACCELERATE_2_CPU
 from train_helpers import read_log, sigma
 
-from istar.config.specs import TrainSpec
+from istar.config.specs import ShrinkageSpec, TrainSpec
 from istar.registry.precisions import cpu_has_native_bf16
 from istar.steps.activations import load_activations
 from istar.steps.launch import free_port
 from istar.core.shrinkage import load_shrinkage
+from istar.steps.shrinkage import compute_shrinkage_file
 from istar.steps.train import train
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -321,8 +322,7 @@ def test_a_step_that_keeps_recompiling_warns_once():
         "training.compile = default: the step has been compiled 3 more times si"]
 
 
-def test_two_ranks_and_one_process_accumulating_their_batches_take_the_same_steps(tiny_model_dir, prepared, sigma,
-                                                                                  tmp_path):
+def test_two_ranks_and_one_process_accumulating_their_batches_take_the_same_steps(tiny_model_dir, prepared, tmp_path):
     """training.replicas_as_micro_batches: the authors' DDP form (two gloo ranks, each its own batch of 8 and its
     own I-STAR penalty, two micro-batches per step, gradients averaged) against one process accumulating
     micro_batches_per_step = 4 micro-batches, on the same data order: every logged loss and penalty, the
@@ -338,10 +338,12 @@ def test_two_ranks_and_one_process_accumulating_their_batches_take_the_same_step
                                                   attention_probs_dropout_prob=0.0).save_pretrained(model)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (model / name).write_bytes((tiny_model_dir / name).read_bytes())
+    data, sigma_s = prepared("rte", 64, 24), tmp_path / "sigma0.pt"  # Σ_S of the model the runs start from
+    compute_shrinkage_file(ShrinkageSpec(model=str(model), data_dir=str(data), out=str(sigma_s), rows=2000))
     launcher = (str(Path(sys.executable).parent / ACCELERATE_2_CPU[0]), *ACCELERATE_2_CPU[1:])
     env = {**ENV, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}  # (one thread: the same summation order)
-    common = ("train", "--model", model, "--data", prepared("rte", 64, 24), "--method", "istar", "--lam", -1,
-              "--zeta", 0.2, "--sigma-s", sigma("rte"), "--epochs", 2, "--batch-size", 8, "--max-length", 64,
+    common = ("train", "--model", model, "--data", data, "--method", "istar", "--lam", -1,
+              "--zeta", 0.2, "--sigma-s", sigma_s, "--epochs", 2, "--batch-size", 8, "--max-length", 64,
               "--shrinkage-rows", 2000, "--learning-rate", 1e-3)
     training = {"gpus": 2, "gradient_accumulation_steps": 2, "replicas_as_micro_batches": True}
     two = istar_cli(*common, "--out", tmp_path / "two", "--gradient-accumulation-steps", 2, launcher=launcher, env=env)
