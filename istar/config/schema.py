@@ -23,7 +23,7 @@ import yaml
 from istar import REMOVED_IN
 
 __all__ = ["ConfigError", "SCHEMA_PATH", "STUDIES", "RENAMED_KEYS", "load_schema", "load_yaml", "resolve_ref", "fill_defaults",
-           "check_schema", "schema_entry", "default_of", "out_of_range"]
+           "check_schema", "schema_entry", "default_of", "out_of_range", "EDIT_RERUNS", "declared_reads"]
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "config.schema.yaml"
 RENAMED_KEYS = {
@@ -33,6 +33,16 @@ RENAMED_KEYS = {
 }
 """Old config key (a section, or ``section.key``) → its new name. The old one still works until
 :data:`istar.REMOVED_IN`, with a one-line notice naming the new key."""
+
+EDIT_RERUNS = {
+    "spec": "the jobs whose step spec holds the key (a spec field claims it; Snakemake records the spec)",
+    "plan": "what the plan derives from the key: which jobs exist, and the values it puts in their specs",
+    "report": "the study-level jobs that read the key (aggregate, tables, summary, report): seconds",
+    "neutral": "nothing: resources and bookkeeping that no result depends on",
+}
+"""What an edit of a config key reruns, by the key's class. A key a spec field claims
+(:func:`istar.config.specs.config_field`) is ``spec`` unless it declares itself ``neutral``; every
+other key declares its class in the schema (``x-reads``, on the key or a section above it)."""
 
 STUDIES = ("lambda_sweep", "cosreg_means", "twonn", "layerwise", "zeta_sweep", "single_layer", "padding")
 
@@ -190,6 +200,20 @@ def _check_finite(value, path: list) -> None:
         for index, item in enumerate(value):
             _check_finite(item, [*path, index])
 
+
+
+def declared_reads(node: dict | None = None, inherited: str | None = None, prefix: str = "") -> dict[str, str | None]:
+    """Every key of the schema (dotted, down to the leaves of its sections) → its declared ``x-reads``
+    class (:data:`EDIT_RERUNS`), inherited from the nearest section that declares one; None: none declared."""
+    node = load_schema() if node is None else node
+    declared = {}
+    for name, entry in node["properties"].items():
+        key, reads = f"{prefix}{name}", entry.get("x-reads", inherited)
+        if "properties" in entry:
+            declared |= declared_reads(entry, reads, f"{key}.")
+        else:
+            declared[key] = reads
+    return declared
 
 
 def schema_entry(key: str) -> dict:

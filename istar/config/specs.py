@@ -29,7 +29,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from istar.config.schema import default_of, out_of_range, schema_entry
+from istar.config.schema import declared_reads, default_of, out_of_range, schema_entry
 from istar.core.tokens import TOKEN_SELECTION_NAMES
 from istar.io import artifacts
 from istar.registry import precisions
@@ -67,6 +67,9 @@ def option(default=dataclasses.MISSING, help: str = "", schema: dict | None = No
     return field(default=default, metadata={"help": help, "schema": schema or {}, **metadata})
 
 
+_NEUTRAL_KEYS = frozenset(key for key, reads in declared_reads().items() if reads == "neutral")
+
+
 class SpecError(ValueError):
     """An invalid step setting; the message names the option."""
 
@@ -90,6 +93,13 @@ class Spec:
         # (fields are plain values and lists: no need for dataclasses.asdict's deep copy, which
         # costs the workflow about 0.2 s per 2,000 jobs)
         return json.dumps({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, sort_keys=True)
+
+    def recorded_json(self) -> str:
+        """The settings Snakemake records for the job (its recorded param): every field but those whose
+        config key is declared result-neutral (``x-reads: neutral``, e.g. tracking), so that editing one
+        reruns nothing."""
+        return json.dumps({f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                           if f.metadata.get("config") not in _NEUTRAL_KEYS}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str):

@@ -125,7 +125,7 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
     """Aggregate, (Fig. 2's simulation,) tables and figures, as their rules run them; returns the files made."""
     from istar.config.schema import load_yaml
     from istar.io import artifacts
-    from istar.pipeline.plan import measured_analysis
+    from istar.pipeline.plan import aggregate_options
     from istar.pipeline.validate import validate_config
     from istar.report.figures import STABILITY_CSV
     from istar.report.table_specs import get_table
@@ -143,12 +143,9 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
     config_file = root / "results" / "config.yaml"
     artifacts.write_text(config_file, (bundle / CONFIG_NAME).read_text(encoding="utf-8"))
     config = validate_config(load_yaml(config_file), check_paths=False)
-    inference = config["inference"]
     steps = [("aggregate", "logs/aggregate/aggregate.log",
-              ["aggregate", "--out-dir", "results/aggregate", "--collapsed-runs", inference["collapsed_runs"],
-               *(f"{study}={run}" for study, run in runs), "--selection", *selections, "--measures", *measures,
-               "--paper-models", json.dumps(inference["paper_models"], sort_keys=True),
-               "--analysis", json.dumps(measured_analysis(config), sort_keys=True)]),
+              ["aggregate", "--out-dir", "results/aggregate", *aggregate_options(config),
+               *(f"{study}={run}" for study, run in runs), "--selection", *selections, "--measures", *measures]),
              ("experiment", "logs/aggregate/experiment.log",
               ["experiment", "--aggregate-dir", "results/aggregate", "--out-dir", "results/experiment"])]
     if plan["stability"] is not None:

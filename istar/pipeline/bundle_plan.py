@@ -19,7 +19,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from istar.config.gpu_slots import fine_tune_gpus
 from istar.config.layout import DEFAULT_TOKENS
 from istar.config.schema import ConfigError
 from istar.core.tokens import get_token_selection
@@ -79,7 +78,6 @@ def plan_jobs(config: dict, depths: dict[str, int]) -> tuple[list[dict], dict]:
     problem = confirmatory_problem(config)
     if problem is not None:
         raise ConfigError(problem)
-    gpus = fine_tune_gpus(config["training"])
     order = ("select", "shrinkage", "train", "measure")
     jobs: dict[str, list[dict]] = {step: [] for step in order}
     aggregate = {"runs": [], "selections": [], "measures": set()}
@@ -95,14 +93,9 @@ def plan_jobs(config: dict, depths: dict[str, int]) -> tuple[list[dict], dict]:
                     continue  # a Σ_S no job of the bundle reads
                 if job.step == "select":
                     aggregate["selections"].append(job.outputs[0])
-                    step = ["select", "--out", job.outputs[0], *job.args, *job.runs]
-                else:
-                    step = [job.step, "--spec", job.spec.to_json()]
                 jobs[job.step].append({
-                    "rule": job.rule, "model": model, "task": task, "label": job.label, "step": step,
-                    "launch": job.step != "select",
-                    # the Σ_S and measure rules take one GPU at most
-                    "gpus": 0 if job.step == "select" else gpus if job.step == "train" else min(gpus, 1),
+                    "rule": job.rule, "model": model, "task": task, "label": job.label, "step": list(job.argv),
+                    "launch": job.launched, "gpus": job.gpus,
                     "outputs": list(job.outputs), "keep": KEEP[job.step](job), "needs": list(job.needs),
                     "log": job.log, "estimate_s": 0.0})
     aggregate["measures"] = sorted(aggregate["measures"])

@@ -40,6 +40,7 @@ from istar.config.layout import (
     shrinkage_log,
     sigma_template,
 )
+from istar.config.gpu_slots import fine_tune_gpus
 from istar.config.schema import STUDIES
 from istar.config.specs import Spec
 from istar.core.tokens import TOKEN_SELECTION_NAMES
@@ -64,13 +65,14 @@ from istar.pipeline.plan import (
     tuning_settings,
 )
 
-__all__ = ["Job", "Decided", "CellPlan", "plan_cell", "needs_depth", "before_decisions", "decide"]
+__all__ = ["Job", "Decided", "CellPlan", "plan_cell", "step_gpus", "needs_depth", "before_decisions", "decide"]
 
 
 @dataclass(frozen=True)
 class Job:
     """One job: ``rule`` runs ``istar {step}`` with ``spec`` (a selection: with ``args`` and the run
-    folders ``runs``), writes ``outputs`` and ``log`` and reads ``needs`` (outputs of other jobs)."""
+    folders ``runs``) on ``gpus`` GPUs, writes ``outputs`` and ``log`` and reads ``needs`` (outputs of
+    other jobs)."""
 
     rule: str
     step: str
@@ -81,12 +83,25 @@ class Job:
     spec: Spec | None = None
     args: tuple[str, ...] = ()
     runs: tuple[str, ...] = ()
+    gpus: int = 0
 
     @property
-    def arguments(self) -> str:
-        """A selection's arguments as its shell command spells them: options, then the run folders (a space
-        after the options even when there is none, as the commands of existing selections were made)."""
-        return " ".join([*map(shlex.quote, self.args), " ".join(self.runs)])
+    def launched(self) -> bool:
+        """Whether the step runs through ``istar launch`` on its granted GPUs (every step with a spec)."""
+        return self.spec is not None
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """The step's command after ``python -m istar`` (a launched step's: after ``istar launch --gpus G --``)."""
+        if self.launched:
+            return self.step, "--spec", self.spec.to_json()
+        return self.step, "--out", self.outputs[0], *self.args, *self.runs
+
+    @property
+    def recorded(self) -> str:
+        """What Snakemake records of the job, so that an edit of any of it reruns the job: the spec without
+        its result-neutral settings (:meth:`istar.config.specs.Spec.recorded_json`), or a selection's command."""
+        return self.spec.recorded_json() if self.launched else shlex.join(self.argv)
 
 
 @dataclass(frozen=True)
@@ -183,7 +198,8 @@ def _train_job(config: dict, model: str, task: str, setting: Setting, seed: int,
                       data_dir=data.format(task=task), output_dir=run, sigma_s=sigma)
     return Job("train_search" if search else "train", "train", (f"{run}/metrics.json", f"{run}/model"),
                (search_log(heldout) if search else TRAIN_LOG).format(**names),
-               f"{model}/{task}/{setting.name}/seed{seed}", needs=(sigma,) if needs_sigma(setting) else (), spec=spec)
+               f"{model}/{task}/{setting.name}/seed{seed}", needs=(sigma,) if needs_sigma(setting) else (), spec=spec,
+               gpus=step_gpus(config, "train"))
 
 
 def _shrinkage_job(config: dict, model: str, task: str, tokens: str, heldout: str | None) -> Job:
@@ -193,7 +209,15 @@ def _shrinkage_job(config: dict, model: str, task: str, tokens: str, heldout: st
                           out=sigma, tokens=tokens)
     rule = "shrinkage" + ("_search" if heldout else "") + ("" if tokens == DEFAULT_TOKENS else f"_{tokens}")
     return Job(rule, "shrinkage", (sigma, sigma.replace(".pt", ".json")),
-               shrinkage_log(tokens, heldout).format(model=model, task=task), f"{model}/{task} ({tokens})", spec=spec)
+               shrinkage_log(tokens, heldout).format(model=model, task=task), f"{model}/{task} ({tokens})", spec=spec,
+               gpus=step_gpus(config, "shrinkage"))
+
+
+def step_gpus(config: dict, step: str) -> int:
+    """The GPUs a job of ``step`` asks for: a fine-tune its processes' (:func:`~istar.config.gpu_slots.fine_tune_gpus`),
+    a Σ_S or measurement job one where the fine-tunes get any (one process reads every batch), a selection none."""
+    gpus = fine_tune_gpus(config["training"])
+    return {"train": gpus, "shrinkage": min(gpus, 1), "measure": min(gpus, 1)}.get(step, 0)
 
 
 def _folder(job: Job) -> str:
@@ -256,7 +280,8 @@ def plan_cell(config: dict, model: str, task: str, decided: Decided) -> CellPlan
         measures.setdefault(out, Job(
             "measure", "measure", (out,), MEASURE_LOG.format(**names, setting=name, seeds=token),
             f"{model}/{task}/{name}/seeds{token}", needs=(*(f"{folder}/model" for folder in folders), sigma),
-            spec=measure_spec(config, runs=folders, task=task, data_dir=DATA.format(task=task), sigma_s=sigma, out=out)))
+            spec=measure_spec(config, runs=folders, task=task, data_dir=DATA.format(task=task), sigma_s=sigma, out=out),
+            gpus=step_gpus(config, "measure")))
 
     # Σ_S of every token selection, whether or not a job of this plan reads it: its job waits for no
     # decision, so a cluster job's own Snakemake finds it before any checkpoint is known

@@ -8,6 +8,7 @@ else. The Snakemake rules only call them, with the paths of their inputs and out
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 from istar.config.gpu_slots import micro_batches_per_step
@@ -23,7 +24,7 @@ __all__ = ["replaces_collapsed", "search_settings", "searches_no_penalty", "ista
            "tuned_tokens", "tuning_settings", "tuned_setting", "study_runs",
            "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "prepare_data_inputs",
            "train_spec", "heldout_name", "holdout_spec",
-           "shrinkage_spec", "measure_spec", "measured_analysis", "AS_GIVEN", "survey_targets", "survey_text_task", "survey_spec"]
+           "shrinkage_spec", "measure_spec", "aggregate_options", "AS_GIVEN", "survey_targets", "survey_text_task", "survey_spec"]
 
 
 def _training_grid(search: dict) -> list[tuple]:
@@ -376,11 +377,15 @@ def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sig
                        layers=config["penalty"]["layers"], mixed_precision=training["mixed_precision"])
 
 
-def measured_analysis(config: dict) -> dict:
-    """The analysis settings every measurement the aggregate reads must carry (``istar aggregate --analysis``):
-    a measurement made under another ζ or Σ_S reference is refused, not mixed in."""
-    analysis = config["analysis"]
-    return {"zeta": analysis["zeta"], "sigma_s_model": analysis["sigma_s_model"]}
+def aggregate_options(config: dict) -> list[str]:
+    """The aggregate's settings, as its command's options: the rule for collapsed runs, the paper's models,
+    and the analysis settings every measurement it reads must carry (``--analysis``: a measurement made
+    under another ζ or Σ_S reference is refused, not mixed in)."""
+    inference, analysis = config["inference"], config["analysis"]
+    measured = {"zeta": analysis["zeta"], "sigma_s_model": analysis["sigma_s_model"]}
+    return ["--collapsed-runs", inference["collapsed_runs"],
+            "--paper-models", json.dumps(inference["paper_models"], sort_keys=True),
+            "--analysis", json.dumps(measured, sort_keys=True)]
 
 
 # ----------------------------------------------------------------------------- isotropy profiles

@@ -13,10 +13,6 @@ launcher reads from the step's arguments to tell accelerate:
 - ``--gpus N > 1``: ``accelerate launch --multi_gpu --num_processes N --mixed_precision P``
   on a free port, so several multi-GPU jobs can share a machine.
 
-The workflow's rules still pass ``--mixed-precision`` to the launcher (training.mixed_precision):
-Snakemake reruns every job whose command changes, so their commands stay as the existing results
-were made with. The launcher only checks that it names the step's precision.
-
 On a site that takes GPUs as a SLURM generic resource only (``gres``, the rule's ``gpu`` set to 0
 so that no ``--gpus`` is asked for), ``--gpus 0`` runs on the GPUs SLURM granted the job step
 (:func:`granted_gpus`).
@@ -63,7 +59,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from istar.config.gpu_slots import JOBS_PER_GPU_ENV, granted_gpus_of
-from istar.registry.precisions import PRECISIONS
 
 __all__ = ["launch_command", "step_precision", "claim_gpus", "try_claim", "Claim", "visible_devices", "granted_gpus",
            "child_environment", "run_child", "FORWARDED_SIGNALS", "SAVE_GRACE_SECONDS"]
@@ -279,8 +274,6 @@ def child_environment(gpus: int, environ: dict) -> dict:
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, required=True, help="GPUs granted to the job (Snakemake's resources.gpu)")
-    parser.add_argument("--mixed-precision", choices=tuple(PRECISIONS),
-                        help="checked only: the step's spec holds its precision (the workflow's commands still name it)")
     parser.add_argument("step", nargs=argparse.REMAINDER, help="-- then the istar step and its arguments")
 
 
@@ -291,9 +284,6 @@ def run_cli(args) -> int:
     jobs_per_gpu = int(os.environ.get(JOBS_PER_GPU_ENV, "1"))
     granted = granted_gpus(args.gpus, os.environ)
     count, shared = granted_gpus_of(granted, jobs_per_gpu)
-    if args.mixed_precision is not None and args.mixed_precision != step_precision(step):
-        raise ValueError(f"istar launch --mixed-precision {args.mixed_precision}, but the step asks for "
-                         f"{step_precision(step)}: the step's spec decides the precision; drop --mixed-precision")
     command = launch_command(count, step)
     env = child_environment(count, os.environ)
     env[JOBS_PER_GPU_ENV] = str(jobs_per_gpu if shared else 1)  # for the step's memory check (istar.steps.gpu_memory)

@@ -28,4 +28,5 @@ def test_gpu_study_config_dry_run(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert planned_jobs(result.stdout) == GPU_STUDY_JOBS
     # every fine-tune is launched on one GPU in fp16
-    assert result.stdout.count("--gpus 1 --mixed-precision fp16 -- train") == 40
+    launched = [line for line in result.stdout.splitlines() if "--gpus 1 -- train --spec" in line]
+    assert len(launched) == 40 and all('"mixed_precision": "fp16"' in line for line in launched)

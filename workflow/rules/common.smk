@@ -3,8 +3,8 @@
 # file only maps it onto rules.
 
 import functools
-import json
 import os
+import shlex
 
 from snakemake.exceptions import WorkflowError
 
@@ -58,11 +58,12 @@ from istar.pipeline.jobs import (
     before_decisions,
     decide,
     plan_cell,
+    step_gpus,
 )
 from istar.pipeline.plan import (
     heldout_name,
     holdout_spec,
-    measured_analysis,
+    aggregate_options,
     prepare_data_inputs,
     prepare_data_spec,
     replaces_collapsed,
@@ -111,7 +112,11 @@ if JOBS_PER_GPU > 1:
         )
     except ValueError as error:
         raise WorkflowError(str(error)) from None
-GPU_UNITS = gpu_units(GPUS, JOBS_PER_GPU)
+# each step's GPUs (the table's, istar.pipeline.jobs.step_gpus) in slots of the `gpu` resource
+GPU_UNITS = {
+    step: gpu_units(step_gpus(config, step), JOBS_PER_GPU)
+    for step in ("train", "shrinkage", "measure")
+}
 # Each rule's environment under --sdm conda: conda-forge's CUDA build of PyTorch for the jobs that
 # get GPUs, the CPU build elsewhere. Named, not detected: environments are created on the
 # submitting host, which on a cluster often has no GPU.
@@ -177,14 +182,14 @@ def survey_text_input(wildcards):
     return DATA_MANIFEST.format(task=task) if task else config["survey"]["text"]
 
 
-def survey_spec_json(wildcards, output):
+def survey_spec_json(wildcards):
     task = survey_text_task(config)
     return survey_spec(
         config,
         model=wildcards.pmodel,
         revision=wildcards.revision,
         text=DATA.format(task=task) if task else config["survey"]["text"],
-        out=output[0],
+        out=PROFILE.format(pmodel=wildcards.pmodel, revision=wildcards.revision),
     ).to_json()
 
 
@@ -273,10 +278,16 @@ def needs_of(template):
 
 
 # Snakemake reruns a job whose recorded params changed, and records a param only when its function
-# takes the wildcards alone: every job of the table passes its spec this way, so an edit of any
-# setting a spec holds reruns exactly the jobs whose specs it changes (Σ_S, fine-tuning, measurement).
-def job_spec(template):
-    return lambda wildcards: job_of(template)(wildcards).spec.to_json()
+# takes the wildcards alone: every job of the table records its settings this way (Job.recorded: the
+# spec without its result-neutral keys), so an edit of any setting reruns exactly the jobs whose specs it
+# changes (Σ_S, fine-tuning, measurement, selection). The command a param taking the output gives is
+# derived and not recorded.
+def job_settings(template):
+    return lambda wildcards: job_of(template)(wildcards).recorded
+
+
+def job_argv(template):
+    return lambda wildcards, output: shlex.join(job_of(template)(wildcards).argv)
 
 
 def collapse_check_inputs(wildcards) -> list[str]:

@@ -19,14 +19,13 @@ rule measure:
         TRAINING_ENV
     threads: THREADS
     resources:
-        gpu=min(GPUS, 1),
+        gpu=GPU_UNITS["measure"],
         # every [CLS] vector of every layer is held for TwoNN: about 1.6 GB for QQP with BERT-base
         mem_mb=TRAINING["mem_mb"],
         # several runs, each with an exact TwoNN over every [CLS] vector per layer (CPU), in one job
         runtime=TRAINING["runtime"],
     params:
-        spec=job_spec(MEASURES),
-        precision=TRAINING["mixed_precision"],
+        settings=job_settings(MEASURES),
+        argv=job_argv(MEASURES),
     shell:
-        "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision {params.precision} -- "
-        "measure --spec {params.spec:q} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} -- {params.argv} > {log} 2>&1"

@@ -15,9 +15,10 @@ checkpoint select:
     conda:
         CPU_ENV
     params:
-        args=lambda wildcards: job_of(SELECTION)(wildcards).arguments,
+        settings=job_settings(SELECTION),
+        argv=job_argv(SELECTION),
     shell:
-        "python -m istar select --out {output} {params.args} > {log} 2>&1"
+        "python -m istar {params.argv} > {log} 2>&1"
 
 
 # The padding study's own tuning (studies.padding lam/zeta: tuned): the best of its grid for
@@ -34,6 +35,7 @@ checkpoint select_tuned:
     conda:
         "../../envs/istar.yaml"
     params:
-        runs=lambda wildcards: list(job_of(TUNED_SELECTION)(wildcards).runs),
+        settings=job_settings(TUNED_SELECTION),
+        argv=job_argv(TUNED_SELECTION),
     shell:
-        "python -m istar select --out {output} {params.runs} > {log} 2>&1"
+        "python -m istar {params.argv} > {log} 2>&1"

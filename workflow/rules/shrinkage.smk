@@ -13,15 +13,14 @@ rule shrinkage:
         TRAINING_ENV
     threads: THREADS
     resources:
-        gpu=min(GPUS, 1),
+        gpu=GPU_UNITS["shrinkage"],
         mem_mb=TRAINING["mem_mb"],
         runtime=60,
     params:
-        spec=job_spec(SIGMA),
-        precision=TRAINING["mixed_precision"],
+        settings=job_settings(SIGMA),
+        argv=job_argv(SIGMA),
     shell:
-        "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision {params.precision} -- "
-        "shrinkage --spec {params.spec:q} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} -- {params.argv} > {log} 2>&1"
 
 
 # Σ_S over every position of padded batches, for the runs whose penalty reads them
@@ -35,8 +34,8 @@ use rule shrinkage as shrinkage_all_positions with:
     benchmark:
         benchmark_of(shrinkage_log("all_positions"))
     params:
-        spec=job_spec(SIGMA_ALL_POSITIONS),
-        precision=TRAINING["mixed_precision"],
+        settings=job_settings(SIGMA_ALL_POSITIONS),
+        argv=job_argv(SIGMA_ALL_POSITIONS),
 
 
 # Under search.selection_split: heldout the search's Σ_S comes from its own training part, so
@@ -55,8 +54,8 @@ if HELDOUT:
         benchmark:
             benchmark_of(shrinkage_log("real", HELDOUT))
         params:
-            spec=job_spec(SEARCH_SIGMA),
-            precision=TRAINING["mixed_precision"],
+            settings=job_settings(SEARCH_SIGMA),
+            argv=job_argv(SEARCH_SIGMA),
 
     use rule shrinkage as shrinkage_search_all_positions with:
         input:
@@ -70,5 +69,5 @@ if HELDOUT:
         benchmark:
             benchmark_of(shrinkage_log("all_positions", HELDOUT))
         params:
-            spec=job_spec(sigma_template("all_positions", HELDOUT)),
-            precision=TRAINING["mixed_precision"],
+            settings=job_settings(sigma_template("all_positions", HELDOUT)),
+            argv=job_argv(sigma_template("all_positions", HELDOUT)),

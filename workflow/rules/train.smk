@@ -25,15 +25,14 @@ rule train:
         TRAINING_ENV
     threads: THREADS
     resources:
-        gpu=GPU_UNITS,
+        gpu=GPU_UNITS["train"],
         mem_mb=TRAINING["mem_mb"],
         runtime=TRAINING["runtime"],
     params:
-        spec=job_spec(f"{RUN}/metrics.json"),
-        precision=TRAINING["mixed_precision"],
+        settings=job_settings(f"{RUN}/metrics.json"),
+        argv=job_argv(f"{RUN}/metrics.json"),
     shell:
-        "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} --mixed-precision {params.precision} -- "
-        "train --spec {params.spec:q} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} python -m istar launch --gpus {resources.gpu} -- {params.argv} > {log} 2>&1"
 
 
 # The search stage trains the same way, on SEARCH_DATA (the task's splits, or a held-out split
@@ -56,5 +55,5 @@ use rule train as train_search with:
     benchmark:
         benchmark_of(search_log(HELDOUT))
     params:
-        spec=job_spec(f"{SEARCH_RUN}/metrics.json"),
-        precision=TRAINING["mixed_precision"],
+        settings=job_settings(f"{SEARCH_RUN}/metrics.json"),
+        argv=job_argv(f"{SEARCH_RUN}/metrics.json"),

@@ -1,6 +1,7 @@
 """The job table (istar.pipeline.jobs): every job of a model × task once, each path written in one place."""
 
 import json
+import shlex
 import re
 
 from istar.config.layout import Setting
@@ -55,15 +56,14 @@ def test_jobs_that_wait_for_a_decision_are_not_planned_before_it():
     assert added == {"measure"}
 
 
-def test_a_fixed_selection_keeps_the_command_existing_selections_were_made_with():
-    # `--fixed '{…}' ` then the (no) search runs: the trailing space is part of the recorded params of
-    # every selection made so far, and a changed param would rerun it and everything after it
+def test_a_fixed_selection_is_recorded_as_its_command():
     config = validate_config(load_yaml(REPO / "config/paper.yaml") | {
         "final": {**load_yaml(REPO / "config/paper.yaml")["final"], "istar": {"bert": {"rte": {"lam": -1, "zeta": 0.2}}}}},
         check_paths=False)
     select = plan_cell(config, "bert", "rte", Decided()).job("results/selection/bert/rte/best.json")
     fixed = json.loads(select.args[1])
-    assert select.arguments == f"--fixed '{json.dumps(fixed)}' " and fixed["lam"] == -1.0
+    assert select.argv == ("select", "--out", "results/selection/bert/rte/best.json", "--fixed", select.args[1])
+    assert fixed["lam"] == -1.0 and select.recorded == shlex.join(select.argv) and not select.launched
 
 
 def test_the_rules_spell_no_path_of_the_job_table():

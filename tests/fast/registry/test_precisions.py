@@ -1,6 +1,5 @@
 """The precision policy (istar.registry.precisions): what runs where, and the processor's bf16 detection."""
 
-import argparse
 import json
 import platform
 from pathlib import Path
@@ -14,7 +13,7 @@ from istar.pipeline.plan import measure_spec, shrinkage_spec
 from istar.pipeline.validate import validate_config
 from istar.registry.precisions import (BF16_CPU_FLAGS, PRECISIONS, cpu_flags, cpu_has_native_bf16, run_dtype,
                                        run_precision)
-from istar.steps.launch import add_cli_arguments, launch_command, run_cli, step_precision
+from istar.steps.launch import launch_command, step_precision
 
 
 @pytest.mark.parametrize("requested, native, device, expected", [
@@ -84,12 +83,3 @@ def test_the_precision_takes_one_route_the_steps_spec():
     assert gpu[gpu.index("--mixed_precision") + 1] == "bf16" and gpu[-3:] == step
     assert step_precision(["measure", "--runs", "r", "--mixed-precision", "fp16"]) == "fp16"
     assert step_precision(["train", "--model", "m"]) == "no"
-
-
-def test_a_launcher_precision_that_contradicts_the_spec_is_refused():
-    parser = argparse.ArgumentParser()
-    add_cli_arguments(parser)
-    args = parser.parse_args(["--gpus", "0", "--mixed-precision", "fp16", "--", "train", "--spec",
-                              json.dumps({"mixed_precision": "bf16"})])
-    with pytest.raises(ValueError, match="the step's spec decides the precision"):
-        run_cli(args)
