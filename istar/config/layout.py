@@ -40,8 +40,10 @@ from istar.registry.methods import METHOD_PATTERN, get_method
 
 __all__ = ["Setting", "RunPath", "format_number", "parse_run_dir", "seed_of", "seeds_token", "DATA", "MODEL_PIN", "SIGMA",
            "SIGMA_ALL_POSITIONS", "sigma_template", "DEFAULT_TOKENS", "SEARCH_RUN", "heldout_folder", "search_templates",
-           "RUN", "SELECTION", "TUNED_SELECTION", "COLLAPSE_CHECK", "MEASURES", "PROFILE", "AGGREGATE", "WILDCARD_CONSTRAINTS",
-           "TRAIN_LOG", "search_log", "MEASURE_LOG", "SELECT_LOG", "SELECT_TUNED_LOG", "shrinkage_log", "benchmark_of"]
+           "RUN", "SELECTION", "TUNED_SELECTION", "COLLAPSE_CHECK", "MEASURES", "PROFILE", "AGGREGATE_DIR", "AGGREGATE",
+           "EXPERIMENT_METRICS", "RESOLVED_CONFIG", "TABLE", "FIGURE", "SUMMARY_MD", "SUMMARY_RST", "WILDCARD_CONSTRAINTS",
+           "TRAIN_LOG", "search_log", "MEASURE_LOG", "SELECT_LOG", "SELECT_TUNED_LOG", "AGGREGATE_LOG", "EXPERIMENT_LOG",
+           "STABILITY_LOG", "TABLE_LOG", "FIGURE_LOG", "SUMMARY_LOG", "shrinkage_log", "benchmark_of"]
 
 DATA = "resources/data/{task}"
 MODEL_PIN = "resources/models/{model}.json"
@@ -68,7 +70,14 @@ COLLAPSE_CHECK = "results/collapse/{model}/{task}.json"
 # and seeds share it
 MEASURES = "results/measures/{model}/{task}/{setting}/seeds{seeds}.json"
 PROFILE = "results/profile/{pmodel}/{revision}.json"
-AGGREGATE = "results/aggregate/{name}.csv"
+AGGREGATE_DIR = "results/aggregate"
+AGGREGATE = AGGREGATE_DIR + "/{name}.csv"
+EXPERIMENT_METRICS = "results/experiment/metrics.json"
+RESOLVED_CONFIG = "results/config.yaml"  # the study's config with every default filled in
+TABLE = "results/tables/{table}"  # .csv, .md, .tex
+FIGURE = "results/figures/{figure}"  # .png, .pdf
+SUMMARY_MD = "results/summary.md"
+SUMMARY_RST = "results/summary.rst"
 
 
 # The logs of the jobs of a model × task (istar.pipeline.jobs); each job's benchmark file is its log's
@@ -77,6 +86,13 @@ TRAIN_LOG = "logs/finetune/{model}/{task}/{setting}/seed{seed}.log"
 MEASURE_LOG = "logs/measure/{model}/{task}/{setting}/seeds{seeds}.log"
 SELECT_LOG = "logs/select/{model}/{task}.log"
 SELECT_TUNED_LOG = "logs/select_tuned/{model}/{task}.log"
+# ... and of the study's jobs after the measurements
+AGGREGATE_LOG = "logs/aggregate/aggregate.log"
+EXPERIMENT_LOG = "logs/aggregate/experiment.log"
+STABILITY_LOG = "logs/stability.log"
+TABLE_LOG = "logs/table/{table}.log"
+FIGURE_LOG = "logs/figure/{figure}.log"
+SUMMARY_LOG = "logs/summary.log"
 
 
 def search_log(heldout: str | None) -> str:

@@ -28,6 +28,7 @@ import sys
 import tarfile
 from pathlib import Path, PurePosixPath
 
+from istar.config.layout import AGGREGATE, EXPERIMENT_METRICS, FIGURE, RESOLVED_CONFIG, SUMMARY_MD, TABLE
 from istar.pipeline.bundle import CONFIG_NAME
 from istar.pipeline.bundle_run import DONE_FILE, REPO, SUMMARY_NAME, read_done, read_plan
 
@@ -125,10 +126,9 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
     """Aggregate, (Fig. 2's simulation,) tables and figures, as their rules run them; returns the files made."""
     from istar.config.schema import load_yaml
     from istar.io import artifacts
-    from istar.pipeline.plan import aggregate_options
+    from istar.pipeline.jobs import aggregate_job, report_jobs
     from istar.pipeline.validate import validate_config
     from istar.report.figures import STABILITY_CSV
-    from istar.report.table_specs import get_table
 
     aggregate = plan["aggregate"]
     runs = [(study, run) for study, run in aggregate["runs"]]
@@ -137,45 +137,30 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
         runs = [(study, run) for study, run in runs if (root / run / "metrics.json").is_file()]
         selections = [path for path in selections if (root / path).is_file()]
         measures = [path for path in measures if (root / path).is_file()]
-    stability = f"results/aggregate/{STABILITY_CSV}.csv"
     # the study's resolved config, first: the aggregate and the tables read what it declared (the rule for
     # collapsed runs, the paper's models, the primary endpoint), as their rules pass it
-    config_file = root / "results" / "config.yaml"
+    config_file = root / RESOLVED_CONFIG
     artifacts.write_text(config_file, (bundle / CONFIG_NAME).read_text(encoding="utf-8"))
     config = validate_config(load_yaml(config_file), check_paths=False)
-    steps = [("aggregate", "logs/aggregate/aggregate.log",
-              ["aggregate", "--out-dir", "results/aggregate", *aggregate_options(config),
-               *(f"{study}={run}" for study, run in runs), "--selection", *selections, "--measures", *measures]),
-             ("experiment", "logs/aggregate/experiment.log",
-              ["experiment", "--aggregate-dir", "results/aggregate", "--out-dir", "results/experiment"])]
-    if plan["stability"] is not None:
-        steps.append(("stability", "logs/stability.log", ["stability", "--repeats", str(plan["stability"]), "--out", stability]))
-    for table in plan["tables"]:
-        extra = ["--stability", stability] if get_table(table).reads_stability and plan["stability"] is not None else []
-        steps.append((f"table {table}", f"logs/table/{table}.log",
-                      ["table", table, "--runs", "results/aggregate/runs.csv", "--selection",
-                       "results/aggregate/selection.csv", *extra, "--config", "results/config.yaml",
-                       "--out-prefix", f"results/tables/{table}"]))
-    for figure in plan["figures"]:
-        steps.append((f"figure {figure}", f"logs/figure/{figure}.log",
-                      ["figure", figure, "--aggregate-dir", "results/aggregate", "--out", f"results/figures/{figure}.png"]))
-    steps.append(("summary", "logs/summary.log", ["summary", "--config", "results/config.yaml", "--aggregate-dir",
-                                                  "results/aggregate", "--out", "results/summary.md", "--rst",
-                                                  "results/summary.rst"]))
+    wanted = {f"{TABLE.format(table=table)}.csv" for table in plan["tables"]}
+    wanted |= {f"{FIGURE.format(figure=figure)}.png" for figure in plan["figures"]}
+    wanted |= {EXPERIMENT_METRICS, SUMMARY_MD} | ({AGGREGATE.format(name=STABILITY_CSV)} if plan["stability"] else set())
+    jobs = [aggregate_job(config, runs, selections, measures),
+            *(job for job in report_jobs(config) if job.outputs[0] in wanted)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    for label, log, args in steps:
-        (root / log).parent.mkdir(parents=True, exist_ok=True)
-        with open(root / log, "w", encoding="utf-8") as handle:
-            done = subprocess.run([sys.executable, "-m", "istar", *args], cwd=root, env=env, stdout=handle,
+    for job in jobs:
+        (root / job.log).parent.mkdir(parents=True, exist_ok=True)
+        with open(root / job.log, "w", encoding="utf-8") as handle:
+            done = subprocess.run([sys.executable, "-m", "istar", *job.argv], cwd=root, env=env, stdout=handle,
                                   stderr=subprocess.STDOUT)
         if done.returncode != 0:
-            tail = (root / log).read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
-            raise RuntimeError(f"istar {label} failed (exit {done.returncode}); {root / log}:\n" + "\n".join(tail))
-        print(f"istar {label} -> {log}", flush=True)
-    made = [f"results/aggregate/{name}.csv" for name in ("runs", "paired", "pooled")] + ["results/experiment/metrics.json"]
-    made += [f"results/tables/{table}.md" for table in plan["tables"]]
-    made += [f"results/figures/{figure}.png" for figure in plan["figures"]]
-    return made + ["results/summary.md"]
+            tail = (root / job.log).read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+            raise RuntimeError(f"istar {job.label} failed (exit {done.returncode}); {root / job.log}:\n" + "\n".join(tail))
+        print(f"istar {job.label} -> {job.log}", flush=True)
+    made = [AGGREGATE.format(name=name) for name in ("runs", "paired", "pooled")] + [EXPERIMENT_METRICS]
+    made += [f"{TABLE.format(table=table)}.md" for table in plan["tables"]]
+    made += [f"{FIGURE.format(figure=figure)}.png" for figure in plan["figures"]]
+    return made + [SUMMARY_MD]
 
 
 def import_bundle(archives, bundle, *, root=".", partial: bool = False, force: bool = False) -> dict:

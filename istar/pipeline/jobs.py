@@ -19,9 +19,24 @@ import json
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from istar.config.layout import (
+    AGGREGATE,
+    AGGREGATE_DIR,
+    AGGREGATE_LOG,
     COLLAPSE_CHECK,
+    EXPERIMENT_LOG,
+    EXPERIMENT_METRICS,
+    FIGURE,
+    FIGURE_LOG,
+    RESOLVED_CONFIG,
+    STABILITY_LOG,
+    SUMMARY_LOG,
+    SUMMARY_MD,
+    SUMMARY_RST,
+    TABLE,
+    TABLE_LOG,
     DATA,
     DEFAULT_TOKENS,
     MEASURE_LOG,
@@ -44,7 +59,11 @@ from istar.config.gpu_slots import fine_tune_gpus
 from istar.config.schema import STUDIES
 from istar.config.specs import Spec
 from istar.core.tokens import TOKEN_SELECTION_NAMES
+from istar.report.aggregate import AGGREGATE_NAMES, PROVENANCE_NAME
+from istar.report.figures import FIGURE_NAMES, STABILITY_CSV, figure_csv
+from istar.report.table_specs import TABLE_NAMES, get_table
 from istar.pipeline.plan import (
+    aggregate_options,
     baseline_choices,
     final_settings,
     fixed_choice_args,
@@ -65,14 +84,15 @@ from istar.pipeline.plan import (
     tuning_settings,
 )
 
-__all__ = ["Job", "Decided", "CellPlan", "plan_cell", "step_gpus", "needs_depth", "before_decisions", "decide"]
+__all__ = ["Job", "Decided", "CellPlan", "plan_cell", "step_gpus", "needs_depth", "before_decisions", "decide",
+           "aggregate_job", "report_jobs"]
 
 
 @dataclass(frozen=True)
 class Job:
-    """One job: ``rule`` runs ``istar {step}`` with ``spec`` (a selection: with ``args`` and the run
-    folders ``runs``) on ``gpus`` GPUs, writes ``outputs`` and ``log`` and reads ``needs`` (outputs of
-    other jobs)."""
+    """One job: ``rule`` runs ``istar {step}`` with ``spec`` on ``gpus`` GPUs through ``istar launch`` (a
+    job without a spec: with ``args``, in the rule's process), writes ``outputs`` and ``log`` and reads
+    ``needs`` (outputs of other jobs)."""
 
     rule: str
     step: str
@@ -82,7 +102,6 @@ class Job:
     needs: tuple[str, ...] = ()
     spec: Spec | None = None
     args: tuple[str, ...] = ()
-    runs: tuple[str, ...] = ()
     gpus: int = 0
 
     @property
@@ -95,7 +114,7 @@ class Job:
         """The step's command after ``python -m istar`` (a launched step's: after ``istar launch --gpus G --``)."""
         if self.launched:
             return self.step, "--spec", self.spec.to_json()
-        return self.step, "--out", self.outputs[0], *self.args, *self.runs
+        return self.step, *self.args
 
     @property
     def recorded(self) -> str:
@@ -247,11 +266,12 @@ def plan_cell(config: dict, model: str, task: str, decided: Decided) -> CellPlan
         if needs_depth(config, model, task):  # the Σ_S provenance gives L
             needs = (sigma_template(config["penalty"]["tokens"]).format(**names).replace(".pt", ".json"), *needs)
     selects = [Job("select", "select", (SELECTION.format(**names),), SELECT_LOG.format(**names), f"{model}/{task}",
-                   needs=needs, args=options, runs=tuple(map(_folder, search)))]
+                   needs=needs, args=("--out", SELECTION.format(**names), *options, *map(_folder, search)))]
     if tuning:
         selects.append(Job("select_tuned", "select", (TUNED_SELECTION.format(**names),),
                            SELECT_TUNED_LOG.format(**names), f"{model}/{task} (padding)",
-                           needs=tuple(job.outputs[0] for job in tuning), runs=tuple(map(_folder, tuning))))
+                           needs=tuple(job.outputs[0] for job in tuning),
+                           args=("--out", TUNED_SELECTION.format(**names), *map(_folder, tuning))))
 
     # the final stage and the figure studies: (study, setting, seed); a run asked for twice is one job
     baselines = None if decided.baselines is None else dict(decided.baselines)
@@ -290,3 +310,44 @@ def plan_cell(config: dict, model: str, task: str, decided: Decided) -> CellPlan
     table = (*shrinkage, *search, *tuning, *selects, *trains.values(), *measures.values())
     return CellPlan(jobs=table, runs=tuple(runs), measures=tuple(sorted(measures)),
                     by_output={path: job for job in table for path in job.outputs})
+
+
+def aggregate_job(config: dict, runs, selections, measures) -> Job:
+    """The aggregate of ``runs`` ((study, run folder), in the order the CSVs list them), ``selections`` and
+    ``measures`` into results/aggregate/*.csv."""
+    outputs = tuple(AGGREGATE.format(name=name) for name in (*AGGREGATE_NAMES, PROVENANCE_NAME))
+    return Job("aggregate", "aggregate", outputs, AGGREGATE_LOG, "aggregate",
+               needs=(*(f"{run}/metrics.json" for _, run in runs), *measures, *selections),
+               args=("--out-dir", AGGREGATE_DIR, *aggregate_options(config), *(f"{study}={run}" for study, run in runs),
+                     "--selection", *selections, "--measures", *measures))
+
+
+def report_jobs(config: dict) -> tuple[Job, ...]:
+    """The jobs after the aggregate, as their rules run them: the DVC experiment, Fig. 2's simulation, every
+    table and figure, the summary (what `all` asks for of them is the config's: its studies and figures on)."""
+    runs, selection = AGGREGATE.format(name="runs"), AGGREGATE.format(name="selection")
+    stability = AGGREGATE.format(name=STABILITY_CSV)
+    simulated = config["studies"]["stability"]["enabled"]
+    jobs = [Job("experiment", "experiment", (EXPERIMENT_METRICS,), EXPERIMENT_LOG, "experiment",
+                needs=tuple(AGGREGATE.format(name=name) for name in ("runs", "paired", "epochs")),
+                args=("--aggregate-dir", AGGREGATE_DIR, "--out-dir", str(Path(EXPERIMENT_METRICS).parent)))]
+    jobs.append(Job("stability", "stability", (stability,), STABILITY_LOG, "stability",
+                    args=("--repeats", str(config["studies"]["stability"]["repeats"]), "--out", stability)))
+    for table in TABLE_NAMES:
+        reads = (stability,) if simulated and get_table(table).reads_stability else ()
+        prefix = TABLE.format(table=table)
+        jobs.append(Job("table", "table", tuple(f"{prefix}.{ext}" for ext in ("csv", "md", "tex")),
+                        TABLE_LOG.format(table=table), f"table {table}", needs=(runs, selection, *reads, RESOLVED_CONFIG),
+                        args=(table, "--runs", runs, "--selection", selection,
+                              *(("--stability", *reads) if reads else ()), "--config", RESOLVED_CONFIG,
+                              "--out-prefix", prefix)))
+    for figure in FIGURE_NAMES:
+        out = FIGURE.format(figure=figure)
+        jobs.append(Job("figure", "figure", (f"{out}.png", f"{out}.pdf"), FIGURE_LOG.format(figure=figure),
+                        f"figure {figure}", needs=(str(figure_csv(figure)),),
+                        args=(figure, "--aggregate-dir", AGGREGATE_DIR, "--out", f"{out}.png")))
+    jobs.append(Job("summary", "summary", (SUMMARY_MD, SUMMARY_RST), SUMMARY_LOG, "summary",
+                    needs=(runs, selection, RESOLVED_CONFIG, *((stability,) if simulated else ())),
+                    args=("--config", RESOLVED_CONFIG, "--aggregate-dir", AGGREGATE_DIR, "--out", SUMMARY_MD,
+                          "--rst", SUMMARY_RST)))
+    return tuple(jobs)

@@ -4,7 +4,7 @@
 
 rule aggregate:
     input:
-        aggregate_inputs,
+        needs_of(AGGREGATE_RUNS),
     output:
         AGGREGATES,
         provenance=report(
@@ -13,37 +13,33 @@ rule aggregate:
             category="Provenance",
         ),
     log:
-        "logs/aggregate/aggregate.log",
+        AGGREGATE_LOG,
     benchmark:
-        "benchmarks/aggregate/aggregate.tsv"
+        benchmark_of(AGGREGATE_LOG)
     conda:
         CPU_ENV
     params:
-        specs=lambda wildcards: " ".join(
-            f"{study}={run}" for plan in final_plans() for study, run in plan.runs
-        ),
-        selections=" ".join(SELECTIONS),
-        measures=lambda wildcards: " ".join(
-            sorted({path for plan in final_plans() for path in plan.measures})
-        ),
-        options=shlex.join(aggregate_options(config)),
+        settings=job_settings(AGGREGATE_RUNS),
+        argv=job_argv(AGGREGATE_RUNS),
     shell:
-        "python -m istar aggregate --out-dir results/aggregate {params.options} "
-        "{params.specs} --selection {params.selections} --measures {params.measures} > {log} 2>&1"
+        "python -m istar {params.argv} > {log} 2>&1"
 
 
 # Table 1's cells, the λ sweep and the Σ_S curves in the form DVC compares across experiments
 # (dvc.yaml: metrics and plots; `dvc exp show`, `dvc exp diff`, `dvc plots diff`).
 rule experiment:
     input:
-        expand(AGGREGATE, name=["runs", "paired", "epochs"]),
+        needs_of(EXPERIMENT_METRICS),
     # metrics.json is written last; the curves beside it (lambda_sweep/, sigma_epochs/, declared as
     # DVC plots) are the step's to keep current, as a run's train_log.csv beside its metrics.json.
     output:
         EXPERIMENT_METRICS,
     log:
-        "logs/aggregate/experiment.log",
+        EXPERIMENT_LOG,
     conda:
         CPU_ENV
+    params:
+        settings=job_settings(EXPERIMENT_METRICS),
+        argv=job_argv(EXPERIMENT_METRICS),
     shell:
-        "python -m istar experiment --aggregate-dir results/aggregate --out-dir results/experiment > {log} 2>&1"
+        "python -m istar {params.argv} > {log} 2>&1"

@@ -26,9 +26,21 @@ from istar.report.figures import (
     PROJECTIONS_CSV,
     enabled_figures,
 )
-from istar.report.table_specs import TABLE_NAMES, enabled_tables, get_table
+from istar.report.table_specs import TABLE_NAMES, enabled_tables
 from istar.config.layout import (
     AGGREGATE,
+    AGGREGATE_LOG,
+    EXPERIMENT_LOG,
+    EXPERIMENT_METRICS,
+    FIGURE,
+    FIGURE_LOG,
+    RESOLVED_CONFIG,
+    STABILITY_LOG,
+    SUMMARY_LOG,
+    SUMMARY_MD,
+    SUMMARY_RST,
+    TABLE,
+    TABLE_LOG,
     COLLAPSE_CHECK,
     DATA,
     MEASURE_LOG,
@@ -55,9 +67,11 @@ from istar.pipeline.jobs import (
     CellPlan,
     Decided,
     Job,
+    aggregate_job,
     before_decisions,
     decide,
     plan_cell,
+    report_jobs,
     step_gpus,
 )
 from istar.pipeline.plan import (
@@ -136,7 +150,6 @@ PROFILES = [
 PROFILES_TABLE = AGGREGATE.format(name=PROFILES_CSV)
 PROJECTIONS_TABLE = AGGREGATE.format(name=PROJECTIONS_CSV)
 AGGREGATES = expand(AGGREGATE, name=AGGREGATE_NAMES)
-EXPERIMENT_METRICS = "results/experiment/metrics.json"
 PROVENANCE_CSV = AGGREGATE.format(name=PROVENANCE_NAME)
 
 
@@ -266,10 +279,24 @@ def job_at(model, task, path) -> Job:
 
 
 def job_of(template):
-    """The job of the rule whose first output is ``template``, from the rule's wildcards."""
-    return lambda wildcards: job_at(
-        wildcards.model, wildcards.task, template.format(**wildcards)
-    )
+    """The job of the rule whose first output is ``template``, from the rule's wildcards (a job of a
+    model × task's table, or of the study; the aggregate once every checkpoint has decided).
+    """
+    return lambda wildcards: job_with_output(template.format(**wildcards), wildcards)
+
+
+def job_with_output(path, wildcards) -> Job:
+    if path == AGGREGATE_RUNS:
+        plans = final_plans()
+        return aggregate_job(
+            config,
+            [run for plan in plans for run in plan.runs],
+            SELECTIONS,
+            sorted({measure for plan in plans for measure in plan.measures}),
+        )
+    if path in STUDY_JOBS:
+        return STUDY_JOBS[path]
+    return job_at(wildcards.model, wildcards.task, path)
 
 
 def needs_of(template):
@@ -328,24 +355,17 @@ TUNED_SELECTIONS = [
 KNOWN_MEASURES = sorted({path for plan in PLANNED.values() for path in plan.measures})
 
 
-def aggregate_inputs(wildcards):
-    plans = final_plans()
-    runs = sorted({f"{run}/metrics.json" for plan in plans for _, run in plan.runs})
-    return runs + sorted({m for plan in plans for m in plan.measures}) + SELECTIONS
-
-
-TABLES = expand(
-    "results/tables/{table}.{ext}",
-    table=enabled_tables(config),
-    ext=["csv", "md", "tex"],
-)
-FIGURES = expand(
-    "results/figures/{figure}.{ext}", figure=enabled_figures(config), ext=["png", "pdf"]
-)
-
-
-def table_stability_input(wildcards) -> list[str]:
-    """Fig. 2's simulation, for a table that reads it while that study is on."""
-    wanted = get_table(wildcards.table).reads_stability
-    enabled = config["studies"]["stability"]["enabled"]
-    return [AGGREGATE.format(name=STABILITY_CSV)] if wanted and enabled else []
+# the study's jobs after the aggregate, by output path
+STUDY_JOBS = {job.outputs[0]: job for job in report_jobs(config)}
+AGGREGATE_RUNS = AGGREGATE.format(name="runs")
+STABILITY = AGGREGATE.format(name=STABILITY_CSV)
+TABLES = [
+    path
+    for table in enabled_tables(config)
+    for path in STUDY_JOBS[f"{TABLE.format(table=table)}.csv"].outputs
+]
+FIGURES = [
+    path
+    for figure in enabled_figures(config)
+    for path in STUDY_JOBS[f"{FIGURE.format(figure=figure)}.png"].outputs
+]

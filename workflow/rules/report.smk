@@ -1,10 +1,9 @@
 # Tables, figures and the HTML report. Every rule here reads only the aggregate CSVs (and the
 # Fig. 2 simulation's CSV), so restyling a table or figure never reruns training or the simulation.
-# Which CSV a figure reads comes from the registry istar.report.figures.
+# Each job (its command and inputs) is the job table's (istar.pipeline.jobs.report_jobs).
 
-from istar.report.figures import FIGURE_NAMES, STABILITY_CSV, figure_csv
+from istar.report.figures import FIGURE_NAMES
 
-SUMMARY_RST = "results/summary.rst"
 # an absolute path: Snakemake reads the report's text relative to the Snakefile otherwise
 LANDING_PAGE = (
     str(Path(SUMMARY_RST).resolve())
@@ -15,71 +14,69 @@ LANDING_PAGE = (
 
 rule table:
     input:
-        runs="results/aggregate/runs.csv",
-        selection="results/aggregate/selection.csv",
-        stability=table_stability_input,
-        config="results/config.yaml",
+        needs_of(f"{TABLE}.csv"),
     output:
         csv=report(
-            "results/tables/{table}.csv",
+            f"{TABLE}.csv",
             caption="../report/table.rst",
             category="Tables",
         ),
-        md="results/tables/{table}.md",
-        tex="results/tables/{table}.tex",
+        md=f"{TABLE}.md",
+        tex=f"{TABLE}.tex",
     log:
-        "logs/table/{table}.log",
+        TABLE_LOG,
     benchmark:
-        "benchmarks/table/{table}.tsv"
+        benchmark_of(TABLE_LOG)
     wildcard_constraints:
         table="|".join(TABLE_NAMES),
     conda:
         CPU_ENV
     params:
-        stability=lambda wildcards, input: (
-            f"--stability {input.stability}" if input.stability else ""
-        ),
+        settings=job_settings(f"{TABLE}.csv"),
+        argv=job_argv(f"{TABLE}.csv"),
     shell:
-        "python -m istar table {wildcards.table} --runs {input.runs} --selection {input.selection} "
-        "{params.stability} --config {input.config} --out-prefix results/tables/{wildcards.table} > {log} 2>&1"
+        "python -m istar {params.argv} > {log} 2>&1"
 
 
 rule stability:
     output:
-        f"results/aggregate/{STABILITY_CSV}.csv",
+        STABILITY,
     log:
-        "logs/stability.log",
+        STABILITY_LOG,
     benchmark:
-        "benchmarks/stability.tsv"
+        benchmark_of(STABILITY_LOG)
     conda:
         CPU_ENV
     params:
-        repeats=config["studies"]["stability"]["repeats"],
+        settings=job_settings(STABILITY),
+        argv=job_argv(STABILITY),
     shell:
-        "python -m istar stability --repeats {params.repeats} --out {output} > {log} 2>&1"
+        "python -m istar {params.argv} > {log} 2>&1"
 
 
 rule figure:
     input:
-        lambda wildcards: str(figure_csv(wildcards.figure)),
+        needs_of(f"{FIGURE}.png"),
     output:
         png=report(
-            "results/figures/{figure}.png",
+            f"{FIGURE}.png",
             caption="../report/figure.rst",
             category="Figures",
         ),
-        pdf="results/figures/{figure}.pdf",
+        pdf=f"{FIGURE}.pdf",
     log:
-        "logs/figure/{figure}.log",
+        FIGURE_LOG,
     benchmark:
-        "benchmarks/figure/{figure}.tsv"
+        benchmark_of(FIGURE_LOG)
     wildcard_constraints:
         figure="|".join(FIGURE_NAMES),
     conda:
         CPU_ENV
+    params:
+        settings=job_settings(f"{FIGURE}.png"),
+        argv=job_argv(f"{FIGURE}.png"),
     shell:
-        "python -m istar figure {wildcards.figure} --aggregate-dir results/aggregate --out {output.png} "
-        "> {log} 2>&1"
+        "python -m istar {params.argv} > {log} 2>&1"
 
 
 rule run_config:
@@ -87,7 +84,7 @@ rule run_config:
         workflow.overwrite_configfiles or ["config/config.yaml"],
     output:
         report(
-            "results/config.yaml",
+            RESOLVED_CONFIG,
             caption="../report/config.rst",
             category="Configuration",
         ),
@@ -101,33 +98,28 @@ rule run_config:
 
 rule summary:
     input:
-        runs="results/aggregate/runs.csv",
-        selection="results/aggregate/selection.csv",
-        config="results/config.yaml",
-        stability=(
-            f"results/aggregate/{STABILITY_CSV}.csv"
-            if config["studies"]["stability"]["enabled"]
-            else []
-        ),
+        needs_of(SUMMARY_MD),
     output:
-        md="results/summary.md",
+        md=SUMMARY_MD,
         rst=SUMMARY_RST,
     log:
-        "logs/summary.log",
+        SUMMARY_LOG,
     conda:
         CPU_ENV
+    params:
+        settings=job_settings(SUMMARY_MD),
+        argv=job_argv(SUMMARY_MD),
     shell:
-        "python -m istar summary --config {input.config} --aggregate-dir results/aggregate "
-        "--out {output.md} --rst {output.rst} > {log} 2>&1"
+        "python -m istar {params.argv} > {log} 2>&1"
 
 
 rule report:
     input:
         TABLES,
         FIGURES,
-        "results/config.yaml",
+        RESOLVED_CONFIG,
         PROVENANCE_CSV,
-        "results/summary.md",
+        SUMMARY_MD,
         SUMMARY_RST,
     output:
         "results/report.html",
