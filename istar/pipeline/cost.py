@@ -39,18 +39,9 @@ from pathlib import Path
 
 from istar.config.gpu_slots import fine_tune_gpus
 from istar.config.layout import Setting
-from istar.config.schema import STUDIES
 from istar.pipeline.bundle_plan import DeviceCosts, model_sizes_of
-from istar.pipeline.plan import (
-    final_settings,
-    fixed_setting,
-    search_settings,
-    study_runs,
-    study_seeds,
-    task_max_length,
-    tuned_tokens,
-    tuning_settings,
-)
+from istar.pipeline.jobs import Decided, plan_cell
+from istar.pipeline.plan import fixed_setting, search_settings, task_max_length, tuned_tokens
 from istar.pipeline.validate import merge_config_files, validate_config
 from istar.registry.methods import get_method
 from istar.registry.tasks import get_task
@@ -89,31 +80,25 @@ def model_shape(source: str, rates: dict) -> dict:
 
 
 def planned_fine_tunes(config: dict, layers_of: dict[str, int]) -> list[dict]:
-    """Every fine-tune of a validated config: model, task, method, batch size, epochs (one entry per run).
+    """Every fine-tune of a validated config, as the job table plans it: model, task, method, stage (search or
+    final), batch size, epochs (one entry per run).
 
     The search's choice is not known before the search: where λ | ζ is not fixed in advance, the first
     setting of the search grid stands in for it (its λ and ζ change no run's length; under a searched
     training grid its batch size and epochs are the grid's first), and the tuned baselines train at its
     training values. ``layers_of``: model → encoder layers (for ``single_layer``).
     """
-    training, runs = config["training"], []
+    runs = []
     for model in config["models"]:
         for task in config["tasks"]:
-            grid = search_settings(config, model, task)
-            selection = fixed_setting(config, model, task) or grid[0]
+            selection = fixed_setting(config, model, task) or search_settings(config, model, task)[0]
             tuned = [Setting("istar", lam=selection.lam, zeta=selection.zeta, tokens=t) for t in tuned_tokens(config)]
-            search_seeds = config["search"]["seeds"]
-            planned = [(s, seed, "search") for s in grid + tuning_settings(config) for seed in search_seeds]
-            later = {(s.name, seed): s for s in final_settings(config, selection, {})
-                     for seed in study_seeds(config, "final", task)}
-            for study in STUDIES:
-                for setting, seed in study_runs(config, study, model, task, selection, layers_of[model],
-                                                tuned[0] if tuned else None) or []:
-                    later.setdefault((setting.name, seed), setting)
-            planned += [(setting, seed, "final") for (_, seed), setting in later.items()]
-            runs += [{"model": model, "task": task, "method": s.method, "stage": stage,
-                      "batch_size": s.batch_size or training["batch_size"], "epochs": s.epochs or training["epochs"]}
-                     for s, seed, stage in planned]
+            decided = Decided(selection=selection, baselines=(), tuned=tuned[0] if tuned else None,
+                              depth=layers_of[model])
+            runs += [{"model": model, "task": task, "method": job.spec.method,
+                      "stage": "search" if job.rule == "train_search" else "final",
+                      "batch_size": job.spec.batch_size, "epochs": job.spec.epochs}
+                     for job in plan_cell(config, model, task, decided).jobs if job.step == "train"]
     return runs
 
 
