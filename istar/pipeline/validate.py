@@ -51,13 +51,10 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
     models, tasks = config["models"], config["tasks"]
     _check_path_names(config)
     for study in STUDIES:
-        spec = config["studies"][study]
-        for model in spec["models"]:
-            if model not in models:
-                raise ConfigError(f"config key 'studies.{study}.models': {model!r} is not a configured model; use one of {list(models)}")
-        for task in spec["tasks"]:
-            if task not in tasks:
-                raise ConfigError(f"config key 'studies.{study}.tasks': {task!r} is not in 'tasks' ({tasks}); add it there first")
+        for model in config["studies"][study]["models"]:
+            _configured_model(f"studies.{study}.models", model, models)
+        for task in config["studies"][study]["tasks"]:
+            _configured_task(f"studies.{study}.tasks", task, tasks)
     training = config["training"]
     if problem := compile_conflict(training["compile"], micro_batches_per_step(training), config["penalty"]["tokens"]):
         raise ConfigError(f"config key 'training.compile': {problem}")
@@ -70,13 +67,9 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
         raise ConfigError(f"config key 'training.doc_stride': {training['doc_stride']} must be smaller than half of "
                           f"training.qa_max_length = {training['qa_max_length']}, so each window still holds the question")
     for model, tasks_fixed in config["final"]["istar"].items():
-        if model not in models:
-            raise ConfigError(f"config key 'final.istar.{model}': {model!r} is not a configured model; use one of "
-                              f"{list(models)}")
+        _configured_model(f"final.istar.{model}", model, models)
         for task, fixed in tasks_fixed.items():
-            if task not in tasks:
-                raise ConfigError(f"config key 'final.istar.{model}.{task}': {task!r} is not in 'tasks' ({tasks}); "
-                                  "add it there or remove the entry")
+            _configured_task(f"final.istar.{model}.{task}", task, tasks)
             if fixed["lam"] == 0:
                 raise ConfigError(f"config key 'final.istar.{model}.{task}.lam': λ = 0 is the baseline; fix a non-zero λ")
     search = config["search"]
@@ -84,9 +77,7 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
         raise ConfigError("config key 'search.tune_baselines': the baselines have nothing to be tuned on; give "
                           "search.batch_sizes, search.epochs and search.learning_rates (the training grid) or turn it off")
     for task in config["final"]["seeds_by_task"]:
-        if task not in tasks:
-            raise ConfigError(f"config key 'final.seeds_by_task.{task}': {task!r} is not in 'tasks' ({tasks}); add it "
-                              "there or remove the entry")
+        _configured_task(f"final.seeds_by_task.{task}", task, tasks)
     padding = config["studies"]["padding"]
     if (padding["lam"] == "tuned") != (padding["zeta"] == "tuned"):
         raise ConfigError("config keys 'studies.padding.lam' and 'studies.padding.zeta': tuned goes with tuned (the "
@@ -96,12 +87,8 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
                           "anyway; remove it")
     primary = config["inference"]["primary"]
     if primary is not None:
-        if primary["model"] not in models:
-            raise ConfigError(f"config key 'inference.primary.model': {primary['model']!r} is not a configured model; use one "
-                              f"of {list(models)}")
-        if primary["task"] not in tasks:
-            raise ConfigError(f"config key 'inference.primary.task': {primary['task']!r} is not in 'tasks' ({tasks}); add "
-                              "it there first")
+        _configured_model("inference.primary.model", primary["model"], models)
+        _configured_task("inference.primary.task", primary["task"], tasks)
         if primary["contrast"] == "lambda_sweep" and not config["studies"]["lambda_sweep"]["enabled"]:
             raise ConfigError("config key 'inference.primary.contrast': lambda_sweep is the λ sweep's trend, but "
                               "studies.lambda_sweep is off; enable it or declare another contrast")
@@ -118,6 +105,16 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
         _check_layers(config, _check_models(models))
         _check_data(config["data"], tasks)
         _check_survey(config)
+
+
+def _configured_model(key: str, model: str, models: dict) -> None:
+    if model not in models:
+        raise ConfigError(f"config key '{key}': {model!r} is not a configured model; use one of {list(models)}")
+
+
+def _configured_task(key: str, task: str, tasks: list) -> None:
+    if task not in tasks:
+        raise ConfigError(f"config key '{key}': {task!r} is not in 'tasks' ({tasks}); add it there, or remove it here")
 
 
 def _path_names(config: dict):
