@@ -47,7 +47,7 @@ from istar.pipeline.bundle_plan import (
     plan_jobs,
     plan_units,
 )
-from istar.pipeline.bundle_run import BUNDLE_FORMAT, DONE_FILE, JOBS_FILE, REPO, code_digest
+from istar.pipeline.bundle_run import BUNDLE_FORMAT, DONE_FILE, JOBS_FILE, REPO
 from istar.pipeline.plan import prepare_data_spec
 
 __all__ = ["build_bundle", "DEVICE_LIMIT", "save_float16_copy", "travelling_bytes"]
@@ -141,7 +141,7 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCo
 
     from istar.data import prepare_task
     from istar.io import artifacts
-    from istar.io.provenance import git_provenance
+    from istar.io.provenance import git_provenance, package_sha256
     from istar.pipeline.validate import merge_config_files, model_depth, validate_config
     from istar.registry.precisions import PRECISIONS
 
@@ -205,7 +205,7 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCo
                            "float16": rounding[model]} for model in config["models"]},
         "estimate": {"costs": "H100, istar.pipeline.bundle_plan.DeviceCosts", "data": data,
                      "total_s": round(sum(job["estimate_s"] for job in jobs), 1)},
-        "code_sha256": code_digest(), "git": git_provenance(REPO), "configfiles": [str(p) for p in configfiles],
+        "code_sha256": package_sha256(), "git": git_provenance(REPO), "configfiles": [str(p) for p in configfiles],
     }
     plan["bundle_id"] = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:16]
     artifacts.write_text(staging / JOBS_FILE, json.dumps(plan, indent=1, ensure_ascii=False) + "\n")

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -54,9 +53,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from istar.io.provenance import package_sha256
 from istar.pipeline.bundle_jobs import Runner, claimed_gpus
 
-__all__ = ["run_bundle", "read_plan", "code_digest", "unit_range", "JOBS_FILE", "DONE_FILE", "SUMMARY_NAME",
+__all__ = ["run_bundle", "read_plan", "unit_range", "JOBS_FILE", "DONE_FILE", "SUMMARY_NAME",
            "BUNDLE_FORMAT", "ARCHIVE_LIMIT", "work_folder"]
 
 BUNDLE_FORMAT = 1
@@ -67,17 +67,6 @@ WORK_MARK = ".bundle-id"
 ARCHIVE_LIMIT = 16 * 2**20  # one file back from the device machine
 CALIBRATE_FROM_S = 30.0  # units estimated shorter than this (a select job) say little about the speed
 REPO = Path(__file__).resolve().parents[2]
-
-
-def code_digest(root: Path = REPO) -> str:
-    """sha256 over the ``istar`` package's files (names and contents): the code a bundle was built
-    with and the code that ran it, compared in the summary (a machine without git cannot say its commit)."""
-    digest = hashlib.sha256()
-    package = root / "istar"
-    for path in sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
 
 
 def read_plan(bundle: Path) -> dict:
@@ -237,7 +226,7 @@ def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | 
         "bundle_id": plan["bundle_id"], "started": started_at.isoformat(timespec="seconds"),
         "seconds": round(time.monotonic() - clock, 1), "budget_s": budget, "parallel": parallel,
         "gpus_cap": gpus, "device": _device(), "python": sys.version.split()[0],
-        "code_sha256": {"built": plan["code_sha256"], "ran": code_digest()},
+        "code_sha256": {"built": plan["code_sha256"], "ran": package_sha256()},
         "speed_factor": round(new[0] / new[1], 3) if new[1] else None,
         "calibration": {str(parallel): [round(new[0], 1), round(new[1], 1)]} if new[1] else {},
         "units": statuses, "jobs": runner.records if runner else [],
