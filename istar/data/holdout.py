@@ -50,18 +50,15 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-from istar import __version__
-from istar.data.prepare import label_summary
 from istar.data.storage import read_meta, read_split, write_prepared
 from istar.registry.tasks import Task, get_task
 
 __all__ = ["HOLDOUT_STREAM", "MIN_OVERLAP_WORDS", "Grouping", "GROUPINGS", "Membership", "heldout_overlap",
-           "holdout_split", "add_cli_arguments", "run_cli"]
+           "holdout_split", "run_cli"]
 
 HOLDOUT_STREAM = 3
 """The random stream of the held-out draw (prepare-data's subsampling uses 1 and 2 with the data seed)."""
@@ -330,22 +327,16 @@ def holdout_split(data_dir, out_dir, fraction: float, seed: int) -> dict:
         empty = "search-training" if not len(parts["train"]) else "held-out"
         raise ValueError(f"the {empty} part of {data_dir}/train.parquet is empty after holding out {count} of "
                          f"{members.count} {grouping.unit}s: raise data.max_train_samples or change search.heldout_seed")
-    inherited = {k: v for k, v in parent.items() if k not in ("rows", "labels", "split_sha256", "created", "istar_version")}
     meta = {
-        **inherited,
-        "rows": {split: len(frame) for split, frame in parts.items()},
-        "labels": {split: label_summary(frame, task) for split, frame in parts.items()},
+        **parent,  # its own rows, labels, hashes, time and version replace the parent's (write_prepared)
         "heldout": {"of": str(data_dir), "of_train_sha256": parent.get("split_sha256", {}).get("train.parquet"),
                     "fraction": fraction, "seed": seed, "grouping": grouping.key, "unit": grouping.unit,
                     "held_out": count, "units": members.count,
                     "rows": {"held_out": int(held.sum()), "search_train": int(kept.sum()),
                              "dropped": int(len(train) - held.sum() - kept.sum())},
                     "overlap": heldout_overlap(parts["train"], parts["validation"], task)},
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "istar_version": __version__,
     }
-    write_prepared(out_dir, task, parts, meta)
-    return meta
+    return write_prepared(out_dir, task, parts, meta)
 
 
 def run_cli(args: argparse.Namespace) -> int:

@@ -109,8 +109,8 @@ def load_hub(task: Task, revision: str | None = None, hub_id: str | None = None)
     """The task's train and validation splits from the hub at ``revision`` (None = ``main``).
 
     ``hub_id`` names one of the task's :data:`HUB_SOURCES` (None: its default). Returns the
-    normalised splits and the provenance (``hub_id``, ``hub_config``, ``hub_revision`` as asked,
-    ``hub_commit`` as loaded, ``dropped_rows``). Raises :class:`HubUnavailableError` when the hub
+    normalised splits and the provenance (``source``, ``hub_id``, ``hub_config``, ``hub_revision`` as
+    asked, ``hub_commit`` as loaded, ``dropped_rows``). Raises :class:`HubUnavailableError` when the hub
     (or the cache, offline) cannot provide them.
     """
     source = hub_source(task.key, hub_id)
@@ -143,16 +143,5 @@ def load_hub(task: Task, revision: str | None = None, hub_id: str | None = None)
             frame, task, lambda i, split=split: f"{name} split {split}, row {i}"
         )
         splits[split] = conform(frame, task)
-    provenance = {
-        "source": "hub",
-        "mirror": None,
-        "hub_id": hub_id,
-        "hub_config": config,
-        "hub_revision": revision or "main",
-        "hub_commit": commit,
-        "files": {},
-        "standin": False,
-        "standin_note": None,
-        "dropped_rows": dropped_rows,
-    }
-    return splits, provenance
+    return splits, {"source": "hub", "hub_id": hub_id, "hub_config": config, "hub_revision": revision or "main",
+                    "hub_commit": commit, "dropped_rows": dropped_rows}
