@@ -99,14 +99,11 @@ class _Spans:
         for _ in range(2):
             codes = rng.integers(1, 2**63, size=max(len(vocabulary), 1), dtype=np.uint64)
             base = int(rng.integers(2**32, 2**63)) | 1
-            powers = np.cumprod(np.full(len(ids) + 1, base, dtype=np.uint64))
-            powers = np.concatenate([np.ones(1, np.uint64), powers[:-1]])  # B^i
-            inverse = np.cumprod(np.full(len(ids) + 1, pow(base, -1, 2**64), dtype=np.uint64))
-            inverse = np.concatenate([np.ones(1, np.uint64), inverse[:-1]])  # B^−i
+            inverse = _powers(pow(base, -1, 2**64), len(ids))  # B^−i
             prefix = np.zeros(len(ids) + 1, dtype=np.uint64)
             np.cumsum(codes[ids] * inverse[:-1], out=prefix[1:])
             self._prefix.append(prefix)
-            self._powers.append(powers)
+            self._powers.append(_powers(base, len(ids)))
 
     def keys(self, positions: np.ndarray, lengths) -> np.ndarray:
         """Keys (void 16 bytes) of the spans starting at flat token ``positions`` with ``lengths``."""
@@ -124,8 +121,17 @@ class _Spans:
         texts = texts[self.lengths[texts] >= length]
         counts = self.lengths[texts] - length + 1
         owners = np.repeat(texts, counts)
-        offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        return self.keys(self.starts[owners] + offsets, length), owners
+        return self.keys(self.starts[owners] + _ranks(counts), length), owners
+
+
+def _powers(base: int, n: int) -> np.ndarray:
+    """base^0, base^1, …, base^n modulo 2^64 (uint64 products wrap)."""
+    return np.cumprod(np.concatenate([np.ones(1, np.uint64), np.full(n, base, dtype=np.uint64)]))
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """0, 1, …, c − 1 for each c in ``counts``, concatenated."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def _normalised(texts) -> list[str]:
@@ -153,7 +159,9 @@ class Membership:
     count: int
 
 
-def _one_group_per_row(codes: np.ndarray, count: int) -> Membership:
+def _group_by_value(values) -> Membership:
+    """Each row in one group: the rows of one value (groups numbered by first appearance)."""
+    codes, count = _first_appearance_codes(values)
     return Membership(rows=np.arange(len(codes)), groups=codes, count=count)
 
 
@@ -198,11 +206,6 @@ def _source_sentences(frame) -> Membership:
     return Membership(rows=rows, groups=np.repeat(text_group[1], copies), count=len(maximal))
 
 
-def _ranks(counts: np.ndarray) -> np.ndarray:
-    """0, 1, …, c − 1 for each c in ``counts``, concatenated."""
-    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-
-
 def _shared_sentences(frame) -> Membership:
     """``shared_sentence``: rows joined by any sentence they share, transitively (connected components)."""
     from scipy.sparse import coo_matrix
@@ -213,16 +216,7 @@ def _shared_sentences(frame) -> Membership:
     a, b = codes[:len(first)], codes[len(first):]
     graph = coo_matrix((np.ones(len(a)), (a, b)), shape=(count, count))
     _, component = connected_components(graph, directed=False)
-    groups, number = _first_appearance_codes(component[a])
-    return _one_group_per_row(groups, number)
-
-
-def _identical_texts(frame) -> Membership:
-    return _one_group_per_row(*_first_appearance_codes(_normalised(frame["text_a"])))
-
-
-def _articles(frame) -> Membership:
-    return _one_group_per_row(*_first_appearance_codes(frame["title"]))
+    return _group_by_value(component[a])
 
 
 @dataclass(frozen=True)
@@ -242,8 +236,8 @@ class Grouping:
 GROUPINGS: dict[str, Grouping] = {g.key: g for g in (
     Grouping("source_sentence", "sentence", _source_sentences),
     Grouping("shared_sentence", "component", _shared_sentences),
-    Grouping("identical_text", "text", _identical_texts),
-    Grouping("article", "article", _articles),
+    Grouping("identical_text", "text", lambda frame: _group_by_value(_normalised(frame["text_a"]))),
+    Grouping("article", "article", lambda frame: _group_by_value(frame["title"])),
 )}
 
 
@@ -261,16 +255,13 @@ def heldout_overlap(train, heldout, task: Task, min_words: int = MIN_OVERLAP_WOR
 
     Returns ``{"measure": what was counted, "checked": n, "found": k, "share": k / n (None when n = 0)}``.
     """
-    if task.kind == "qa":
-        contexts = set(_normalised(train["context"]))
-        checked = sorted(set(_normalised(heldout["context"])))
-        found = sum(text in contexts for text in checked)
-        measure = "held-out paragraphs that are a training question's paragraph"
-    elif task.paired:
-        sentences = set(_normalised(train["text_a"])) | set(_normalised(train["text_b"]))
-        checked = sorted(set(_normalised(heldout["text_a"])) | set(_normalised(heldout["text_b"])))
-        found = sum(text in sentences for text in checked)
-        measure = "held-out sentences that are a sentence of a training pair"
+    if task.paired:  # sentence pairs, and SQuAD's (question, paragraph) pairs by their paragraph
+        columns = ["context"] if task.kind == "qa" else ["text_a", "text_b"]
+        seen = {text for column in columns for text in _normalised(train[column])}
+        checked = sorted({text for column in columns for text in _normalised(heldout[column])})
+        found = sum(text in seen for text in checked)
+        measure = ("held-out paragraphs that are a training question's paragraph" if task.kind == "qa"
+                   else "held-out sentences that are a sentence of a training pair")
     else:
         training = _normalised(train["text_a"])
         candidates = [text for text in _normalised(heldout["text_a"]) if len(text.split()) >= min_words]
