@@ -25,17 +25,9 @@ SOURCES = ("auto", "hub", "mirror")
 """Accepted values of ``source``."""
 
 
-def load_task(
-    task: str,
-    source: str = "auto",
-    mirror: str | Path | None = None,
-    allow_standin: bool = False,
-    standin_fraction: float = default_of("data.standin_fraction"),
-    seed: int = 0,
-    revision: str | None = None,
-    subset: bool = False,
-    hub_dataset: str | None = None,
-) -> tuple[dict[str, pd.DataFrame], dict]:
+def load_task(task: str, source: str = "auto", mirror: str | Path | None = None, allow_standin: bool = False,
+              standin_fraction: float = default_of("data.standin_fraction"), seed: int = 0, revision: str | None = None,
+              subset: bool = False, hub_dataset: str | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
     """Load a task's train and validation splits, normalised.
 
     Parameters
@@ -72,8 +64,9 @@ def load_task(
         ``idx, text_a, text_b, label`` (n_rows rows), or for SQuAD ``id, title, context,
         question, answer_texts, answer_starts`` (one row per question).
     provenance : dict
-        ``source`` ("mirror" or "hub"), ``mirror`` (absolute path or None), ``hub_id``,
-        ``hub_config``, ``hub_revision`` (as asked) and ``hub_commit`` (as loaded; or None), ``files`` (mirror file -> sha256), ``standin`` (bool),
+        ``source`` ("mirror" or "hub"), ``mirror`` (the folder as given, or None), ``hub_id``,
+        ``hub_config``, ``hub_revision`` (as asked) and ``hub_commit`` (as loaded; or None), ``files``
+        (mirror file -> sha256), ``standin`` (bool),
         ``standin_note`` (str or None), ``dropped_rows`` (split read -> locations of rows
         dropped for an empty text; QQP only), ``source_requested`` (the ``source`` argument).
 
@@ -142,20 +135,10 @@ def _subsample(frame: pd.DataFrame, max_samples: int | None, seed: int, stream: 
     return frame.iloc[keep].reset_index(drop=True)
 
 
-def prepare_task(
-    task: str,
-    out_dir: str | Path,
-    source: str = "auto",
-    mirror: str | Path | None = None,
-    allow_standin: bool = False,
-    max_train_samples: int | None = None,
-    max_eval_samples: int | None = None,
-    seed: int = 0,
-    standin_fraction: float = default_of("data.standin_fraction"),
-    revision: str | None = None,
-    subset: bool = False,
-    hub_dataset: str | None = None,
-) -> dict:
+def prepare_task(task: str, out_dir: str | Path, source: str = "auto", mirror: str | Path | None = None,
+                 allow_standin: bool = False, max_train_samples: int | None = None, max_eval_samples: int | None = None,
+                 seed: int = 0, standin_fraction: float = default_of("data.standin_fraction"),
+                 revision: str | None = None, subset: bool = False, hub_dataset: str | None = None) -> dict:
     """Load a task, subsample it and write ``train.parquet``, ``validation.parquet``, ``meta.json``.
 
     Parameters
