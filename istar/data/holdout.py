@@ -111,9 +111,8 @@ class _Spans:
                   for prefix, powers in zip(self._prefix, self._powers)]
         return np.ascontiguousarray(np.stack(halves, axis=1)).view("V16").ravel()
 
-    def full_keys(self, texts: np.ndarray | None = None) -> np.ndarray:
-        """Keys of whole texts (all, or the indices ``texts``)."""
-        texts = np.arange(len(self.lengths)) if texts is None else texts
+    def full_keys(self, texts: np.ndarray) -> np.ndarray:
+        """Keys of the whole texts of indices ``texts``."""
         return self.keys(self.starts[texts], self.lengths[texts])
 
     def spans(self, length: int, texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -173,7 +172,8 @@ def _source_sentences(frame) -> Membership:
     for text, code in zip(texts, codes.tolist()):
         unique_texts[code] = text
     spans = _Spans(unique_texts)
-    keys, lengths, everything = spans.full_keys(), spans.lengths, np.arange(distinct)
+    everything = np.arange(distinct)
+    keys, lengths = spans.full_keys(everything), spans.lengths
     # A text is maximal when it is no proper span of another text (containment is transitive, so
     # a text inside a longer one is inside a maximal one).
     contained = np.zeros(distinct, dtype=bool)
@@ -244,10 +244,10 @@ GROUPINGS: dict[str, Grouping] = {g.key: g for g in (
 # -------------------------------------------------------------------------------------- overlap
 
 
-def heldout_overlap(train, heldout, task: Task, min_words: int = MIN_OVERLAP_WORDS) -> dict:
+def heldout_overlap(train, heldout, task: Task) -> dict:
     """What the held-out rows share with the rows the search trains on.
 
-    - single-sentence tasks: of the held-out rows of at least ``min_words`` whitespace tokens,
+    - single-sentence tasks: of the held-out rows of at least :data:`MIN_OVERLAP_WORDS` whitespace tokens,
       how many occur verbatim, as a whole-token span, inside some training row;
     - sentence pairs: of the distinct sentences of the held-out pairs, how many are a sentence of
       some training pair;
@@ -264,7 +264,7 @@ def heldout_overlap(train, heldout, task: Task, min_words: int = MIN_OVERLAP_WOR
                    else "held-out sentences that are a sentence of a training pair")
     else:
         training = _normalised(train["text_a"])
-        candidates = [text for text in _normalised(heldout["text_a"]) if len(text.split()) >= min_words]
+        candidates = [text for text in _normalised(heldout["text_a"]) if len(text.split()) >= MIN_OVERLAP_WORDS]
         spans = _Spans(training + candidates)
         inside = np.arange(len(training))
         queries = np.arange(len(training), len(training) + len(candidates))
@@ -274,7 +274,7 @@ def heldout_overlap(train, heldout, task: Task, min_words: int = MIN_OVERLAP_WOR
             these = query_lengths == length
             hits[these] = np.isin(query_keys[these], spans.spans(int(length), inside)[0])
         checked, found = candidates, int(hits.sum())
-        measure = f"held-out rows of {min_words} or more words found inside a training row"
+        measure = f"held-out rows of {MIN_OVERLAP_WORDS} or more words found inside a training row"
     return {"measure": measure, "checked": len(checked), "found": int(found),
             "share": found / len(checked) if checked else None}
 

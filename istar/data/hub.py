@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from istar.data.normalise import check_split, conform
+from istar.data.normalise import normalise_split
 from istar.io.revisions import RevisionUnavailableError, resolve_revision
 from istar.registry.tasks import SPLITS, Task
 
@@ -139,9 +139,7 @@ def load_hub(task: Task, revision: str | None = None, hub_id: str | None = None)
         if split not in loaded:
             raise ValueError(f"{name} on the hub has no {split!r} split (it has {list(loaded)})")
         frame = _frame(task, source, loaded[split].to_dict(), loaded[split].num_rows)
-        frame, dropped_rows[split] = check_split(
-            frame, task, lambda i, split=split: f"{name} split {split}, row {i}"
-        )
-        splits[split] = conform(frame, task)
+        locate = lambda i, split=split: f"{name} split {split}, row {i}"  # noqa: E731
+        splits[split], dropped_rows[split] = normalise_split(frame, task, locate)
     return splits, {"source": "hub", "hub_id": hub_id, "hub_config": config, "hub_revision": revision or "main",
                     "hub_commit": commit, "dropped_rows": dropped_rows}

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from istar.data.hub import hub_source
-from istar.data.normalise import check_split, conform
+from istar.data.normalise import normalise_split
 from istar.data.readers import GLUE_TSV, read_glue_tsv, read_squad_json, read_sst5
 from istar.io.artifacts import file_digest
 from istar.registry.tasks import SPLITS, Task, get_task
@@ -96,8 +96,7 @@ def _read_mirror_split(task: Task, path: Path, split: str, subset: bool) -> tupl
             f"{path} holds {len(frame):,} rows, but the official {task.display} {split} split has {official:,}: "
             "the file is incomplete or not the release's (a copy cut short?); copy it again, or, if the mirror "
             "holds a subset on purpose, say so with data.subset: true (istar prepare-data --subset)")
-    frame, dropped = check_split(frame, task, locate)
-    return conform(frame, task), dropped
+    return normalise_split(frame, task, locate)
 
 
 def load_mirror(task: Task, root: Path, allow_standin: bool, standin_fraction: float,
