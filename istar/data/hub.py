@@ -87,22 +87,14 @@ class HubUnavailableError(RuntimeError):
 
 def _frame(task: Task, source: HubDataset, columns: dict, n_rows: int) -> pd.DataFrame:
     """One hub split (``Dataset.to_dict()``) in the normalised columns of :mod:`istar.registry.tasks`."""
-    if task.kind == "qa":
-        return pd.DataFrame({
-            "id": columns["id"],
-            "title": columns["title"],
-            "context": columns["context"],
-            "question": columns["question"],
-            "answer_texts": [list(a["text"]) for a in columns["answers"]],
-            "answer_starts": [list(a["answer_start"]) for a in columns["answers"]],
-        })
+    if task.kind == "qa":  # the hub's columns, but the answers' struct of lists as two columns
+        return pd.DataFrame({**{name: columns[name] for name in ("id", "title", "context", "question")},
+                             "answer_texts": [list(a["text"]) for a in columns["answers"]],
+                             "answer_starts": [list(a["answer_start"]) for a in columns["answers"]]})
     text_a, text_b = source.text
-    return pd.DataFrame({
-        "idx": columns.get("idx", range(n_rows)),
-        "text_a": columns[text_a],
-        "text_b": columns[text_b] if text_b else [None] * n_rows,
-        "label": source.labels(columns["label"]),
-    })
+    return pd.DataFrame({"idx": columns.get("idx", range(n_rows)), "text_a": columns[text_a],
+                         "text_b": columns[text_b] if text_b else [None] * n_rows,
+                         "label": source.labels(columns["label"])})
 
 
 def load_hub(task: Task, revision: str | None = None, hub_id: str | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
@@ -131,9 +123,8 @@ def load_hub(task: Task, revision: str | None = None, hub_id: str | None = None)
     try:
         loaded = datasets.load_dataset(hub_id, config, revision=commit)
     except Exception as exc:  # offline, unknown dataset, auth: the advice is the same
-        raise HubUnavailableError(
-            f"could not load {name} from the Hugging Face hub: {type(exc).__name__}: {exc}. {advice}"
-        ) from exc
+        raise HubUnavailableError(f"could not load {name} from the Hugging Face hub: {type(exc).__name__}: {exc}. "
+                                  f"{advice}") from exc
     splits, dropped_rows = {}, {}
     for split in SPLITS:
         if split not in loaded:

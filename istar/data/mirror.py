@@ -124,13 +124,11 @@ def load_mirror(task: Task, root: Path, allow_standin: bool, standin_fraction: f
     if missing:
         train, validation, how = standin_split(splits[available], task, standin_fraction, seed)
         provenance["standin_note"] = (
-            f"STAND-IN: {root / files[missing[0]]} is missing from the mirror, so the {available} "
-            f"file {files[available]} ({len(splits[available]):,} rows) was split with "
-            f"seed {seed} (validation fraction {standin_fraction:g}, {how}) into a stand-in "
-            f"train part of {len(train):,} rows and a stand-in validation part of "
-            f"{len(validation):,} rows. No row is in both. Scores on this split are not "
-            f"comparable with published {task.display} results."
-        )
+            f"STAND-IN: {root / files[missing[0]]} is missing from the mirror, so the {available} file "
+            f"{files[available]} ({len(splits[available]):,} rows) was split with seed {seed} (validation fraction "
+            f"{standin_fraction:g}, {how}) into a stand-in train part of {len(train):,} rows and a stand-in validation "
+            f"part of {len(validation):,} rows. No row is in both. Scores on this split are not comparable with "
+            f"published {task.display} results.")
         splits = {"train": train, "validation": validation}
     return splits, provenance
 
@@ -139,30 +137,22 @@ def _missing_split_message(task: Task, root: Path, missing: list[str], available
                            standin_fraction: float, seed: int) -> str:
     """The text of :class:`MissingSplitError`: what is missing, where, and the options."""
     paths = " and ".join(str(root / mirror_file(task.key, split)) for split in missing)
-    head = (
-        f"{task.display}: the {' and '.join(missing)} split"
-        f"{'s are' if len(missing) > 1 else ' is'} not in the mirror; expected {paths} (the "
-        f"public release's file name and layout)."
-    )
-    hub = (f"use the Hugging Face hub on a machine with internet (`--source hub`; dataset "
-           f"{hub_source(task.key).hub_id})")
+    head = (f"{task.display}: the {' and '.join(missing)} split{'s are' if len(missing) > 1 else ' is'} not in the "
+            f"mirror; expected {paths} (the public release's file name and layout).")
+    hub = f"use the Hugging Face hub on a machine with internet (`--source hub`; dataset {hub_source(task.key).hub_id})"
     if available is None:
         return (f"{head} A stand-in needs at least one of the splits, so none is possible. "
                 f"Options: put the release files there; or {hub}.")
-    standin = (
-        f"opt into a stand-in with `--allow-standin` (allow_standin=True): the {available} "
-        f"file {root / mirror_file(task.key, available)} is split with seed {seed} into a "
-        f"stand-in train part ({1 - standin_fraction:.0%}) and a stand-in validation part "
-        f"({standin_fraction:.0%})"
-        + (", by article title so no context is in both" if task.kind == "qa" else "")
-        + "; meta.json then says \"standin\": true, and scores are not comparable with "
-        "published ones"
-    )
+    by_article = ", by article title so no context is in both" if task.kind == "qa" else ""
+    standin = (f"opt into a stand-in with `--allow-standin` (allow_standin=True): the {available} file "
+               f"{root / mirror_file(task.key, available)} is split with seed {seed} into a stand-in train part "
+               f"({1 - standin_fraction:.0%}) and a stand-in validation part ({standin_fraction:.0%}){by_article}; "
+               "meta.json then says \"standin\": true, and scores are not comparable with published ones")
     return f"{head} Options: put the release file there; or {hub}; or {standin}."
 
 
 def standin_split(frame: pd.DataFrame, task: Task, fraction: float,
-                   seed: int) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+                  seed: int) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """Split one split into a stand-in train part and a stand-in validation part.
 
     About ``fraction`` of the rows go to the validation part: chosen at random (seeded)
@@ -174,8 +164,8 @@ def standin_split(frame: pd.DataFrame, task: Task, fraction: float,
     if task.kind == "qa":
         titles = frame["title"].unique()
         if len(titles) < 2:
-            raise ValueError(f"{task.display}: a stand-in split by title needs two or more "
-                             f"articles, found {len(titles)}")
+            raise ValueError(f"{task.display}: a stand-in split by title needs two or more articles, "
+                             f"found {len(titles)}")
         sizes = frame["title"].value_counts()
         held, chosen = 0, []
         for title in titles[rng.permutation(len(titles))][:-1]:
@@ -184,12 +174,11 @@ def standin_split(frame: pd.DataFrame, task: Task, fraction: float,
             chosen.append(title)
             held += int(sizes[title])
         in_validation = frame["title"].isin(chosen).to_numpy()
-        how = (f"whole articles drawn at random by title: {len(titles) - len(chosen)} for "
-               f"train, {len(chosen)} for validation, so no context is in both")
+        how = (f"whole articles drawn at random by title: {len(titles) - len(chosen)} for train, {len(chosen)} for "
+               "validation, so no context is in both")
     else:
         if len(frame) < 2:
-            raise ValueError(f"{task.display}: a stand-in split needs two or more rows, "
-                             f"found {len(frame)}")
+            raise ValueError(f"{task.display}: a stand-in split needs two or more rows, found {len(frame)}")
         n_validation = min(max(1, round(fraction * len(frame))), len(frame) - 1)
         in_validation = np.zeros(len(frame), dtype=bool)
         in_validation[rng.choice(len(frame), size=n_validation, replace=False)] = True

@@ -32,21 +32,10 @@ _DROP_EMPTY_TEXT = frozenset({"qqp"})
 def split_schema(task: Task) -> pa.Schema:
     """The Arrow schema of a normalised split (also fixes the pandas dtypes)."""
     if task.kind == "qa":
-        return pa.schema([
-            ("id", pa.string()),
-            ("title", pa.string()),
-            ("context", pa.string()),
-            ("question", pa.string()),
-            ("answer_texts", pa.list_(pa.string())),
-            ("answer_starts", pa.list_(pa.int64())),
-        ])
+        return pa.schema([*((name, pa.string()) for name in ("id", "title", "context", "question")),
+                          ("answer_texts", pa.list_(pa.string())), ("answer_starts", pa.list_(pa.int64()))])
     label_type = pa.float32() if task.kind == "regression" else pa.int64()
-    return pa.schema([
-        ("idx", pa.int64()),
-        ("text_a", pa.string()),
-        ("text_b", pa.string()),
-        ("label", label_type),
-    ])
+    return pa.schema([("idx", pa.int64()), ("text_a", pa.string()), ("text_b", pa.string()), ("label", label_type)])
 
 
 def table_to_frame(table: pa.Table) -> pd.DataFrame:

@@ -122,32 +122,26 @@ def parse_tree(line: str) -> tuple[int, str]:
     tokens = _TREE_TOKEN.findall(line)
     if not tokens or tokens[0] != "(":
         raise ValueError("a tree must start with '('")
-    depth, expect_label, root, leaves = 0, False, None, []
+    depth, leaves = 0, []
     for position, token in enumerate(tokens):
-        if token == "(":
-            if expect_label:
-                raise ValueError("'(' where a node label was expected")
+        if position and tokens[position - 1] == "(":  # a node's label
+            if token in ("(", ")"):
+                raise ValueError(f"{token!r} where a node label was expected")
+            if not token.isdigit():
+                raise ValueError(f"node label {token!r} is not a number")
+        elif token == "(":
             depth += 1
-            expect_label = True
         elif token == ")":
-            if expect_label:
-                raise ValueError("')' where a node label was expected")
             depth -= 1
             if depth == 0 and position != len(tokens) - 1:
                 raise ValueError("text after the end of the tree")
-        elif expect_label:
-            if not token.isdigit():
-                raise ValueError(f"node label {token!r} is not a number")
-            if root is None:
-                root = int(token)
-            expect_label = False
         else:
             leaves.append(token)
     if depth != 0:
         raise ValueError("unbalanced parentheses")
     if not leaves:
         raise ValueError("the tree has no words")
-    return root, " ".join(leaves)
+    return int(tokens[1]), " ".join(leaves)
 
 
 def read_sst5(path: Path) -> tuple[pd.DataFrame, list[int]]:
