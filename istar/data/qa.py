@@ -30,24 +30,15 @@ _NO_ANSWER = 0  # the token index targeted when a window does not contain the an
 def _tokenize(questions: Sequence[str], contexts: Sequence[str], tokenizer, max_length: int, stride: int):
     """Tokenise (question, context) pairs into padded, overlapping windows with character offsets."""
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(
-            f"{type(tokenizer).__name__} is not a fast tokenizer: extractive QA needs the character "
-            "offsets (return_offsets_mapping) that only fast tokenizers provide; load it with "
-            "AutoTokenizer.from_pretrained(..., use_fast=True)"
-        )
+        raise ValueError(f"{type(tokenizer).__name__} is not a fast tokenizer: extractive QA needs the character "
+                         "offsets (return_offsets_mapping) that only fast tokenizers provide; load it with "
+                         "AutoTokenizer.from_pretrained(..., use_fast=True)")
     if len(questions) == 0:
         raise ValueError("no examples to tokenise")
-    return tokenizer(
-        # Leading whitespace in a question takes no token but would only shift its offsets.
-        [question.lstrip() for question in questions],
-        list(contexts),
-        truncation="only_second",
-        max_length=max_length,
-        stride=stride,
-        return_overflowing_tokens=True,
-        return_offsets_mapping=True,
-        padding="max_length",
-    )
+    # Leading whitespace in a question takes no token but would only shift its offsets.
+    return tokenizer([question.lstrip() for question in questions], list(contexts), truncation="only_second",
+                     max_length=max_length, stride=stride, return_overflowing_tokens=True, return_offsets_mapping=True,
+                     padding="max_length")
 
 
 def _model_inputs(encoding) -> dict[str, list]:
@@ -168,15 +159,10 @@ def prepare_eval_features(ids: Sequence[str], questions: Sequence[str], contexts
     _check_lengths(ids=ids, questions=questions, contexts=contexts)
     encoding = _tokenize(questions, contexts, tokenizer, max_length, stride)
     ids = list(ids)  # positional access below: a pandas column would otherwise be indexed by label
-    example_ids, offset_mapping = [], []
-    for window, example in enumerate(encoding["overflow_to_sample_mapping"]):
-        example_ids.append(ids[example])
-        offset_mapping.append(
-            [
-                tuple(offset) if seq == _CONTEXT else None
-                for offset, seq in zip(encoding["offset_mapping"][window], encoding.sequence_ids(window))
-            ]
-        )
+    offset_mapping = [[tuple(offset) if seq == _CONTEXT else None
+                       for offset, seq in zip(offsets, encoding.sequence_ids(window))]
+                      for window, offsets in enumerate(encoding["offset_mapping"])]
+    example_ids = [ids[example] for example in encoding["overflow_to_sample_mapping"]]
     return {**_model_inputs(encoding), "example_id": example_ids, "offset_mapping": offset_mapping}
 
 
@@ -229,10 +215,8 @@ def postprocess_predictions(example_ids: Sequence[str], contexts: Sequence[str],
     _check_lengths(example_id=features["example_id"], offset_mapping=offset_mapping)
     expected = (len(offset_mapping), len(offset_mapping[0]) if offset_mapping else 0)
     if start_logits.shape != expected or end_logits.shape != expected:
-        raise ValueError(
-            f"start_logits and end_logits must have shape (n_windows, max_length) = {expected}; "
-            f"got {start_logits.shape} and {end_logits.shape}"
-        )
+        raise ValueError(f"start_logits and end_logits must have shape (n_windows, max_length) = {expected}; "
+                         f"got {start_logits.shape} and {end_logits.shape}")
 
     context_of = dict(zip(example_ids, contexts))
     best: dict[str, tuple[float, str]] = {key: (-np.inf, "") for key in example_ids}
