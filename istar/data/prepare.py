@@ -91,16 +91,12 @@ def load_task(task: str, source: str = "auto", mirror: str | Path | None = None,
     _check_count("seed", seed, minimum=0)
     root, origin = resolve_mirror(mirror)
     if source == "mirror" and root is None:
-        raise ValueError(
-            f"data source 'mirror' needs a mirror folder ({origin}): pass --mirror DIR (the "
-            f"config's data.mirror) or set ${MIRROR_ENV} to a folder in the GLUE release layout"
-        )
+        raise ValueError(f"data source 'mirror' needs a mirror folder ({origin}): pass --mirror DIR (the config's "
+                         f"data.mirror) or set ${MIRROR_ENV} to a folder in the GLUE release layout")
     if source == "mirror" and not root.is_dir():
-        raise FileNotFoundError(
-            f"mirror folder {root.absolute()} does not exist (from {origin}). Pass --mirror "
-            f"(or set ${MIRROR_ENV}) to a folder in the GLUE release layout, or use "
-            f"--source hub on a machine with internet."
-        )
+        raise FileNotFoundError(f"mirror folder {root.absolute()} does not exist (from {origin}). Pass --mirror "
+                                f"(or set ${MIRROR_ENV}) to a folder in the GLUE release layout, or use --source hub "
+                                "on a machine with internet.")
     if source == "hub" or (source == "auto" and (root is None or not root.is_dir())):
         if source == "auto":
             logger.warning("data source auto: no mirror folder (%s: %s), so %s comes from the hub",
@@ -173,16 +169,9 @@ def prepare_task(task: str, out_dir: str | Path, source: str = "auto", mirror: s
     caps = {"train": max_train_samples, "validation": max_eval_samples}
     kept = {split: _subsample(splits[split], caps[split], seed, stream)
             for stream, split in enumerate(SPLITS, start=1)}
-    meta = {
-        "task": entry.key,
-        **provenance,
-        "standin_fraction": standin_fraction if provenance["standin"] else None,
-        "subset": subset,
-        "rows_before_subsampling": {split: len(splits[split]) for split in SPLITS},
-        "max_train_samples": max_train_samples,
-        "max_eval_samples": max_eval_samples,
-        "seed": seed,
-    }
+    meta = {"task": entry.key, **provenance, "standin_fraction": standin_fraction if provenance["standin"] else None,
+            "subset": subset, "rows_before_subsampling": {split: len(splits[split]) for split in SPLITS},
+            "max_train_samples": max_train_samples, "max_eval_samples": max_eval_samples, "seed": seed}
     return write_prepared(out_dir, entry, kept, meta)
 
 

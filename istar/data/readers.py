@@ -79,16 +79,12 @@ def read_glue_tsv(path: Path, layout: TsvLayout, task: Task) -> tuple[pd.DataFra
             where = f"{path}, line {reader.line_num}"
             if header_pending:
                 if tuple(row) != layout.header:
-                    raise ValueError(
-                        f"{where}: expected the header {list(layout.header)}, found {row}"
-                    )
+                    raise ValueError(f"{where}: expected the header {list(layout.header)}, found {row}")
                 header_pending = False
                 continue
             if len(row) != layout.n_fields:
-                raise ValueError(
-                    f"{where}: expected {layout.n_fields} tab-separated fields, found "
-                    f"{len(row)}: {row!r:.300}"
-                )
+                raise ValueError(f"{where}: expected {layout.n_fields} tab-separated fields, found {len(row)}: "
+                                 f"{row!r:.300}")
             raw = row[layout.label]
             try:
                 labels.append(parse_label(raw))
@@ -175,16 +171,10 @@ def read_squad_json(path: Path) -> pd.DataFrame:
                 where = f"data[{a}].paragraphs[{p}]"
                 for q, qa in enumerate(paragraph["qas"]):
                     where = f"data[{a}].paragraphs[{p}].qas[{q}]"
-                    rows.append({
-                        "id": qa["id"],
-                        "title": article["title"],
-                        "context": paragraph["context"],
-                        "question": qa["question"],
-                        "answer_texts": [answer["text"] for answer in qa["answers"]],
-                        "answer_starts": [answer["answer_start"] for answer in qa["answers"]],
-                    })
+                    answers = qa["answers"]  # a row in the columns' order of split_schema
+                    rows.append((qa["id"], article["title"], paragraph["context"], qa["question"],
+                                 [answer["text"] for answer in answers],
+                                 [answer["answer_start"] for answer in answers]))
     except (KeyError, TypeError, IndexError) as exc:
-        raise ValueError(
-            f"{path}: not in the SQuAD v1.1 layout at {where} (missing or wrong field: {exc!r})"
-        ) from None
+        raise ValueError(f"{path}: not in the SQuAD v1.1 layout at {where} (missing or wrong field: {exc!r})") from None
     return pd.DataFrame(rows, columns=list(split_schema(TASKS["squad"]).names))
