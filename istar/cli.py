@@ -172,10 +172,9 @@ def end_process_group() -> None:
     after its work is done. All ranks meet first, so none leaves while another still talks.
     """
     distributed = sys.modules.get("torch.distributed")
-    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
-        return
-    distributed.barrier()
-    distributed.destroy_process_group()
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.barrier()
+        distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -137,12 +137,13 @@ def _normalised(texts) -> list[str]:
     return [" ".join(str(text).split()) for text in texts]
 
 
-def _first_appearance_codes(values) -> tuple[np.ndarray, int]:
-    """Integer codes of ``values`` numbered in the order of their first appearance."""
+def _first_appearance_codes(values) -> tuple[np.ndarray, list]:
+    """Integer codes of ``values`` numbered in the order of their first appearance, and the distinct values
+    in that order."""
     import pandas as pd
 
     codes, uniques = pd.factorize(pd.Series(list(values), dtype=object), sort=False)
-    return codes.astype(np.int64), len(uniques)
+    return codes.astype(np.int64), list(uniques)
 
 
 # ------------------------------------------------------------------------------------ groupings
@@ -160,17 +161,14 @@ class Membership:
 
 def _group_by_value(values) -> Membership:
     """Each row in one group: the rows of one value (groups numbered by first appearance)."""
-    codes, count = _first_appearance_codes(values)
-    return Membership(rows=np.arange(len(codes)), groups=codes, count=count)
+    codes, distinct = _first_appearance_codes(values)
+    return Membership(rows=np.arange(len(codes)), groups=codes, count=len(distinct))
 
 
 def _source_sentences(frame) -> Membership:
     """``source_sentence``: each row in every maximal row that contains it as a whole-token span."""
-    texts = _normalised(frame["text_a"])
-    codes, distinct = _first_appearance_codes(texts)
-    unique_texts = [""] * distinct
-    for text, code in zip(texts, codes.tolist()):
-        unique_texts[code] = text
+    codes, unique_texts = _first_appearance_codes(_normalised(frame["text_a"]))
+    distinct = len(unique_texts)
     spans = _Spans(unique_texts)
     everything = np.arange(distinct)
     keys, lengths = spans.full_keys(everything), spans.lengths
@@ -212,9 +210,9 @@ def _shared_sentences(frame) -> Membership:
     from scipy.sparse.csgraph import connected_components
 
     first, second = _normalised(frame["text_a"]), _normalised(frame["text_b"])
-    codes, count = _first_appearance_codes(first + second)
+    codes, sentences = _first_appearance_codes(first + second)
     a, b = codes[:len(first)], codes[len(first):]
-    graph = coo_matrix((np.ones(len(a)), (a, b)), shape=(count, count))
+    graph = coo_matrix((np.ones(len(a)), (a, b)), shape=(len(sentences), len(sentences)))
     _, component = connected_components(graph, directed=False)
     return _group_by_value(component[a])
 

@@ -72,11 +72,9 @@ HUB_DATASETS: dict[str, tuple[str, str | None]] = {
 def hub_source(task: str, hub_id: str | None = None) -> HubDataset:
     """The hub dataset ``hub_id`` of ``task`` (None: the task's default)."""
     sources = HUB_SOURCES[task]
-    if hub_id is None:
-        return sources[0]
-    for source in sources:
-        if source.hub_id == hub_id:
-            return source
+    chosen = next((source for source in sources if hub_id in (None, source.hub_id)), None)
+    if chosen is not None:
+        return chosen
     raise ValueError(f"{task} cannot be read from the hub dataset {hub_id!r}; choose one of "
                      f"{', '.join(s.hub_id for s in sources)} (data.hub_datasets)")
 

@@ -40,19 +40,15 @@ def write_prepared(out_dir: str | Path, task: Task, splits: dict[str, pd.DataFra
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").unlink(missing_ok=True)
-    schema = split_schema(task)
     for split in SPLITS:
-        table = pa.Table.from_pandas(splits[split], schema=schema, preserve_index=False)
+        table = pa.Table.from_pandas(splits[split], schema=split_schema(task), preserve_index=False)
         with artifacts.atomic_path(out / f"{split}.parquet") as tmp, open(tmp, "wb") as handle:
             pq.write_table(table, handle)
-    meta.update(
-        rows={split: len(splits[split]) for split in SPLITS},
-        labels={split: label_summary(splits[split], task) for split in SPLITS},
-        # the splits' content hashes, checked by read_split: a damaged parquet file is named, not misread
-        split_sha256={f"{split}.parquet": artifacts.file_digest(out / f"{split}.parquet") for split in SPLITS},
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        istar_version=__version__,
-    )
+    # split_sha256: the splits' content hashes, checked by read_split (a damaged parquet file is named, not misread)
+    meta.update(rows={split: len(splits[split]) for split in SPLITS},
+                labels={split: label_summary(splits[split], task) for split in SPLITS},
+                split_sha256={f"{split}.parquet": artifacts.file_digest(out / f"{split}.parquet") for split in SPLITS},
+                created=datetime.now(timezone.utc).isoformat(timespec="seconds"), istar_version=__version__)
     artifacts.write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     return meta
 

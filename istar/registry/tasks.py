@@ -83,7 +83,5 @@ def get_task(key: str) -> Task:
 
 def ordered_tasks(keys) -> list[str]:
     """The distinct task keys among ``keys`` in registry order; an unknown key raises ``ValueError``."""
-    present = set(keys)
-    for key in present:
-        get_task(key)
+    present = {get_task(key).key for key in keys}
     return [key for key in TASKS if key in present]
