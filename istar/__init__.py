@@ -22,29 +22,17 @@ __version__ = "0.2.0"
 REMOVED_IN = "0.3.0"
 """The release that removes the old names still accepted (each one warns: :func:`warn_renamed`)."""
 
-_LIBRARY = {
-    "CovarianceAccumulator": "core.covariance",
-    "average_cosine_similarity": "core.baseline_measures",
-    "isoscore": "core.isotropy",
-    "isoscore_star": "core.isotropy",
-    "isoscore_star_from_covariance": "core.isotropy",
-    "partition_isotropy": "core.baseline_measures",
-    "twonn_dimension": "core.twonn",
-    "cosreg_penalty": "core.regularizers",
-    "global_istar_penalty": "core.regularizers",
-    "istar_penalty": "core.regularizers",
-    "Penalty": "core.regularizers",
-    "shrinkage_covariance": "models.shrinkage",
-    "measure_isotropy": "models.measurement",
-    "IsotropyMetric": "core.measurement",
-    "IsotropyReport": "core.measurement",
-    "IStarConfig": "integrations.config",
-    "IStarTrainer": "integrations.trainer",
-    "IStarTrainerMixin": "integrations.trainer",
-    "IStarModel": "integrations.wrapper",
-    "IStarCallback": "integrations.wrapper",
-    "IStarLoss": "integrations.sentence_transformers",
+_HOMES = {  # module → the names of the library it defines
+    "core.isotropy": ("isoscore", "isoscore_star", "isoscore_star_from_covariance"),
+    "core.baseline_measures": ("average_cosine_similarity", "partition_isotropy"),
+    "core.covariance": ("CovarianceAccumulator",), "core.twonn": ("twonn_dimension",),
+    "core.regularizers": ("cosreg_penalty", "global_istar_penalty", "istar_penalty", "Penalty"),
+    "core.measurement": ("IsotropyMetric", "IsotropyReport"),
+    "models.shrinkage": ("shrinkage_covariance",), "models.measurement": ("measure_isotropy",),
+    "integrations.config": ("IStarConfig",), "integrations.trainer": ("IStarTrainer", "IStarTrainerMixin"),
+    "integrations.wrapper": ("IStarModel", "IStarCallback"), "integrations.sentence_transformers": ("IStarLoss",),
 }
+_LIBRARY = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = sorted(_LIBRARY)
 

@@ -117,18 +117,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the parsed subcommand: hand a step its built spec, else the module's ``run_cli``."""
-    entry = args.subcommand
-    module = importlib.import_module(entry.module)
-    if entry.step is None:
-        return module.run_cli(args)
-    from istar.config.specs import spec_from_cli
-
-    getattr(module, entry.step)(spec_from_cli(args))
-    return 0
-
-
 class Terminated(BaseException):
     """SIGTERM outside a step's own handling (a BaseException, like KeyboardInterrupt for SIGINT)."""
 
@@ -138,7 +126,8 @@ def _terminate(signum, frame):
 
 
 def main(argv=None) -> int:
-    """Run one subcommand. Errors a user can fix print one line ``istar CMD: error: …`` (exit 2;
+    """Run one subcommand: hand a step its spec built from the command line, else call the module's
+    ``run_cli``. Errors a user can fix print one line ``istar CMD: error: …`` (exit 2;
     a refused write or a busy run folder exit 1); SIGTERM and SIGINT exit 128 + signal with one
     line (``istar train`` saves a state first: :class:`istar.steps.resume.StopRequest`)."""
     from istar.io.artifacts import StorageError
@@ -150,13 +139,18 @@ def main(argv=None) -> int:
     args = build_parser(command if command in SUBCOMMANDS else None).parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        return run(args)
-    except (ValueError, FileNotFoundError, RevisionUnavailableError, TrackerUnavailableError) as error:
+        entry = args.subcommand
+        module = importlib.import_module(entry.module)
+        if entry.step is None:
+            return module.run_cli(args)
+        from istar.config.specs import spec_from_cli
+
+        getattr(module, entry.step)(spec_from_cli(args))
+        return 0
+    except (ValueError, FileNotFoundError, RevisionUnavailableError, TrackerUnavailableError, StorageError,
+            FolderLockedError) as error:
         print(f"istar {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except (StorageError, FolderLockedError) as error:
-        print(f"istar {args.command}: error: {error}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(error, (StorageError, FolderLockedError)) else 2
     except Interrupted as stop:  # train, after saving its state
         print(f"\nistar {args.command}: {stop}", file=sys.stderr)
         return 128 + stop.signum
@@ -178,10 +172,9 @@ def end_process_group() -> None:
     after its work is done. All ranks meet first, so none leaves while another still talks.
     """
     distributed = sys.modules.get("torch.distributed")
-    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
-        return
-    distributed.barrier()
-    distributed.destroy_process_group()
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.barrier()
+        distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

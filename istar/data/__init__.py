@@ -14,9 +14,9 @@ One concern per module:
 
 ================  ==============================================================
 ``readers``       parsers of the release files (GLUE TSV, SST-5 trees, SQuAD json)
-``mirror``        the offline mirror folder: layout, loading, file checksums
+``mirror``        the offline mirror folder: layout, loading, file checksums, and a seeded
+                  stand-in split when it lacks one split
 ``hub``           the ``datasets`` library: hub ids, configs, column mapping
-``standin``       a seeded stand-in split when the mirror lacks one split
 ``normalise``     the normalised schema and the checks every split passes
 ``storage``       the prepared folder: parquet files and ``meta.json``
 ``prepare``       :func:`load_task`, :func:`prepare_task`, ``istar prepare-data``

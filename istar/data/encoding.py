@@ -16,12 +16,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from istar.config.schema import default_of
 from istar.data import qa
+from istar.data.qa import MODEL_INPUTS
 from istar.registry.tasks import Task
 
-__all__ = ["Features", "encode_split", "EpochShuffleSampler", "make_loader", "MODEL_INPUTS", "LABEL_KEYS"]
-
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-LABEL_KEYS = ("labels", "start_positions", "end_positions")
+__all__ = ["Features", "encode_split", "EpochShuffleSampler", "make_loader", "MODEL_INPUTS"]
 
 
 @dataclass
@@ -69,16 +67,15 @@ def encode_split(frame: Mapping[str, Sequence], task: Task, tokenizer, max_lengt
     """
     if task.kind == "qa":
         if for_qa_eval:
-            encoded = qa.prepare_eval_features(list(frame["id"]), list(frame["question"]), list(frame["context"]),
-                                               tokenizer, max_length=max_length, stride=doc_stride)
-            return Features(columns={k: encoded[k] for k in MODEL_INPUTS if k in encoded},
-                            example_ids=encoded["example_id"], offset_mapping=encoded["offset_mapping"])
-        encoded = qa.prepare_train_features(list(frame["question"]), list(frame["context"]),
-                                            [list(s) for s in frame["answer_starts"]],
-                                            [list(t) for t in frame["answer_texts"]],
-                                            tokenizer, max_length=max_length, stride=doc_stride)
-        keys = MODEL_INPUTS + (("start_positions", "end_positions") if with_labels else ())
-        return Features(columns={k: encoded[k] for k in keys if k in encoded})
+            encoded = qa.prepare_eval_features(frame["id"], frame["question"], frame["context"], tokenizer,
+                                               max_length=max_length, stride=doc_stride)
+            return Features(example_ids=encoded.pop("example_id"), offset_mapping=encoded.pop("offset_mapping"),
+                            columns=encoded)
+        encoded = qa.prepare_train_features(frame["question"], frame["context"], frame["answer_starts"],
+                                            frame["answer_texts"], tokenizer, max_length=max_length, stride=doc_stride)
+        if not with_labels:
+            del encoded["start_positions"], encoded["end_positions"]
+        return Features(columns=encoded)
 
     second = list(frame["text_b"]) if task.paired else None
     encoded = tokenizer(list(frame["text_a"]), second, truncation=True, max_length=max_length)

@@ -50,18 +50,15 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-from istar import __version__
-from istar.data.prepare import label_summary
 from istar.data.storage import read_meta, read_split, write_prepared
 from istar.registry.tasks import Task, get_task
 
 __all__ = ["HOLDOUT_STREAM", "MIN_OVERLAP_WORDS", "Grouping", "GROUPINGS", "Membership", "heldout_overlap",
-           "holdout_split", "add_cli_arguments", "run_cli"]
+           "holdout_split", "run_cli"]
 
 HOLDOUT_STREAM = 3
 """The random stream of the held-out draw (prepare-data's subsampling uses 1 and 2 with the data seed)."""
@@ -102,14 +99,11 @@ class _Spans:
         for _ in range(2):
             codes = rng.integers(1, 2**63, size=max(len(vocabulary), 1), dtype=np.uint64)
             base = int(rng.integers(2**32, 2**63)) | 1
-            powers = np.cumprod(np.full(len(ids) + 1, base, dtype=np.uint64))
-            powers = np.concatenate([np.ones(1, np.uint64), powers[:-1]])  # B^i
-            inverse = np.cumprod(np.full(len(ids) + 1, pow(base, -1, 2**64), dtype=np.uint64))
-            inverse = np.concatenate([np.ones(1, np.uint64), inverse[:-1]])  # B^−i
+            inverse = _powers(pow(base, -1, 2**64), len(ids))  # B^−i
             prefix = np.zeros(len(ids) + 1, dtype=np.uint64)
             np.cumsum(codes[ids] * inverse[:-1], out=prefix[1:])
             self._prefix.append(prefix)
-            self._powers.append(powers)
+            self._powers.append(_powers(base, len(ids)))
 
     def keys(self, positions: np.ndarray, lengths) -> np.ndarray:
         """Keys (void 16 bytes) of the spans starting at flat token ``positions`` with ``lengths``."""
@@ -117,9 +111,8 @@ class _Spans:
                   for prefix, powers in zip(self._prefix, self._powers)]
         return np.ascontiguousarray(np.stack(halves, axis=1)).view("V16").ravel()
 
-    def full_keys(self, texts: np.ndarray | None = None) -> np.ndarray:
-        """Keys of whole texts (all, or the indices ``texts``)."""
-        texts = np.arange(len(self.lengths)) if texts is None else texts
+    def full_keys(self, texts: np.ndarray) -> np.ndarray:
+        """Keys of the whole texts of indices ``texts``."""
         return self.keys(self.starts[texts], self.lengths[texts])
 
     def spans(self, length: int, texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -127,20 +120,30 @@ class _Spans:
         texts = texts[self.lengths[texts] >= length]
         counts = self.lengths[texts] - length + 1
         owners = np.repeat(texts, counts)
-        offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        return self.keys(self.starts[owners] + offsets, length), owners
+        return self.keys(self.starts[owners] + _ranks(counts), length), owners
+
+
+def _powers(base: int, n: int) -> np.ndarray:
+    """base^0, base^1, …, base^n modulo 2^64 (uint64 products wrap)."""
+    return np.cumprod(np.concatenate([np.ones(1, np.uint64), np.full(n, base, dtype=np.uint64)]))
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """0, 1, …, c − 1 for each c in ``counts``, concatenated."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def _normalised(texts) -> list[str]:
     return [" ".join(str(text).split()) for text in texts]
 
 
-def _first_appearance_codes(values) -> tuple[np.ndarray, int]:
-    """Integer codes of ``values`` numbered in the order of their first appearance."""
+def _first_appearance_codes(values) -> tuple[np.ndarray, list]:
+    """Integer codes of ``values`` numbered in the order of their first appearance, and the distinct values
+    in that order."""
     import pandas as pd
 
     codes, uniques = pd.factorize(pd.Series(list(values), dtype=object), sort=False)
-    return codes.astype(np.int64), len(uniques)
+    return codes.astype(np.int64), list(uniques)
 
 
 # ------------------------------------------------------------------------------------ groupings
@@ -156,19 +159,19 @@ class Membership:
     count: int
 
 
-def _one_group_per_row(codes: np.ndarray, count: int) -> Membership:
-    return Membership(rows=np.arange(len(codes)), groups=codes, count=count)
+def _group_by_value(values) -> Membership:
+    """Each row in one group: the rows of one value (groups numbered by first appearance)."""
+    codes, distinct = _first_appearance_codes(values)
+    return Membership(rows=np.arange(len(codes)), groups=codes, count=len(distinct))
 
 
 def _source_sentences(frame) -> Membership:
     """``source_sentence``: each row in every maximal row that contains it as a whole-token span."""
-    texts = _normalised(frame["text_a"])
-    codes, distinct = _first_appearance_codes(texts)
-    unique_texts = [""] * distinct
-    for text, code in zip(texts, codes.tolist()):
-        unique_texts[code] = text
+    codes, unique_texts = _first_appearance_codes(_normalised(frame["text_a"]))
+    distinct = len(unique_texts)
     spans = _Spans(unique_texts)
-    keys, lengths, everything = spans.full_keys(), spans.lengths, np.arange(distinct)
+    everything = np.arange(distinct)
+    keys, lengths = spans.full_keys(everything), spans.lengths
     # A text is maximal when it is no proper span of another text (containment is transitive, so
     # a text inside a longer one is inside a maximal one).
     contained = np.zeros(distinct, dtype=bool)
@@ -201,31 +204,17 @@ def _source_sentences(frame) -> Membership:
     return Membership(rows=rows, groups=np.repeat(text_group[1], copies), count=len(maximal))
 
 
-def _ranks(counts: np.ndarray) -> np.ndarray:
-    """0, 1, …, c − 1 for each c in ``counts``, concatenated."""
-    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-
-
 def _shared_sentences(frame) -> Membership:
     """``shared_sentence``: rows joined by any sentence they share, transitively (connected components)."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
     first, second = _normalised(frame["text_a"]), _normalised(frame["text_b"])
-    codes, count = _first_appearance_codes(first + second)
+    codes, sentences = _first_appearance_codes(first + second)
     a, b = codes[:len(first)], codes[len(first):]
-    graph = coo_matrix((np.ones(len(a)), (a, b)), shape=(count, count))
+    graph = coo_matrix((np.ones(len(a)), (a, b)), shape=(len(sentences), len(sentences)))
     _, component = connected_components(graph, directed=False)
-    groups, number = _first_appearance_codes(component[a])
-    return _one_group_per_row(groups, number)
-
-
-def _identical_texts(frame) -> Membership:
-    return _one_group_per_row(*_first_appearance_codes(_normalised(frame["text_a"])))
-
-
-def _articles(frame) -> Membership:
-    return _one_group_per_row(*_first_appearance_codes(frame["title"]))
+    return _group_by_value(component[a])
 
 
 @dataclass(frozen=True)
@@ -245,18 +234,18 @@ class Grouping:
 GROUPINGS: dict[str, Grouping] = {g.key: g for g in (
     Grouping("source_sentence", "sentence", _source_sentences),
     Grouping("shared_sentence", "component", _shared_sentences),
-    Grouping("identical_text", "text", _identical_texts),
-    Grouping("article", "article", _articles),
+    Grouping("identical_text", "text", lambda frame: _group_by_value(_normalised(frame["text_a"]))),
+    Grouping("article", "article", lambda frame: _group_by_value(frame["title"])),
 )}
 
 
 # -------------------------------------------------------------------------------------- overlap
 
 
-def heldout_overlap(train, heldout, task: Task, min_words: int = MIN_OVERLAP_WORDS) -> dict:
+def heldout_overlap(train, heldout, task: Task) -> dict:
     """What the held-out rows share with the rows the search trains on.
 
-    - single-sentence tasks: of the held-out rows of at least ``min_words`` whitespace tokens,
+    - single-sentence tasks: of the held-out rows of at least :data:`MIN_OVERLAP_WORDS` whitespace tokens,
       how many occur verbatim, as a whole-token span, inside some training row;
     - sentence pairs: of the distinct sentences of the held-out pairs, how many are a sentence of
       some training pair;
@@ -264,19 +253,16 @@ def heldout_overlap(train, heldout, task: Task, min_words: int = MIN_OVERLAP_WOR
 
     Returns ``{"measure": what was counted, "checked": n, "found": k, "share": k / n (None when n = 0)}``.
     """
-    if task.kind == "qa":
-        contexts = set(_normalised(train["context"]))
-        checked = sorted(set(_normalised(heldout["context"])))
-        found = sum(text in contexts for text in checked)
-        measure = "held-out paragraphs that are a training question's paragraph"
-    elif task.paired:
-        sentences = set(_normalised(train["text_a"])) | set(_normalised(train["text_b"]))
-        checked = sorted(set(_normalised(heldout["text_a"])) | set(_normalised(heldout["text_b"])))
-        found = sum(text in sentences for text in checked)
-        measure = "held-out sentences that are a sentence of a training pair"
+    if task.paired:  # sentence pairs, and SQuAD's (question, paragraph) pairs by their paragraph
+        columns = ["context"] if task.kind == "qa" else ["text_a", "text_b"]
+        seen = {text for column in columns for text in _normalised(train[column])}
+        checked = sorted({text for column in columns for text in _normalised(heldout[column])})
+        found = sum(text in seen for text in checked)
+        measure = ("held-out paragraphs that are a training question's paragraph" if task.kind == "qa"
+                   else "held-out sentences that are a sentence of a training pair")
     else:
         training = _normalised(train["text_a"])
-        candidates = [text for text in _normalised(heldout["text_a"]) if len(text.split()) >= min_words]
+        candidates = [text for text in _normalised(heldout["text_a"]) if len(text.split()) >= MIN_OVERLAP_WORDS]
         spans = _Spans(training + candidates)
         inside = np.arange(len(training))
         queries = np.arange(len(training), len(training) + len(candidates))
@@ -286,7 +272,7 @@ def heldout_overlap(train, heldout, task: Task, min_words: int = MIN_OVERLAP_WOR
             these = query_lengths == length
             hits[these] = np.isin(query_keys[these], spans.spans(int(length), inside)[0])
         checked, found = candidates, int(hits.sum())
-        measure = f"held-out rows of {min_words} or more words found inside a training row"
+        measure = f"held-out rows of {MIN_OVERLAP_WORDS} or more words found inside a training row"
     return {"measure": measure, "checked": len(checked), "found": int(found),
             "share": found / len(checked) if checked else None}
 
@@ -330,22 +316,16 @@ def holdout_split(data_dir, out_dir, fraction: float, seed: int) -> dict:
         empty = "search-training" if not len(parts["train"]) else "held-out"
         raise ValueError(f"the {empty} part of {data_dir}/train.parquet is empty after holding out {count} of "
                          f"{members.count} {grouping.unit}s: raise data.max_train_samples or change search.heldout_seed")
-    inherited = {k: v for k, v in parent.items() if k not in ("rows", "labels", "split_sha256", "created", "istar_version")}
     meta = {
-        **inherited,
-        "rows": {split: len(frame) for split, frame in parts.items()},
-        "labels": {split: label_summary(frame, task) for split, frame in parts.items()},
+        **parent,  # its own rows, labels, hashes, time and version replace the parent's (write_prepared)
         "heldout": {"of": str(data_dir), "of_train_sha256": parent.get("split_sha256", {}).get("train.parquet"),
                     "fraction": fraction, "seed": seed, "grouping": grouping.key, "unit": grouping.unit,
                     "held_out": count, "units": members.count,
                     "rows": {"held_out": int(held.sum()), "search_train": int(kept.sum()),
                              "dropped": int(len(train) - held.sum() - kept.sum())},
                     "overlap": heldout_overlap(parts["train"], parts["validation"], task)},
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "istar_version": __version__,
     }
-    write_prepared(out_dir, task, parts, meta)
-    return meta
+    return write_prepared(out_dir, task, parts, meta)
 
 
 def run_cli(args: argparse.Namespace) -> int:

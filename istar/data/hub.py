@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from istar.data.normalise import check_split, conform
+from istar.data.normalise import normalise_split
 from istar.io.revisions import RevisionUnavailableError, resolve_revision
 from istar.registry.tasks import SPLITS, Task
 
@@ -72,11 +72,9 @@ HUB_DATASETS: dict[str, tuple[str, str | None]] = {
 def hub_source(task: str, hub_id: str | None = None) -> HubDataset:
     """The hub dataset ``hub_id`` of ``task`` (None: the task's default)."""
     sources = HUB_SOURCES[task]
-    if hub_id is None:
-        return sources[0]
-    for source in sources:
-        if source.hub_id == hub_id:
-            return source
+    chosen = next((source for source in sources if hub_id in (None, source.hub_id)), None)
+    if chosen is not None:
+        return chosen
     raise ValueError(f"{task} cannot be read from the hub dataset {hub_id!r}; choose one of "
                      f"{', '.join(s.hub_id for s in sources)} (data.hub_datasets)")
 
@@ -87,30 +85,22 @@ class HubUnavailableError(RuntimeError):
 
 def _frame(task: Task, source: HubDataset, columns: dict, n_rows: int) -> pd.DataFrame:
     """One hub split (``Dataset.to_dict()``) in the normalised columns of :mod:`istar.registry.tasks`."""
-    if task.kind == "qa":
-        return pd.DataFrame({
-            "id": columns["id"],
-            "title": columns["title"],
-            "context": columns["context"],
-            "question": columns["question"],
-            "answer_texts": [list(a["text"]) for a in columns["answers"]],
-            "answer_starts": [list(a["answer_start"]) for a in columns["answers"]],
-        })
+    if task.kind == "qa":  # the hub's columns, but the answers' struct of lists as two columns
+        return pd.DataFrame({**{name: columns[name] for name in ("id", "title", "context", "question")},
+                             "answer_texts": [list(a["text"]) for a in columns["answers"]],
+                             "answer_starts": [list(a["answer_start"]) for a in columns["answers"]]})
     text_a, text_b = source.text
-    return pd.DataFrame({
-        "idx": columns.get("idx", range(n_rows)),
-        "text_a": columns[text_a],
-        "text_b": columns[text_b] if text_b else [None] * n_rows,
-        "label": source.labels(columns["label"]),
-    })
+    return pd.DataFrame({"idx": columns.get("idx", range(n_rows)), "text_a": columns[text_a],
+                         "text_b": columns[text_b] if text_b else [None] * n_rows,
+                         "label": source.labels(columns["label"])})
 
 
 def load_hub(task: Task, revision: str | None = None, hub_id: str | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
     """The task's train and validation splits from the hub at ``revision`` (None = ``main``).
 
     ``hub_id`` names one of the task's :data:`HUB_SOURCES` (None: its default). Returns the
-    normalised splits and the provenance (``hub_id``, ``hub_config``, ``hub_revision`` as asked,
-    ``hub_commit`` as loaded, ``dropped_rows``). Raises :class:`HubUnavailableError` when the hub
+    normalised splits and the provenance (``source``, ``hub_id``, ``hub_config``, ``hub_revision`` as
+    asked, ``hub_commit`` as loaded, ``dropped_rows``). Raises :class:`HubUnavailableError` when the hub
     (or the cache, offline) cannot provide them.
     """
     source = hub_source(task.key, hub_id)
@@ -131,28 +121,14 @@ def load_hub(task: Task, revision: str | None = None, hub_id: str | None = None)
     try:
         loaded = datasets.load_dataset(hub_id, config, revision=commit)
     except Exception as exc:  # offline, unknown dataset, auth: the advice is the same
-        raise HubUnavailableError(
-            f"could not load {name} from the Hugging Face hub: {type(exc).__name__}: {exc}. {advice}"
-        ) from exc
+        raise HubUnavailableError(f"could not load {name} from the Hugging Face hub: {type(exc).__name__}: {exc}. "
+                                  f"{advice}") from exc
     splits, dropped_rows = {}, {}
     for split in SPLITS:
         if split not in loaded:
             raise ValueError(f"{name} on the hub has no {split!r} split (it has {list(loaded)})")
         frame = _frame(task, source, loaded[split].to_dict(), loaded[split].num_rows)
-        frame, dropped_rows[split] = check_split(
-            frame, task, lambda i, split=split: f"{name} split {split}, row {i}"
-        )
-        splits[split] = conform(frame, task)
-    provenance = {
-        "source": "hub",
-        "mirror": None,
-        "hub_id": hub_id,
-        "hub_config": config,
-        "hub_revision": revision or "main",
-        "hub_commit": commit,
-        "files": {},
-        "standin": False,
-        "standin_note": None,
-        "dropped_rows": dropped_rows,
-    }
-    return splits, provenance
+        locate = lambda i, split=split: f"{name} split {split}, row {i}"  # noqa: E731
+        splits[split], dropped_rows[split] = normalise_split(frame, task, locate)
+    return splits, {"source": "hub", "hub_id": hub_id, "hub_config": config, "hub_revision": revision or "main",
+                    "hub_commit": commit, "dropped_rows": dropped_rows}

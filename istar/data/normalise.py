@@ -2,7 +2,7 @@
 
 Whatever the source (:mod:`istar.data.mirror` or :mod:`istar.data.hub`), a split ends as a
 ``pandas.DataFrame`` with the columns of :mod:`istar.registry.tasks` and the dtypes of
-:func:`split_schema`, checked by :func:`check_split` (docs/method.md §6).
+:func:`split_schema`, checked by :func:`normalise_split` (docs/method.md §6).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pyarrow as pa
 from istar.data.qa import answer_problem
 from istar.registry.tasks import Task
 
-__all__ = ["STSB_MAX_SCORE", "split_schema", "table_to_frame", "conform", "check_split"]
+__all__ = ["STSB_MAX_SCORE", "split_schema", "table_to_frame", "normalise_split"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,21 +32,10 @@ _DROP_EMPTY_TEXT = frozenset({"qqp"})
 def split_schema(task: Task) -> pa.Schema:
     """The Arrow schema of a normalised split (also fixes the pandas dtypes)."""
     if task.kind == "qa":
-        return pa.schema([
-            ("id", pa.string()),
-            ("title", pa.string()),
-            ("context", pa.string()),
-            ("question", pa.string()),
-            ("answer_texts", pa.list_(pa.string())),
-            ("answer_starts", pa.list_(pa.int64())),
-        ])
+        return pa.schema([*((name, pa.string()) for name in ("id", "title", "context", "question")),
+                          ("answer_texts", pa.list_(pa.string())), ("answer_starts", pa.list_(pa.int64()))])
     label_type = pa.float32() if task.kind == "regression" else pa.int64()
-    return pa.schema([
-        ("idx", pa.int64()),
-        ("text_a", pa.string()),
-        ("text_b", pa.string()),
-        ("label", label_type),
-    ])
+    return pa.schema([("idx", pa.int64()), ("text_a", pa.string()), ("text_b", pa.string()), ("label", label_type)])
 
 
 def table_to_frame(table: pa.Table) -> pd.DataFrame:
@@ -58,16 +47,8 @@ def table_to_frame(table: pa.Table) -> pd.DataFrame:
     return frame
 
 
-def conform(frame: pd.DataFrame, task: Task) -> pd.DataFrame:
-    """Cast a split to the task's schema, so it has the dtypes :func:`istar.data.read_split` returns."""
-    table = pa.Table.from_pandas(frame, schema=split_schema(task), preserve_index=False)
-    return table_to_frame(table)
-
-
-def check_split(
-    frame: pd.DataFrame, task: Task, locate: Callable[[int], str]
-) -> tuple[pd.DataFrame, list[str]]:
-    """Check a normalised split; drop empty-text rows where the task allows it.
+def normalise_split(frame: pd.DataFrame, task: Task, locate: Callable[[int], str]) -> tuple[pd.DataFrame, list[str]]:
+    """Check a parsed split, drop empty-text rows where the task allows it, and cast it to the task's schema.
 
     Parameters
     ----------
@@ -77,14 +58,23 @@ def check_split(
 
     Returns
     -------
-    frame : the split, without the dropped rows, index reset.
+    frame : the split without the dropped rows, index reset, in the dtypes of :func:`split_schema`
+        (those :func:`istar.data.read_split` returns).
     dropped : the locations of the dropped rows (empty for every task but QQP).
 
     Raises ValueError naming the row for a label out of range, an empty text, or (SQuAD) a
-    duplicate id, a question without answers or an answer not at its offset.
+    duplicate id, a question without answers or an answer not at its offset (as
+    :func:`istar.data.qa.answer_problem` requires).
     """
     if task.kind == "qa":
-        _check_answers(frame, locate)
+        duplicated = frame["id"].duplicated().to_numpy()
+        if duplicated.any():
+            first = int(np.flatnonzero(duplicated)[0])
+            raise ValueError(f"{locate(first)}: duplicate question id {frame['id'].iloc[first]!r}")
+        for i, (context, texts, starts) in enumerate(zip(frame["context"], frame["answer_texts"],
+                                                         frame["answer_starts"])):
+            if problem := answer_problem(context, texts, starts):
+                raise ValueError(f"{locate(i)}: {problem}")
         text_columns = ["context", "question"]
     else:
         if task.kind == "classification":
@@ -103,25 +93,12 @@ def check_split(
     for column in text_columns:
         values = frame[column]
         empty |= (values.isna() | (values.astype(str).str.strip() == "")).to_numpy()
-    if not empty.any():
-        return frame, []
-    if task.key not in _DROP_EMPTY_TEXT:
-        first = int(np.flatnonzero(empty)[0])
-        raise ValueError(f"{locate(first)}: empty text (in {' or '.join(text_columns)})")
-    dropped = [locate(int(i)) for i in np.flatnonzero(empty)]
-    logger.warning("%s: dropping %d row(s) with an empty text: %s",
-                   task.display, len(dropped), "; ".join(dropped))
-    return frame.loc[~empty].reset_index(drop=True), dropped
-
-
-def _check_answers(frame: pd.DataFrame, locate: Callable[[int], str]) -> None:
-    """SQuAD: unique ids, and every row's answers as :func:`istar.data.qa.answer_problem` requires."""
-    duplicated = frame["id"].duplicated().to_numpy()
-    if duplicated.any():
-        first = int(np.flatnonzero(duplicated)[0])
-        raise ValueError(f"{locate(first)}: duplicate question id {frame['id'].iloc[first]!r}")
-    rows = zip(frame["context"], frame["answer_texts"], frame["answer_starts"])
-    for i, (context, texts, starts) in enumerate(rows):
-        problem = answer_problem(context, texts, starts)
-        if problem:
-            raise ValueError(f"{locate(i)}: {problem}")
+    dropped = []
+    if empty.any():
+        if task.key not in _DROP_EMPTY_TEXT:
+            first = int(np.flatnonzero(empty)[0])
+            raise ValueError(f"{locate(first)}: empty text (in {' or '.join(text_columns)})")
+        dropped = [locate(int(i)) for i in np.flatnonzero(empty)]
+        logger.warning("%s: dropping %d row(s) with an empty text: %s", task.display, len(dropped), "; ".join(dropped))
+        frame = frame.loc[~empty].reset_index(drop=True)
+    return table_to_frame(pa.Table.from_pandas(frame, schema=split_schema(task), preserve_index=False)), dropped

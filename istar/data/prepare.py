@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from istar import __version__
 from istar.config.schema import default_of
 from istar.data.hub import HubUnavailableError, hub_source, load_hub
 from istar.data.mirror import MIRROR_ENV, load_mirror, resolve_mirror
 from istar.data.storage import write_prepared
-from istar.registry.tasks import SPLITS, Task, get_task
+from istar.registry.tasks import SPLITS, get_task
 
-__all__ = ["SOURCES", "load_task", "prepare_task", "label_summary", "add_cli_arguments", "run_cli"]
+__all__ = ["SOURCES", "load_task", "prepare_task", "run_cli"]
 
 logger = logging.getLogger(__name__)
 
@@ -26,17 +25,9 @@ SOURCES = ("auto", "hub", "mirror")
 """Accepted values of ``source``."""
 
 
-def load_task(
-    task: str,
-    source: str = "auto",
-    mirror: str | Path | None = None,
-    allow_standin: bool = False,
-    standin_fraction: float = default_of("data.standin_fraction"),
-    seed: int = 0,
-    revision: str | None = None,
-    subset: bool = False,
-    hub_dataset: str | None = None,
-) -> tuple[dict[str, pd.DataFrame], dict]:
+def load_task(task: str, source: str = "auto", mirror: str | Path | None = None, allow_standin: bool = False,
+              standin_fraction: float = default_of("data.standin_fraction"), seed: int = 0, revision: str | None = None,
+              subset: bool = False, hub_dataset: str | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
     """Load a task's train and validation splits, normalised.
 
     Parameters
@@ -73,8 +64,9 @@ def load_task(
         ``idx, text_a, text_b, label`` (n_rows rows), or for SQuAD ``id, title, context,
         question, answer_texts, answer_starts`` (one row per question).
     provenance : dict
-        ``source`` ("mirror" or "hub"), ``mirror`` (absolute path or None), ``hub_id``,
-        ``hub_config``, ``hub_revision`` (as asked) and ``hub_commit`` (as loaded; or None), ``files`` (mirror file -> sha256), ``standin`` (bool),
+        ``source`` ("mirror" or "hub"), ``mirror`` (the folder as given, or None), ``hub_id``,
+        ``hub_config``, ``hub_revision`` (as asked) and ``hub_commit`` (as loaded; or None), ``files``
+        (mirror file -> sha256), ``standin`` (bool),
         ``standin_note`` (str or None), ``dropped_rows`` (split read -> locations of rows
         dropped for an empty text; QQP only), ``source_requested`` (the ``source`` argument).
 
@@ -99,16 +91,12 @@ def load_task(
     _check_count("seed", seed, minimum=0)
     root, origin = resolve_mirror(mirror)
     if source == "mirror" and root is None:
-        raise ValueError(
-            f"data source 'mirror' needs a mirror folder ({origin}): pass --mirror DIR (the "
-            f"config's data.mirror) or set ${MIRROR_ENV} to a folder in the GLUE release layout"
-        )
+        raise ValueError(f"data source 'mirror' needs a mirror folder ({origin}): pass --mirror DIR (the config's "
+                         f"data.mirror) or set ${MIRROR_ENV} to a folder in the GLUE release layout")
     if source == "mirror" and not root.is_dir():
-        raise FileNotFoundError(
-            f"mirror folder {root.absolute()} does not exist (from {origin}). Pass --mirror "
-            f"(or set ${MIRROR_ENV}) to a folder in the GLUE release layout, or use "
-            f"--source hub on a machine with internet."
-        )
+        raise FileNotFoundError(f"mirror folder {root.absolute()} does not exist (from {origin}). Pass --mirror "
+                                f"(or set ${MIRROR_ENV}) to a folder in the GLUE release layout, or use --source hub "
+                                "on a machine with internet.")
     if source == "hub" or (source == "auto" and (root is None or not root.is_dir())):
         if source == "auto":
             logger.warning("data source auto: no mirror folder (%s: %s), so %s comes from the hub",
@@ -118,14 +106,15 @@ def load_task(
         if revision is not None:
             raise ValueError(f"a dataset revision ({revision!r}) applies to the hub only, but {entry.key} comes "
                              f"from the mirror {root}; drop the revision or use source 'hub'")
-        if hub_source(entry.key, hub_dataset) is not hub_source(entry.key):
+        release = hub_source(entry.key).hub_id
+        if hub_source(entry.key, hub_dataset).hub_id != release:
             raise ValueError(f"the hub dataset {hub_dataset!r} applies to the hub only, but {entry.key} comes from the "
-                             f"mirror {root}, which holds the release of {hub_source(entry.key).hub_id}; use source "
-                             f"'hub' or data.hub_datasets.{entry.key}: {hub_source(entry.key).hub_id}")
+                             f"mirror {root}, which holds the release of {release}; use source 'hub' or "
+                             f"data.hub_datasets.{entry.key}: {release}")
         splits, provenance = load_mirror(entry, root, allow_standin, standin_fraction, seed, subset)
-        provenance.update(hub_revision=None, hub_commit=None)
-    provenance["source_requested"] = source
-    return splits, provenance
+    # every source's provenance has every key: what a source does not have is None (or empty)
+    return splits, {"mirror": None, "hub_id": None, "hub_config": None, "hub_revision": None, "hub_commit": None,
+                    "files": {}, "standin": False, "standin_note": None, **provenance, "source_requested": source}
 
 
 def _check_count(name: str, value, minimum: int) -> None:
@@ -133,8 +122,7 @@ def _check_count(name: str, value, minimum: int) -> None:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
-def _subsample(frame: pd.DataFrame, max_samples: int | None, seed: int,
-               stream: int) -> pd.DataFrame:
+def _subsample(frame: pd.DataFrame, max_samples: int | None, seed: int, stream: int) -> pd.DataFrame:
     """At most ``max_samples`` rows drawn without replacement (seeded), in their order."""
     if max_samples is None or max_samples >= len(frame):
         return frame
@@ -143,34 +131,10 @@ def _subsample(frame: pd.DataFrame, max_samples: int | None, seed: int,
     return frame.iloc[keep].reset_index(drop=True)
 
 
-def label_summary(frame: pd.DataFrame, task: Task) -> dict:
-    """Label counts (classification), score range (regression) or article count (qa)."""
-    if task.kind == "classification":
-        counts = np.bincount(frame["label"].to_numpy(), minlength=task.num_labels)
-        return {"counts": {str(k): int(n) for k, n in enumerate(counts)}}
-    if task.kind == "regression":
-        scores = frame["label"].to_numpy(dtype=np.float64)
-        if len(scores) == 0:
-            return {"min": None, "max": None, "mean": None}
-        return {"min": float(scores.min()), "max": float(scores.max()),
-                "mean": round(float(scores.mean()), 6)}
-    return {"articles": int(frame["title"].nunique())}
-
-
-def prepare_task(
-    task: str,
-    out_dir: str | Path,
-    source: str = "auto",
-    mirror: str | Path | None = None,
-    allow_standin: bool = False,
-    max_train_samples: int | None = None,
-    max_eval_samples: int | None = None,
-    seed: int = 0,
-    standin_fraction: float = default_of("data.standin_fraction"),
-    revision: str | None = None,
-    subset: bool = False,
-    hub_dataset: str | None = None,
-) -> dict:
+def prepare_task(task: str, out_dir: str | Path, source: str = "auto", mirror: str | Path | None = None,
+                 allow_standin: bool = False, max_train_samples: int | None = None, max_eval_samples: int | None = None,
+                 seed: int = 0, standin_fraction: float = default_of("data.standin_fraction"),
+                 revision: str | None = None, subset: bool = False, hub_dataset: str | None = None) -> dict:
     """Load a task, subsample it and write ``train.parquet``, ``validation.parquet``, ``meta.json``.
 
     Parameters
@@ -196,33 +160,19 @@ def prepare_task(
         for SQuAD, article count), ``created`` (UTC, ISO 8601), ``istar_version``.
     """
     entry = get_task(task)
-    for name, value in (("max_train_samples", max_train_samples),
-                        ("max_eval_samples", max_eval_samples)):
+    for name, value in (("max_train_samples", max_train_samples), ("max_eval_samples", max_eval_samples)):
         if value is not None:
             _check_count(name, value, minimum=1)
-    splits, provenance = load_task(task, source=source, mirror=mirror,
-                                   allow_standin=allow_standin,
-                                   standin_fraction=standin_fraction, seed=seed, revision=revision,
-                                   subset=subset, hub_dataset=hub_dataset)
+    splits, provenance = load_task(task, source=source, mirror=mirror, allow_standin=allow_standin,
+                                   standin_fraction=standin_fraction, seed=seed, revision=revision, subset=subset,
+                                   hub_dataset=hub_dataset)
     caps = {"train": max_train_samples, "validation": max_eval_samples}
     kept = {split: _subsample(splits[split], caps[split], seed, stream)
             for stream, split in enumerate(SPLITS, start=1)}
-    meta = {
-        "task": entry.key,
-        **provenance,
-        "standin_fraction": standin_fraction if provenance["standin"] else None,
-        "subset": subset,
-        "rows_before_subsampling": {split: len(splits[split]) for split in SPLITS},
-        "rows": {split: len(kept[split]) for split in SPLITS},
-        "max_train_samples": max_train_samples,
-        "max_eval_samples": max_eval_samples,
-        "seed": seed,
-        "labels": {split: label_summary(kept[split], entry) for split in SPLITS},
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "istar_version": __version__,
-    }
-    write_prepared(out_dir, entry, kept, meta)
-    return meta
+    meta = {"task": entry.key, **provenance, "standin_fraction": standin_fraction if provenance["standin"] else None,
+            "subset": subset, "rows_before_subsampling": {split: len(splits[split]) for split in SPLITS},
+            "max_train_samples": max_train_samples, "max_eval_samples": max_eval_samples, "seed": seed}
+    return write_prepared(out_dir, entry, kept, meta)
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -230,14 +180,9 @@ def run_cli(args: argparse.Namespace) -> int:
     from istar.config.specs import spec_from_cli
 
     spec = spec_from_cli(args)
+    options = {name: value for name, value in dataclasses.asdict(spec).items() if name not in ("task", "out")}
     try:
-        meta = prepare_task(
-            spec.task, spec.out, source=spec.source, mirror=spec.mirror,
-            allow_standin=spec.allow_standin, max_train_samples=spec.max_train_samples,
-            max_eval_samples=spec.max_eval_samples, seed=spec.seed,
-            standin_fraction=spec.standin_fraction, revision=spec.revision, subset=spec.subset,
-            hub_dataset=spec.hub_dataset,
-        )
+        meta = prepare_task(spec.task, spec.out, **options)
     except (ValueError, OSError, HubUnavailableError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -17,7 +17,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["answer_problem", "prepare_train_features", "prepare_eval_features", "postprocess_predictions"]
+__all__ = ["MODEL_INPUTS", "answer_problem", "prepare_train_features", "prepare_eval_features",
+           "postprocess_predictions"]
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+"""What a model is called with (``token_type_ids`` only where the tokenizer makes them)."""
 
 _CONTEXT = 1  # the sequence id of the context (the second text of each pair)
 _NO_ANSWER = 0  # the token index targeted when a window does not contain the answer
@@ -26,32 +30,27 @@ _NO_ANSWER = 0  # the token index targeted when a window does not contain the an
 def _tokenize(questions: Sequence[str], contexts: Sequence[str], tokenizer, max_length: int, stride: int):
     """Tokenise (question, context) pairs into padded, overlapping windows with character offsets."""
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(
-            f"{type(tokenizer).__name__} is not a fast tokenizer: extractive QA needs the character "
-            "offsets (return_offsets_mapping) that only fast tokenizers provide; load it with "
-            "AutoTokenizer.from_pretrained(..., use_fast=True)"
-        )
-    if len(questions) != len(contexts):
-        raise ValueError(f"got {len(questions)} questions but {len(contexts)} contexts")
+        raise ValueError(f"{type(tokenizer).__name__} is not a fast tokenizer: extractive QA needs the character "
+                         "offsets (return_offsets_mapping) that only fast tokenizers provide; load it with "
+                         "AutoTokenizer.from_pretrained(..., use_fast=True)")
     if len(questions) == 0:
         raise ValueError("no examples to tokenise")
-    return tokenizer(
-        # Leading whitespace in a question takes no token but would only shift its offsets.
-        [question.lstrip() for question in questions],
-        list(contexts),
-        truncation="only_second",
-        max_length=max_length,
-        stride=stride,
-        return_overflowing_tokens=True,
-        return_offsets_mapping=True,
-        padding="max_length",
-    )
+    # Leading whitespace in a question takes no token but would only shift its offsets.
+    return tokenizer([question.lstrip() for question in questions], list(contexts), truncation="only_second",
+                     max_length=max_length, stride=stride, return_overflowing_tokens=True, return_offsets_mapping=True,
+                     padding="max_length")
 
 
 def _model_inputs(encoding) -> dict[str, list]:
-    """The model inputs of an encoding (``token_type_ids`` only if the tokenizer makes them)."""
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-    return {name: encoding[name] for name in names if name in encoding}
+    """The :data:`MODEL_INPUTS` of an encoding."""
+    return {name: encoding[name] for name in MODEL_INPUTS if name in encoding}
+
+
+def _check_lengths(**columns: Sequence) -> None:
+    """Parallel inputs: a ValueError naming each one's length unless they are all as long."""
+    if len({len(values) for values in columns.values()}) > 1:
+        raise ValueError("parallel inputs of different lengths: got "
+                         + ", ".join(f"{len(values)} {name}" for name, values in columns.items()))
 
 
 def answer_problem(context: str, texts: Sequence[str], starts: Sequence[int]) -> str | None:
@@ -73,15 +72,9 @@ def answer_problem(context: str, texts: Sequence[str], starts: Sequence[int]) ->
     return None
 
 
-def prepare_train_features(
-    questions: Sequence[str],
-    contexts: Sequence[str],
-    answer_starts: Sequence[Sequence[int]],
-    answer_texts: Sequence[Sequence[str]],
-    tokenizer,
-    max_length: int = 384,
-    stride: int = 128,
-) -> dict[str, list]:
+def prepare_train_features(questions: Sequence[str], contexts: Sequence[str], answer_starts: Sequence[Sequence[int]],
+                           answer_texts: Sequence[Sequence[str]], tokenizer, max_length: int = 384,
+                           stride: int = 128) -> dict[str, list]:
     """Training windows with the token span of the first answer.
 
     Parameters
@@ -112,11 +105,7 @@ def prepare_train_features(
         For a slow tokenizer, inputs of different lengths, or an answer text that does not
         occur at its answer start (the message names the example's index and question).
     """
-    if not len(questions) == len(contexts) == len(answer_starts) == len(answer_texts):
-        raise ValueError(
-            f"got {len(questions)} questions, {len(contexts)} contexts, {len(answer_starts)} "
-            f"answer_starts and {len(answer_texts)} answer_texts"
-        )
+    _check_lengths(questions=questions, contexts=contexts, answer_starts=answer_starts, answer_texts=answer_texts)
     # positional access below: pandas columns would otherwise be indexed by label
     answer_starts, answer_texts = list(answer_starts), list(answer_texts)
     for index, (question, context, starts, texts) in enumerate(zip(questions, contexts, answer_starts, answer_texts)):
@@ -143,32 +132,21 @@ def prepare_train_features(
     return {**_model_inputs(encoding), "start_positions": start_positions, "end_positions": end_positions}
 
 
-def prepare_eval_features(
-    ids: Sequence[str],
-    questions: Sequence[str],
-    contexts: Sequence[str],
-    tokenizer,
-    max_length: int = 384,
-    stride: int = 128,
-) -> dict[str, list]:
+def prepare_eval_features(ids: Sequence[str], questions: Sequence[str], contexts: Sequence[str], tokenizer,
+                          max_length: int = 384, stride: int = 128) -> dict[str, list]:
     """Evaluation windows, with what :func:`postprocess_predictions` needs to map spans back to text.
 
     Parameters
     ----------
     ids : sequence of str, length n_examples
         Question ids (the ``id`` column).
-    questions, contexts : sequence of str, length n_examples
-    tokenizer : fast Hugging Face tokenizer
-    max_length : int, default 384
-        Tokens per window, special tokens and question included.
-    stride : int, default 128
-        Context tokens shared by consecutive windows of one example.
+    questions, contexts, tokenizer, max_length, stride
+        As in :func:`prepare_train_features`.
 
     Returns
     -------
-    dict of lists, each of length n_windows (≥ n_examples):
-        ``input_ids``, ``attention_mask`` and, if the tokenizer makes them,
-        ``token_type_ids``: lists of ``max_length`` ints;
+    dict of lists, each of length n_windows (≥ n_examples): the model inputs as in
+        :func:`prepare_train_features`;
         ``example_id``: the id of the example each window comes from;
         ``offset_mapping``: lists of ``max_length`` entries, ``(char_start, char_end)`` into
         the context for context tokens and None for question, special and padding tokens.
@@ -178,31 +156,18 @@ def prepare_eval_features(
     ValueError
         For a slow tokenizer or inputs of different lengths.
     """
-    if len(ids) != len(questions):
-        raise ValueError(f"got {len(ids)} ids but {len(questions)} questions")
+    _check_lengths(ids=ids, questions=questions, contexts=contexts)
     encoding = _tokenize(questions, contexts, tokenizer, max_length, stride)
     ids = list(ids)  # positional access below: a pandas column would otherwise be indexed by label
-    example_ids, offset_mapping = [], []
-    for window, example in enumerate(encoding["overflow_to_sample_mapping"]):
-        example_ids.append(ids[example])
-        offset_mapping.append(
-            [
-                tuple(offset) if seq == _CONTEXT else None
-                for offset, seq in zip(encoding["offset_mapping"][window], encoding.sequence_ids(window))
-            ]
-        )
+    offset_mapping = [[tuple(offset) if seq == _CONTEXT else None
+                       for offset, seq in zip(offsets, encoding.sequence_ids(window))]
+                      for window, offsets in enumerate(encoding["offset_mapping"])]
+    example_ids = [ids[example] for example in encoding["overflow_to_sample_mapping"]]
     return {**_model_inputs(encoding), "example_id": example_ids, "offset_mapping": offset_mapping}
 
 
-def postprocess_predictions(
-    example_ids: Sequence[str],
-    contexts: Sequence[str],
-    features: dict[str, list],
-    start_logits,
-    end_logits,
-    n_best: int = 20,
-    max_answer_length: int = 30,
-) -> dict[str, str]:
+def postprocess_predictions(example_ids: Sequence[str], contexts: Sequence[str], features: dict[str, list],
+                            start_logits, end_logits, n_best: int = 20, max_answer_length: int = 30) -> dict[str, str]:
     """The best-scoring context span of each example, as text.
 
     For every window of an example, the ``n_best`` highest start logits and ``n_best``
@@ -239,8 +204,7 @@ def postprocess_predictions(
         For inconsistent shapes or lengths, duplicate example ids, a window of an unknown
         example, or a non-positive ``n_best`` or ``max_answer_length``.
     """
-    if len(example_ids) != len(contexts):
-        raise ValueError(f"got {len(example_ids)} example_ids but {len(contexts)} contexts")
+    _check_lengths(example_ids=example_ids, contexts=contexts)
     if len(set(example_ids)) != len(example_ids):
         raise ValueError("example_ids contains duplicates")
     if n_best < 1 or max_answer_length < 1:
@@ -248,16 +212,11 @@ def postprocess_predictions(
     start_logits = np.asarray(start_logits, dtype=np.float64)
     end_logits = np.asarray(end_logits, dtype=np.float64)
     offset_mapping = features["offset_mapping"]
-    if len(features["example_id"]) != len(offset_mapping):
-        raise ValueError(
-            f"features has {len(features['example_id'])} example_id but {len(offset_mapping)} offset_mapping rows"
-        )
+    _check_lengths(example_id=features["example_id"], offset_mapping=offset_mapping)
     expected = (len(offset_mapping), len(offset_mapping[0]) if offset_mapping else 0)
     if start_logits.shape != expected or end_logits.shape != expected:
-        raise ValueError(
-            f"start_logits and end_logits must have shape (n_windows, max_length) = {expected}; "
-            f"got {start_logits.shape} and {end_logits.shape}"
-        )
+        raise ValueError(f"start_logits and end_logits must have shape (n_windows, max_length) = {expected}; "
+                         f"got {start_logits.shape} and {end_logits.shape}")
 
     context_of = dict(zip(example_ids, contexts))
     best: dict[str, tuple[float, str]] = {key: (-np.inf, "") for key in example_ids}

@@ -51,22 +51,12 @@ _NLI_LABELS = ("entailment", "not_entailment")  # the hub's GLUE: entailment = 0
 GLUE_TSV: dict[str, TsvLayout] = {
     "cola": TsvLayout("glue/CoLA", None, 4, 3, None, 1),
     "sst2": TsvLayout("glue/SST-2", ("sentence", "label"), 2, 0, None, 1),
-    "mrpc": TsvLayout(
-        "glue/MRPC", ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"), 5, 3, 4, 0
-    ),
-    "rte": TsvLayout("glue/RTE", ("index", "sentence1", "sentence2", "label"), 4, 1, 2, 3,
-                     _NLI_LABELS),
-    "qnli": TsvLayout("glue/QNLI", ("index", "question", "sentence", "label"), 4, 1, 2, 3,
-                      _NLI_LABELS),
-    "qqp": TsvLayout(
-        "glue/QQP", ("id", "qid1", "qid2", "question1", "question2", "is_duplicate"), 6, 3, 4, 5
-    ),
-    "stsb": TsvLayout(
-        "glue/STS-B",
-        ("index", "genre", "filename", "year", "old_index", "source1", "source2",
-         "sentence1", "sentence2", "score"),
-        10, 7, 8, 9,
-    ),
+    "mrpc": TsvLayout("glue/MRPC", ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"), 5, 3, 4, 0),
+    "rte": TsvLayout("glue/RTE", ("index", "sentence1", "sentence2", "label"), 4, 1, 2, 3, _NLI_LABELS),
+    "qnli": TsvLayout("glue/QNLI", ("index", "question", "sentence", "label"), 4, 1, 2, 3, _NLI_LABELS),
+    "qqp": TsvLayout("glue/QQP", ("id", "qid1", "qid2", "question1", "question2", "is_duplicate"), 6, 3, 4, 5),
+    "stsb": TsvLayout("glue/STS-B", ("index", "genre", "filename", "year", "old_index", "source1", "source2",
+                                     "sentence1", "sentence2", "score"), 10, 7, 8, 9),
 }
 
 
@@ -78,6 +68,7 @@ def read_glue_tsv(path: Path, layout: TsvLayout, task: Task) -> tuple[pd.DataFra
     a wrong number of fields or an unreadable label, and the column too for a byte that is not UTF-8.
     """
     label_index = {name: k for k, name in enumerate(layout.label_names or ())}
+    parse_label = label_index.__getitem__ if layout.label_names else float if task.kind == "regression" else int
     texts_a, texts_b, labels, lines = [], [], [], []
     with io.StringIO(read_utf8(path, skip_bom=True), newline="") as handle:
         reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -88,43 +79,31 @@ def read_glue_tsv(path: Path, layout: TsvLayout, task: Task) -> tuple[pd.DataFra
             where = f"{path}, line {reader.line_num}"
             if header_pending:
                 if tuple(row) != layout.header:
-                    raise ValueError(
-                        f"{where}: expected the header {list(layout.header)}, found {row}"
-                    )
+                    raise ValueError(f"{where}: expected the header {list(layout.header)}, found {row}")
                 header_pending = False
                 continue
             if len(row) != layout.n_fields:
-                raise ValueError(
-                    f"{where}: expected {layout.n_fields} tab-separated fields, found "
-                    f"{len(row)}: {row!r:.300}"
-                )
+                raise ValueError(f"{where}: expected {layout.n_fields} tab-separated fields, found {len(row)}: "
+                                 f"{row!r:.300}")
             raw = row[layout.label]
             try:
-                if layout.label_names is not None:
-                    label = label_index[raw]
-                elif task.kind == "regression":
-                    label = float(raw)
-                else:
-                    label = int(raw)
+                labels.append(parse_label(raw))
             except (KeyError, ValueError):
-                expected = (
-                    f"one of {list(layout.label_names)}" if layout.label_names
-                    else "a number" if task.kind == "regression" else "an integer class"
-                )
+                expected = (f"one of {list(layout.label_names)}" if layout.label_names
+                            else "a number" if task.kind == "regression" else "an integer class")
                 raise ValueError(f"{where}: label {raw!r} is not {expected}") from None
             texts_a.append(row[layout.text_a])
             texts_b.append(None if layout.text_b is None else row[layout.text_b])
-            labels.append(label)
             lines.append(reader.line_num)
     if header_pending:
         raise ValueError(f"{path}: the file is empty (expected the header {list(layout.header)})")
-    frame = pd.DataFrame({
-        "idx": np.arange(len(labels), dtype=np.int64),
-        "text_a": texts_a,
-        "text_b": texts_b,
-        "label": labels,
-    })
-    return frame, lines
+    return _sentence_frame(texts_a, texts_b, labels), lines
+
+
+def _sentence_frame(texts_a: list, texts_b: list, labels: list) -> pd.DataFrame:
+    """Parsed rows in the normalised columns of classification and regression tasks, ``idx`` their position."""
+    return pd.DataFrame({"idx": np.arange(len(labels), dtype=np.int64), "text_a": texts_a, "text_b": texts_b,
+                         "label": labels})
 
 
 _TREE_TOKEN = re.compile(r"\(|\)|[^\s()]+")
@@ -139,32 +118,26 @@ def parse_tree(line: str) -> tuple[int, str]:
     tokens = _TREE_TOKEN.findall(line)
     if not tokens or tokens[0] != "(":
         raise ValueError("a tree must start with '('")
-    depth, expect_label, root, leaves = 0, False, None, []
+    depth, leaves = 0, []
     for position, token in enumerate(tokens):
-        if token == "(":
-            if expect_label:
-                raise ValueError("'(' where a node label was expected")
+        if position and tokens[position - 1] == "(":  # a node's label
+            if token in ("(", ")"):
+                raise ValueError(f"{token!r} where a node label was expected")
+            if not token.isdigit():
+                raise ValueError(f"node label {token!r} is not a number")
+        elif token == "(":
             depth += 1
-            expect_label = True
         elif token == ")":
-            if expect_label:
-                raise ValueError("')' where a node label was expected")
             depth -= 1
             if depth == 0 and position != len(tokens) - 1:
                 raise ValueError("text after the end of the tree")
-        elif expect_label:
-            if not token.isdigit():
-                raise ValueError(f"node label {token!r} is not a number")
-            if root is None:
-                root = int(token)
-            expect_label = False
         else:
             leaves.append(token)
     if depth != 0:
         raise ValueError("unbalanced parentheses")
     if not leaves:
         raise ValueError("the tree has no words")
-    return root, " ".join(leaves)
+    return int(tokens[1]), " ".join(leaves)
 
 
 def read_sst5(path: Path) -> tuple[pd.DataFrame, list[int]]:
@@ -181,13 +154,7 @@ def read_sst5(path: Path) -> tuple[pd.DataFrame, list[int]]:
             texts.append(text)
             labels.append(label)
             lines.append(number)
-    frame = pd.DataFrame({
-        "idx": np.arange(len(labels), dtype=np.int64),
-        "text_a": texts,
-        "text_b": [None] * len(labels),
-        "label": labels,
-    })
-    return frame, lines
+    return _sentence_frame(texts, [None] * len(texts), labels), lines
 
 
 def read_squad_json(path: Path) -> pd.DataFrame:
@@ -204,16 +171,10 @@ def read_squad_json(path: Path) -> pd.DataFrame:
                 where = f"data[{a}].paragraphs[{p}]"
                 for q, qa in enumerate(paragraph["qas"]):
                     where = f"data[{a}].paragraphs[{p}].qas[{q}]"
-                    rows.append({
-                        "id": qa["id"],
-                        "title": article["title"],
-                        "context": paragraph["context"],
-                        "question": qa["question"],
-                        "answer_texts": [answer["text"] for answer in qa["answers"]],
-                        "answer_starts": [answer["answer_start"] for answer in qa["answers"]],
-                    })
+                    answers = qa["answers"]  # a row in the columns' order of split_schema
+                    rows.append((qa["id"], article["title"], paragraph["context"], qa["question"],
+                                 [answer["text"] for answer in answers],
+                                 [answer["answer_start"] for answer in answers]))
     except (KeyError, TypeError, IndexError) as exc:
-        raise ValueError(
-            f"{path}: not in the SQuAD v1.1 layout at {where} (missing or wrong field: {exc!r})"
-        ) from None
+        raise ValueError(f"{path}: not in the SQuAD v1.1 layout at {where} (missing or wrong field: {exc!r})") from None
     return pd.DataFrame(rows, columns=list(split_schema(TASKS["squad"]).names))

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from istar import __version__
 from istar.io import artifacts
 from istar.registry.tasks import SPLITS, TASKS, Task
 
@@ -20,11 +22,16 @@ if TYPE_CHECKING:
 # pandas and pyarrow are imported inside the functions: the model steps read a split with
 # read_columns (pyarrow only, when the step reads its data) and must not pay pandas' import.
 
-__all__ = ["write_prepared", "read_split", "read_columns", "read_meta", "data_fingerprint"]
+__all__ = ["write_prepared", "label_summary", "read_split", "read_columns", "read_meta", "data_fingerprint"]
 
 
-def write_prepared(out_dir: str | Path, task: Task, splits: dict[str, pd.DataFrame], meta: dict) -> None:
-    """Write the splits (normalised frames, see :mod:`istar.registry.tasks`) and ``meta`` to ``out_dir``."""
+def write_prepared(out_dir: str | Path, task: Task, splits: dict[str, pd.DataFrame], meta: dict) -> dict:
+    """Write the splits (normalised frames, see :mod:`istar.registry.tasks`) and ``meta.json`` to ``out_dir``.
+
+    ``meta.json`` is ``meta`` (updated in place and returned) with what every prepared folder records of
+    itself: ``rows`` and ``labels`` (:func:`label_summary`) per split, ``split_sha256`` (parquet file →
+    hash, checked by :func:`read_split`), ``created`` (UTC, ISO 8601) and ``istar_version``.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -33,14 +40,32 @@ def write_prepared(out_dir: str | Path, task: Task, splits: dict[str, pd.DataFra
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").unlink(missing_ok=True)
-    schema = split_schema(task)
     for split in SPLITS:
-        table = pa.Table.from_pandas(splits[split], schema=schema, preserve_index=False)
+        table = pa.Table.from_pandas(splits[split], schema=split_schema(task), preserve_index=False)
         with artifacts.atomic_path(out / f"{split}.parquet") as tmp, open(tmp, "wb") as handle:
             pq.write_table(table, handle)
-    # The splits' content hashes, checked by read_split: a damaged parquet file is named, not misread.
-    meta["split_sha256"] = {f"{split}.parquet": artifacts.file_digest(out / f"{split}.parquet") for split in SPLITS}
+    # split_sha256: the splits' content hashes, checked by read_split (a damaged parquet file is named, not misread)
+    meta.update(rows={split: len(splits[split]) for split in SPLITS},
+                labels={split: label_summary(splits[split], task) for split in SPLITS},
+                split_sha256={f"{split}.parquet": artifacts.file_digest(out / f"{split}.parquet") for split in SPLITS},
+                created=datetime.now(timezone.utc).isoformat(timespec="seconds"), istar_version=__version__)
     artifacts.write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def label_summary(frame: pd.DataFrame, task: Task) -> dict:
+    """Label counts (classification), score range (regression) or article count (qa)."""
+    import numpy as np
+
+    if task.kind == "classification":
+        counts = np.bincount(frame["label"].to_numpy(), minlength=task.num_labels)
+        return {"counts": {str(k): int(n) for k, n in enumerate(counts)}}
+    if task.kind == "regression":
+        scores = frame["label"].to_numpy(dtype=np.float64)
+        if len(scores) == 0:
+            return {"min": None, "max": None, "mean": None}
+        return {"min": float(scores.min()), "max": float(scores.max()), "mean": round(float(scores.mean()), 6)}
+    return {"articles": int(frame["title"].nunique())}
 
 
 def _prepare_hint(data_dir: Path) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from istar.registry import lookup
+
 __all__ = ["SigmaSource", "SIGMA_SOURCES", "get_sigma_source"]
 
 
@@ -36,8 +38,4 @@ SIGMA_SOURCES: dict[str, SigmaSource] = {s.key: s for s in (
 
 
 def get_sigma_source(key: str) -> SigmaSource:
-    try:
-        return SIGMA_SOURCES[key]
-    except KeyError:
-        raise ValueError(f"unknown Σ_S model {key!r} (analysis.sigma_s_model); choose from {', '.join(SIGMA_SOURCES)}") \
-            from None
+    return lookup(SIGMA_SOURCES, key, "Σ_S model", "analysis.sigma_s_model")

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from istar.registry import lookup
+
 __all__ = ["CollapseRule", "COLLAPSE_RULES", "get_collapse_rule"]
 
 @dataclass(frozen=True)
@@ -51,8 +53,4 @@ COLLAPSE_RULES: dict[str, CollapseRule] = {r.key: r for r in (
 
 def get_collapse_rule(key: str) -> CollapseRule:
     """The rule ``key``; a ValueError names the known rules."""
-    try:
-        return COLLAPSE_RULES[key]
-    except KeyError:
-        raise ValueError(f"unknown rule for collapsed runs {key!r} (inference.collapsed_runs); choose from "
-                         f"{', '.join(COLLAPSE_RULES)}") from None
+    return lookup(COLLAPSE_RULES, key, "collapse rule", "inference.collapsed_runs")

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from istar.core.tokens import get_token_selection
+from istar.registry import lookup
 
 __all__ = ["CompileMode", "COMPILE_MODES", "BUCKET_MULTIPLE", "get_compile_mode", "compile_conflict"]
 
@@ -55,10 +56,7 @@ COMPILE_MODES: dict[str, CompileMode] = {mode.key: mode for mode in (
 
 def get_compile_mode(key: str) -> CompileMode:
     """Look a compile mode up, with an error that lists the known ones."""
-    try:
-        return COMPILE_MODES[key]
-    except KeyError:
-        raise ValueError(f"unknown training.compile {key!r}; use one of {', '.join(COMPILE_MODES)}") from None
+    return lookup(COMPILE_MODES, key, "compile mode", "training.compile")
 
 
 def compile_conflict(compile: str, gradient_accumulation_steps: int, tokens: str) -> str | None:

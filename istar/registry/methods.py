@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from istar.registry import lookup
+
 __all__ = ["Method", "METHODS", "METHOD_NAMES", "METHOD_PATTERN", "BASELINE_METHOD", "SEARCHED_METHOD", "HYPERPARAMETERS",
            "get_method"]
 
@@ -134,8 +136,5 @@ SEARCHED_METHOD: str = next(key for key, method in METHODS.items() if method.sea
 
 def get_method(key: str) -> Method:
     """Look a method up by key, with an error that lists the known methods."""
-    try:
-        return METHODS[key]
-    except KeyError:
-        raise ValueError(f"unknown method {key!r}; known methods: {', '.join(METHODS)}") from None
+    return lookup(METHODS, key, "method")
 

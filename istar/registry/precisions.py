@@ -27,6 +27,8 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
+from istar.registry import lookup
+
 __all__ = ["PRECISIONS", "Precision", "cpu_has_native_bf16", "run_dtype", "run_precision"]
 
 
@@ -86,14 +88,6 @@ def cpu_has_native_bf16() -> bool:
     return bool(cpu_flags() & BF16_CPU_FLAGS)
 
 
-def precision(key: str) -> Precision:
-    """The registry entry of ``key``; a ValueError naming the allowed values otherwise."""
-    try:
-        return PRECISIONS[key]
-    except KeyError:
-        raise ValueError(f"mixed precision must be one of {', '.join(PRECISIONS)}; got {key!r}") from None
-
-
 def run_precision(requested: str, device_type: str, native_bf16: bool | None = None) -> Precision:
     """The precision that runs when ``requested`` is asked for on a device of ``device_type``.
 
@@ -101,7 +95,7 @@ def run_precision(requested: str, device_type: str, native_bf16: bool | None = N
     runs as bf16 where ``native_bf16`` (default: :func:`cpu_has_native_bf16`), else fp32;
     see the module docstring for why.
     """
-    asked = precision(requested)
+    asked = lookup(PRECISIONS, requested, "precision", "training.mixed_precision")
     if device_type != "cpu" or not asked.reduced_on_cpu:
         return asked
     native = cpu_has_native_bf16() if native_bf16 is None else native_bf16
@@ -112,7 +106,5 @@ def run_dtype(requested: str, device_type: str, native_bf16: bool | None = None)
     """The weights' dtype that runs when ``requested`` (a torch dtype name: float32, float16,
     bfloat16) is asked for on a device of ``device_type``: the rule of :func:`run_precision`
     (on a CPU, float16 and bfloat16 run as bfloat16 where it is native, else as float32)."""
-    by_dtype = {entry.dtype: entry for entry in PRECISIONS.values()}
-    if requested not in by_dtype:
-        raise ValueError(f"dtype must be one of {', '.join(by_dtype)}; got {requested!r}")
-    return run_precision(by_dtype[requested].key, device_type, native_bf16).dtype
+    asked = lookup({entry.dtype: entry for entry in PRECISIONS.values()}, requested, "dtype", "survey.dtype")
+    return run_precision(asked.key, device_type, native_bf16).dtype

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from istar.registry import lookup
+
 __all__ = ["Task", "TASKS", "get_task", "ordered_tasks", "SPLITS"]
 
 SPLITS = ("train", "validation")
@@ -76,15 +78,10 @@ TASKS: dict[str, Task] = {
 
 def get_task(key: str) -> Task:
     """Look a task up by key, with an error that lists the known tasks."""
-    try:
-        return TASKS[key]
-    except KeyError:
-        raise ValueError(f"unknown task {key!r}; known tasks: {', '.join(TASKS)}") from None
+    return lookup(TASKS, key, "task")
 
 
 def ordered_tasks(keys) -> list[str]:
     """The distinct task keys among ``keys`` in registry order; an unknown key raises ``ValueError``."""
-    present = set(keys)
-    for key in present:
-        get_task(key)
+    present = {get_task(key).key for key in keys}
     return [key for key in TASKS if key in present]
