@@ -17,7 +17,7 @@ from istar.data.mirror import MIRROR_ENV, load_mirror, resolve_mirror
 from istar.data.storage import write_prepared
 from istar.registry.tasks import SPLITS, get_task
 
-__all__ = ["SOURCES", "load_task", "prepare_task", "run_cli"]
+__all__ = ["SOURCES", "load_task", "prepare_task", "prepare_from_spec", "run_cli"]
 
 logger = logging.getLogger(__name__)
 
@@ -175,14 +175,19 @@ def prepare_task(task: str, out_dir: str | Path, source: str = "auto", mirror: s
     return write_prepared(out_dir, entry, kept, meta)
 
 
+def prepare_from_spec(spec) -> dict:
+    """:func:`prepare_task` with every setting of a :class:`~istar.config.specs.PrepareDataSpec`."""
+    options = {name: value for name, value in dataclasses.asdict(spec).items() if name not in ("task", "out")}
+    return prepare_task(spec.task, spec.out, **options)
+
+
 def run_cli(args: argparse.Namespace) -> int:
     """Run ``prepare-data`` with parsed arguments; print a line per split. Returns the exit code."""
     from istar.config.specs import spec_from_cli
 
     spec = spec_from_cli(args)
-    options = {name: value for name, value in dataclasses.asdict(spec).items() if name not in ("task", "out")}
     try:
-        meta = prepare_task(spec.task, spec.out, **options)
+        meta = prepare_from_spec(spec)
     except (ValueError, OSError, HubUnavailableError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

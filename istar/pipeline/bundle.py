@@ -139,7 +139,7 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCo
     """
     import yaml
 
-    from istar.data import prepare_task
+    from istar.data.prepare import prepare_from_spec
     from istar.io import artifacts
     from istar.io.provenance import git_provenance, package_sha256
     from istar.pipeline.validate import merge_config_files, model_depth, validate_config
@@ -172,9 +172,7 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCo
     extra = [task for task in dict.fromkeys(with_data) if task not in config["tasks"]]
     for task in [*config["tasks"], *extra]:
         spec = prepare_data_spec(config, task=task, out=str(staging / DATA.format(task=task)))
-        prepare_task(spec.task, spec.out, source=spec.source, mirror=spec.mirror, allow_standin=spec.allow_standin,
-                     max_train_samples=spec.max_train_samples, max_eval_samples=spec.max_eval_samples, seed=spec.seed,
-                     standin_fraction=spec.standin_fraction, revision=spec.revision, subset=spec.subset)
+        prepare_from_spec(spec)  # as the workflow's prepare_data rule does
         if task in extra:
             continue
         first = staging / "models" / next(iter(config["models"]))
