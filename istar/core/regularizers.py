@@ -241,11 +241,16 @@ def istar_penalty(
     >>> int(penalty.logs["penalty_rows"])       # 7 real tokens × layers 1 and 2
     14
     """
+    return _istar_term(isoscore_star, hidden_states, attention_mask, lam, zeta, sigma_s, layers, tokens)
+
+
+def _istar_term(score_of, hidden_states, attention_mask, lam, zeta, sigma_s, layers, tokens) -> Penalty:
+    """λ·(1 − score) with ``score = score_of(X̃, ζ, Σ_S)`` of the selected token rows X̃."""
     check_lam(lam)
     rows = token_rows(hidden_states, attention_mask, layers, tokens)
-    score = isoscore_star(rows, zeta=zeta, sigma_s=sigma_s)
-    term = (lam * (1.0 - score)).to(torch.float32)
-    return Penalty(term=term, logs={"isoscore_star": score.detach(), "penalty_rows": _row_count(rows)})
+    score = score_of(rows, zeta, sigma_s)
+    return Penalty(term=(lam * (1.0 - score)).to(torch.float32),
+                   logs={"isoscore_star": score.detach(), "penalty_rows": _row_count(rows)})
 
 
 def _row_count(rows: torch.Tensor) -> torch.Tensor:
@@ -350,14 +355,8 @@ def global_istar_penalty(
     >>> bool(one.term == istar.istar_penalty(hidden_states, mask, lam=-1.0, zeta=0.0, sigma_s=None).term)
     True
     """
-    if not _several_processes():
-        return istar_penalty(hidden_states, attention_mask, lam=lam, zeta=zeta, sigma_s=sigma_s, layers=layers,
-                             tokens=tokens)
-    check_lam(lam)
-    rows = token_rows(hidden_states, attention_mask, layers, tokens)
-    score = global_isoscore_star(rows, zeta, sigma_s)
-    return Penalty(term=(lam * (1.0 - score)).to(torch.float32),
-                   logs={"isoscore_star": score.detach(), "penalty_rows": _row_count(rows)})
+    score_of = global_isoscore_star if _several_processes() else isoscore_star
+    return _istar_term(score_of, hidden_states, attention_mask, lam, zeta, sigma_s, layers, tokens)
 
 
 def cosreg_penalty(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, *, lam: float = 1.0,
