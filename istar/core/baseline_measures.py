@@ -13,7 +13,15 @@ import math
 
 import torch
 
-__all__ = ["average_cosine_similarity", "partition_isotropy", "partition_isotropy_one_sign", "FP32_EXP_LIMIT"]
+__all__ = ["average_cosine_similarity", "cosine_from_unit_sum", "partition_isotropy", "partition_isotropy_one_sign",
+           "FP32_EXP_LIMIT"]
+
+
+def cosine_from_unit_sum(unit_sum: torch.Tensor, count: int) -> float:
+    """Average cosine similarity over all N(N − 1) ordered pairs of distinct rows from Σ x̂ (x̂ = x/‖x‖), N = ``count``:
+    Σ_{i≠j} x̂_iᵀx̂_j = ‖Σ_i x̂_i‖² − N."""
+    unit_sum = unit_sum.double()
+    return float((unit_sum @ unit_sum - count) / (count * (count - 1)))
 
 
 def average_cosine_similarity(X) -> float:
@@ -47,9 +55,7 @@ def average_cosine_similarity(X) -> float:
     norms = torch.linalg.vector_norm(X, dim=1, keepdim=True)
     if (norms == 0).any():
         raise ValueError("X contains zero vectors, whose cosine similarity is undefined")
-    n = X.shape[0]
-    total = (X / norms).sum(dim=0)
-    return float(((total @ total) - n) / (n * (n - 1)))
+    return cosine_from_unit_sum((X / norms).sum(dim=0), X.shape[0])
 
 
 def partition_isotropy(X) -> float:
