@@ -22,6 +22,7 @@ import torch
 
 from istar import warn_renamed
 from istar.core.isotropy import isoscore_star, isoscore_star_from_covariance
+from istar.core.shrinkage import current_processes
 from istar.core.tokens import get_token_selection
 
 __all__ = ["Penalty", "resolve_layers", "parse_layer_selection", "check_hidden_states", "check_lam", "token_rows", "istar_penalty", "global_istar_penalty",
@@ -272,17 +273,11 @@ class _SumOverProcesses(torch.autograd.Function):
     def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
-        total = tensor.clone()
+        total = tensor.contiguous().clone()
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return total
 
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
-        total = grad.contiguous().clone()
-        dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        return total
+    backward = forward
 
 
 def global_isoscore_star(rows: torch.Tensor, zeta: float, sigma_s: torch.Tensor | None) -> torch.Tensor:
@@ -308,12 +303,6 @@ def global_isoscore_star(rows: torch.Tensor, zeta: float, sigma_s: torch.Tensor 
         centred = x - mean.to(x.dtype)
         second_moment = _SumOverProcesses.apply((centred.T @ centred).double())
     return isoscore_star_from_covariance(second_moment / (count - 1), zeta, sigma_s)
-
-
-def _several_processes() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def global_istar_penalty(
@@ -355,7 +344,7 @@ def global_istar_penalty(
     >>> bool(one.term == istar.istar_penalty(hidden_states, mask, lam=-1.0, zeta=0.0, sigma_s=None).term)
     True
     """
-    score_of = global_isoscore_star if _several_processes() else isoscore_star
+    score_of = global_isoscore_star if current_processes().size > 1 else isoscore_star
     return _istar_term(score_of, hidden_states, attention_mask, lam, zeta, sigma_s, layers, tokens)
 
 

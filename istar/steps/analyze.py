@@ -83,12 +83,9 @@ def _layer_accumulators(tensors: dict[str, torch.Tensor], count: int, num_hidden
     """
     if count < 2:
         raise ValueError(f"{source} summarise {count} token(s); a covariance needs at least 2")
-    accumulators = []
-    for layer in range(num_hidden_states):
-        mean, cov = tensors[f"token_mean.layer{layer}"], tensors[f"token_cov.layer{layer}"]
-        accumulators.append(CovarianceAccumulator.from_state_dict(
-            {"count": count, "mean": mean, "m2": cov.double() * (count - 1)}))
-    return accumulators
+    return [CovarianceAccumulator.from_state_dict({"count": count, "mean": tensors[f"token_mean.layer{layer}"],
+                                                   "m2": tensors[f"token_cov.layer{layer}"].double() * (count - 1)})
+            for layer in range(num_hidden_states)]
 
 
 def _checked(tensors: dict[str, torch.Tensor], metadata: dict[str, str], source: str) -> tuple[int, int]:
