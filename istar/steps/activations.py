@@ -28,7 +28,7 @@ from istar.core.measurement import IsotropyMetric
 from istar.io import artifacts
 from istar.models.hidden_states import hidden_state_pass
 
-__all__ = ["activation_statistics", "extract_activations", "load_activations"]
+__all__ = ["activation_statistics", "extract_activations"]
 
 
 @torch.no_grad()
@@ -96,8 +96,3 @@ def extract_activations(spec: ActivationsSpec) -> dict:
           f"{int(metadata['tokens']):,} tokens, {metadata['num_hidden_states']} hidden states -> {spec.out}")
     return metadata
 
-
-def load_activations(path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Read an activations file: (tensors, metadata), its content hash checked
-    (:class:`istar.io.artifacts.DamagedArtifactError` names a damaged file)."""
-    return artifacts.load_tensors(path)
