@@ -13,7 +13,25 @@ import math
 
 import torch
 
-__all__ = ["average_cosine_similarity", "partition_isotropy", "partition_isotropy_one_sign", "FP32_EXP_LIMIT"]
+__all__ = ["average_cosine_similarity", "cosine_from_unit_sum", "partition_isotropy", "partition_isotropy_one_sign",
+           "FP32_EXP_LIMIT"]
+
+
+def cosine_from_unit_sum(unit_sum: torch.Tensor, count: int) -> float:
+    """Average cosine similarity over all N(N − 1) ordered pairs of distinct rows from Σ x̂ (x̂ = x/‖x‖), N = ``count``:
+    Σ_{i≠j} x̂_iᵀx̂_j = ‖Σ_i x̂_i‖² − N."""
+    unit_sum = unit_sum.double()
+    return float((unit_sum @ unit_sum - count) / (count * (count - 1)))
+
+
+def _rows(X, at_least: int) -> torch.Tensor:
+    """``X`` as a finite float64 (n, d) tensor with n ≥ ``at_least`` rows, or a ValueError naming what is wrong."""
+    X = torch.as_tensor(X).to(torch.float64)
+    if X.ndim != 2 or X.shape[0] < at_least:
+        raise ValueError(f"X must have shape (n, d) with n ≥ {at_least}; got {tuple(X.shape)}")
+    if not torch.isfinite(X).all():
+        raise ValueError("X contains NaN or inf")
+    return X
 
 
 def average_cosine_similarity(X) -> float:
@@ -39,17 +57,11 @@ def average_cosine_similarity(X) -> float:
     >>> round(istar.average_cosine_similarity(torch.randn(4000, 64) + 10.0), 2)   # one common offset
     0.99
     """
-    X = torch.as_tensor(X).to(torch.float64)
-    if X.ndim != 2 or X.shape[0] < 2:
-        raise ValueError(f"X must have shape (n, d) with n ≥ 2; got {tuple(X.shape)}")
-    if not torch.isfinite(X).all():
-        raise ValueError("X contains NaN or inf")
+    X = _rows(X, 2)
     norms = torch.linalg.vector_norm(X, dim=1, keepdim=True)
     if (norms == 0).any():
         raise ValueError("X contains zero vectors, whose cosine similarity is undefined")
-    n = X.shape[0]
-    total = (X / norms).sum(dim=0)
-    return float(((total @ total) - n) / (n * (n - 1)))
+    return cosine_from_unit_sum((X / norms).sum(dim=0), X.shape[0])
 
 
 def partition_isotropy(X) -> float:
@@ -80,11 +92,7 @@ def partition_isotropy(X) -> float:
     >>> 0.0 < istar.partition_isotropy(torch.randn(1000, 8)) <= 1.0
     True
     """
-    X = torch.as_tensor(X).to(torch.float64)
-    if X.ndim != 2 or X.shape[0] < 1:
-        raise ValueError(f"X must have shape (n, d); got {tuple(X.shape)}")
-    if not torch.isfinite(X).all():
-        raise ValueError("X contains NaN or inf")
+    X = _rows(X, 1)
     _, eigenvectors = torch.linalg.eigh(X.T @ X)
     projections = X @ eigenvectors  # (n, d): cᵀx for every point and eigenvector
     log_z = torch.cat([torch.logsumexp(projections, dim=0), torch.logsumexp(-projections, dim=0)])
@@ -116,14 +124,10 @@ def partition_isotropy_one_sign(X, eigenvectors) -> tuple[float, float]:
     -------
     (I₁ in (0, 1], max_exponent).
     """
-    X = torch.as_tensor(X).to(torch.float64)
+    X = _rows(X, 1)
     C = torch.as_tensor(eigenvectors).to(device=X.device, dtype=torch.float64)
-    if X.ndim != 2 or X.shape[0] < 1:
-        raise ValueError(f"X must have shape (n, d); got {tuple(X.shape)}")
     if C.ndim != 2 or C.shape[0] != X.shape[1]:
         raise ValueError(f"eigenvectors must have shape (d, k) with d = {X.shape[1]}; got {tuple(C.shape)}")
-    if not torch.isfinite(X).all():
-        raise ValueError("X contains NaN or inf")
     projections = X @ C  # (n, k): cᵀx for every row and direction
     log_z = torch.logsumexp(projections, dim=0)
     return float(torch.exp(log_z.min() - log_z.max())), float(projections.max())

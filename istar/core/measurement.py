@@ -32,13 +32,14 @@ from pathlib import Path
 
 import torch
 
+from istar.core.baseline_measures import cosine_from_unit_sum
 from istar.core.covariance import CovarianceAccumulator
 from istar.core.isotropy import isoscore_star_from_covariance
 from istar.core.regularizers import LayerSelection, check_hidden_states, resolve_layers
 from istar.core.shrinkage import Processes, current_processes, load_layer_statistics, merge_across_processes, merge_layers
 from istar.core.twonn import twonn_dimension
 
-__all__ = ["LayerIsotropy", "OverallIsotropy", "IsotropyReport", "cosine_from_unit_sum", "isotropy_of_statistics",
+__all__ = ["LayerIsotropy", "OverallIsotropy", "IsotropyReport", "isotropy_of_statistics",
            "IsotropyMetric"]
 
 
@@ -99,12 +100,6 @@ class IsotropyReport:
     def to_dict(self) -> dict:
         return {"zeta": self.zeta, "tokens": self.tokens, "global": asdict(self.overall),
                 "layers": [asdict(layer) for layer in self.layers], "warnings": list(self.warnings)}
-
-
-def cosine_from_unit_sum(unit_sum: torch.Tensor, count: int) -> float:
-    """Average cosine similarity over all N(N − 1) ordered pairs of distinct rows from Σ x̂ (x̂ = x/‖x‖)."""
-    unit_sum = unit_sum.double()
-    return float((unit_sum @ unit_sum - count) / (count * (count - 1)))
 
 
 def _sigma_layers(sigma_s, num_hidden_states: int, dim: int) -> list[CovarianceAccumulator] | torch.Tensor | None:
@@ -219,42 +214,43 @@ class IsotropyMetric:
         self.reset()
 
     def reset(self) -> None:
-        """Forget every batch."""
-        self._per_layer: list[CovarianceAccumulator] = []
-        self._unit_sums: list[torch.Tensor] = []
-        self._cls: list[list[torch.Tensor]] = []
+        """Forget every batch: this process's ``per_layer`` accumulators, ``unit_sums`` (Σ x/‖x‖, (d,) float64)
+        and ``cls`` (the [CLS] vectors of each batch, (B, d) float32), one entry per hidden state."""
+        self.per_layer: list[CovarianceAccumulator] = []
+        self.unit_sums: list[torch.Tensor] = []
+        self.cls: list[list[torch.Tensor]] = []
 
     @torch.no_grad()
     def update(self, hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor) -> None:
         """Add one batch: ``outputs.hidden_states`` (L + 1 tensors (B, T, d)) and its (B, T) attention mask."""
         hidden_states, attention_mask = check_hidden_states(hidden_states, attention_mask, "real")
-        if not self._per_layer:
+        if not self.per_layer:
             dim = hidden_states[0].shape[-1]
-            self._per_layer = [CovarianceAccumulator(dim) for _ in hidden_states]
-            self._unit_sums = [torch.zeros(dim, dtype=torch.float64) for _ in hidden_states]
-            self._cls = [[] for _ in hidden_states]
-        elif len(hidden_states) != len(self._per_layer):
-            raise ValueError(f"this batch has {len(hidden_states)} hidden states, earlier ones {len(self._per_layer)}: "
+            self.per_layer = [CovarianceAccumulator(dim) for _ in hidden_states]
+            self.unit_sums = [torch.zeros(dim, dtype=torch.float64) for _ in hidden_states]
+            self.cls = [[] for _ in hidden_states]
+        elif len(hidden_states) != len(self.per_layer):
+            raise ValueError(f"this batch has {len(hidden_states)} hidden states, earlier ones {len(self.per_layer)}: "
                              "measure one model per metric (or call reset())")
         mask = attention_mask.bool()
         for layer, hidden in enumerate(hidden_states):
             rows = hidden.float()[mask].cpu()
-            self._per_layer[layer].add(rows)
-            self._unit_sums[layer] += torch.nn.functional.normalize(rows.double(), dim=1).sum(dim=0)
+            self.per_layer[layer].add(rows)
+            self.unit_sums[layer] += torch.nn.functional.normalize(rows.double(), dim=1).sum(dim=0)
             if self.twonn:
-                self._cls[layer].append(hidden[:, 0].float().cpu())
+                self.cls[layer].append(hidden[:, 0].float().cpu())
 
     def compute(self, accelerator=None, sync: bool = True) -> IsotropyReport:
         """The report over every batch since the last :meth:`reset`, merged across processes
         (through ``accelerator`` if given, else an initialised ``torch.distributed`` group; every
         process must call it then). ``sync=False`` reports this process's batches alone."""
-        if not self._per_layer:
+        if not self.per_layer:
             raise ValueError("no batch was added: call update(outputs.hidden_states, attention_mask) first")
         processes = current_processes(accelerator) if sync else Processes()
-        per_layer = [merge_across_processes(accumulator, processes) for accumulator in self._per_layer]
-        unit_sums, cls = list(self._unit_sums), None
+        per_layer = [merge_across_processes(accumulator, processes) for accumulator in self.per_layer]
+        unit_sums, cls = list(self.unit_sums), None
         if self.twonn:
-            cls = [torch.cat(vectors) for vectors in self._cls]
+            cls = [torch.cat(vectors) for vectors in self.cls]
         if processes.gather is not None:
             unit_sums = [processes.gather(s.to(processes.device)[None]).sum(dim=0).cpu() for s in unit_sums]
             if cls is not None:

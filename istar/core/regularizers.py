@@ -22,6 +22,7 @@ import torch
 
 from istar import warn_renamed
 from istar.core.isotropy import isoscore_star, isoscore_star_from_covariance
+from istar.core.shrinkage import current_processes
 from istar.core.tokens import get_token_selection
 
 __all__ = ["Penalty", "resolve_layers", "parse_layer_selection", "check_hidden_states", "check_lam", "token_rows", "istar_penalty", "global_istar_penalty",
@@ -241,11 +242,16 @@ def istar_penalty(
     >>> int(penalty.logs["penalty_rows"])       # 7 real tokens × layers 1 and 2
     14
     """
+    return _istar_term(isoscore_star, hidden_states, attention_mask, lam, zeta, sigma_s, layers, tokens)
+
+
+def _istar_term(score_of, hidden_states, attention_mask, lam, zeta, sigma_s, layers, tokens) -> Penalty:
+    """λ·(1 − score) with ``score = score_of(X̃, ζ, Σ_S)`` of the selected token rows X̃."""
     check_lam(lam)
     rows = token_rows(hidden_states, attention_mask, layers, tokens)
-    score = isoscore_star(rows, zeta=zeta, sigma_s=sigma_s)
-    term = (lam * (1.0 - score)).to(torch.float32)
-    return Penalty(term=term, logs={"isoscore_star": score.detach(), "penalty_rows": _row_count(rows)})
+    score = score_of(rows, zeta, sigma_s)
+    return Penalty(term=(lam * (1.0 - score)).to(torch.float32),
+                   logs={"isoscore_star": score.detach(), "penalty_rows": _row_count(rows)})
 
 
 def _row_count(rows: torch.Tensor) -> torch.Tensor:
@@ -267,17 +273,11 @@ class _SumOverProcesses(torch.autograd.Function):
     def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
-        total = tensor.clone()
+        total = tensor.contiguous().clone()
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return total
 
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
-        total = grad.contiguous().clone()
-        dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        return total
+    backward = forward
 
 
 def global_isoscore_star(rows: torch.Tensor, zeta: float, sigma_s: torch.Tensor | None) -> torch.Tensor:
@@ -303,12 +303,6 @@ def global_isoscore_star(rows: torch.Tensor, zeta: float, sigma_s: torch.Tensor 
         centred = x - mean.to(x.dtype)
         second_moment = _SumOverProcesses.apply((centred.T @ centred).double())
     return isoscore_star_from_covariance(second_moment / (count - 1), zeta, sigma_s)
-
-
-def _several_processes() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def global_istar_penalty(
@@ -350,14 +344,8 @@ def global_istar_penalty(
     >>> bool(one.term == istar.istar_penalty(hidden_states, mask, lam=-1.0, zeta=0.0, sigma_s=None).term)
     True
     """
-    if not _several_processes():
-        return istar_penalty(hidden_states, attention_mask, lam=lam, zeta=zeta, sigma_s=sigma_s, layers=layers,
-                             tokens=tokens)
-    check_lam(lam)
-    rows = token_rows(hidden_states, attention_mask, layers, tokens)
-    score = global_isoscore_star(rows, zeta, sigma_s)
-    return Penalty(term=(lam * (1.0 - score)).to(torch.float32),
-                   logs={"isoscore_star": score.detach(), "penalty_rows": _row_count(rows)})
+    score_of = global_isoscore_star if current_processes().size > 1 else isoscore_star
+    return _istar_term(score_of, hidden_states, attention_mask, lam, zeta, sigma_s, layers, tokens)
 
 
 def cosreg_penalty(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, *, lam: float = 1.0,

@@ -23,17 +23,12 @@ from istar import __version__
 from istar.core.covariance import CovarianceAccumulator
 from istar.io.sigma_file import first_non_finite, read_sigma_file, write_sigma_file
 
-__all__ = ["NonFiniteStatistics", "layer_accumulators", "add_hidden_states", "merge_layers", "check_sigma_fits", "check_sigma_settings", "Processes", "current_processes",
+__all__ = ["NonFiniteStatistics", "add_hidden_states", "merge_layers", "check_sigma_fits", "check_sigma_settings", "Processes", "current_processes",
            "merge_across_processes", "save_shrinkage", "load_layer_statistics", "load_shrinkage"]
 
 
 class NonFiniteStatistics(ValueError):
     """The model's hidden states hold NaN or inf, so Σ_S would not be finite."""
-
-
-def layer_accumulators(num_hidden_states: int, dim: int, device="cpu") -> list[CovarianceAccumulator]:
-    """One empty accumulator per hidden state (L + 1 of them, index = hidden state)."""
-    return [CovarianceAccumulator(dim, device=device) for _ in range(num_hidden_states)]
 
 
 def add_hidden_states(per_layer: list[CovarianceAccumulator], hidden_states: Sequence[torch.Tensor],

@@ -21,6 +21,7 @@ from istar.core.regularizers import LayerSelection, Penalty, resolve_layers
 from istar.core.shrinkage import current_processes, load_shrinkage
 from istar.core.tokens import get_token_selection
 from istar.io.artifacts import DamagedArtifactError
+from istar.models import shrinkage
 from istar.models.shrinkage import renamed_keyword, shrinkage_covariance
 from istar.registry.methods import Method, get_method
 
@@ -183,12 +184,9 @@ def check_mask(batch, config: IStarConfig, where: str = "the training batches") 
                          "the penalty leaves padding out")
 
 
-class SigmaSchedule:
-    """When Σ_S is set, and from what: the one decision every integration makes at an epoch's start.
-
-    At the first epoch of a run: the given ``sigma_s`` of the config, else one computed from the
-    model; at a later epoch: a recomputed one with ``recompute_shrinkage``, else the same. With ζ = 0
-    (or a method that reads none) there is none.
+class SigmaSchedule(shrinkage.SigmaSchedule):
+    """The Σ_S of a config at each epoch's start: :class:`istar.models.shrinkage.SigmaSchedule`'s rule with
+    ``needed`` and ``recompute`` from ``config``; the given Σ_S is the config's ``sigma_s``.
 
     Attributes
     ----------
@@ -199,14 +197,8 @@ class SigmaSchedule:
     """
 
     def __init__(self, config: IStarConfig):
+        super().__init__(config.needs_sigma_s, config.recompute_shrinkage)
         self.config = config
-        self.sigma_s: torch.Tensor | None = None
-        self.sigma_epoch = -1
-
-    def due(self, epoch: int) -> bool:
-        """Whether Σ_S is to be set at the start of ``epoch`` (0-based)."""
-        first = self.sigma_epoch < 0
-        return epoch > self.sigma_epoch and (first or self.config.recompute_shrinkage)
 
     def update(self, epoch: int, model, loader, accelerator=None, progress: bool = True) -> float | None:
         """Set Σ_S for ``epoch`` if :meth:`due`: the given one at the first epoch, else computed over ``loader``.
@@ -214,16 +206,11 @@ class SigmaSchedule:
         ``model`` is the unwrapped Hugging Face model. Returns IsoScore of the new Σ_S (what the
         integrations log as ``sigma_s_isoscore``), or None when nothing changed or none is needed.
         """
-        if not self.due(epoch):
-            return None
-        first, self.sigma_epoch = self.sigma_epoch < 0, epoch
-        if not self.config.needs_sigma_s:
-            return None
-        given = self.config.given_sigma_s(model) if first else None
-        self.sigma_s = given if given is not None else shrinkage_covariance(
-            model, loader, layers=self.config.layers, tokens=self.config.tokens, shrinkage_rows=self.config.shrinkage_rows,
-            accelerator=accelerator, progress=progress, description=f"Σ_S at epoch {epoch + 1}")
-        return float(isoscore_star_from_covariance(self.sigma_s))  # IsoScore: ζ = 0
+        config = self.config
+        sigma = self.advance(epoch, given=lambda: config.given_sigma_s(model), compute=lambda: shrinkage_covariance(
+            model, loader, layers=config.layers, tokens=config.tokens, shrinkage_rows=config.shrinkage_rows,
+            accelerator=accelerator, progress=progress, description=f"Σ_S at epoch {epoch + 1}"))
+        return None if sigma is None else float(isoscore_star_from_covariance(sigma))  # IsoScore: ζ = 0
 
 
 def penalty_logs(config: IStarConfig, task_loss: torch.Tensor, penalty: Penalty | None) -> dict[str, torch.Tensor]:

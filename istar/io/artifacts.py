@@ -247,25 +247,22 @@ def atomic_path(path, kept: str | None = None):
     A full disk or a refused write raises a :class:`StorageError` naming ``path`` (see
     :func:`storage_errors`; ``kept`` overrides what it says was kept), after the partial file is removed.
     """
-    path = Path(path)
-    with storage_errors(path, kept):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    existed = path.exists()
+    path, tmp = Path(path), None
     try:
-        yield Path(tmp)
-        # Set after the writer ran: some writers (safetensors) recreate the file with their own mode.
-        os.chmod(tmp, _normal_mode())
-        with open(tmp, "rb+") as handle:  # on disk before the rename, so a crash cannot leave it empty
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException as error:
-        translated = storage_error(error, path, kept, existed)  # before the partial file is removed
-        Path(tmp).unlink(missing_ok=True)
-        if translated is error:
-            raise
-        raise translated from None
+        with storage_errors(path, kept):  # which translates a failure before the partial file is removed
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.close(fd)
+            yield Path(tmp)
+            # Set after the writer ran: some writers (safetensors) recreate the file with their own mode.
+            os.chmod(tmp, _normal_mode())
+            with open(tmp, "rb+") as handle:  # on disk before the rename, so a crash cannot leave it empty
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+    except BaseException:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_text(path, text: str) -> None:

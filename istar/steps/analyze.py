@@ -43,7 +43,6 @@ from istar.core.measurement import isotropy_of_statistics
 from istar.core.regularizers import LayerSelection
 from istar.core.shrinkage import load_layer_statistics
 from istar.io import artifacts
-from istar.steps.activations import load_activations
 
 __all__ = ["ShrinkageReference", "analyze_run", "analyze_statistics"]
 
@@ -83,12 +82,9 @@ def _layer_accumulators(tensors: dict[str, torch.Tensor], count: int, num_hidden
     """
     if count < 2:
         raise ValueError(f"{source} summarise {count} token(s); a covariance needs at least 2")
-    accumulators = []
-    for layer in range(num_hidden_states):
-        mean, cov = tensors[f"token_mean.layer{layer}"], tensors[f"token_cov.layer{layer}"]
-        accumulators.append(CovarianceAccumulator.from_state_dict(
-            {"count": count, "mean": mean, "m2": cov.double() * (count - 1)}))
-    return accumulators
+    return [CovarianceAccumulator.from_state_dict({"count": count, "mean": tensors[f"token_mean.layer{layer}"],
+                                                   "m2": tensors[f"token_cov.layer{layer}"].double() * (count - 1)})
+            for layer in range(num_hidden_states)]
 
 
 def _checked(tensors: dict[str, torch.Tensor], metadata: dict[str, str], source: str) -> tuple[int, int]:
@@ -126,7 +122,7 @@ def analyze_run(activations_path, sigma_path, zeta: float, out=None,
     activations_path = Path(activations_path)
     if not activations_path.is_file():
         raise FileNotFoundError(f"activations file {activations_path} does not exist: run `istar activations` first")
-    tensors, metadata = load_activations(activations_path)
+    tensors, metadata = artifacts.load_tensors(activations_path)  # its content hash checked
     result = analyze_statistics(tensors, metadata, sigma_path, zeta, twonn_discard=twonn_discard, layers=layers,
                                 source=f"the activations file {activations_path}")
     if out is not None:
@@ -141,7 +137,7 @@ def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     Parameters
     ----------
     tensors, metadata : what :func:`istar.steps.activations.activation_statistics` returns (or
-        :func:`istar.steps.activations.load_activations` reads).
+        :func:`istar.io.artifacts.load_tensors` reads).
     sigma : a :class:`ShrinkageReference`, or the path of a Σ_S file (see :mod:`istar.steps.shrinkage`),
         of the same model × task: statistics of the same dimension d and number of hidden states L + 1.
     zeta : float in [0, 1], the shrinkage weight ζ of IsoScore* (0 = vanilla IsoScore).

@@ -264,7 +264,7 @@ def child_environment(gpus: int, environ: dict) -> dict:
         env["CUDA_VISIBLE_DEVICES"] = ""  # a job granted no GPU runs on the CPU even where GPUs exist
         return env
     preset = environ.get("CUDA_VISIBLE_DEVICES")
-    if preset is not None and len([d for d in preset.split(",") if d.strip()]) < gpus:
+    if preset is not None and len(visible_devices(environ)) < gpus:
         raise ValueError(f"the job asks for {gpus} GPU(s) but CUDA_VISIBLE_DEVICES={preset!r} names fewer; "
                          f"ask the scheduler for {gpus} GPU(s), or unset CUDA_VISIBLE_DEVICES to let istar claim them")
     if gpus > 1:

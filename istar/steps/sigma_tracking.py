@@ -30,6 +30,7 @@ from istar.core.shrinkage import (
 )
 from istar.core.tokens import get_token_selection
 from istar.registry.methods import get_method
+from istar.models.shrinkage import SigmaSchedule
 from istar.steps.shrinkage import STALE_SIGMA_FIX, training_statistics
 
 if TYPE_CHECKING:
@@ -67,7 +68,8 @@ def check_given_sigma(spec: TrainSpec, given: GivenSigma, context: ModelContext)
 class SigmaTracker:
     """Σ_S of one run: what it records in ``progress`` (``sigma_s``, ``sigma_epoch``,
     ``sigma_isoscore`` of :class:`istar.steps.resume.Progress`, saved with every state) and the Σ_S
-    the penalty uses next (``penalty_sigma``, on the device; None for a run without one)."""
+    the penalty uses next (``penalty_sigma``, on the device; None for a run without one). Which Σ_S
+    an epoch trains with is :class:`istar.models.shrinkage.SigmaSchedule`'s rule, as in the library."""
 
     spec: TrainSpec
     context: ModelContext
@@ -77,47 +79,51 @@ class SigmaTracker:
     progress: Progress
     penalty_sigma: torch.Tensor | None = None
 
+    def _advance(self, epoch: int, compute) -> torch.Tensor | None:
+        """The schedule's Σ_S for the start of ``epoch`` (0-based), from and into the state in ``progress``
+        (and, for the penalty, on the device); returns the new Σ_S, None when none was set."""
+        spec, progress = self.spec, self.progress
+        schedule = SigmaSchedule(get_method(spec.method).needs_sigma_s(spec.zeta), spec.recompute_shrinkage,
+                                 progress.sigma_s, progress.sigma_epoch)
+        sigma = schedule.advance(epoch, compute)
+        progress.sigma_s, progress.sigma_epoch = schedule.sigma_s, schedule.sigma_epoch
+        self.penalty_sigma = None if progress.sigma_s is None else progress.sigma_s.to(self.context.accelerator.device)
+        return sigma
+
     def start(self, given: GivenSigma | None) -> float | None:
-        """Before the first step of this process: keep the given Σ_S (``read_given_sigma``) unless a
-        resumed state holds one, and measure IsoScore(Σ_S) before training unless a state has it.
+        """Before the first step of this process: the given Σ_S (``read_given_sigma``) for the first epoch
+        unless a resumed state holds one, and IsoScore(Σ_S) before training unless a state has it.
 
         Returns that IsoScore when it was measured now (None on resuming)."""
-        spec, progress, accelerator = self.spec, self.progress, self.context.accelerator
-        measured = None
-        if given is not None and progress.sigma_s is None:
-            per_layer, provenance = given
-            config = self.model.config
-            layers = resolve_layers(spec.penalty_layers, config.num_hidden_layers + 1)
-            progress.sigma_s, _ = load_shrinkage(spec.sigma_s, expected_layers=layers, expected_dim=config.hidden_size)
-            progress.sigma_epoch = 0
-            if accelerator.is_main_process:
-                save_shrinkage(self.out / "sigma_epoch0.pt", per_layer, layers, provenance)
-        if not progress.sigma_isoscore:
-            # I-STAR's Σ_S before training is the file it was given; the other runs measure their own.
-            sigma = progress.sigma_s if progress.sigma_s is not None else self._measure(0).selection.covariance().cpu()
-            measured = float(isoscore_star_from_covariance(sigma))  # IsoScore: ζ = 0 (docs/method.md §2)
-            progress.sigma_isoscore.append(measured)
-        self.penalty_sigma = progress.sigma_s.to(accelerator.device) if progress.sigma_s is not None else None
-        return measured
+        spec, progress, config = self.spec, self.progress, self.model.config
+        layers = resolve_layers(spec.penalty_layers, config.num_hidden_layers + 1)
+        first = self._advance(0, lambda: load_shrinkage(spec.sigma_s, expected_layers=layers,
+                                                        expected_dim=config.hidden_size)[0])
+        if first is not None and self.context.accelerator.is_main_process:
+            save_shrinkage(self.out / "sigma_epoch0.pt", given[0], layers, given[1])
+        if progress.sigma_isoscore:
+            return None
+        # I-STAR's Σ_S before training is the file it was given; the other runs measure their own.
+        sigma = progress.sigma_s if progress.sigma_s is not None else self._measure(0).selection.covariance().cpu()
+        progress.sigma_isoscore.append(float(isoscore_star_from_covariance(sigma)))  # IsoScore: ζ = 0 (docs/method.md §2)
+        return progress.sigma_isoscore[-1]
 
     def after_epoch(self, epochs_done: int) -> None:
-        """Σ_S of the model after ``epochs_done`` epochs: its IsoScore is recorded, and I-STAR with
-        ``recompute_shrinkage`` trains the next epoch with it (saved as ``sigma_epoch{e}.pt``)."""
+        """Σ_S of the model after ``epochs_done`` epochs: its IsoScore is recorded, and when the schedule
+        sets a new Σ_S for the next epoch (I-STAR with ``recompute_shrinkage``) it is this one (saved as
+        ``sigma_epoch{e}.pt``)."""
         spec, accelerator = self.spec, self.context.accelerator
         statistics = self._measure(epochs_done)
         sigma = statistics.selection.covariance().cpu()
         self.progress.sigma_isoscore.append(float(isoscore_star_from_covariance(sigma)))
-        if not (get_method(spec.method).needs_sigma_s(spec.zeta) and spec.recompute_shrinkage
-                and epochs_done < spec.epochs):
+        if epochs_done >= spec.epochs or self._advance(epochs_done, lambda: sigma) is None:
             return
-        self.progress.sigma_s, self.progress.sigma_epoch = sigma, epochs_done
         if accelerator.is_main_process:
             save_shrinkage(self.out / f"sigma_epoch{epochs_done}.pt", statistics.per_layer, statistics.layers, {
                 "model": f"{self.context.model_name} fine-tuned for {epochs_done} epoch(s)", "layer_spec": spec.layers,
                 "epoch": epochs_done, "requested_rows": spec.shrinkage_rows, "tokens": spec.tokens,
                 "num_processes": accelerator.num_processes})
         accelerator.print(f"Σ_S recomputed for epoch {epochs_done + 1}: {statistics.selection.count:,} rows")
-        self.penalty_sigma = sigma.to(accelerator.device)
 
     def _measure(self, epoch: int) -> SigmaStatistics:
         """Σ_S of the current model over ``spec.layers`` (:func:`istar.steps.shrinkage.training_statistics`).

@@ -46,6 +46,7 @@ from istar.config.specs import SurveySpec
 from istar.core.baseline_measures import (
     FP32_EXP_LIMIT,
     average_cosine_similarity,
+    cosine_from_unit_sum,
     partition_isotropy,
     partition_isotropy_one_sign,
 )
@@ -226,18 +227,17 @@ def layer_measures(stats: LayerStats, sigma_s: torch.Tensor | None, zeta: float,
     n = stats.covariance.count
     cov = stats.covariance.covariance()
     eigenvalues = _spectrum(cov)
-    result = {
+    return {
         "tokens": n,
         "isoscore": isoscore_from_eigenvalues(eigenvalues),
         "isoscore_star": float(isoscore_star_from_covariance(cov, zeta, sigma_s)) if sigma_s is not None else None,
-        "average_cosine": float((stats.unit_sum @ stats.unit_sum - n) / (n * (n - 1))),
+        "average_cosine": cosine_from_unit_sum(stats.unit_sum, n),
         "mean_norm": stats.norm_sum / n,
         "effective_rank": effective_rank(eigenvalues),
         "twonn": _twonn(stats, twonn_discard),
         "twonn_tokens": stats.kept,
         **_variance_shares(cov, eigenvalues),
     }
-    return result
 
 
 def gain_spread(weight: torch.Tensor) -> dict:

@@ -89,27 +89,10 @@ class TrackerKind:
     flush: Callable[[object], None] = lambda tracker: None
 
 
-# ----------------------------------------------------------------------------------- TensorBoard
-
-def _tensorboard_kwargs(context: RunContext) -> dict:
-    # purge_step: events at steps after the resumed state (a killed run's last rows) are hidden
-    # by TensorBoard's readers; the resumed run writes them again.
-    return {"purge_step": context.resume_step + 1} if context.resume_step is not None else {}
-
-
-def _tensorboard_flush(tracker) -> None:
-    tracker.writer.flush()
-
-
 # ----------------------------------------------------------------------------------- DVCLive
 
 def _dvclive_dir(context: RunContext) -> Path:
     return tracking_dir(context.out) / "dvclive"
-
-
-def _dvclive_kwargs(context: RunContext) -> dict:
-    folder = _dvclive_dir(context)
-    return {"dir": str(folder), "resume": context.resume_step is not None, "save_dvc_exp": False, "dvcyaml": False}
 
 
 def _dvclive_rollback(context: RunContext) -> None:
@@ -137,15 +120,11 @@ def _dvclive_rollback(context: RunContext) -> None:
 
 # ----------------------------------------------------------------------------------- MLflow
 
-def _mlflow_uri(context: RunContext) -> str | None:
-    return context.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-
-
 def _mlflow_check(context: RunContext) -> None:
     """Point the client at the server and check that it answers (one line naming the fix if not)."""
     import mlflow
 
-    uri = _mlflow_uri(context)
+    uri = context.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         raise TrackerUnavailableError(
             "tracker mlflow needs a tracking server: set tracking.mlflow_tracking_uri in the config "
@@ -167,10 +146,6 @@ def _mlflow_check(context: RunContext) -> None:
                 f"remove mlflow from tracking.trackers") from None
 
 
-def _mlflow_kwargs(context: RunContext) -> dict:
-    return {"run_id": context.saved.get("run_id"), "run_name": context.name, "logging_dir": None}
-
-
 def _mlflow_logged_steps(context: RunContext) -> dict:
     """The last step of every metric the resumed MLflow run holds already."""
     run_id = context.saved.get("run_id")
@@ -184,9 +159,15 @@ def _mlflow_logged_steps(context: RunContext) -> dict:
 
 
 TRACKERS: dict[str, TrackerKind] = {kind.key: kind for kind in (
-    TrackerKind("tensorboard", _tensorboard_kwargs, flush=_tensorboard_flush),
-    TrackerKind("dvclive", _dvclive_kwargs, rollback=_dvclive_rollback),
-    TrackerKind("mlflow", _mlflow_kwargs, check=_mlflow_check, logged_steps=_mlflow_logged_steps,
+    # purge_step: events at steps after the resumed state (a killed run's last rows) are hidden by
+    # TensorBoard's readers; the resumed run writes them again.
+    TrackerKind("tensorboard", lambda context: {} if context.resume_step is None else {"purge_step": context.resume_step + 1},
+                flush=lambda tracker: tracker.writer.flush()),
+    TrackerKind("dvclive", lambda context: {"dir": str(_dvclive_dir(context)), "resume": context.resume_step is not None,
+                                            "save_dvc_exp": False, "dvcyaml": False}, rollback=_dvclive_rollback),
+    TrackerKind("mlflow", lambda context: {"run_id": context.saved.get("run_id"), "run_name": context.name,
+                                           "logging_dir": None},
+                check=_mlflow_check, logged_steps=_mlflow_logged_steps,
                 run_id=lambda tracker: {"run_id": tracker.active_run.info.run_id}),
 )}
 TRACKER_NAMES = tuple(TRACKERS)

@@ -16,7 +16,7 @@ from train_helpers import read_log, sigma
 
 from istar.config.specs import ShrinkageSpec, TrainSpec
 from istar.registry.precisions import cpu_has_native_bf16
-from istar.steps.activations import load_activations
+from istar.io.artifacts import load_tensors
 from istar.steps.launch import free_port
 from istar.core.shrinkage import load_shrinkage
 from istar.steps.shrinkage import compute_shrinkage_file
@@ -158,7 +158,7 @@ def test_evaluate_and_activations_steps(tiny_model_dir, prepared, tmp_path):
     result = istar_cli("activations", "--model", tiny_model_dir, "--data", data, "--out", tmp_path / "act.safetensors",
                        "--token-sample", 100)
     assert result.returncode == 0, result.stderr
-    tensors, meta = load_activations(tmp_path / "act.safetensors")
+    tensors, meta = load_tensors(tmp_path / "act.safetensors")
     assert meta["num_hidden_states"] == "3" and meta["task"] == "rte"
     tokens = int(meta["tokens"])
     for layer in range(3):

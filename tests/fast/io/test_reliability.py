@@ -86,7 +86,7 @@ def test_pickled_sigma_is_refused_without_unpickling(tmp_path):
 
 
 def test_activations_damage_is_named_and_mode_is_normal(tmp_path):
-    from istar.steps.activations import load_activations
+    from istar.io.artifacts import load_tensors
 
     path = tmp_path / "activations.safetensors"
     old = os.umask(0o022)
@@ -95,11 +95,11 @@ def test_activations_damage_is_named_and_mode_is_normal(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
-    tensors, metadata = load_activations(path)
+    tensors, metadata = load_tensors(path)
     assert metadata["model"] == "tiny" and tensors["cls.layer0"].shape == (4, 3)
     flip_byte(path, offset_from_end=8)
     with pytest.raises(DamagedArtifactError, match=f"{path} is damaged"):
-        load_activations(path)
+        load_tensors(path)
 
 
 def test_every_atomic_write_gets_the_umask_mode(tmp_path):

@@ -11,7 +11,7 @@ from istar.core.baseline_measures import average_cosine_similarity
 from istar.core.covariance import CovarianceAccumulator
 from istar.core.isotropy import isoscore, isoscore_star_from_covariance
 from istar.core.twonn import twonn_dimension
-from istar.steps.activations import load_activations
+from istar.io.artifacts import load_tensors
 from istar.steps.analyze import analyze_run
 from istar.core.shrinkage import load_layer_statistics, load_shrinkage, save_shrinkage
 
@@ -74,7 +74,7 @@ def test_zeta_zero_is_vanilla_isoscore_and_layer_selection(run, result):
 
 
 def test_undefined_twonn_is_recorded_not_fatal(run, tmp_path):
-    tensors, metadata = load_activations(run["activations"])
+    tensors, metadata = load_tensors(run["activations"])
     tensors["cls.layer1"] = tensors["cls.layer1"][:2].repeat(12, 1)  # two distinct vectors
     broken = tmp_path / "act.safetensors"
     save_file(tensors, str(broken), metadata={k: v for k, v in metadata.items() if k != "sha256"})  # a new file
