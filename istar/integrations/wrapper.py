@@ -143,6 +143,10 @@ class IStarModel(torch.nn.Module):
         self._logs = LogMeans()
         self._sigma_source: str | None = None
 
+    def __reduce_ex__(self, protocol):
+        # copy.deepcopy and pickle rebuild the run-time subclass from the wrapped model's class, an importable one
+        return _rebuilt, (type(self).__bases__[1],), self.__dict__
+
     @property
     def sigma_s(self) -> torch.Tensor | None:
         """The current Σ_S, (d, d) float64 on the model's device (None before :meth:`refresh_sigma` or with ζ = 0)."""
@@ -253,6 +257,11 @@ class IStarModel(torch.nn.Module):
             sigma = None if self.sigma_s is None else {"from": self._sigma_source, "epoch": self.sigma_epoch,
                                                        "shape": list(self.sigma_s.shape)}
             write_json(Path(save_directory) / ISTAR_SETTINGS, {"istar": settings, "sigma_s": sigma})
+
+
+def _rebuilt(base: type) -> IStarModel:
+    """An empty :class:`IStarModel` of ``base``, whose state ``copy`` and ``pickle`` then set."""
+    return object.__new__(_penalised(base))
 
 
 @functools.cache

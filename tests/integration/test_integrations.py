@@ -317,3 +317,50 @@ def test_the_wrappers_numbers_reach_a_report_to_tracker(tmp_path):
         logged = {entry["step"]: entry[key] for entry in trainer.state.log_history if key in entry}
         written = {event.step: event.value for event in accumulator.Scalars(f"train/{key}")}
         assert logged and written == pytest.approx(logged, abs=1e-6), (key, written, logged)
+
+
+# ----------------------------------------------------------------------------- Lightning
+
+
+# two Lightning epochs of two steps on a width-16 BERT: a few seconds
+def test_the_lightning_callback_refreshes_sigma_and_logs_the_penalty_to_the_logger(tmp_path):
+    """IStarLightningCallback() finds the IStarModel the LightningModule holds, computes Σ_S at each epoch's start and
+    logs the penalty's means after each batch to the module's logger (a CSV file here), the values the wrapper took."""
+    import lightning
+    import pandas
+    from lightning.pytorch.loggers import CSVLogger
+    from torch.utils.data import DataLoader
+    from wrapper_step import collate, rows
+
+    from istar.integrations.lightning import IStarLightningCallback
+
+    class Module(lightning.LightningModule):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+            self.seen = []
+
+        def training_step(self, batch, batch_index):
+            outputs = self.model(**batch)
+            self.seen.append(float(outputs.loss.detach()))
+            return outputs.loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    data = rows("classifier", 8)
+    wrapped = istar.IStarModel(tiny_head("classifier"), istar.IStarConfig(lam=-1.0, zeta=0.2, shrinkage_rows=200),
+                               sigma_data=DataLoader(data, batch_size=4, collate_fn=collate))
+    module = Module(wrapped)
+    lightning.Trainer(max_epochs=2, accelerator="cpu", logger=CSVLogger(tmp_path), enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
+                      callbacks=[IStarLightningCallback()]).fit(module, DataLoader(data, batch_size=4, collate_fn=collate))
+    assert wrapped.sigma_epoch == 1 and wrapped.sigma_s.shape == (16, 16)
+    (metrics,) = tmp_path.glob("**/metrics.csv")
+    logged = pandas.read_csv(metrics)
+    steps = logged.dropna(subset=["isoscore_star"])
+    assert len(steps) == 4 and ((0 < steps["isoscore_star"]) & (steps["isoscore_star"] < 1)).all()
+    assert (steps["task_loss"] + steps["istar_penalty"]).tolist() == pytest.approx(module.seen, abs=1e-5)
+    assert logged["sigma_s_isoscore"].notna().sum() == 2
+    with pytest.raises(TypeError, match=r"^IStarLightningCallback\(\) found 0 IStarModel in Module, not one"):
+        IStarLightningCallback().on_train_epoch_start(None, Module(tiny_head("classifier")))
