@@ -190,8 +190,9 @@ class IStarModel(torch.nn.Module):
                 check_mask(next(iter(self.sigma_data)), self.istar, "the Σ_S batches")
         score = self._schedule.update(epoch, self, self.sigma_data, accelerator, progress=progress)
         if score is not None:
-            self._sigma_source = ("the model over sigma_data" if computed else
-                                  "a tensor given" if isinstance(self.istar.sigma_s, torch.Tensor) else str(self.istar.sigma_s))
+            given_tensor = isinstance(self.istar.sigma_s, torch.Tensor)
+            self._sigma_source = ("the model over sigma_data" if computed
+                                  else "a tensor given" if given_tensor else str(self.istar.sigma_s))
         return score
 
     def forward(self, *args, labels=None, **kwargs):

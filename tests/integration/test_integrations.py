@@ -297,7 +297,8 @@ def test_a_trainers_saved_lora_model_is_an_adapter_folder_that_peft_loads(tmp_pa
     lora = LoraConfig(task_type="SEQ_CLS", r=4, lora_alpha=8, target_modules=["query", "value"])
     trainer, batch = saved_run(tmp_path, get_peft_model(tiny_head("classifier"), lora), lm=False)
     for folder in (tmp_path / "checkpoint-2", tmp_path / "final"):
-        assert {"adapter_config.json", "adapter_model.safetensors", "istar_config.json"} <= {p.name for p in folder.iterdir()}
+        written = {path.name for path in folder.iterdir()}
+        assert {"adapter_config.json", "adapter_model.safetensors", "istar_config.json"} <= written, written
         loaded = PeftModel.from_pretrained(tiny_head("classifier"), folder)
         assert largest_difference(loaded, trainer.model, batch) == 0.0
     assert largest_difference(tiny_head("classifier"), trainer.model, batch) > 0  # the adapter changed the outputs
