@@ -10,7 +10,8 @@ The library, for your own training code (every name below is importable from ``i
 - training: :class:`IStarConfig` (the method of the registry, λ, ζ, a given Σ_S) for a
   ``transformers.Trainer`` (:class:`IStarTrainer`, or :class:`IStarTrainerMixin` beside another
   Trainer subclass), for a model in any loop or Trainer you do not subclass (:class:`IStarModel`,
-  :class:`IStarCallback`), and for sentence-transformers (:class:`IStarLoss`).
+  :class:`IStarCallback`; in Lightning, ``istar.integrations.lightning.IStarLightningCallback``), and for
+  sentence-transformers (:class:`IStarLoss`).
 
 The workflow's steps are subcommands of the ``istar`` command (:mod:`istar.cli`).
 The names are imported on first use, so that ``import istar.pipeline.validate`` (which

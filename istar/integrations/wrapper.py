@@ -2,7 +2,8 @@
 
 For training code you do not subclass — a ``transformers.Trainer`` that a framework builds for you, a
 plain accelerate loop, a Lightning module — wrap the model, and refresh Σ_S at each epoch's start
-(:class:`IStarCallback` does it in a Trainer; elsewhere call :meth:`IStarModel.refresh_sigma`)::
+(:class:`IStarCallback` does it in a Trainer, :class:`istar.integrations.lightning.IStarLightningCallback`
+in Lightning; elsewhere call :meth:`IStarModel.refresh_sigma`)::
 
     model = IStarModel(model, IStarConfig(lam=-1.0, zeta=0.2), sigma_data=sigma_loader)
     trainer = Trainer(model=model, ..., callbacks=[IStarCallback()])
@@ -10,22 +11,32 @@ plain accelerate loop, a Lightning module — wrap the model, and refresh Σ_S a
 In training mode, ``forward`` calls the wrapped model with ``output_hidden_states=True`` and
 returns its outputs with ``loss`` = task loss + the penalty of the batch (the paper's Eq. 2 for
 I-STAR: λ·(1 − IsoScore*(X̃, ζ, Σ_S))), read from the hidden states and the ``attention_mask``
-the call was given. In evaluation mode it is the wrapped model's forward, untouched. Everything
-else (``config``, ``save_pretrained``, ``generate``, …) is the wrapped model's.
+the call was given. In evaluation mode it is the wrapped model's forward, untouched. The wrapper is
+the wrapped model itself seen through a subclass of its class: the same parameters, state dict keys,
+``config``, ``save_pretrained`` (a peft model's adapter folder), ``generate`` and type checks, so a
+Trainer saves, resumes and loads it as the model it wraps.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
+import sys
+from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_callback import CallbackHandler
 
 from istar.integrations.config import IStarConfig, LogMeans, SigmaSchedule, check_mask, penalty_logs
+from istar.io.artifacts import write_json
 from istar.models.shrinkage import forked_rng
 
-__all__ = ["IStarModel", "IStarCallback", "penalty_share"]
+__all__ = ["IStarModel", "IStarCallback", "penalty_share", "ISTAR_SETTINGS"]
+
+ISTAR_SETTINGS = "istar_config.json"
+"""The file :meth:`IStarModel.save_pretrained` writes beside the weights: the I-STAR settings and where Σ_S came from."""
 
 
 def penalty_share(labels: torch.Tensor | None, num_items_in_batch, shifted: bool = False) -> torch.Tensor | float:
@@ -56,6 +67,11 @@ def penalty_share(labels: torch.Tensor | None, num_items_in_batch, shifted: bool
 class IStarModel(torch.nn.Module):
     """A Hugging Face model whose training ``forward`` adds the I-STAR (or CosReg) penalty to ``outputs.loss``.
 
+    ``IStarModel(model, ...)`` returns ``model`` itself seen through a subclass of its class (named as
+    it, with its ``forward``'s signature): one set of parameters and attributes, the same state dict keys,
+    ``isinstance(wrapped, type(model))``. ``model`` keeps its own class and behaviour; it also holds
+    the settings below (one I-STAR setting per model at a time).
+
     Parameters
     ----------
     model : transformers.PreTrainedModel
@@ -71,8 +87,6 @@ class IStarModel(torch.nn.Module):
 
     Attributes
     ----------
-    model : transformers.PreTrainedModel
-        The wrapped model.
     istar : IStarConfig
         The settings given.
 
@@ -84,6 +98,11 @@ class IStarModel(torch.nn.Module):
     ``num_items_in_batch`` and divides. A caller that passes ``num_items_in_batch`` itself (the task
     loss a sum over the step's tokens divided by their count) gets the penalty weighted by the
     micro-batch's share of those tokens (:func:`penalty_share`).
+
+    **Saving.** :meth:`save_pretrained` (which a ``Trainer``'s checkpoints and ``save_model`` call) writes
+    the wrapped model's own folder — ``config.json`` and its weights (tied weights once), or a peft
+    model's adapter folder — that ``from_pretrained`` (``PeftModel.from_pretrained``) loads, and
+    :data:`ISTAR_SETTINGS` beside it.
 
     **Labels.** A ``Trainer`` reads the label names from the class's ``forward`` signature, which
     names ``labels``; for other targets (``start_positions``, …) set ``TrainingArguments(label_names=…)``.
@@ -103,7 +122,7 @@ class IStarModel(torch.nn.Module):
     # processes too, as in IStarTrainer, whatever the wrapped model's loss does with num_items_in_batch.
     accepts_loss_kwargs = False
 
-    def __init__(self, model, istar: IStarConfig, sigma_data=None):
+    def __new__(cls, model, istar: IStarConfig, sigma_data=None):
         if not isinstance(istar, IStarConfig):
             raise TypeError(f"istar must be an IStarConfig (IStarModel(model, IStarConfig(lam=..., zeta=...))); "
                             f"got {type(istar).__name__}")
@@ -112,23 +131,21 @@ class IStarModel(torch.nn.Module):
             raise TypeError(f"{type(model).__name__}.forward takes no output_hidden_states, which IStarModel passes to "
                             "read the hidden states: wrap a Hugging Face model (AutoModelFor...), or add the penalty in "
                             "your own loop with istar.istar_penalty(hidden_states, attention_mask, lam=..., ...)")
-        super().__init__()
-        self.model = model
+        base = type(model).__bases__[1] if isinstance(model, IStarModel) else type(model)
+        wrapped = object.__new__(_penalised(base))
+        wrapped.__dict__ = model.__dict__  # one state: parameters, hooks, config and training mode are the model's
+        return wrapped
+
+    def __init__(self, model, istar: IStarConfig, sigma_data=None):  # torch's Module.__init__ would empty the state
         self.istar = istar
         self.sigma_data = sigma_data
         self._schedule = SigmaSchedule(istar)
         self._logs = LogMeans()
-        # The instance's forward carries the wrapped model's signature (functools.update_wrapper sets
-        # __wrapped__), so that a Trainer keeps the dataset columns that model takes.
-        self.forward = functools.update_wrapper(functools.partial(IStarModel.forward, self), model.forward)
+        self._sigma_source: str | None = None
 
-    def __getattr__(self, name: str):
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            if name == "model":
-                raise
-            return getattr(super().__getattr__("model"), name)
+    def __reduce_ex__(self, protocol):
+        # copy.deepcopy and pickle rebuild the run-time subclass from the wrapped model's class, an importable one
+        return _rebuilt, (type(self).__bases__[1],), self.__dict__
 
     @property
     def sigma_s(self) -> torch.Tensor | None:
@@ -162,15 +179,21 @@ class IStarModel(torch.nn.Module):
             IsoScore of the new Σ_S (to log as ``sigma_s_isoscore``), None when none was set.
         """
         first = self.sigma_epoch < 0
-        computed = self._schedule.due(epoch) and self.istar.needs_sigma_s and not (first and self.istar.sigma_s is not None)
+        given = first and self.istar.sigma_s is not None
+        computed = self._schedule.due(epoch) and self.istar.needs_sigma_s and not given
         if computed and self.sigma_data is None:
             raise ValueError("Σ_S is computed from the model but no data was given: IStarModel(model, istar, "
                              "sigma_data=DataLoader(train, batch_size=32, collate_fn=collator)), or a fixed "
                              "IStarConfig(sigma_s=..., recompute_shrinkage=False)")
         if computed and first:
-            with forked_rng(next(self.model.parameters()).device):
+            with forked_rng(next(self.parameters()).device):
                 check_mask(next(iter(self.sigma_data)), self.istar, "the Σ_S batches")
-        return self._schedule.update(epoch, self.model, self.sigma_data, accelerator, progress=progress)
+        score = self._schedule.update(epoch, self, self.sigma_data, accelerator, progress=progress)
+        if score is not None:
+            given_tensor = isinstance(self.istar.sigma_s, torch.Tensor)
+            self._sigma_source = ("the model over sigma_data" if computed
+                                  else "a tensor given" if given_tensor else str(self.istar.sigma_s))
+        return score
 
     def forward(self, *args, labels=None, **kwargs):
         """The wrapped model's forward; in training, with the penalty added to ``outputs.loss``.
@@ -187,13 +210,14 @@ class IStarModel(torch.nn.Module):
         """
         if labels is not None:
             kwargs["labels"] = labels
+        model_forward = super().forward  # the wrapped model's class's
         if not self.training or not self.istar.entry.penalises:
-            return self.model(*args, **kwargs)
+            return model_forward(*args, **kwargs)
         check_mask(kwargs, self.istar, "the model's inputs")
         if self.istar.needs_sigma_s and self.sigma_s is None:
             raise ValueError("no Σ_S yet: call refresh_sigma(epoch) at each epoch's start (a Trainer: "
                              "callbacks=[IStarCallback()]), or use zeta=0")
-        outputs = self.model(*args, **{**kwargs, "output_hidden_states": True})
+        outputs = model_forward(*args, **{**kwargs, "output_hidden_states": True})
         hidden_states = outputs.get("hidden_states") if isinstance(outputs, dict) else None
         if hidden_states is None or outputs.get("loss") is None:
             raise ValueError("the model returned no loss or no hidden_states: IStarModel needs a Hugging Face model "
@@ -209,8 +233,8 @@ class IStarModel(torch.nn.Module):
         """Whether the wrapped model's loss predicts the next token (the Trainer counts ``labels[..., 1:]`` then)."""
         from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
 
-        config = getattr(self.model, "config", None)
-        return (LOSS_MAPPING.get(getattr(self.model, "loss_type", None)) is ForCausalLMLoss
+        config = getattr(self, "config", None)
+        return (LOSS_MAPPING.get(getattr(self, "loss_type", None)) is ForCausalLMLoss
                 and not getattr(config, "is_encoder_decoder", False))
 
     def pop_logs(self, accelerator=None) -> dict[str, float]:
@@ -220,13 +244,45 @@ class IStarModel(torch.nn.Module):
         when none ran."""
         return self._logs.pop(accelerator)
 
+    def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs) -> None:
+        """The wrapped model's ``save_pretrained`` (a peft model's: its adapter folder), and :data:`ISTAR_SETTINGS`.
+
+        :data:`ISTAR_SETTINGS` holds the :class:`IStarConfig` (``sigma_s`` aside) and the Σ_S in use:
+        where it came from (the model over ``sigma_data``, a tensor given, or the file's path), the epoch
+        it was set at and its shape; ``null`` when there is none.
+        """
+        super().save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
+        if is_main_process:
+            settings = {field.name: getattr(self.istar, field.name) for field in dataclasses.fields(self.istar)
+                        if field.name != "sigma_s"}
+            sigma = None if self.sigma_s is None else {"from": self._sigma_source, "epoch": self.sigma_epoch,
+                                                       "shape": list(self.sigma_s.shape)}
+            write_json(Path(save_directory) / ISTAR_SETTINGS, {"istar": settings, "sigma_s": sigma})
+
+
+def _rebuilt(base: type) -> IStarModel:
+    """An empty :class:`IStarModel` of ``base``, whose state ``copy`` and ``pickle`` then set."""
+    return object.__new__(_penalised(base))
+
+
+@functools.cache
+def _penalised(base: type) -> type:
+    """``base`` with :class:`IStarModel`'s training forward: named as ``base`` (``config.json``'s ``architectures``)
+    and with ``base.forward``'s signature (a Trainer keeps the dataset columns and finds the labels it names)."""
+    def forward(self, *args, **kwargs):
+        return IStarModel.forward(self, *args, **kwargs)
+
+    return type(base.__name__, (IStarModel, base), {"forward": functools.update_wrapper(forward, base.forward),
+                                                     "__module__": __name__})
+
 
 class IStarCallback(TrainerCallback):
     """Σ_S for a ``transformers.Trainer`` you do not subclass: refreshed at training's and each epoch's start.
 
-    The penalty's means (:meth:`IStarModel.pop_logs`) and, after each refresh, ``sigma_s_isoscore``
-    (IsoScore of Σ_S) join the next training log in ``trainer.state.log_history`` and the callbacks
-    after this one (trackers listed before it do not see them).
+    The penalty's means (:meth:`IStarModel.pop_logs`, averaged over processes) and, after each refresh,
+    ``sigma_s_isoscore`` (IsoScore of Σ_S) join the next training log: ``trainer.state.log_history``,
+    the console and every tracker (``report_to`` included: at training's start this callback moves
+    itself to the head of the Trainer's callbacks, ahead of the trackers the Trainer lists first).
 
     Parameters
     ----------
@@ -251,6 +307,7 @@ class IStarCallback(TrainerCallback):
                                 "IStarModel: train IStarModel(model, IStarConfig(...)), or name what holds the penalty, "
                                 "IStarCallback(loss) for an IStarLoss")
             self.target = model
+        _move_to_the_head(self)
         self._refresh(args, int(state.epoch or 0))
 
     def on_epoch_begin(self, args, state, control, **kwargs):
@@ -268,3 +325,19 @@ class IStarCallback(TrainerCallback):
             logs.update(means)
             if state.log_history and state.log_history[-1].get("step") == state.global_step:
                 state.log_history[-1].update(means)
+
+
+def _move_to_the_head(callback: TrainerCallback) -> None:
+    """Put ``callback`` first in the list of the Trainer's ``CallbackHandler`` that is calling it.
+
+    The values a callback adds to a log reach only the callbacks after it, and a Trainer lists its
+    ``report_to`` trackers before the callbacks it is given; it hands callbacks no handle on its
+    list, so the handler is found as the caller of this event. The handler's loop over its list
+    moves on from the next callback, as before the move.
+    """
+    frame = sys._getframe(1)
+    while frame is not None and not isinstance(frame.f_locals.get("self"), CallbackHandler):
+        frame = frame.f_back
+    if frame is not None:
+        callbacks = frame.f_locals["self"].callbacks
+        callbacks.insert(0, callbacks.pop(callbacks.index(callback)))

@@ -56,8 +56,8 @@ def collate(batch: list[dict]) -> dict:
 def step_split(tmp_path, kind: str, accumulation: int) -> dict:
     """Train one optimizer step of the wrapped tiny model and split its gradient into (task, penalty) multiples.
 
-    Returns ``{"task": a, "penalty": b, "residual": |g − a·T − b·P| / |g|}``; under an initialised process group
-    T and P are averaged over processes (the data-parallel gradient).
+    Returns ``{"task": a, "penalty": b, "residual": |g − a·T − b·P| / |g|, "isoscore_star": the logged mean}``; under
+    an initialised process group T and P are averaged over processes (the data-parallel gradient).
     """
     from datasets import Dataset
     from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -66,7 +66,7 @@ def step_split(tmp_path, kind: str, accumulation: int) -> dict:
         """The gradient the optimizer is about to apply."""
 
         def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-            self.gradient = _flat([p.grad for p in model.model.parameters()], list(model.model.parameters()))
+            self.gradient = _flat([p.grad for p in model.parameters()], list(model.parameters()))
 
     model = tiny_model(kind)
     reference = copy.deepcopy(model)
@@ -82,8 +82,9 @@ def step_split(tmp_path, kind: str, accumulation: int) -> dict:
     args = TrainingArguments(str(tmp_path), per_device_train_batch_size=2, gradient_accumulation_steps=accumulation,
                              max_steps=1, learning_rate=1e-3, max_grad_norm=0.0, report_to=[], use_cpu=True,
                              save_strategy="no", disable_tqdm=True, logging_steps=1, seed=0)
-    Trainer(model=wrapped, args=args, train_dataset=Dataset.from_list(rows(kind, 2 * accumulation * processes)),
-            data_collator=collate, callbacks=[istar.IStarCallback(), capture]).train()
+    trainer = Trainer(model=wrapped, args=args, train_dataset=Dataset.from_list(rows(kind, 2 * accumulation * processes)),
+                      data_collator=collate, callbacks=[istar.IStarCallback(), capture])
+    trainer.train()
     assert len(batches) == accumulation, len(batches)
 
     parameters = list(reference.parameters())
@@ -98,7 +99,8 @@ def step_split(tmp_path, kind: str, accumulation: int) -> dict:
         dist.all_reduce(parts)
     split = torch.linalg.lstsq(parts.double(), capture.gradient.double().unsqueeze(1)).solution.flatten()
     residual = (capture.gradient.double() - parts.double() @ split).norm() / capture.gradient.double().norm()
-    return {"task": float(split[0]), "penalty": float(split[1]), "residual": float(residual)}
+    logged = next(entry["isoscore_star"] for entry in trainer.state.log_history if "isoscore_star" in entry)
+    return {"task": float(split[0]), "penalty": float(split[1]), "residual": float(residual), "isoscore_star": logged}
 
 
 def _flat(gradients, parameters) -> torch.Tensor:

@@ -77,6 +77,25 @@ def test_the_wrapper_names_what_is_missing_before_work(tiny_bert):
     assert fixed.refresh_sigma(0) is not None and fixed.refresh_sigma(1) is None and fixed.sigma_epoch == 0
 
 
+def test_the_wrapper_is_the_model_through_a_subclass_and_copies_and_pickles_as_one(tiny_bert):
+    import copy
+    import io
+
+    from transformers import BertModel
+
+    wrapped = istar.IStarModel(tiny_bert, istar.IStarConfig(lam=-1.0, zeta=0.2, sigma_s=torch.eye(16)))
+    wrapped.refresh_sigma(0)
+    assert isinstance(wrapped, BertModel) and type(tiny_bert) is BertModel and type(wrapped).__name__ == "BertModel"
+    assert list(wrapped.state_dict()) == list(tiny_bert.state_dict()) and wrapped.embeddings is tiny_bert.embeddings
+    buffer = io.BytesIO()
+    torch.save(wrapped, buffer)
+    buffer.seek(0)
+    for twin in (copy.deepcopy(wrapped), torch.load(buffer, weights_only=False)):
+        assert type(twin) is type(wrapped) and twin.sigma_epoch == 0 and torch.equal(twin.sigma_s, wrapped.sigma_s)
+        assert twin.embeddings is not wrapped.embeddings
+        assert torch.equal(twin.embeddings.word_embeddings.weight, wrapped.embeddings.word_embeddings.weight)
+
+
 def test_the_callback_finds_its_wrapper_as_the_trainers_model_or_names_what_is_missing(tiny_bert):
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
