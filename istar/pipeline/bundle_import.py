@@ -139,15 +139,14 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
         measures = [path for path in measures if (root / path).is_file()]
     stability = f"results/aggregate/{STABILITY_CSV}.csv"
     # the study's resolved config, first: the aggregate and the tables read what it declared (the rule for
-    # collapsed runs, the paper's models, the primary endpoint), as their rules pass it
+    # collapsed runs, the multiplicity plan, the paper's models, the primary endpoint), as their rules pass it
     config_file = root / "results" / "config.yaml"
     artifacts.write_text(config_file, (bundle / CONFIG_NAME).read_text(encoding="utf-8"))
     config = validate_config(load_yaml(config_file), check_paths=False)
-    inference = config["inference"]
     steps = [("aggregate", "logs/aggregate/aggregate.log",
-              ["aggregate", "--out-dir", "results/aggregate", "--collapsed-runs", inference["collapsed_runs"],
+              ["aggregate", "--out-dir", "results/aggregate", "--inference",
+               json.dumps(config["inference"], sort_keys=True),
                *(f"{study}={run}" for study, run in runs), "--selection", *selections, "--measures", *measures,
-               "--paper-models", json.dumps(inference["paper_models"], sort_keys=True),
                "--analysis", json.dumps(measured_analysis(config), sort_keys=True)]),
              ("experiment", "logs/aggregate/experiment.log",
               ["experiment", "--aggregate-dir", "results/aggregate", "--out-dir", "results/experiment"])]

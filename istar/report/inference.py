@@ -6,7 +6,8 @@ paired difference the workflow prints and by the claims table (:mod:`istar.repor
 - :func:`paired_t_pvalue`: the two-sided p-value of a paired t-test from the mean, sd and n of
   the differences, t = d̄ / (s_d / √n) with n − 1 degrees of freedom.
 - :func:`holm`: Holm's step-down adjustment of a family of p-values (Holm 1979), which keeps the
-  probability of any false rejection in the family at most α without assuming independence.
+  probability of any false rejection in the family at most α without assuming independence;
+  :func:`adjusted_p_values` applies the declared plan, one Holm family or gatekeeping by the primary.
 - :func:`minimum_detectable_effect`: the smallest true mean difference a paired t-test of n pairs
   with paired sd s_d detects with the given power at level α (two-sided), from the noncentral t
   distribution; differences smaller than this can hide in a "no significant difference".
@@ -35,10 +36,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, stats
 
-from istar.report.family import ALPHA
+from istar.report.family import ALPHA, verdict_levels
 
 __all__ = ["ALPHA", "POWER", "HKSJ_BELOW", "TIE_TOLERANCE", "paired_t_pvalue", "signed_rank_pvalue", "holm",
-           "family_alpha", "minimum_detectable_effect", "Pooled", "random_effects", "Slope", "random_intercept_slope",
+           "adjusted_p_values", "minimum_detectable_effect", "Pooled", "random_effects", "Slope", "random_intercept_slope",
            "treatment_slopes"]
 
 POWER = 0.8
@@ -107,13 +108,36 @@ def signed_rank_pvalue(differences) -> float:
     return float(stats.wilcoxon(d, zero_method="pratt", alternative="two-sided").pvalue)
 
 
-def family_alpha(m: int, alpha: float = ALPHA) -> float:
-    """The level Holm's procedure tests the first (smallest) of m p-values at, α / m.
+def adjusted_p_values(p_values, gate: int | None = None, alpha: float = ALPHA) -> tuple[np.ndarray, np.ndarray]:
+    """A family's adjusted p-values and the level each test's verdict needs at worst, in the order given.
 
-    A comparison's minimum detectable effect is stated at this level: the level its Holm-adjusted
-    verdict needs to reach at worst, so the detectable effect is not the optimistic one at α.
+    ``gate`` None: one Holm family (:func:`holm`), every level α / m. ``gate`` = the index of the declared
+    primary (serial gatekeeping, :data:`istar.report.family.MULTIPLICITY_PLANS`): the primary's own p at
+    α; each secondary's Holm-adjusted p among the m − 1 secondaries, raised to the primary's where that is
+    larger, at α / (m − 1), so a secondary is rejected at α only where the primary is (a primary without
+    a test, NaN, lets none pass: 1). A minimum detectable effect is stated at its test's level, the one its
+    verdict must reach, not the optimistic α. m counts the tests with a p-value (NaN: no test, left NaN).
+
+    Parameters
+    ----------
+    p_values : sequence of float, shape (m,) with NaNs.
+    gate : index of the primary, or None.
+
+    Returns
+    -------
+    (adjusted, levels): two ndarrays of float, shape (m,).
     """
-    return alpha / max(int(m), 1)
+    p = np.asarray(p_values, dtype=np.float64)
+    m = int(np.count_nonzero(~np.isnan(p))) + int(gate is not None and math.isnan(p[gate]))  # the primary counts
+    primary_level, secondary_level = verdict_levels(gate is not None, m, alpha)
+    levels = np.full_like(p, secondary_level)
+    if gate is None:
+        return holm(p), levels
+    secondaries = p.copy()
+    secondaries[gate] = np.nan
+    adjusted = np.maximum(holm(secondaries), 1.0 if math.isnan(p[gate]) else p[gate])  # NaN, untested, stays
+    adjusted[gate], levels[gate] = p[gate], primary_level
+    return adjusted, levels
 
 
 def holm(p_values) -> np.ndarray:

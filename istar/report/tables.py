@@ -92,7 +92,7 @@ def _standin_footnote(columns: list[str], standin: list[bool]) -> list[str]:
     return [f"† {', '.join(flagged)}: {STANDIN_NOTE}"]
 
 
-def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
+def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None, config: dict | None = None) -> Table:
     """Table 1: Base vs CosReg vs I-STAR per model and task, mean ± std over seeds, and each
     method's paired difference from Base with its 95 % interval.
 
@@ -104,6 +104,8 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
     selection : DataFrame, optional
         ``selection.csv`` of ``istar aggregate``: which protocol chose I-STAR's setting (a
         footnote). None: the footnote says that the protocol is not known.
+    config : the resolved config: its ``inference`` section's multiplicity plan adjusts the tests
+        (:func:`istar.report.comparisons.study_tests`); None: the schema's defaults.
 
     Returns
     -------
@@ -143,7 +145,7 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
     tasks = ordered_tasks(cells_present["task"])
     models = list(dict.fromkeys(cells_present["model"]))
     groups = {key: group for key, group in final.groupby(["model", "method", "task"])}
-    tests = study_tests(runs)
+    tests = study_tests(runs, (config or {}).get("inference"))
     paired = tests.cells("final")
 
     index, cells, best, seed_counts, unpaired = [], [], [], set(), []

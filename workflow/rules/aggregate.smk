@@ -26,13 +26,12 @@ rule aggregate:
         measures=lambda wildcards: " ".join(
             sorted({path for plan in final_plans() for path in plan.measures})
         ),
-        paper_models=json.dumps(config["inference"]["paper_models"], sort_keys=True),
-        collapsed_runs=config["inference"]["collapsed_runs"],
+        inference=json.dumps(config["inference"], sort_keys=True),
         analysis=json.dumps(measured_analysis(config), sort_keys=True),
     shell:
-        "python -m istar aggregate --out-dir results/aggregate --collapsed-runs {params.collapsed_runs} "
+        "python -m istar aggregate --out-dir results/aggregate --inference {params.inference:q} "
         "{params.specs} --selection {params.selections} --measures {params.measures} "
-        "--paper-models {params.paper_models:q} --analysis {params.analysis:q} > {log} 2>&1"
+        "--analysis {params.analysis:q} > {log} 2>&1"
 
 
 # Table 1's cells, the λ sweep and the Σ_S curves in the form DVC compares across experiments
