@@ -73,7 +73,8 @@ FIGURES: dict[str, FigureEntry] = {
         FigureEntry("fig2", "studies.stability", STABILITY_CSV, "istar stability",
                    "IsoScore* of mini-batches of a known Gaussian against batch size, for several ζ."),
         FigureEntry("fig3", "studies.lambda_sweep", "runs", "istar aggregate",
-                   "IsoScore* against performance across the I-STAR λ sweep."),
+                   "The I-STAR λ sweep as a dose-response: each λ's paired score difference from Base, and the "
+                   "line fitted on λ."),
         FigureEntry("fig4", "studies.cosreg_means", "dims", "istar aggregate",
                    "Per-dimension mean of last-layer activations with CosReg and without a regulariser."),
         FigureEntry("fig5", "studies.twonn", "layers", "istar aggregate",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 from matplotlib import colormaps
 from matplotlib.figure import Figure
@@ -20,11 +21,12 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 from istar.config.layout import DEFAULT_TOKENS
 from istar.core.fig2 import STABILITY_COLUMNS, fig2_true_value
 from istar.core.tokens import TOKEN_SELECTIONS
+from istar.registry.methods import METHODS, SEARCHED_METHOD
 from istar.registry.tasks import get_task
 from istar.report import figure_parts as parts
 from istar.report.aggregate_csv import require_columns
 
-__all__ = ["fig2", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8", "sigma_epochs", "forest"]
+__all__ = ["fig2", "dose_response", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8", "sigma_epochs", "forest"]
 
 
 # --------------------------------------------------------------------------------------
@@ -96,31 +98,77 @@ def _layer_lines(layers: pd.DataFrame, study: str, value: str, ylabel: str) -> F
     return fig
 
 
-def fig3(runs: pd.DataFrame) -> Figure:
-    """Fig. 3: IsoScore* (x) vs performance (y) across the λ sweep.
+def dose_response(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Fig. 3's numbers: the λ sweep's paired score differences from Base, and its fitted dose-response.
 
     Parameters
     ----------
     runs : DataFrame
-        ``runs.csv``; rows with ``study == "lambda_sweep"`` and an ``isoscore_star`` value (the axis
-        label names the ζ of their analysis, ``analysis_zeta``).
+        ``runs.csv``; rows with ``study == "lambda_sweep"`` and a score (Base: λ = 0).
+
+    Returns
+    -------
+    (differences, fits)
+        ``differences``: per model × task × λ ≠ 0, the rows of :func:`istar.report.paired.paired_differences`
+        with the λ in ``lam``, in points: over the n seeds run at λ and by Base, d_s = score(λ, s) −
+        score(Base, s), their mean ``mean_difference``, sd ``sd_difference`` (ddof = 1) and 95 % Student-t
+        interval ``ci_low`` / ``ci_high``. ``fits``: per model × task, the λ rows of
+        :func:`istar.report.comparisons.trend_tests`: the slope β₁ of the score (points) on λ with a random
+        intercept per seed, its se and 95 % Wald interval. The model's expected difference from Base is
+        β₁·λ, so the fitted line runs through 0 at λ = 0 and its band is [β₁ low, β₁ high]·λ.
+    """
+    from istar.report.comparisons import trend_tests
+    from istar.report.paired import paired_differences
+
+    rows = parts.with_performance(parts.study_rows(runs, "lambda_sweep", "runs.csv", "score"))
+    arms = rows.assign(method=rows["lam"], score=rows["performance"])  # λ names the arm; Base is λ = 0
+    differences = paired_differences(arms, "lambda_sweep", reference=0.0).rename(columns={"method": "lam"})
+    fits = trend_tests(rows)
+    return differences, fits[fits["covariate"] == "lam"]
+
+
+def fig3(runs: pd.DataFrame) -> Figure:
+    """Fig. 3 as a dose-response: each λ's paired score difference from Base, and the line fitted on λ.
+
+    Seeds move every arm alike (data order, initialisation), so the score of each arm spreads far more
+    than its difference from Base on the same seed: the λ sweep is drawn as those differences
+    (:func:`dose_response`), with the dose-response fitted on λ, the treatment the design sets.
+
+    Parameters
+    ----------
+    runs : DataFrame
+        ``runs.csv``; rows with ``study == "lambda_sweep"`` (Base at λ = 0 and the I-STAR arms).
 
     Returns
     -------
     Figure
-        One panel per model × task; per panel one error-bar point (both ways, std over
-        seeds) per (method, λ), coloured and labelled by λ.
+        One panel per model × task (a notice where no Base ran on the sweep's seeds): per λ the mean difference (points) with its 95 % interval (thick bar)
+        and ± the sd of the seeds' differences (thin grey bar), the fitted line β₁·λ with its 95 % band,
+        its slope written in the panel, and 0 (Base) as a black line.
     """
-    rows = parts.with_performance(parts.study_rows(runs, "lambda_sweep", "runs.csv", "isoscore_star", ("score",)))
-    summary = parts.summary(rows, ["model", "task", "method", "lam"], ["isoscore_star", "performance"])
-    fig, axes = parts.panels(rows)
-    for (_, task), ax, _, series in parts.panel_series(summary, axes):
-        for label, colour, point in series:
-            ax.errorbar(point["isoscore_star_mean"], point["performance_mean"], xerr=parts.yerr(point["isoscore_star_std"]),
-                        yerr=parts.yerr(point["performance_std"]), fmt="o", markersize=5, capsize=2, color=colour,
-                        label=label)
-        ax.set_xlabel(parts.isoscore_label(rows))
-        ax.set_ylabel(parts.PERFORMANCE_LABELS[get_task(task).metric])
+    differences, fits = dose_response(runs)
+    if differences.empty:  # Base trains in the sweep only where its λ list holds 0
+        return parts.notice("The λ sweep's differences from Base: no Base run on the sweep's seeds;\nadd 0 "
+                            "(Base) to studies.lambda_sweep.lambdas to draw them")
+    fig, axes = parts.panels(differences)
+    for (model, task), ax in axes.items():
+        cell = differences[(differences["model"] == model) & (differences["task"] == task)].sort_values("lam")
+        lam, mean = cell["lam"].to_numpy(dtype=float), cell["mean_difference"].to_numpy(dtype=float)
+        ax.errorbar(lam, mean, yerr=parts.yerr(cell["sd_difference"]), fmt="none", color="#999999", capsize=4,
+                    linewidth=1, label="± sd over seeds")
+        ax.errorbar(lam, mean, yerr=[(mean - cell["ci_low"]).fillna(0), (cell["ci_high"] - mean).fillna(0)], fmt="o",
+                    color=METHODS[SEARCHED_METHOD].colour, capsize=2, linewidth=2,
+                    label="mean difference, 95% CI (paired t)")
+        for fit in fits[(fits["model"] == model) & (fits["task"] == task)].itertuples():
+            grid = np.linspace(min(lam.min(), 0.0), max(lam.max(), 0.0), 50)
+            ax.plot(grid, fit.slope * grid, color=parts.HIGHLIGHT, linewidth=1.4,
+                    label="fit on λ (seed intercepts), 95% band")
+            ax.fill_between(grid, fit.ci_low * grid, fit.ci_high * grid, color=parts.HIGHLIGHT, alpha=0.12, linewidth=0)
+            ax.text(0.02, 0.97, f"{fit.slope:+.3f} [{fit.ci_low:+.3f}, {fit.ci_high:+.3f}] points per unit λ",
+                    transform=ax.transAxes, fontsize="small", va="top")
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_xlabel("λ (0 = Base)")
+        ax.set_ylabel(f"{parts.PERFORMANCE_LABELS[get_task(task).metric]} − Base (points)")
     parts.figure_legend(fig, axes.values())
     return fig
 
@@ -328,7 +376,6 @@ def forest(paired: pd.DataFrame) -> Figure:
         below two). Cells without information (no variation or fewer than two pairs) are left out
         and named under the axis; with no final comparison at all, a figure that says so.
     """
-    from istar.registry.methods import METHODS
     from istar.report.paired import informative, pooled_gains
 
     require_columns(paired, ("study", "measure", "model", "task", "method", "n", "mean_difference", "sd_difference",
@@ -338,13 +385,8 @@ def forest(paired: pd.DataFrame) -> Figure:
     if rows.empty:
         # the config asked for final comparisons (the figure is drawn only then), so none is left: the rule for
         # collapsed runs removed every pair
-        fig = Figure(figsize=(7.2, 1.6), layout="constrained")
-        ax = fig.add_subplot()
-        ax.set_axis_off()
-        ax.set_title("Paired differences from Base by cell: no pair left (paired.csv has no final score "
-                     "comparison;\nthe rule for collapsed runs, inference.collapsed_runs, can exclude every seed)",
-                     fontsize="medium")
-        return fig
+        return parts.notice("Paired differences from Base by cell: no pair left (paired.csv has no final score "
+                            "comparison;\nthe rule for collapsed runs, inference.collapsed_runs, can exclude every seed)")
     usable = rows[[informative(row) for row in rows.itertuples()]]
     left_out = rows.drop(usable.index)
     scales = {task: get_task(task).percent_scale for task in set(rows["task"])}
