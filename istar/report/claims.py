@@ -21,8 +21,9 @@ declared primary contrast (I-STAR − Base, CosReg − Base, or the λ sweep's t
 cell alone; a claim across cells on the pooled estimate over the informative cells
 (Hartung–Knapp–Sidik–Jonkman below five cells; one cell is reported by its own paired test, never
 as "pooled"). Every verdict names its scope: the model and task, the training rows and epochs, and
-where λ | ζ came from; every interval is printed at 95 % and, where the verdict's level is stricter, at that
-level too. The signed-rank test beside each t-test is adjusted over the same family; where the two
+where λ | ζ came from; every interval is printed at 95 % and, where the plan tests the verdict at a stricter
+level, at Holm's first-step level too (α / m; gatekeeping: α / (m − 1) for a secondary), the level no test
+of the family falls below. The signed-rank test beside each t-test is adjusted over the same family; where the two
 disagree at α, or where its n pairs cannot reach the verdict's level at all, the verdict says so.
 The paper's own cell for the model the config maps each model to (``inference.paper_models``) is set
 beside ours (:mod:`istar.report.paper`).
@@ -113,13 +114,13 @@ def _p(value: float) -> str:
 
 
 def _at_verdict_level(mean: float, se: float, df: float, alpha: float, digits: int) -> str:
-    """``, [−0.34, +0.48] at the verdict's level (99.4%)``: the interval at the level the verdict's test needs
-    (the row's ``mde_alpha``; Student's t with ``df``, the normal where df is infinite) beside the 95 % one;
-    empty where the verdict is tested at α, the printed interval's own level."""
+    """``, [−0.34, +0.48] at Holm's first-step level (99.4%)``: the interval at the level the plan tests the
+    verdict at worst (the row's ``mde_alpha``; Student's t with ``df``, the normal where df is infinite), beside
+    the 95 % one; empty where the verdict is tested at α, the printed interval's own level."""
     if round(alpha, 12) >= ALPHA:  # 1 − 0.95 is α up to rounding
         return ""
     at = Estimate.of(mean, se, df, alpha)
-    return f", [{at.ci_low:+.{digits}f}, {at.ci_high:+.{digits}f}] at the verdict's level ({1 - alpha:.1%})"
+    return f", [{at.ci_low:+.{digits}f}, {at.ci_high:+.{digits}f}] at Holm's first-step level ({1 - alpha:.1%})"
 
 
 def _interval(row, digits: int, unit: str = "") -> str:
@@ -435,7 +436,7 @@ def claims_table(runs: pd.DataFrame, selection: pd.DataFrame | None = None,
             f"tested at {primary_level:.4f}, each secondary at {secondary_level:.4f} at worst, over the study's "
             f"{m} confirmatory tests (paired.csv, trend.csv; each row's p_holm and level, the same values as in the "
             f"tables). Tests at α = {ALPHA:g}, two-sided, paired by seed; every interval at 95 % and, where the "
-            "verdict's test needs a stricter level, beside it at that level; supported / contradicted: significant "
+            "plan tests the verdict at a stricter level, beside it at Holm's first-step level; supported / contradicted: significant "
             "in / against the claimed direction after the adjustment; inconclusive: not significant, with the "
             f"smallest effect the comparison detects with {POWER:.0%} power at its verdict's level (below it, a real "
             "effect can hide); not informative: no variation to test; not tested: no runs here bear on it. Beside "
