@@ -26,7 +26,7 @@ from istar.registry.tasks import get_task
 from istar.report import figure_parts as parts
 from istar.report.aggregate_csv import require_columns
 
-__all__ = ["fig2", "dose_response", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8", "sigma_epochs", "forest"]
+__all__ = ["fig2", "dose_response", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8", "sigma_epochs", "CONTRAST_LABELS", "forest"]
 
 
 # --------------------------------------------------------------------------------------
@@ -356,32 +356,43 @@ def sigma_epochs(epochs: pd.DataFrame) -> Figure:
 # --------------------------------------------------------------------------------------
 
 
-def forest(paired: pd.DataFrame) -> Figure:
-    """The forest plot of the final study: each cell's paired score difference from Base, the pool, the paper's cells.
+CONTRAST_LABELS = {"isoscore_star": "IsoScore*", "cosine_similarity": "last-layer cosine",
+                   "last_layer_isoscore_star": "last-layer IsoScore*"}
+"""The final study's isotropy contrasts (paired.csv's measures other than the score) → how the forest plot names them."""
+
+
+def forest(paired: pd.DataFrame, trends: pd.DataFrame | None = None) -> Figure:
+    """The forest plot of the final study: the verdicts' estimates with their intervals, one row each.
 
     Parameters
     ----------
     paired : DataFrame
         ``paired.csv`` of ``istar aggregate`` (:func:`istar.report.comparisons.study_tests`); its rows
-        with study ``final`` and measure ``score`` are drawn.
+        with study ``final`` are drawn.
+    trends : DataFrame, optional
+        ``trend.csv`` beside it: the λ sweep's slopes (none where the sweep is off).
 
     Returns
     -------
     Figure
-        One row per model × task × method: our mean paired difference in points with its 95 %
-        interval (filled circle; open where the interval holds 0), the minimum detectable effect
-        at the family's level as a bar ±MDE around 0, and, where the config maps the model to one of
-        the paper's, the paper's own gain for that cell with its Welch interval (square). Per method
-        a pooled diamond over the informative cells (Hartung–Knapp–Sidik–Jonkman below five; none
-        below two). Cells without information (no variation or fewer than two pairs) are left out
-        and named under the axis; with no final comparison at all, a figure that says so.
+        First panel, one row per model × task × method: our mean paired score difference in points with
+        its 95 % interval (filled circle; open where the interval holds 0), the minimum detectable effect
+        at its test's level as a bar ±MDE around 0, and, where the config maps the model to one of the
+        paper's, the paper's own gain for that cell with its Welch interval (square); per method a pooled
+        diamond over the informative cells (Hartung–Knapp–Sidik–Jonkman below five; none below two).
+        Cells without information (no variation or fewer than two pairs) are left out and named in the
+        title; with no final score comparison at all, a figure that says so. Below it, where measured, the
+        isotropy contrasts (:data:`CONTRAST_LABELS`, each method − Base in its own units) and the λ sweep's
+        trends (the score's slope on λ, points per unit, and on IsoScore*, points per +0.1), each with its
+        95 % interval.
     """
     from istar.report.paired import informative, pooled_gains
 
     require_columns(paired, ("study", "measure", "model", "task", "method", "n", "mean_difference", "sd_difference",
                              "ci_low", "ci_high", "mde", "paper_model", "paper_gain", "paper_low", "paper_high"),
                     "paired.csv", "make it with `istar aggregate`")
-    rows = paired[(paired["study"] == "final") & (paired["measure"] == "score")]
+    final = paired[paired["study"] == "final"]
+    rows = final[final["measure"] == "score"]
     if rows.empty:
         # the config asked for final comparisons (the figure is drawn only then), so none is left: the rule for
         # collapsed runs removed every pair
@@ -391,19 +402,25 @@ def forest(paired: pd.DataFrame) -> Figure:
     left_out = rows.drop(usable.index)
     scales = {task: get_task(task).percent_scale for task in set(rows["task"])}
     pooled = pooled_gains(usable, scales).query("scope == 'all' and interval != 'not pooled'") if len(usable) else None
-    lines = len(usable) + (0 if pooled is None else len(pooled))
-    fig = Figure(figsize=(7.2, 1.2 + 0.42 * max(lines, 1)), layout="constrained")
-    ax = fig.add_subplot()
+    contrasts = final[final["measure"].isin(list(CONTRAST_LABELS))]
+    per = {"lam": (1.0, "on λ (points per unit)"), "isoscore_star": (10.0, "on IsoScore* (points per +0.1)")}
+    below = [(entries, xlabel) for entries, xlabel in (
+        ([(f"{row.model} {get_task(row.task).display}, {METHODS[row.method].label}: {CONTRAST_LABELS[row.measure]}",
+           row.mean_difference, row.ci_low, row.ci_high, METHODS[row.method].colour)
+          for row in contrasts.itertuples() if informative(row)], "Isotropy difference from Base (own units; 95% CI)"),
+        ([(f"{row.model} {get_task(row.task).display}: slope {per[row.covariate][1]}",
+           *(value / per[row.covariate][0] for value in (row.slope, row.ci_low, row.ci_high)), parts.HIGHLIGHT)
+          for row in ([] if trends is None else trends.itertuples())], "The λ sweep's trend (95% Wald CI)")) if entries]
+    sizes = [max(len(usable) + (0 if pooled is None else len(pooled)), 1), *(len(entries) for entries, _ in below)]
+    fig = Figure(figsize=(7.2, 1.0 + 0.42 * sum(sizes) + 0.5 * len(sizes)), layout="constrained")
+    ax, *axes = fig.subplots(len(sizes), 1, gridspec_kw={"height_ratios": sizes}, squeeze=False)[:, 0]
     labels, y = [], 0.0
     for row in usable.itertuples():
         scale = scales[row.task]
-        colour = METHODS[row.method].colour
-        mean, low, high = (row.mean_difference * scale, row.ci_low * scale, row.ci_high * scale)
         ax.plot([-row.mde * scale, row.mde * scale], [y, y], color="#bbbbbb", linewidth=6, solid_capstyle="butt",
-                label="± minimum detectable effect (80% power, α / m)", zorder=1)
-        ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color=colour, capsize=3, zorder=3,
-                    markerfacecolor="white" if low <= 0 <= high else colour,
-                    label=f"{METHODS[row.method].label} − Base, this study (95% CI)")
+                label="± minimum detectable effect (80% power, at its test's level)", zorder=1)
+        _interval_row(ax, y, row.mean_difference * scale, row.ci_low * scale, row.ci_high * scale,
+                      METHODS[row.method].colour, f"{METHODS[row.method].label} − Base, this study (95% CI)")
         if isinstance(row.paper_model, str):
             ax.errorbar(row.paper_gain, y - 0.28, xerr=[[row.paper_gain - row.paper_low], [row.paper_high - row.paper_gain]],
                         fmt="s", markersize=4, color="#555555", capsize=2, zorder=2,
@@ -418,16 +435,31 @@ def forest(paired: pd.DataFrame) -> Figure:
         name = "HKSJ" if entry.interval == "HKSJ" else "DL"
         labels.append((y, f"{METHODS[entry.method].label}, pooled over {entry.k} cells ({name})"))
         y -= 1.0
-    ax.axvline(0, color="black", linewidth=0.8)
-    ax.set_yticks([pos for pos, _ in labels], [text for _, text in labels], fontsize="small")
-    ax.set_ylim(y + 0.4, 0.6)
-    ax.set_xlabel("Score difference from Base (points)")
-    ax.grid(axis="x", alpha=0.3)
+    _rows_axis(ax, labels, "Score difference from Base (points)")
     title = "Paired differences from Base by cell"
     if len(left_out):
         title += "\nleft out, no information: " + ", ".join(
             f"{m} {get_task(t).display} {METHODS[k].label}" for m, t, k in zip(left_out["model"], left_out["task"],
                                                                             left_out["method"]))
     ax.set_title(title, fontsize="medium")
+    for axis, (entries, xlabel) in zip(axes, below):
+        for position, (_, mean, low, high, colour) in enumerate(entries):
+            _interval_row(axis, -position, mean, low, high, colour, None)
+        _rows_axis(axis, [(-position, entry[0]) for position, entry in enumerate(entries)], xlabel)
     parts.figure_legend(fig, [ax])
     return fig
+
+
+def _interval_row(ax, y: float, mean: float, low: float, high: float, colour: str, label: str | None) -> None:
+    """One estimate at height y with its interval: a filled circle, open where the interval holds 0."""
+    ax.errorbar(mean, y, xerr=[[mean - low], [high - mean]], fmt="o", color=colour, capsize=3, zorder=3,
+                markerfacecolor="white" if low <= 0 <= high else colour, label=label)
+
+
+def _rows_axis(ax, labels: list[tuple[float, str]], xlabel: str) -> None:
+    """A forest panel's frame: the rows' labels, 0 marked, the x label."""
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks([pos for pos, _ in labels], [text for _, text in labels], fontsize="small")
+    ax.set_ylim(min((pos for pos, _ in labels), default=0.0) - 0.6, 0.6)
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="x", alpha=0.3)

@@ -2,7 +2,7 @@
 # Fig. 2 simulation's CSV), so restyling a table or figure never reruns training or the simulation.
 # Which CSV a figure reads comes from the registry istar.report.figures.
 
-from istar.report.figures import FIGURE_NAMES, STABILITY_CSV, figure_csv
+from istar.report.figures import FIGURE_NAMES, STABILITY_CSV, figure_csvs
 
 SUMMARY_RST = "results/summary.rst"
 # an absolute path: Snakemake reads the report's text relative to the Snakefile otherwise
@@ -61,7 +61,7 @@ rule stability:
 
 rule figure:
     input:
-        lambda wildcards: str(figure_csv(wildcards.figure)),
+        lambda wildcards: [str(path) for path in figure_csvs(wildcards.figure)],
     output:
         png=report(
             "results/figures/{figure}.png",

@@ -266,3 +266,26 @@ def test_the_forest_plot_draws_each_cell_the_pool_and_the_papers_cell_and_names_
     figure_parts.save(fig, tmp_path / "forest.png")
     empty = plots.forest(paired[paired["measure"] != "score"])  # every pair excluded: a figure that says so
     assert "no pair left" in empty.axes[0].get_title()
+
+
+def test_the_forest_plot_adds_the_isotropy_contrasts_and_the_sweeps_trends():
+    """The dose-response records (docs/data): below the score panel, each isotropy contrast of paired.csv in its
+    own units and each trend of trend.csv (λ per unit, IsoScore* per +0.1), at the values the records hold."""
+    from pathlib import Path
+
+    from istar.report.figures import figure_csvs
+
+    records = Path(__file__).parents[3] / "docs" / "data" / "dose-response"
+    paired, trends = (pd.read_csv(path) for path in figure_csvs("forest", records))
+    scores, contrasts, slopes = draw("forest", paired, trends).axes
+    measures = paired[(paired.study == "final") & paired.measure.isin(list(plots.CONTRAST_LABELS))]
+    drawn = {tick.get_text(): container.lines[0].get_data()[0][0]
+             for tick, container in zip(contrasts.get_yticklabels(), contrasts.containers)}
+    assert drawn == pytest.approx({f"minilm SST-2, {METHODS[row.method].label}: {plots.CONTRAST_LABELS[row.measure]}":
+                                   row.mean_difference for row in measures.itertuples()})
+    lam, iso = (trends.set_index("covariate").loc[name] for name in ("lam", "isoscore_star"))
+    drawn = {tick.get_text(): container.lines[0].get_data()[0][0]
+             for tick, container in zip(slopes.get_yticklabels(), slopes.containers)}
+    assert drawn == pytest.approx({"minilm SST-2: slope on λ (points per unit)": lam.slope,
+                                   "minilm SST-2: slope on IsoScore* (points per +0.1)": iso.slope / 10})
+    assert len(scores.containers) == 4  # the score panel as before: ours and the paper's cell, per method
