@@ -151,15 +151,15 @@ def _cell_finding(evidence: Evidence, row, sign: int, points: bool, label: str, 
                    cells)
 
 
-def _across_cells(evidence: Evidence, measure: str, method: str, sign: int, points: bool, label: str,
-                  digits: int, unit: str) -> list[Finding]:
-    """A claim across the final study's cells: the declared primary cell when this is its contrast, else
-    the pooled estimate over the informative cells (one cell: its own test; none: each cell, not informative)."""
-    rows = evidence.tests.rows("final", measure)
+def _across_cells(evidence: Evidence, rows: pd.DataFrame, method: str, sign: int, label: str, points: bool = False,
+                  digits: int = 3, unit: str = "") -> list[Finding]:
+    """A claim across the final study's cells (``rows``: one measure's paired comparisons): the declared primary
+    cell when this is its contrast, else the pooled estimate over the informative cells (one cell: its own test;
+    none: each cell, not informative). ``points``: the score, in points, where the primary can be."""
     rows = rows[rows["method"] == method]
     if rows.empty:
         return []
-    primary = [row for row in rows.itertuples() if measure == "score" and evidence.is_primary(method, row.model, row.task)]
+    primary = [row for row in rows.itertuples() if points and evidence.is_primary(method, row.model, row.task)]
     if primary:
         return [_cell_finding(evidence, primary[0], sign, points, label, digits, unit, primary=True)]
     cells = [row for row in rows.itertuples() if informative(row)]
@@ -198,7 +198,8 @@ def _beside_paper(evidence: Evidence, findings: list[Finding], method: str) -> l
 
 
 def _istar_beats_base(evidence: Evidence) -> list[Finding]:
-    findings = _across_cells(evidence, "score", SEARCHED_METHOD, +1, True, "I-STAR − Base", 2, " points")
+    findings = _across_cells(evidence, evidence.tests.rows("final", "score"), SEARCHED_METHOD, +1, "I-STAR − Base",
+                             True, 2, " points")
     return _beside_paper(evidence, findings, SEARCHED_METHOD)
 
 
@@ -306,43 +307,31 @@ def _istar_lowers_isoscore(evidence: Evidence) -> list[Finding]:
     if rows.empty or not negative:
         return []
     rows = rows[[(m, t) in negative for m, t in zip(rows["model"], rows["task"])]]
-    return _across_rows(evidence, rows, SEARCHED_METHOD, -1, "I-STAR (λ < 0) − Base IsoScore*")
-
-
-def _across_rows(evidence: Evidence, rows: pd.DataFrame, method: str, sign: int, label: str) -> list[Finding]:
-    chosen = rows[rows["method"] == method]
-    if chosen.empty:
-        return []
-    cells = [row for row in chosen.itertuples() if informative(row)]
-    if len(cells) < 2:
-        return [_cell_finding(evidence, (cells or list(chosen.itertuples()))[0], sign, False, label, 3, "")]
-    pooled = pooled_gains(chosen, {}).query("scope == 'all'").iloc[0]
-    return [Finding(f"{pooled['k']} cells pooled", f"{label} {_interval(pooled, 3)}",
-                    _verdict(pooled["mean"], pooled["p_value"], pooled["mde"], sign, "", 3))]
+    return _across_cells(evidence, rows, SEARCHED_METHOD, -1, "I-STAR (λ < 0) − Base IsoScore*")
 
 
 def _cosreg_not_isotropic(evidence: Evidence) -> list[Finding]:
     """The claim in its three parts, on the paper's quantity, the last layer: the cosine lowered (against
     Base); its IsoScore* not changed (against Base); and not made isotropic (CosReg's own IsoScore*, far
     below 1)."""
-    cosine = _across_rows(evidence, evidence.tests.rows("final", "cosine_similarity"), COSREG, -1,
-                          "CosReg − Base last-layer cosine")
+    cosine = _across_cells(evidence, evidence.tests.rows("final", "cosine_similarity"), COSREG, -1,
+                           "CosReg − Base last-layer cosine")
     if not cosine:
         return []
-    findings = [replace(cosine[0], scope=f"the cosine lowered: {cosine[0].scope}")]
-    against_base = _across_rows(evidence, evidence.tests.rows("final", LAST_LAYER), COSREG, +1,
-                                "CosReg − Base last-layer IsoScore*")
+    findings = [replace(finding, scope=f"the cosine lowered: {finding.scope}") for finding in cosine]
+    against_base = _across_cells(evidence, evidence.tests.rows("final", LAST_LAYER), COSREG, +1,
+                                 "CosReg − Base last-layer IsoScore*")
     if not against_base:
         return findings + [Finding("the last layer's isotropy", f"no last-layer IsoScore* in these runs (runs.csv "
                                    f"{LAST_LAYER}, from the measurements)", NOT_TESTED)]
-    (change,) = against_base
-    if change.verdict.startswith((SUPPORTED, CONTRADICTED)):  # significant either way: the isotropy moved
-        kept = f"{CONTRADICTED}: CosReg changed it"
-    elif change.verdict.startswith(INCONCLUSIVE):
-        kept = f"{SUPPORTED} as far as the test sees: not distinguishable from Base;" + change.verdict.partition(":")[2]
-    else:
-        kept = change.verdict
-    findings.append(replace(change, scope=f"isotropy unchanged: {change.scope}", verdict=kept))
+    for change in against_base:
+        if change.verdict.startswith((SUPPORTED, CONTRADICTED)):  # significant either way: the isotropy moved
+            kept = f"{CONTRADICTED}: CosReg changed it"
+        elif change.verdict.startswith(INCONCLUSIVE):
+            kept = f"{SUPPORTED} as far as the test sees: not distinguishable from Base;" + change.verdict.partition(":")[2]
+        else:
+            kept = change.verdict
+        findings.append(replace(change, scope=f"isotropy unchanged: {change.scope}", verdict=kept))
     runs = evidence.runs
     level = 1 - verdict_levels(evidence.plan.gates, evidence.tests.family_size)[1]  # a secondary's, at worst
     for (model, task), own in runs[(runs["study"] == "final") & (runs["method"] == COSREG)].dropna(
