@@ -123,11 +123,6 @@ def _at_verdict_level(mean: float, se: float, df: float, alpha: float, digits: i
     return f", [{at.ci_low:+.{digits}f}, {at.ci_high:+.{digits}f}] at Holm's first-step level ({1 - alpha:.1%})"
 
 
-def _interval(row, digits: int, unit: str = "") -> str:
-    return (f"{row['mean']:+.{digits}f}{unit} [{row['ci_low']:+.{digits}f}, {row['ci_high']:+.{digits}f}] "
-            f"({1 - ALPHA:.0%}), {_p(row['p_value'])}")
-
-
 def _cell_finding(evidence: Evidence, row, sign: int, points: bool, label: str, digits: int, unit: str,
                   primary: bool = False) -> Finding:
     """A finding from one cell's paired comparison (a row of the family's paired table)."""
@@ -170,7 +165,9 @@ def _across_cells(evidence: Evidence, rows: pd.DataFrame, method: str, sign: int
     pooled = pooled_gains(rows, scales)
     overall = pooled[pooled["scope"] == "all"].iloc[0]
     name = "Hartung–Knapp–Sidik–Jonkman" if overall["interval"] == "HKSJ" else "DerSimonian–Laird"
-    numbers = (f"{label} {_interval(overall, digits, unit)} (random effects, {name}, τ² = {overall['tau2']:.2f}); "
+    numbers = (f"{label} {overall['mean']:+.{digits}f}{unit} [{overall['ci_low']:+.{digits}f}, "
+               f"{overall['ci_high']:+.{digits}f}] ({1 - ALPHA:.0%}), {_p(overall['p_value'])} (random effects, {name}, "
+               f"τ² = {overall['tau2']:.2f}); "
                f"{overall['positive_cells']} of {overall['k']} cells above Base; Holm-significant: "
                f"{overall['significant_gains']} gain(s), {overall['significant_losses']} loss(es)")
     scope = f"{overall['k']} cells pooled: " + "; ".join(evidence.scope(row.model, row.task, row.method) for row in cells)

@@ -383,8 +383,6 @@ def random_intercept_slope(y, x, groups, alpha: float = ALPHA, power: float = PO
     -------
     :class:`Slope`.
     """
-    from scipy import optimize
-
     y = np.asarray(y, dtype=np.float64)
     x = np.asarray(x, dtype=np.float64)
     labels = np.asarray(groups)

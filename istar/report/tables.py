@@ -200,7 +200,7 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None, config: di
     footnotes += _standin_footnote([get_task(t).display for t in tasks], standin)
     return Table(
         name="table1",
-        caption=f"Performance of {_listing([METHODS[m].label for m in METHOD_NAMES if m in set(cells_present['method'])])} "
+        caption=f"Performance of {listing([METHODS[m].label for m in METHOD_NAMES if m in set(cells_present['method'])])} "
         f"per model and task ({seeds} seeds), and each method's paired difference from Base with its {LEVEL:.0%} "
         "interval, p-values and minimum detectable effect.",
         index_names=["Model", "Method"],
@@ -369,9 +369,9 @@ def seed_table(runs: pd.DataFrame) -> Table:
     )
 
 
-def _listing(names: list[str]) -> str:
-    """``["a", "b", "c"]`` → ``"a, b and c"``."""
-    return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
+def listing(names: list[str]) -> str:
+    """``["a", "b", "c"]`` → ``"a, b and c"``; ``"none"`` for no names."""
+    return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]])) if names else "none"
 
 
 def _nanmean(values: list[float]) -> float:
