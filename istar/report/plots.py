@@ -29,9 +29,7 @@ from istar.report.aggregate_csv import require_columns
 __all__ = ["fig2", "dose_response", "fig3", "fig4", "fig5", "fig6", "fig7", "fig8", "sigma_epochs", "CONTRAST_LABELS", "forest"]
 
 
-# --------------------------------------------------------------------------------------
-# Fig. 2: IsoScore* of mini-batches vs batch size (simulation)
-# --------------------------------------------------------------------------------------
+# -------------------- Fig. 2: IsoScore* of mini-batches vs batch size (simulation) ----
 
 
 def fig2(df: pd.DataFrame, true_value: float | None = None, dim: int = 768) -> Figure:
@@ -78,9 +76,7 @@ def fig2(df: pd.DataFrame, true_value: float | None = None, dim: int = 768) -> F
     return fig
 
 
-# --------------------------------------------------------------------------------------
-# Fig. 3–8
-# --------------------------------------------------------------------------------------
+# -------------------- Fig. 3–8 --------------------------------------------------------
 
 
 def _layer_lines(layers: pd.DataFrame, study: str, value: str, ylabel: str) -> Figure:
@@ -109,13 +105,11 @@ def dose_response(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     Returns
     -------
     (differences, fits)
-        ``differences``: per model × task × λ ≠ 0, the rows of :func:`istar.report.paired.paired_differences`
-        with the λ in ``lam``, in points: over the n seeds run at λ and by Base, d_s = score(λ, s) −
-        score(Base, s), their mean ``mean_difference``, sd ``sd_difference`` (ddof = 1) and 95 % Student-t
-        interval ``ci_low`` / ``ci_high``. ``fits``: per model × task, the λ rows of
-        :func:`istar.report.comparisons.trend_tests`: the slope β₁ of the score (points) on λ with a random
-        intercept per seed, its se and 95 % Wald interval. The model's expected difference from Base is
-        β₁·λ, so the fitted line runs through 0 at λ = 0 and its band is [β₁ low, β₁ high]·λ.
+        ``differences``: per model × task × λ ≠ 0 the rows of :func:`istar.report.paired.paired_differences`,
+        λ in ``lam``, in points: d_s = score(λ, s) − score(Base, s) over the seeds both ran, their mean
+        ``mean_difference``, sd ``sd_difference`` and 95 % t interval ``ci_low`` / ``ci_high``. ``fits``: the λ
+        rows of :func:`istar.report.comparisons.trend_tests`, the score's slope β₁ on λ (points per unit, a random
+        intercept per seed) with its se and 95 % Wald interval; the expected difference from Base is β₁·λ.
     """
     from istar.report.comparisons import trend_tests
     from istar.report.paired import paired_differences
@@ -130,9 +124,8 @@ def dose_response(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 def fig3(runs: pd.DataFrame) -> Figure:
     """Fig. 3 as a dose-response: each λ's paired score difference from Base, and the line fitted on λ.
 
-    Seeds move every arm alike (data order, initialisation), so the score of each arm spreads far more
-    than its difference from Base on the same seed: the λ sweep is drawn as those differences
-    (:func:`dose_response`), with the dose-response fitted on λ, the treatment the design sets.
+    A seed moves every arm alike (data order, initialisation), so each arm's score spreads far more than its
+    difference from Base on the same seed (:func:`dose_response`); the line is fitted on λ, what the design sets.
 
     Parameters
     ----------
@@ -142,9 +135,9 @@ def fig3(runs: pd.DataFrame) -> Figure:
     Returns
     -------
     Figure
-        One panel per model × task (a notice where no Base ran on the sweep's seeds): per λ the mean difference (points) with its 95 % interval (thick bar)
-        and ± the sd of the seeds' differences (thin grey bar), the fitted line β₁·λ with its 95 % band,
-        its slope written in the panel, and 0 (Base) as a black line.
+        A panel per model × task (a notice where no Base ran on the sweep's seeds): per λ the mean difference
+        (points) with its 95 % interval (thick) and ± the sd of the seeds' differences (thin, grey), the line
+        β₁·λ with its 95 % band and its slope written in the panel, and 0 (Base) in black.
     """
     differences, fits = dose_response(runs)
     if differences.empty:  # Base trains in the sweep only where its λ list holds 0
@@ -184,9 +177,8 @@ def fig4(dims: pd.DataFrame) -> Figure:
     Returns
     -------
     Figure
-        One panel per model × task; one series of dots per (method, λ): the mean activation of
-        each dimension, averaged over seeds (dots, not lines, so that series that share an
-        outlier dimension stay distinguishable).
+        A panel per model × task, a series of dots per (method, λ): each dimension's mean activation
+        over seeds (dots, not lines: series sharing an outlier dimension stay distinguishable).
     """
     rows = parts.study_rows(dims, "cosreg_means", "dims.csv", "mean", ("dim",))
     means = rows.groupby(["model", "task", "method", "lam", "dim"])["mean"].mean().reset_index()
@@ -247,8 +239,7 @@ def fig7(runs: pd.DataFrame) -> Figure:
     Returns
     -------
     Figure
-        One panel per model × task; one error-bar line per λ and one vertical line at the ζ
-        of the highest mean performance.
+        A panel per model × task: an error-bar line per λ, a vertical line at the best mean's ζ.
     """
     rows = parts.with_performance(parts.study_rows(runs, "zeta_sweep", "runs.csv", "score", ("zeta",)).dropna(subset=["zeta"]))
     if rows.empty:
@@ -280,9 +271,8 @@ def fig8(runs: pd.DataFrame) -> Figure:
     Returns
     -------
     Figure
-        One panel per model × task; one error-bar line over the penalised layer per λ, and
-        the global penalty's mean as a red dashed horizontal line (with a band of ± its std
-        over seeds when there are several).
+        A panel per model × task: an error-bar line over the penalised layer per λ, and the global
+        penalty's mean dashed in red (a band of ± its std over seeds where there are several).
     """
     rows = parts.with_performance(parts.study_rows(runs, "single_layer", "runs.csv", "score", ("layer",)))
     single = rows.dropna(subset=["layer"])
@@ -311,9 +301,7 @@ def fig8(runs: pd.DataFrame) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------------------
-# Σ_S across fine-tuning
-# --------------------------------------------------------------------------------------
+# -------------------- Σ_S across fine-tuning ------------------------------------------
 
 
 def sigma_epochs(epochs: pd.DataFrame) -> Figure:
@@ -327,10 +315,9 @@ def sigma_epochs(epochs: pd.DataFrame) -> Figure:
     Returns
     -------
     Figure
-        One panel per model × task; per panel one line per (method, λ): the mean over
-        seeds, error bars the std. Where the runs' Σ_S read different rows (``tokens``: the
-        baseline's real tokens, a run with ``penalty.tokens: all_positions`` every padded
-        position), each label says which, since padding alone moves the IsoScore.
+        A panel per model × task, a line per (method, λ): the mean over seeds, error bars the std. Where
+        the runs' Σ_S read different rows (``tokens``: real tokens, or every padded position with
+        ``penalty.tokens: all_positions``), each label says which: padding alone moves the IsoScore.
     """
     rows = parts.study_rows(epochs, "final", "epochs.csv", "sigma_s_isoscore", ("epoch",))
     summary = parts.summary(rows, ["model", "task", "method", "lam", "epoch"], ["sigma_s_isoscore"])
@@ -351,9 +338,7 @@ def sigma_epochs(epochs: pd.DataFrame) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------------------
-# The verdict as a picture
-# --------------------------------------------------------------------------------------
+# -------------------- The verdict as a picture ----------------------------------------
 
 
 CONTRAST_LABELS = {"isoscore_star": "IsoScore*", "cosine_similarity": "last-layer cosine",
@@ -375,16 +360,13 @@ def forest(paired: pd.DataFrame, trends: pd.DataFrame | None = None) -> Figure:
     Returns
     -------
     Figure
-        First panel, one row per model × task × method: our mean paired score difference in points with
-        its 95 % interval (filled circle; open where the interval holds 0), the minimum detectable effect
-        at its test's level as a bar ±MDE around 0, and, where the config maps the model to one of the
-        paper's, the paper's own gain for that cell with its Welch interval (square); per method a pooled
-        diamond over the informative cells (Hartung–Knapp–Sidik–Jonkman below five; none below two).
-        Cells without information (no variation or fewer than two pairs) are left out and named in the
-        title; with no final score comparison at all, a figure that says so. Below it, where measured, the
-        isotropy contrasts (:data:`CONTRAST_LABELS`, each method − Base in its own units) and the λ sweep's
-        trends (the score's slope on λ, points per unit, and on IsoScore*, points per +0.1), each with its
-        95 % interval.
+        First panel, a row per model × task × method: our mean paired score difference (points) with its 95 %
+        interval (filled circle; open where it holds 0), ± the minimum detectable effect at its test's level (a
+        bar around 0), and the paper's own gain for the cell with its Welch interval (square) where the config
+        maps the model to one of the paper's; per method a pooled diamond over the informative cells (HKSJ below
+        five, none below two). Cells without information are named in the title; with no final score comparison
+        at all, a notice. Below, where present, the isotropy contrasts (:data:`CONTRAST_LABELS`, method − Base in
+        their own units) and the λ sweep's trends (slope on λ per unit, on IsoScore* per +0.1), 95 % intervals.
     """
     from istar.report.paired import informative, pooled_gains
 
