@@ -60,7 +60,7 @@ from istar.config.schema import STUDIES
 from istar.config.specs import Spec
 from istar.core.tokens import TOKEN_SELECTION_NAMES
 from istar.report.aggregate import AGGREGATE_NAMES, PROVENANCE_NAME
-from istar.report.figures import FIGURE_NAMES, STABILITY_CSV, figure_csv
+from istar.report.figures import FIGURE_NAMES, STABILITY_CSV, figure_csvs
 from istar.report.table_specs import TABLE_NAMES, get_table
 from istar.pipeline.plan import (
     aggregate_options,
@@ -344,7 +344,7 @@ def report_jobs(config: dict) -> tuple[Job, ...]:
     for figure in FIGURE_NAMES:
         out = FIGURE.format(figure=figure)
         jobs.append(Job("figure", "figure", (f"{out}.png", f"{out}.pdf"), FIGURE_LOG.format(figure=figure),
-                        f"figure {figure}", needs=(str(figure_csv(figure)),),
+                        f"figure {figure}", needs=tuple(map(str, figure_csvs(figure))),
                         args=(figure, "--aggregate-dir", AGGREGATE_DIR, "--out", f"{out}.png")))
     jobs.append(Job("summary", "summary", (SUMMARY_MD, SUMMARY_RST), SUMMARY_LOG, "summary",
                     needs=(runs, selection, RESOLVED_CONFIG, *((stability,) if simulated else ())),

@@ -378,13 +378,13 @@ def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sig
 
 
 def aggregate_options(config: dict) -> list[str]:
-    """The aggregate's settings, as its command's options: the rule for collapsed runs, the paper's models,
-    and the analysis settings every measurement it reads must carry (``--analysis``: a measurement made
-    under another ζ or Σ_S reference is refused, not mixed in)."""
-    inference, analysis = config["inference"], config["analysis"]
+    """The aggregate's settings, as its command's options: the ``inference`` section (the rule for collapsed
+    runs, the multiplicity plan, the paper's models, the primary endpoint), and the analysis settings every
+    measurement it reads must carry (``--analysis``: a measurement made under another ζ or Σ_S reference is
+    refused, not mixed in)."""
+    analysis = config["analysis"]
     measured = {"zeta": analysis["zeta"], "sigma_s_model": analysis["sigma_s_model"]}
-    return ["--collapsed-runs", inference["collapsed_runs"],
-            "--paper-models", json.dumps(inference["paper_models"], sort_keys=True),
+    return ["--inference", json.dumps(config["inference"], sort_keys=True),
             "--analysis", json.dumps(measured, sort_keys=True)]
 
 

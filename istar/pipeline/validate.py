@@ -24,7 +24,7 @@ import yaml
 from istar.config.gpu_slots import micro_batches_per_step
 from istar.config.schema import STUDIES, ConfigError, check_schema, load_yaml
 from istar.registry.compile_modes import compile_conflict
-from istar.report.family import rank_test_warning
+from istar.report.family import MULTIPLICITY_PLANS, rank_test_warning
 
 __all__ = ["validate_config", "load_config", "merge_config_files", "model_depth"]
 
@@ -86,6 +86,9 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
         raise ConfigError("config key 'studies.padding.tuning.lambdas': λ = 0 is the baseline, which the study runs "
                           "anyway; remove it")
     primary = config["inference"]["primary"]
+    if primary is None and MULTIPLICITY_PLANS[config["inference"]["multiplicity"]].gates:
+        raise ConfigError("config key 'inference.multiplicity': gatekeeping tests the declared primary first, but "
+                          "inference.primary is null; declare the primary endpoint or use family")
     if primary is not None:
         _configured_model("inference.primary.model", primary["model"], models)
         _configured_task("inference.primary.task", primary["task"], tasks)

@@ -240,8 +240,8 @@ def _with_collapse_counts(paired, counts, rule: str):
     return merged.assign(collapse_rule=rule)[[*paired.columns, *PAIRED_COLLAPSE_COLUMNS]]
 
 
-def aggregate(study_runs, selection_files, out_dir, measure_files=(), collapse_rule: str = "keep",
-              paper_models: dict[str, str] | None = None, analysis: dict | None = None) -> dict:
+def aggregate(study_runs, selection_files, out_dir, measure_files=(), inference: dict | None = None,
+              analysis: dict | None = None) -> dict:
     """Collect runs and selections into ``runs.csv``, ``layers.csv``, ``dims.csv``, ``epochs.csv``, ``selection.csv``,
     ``paired.csv``, ``trend.csv`` and ``pooled.csv``, and where their code came from into ``provenance.csv``.
 
@@ -251,15 +251,16 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), collapse_r
         run_config.json (a finished run).
     selection_files : sequence of ``best.json`` files written by :func:`istar.report.select.select_best`.
     out_dir : folder for the CSV files (created; each written atomically).
-    collapse_rule : ``inference.collapsed_runs`` (:mod:`istar.registry.collapse_rules`), applied to the runs
-        before ``paired.csv``, ``trend.csv`` and ``pooled.csv`` (:func:`istar.report.collapse.apply_collapse_rule`);
-        runs.csv keeps every run, flagged.
+    inference : the config's ``inference`` section (a key left out, or None: the schema's default):
+        ``collapsed_runs`` (:mod:`istar.registry.collapse_rules`), applied to the runs before ``paired.csv``,
+        ``trend.csv`` and ``pooled.csv`` (:func:`istar.report.collapse.apply_collapse_rule`; runs.csv keeps
+        every run, flagged); ``multiplicity`` and ``primary``, the family's adjustment; ``paper_models``,
+        model → the paper's model whose Table 1 cells ``paired.csv`` sets beside its cells
+        (:func:`istar.report.comparisons.study_tests`).
     measure_files : files written by :func:`istar.steps.measure.measure_runs`; a run found in one
         of them gets its analysis (a run in several files: the last one given; measurements of
         one model agree up to floating-point noise). Keys are run folders as the measurement
         recorded them, compared after resolving, so give the same working directory.
-    paper_models : ``inference.paper_models``: model → the paper's model whose Table 1 cells
-        ``paired.csv`` sets beside its cells (None: the schema's default).
     analysis : the analysis settings every measurement must have been made with (``zeta``,
         ``sigma_s_model``: the config's ``analysis`` section); None: not checked.
 
@@ -268,6 +269,7 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), collapse_r
     dict with keys :data:`AGGREGATE_NAMES` and ``provenance``: the DataFrames written, with
     the columns of the module docstring (integer columns as nullable ``Int64``).
     """
+    from istar.config.schema import default_of
     from istar.registry.tasks import get_task
 
     # here: pandas and SciPy stay out of the workflow's DAG build
@@ -313,8 +315,9 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), collapse_r
     selection_rows = sorted((_selection_row(Path(path)) for path in selection_files),
                             key=lambda row: (row["model"], row["task"]))
     runs_frame = _frame(run_rows, RUNS_COLUMNS)
+    collapse_rule = (inference or {}).get("collapsed_runs") or default_of("inference.collapsed_runs")
     kept, counts = apply_collapse_rule(runs_frame, collapse_rule)
-    tests = study_tests(kept, paper_models=paper_models)
+    tests = study_tests(kept, inference)
     paired = _with_collapse_counts(tests.paired, counts, collapse_rule)
     final = tests.paired[tests.paired["study"] == "final"]
     scales = {task: get_task(task).percent_scale for task in set(final["task"])}
@@ -339,12 +342,10 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
                         help="selection files written by `istar select`")
     parser.add_argument("--measures", action="extend", nargs="*", default=[], metavar="MEASURES_JSON",
                         help="measurement files written by `istar measure` (the runs' analyses)")
-    parser.add_argument("--paper-models", type=json.loads, default=None, metavar="JSON",
-                        help="inference.paper_models as JSON, e.g. '{\"minilm\": \"distilbert\"}' (default: the "
-                             "schema's)")
-    parser.add_argument("--collapsed-runs", default="keep", metavar="RULE",
-                        help="what the paired comparisons do with a collapsed run: keep or exclude "
-                             "(inference.collapsed_runs; default: %(default)s)")
+    parser.add_argument("--inference", type=json.loads, default=None, metavar="JSON",
+                        help="the config's inference section as JSON: the rule for collapsed runs, the multiplicity "
+                             "plan, the primary endpoint and the paper models, e.g. '{\"collapsed_runs\": \"keep\", "
+                             "\"multiplicity\": \"family\"}' (a key left out: the schema's default)")
     parser.add_argument("--analysis", type=json.loads, default=None, metavar="JSON",
                         help="the analysis settings every measurement must have been made with, e.g. "
                              "'{\"zeta\": 0.2, \"sigma_s_model\": \"pretrained\"}' (default: not checked)")
@@ -359,6 +360,6 @@ def run_cli(args) -> int:
     selection, measures = files(args.selection), files(args.measures)
     arguments = [item for item in args.selection + args.measures if item not in selection + measures] + list(args.runs)
     frames = aggregate([parse_run_argument(argument) for argument in arguments], selection, args.out_dir, measures,
-                       collapse_rule=args.collapsed_runs, paper_models=args.paper_models, analysis=args.analysis)
+                       inference=args.inference, analysis=args.analysis)
     print(", ".join(f"{name}.csv: {len(frame):,} rows" for name, frame in frames.items()) + f" -> {args.out_dir}")
     return 0

@@ -2,15 +2,16 @@
 
 A reproduction's product is a verdict per claim. Each entry of :data:`CLAIMS` states one claim of
 Rudman & Eickhoff (ICLR 2024) and judges it from the study's one family of tests
-(:func:`istar.report.comparisons.study_tests`: every comparison carries one Holm-adjusted p, the
-same as in the tables), at α = 0.05:
+(:func:`istar.report.comparisons.study_tests`: every comparison carries one adjusted p under the
+declared multiplicity plan, ``inference.multiplicity``, the same as in the tables), at α = 0.05:
 
-- **supported**: the test is significant in the claimed direction after Holm's adjustment;
+- **supported**: the test is significant in the claimed direction after the adjustment;
 - **contradicted**: significant in the opposite direction (or, for a descriptive claim, the
   numbers go against it);
 - **inconclusive**: not significant; the verdict then names the smallest effect the comparison
-  would have detected with 80 % power at the level Holm needs at worst (α / m), so "no
-  significant difference" is never read as "no difference";
+  would have detected with 80 % power at the level its test needs at worst (α / m in one Holm
+  family; gatekeeping: α for the primary, α / (m − 1) for a secondary), so "no significant
+  difference" is never read as "no difference";
 - **not informative**: the comparison has no information (its pairs do not vary, or fewer than
   two remain): no test, no power;
 - **not tested**: this configuration has no runs that bear on it.
@@ -20,8 +21,10 @@ declared primary contrast (I-STAR − Base, CosReg − Base, or the λ sweep's t
 cell alone; a claim across cells on the pooled estimate over the informative cells
 (Hartung–Knapp–Sidik–Jonkman below five cells; one cell is reported by its own paired test, never
 as "pooled"). Every verdict names its scope: the model and task, the training rows and epochs, and
-where λ | ζ came from. The signed-rank test beside each t-test is Holm-adjusted over the same family;
-where the two disagree at α, or where its n pairs cannot reach α / m at all, the verdict says so.
+where λ | ζ came from; every interval is printed at 95 % and, where the plan tests the verdict at a stricter
+level, at Holm's first-step level too (α / m; gatekeeping: α / (m − 1) for a secondary), the level no test
+of the family falls below. The signed-rank test beside each t-test is adjusted over the same family; where the two
+disagree at α, or where its n pairs cannot reach the verdict's level at all, the verdict says so.
 The paper's own cell for the model the config maps each model to (``inference.paper_models``) is set
 beside ours (:mod:`istar.report.paper`).
 
@@ -40,9 +43,10 @@ import pandas as pd
 from istar.registry.methods import METHODS, SEARCHED_METHOD
 from istar.registry.tasks import get_task
 from istar.report.evidence import Evidence, Finding
-from istar.report.family import ALPHA, signed_rank_pairs_needed, smallest_signed_rank_p
-from istar.report.inference import POWER, family_alpha, treatment_slopes
+from istar.report.family import ALPHA, signed_rank_pairs_needed, smallest_signed_rank_p, verdict_levels
+from istar.report.inference import POWER, treatment_slopes
 from istar.report.paired import format_p, informative, paired_interval, pooled_gains
+from istar.report.paper import Estimate
 from istar.report.table_render import Table
 
 __all__ = ["Claim", "CLAIMS", "claims_table"]
@@ -88,12 +92,12 @@ def _verdict(estimate: float, p_value: float, mde: float, sign: int, unit: str, 
 
 
 def _rank_note(row) -> str:
-    """The signed-rank test at the verdict's level: where its n pairs cannot reach α / m (Holm's first
+    """The signed-rank test at the verdict's level: where its n pairs cannot reach the row's level (``mde_alpha``,
     step), or where its Holm-adjusted p and the t-test's fall on opposite sides of α; else nothing."""
-    level = family_alpha(row.family_size)
+    level = row.mde_alpha
     if smallest_signed_rank_p(row.n) >= level:
         return (f"; the signed-rank test cannot pass at this level: with {row.n} pairs its smallest p is "
-                f"{smallest_signed_rank_p(row.n):.4f}, not below α / m = {level:.4f} (it needs "
+                f"{smallest_signed_rank_p(row.n):.4f}, not below its verdict's level {level:.4f} (it needs "
                 f"{signed_rank_pairs_needed(level)} pairs)")
     if not math.isnan(row.p_wilcoxon_holm) and (row.p_holm < ALPHA) != (row.p_wilcoxon_holm < ALPHA):
         return (f"; at this level the t-test and the signed-rank test disagree (Holm {_p(row.p_holm)} and "
@@ -109,9 +113,14 @@ def _p(value: float) -> str:
     return f"p {text[0]} {text[1:]}" if text.startswith("<") else f"p = {text}"
 
 
-def _interval(row, digits: int, unit: str = "") -> str:
-    return (f"{row['mean']:+.{digits}f}{unit} [{row['ci_low']:+.{digits}f}, {row['ci_high']:+.{digits}f}] "
-            f"({1 - ALPHA:.0%}), {_p(row['p_value'])}")
+def _at_verdict_level(mean: float, se: float, df: float, alpha: float, digits: int) -> str:
+    """``, [−0.34, +0.48] at Holm's first-step level (99.4%)``: the interval at the level the plan tests the
+    verdict at worst (the row's ``mde_alpha``; Student's t with ``df``, the normal where df is infinite), beside
+    the 95 % one; empty where the verdict is tested at α, the printed interval's own level."""
+    if round(alpha, 12) >= ALPHA:  # 1 − 0.95 is α up to rounding
+        return ""
+    at = Estimate.of(mean, se, df, alpha)
+    return f", [{at.ci_low:+.{digits}f}, {at.ci_high:+.{digits}f}] at Holm's first-step level ({1 - alpha:.1%})"
 
 
 def _cell_finding(evidence: Evidence, row, sign: int, points: bool, label: str, digits: int, unit: str,
@@ -126,23 +135,26 @@ def _cell_finding(evidence: Evidence, row, sign: int, points: bool, label: str, 
                                                  "every pair differs by the same amount (no variation to test)"),
                        cells)
     numbers = (f"{label} {row.mean_difference * scale:+.{digits}f}{unit} [{row.ci_low * scale:+.{digits}f}, "
-               f"{row.ci_high * scale:+.{digits}f}] ({row.level:.0%}), n = {row.n} ({row.n_positive} above 0, "
+               f"{row.ci_high * scale:+.{digits}f}] ({row.level:.0%})"
+               + _at_verdict_level(row.mean_difference * scale, row.sd_difference * scale / math.sqrt(row.n), row.n - 1,
+                                   row.mde_alpha, digits)
+               + f", n = {row.n} ({row.n_positive} above 0, "
                f"{row.n_negative} below), "
                f"{_p(row.p_value)}, signed-rank {_p(row.p_wilcoxon)}, Holm {_p(row.p_holm)} (signed-rank "
-               f"{_p(row.p_wilcoxon_holm)}; family of {row.family_size})")
+               f"{_p(row.p_wilcoxon_holm)}; family of {row.family_size}, its level {row.mde_alpha:.4f})")
     return Finding(scope, numbers, _verdict(row.mean_difference, row.p_holm, row.mde * scale, sign, unit, digits, row),
                    cells)
 
 
-def _across_cells(evidence: Evidence, measure: str, method: str, sign: int, points: bool, label: str,
-                  digits: int, unit: str) -> list[Finding]:
-    """A claim across the final study's cells: the declared primary cell when this is its contrast, else
-    the pooled estimate over the informative cells (one cell: its own test; none: each cell, not informative)."""
-    rows = evidence.tests.rows("final", measure)
+def _across_cells(evidence: Evidence, rows: pd.DataFrame, method: str, sign: int, label: str, points: bool = False,
+                  digits: int = 3, unit: str = "") -> list[Finding]:
+    """A claim across the final study's cells (``rows``: one measure's paired comparisons): the declared primary
+    cell when this is its contrast, else the pooled estimate over the informative cells (one cell: its own test;
+    none: each cell, not informative). ``points``: the score, in points, where the primary can be."""
     rows = rows[rows["method"] == method]
     if rows.empty:
         return []
-    primary = [row for row in rows.itertuples() if measure == "score" and evidence.is_primary(method, row.model, row.task)]
+    primary = [row for row in rows.itertuples() if points and evidence.is_primary(method, row.model, row.task)]
     if primary:
         return [_cell_finding(evidence, primary[0], sign, points, label, digits, unit, primary=True)]
     cells = [row for row in rows.itertuples() if informative(row)]
@@ -153,7 +165,9 @@ def _across_cells(evidence: Evidence, measure: str, method: str, sign: int, poin
     pooled = pooled_gains(rows, scales)
     overall = pooled[pooled["scope"] == "all"].iloc[0]
     name = "Hartung–Knapp–Sidik–Jonkman" if overall["interval"] == "HKSJ" else "DerSimonian–Laird"
-    numbers = (f"{label} {_interval(overall, digits, unit)} (random effects, {name}, τ² = {overall['tau2']:.2f}); "
+    numbers = (f"{label} {overall['mean']:+.{digits}f}{unit} [{overall['ci_low']:+.{digits}f}, "
+               f"{overall['ci_high']:+.{digits}f}] ({1 - ALPHA:.0%}), {_p(overall['p_value'])} (random effects, {name}, "
+               f"τ² = {overall['tau2']:.2f}); "
                f"{overall['positive_cells']} of {overall['k']} cells above Base; Holm-significant: "
                f"{overall['significant_gains']} gain(s), {overall['significant_losses']} loss(es)")
     scope = f"{overall['k']} cells pooled: " + "; ".join(evidence.scope(row.model, row.task, row.method) for row in cells)
@@ -181,7 +195,8 @@ def _beside_paper(evidence: Evidence, findings: list[Finding], method: str) -> l
 
 
 def _istar_beats_base(evidence: Evidence) -> list[Finding]:
-    findings = _across_cells(evidence, "score", SEARCHED_METHOD, +1, True, "I-STAR − Base", 2, " points")
+    findings = _across_cells(evidence, evidence.tests.rows("final", "score"), SEARCHED_METHOD, +1, "I-STAR − Base",
+                             True, 2, " points")
     return _beside_paper(evidence, findings, SEARCHED_METHOD)
 
 
@@ -210,15 +225,18 @@ def _trend(evidence: Evidence) -> list[Finding]:
             continue
         iso = by["isoscore_star"]
         numbers = (f"slope of the score on IsoScore* {iso.slope / 10:+.2f} points per +0.1 "
-                   f"[{iso.ci_low / 10:+.2f}, {iso.ci_high / 10:+.2f}] ({iso.level:.0%}), {_p(iso.p_value)}, Holm "
-                   f"{_p(iso.p_holm)} (family of {iso.family_size}); {iso.n} runs, λ ∈ {{{iso.lambdas}}}, "
+                   f"[{iso.ci_low / 10:+.2f}, {iso.ci_high / 10:+.2f}] ({iso.level:.0%})"
+                   + _at_verdict_level(iso.slope / 10, iso.se / 10, math.inf, iso.mde_alpha, 2)
+                   + f", {_p(iso.p_value)}, Holm {_p(iso.p_holm)} (family of {iso.family_size}, its level "
+                   f"{iso.mde_alpha:.4f}); {iso.n} runs, λ ∈ {{{iso.lambdas}}}, "
                    f"{iso.groups} seeds (random intercepts)")
         if "lam" in by:
             lam = by["lam"]
             numbers += (f". Added after the run (IsoScore* is an outcome of the run, λ its treatment): the "
                         f"dose-response on λ, the causal contrast, "
-                        f"{lam.slope:+.3f} points per unit [{lam.ci_low:+.3f}, {lam.ci_high:+.3f}], Holm "
-                        f"{_p(lam.p_holm)}; " + _split_slope(evidence.runs, model, task))
+                        f"{lam.slope:+.3f} points per unit [{lam.ci_low:+.3f}, {lam.ci_high:+.3f}] ({lam.level:.0%})"
+                        + _at_verdict_level(lam.slope, lam.se, math.inf, lam.mde_alpha, 3)
+                        + f", Holm {_p(lam.p_holm)}; " + _split_slope(evidence.runs, model, task))
         primary = evidence.is_primary("lambda_sweep", model, task)
         scope = (f"{evidence.scope(model, task)}, the λ sweep at ζ = "
                  f"{_sweep_zeta(evidence.runs, model, task)}" + (PRIMARY if primary else ""))
@@ -286,45 +304,33 @@ def _istar_lowers_isoscore(evidence: Evidence) -> list[Finding]:
     if rows.empty or not negative:
         return []
     rows = rows[[(m, t) in negative for m, t in zip(rows["model"], rows["task"])]]
-    return _across_rows(evidence, rows, SEARCHED_METHOD, -1, "I-STAR (λ < 0) − Base IsoScore*")
-
-
-def _across_rows(evidence: Evidence, rows: pd.DataFrame, method: str, sign: int, label: str) -> list[Finding]:
-    chosen = rows[rows["method"] == method]
-    if chosen.empty:
-        return []
-    cells = [row for row in chosen.itertuples() if informative(row)]
-    if len(cells) < 2:
-        return [_cell_finding(evidence, (cells or list(chosen.itertuples()))[0], sign, False, label, 3, "")]
-    pooled = pooled_gains(chosen, {}).query("scope == 'all'").iloc[0]
-    return [Finding(f"{pooled['k']} cells pooled", f"{label} {_interval(pooled, 3)}",
-                    _verdict(pooled["mean"], pooled["p_value"], pooled["mde"], sign, "", 3))]
+    return _across_cells(evidence, rows, SEARCHED_METHOD, -1, "I-STAR (λ < 0) − Base IsoScore*")
 
 
 def _cosreg_not_isotropic(evidence: Evidence) -> list[Finding]:
     """The claim in its three parts, on the paper's quantity, the last layer: the cosine lowered (against
     Base); its IsoScore* not changed (against Base); and not made isotropic (CosReg's own IsoScore*, far
     below 1)."""
-    cosine = _across_rows(evidence, evidence.tests.rows("final", "cosine_similarity"), COSREG, -1,
-                          "CosReg − Base last-layer cosine")
+    cosine = _across_cells(evidence, evidence.tests.rows("final", "cosine_similarity"), COSREG, -1,
+                           "CosReg − Base last-layer cosine")
     if not cosine:
         return []
-    findings = [replace(cosine[0], scope=f"the cosine lowered: {cosine[0].scope}")]
-    against_base = _across_rows(evidence, evidence.tests.rows("final", LAST_LAYER), COSREG, +1,
-                                "CosReg − Base last-layer IsoScore*")
+    findings = [replace(finding, scope=f"the cosine lowered: {finding.scope}") for finding in cosine]
+    against_base = _across_cells(evidence, evidence.tests.rows("final", LAST_LAYER), COSREG, +1,
+                                 "CosReg − Base last-layer IsoScore*")
     if not against_base:
         return findings + [Finding("the last layer's isotropy", f"no last-layer IsoScore* in these runs (runs.csv "
                                    f"{LAST_LAYER}, from the measurements)", NOT_TESTED)]
-    (change,) = against_base
-    if change.verdict.startswith((SUPPORTED, CONTRADICTED)):  # significant either way: the isotropy moved
-        kept = f"{CONTRADICTED}: CosReg changed it"
-    elif change.verdict.startswith(INCONCLUSIVE):
-        kept = f"{SUPPORTED} as far as the test sees: not distinguishable from Base;" + change.verdict.partition(":")[2]
-    else:
-        kept = change.verdict
-    findings.append(replace(change, scope=f"isotropy unchanged: {change.scope}", verdict=kept))
+    for change in against_base:
+        if change.verdict.startswith((SUPPORTED, CONTRADICTED)):  # significant either way: the isotropy moved
+            kept = f"{CONTRADICTED}: CosReg changed it"
+        elif change.verdict.startswith(INCONCLUSIVE):
+            kept = f"{SUPPORTED} as far as the test sees: not distinguishable from Base;" + change.verdict.partition(":")[2]
+        else:
+            kept = change.verdict
+        findings.append(replace(change, scope=f"isotropy unchanged: {change.scope}", verdict=kept))
     runs = evidence.runs
-    level = 1 - family_alpha(evidence.tests.family_size)
+    level = 1 - verdict_levels(evidence.plan.gates, evidence.tests.family_size)[1]  # a secondary's, at worst
     for (model, task), own in runs[(runs["study"] == "final") & (runs["method"] == COSREG)].dropna(
             subset=[LAST_LAYER]).groupby(["model", "task"], sort=False):
         mean, _, low, high = paired_interval(own[LAST_LAYER].to_numpy(dtype=float), level)
@@ -400,6 +406,8 @@ def claims_table(runs: pd.DataFrame, selection: pd.DataFrame | None = None,
                 f"{get_task(primary['task']).display}; a claim about it is judged on that cell alone."
                 if primary else "No primary endpoint declared (inference.primary): claims across cells are judged "
                                 "on the pooled estimate.")
+    m = evidence.tests.family_size
+    primary_level, secondary_level = verdict_levels(evidence.plan.gates, m)
     return Table(
         name="claims",
         caption="The paper's claims and what this study's numbers say about each, at its power.",
@@ -410,17 +418,17 @@ def claims_table(runs: pd.DataFrame, selection: pd.DataFrame | None = None,
         cells=cells,
         best=[[False] * 3 for _ in cells],
         footnotes=[
-            f"Tests at α = {ALPHA:g}, two-sided, paired by seed; intervals at the level each names (95 %: the "
-            "verdicts' α before Holm's adjustment; the detectable effects at α / m); every p-value is "
-            f"Holm-adjusted over the study's one family of {evidence.tests.family_size} confirmatory tests "
-            "(paired.csv, trend.csv), the same value as in the tables. supported / contradicted: significant in / "
-            "against the claimed direction; inconclusive: not "
-            f"significant, with the smallest effect the comparison detects with {POWER:.0%} power at α / m, the "
-            "level Holm's first step needs (below it, a real effect can hide); not informative: no variation to "
-            "test; not tested: no runs here bear on it. Beside each t-test, the Wilcoxon signed-rank test (on the "
-            "score's grid, ties kept), Holm-adjusted over the same family, and the seeds above and below 0; a verdict "
-            "says where the two disagree at α, or where n pairs cannot reach α / m (the smallest signed-rank p is "
-            "2 / 2ⁿ).",
+            f"Multiplicity (inference.multiplicity): {evidence.plan.key}, {evidence.plan.wording}; the primary "
+            f"tested at {primary_level:.4f}, each secondary at {secondary_level:.4f} at worst, over the study's "
+            f"{m} confirmatory tests (paired.csv, trend.csv; each row's p_holm and level, the same values as in the "
+            f"tables). Tests at α = {ALPHA:g}, two-sided, paired by seed; every interval at 95 % and, where the "
+            "plan tests the verdict at a stricter level, beside it at Holm's first-step level; supported / contradicted: significant "
+            "in / against the claimed direction after the adjustment; inconclusive: not significant, with the "
+            f"smallest effect the comparison detects with {POWER:.0%} power at its verdict's level (below it, a real "
+            "effect can hide); not informative: no variation to test; not tested: no runs here bear on it. Beside "
+            "each t-test, the Wilcoxon signed-rank test (on the score's grid, ties kept), adjusted the same way, and "
+            "the seeds above and below 0; a verdict says where the two disagree at α, or where n pairs cannot reach "
+            "the verdict's level (the smallest signed-rank p is 2 / 2ⁿ).",
             "Pooled: random-effects mean over the informative cells (points for scores), with the "
             "Hartung–Knapp–Sidik–Jonkman interval below five cells; a single cell is reported by its own paired "
             "test." + (" The trend: the slope of the score on the fine-tuned model's IsoScore* (and on λ) across "

@@ -13,8 +13,10 @@ can be drawn from:
   random intercept (:func:`istar.report.inference.random_intercept_slope`). The paper's claim
   (Fig. 3: "decreasing isotropy improves performance") is a negative slope on IsoScore*.
 
-Holm's adjustment runs over the m tests of the family, and each detectable effect is stated at
-α / m, the level the first Holm step tests at.
+The adjustment follows the declared multiplicity plan (``inference.multiplicity``,
+:data:`istar.report.family.MULTIPLICITY_PLANS`): one Holm family of the m tests, each detectable effect
+stated at α / m, the level Holm's first step tests at; or gatekeeping, the declared primary alone at α
+and the others Holm-adjusted among themselves at α / (m − 1), passing only where the primary does.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import pandas as pd
 from istar.core.tokens import TOKEN_SELECTIONS
 from istar.registry.methods import BASELINE_METHOD, METHODS
 from istar.registry.tasks import get_task
-from istar.report.family import FAMILY_MEASURES, TREND_COVARIATES, TREND_STUDY
-from istar.report.inference import POWER, family_alpha, holm, random_intercept_slope
+from istar.report.family import FAMILY_MEASURES, MULTIPLICITY_PLANS, TREND_COVARIATES, TREND_STUDY
+from istar.report.inference import POWER, adjusted_p_values, random_intercept_slope
 from istar.report.paired import LEVEL, PAIRED_COLUMNS, adjust_family, informative, paired_differences
 from istar.report.paper import Estimate, difference, paper_gain, paper_model
 
@@ -120,15 +122,16 @@ def trend_tests(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
     return pd.DataFrame(out, columns=list(TREND_COLUMNS))
 
 
-def study_tests(runs: pd.DataFrame, level: float = LEVEL, paper_models: dict[str, str] | None = None) -> StudyTests:
-    """Every confirmatory test of the study in ``runs.csv``, Holm-adjusted as one family (module docstring).
+def study_tests(runs: pd.DataFrame, inference: dict | None = None, level: float = LEVEL) -> StudyTests:
+    """Every confirmatory test of the study in ``runs.csv``, adjusted as one family (module docstring).
 
     Parameters
     ----------
     runs : ``runs.csv`` of ``istar aggregate``.
+    inference : the config's ``inference`` section: ``multiplicity`` (the plan), ``primary`` (the test
+        that opens the gate) and ``paper_models`` (model → the paper's model set beside it); a key left
+        out, or None, takes the schema's default.
     level : coverage of the intervals; α = 1 − level.
-    paper_models : ``inference.paper_models`` (model → the paper's model set beside it); None: the
-        schema's default.
 
     Returns
     -------
@@ -138,23 +141,41 @@ def study_tests(runs: pd.DataFrame, level: float = LEVEL, paper_models: dict[str
 
     from istar.config.schema import default_of
 
+    declared = {key: default_of(f"inference.{key}") for key in ("multiplicity", "primary", "paper_models")}
+    declared |= {key: value for key, value in (inference or {}).items() if key in declared}
     parts = _paired_parts(runs, level)
     paired = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(PAIRED_COLUMNS))
     trends = trend_tests(runs, level)
-    paired = adjust_family(paired, level, extra_p_values=trends["p_value"].to_numpy(dtype=float))
-    p_values = np.concatenate([paired["p_value"].to_numpy(dtype=float), trends["p_value"].to_numpy(dtype=float)])
-    m = int(np.count_nonzero(~np.isnan(p_values)))
-    alpha = family_alpha(m, 1 - level)
+    extra = trends["p_value"].to_numpy(dtype=float)
+    gate = None
+    if MULTIPLICITY_PLANS[declared["multiplicity"]].gates:
+        gate = _primary_position(paired, trends, declared["primary"])
+        if gate is None:  # the primary has no test here: it stays in the family, untested, and the gate shut
+            gate, extra = len(paired) + len(trends), np.append(extra, np.nan)
+    paired = adjust_family(paired, level, extra_p_values=extra, gate=gate)
     if len(trends):
-        trends["p_holm"] = holm(p_values)[len(paired):]
+        p_values = np.concatenate([paired["p_value"].to_numpy(dtype=float), extra])
+        adjusted, levels = adjusted_p_values(p_values, gate, 1 - level)
+        trends["p_holm"], trends["mde_alpha"] = adjusted[len(paired):][:len(trends)], levels[len(paired):][:len(trends)]
         trends["significant"] = trends["p_holm"] < 1 - level
-        trends["family_size"] = m
-        trends["mde_alpha"] = alpha
-        trends["mde"] = (float(stats.norm.isf(alpha / 2)) + float(stats.norm.ppf(POWER))) * trends["se"]
-    mapping = default_of("inference.paper_models") if paper_models is None else paper_models
-    paper = paper_comparisons(paired, mapping, level)
+        trends["family_size"] = int(np.count_nonzero(~np.isnan(p_values)))
+        trends["mde"] = (stats.norm.isf(trends["mde_alpha"] / 2) + float(stats.norm.ppf(POWER))) * trends["se"]
+    paper = paper_comparisons(paired, declared["paper_models"], level)
     paired = paired.join(paper) if len(paired) else paired.reindex(columns=list(STUDY_PAIRED_COLUMNS))
     return StudyTests(paired=paired.reindex(columns=list(STUDY_PAIRED_COLUMNS)), trends=trends)
+
+
+def _primary_position(paired: pd.DataFrame, trends: pd.DataFrame, primary: dict) -> int | None:
+    """The declared primary's index in the family [paired rows, trends] (``inference.primary``: a final
+    cell's score comparison, or the λ sweep's trend on IsoScore*, :data:`TREND_COVARIATES`' first); None
+    where it has no row."""
+    if primary["contrast"] == TREND_STUDY:
+        rows, offset = trends[trends["covariate"] == TREND_COVARIATES[0]], len(paired)
+    else:
+        rows, offset = paired[(paired["study"] == "final") & (paired["measure"] == "score")
+                              & (paired["method"] == primary["contrast"])], 0
+    found = np.flatnonzero((rows["model"] == primary["model"]).to_numpy() & (rows["task"] == primary["task"]).to_numpy())
+    return offset + int(rows.index[found[0]]) if len(found) else None
 
 
 def paper_comparisons(paired: pd.DataFrame, mapping: dict[str, str], level: float = LEVEL) -> pd.DataFrame:

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from istar.config.schema import default_of
 from istar.registry.methods import SEARCHED_METHOD
 from istar.registry.tasks import get_task
 from istar.report.comparisons import StudyTests, study_tests
+from istar.report.family import MULTIPLICITY_PLANS, MultiplicityPlan
 
 __all__ = ["Evidence", "Finding"]
 
@@ -31,16 +33,21 @@ class Evidence:
     tests: StudyTests = field(init=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "tests", study_tests(self.runs, paper_models=self.paper_models))
+        object.__setattr__(self, "tests", study_tests(self.runs, self.inference))
+
+    @property
+    def inference(self) -> dict:
+        """The config's ``inference`` section (empty without a config: the schema's defaults)."""
+        return (self.config or {}).get("inference") or {}
 
     @property
     def primary(self) -> dict | None:
-        return ((self.config or {}).get("inference") or {}).get("primary")
+        return self.inference.get("primary")
 
     @property
-    def paper_models(self) -> dict[str, str] | None:
-        """``inference.paper_models`` (None without a config: the schema's default)."""
-        return ((self.config or {}).get("inference") or {}).get("paper_models")
+    def plan(self) -> MultiplicityPlan:
+        """``inference.multiplicity``, the schema's default where the config has none."""
+        return MULTIPLICITY_PLANS[self.inference.get("multiplicity") or default_of("inference.multiplicity")]
 
     def is_primary(self, contrast: str, model: str, task: str) -> bool:
         primary = self.primary

@@ -3,22 +3,56 @@
 Pure Python (no NumPy, pandas or SciPy): the config check (:mod:`istar.pipeline.validate`) reads it
 while the workflow builds its DAG. :mod:`istar.report.comparisons` builds the family from the runs;
 this module says before any run how many tests it will hold (m) and whether the signed-rank test
-reported beside each paired t-test can pass at α / m, the level Holm's first step tests at: the exact
-test of n pairs never gives a two-sided p below 2 / 2ⁿ (every difference of one sign).
+reported beside each paired t-test can pass at the level the declared multiplicity plan
+(``inference.multiplicity``, :data:`MULTIPLICITY_PLANS`) gives it at worst: the exact test of n pairs
+never gives a two-sided p below 2 / 2ⁿ (every difference of one sign).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from istar.core.tokens import TOKEN_SELECTIONS
 from istar.registry.methods import BASELINE_METHOD
 
-__all__ = ["ALPHA", "FAMILY_MEASURES", "TREND_STUDY", "TREND_COVARIATES", "planned_family_size",
+__all__ = ["ALPHA", "MultiplicityPlan", "MULTIPLICITY_PLANS", "verdict_levels", "FAMILY_MEASURES", "TREND_STUDY", "TREND_COVARIATES", "planned_family_size",
            "smallest_signed_rank_p", "signed_rank_pairs_needed", "rank_test_warning"]
 
 ALPHA = 0.05
 """The level of every test the workflow reports (two-sided), for the family as a whole."""
+
+
+@dataclass(frozen=True)
+class MultiplicityPlan:
+    """One value of ``inference.multiplicity``: how the m confirmatory tests share :data:`ALPHA`.
+
+    key : the value in the config.
+    gates : the declared primary is tested alone at α and opens the gate: the m − 1 secondaries are
+        Holm-adjusted among themselves and pass only where it passes (serial gatekeeping); else one
+        Holm family of all m.
+    wording : how the report names the plan.
+    """
+
+    key: str
+    gates: bool
+    wording: str
+
+
+MULTIPLICITY_PLANS: dict[str, MultiplicityPlan] = {plan.key: plan for plan in (
+    MultiplicityPlan("family", gates=False, wording="one Holm family, the primary among the secondaries"),
+    MultiplicityPlan("gatekeeping", gates=True, wording="the primary alone, the secondaries (Holm among them) only "
+                                                        "if it passes"),
+)}
+
+
+def verdict_levels(gates: bool, m: int, alpha: float = ALPHA) -> tuple[float, float]:
+    """(the primary's level, each secondary's level at worst) for a family of m tests: where the plan
+    gates (:attr:`MultiplicityPlan.gates`), α and α / (m − 1), Holm's first step among the secondaries;
+    else α / m for both, Holm's first step over the family. A detectable effect is stated at its test's."""
+    if gates:
+        return alpha, alpha / max(m - 1, 1)
+    return alpha / max(m, 1), alpha / max(m, 1)
 
 FAMILY_MEASURES = {"final": ("score", "isoscore_star", "cosine_similarity", "last_layer_isoscore_star"),
                    "padding": ("score", "isoscore_star")}
@@ -60,17 +94,18 @@ def signed_rank_pairs_needed(level: float) -> int:
 
 
 def rank_test_warning(config: dict) -> str | None:
-    """Where a declared design's final seeds are too few for the signed-rank test to pass Holm's first
-    step: a sentence naming the seeds, m and the seeds needed. None where it can pass, where one seed
-    leaves nothing to test, or where no primary endpoint is declared (``inference.primary``: an
-    exploratory run, whose tests no verdict is declared on)."""
+    """Where a declared design's final seeds are too few for the signed-rank test to pass at the level the
+    multiplicity plan gives a secondary at worst (:func:`verdict_levels`): a sentence naming the seeds,
+    the level and the seeds needed. None where it can pass, where one seed leaves nothing to test, or where
+    no primary endpoint is declared (``inference.primary``: an exploratory run, whose tests no verdict is
+    declared on)."""
     m = planned_family_size(config)
-    level = ALPHA / max(m, 1)
+    plan = MULTIPLICITY_PLANS[config["inference"]["multiplicity"]]
+    level = verdict_levels(plan.gates, m)[1]
     seeds = min(len(config["final"]["seeds_by_task"].get(task) or config["final"]["seeds"])
                 for task in config["tasks"])
     if config["inference"]["primary"] is None or seeds < 2 or smallest_signed_rank_p(seeds) < level:
         return None
     return (f"the signed-rank test beside each paired t-test cannot pass at this declared design's level: with "
-            f"{seeds} seeds its smallest two-sided p is {smallest_signed_rank_p(seeds):.4f}, not below α / m = "
-            f"{ALPHA:g} / {m} = {level:.4f} (Holm's first step over the family of {m} planned tests); its verdict "
-            f"will say so. Give final.seeds at least {signed_rank_pairs_needed(level)} seeds for it to be able to pass")
+            f"{seeds} seeds its smallest two-sided p is {smallest_signed_rank_p(seeds):.4f}, not below {level:.4f} "
+            f"(multiplicity: {plan.key}, {plan.wording}; {m} planned tests); its verdict will say so. Give final.seeds at least {signed_rank_pairs_needed(level)} seeds for it to be able to pass")

@@ -33,7 +33,7 @@ from istar.report.aggregate_csv import require_columns
 
 __all__ = ["LAMBDA_CMAP", "PERFORMANCE_LABELS", "HIGHLIGHT", "PANEL_SIZE", "study_rows", "with_performance",
            "summary", "yerr", "series_styles", "panels", "panel_series", "error_line", "legend_entries",
-           "figure_legend", "save"]
+           "figure_legend", "notice", "save"]
 
 LAMBDA_CMAP = "RdBu_r"
 """Diverging colour map of λ sweeps: negative λ from its blue half, positive λ from its red half."""
@@ -196,6 +196,15 @@ def figure_legend(fig: Figure, axes, markerscale: float = 1.0) -> None:
     ncols = max(1, min(len(entries), int(fig.get_figwidth() // column)))
     fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncols=ncols, fontsize="small",
                frameon=False, markerscale=markerscale)
+
+
+def notice(text: str) -> Figure:
+    """A figure that says, in ``text``, why there is nothing to draw (the config asked for it, the data hold none)."""
+    fig = Figure(figsize=(7.2, 1.6), layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_axis_off()
+    ax.set_title(text, fontsize="medium")
+    return fig
 
 
 def save(fig: Figure, out_png) -> tuple[Path, Path]:

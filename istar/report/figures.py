@@ -18,7 +18,7 @@ from pathlib import Path
 
 __all__ = ["FigureEntry", "FIGURES", "FIGURE_NAMES", "STUDY_FIGURES", "PROFILE_FIGURES", "STABILITY_CSV",
            "PROFILES_CSV", "PROJECTIONS_CSV", "get_figure", "enabled_figures",
-           "figure_csv", "draw"]
+           "figure_csvs", "draw"]
 
 STABILITY_CSV = "fig2_stability"
 """Stem of the CSV the Fig. 2 simulation writes (``istar stability``) next to the aggregate CSVs."""
@@ -51,6 +51,7 @@ class FigureEntry:
         ``survey``); None: always drawn (its data comes from the final runs every config has).
     data : stem of the CSV in the aggregate folder that the figure reads (``runs`` → ``runs.csv``).
     step : the command that writes that CSV.
+    also : stems of further CSVs the same command writes beside it, passed to the drawing function after it.
     caption : one sentence saying what the figure shows.
     module : the module of the drawing function.
     """
@@ -61,6 +62,7 @@ class FigureEntry:
     step: str
     caption: str
     module: str = "istar.report.plots"
+    also: tuple[str, ...] = ()
 
     def enabled(self, config: dict) -> bool:
         """Whether a validated config asks for this figure."""
@@ -73,7 +75,8 @@ FIGURES: dict[str, FigureEntry] = {
         FigureEntry("fig2", "studies.stability", STABILITY_CSV, "istar stability",
                    "IsoScore* of mini-batches of a known Gaussian against batch size, for several ζ."),
         FigureEntry("fig3", "studies.lambda_sweep", "runs", "istar aggregate",
-                   "IsoScore* against performance across the I-STAR λ sweep."),
+                   "The I-STAR λ sweep as a dose-response: each λ's paired score difference from Base, and the "
+                   "line fitted on λ."),
         FigureEntry("fig4", "studies.cosreg_means", "dims", "istar aggregate",
                    "Per-dimension mean of last-layer activations with CosReg and without a regulariser."),
         FigureEntry("fig5", "studies.twonn", "layers", "istar aggregate",
@@ -91,7 +94,8 @@ FIGURES: dict[str, FigureEntry] = {
                    "IsoScore of Σ_S after each epoch of fine-tuning, base, CosReg and I-STAR."),
         FigureEntry("forest", None, "paired", "istar aggregate",
                    "The verdict as a picture: each cell's paired score difference from Base with its interval and "
-                   "minimum detectable effect, the pooled estimate, and the paper's own cell beside ours."),
+                   "minimum detectable effect, the pooled estimate, and the paper's own cell beside ours; below, the "
+                   "isotropy contrasts and the λ sweep's trends.", also=("trend",)),
         FigureEntry("profile_layers", "survey", PROFILES_CSV, "istar survey-aggregate",
                    "IsoScore, IsoScore* and average cosine similarity of every hidden state of the pretrained "
                    "models, against relative depth.", module="istar.report.survey_plots"),
@@ -138,15 +142,16 @@ def enabled_figures(config: dict) -> list[str]:
     return [entry.name for entry in FIGURES.values() if entry.enabled(config)]
 
 
-def figure_csv(name: str, aggregate_dir="results/aggregate") -> Path:
-    """Path of the CSV that figure ``name`` reads, under ``aggregate_dir``."""
-    return Path(aggregate_dir) / f"{get_figure(name).data}.csv"
-
-
-def draw(name: str, frame):
-    """Draw figure ``name`` from the DataFrame of its CSV; returns a matplotlib Figure."""
+def figure_csvs(name: str, aggregate_dir="results/aggregate") -> list[Path]:
+    """Paths of the CSVs that figure ``name`` reads, under ``aggregate_dir``: its ``data``, then its ``also``."""
     entry = get_figure(name)
-    return getattr(importlib.import_module(entry.module), entry.name)(frame)
+    return [Path(aggregate_dir) / f"{stem}.csv" for stem in (entry.data, *entry.also)]
+
+
+def draw(name: str, *frames):
+    """Draw figure ``name`` from the DataFrames of its CSVs (:func:`figure_csvs`' order); returns a matplotlib Figure."""
+    entry = get_figure(name)
+    return getattr(importlib.import_module(entry.module), entry.name)(*frames)
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
@@ -164,8 +169,8 @@ def run_cli(args: argparse.Namespace) -> int:
     from istar.report.aggregate_csv import read_aggregate
     from istar.report.figure_parts import save
 
-    frame = read_aggregate(figure_csv(args.which, args.aggregate_dir), get_figure(args.which).step)
-    fig = draw(args.which, frame)
+    fig = draw(args.which, *(read_aggregate(path, get_figure(args.which).step)
+                             for path in figure_csvs(args.which, args.aggregate_dir)))
     for written in save(fig, args.out or Path("results/figures") / f"{args.which}.png"):
         print(written)
     return 0

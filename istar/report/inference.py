@@ -5,8 +5,8 @@ paired difference the workflow prints and by the claims table (:mod:`istar.repor
 
 - :func:`paired_t_pvalue`: the two-sided p-value of a paired t-test from the mean, sd and n of
   the differences, t = d̄ / (s_d / √n) with n − 1 degrees of freedom.
-- :func:`holm`: Holm's step-down adjustment of a family of p-values (Holm 1979), which keeps the
-  probability of any false rejection in the family at most α without assuming independence.
+- :func:`holm`: Holm's step-down adjustment (Holm 1979), any false rejection in the family at most α
+  without assuming independence; :func:`adjusted_p_values`: the declared plan, Holm or gatekeeping.
 - :func:`minimum_detectable_effect`: the smallest true mean difference a paired t-test of n pairs
   with paired sd s_d detects with the given power at level α (two-sided), from the noncentral t
   distribution; differences smaller than this can hide in a "no significant difference".
@@ -35,10 +35,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, stats
 
-from istar.report.family import ALPHA
+from istar.report.family import ALPHA, verdict_levels
+from istar.report.paper import Estimate
 
 __all__ = ["ALPHA", "POWER", "HKSJ_BELOW", "TIE_TOLERANCE", "paired_t_pvalue", "signed_rank_pvalue", "holm",
-           "family_alpha", "minimum_detectable_effect", "Pooled", "random_effects", "Slope", "random_intercept_slope",
+           "adjusted_p_values", "minimum_detectable_effect", "Pooled", "random_effects", "Slope", "random_intercept_slope",
            "treatment_slopes"]
 
 POWER = 0.8
@@ -107,13 +108,33 @@ def signed_rank_pvalue(differences) -> float:
     return float(stats.wilcoxon(d, zero_method="pratt", alternative="two-sided").pvalue)
 
 
-def family_alpha(m: int, alpha: float = ALPHA) -> float:
-    """The level Holm's procedure tests the first (smallest) of m p-values at, α / m.
+def adjusted_p_values(p_values, gate: int | None = None, alpha: float = ALPHA) -> tuple[np.ndarray, np.ndarray]:
+    """A family's adjusted p-values and the level each test's verdict needs at worst (where its detectable
+    effect is stated), in the order given; m counts the tests with a p-value (NaN: no test, left NaN).
 
-    A comparison's minimum detectable effect is stated at this level: the level its Holm-adjusted
-    verdict needs to reach at worst, so the detectable effect is not the optimistic one at α.
+    Parameters
+    ----------
+    p_values : sequence of float, shape (m,).
+    gate : None: one Holm family (:func:`holm`), every level α / m. The index of the declared primary: serial
+        gatekeeping (:data:`istar.report.family.MULTIPLICITY_PLANS`), the primary's own p at α, each secondary's
+        Holm p among the m − 1 secondaries raised to the primary's, at α / (m − 1): a secondary passes only where
+        the primary does (a primary without a test lets none pass: 1).
+
+    Returns
+    -------
+    (adjusted, levels): two ndarrays of float, shape (m,).
     """
-    return alpha / max(int(m), 1)
+    p = np.asarray(p_values, dtype=np.float64)
+    m = int(np.count_nonzero(~np.isnan(p))) + int(gate is not None and math.isnan(p[gate]))  # the primary counts
+    primary_level, secondary_level = verdict_levels(gate is not None, m, alpha)
+    levels = np.full_like(p, secondary_level)
+    if gate is None:
+        return holm(p), levels
+    secondaries = p.copy()
+    secondaries[gate] = np.nan
+    adjusted = np.maximum(holm(secondaries), 1.0 if math.isnan(p[gate]) else p[gate])  # NaN, untested, stays
+    adjusted[gate], levels[gate] = p[gate], primary_level
+    return adjusted, levels
 
 
 def holm(p_values) -> np.ndarray:
@@ -359,8 +380,6 @@ def random_intercept_slope(y, x, groups, alpha: float = ALPHA, power: float = PO
     -------
     :class:`Slope`.
     """
-    from scipy import optimize
-
     y = np.asarray(y, dtype=np.float64)
     x = np.asarray(x, dtype=np.float64)
     labels = np.asarray(groups)
@@ -391,18 +410,12 @@ def treatment_slopes(y, x, treatment, groups, alpha: float = ALPHA) -> dict[str,
     """The slope of y on x where ``treatment`` is set and x is an outcome of it, by least squares with a
     fixed intercept per group.
 
-    In the λ sweep y is the score, x the fine-tuned model's IsoScore* and the treatment λ: IsoScore*
-    moves with λ and also from seed to seed at one λ, and only the first part is set by the design.
-    With x̄_λ the mean of x at each treatment value:
-
-    - ``between``: the coefficient of x̄_λ in y ~ x̄_λ + (x − x̄_λ) + group, the part of the slope
-      carried by what λ sets;
-    - ``within``: the coefficient of x in y ~ x + λ (as categories) + group, the seed-to-seed part at
-      one λ (observational: whatever moves IsoScore* within an arm may move the score too);
-    - ``iv``: two-stage least squares with λ as the instrument, each value its own category (first
-      stage x ~ λ + group, so no shape of IsoScore*'s response to λ is assumed; second y ~ x̂ + group),
-      its residuals y − x β̂ on x itself; under its assumption (λ acts on the score only through x)
-      the causal slope, and near ``between``.
+    In the λ sweep y is the score, x the fine-tuned model's IsoScore* (it moves with λ and from seed to
+    seed at one λ; only the first is set by the design) and the treatment λ. With x̄_λ the mean of x per λ:
+    ``between``, the coefficient of x̄_λ in y ~ x̄_λ + (x − x̄_λ) + group (what λ sets); ``within``, that
+    of x in y ~ x + λ (as categories) + group (seed to seed at one λ, observational); ``iv``, two-stage
+    least squares with λ (as categories) the instrument (x ~ λ + group, then y ~ x̂ + group, residuals on
+    x itself): the causal slope if λ acts on the score only through x, and near ``between``.
 
     Parameters
     ----------
@@ -414,8 +427,6 @@ def treatment_slopes(y, x, treatment, groups, alpha: float = ALPHA) -> dict[str,
     {"between", "within", "iv"} → :class:`istar.report.paper.Estimate` (y's units per unit of x;
     Student's t with n − k degrees of freedom, k the columns of the design).
     """
-    from istar.report.paper import Estimate
-
     y, x, lam = (np.asarray(values, dtype=np.float64) for values in (y, x, treatment))
     group = np.asarray(groups)
     intercepts = (group[:, None] == np.unique(group)[None, :]).astype(float)

@@ -64,12 +64,13 @@ def _cell(values: pd.Series, scale: float = 1.0, digits: int = 1) -> str:
     return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
 
 
-def padding_table(runs: pd.DataFrame) -> Table:
+def padding_table(runs: pd.DataFrame, config: dict | None = None) -> Table:
     """The padding study as a table: rows model × variant, per task the score and the real-token IsoScore*.
 
     Parameters
     ----------
     runs : ``runs.csv`` of ``istar aggregate`` (rows with ``study == "padding"``).
+    config : the resolved config (its ``inference`` section adjusts the tests); None: the schema's defaults.
 
     Returns
     -------
@@ -82,7 +83,7 @@ def padding_table(runs: pd.DataFrame) -> Table:
     rows = padding_rows(runs)
     tasks = ordered_tasks(rows["task"])
     models = list(dict.fromkeys(rows["model"]))
-    tests = study_tests(runs)
+    tests = study_tests(runs, (config or {}).get("inference"))
     scores, isoscores = tests.cells("padding", "score"), tests.cells("padding", "isoscore_star")
     index, cells = [], []
     for model in models:

@@ -38,8 +38,7 @@ from scipy import stats
 
 from istar.registry.methods import BASELINE_METHOD
 from istar.report.inference import (
-    family_alpha,
-    holm,
+    adjusted_p_values,
     minimum_detectable_effect,
     paired_t_pvalue,
     random_effects,
@@ -172,8 +171,9 @@ def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str 
     return adjust_family(pd.DataFrame(rows, columns=list(PAIRED_COLUMNS)), level)
 
 
-def adjust_family(frame: pd.DataFrame, level: float = LEVEL, extra_p_values=()) -> pd.DataFrame:
-    """The rows of :func:`paired_differences` (any number of calls, concatenated) as one Holm family.
+def adjust_family(frame: pd.DataFrame, level: float = LEVEL, extra_p_values=(), gate: int | None = None
+                  ) -> pd.DataFrame:
+    """The rows of :func:`paired_differences` (any number of calls, concatenated) as one family of tests.
 
     Parameters
     ----------
@@ -182,29 +182,30 @@ def adjust_family(frame: pd.DataFrame, level: float = LEVEL, extra_p_values=()) 
     extra_p_values : p-values of other tests in the same family (e.g. the λ sweep's trend tests),
         counted in m and in the adjustment; their adjusted values are returned by
         :func:`istar.report.comparisons.study_tests`, not here.
+    gate : the declared primary's index in [frame's rows, extra tests] where the multiplicity plan
+        gates (:func:`istar.report.inference.adjusted_p_values`); None: one Holm family.
 
     Returns
     -------
-    A copy with ``p_holm`` (Holm-adjusted over the family's m tests: every row with a p-value, and
-    the extra ones), ``p_wilcoxon_holm`` (the same adjustment with each row's signed-rank p in place
-    of its t-test's: the rank test at the level the verdict uses), ``significant`` (``p_holm`` < α; NA without a test), ``family_size`` m,
-    ``mde_alpha`` = α / m and ``mde``, the minimum detectable effect at 80 % power at that level
-    (NaN without information).
+    A copy with ``p_holm`` (adjusted over the family's m tests, every row with a p-value and the extra
+    ones, by the plan: Holm over all, or the gatekeeping order), ``p_wilcoxon_holm`` (the same adjustment
+    with each row's signed-rank p in place of its t-test's: the rank test at the level the verdict uses),
+    ``significant`` (``p_holm`` < α; NA without a test), ``family_size`` m, ``mde_alpha`` the level the
+    row's verdict needs at worst (α / m; gatekeeping: α for the primary, α / (m − 1) for the others) and
+    ``mde``, the minimum detectable effect at 80 % power at that level (NaN without information).
     """
     frame = frame.copy()
     alpha = 1 - level
     p_values = np.concatenate([frame["p_value"].to_numpy(dtype=float), np.asarray(extra_p_values, dtype=float)])
-    adjusted = holm(p_values) if len(p_values) else np.array([])
-    m = int(np.count_nonzero(~np.isnan(p_values)))
-    frame["p_holm"] = adjusted[:len(frame)]
+    adjusted, levels = adjusted_p_values(p_values, gate, alpha)
+    frame["p_holm"], frame["mde_alpha"] = adjusted[:len(frame)], levels[:len(frame)]
     ranks = np.concatenate([frame["p_wilcoxon"].where(frame["p_value"].notna()).to_numpy(dtype=float),
                             p_values[len(frame):]])
-    frame["p_wilcoxon_holm"] = holm(ranks)[:len(frame)] if len(ranks) else np.array([])
+    frame["p_wilcoxon_holm"] = adjusted_p_values(ranks, gate, alpha)[0][:len(frame)]
     frame["significant"] = [pd.NA if math.isnan(p) else bool(p < alpha) for p in frame["p_holm"]]
-    frame["family_size"] = m
-    frame["mde_alpha"] = family_alpha(m, alpha)
-    frame["mde"] = [minimum_detectable_effect(int(n), float(sd), alpha=family_alpha(m, alpha)) if informative(row)
-                    else math.nan for n, sd, row in zip(frame["n"], frame["sd_difference"], frame.itertuples())]
+    frame["family_size"] = int(np.count_nonzero(~np.isnan(p_values)))
+    frame["mde"] = [minimum_detectable_effect(int(n), float(sd), alpha=a) if informative(row) else math.nan
+                    for n, sd, a, row in zip(frame["n"], frame["sd_difference"], frame["mde_alpha"], frame.itertuples())]
     return frame.astype({"n": "Int64", "excludes_zero": "boolean", "significant": "boolean",
                          "n_positive": "Int64", "n_negative": "Int64", "family_size": "Int64"})
 

@@ -30,6 +30,7 @@ from istar.registry.methods import BASELINE_METHOD, METHODS
 from istar.registry.tasks import get_task, ordered_tasks
 from istar.report.aggregate_csv import read_aggregate
 from istar.report.claims import NOT_TESTED
+from istar.report.tables import listing
 from istar.report.collapse import apply_collapse_rule, collapse_footnote
 from istar.report.figures import FIGURES, STABILITY_CSV, STUDY_FIGURES
 from istar.report.select import protocol_note
@@ -106,7 +107,7 @@ def _what_ran(config: dict, runs: pd.DataFrame, selection: pd.DataFrame | None) 
     if runs["standin"].astype(str).eq("True").any():
         lines.append(("Stand-in data", "some results (†) come from stand-in splits of a dev set, not the task's "
                                        "training split: they are not comparable with published numbers"))
-    lines.append(("Scope", f"the verdicts hold for {_listing(models)} fine-tuned on {_data(config, tasks)} with "
+    lines.append(("Scope", f"the verdicts hold for {listing(models)} fine-tuned on {_data(config, tasks)} with "
                            "this recipe and these seeds; they say nothing about other models, tasks, data sizes or "
                            "recipes"))
     return lines
@@ -129,7 +130,7 @@ def _protocol(selection: pd.DataFrame | None, runs: pd.DataFrame) -> str:
     if not searched.empty:
         seeds = sorted(searched["seed"].astype(int).unique())
         notes.append(f"The search trained {searched['setting'].nunique()} settings on seed(s) "
-                     f"{_listing([str(s) for s in seeds])} ({len(searched)} runs).")
+                     f"{listing([str(s) for s in seeds])} ({len(searched)} runs).")
     return " ".join(notes)
 
 
@@ -196,16 +197,12 @@ def _study(study: str, runs: pd.DataFrame) -> str:
 
 
 def _data(config: dict, tasks: list[str]) -> str:
-    names = _listing([get_task(task).display for task in tasks])
+    names = listing([get_task(task).display for task in tasks])
     data = config["data"]
     sizes = [f"{data[key]:,} {split} examples" for key, split in (("max_train_samples", "training"),
                                                                    ("max_eval_samples", "evaluation"))
              if data.get(key)]
     return names + (f" (seeded subsamples: at most {' and '.join(sizes)})" if sizes else " (the full splits)")
-
-
-def _listing(names: list[str]) -> str:
-    return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]])) if names else "none"
 
 
 # ------------------------------------------------------------------------------------- rendering
@@ -255,8 +252,8 @@ def write_summary(config_path, aggregate_dir, out_md, out_rst) -> Landing:
     page = landing(config, read_aggregate(aggregate_dir / "runs.csv"),
                    read_aggregate(selection_path) if selection_path.is_file() else None,
                    read_aggregate(stability_path) if config["studies"]["stability"]["enabled"] else None)
-    title = f"I-STAR study: {_listing(list(config['models']))} on " \
-            f"{_listing([get_task(task).display for task in ordered_tasks(config['tasks'])])}"
+    title = f"I-STAR study: {listing(list(config['models']))} on " \
+            f"{listing([get_task(task).display for task in ordered_tasks(config['tasks'])])}"
     artifacts.write_text(out_md, render_summary_markdown(page, title))
     artifacts.write_text(out_rst, render_summary_rst(page, title))
     return page

@@ -46,9 +46,11 @@ class TableEntry:
 TABLES: dict[str, TableEntry] = {
     entry.name: entry
     for entry in (
-        TableEntry("table1", None, "runs", "istar.report.tables:table1", states_protocol=True, pairs_runs=True),
+        TableEntry("table1", None, "runs", "istar.report.tables:table1", states_protocol=True, reads_config=True,
+                   pairs_runs=True),
         TableEntry("table2", None, "selection", "istar.report.tables:table2"),
-        TableEntry("padding", "studies.padding", "runs", "istar.report.padding_study:padding_table", pairs_runs=True),
+        TableEntry("padding", "studies.padding", "runs", "istar.report.padding_study:padding_table", reads_config=True,
+                   pairs_runs=True),
         TableEntry("claims", None, "runs", "istar.report.claims:claims_table", states_protocol=True,
                   reads_stability=True, reads_config=True, pairs_runs=True),
         TableEntry("seeds", None, "runs", "istar.report.tables:seed_table"),
@@ -111,8 +113,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stability", type=Path, default=None,
                         help="fig2_stability.csv of `istar stability` (claims; left out when not given)")
     parser.add_argument("--config", type=Path, default=None,
-                        help="the resolved config (results/config.yaml): the rule for collapsed runs of the tables "
-                             "that pair runs (inference.collapsed_runs); claims: the declared primary endpoint, the "
+                        help="the resolved config (results/config.yaml): the rule for collapsed runs and the "
+                             "multiplicity plan of the tables that pair runs (inference); claims: the declared primary endpoint, the "
                              "paper models, the training rows (left out: keep every run, nothing declared)")
     parser.add_argument("--out-prefix", type=Path, default=None,
                         help="output path without suffix; writes .csv, .md and .tex (default: results/tables/WHICH)")

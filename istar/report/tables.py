@@ -92,7 +92,7 @@ def _standin_footnote(columns: list[str], standin: list[bool]) -> list[str]:
     return [f"† {', '.join(flagged)}: {STANDIN_NOTE}"]
 
 
-def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
+def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None, config: dict | None = None) -> Table:
     """Table 1: Base vs CosReg vs I-STAR per model and task, mean ± std over seeds, and each
     method's paired difference from Base with its 95 % interval.
 
@@ -104,6 +104,8 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
     selection : DataFrame, optional
         ``selection.csv`` of ``istar aggregate``: which protocol chose I-STAR's setting (a
         footnote). None: the footnote says that the protocol is not known.
+    config : the resolved config: its ``inference`` section's multiplicity plan adjusts the tests
+        (:func:`istar.report.comparisons.study_tests`); None: the schema's defaults.
 
     Returns
     -------
@@ -143,7 +145,7 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
     tasks = ordered_tasks(cells_present["task"])
     models = list(dict.fromkeys(cells_present["model"]))
     groups = {key: group for key, group in final.groupby(["model", "method", "task"])}
-    tests = study_tests(runs)
+    tests = study_tests(runs, (config or {}).get("inference"))
     paired = tests.cells("final")
 
     index, cells, best, seed_counts, unpaired = [], [], [], set(), []
@@ -198,7 +200,7 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None) -> Table:
     footnotes += _standin_footnote([get_task(t).display for t in tasks], standin)
     return Table(
         name="table1",
-        caption=f"Performance of {_listing([METHODS[m].label for m in METHOD_NAMES if m in set(cells_present['method'])])} "
+        caption=f"Performance of {listing([METHODS[m].label for m in METHOD_NAMES if m in set(cells_present['method'])])} "
         f"per model and task ({seeds} seeds), and each method's paired difference from Base with its {LEVEL:.0%} "
         "interval, p-values and minimum detectable effect.",
         index_names=["Model", "Method"],
@@ -367,9 +369,9 @@ def seed_table(runs: pd.DataFrame) -> Table:
     )
 
 
-def _listing(names: list[str]) -> str:
-    """``["a", "b", "c"]`` → ``"a, b and c"``."""
-    return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
+def listing(names: list[str]) -> str:
+    """``["a", "b", "c"]`` → ``"a, b and c"``; ``"none"`` for no names."""
+    return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]])) if names else "none"
 
 
 def _nanmean(values: list[float]) -> float:

@@ -77,7 +77,7 @@ def _canonical(step: list[str]) -> tuple:
 
 def _aggregate_parts(step: list[str]) -> dict:
     step = list(step)
-    for option in ("--collapsed-runs", "--paper-models", "--analysis"):  # the config's declarations, checked apart
+    for option in ("--inference", "--analysis"):  # the config's declarations, checked apart
         if option in step:
             del step[step.index(option):step.index(option) + 2]
     selection, measures = step.index("--selection"), step.index("--measures")

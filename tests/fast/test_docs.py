@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import inspect
 import io
+import math
 import pkgutil
 import re
 import subprocess
@@ -405,6 +406,7 @@ def test_the_dose_response_study_in_the_results_says_what_its_records_carry():
     import pandas as pd
 
     from istar.report.paired import difference_cell
+    from istar.report.paper import Estimate
 
     records = REPO / "docs" / "data" / "dose-response"
     text = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
@@ -420,5 +422,8 @@ def test_the_dose_response_study_in_the_results_says_what_its_records_carry():
     assert f"Holm p = {iso.p_holm:.3f}" in section and f"MDE {iso.mde / 10:.2f}" in section
     lam = trend.set_index("covariate").loc["lam"]
     assert f"{lam.slope:+.3f} points per unit of λ [{lam.ci_low:+.3f}, {lam.ci_high:+.3f}]" in section
+    for row, per, digits in ((iso, 10, 2), (lam, 1, 3)):  # each beside its interval at the verdict's level
+        strict = Estimate.of(row.slope / per, row.se / per, math.inf, row.mde_alpha)
+        assert f"[{strict.ci_low:+.{digits}f}, {strict.ci_high:+.{digits}f}] at {100 * (1 - row.mde_alpha):.1f} %" in section
     for row in tests.rows("final", "score").itertuples():
         assert difference_cell(row).replace("−", "-") in section, (row.method, difference_cell(row))

@@ -26,11 +26,13 @@ def make_runs(rng=None) -> pd.DataFrame:
     rows = []
     for m, model in enumerate(MODELS):
         for task, base_score in (("rte", 0.64 + 0.05 * m), ("stsb", 0.86)):
-            for lam in SWEEP:
+            seeds = rng.normal(0, 0.02, len(SEEDS))  # what a seed does to every arm alike
+            for lam in (0.0, *SWEEP):  # λ = 0: Base
                 for seed in SEEDS:
                     iso = float(np.clip(0.25 + 0.05 * lam + rng.normal(0, 0.01), 0.01, 0.99))
-                    score = base_score - 0.006 * lam + rng.normal(0, 0.008)
-                    rows.append(_run("lambda_sweep", model, task, "istar", lam, seed, score, isoscore_star=iso))
+                    score = base_score + seeds[seed] - 0.006 * lam + rng.normal(0, 0.008)
+                    rows.append(_run("lambda_sweep", model, task, "base" if lam == 0 else "istar", lam, seed, score,
+                                     isoscore_star=iso))
         for zeta in np.round(np.linspace(0, 1, 6), 1):
             for seed in SEEDS:
                 score = 0.65 + 0.03 * m - 0.1 * (zeta - 0.4) ** 2 + rng.normal(0, 0.006)

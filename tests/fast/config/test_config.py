@@ -10,7 +10,7 @@ from config_helpers import demo, with_change
 from mirrors import REPO, TEST_DATA
 
 from istar.config.layout import Setting
-from istar.config.schema import ConfigError
+from istar.config.schema import ConfigError, check_schema, schema_entry
 from istar.pipeline.plan import final_settings, search_settings, study_runs
 from istar.pipeline.validate import load_config, validate_config
 
@@ -306,7 +306,6 @@ def test_specs_refuse_exactly_what_the_config_refuses():
     import dataclasses
 
     from istar.config import specs
-    from istar.config.schema import check_schema
 
     required = {"runs": ["r"], "sigma_s": "s.pt"}  # MeasureSpec: one run; the pretrained Σ_S file it then needs
     checked = []
@@ -334,14 +333,32 @@ def test_specs_refuse_exactly_what_the_config_refuses():
     assert len(checked) > 40, checked  # every bounded setting of every step, not a handful
 
 
+def test_the_multiplicity_plan_is_one_of_the_registry_and_gatekeeping_needs_a_primary():
+    from istar.report.family import MULTIPLICITY_PLANS
+
+    assert schema_entry("inference.multiplicity")["enum"] == list(MULTIPLICITY_PLANS)
+    with pytest.raises(ConfigError, match=r"config key 'inference.multiplicity': 'holm' is not allowed; use one of "
+                                          r"\['family', 'gatekeeping'\]"):
+        check_schema({"inference": {"multiplicity": "holm"}})
+    design = load_config(REPO / "config" / "config.yaml", check_paths=False)
+    design["inference"] |= {"multiplicity": "gatekeeping", "primary": None}
+    with pytest.raises(ConfigError, match=r"config key 'inference.multiplicity': gatekeeping tests the declared "
+                                          r"primary first, but inference.primary is null"):
+        validate_config(design, check_paths=False)
+
+
 def test_a_design_whose_rank_test_cannot_pass_at_its_level_is_warned_about(capsys):
     """The dose-response design: 8 seeds, a family of 10 planned tests (two comparisons × the score, IsoScore*,
     the last layer's cosine and IsoScore*; two trends); the exact signed-rank test's smallest p, 2 / 2⁸ =
     0.0078, is above 0.05 / 10."""
     design = load_config(REPO / "config" / "dose-response.yaml", check_paths=False)
     warning = capsys.readouterr().err
-    assert "with 8 seeds its smallest two-sided p is 0.0078, not below α / m = 0.05 / 10 = 0.0050" in warning
+    assert "with 8 seeds its smallest two-sided p is 0.0078, not below 0.0050 (multiplicity: family, one Holm family" in warning
     assert "at least 9 seeds" in warning
+    gated = copy.deepcopy(design)  # the secondaries at 0.05 / 9 once the primary passes: still out of reach
+    gated["inference"]["multiplicity"] = "gatekeeping"
+    validate_config(gated, check_paths=False)
+    assert "not below 0.0056 (multiplicity: gatekeeping" in capsys.readouterr().err
     nine = copy.deepcopy(design)
     nine["final"]["seeds"] = list(range(9))
     validate_config(nine, check_paths=False)

@@ -31,7 +31,7 @@ from istar.report.figures import (
     STUDY_FIGURES,
     draw,
     enabled_figures,
-    figure_csv,
+    figure_csvs,
     get_figure,
 )
 from istar.steps.stability import fig2_data, write_stability
@@ -166,9 +166,9 @@ def test_figure_registry_covers_every_study_of_the_schema():
     assert FIGURE_NAMES == (*(f"fig{i}" for i in range(2, 9)), "padding", "sigma_epochs", "forest", *PROFILE_FIGURES)
     for spec in FIGURES.values():
         assert callable(getattr(importlib.import_module(spec.module), spec.name)), spec.name
-    assert figure_csv("fig4", "agg").as_posix() == "agg/dims.csv"
-    assert figure_csv("profile_steps", "agg").as_posix() == "agg/profiles.csv"
-    assert figure_csv("profile_gallery_steps", "agg").as_posix() == "agg/profile_projections.csv"
+    assert [path.as_posix() for path in figure_csvs("fig4", "agg")] == ["agg/dims.csv"]
+    assert [path.as_posix() for path in figure_csvs("forest", "agg")] == ["agg/paired.csv", "agg/trend.csv"]
+    assert figure_csvs("profile_gallery_steps", "agg")[0].as_posix() == "agg/profile_projections.csv"
     config = {"studies": {study: {"enabled": study in ("twonn", "stability")} for study in studies},
               "survey": {"enabled": False}}
     assert enabled_figures(config) == ["fig2", "fig5", "sigma_epochs", "forest"]  # the last two need only the final runs

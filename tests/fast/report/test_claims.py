@@ -1,10 +1,14 @@
 """The claims table: each verdict follows from the tests the tables print, on synthetic aggregates."""
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from istar.report.claims import CLAIMS, claims_table
+from istar.report.comparisons import study_tests
+from istar.report.paper import Estimate
 from istar.report.tables import seed_table
 
 RNG = np.random.default_rng(3)
@@ -99,8 +103,6 @@ def test_a_declared_primary_endpoint_judges_the_claim_with_the_familys_one_holm_
     assert scope.startswith("m SST-2, 3,000 training rows") and "declared primary endpoint" in scope
     # 8 pairs: the rank test's smallest p, 0.0078, cannot pass α / m, and the verdict says so
     assert verdict.startswith("contradicted; the signed-rank test cannot pass at this level: with 8 pairs")
-    from istar.report.comparisons import study_tests
-
     primary = study_tests(runs).rows("final").query("task == 'sst2' and method == 'istar'").iloc[0]
     holm_text = f"Holm p = {'<0.001' if primary.p_holm < 0.001 else f'{primary.p_holm:.3f}'}"
     assert holm_text in numbers and "signed-rank p" in numbers
@@ -168,8 +170,8 @@ def test_the_rank_test_is_judged_at_the_verdicts_level():
     runs = pd.read_csv(Path(__file__).parents[3] / "docs" / "data" / "dose-response" / "runs.csv")
     ((_, numbers, verdict),) = _cells(claims_table(runs), "istar_lowers_isoscore")
     assert verdict.startswith("supported; the signed-rank test cannot pass at this level: with 8 pairs its smallest "
-                              "p is 0.0078, not below α / m = 0.0063 (it needs 9 pairs)")
-    assert "signed-rank p = 0.008" in numbers and "(signed-rank p = 0.062; family of 8)" in numbers
+                              "p is 0.0078, not below its verdict's level 0.0063 (it needs 9 pairs)")
+    assert "signed-rank p = 0.008" in numbers and "(signed-rank p = 0.062; family of 8, its level 0.0063)" in numbers
     # beside the paper's own cell, the gap test's power at its level (the paper's own gain is +0.06)
     ((_, numbers, _),) = _cells(claims_table(runs), "istar_beats_base")
     assert ("ours − the paper's -0.50 [-1.54, +0.54] (95%): not distinguishable; it could detect a gap of 1.44 "
@@ -198,3 +200,26 @@ def test_cosregs_claim_is_judged_in_three_parts_on_the_last_layer():
     # the records without the last layer (runs.csv before the column): that part is not tested
     _, last = _cells(claims_table(runs.drop(columns="last_layer_isoscore_star")), "cosreg_not_isotropic")
     assert last[2] == "not tested"
+
+
+def test_gatekeeping_tests_the_primary_at_alpha_and_prints_the_plan():
+    runs = _runs(-0.012, seeds=8)
+    primary = {"model": "m", "task": "sst2", "contrast": "istar"}
+    family = study_tests(runs, {"primary": primary})
+    gated = study_tests(runs, {"primary": primary, "multiplicity": "gatekeeping"})
+    pick = "study == 'final' and measure == 'score' and task == 'sst2' and method == 'istar'"
+    (first,), (alone,) = (tests.paired.query(pick).itertuples() for tests in (family, gated))
+    assert alone.p_holm == alone.p_value
+    assert alone.mde_alpha == pytest.approx(0.05) and first.mde_alpha == pytest.approx(0.05 / first.family_size)
+    assert alone.mde < first.mde  # the primary at α detects less than at α / m
+    secondaries = gated.paired.drop(gated.paired.query(pick).index).dropna(subset=["p_value"])
+    assert (secondaries["p_holm"] >= alone.p_value).all()
+    assert secondaries["mde_alpha"].tolist() == pytest.approx([0.05 / (first.family_size - 1)] * len(secondaries))
+    table = claims_table(runs, config={"inference": {"primary": primary, "multiplicity": "gatekeeping"}})
+    assert table.footnotes[0].startswith("Multiplicity (inference.multiplicity): gatekeeping, the primary alone, the "
+                                         "secondaries (Holm among them) only if it passes; the primary tested at 0.0500")
+    ((_, numbers, _),) = _cells(table, "istar_beats_base")
+    assert "first-step level" not in numbers  # the primary's 95 % interval is its verdict's
+    ((_, numbers, _),) = _cells(claims_table(runs, config={"inference": {"primary": primary}}), "istar_beats_base")
+    strict = Estimate.of(first.mean_difference * 100, first.sd_difference * 100 / math.sqrt(8), 7, first.mde_alpha)
+    assert f"[{strict.ci_low:+.2f}, {strict.ci_high:+.2f}] at Holm's first-step level ({1 - first.mde_alpha:.1%})" in numbers

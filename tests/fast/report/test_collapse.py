@@ -105,7 +105,7 @@ def five_seeds(tiny_runs, tmp_path_factory):
 @pytest.mark.parametrize("rule, n, collapsed, excluded", [("keep", 5, (1, 2), 0), ("exclude", 3, (1, 2), 2)])
 def test_each_rule_gives_its_counts_in_paired_csv_and_the_tables(rule, n, collapsed, excluded, five_seeds, tmp_path):
     root, specs = five_seeds
-    frames = aggregate(specs, [], tmp_path, collapse_rule=rule)
+    frames = aggregate(specs, [], tmp_path, inference={"collapsed_runs": rule})
     assert frames["runs"]["collapsed"].tolist() == [s <= 0.5 for _, _, s in SCORES]  # runs.csv keeps every run
     paired = pd.read_csv(tmp_path / "paired.csv").iloc[0]
     assert (paired["collapse_rule"], paired["n"]) == (rule, n)

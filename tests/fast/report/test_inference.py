@@ -12,6 +12,7 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
 from istar.report.inference import (
+    adjusted_p_values,
     holm,
     minimum_detectable_effect,
     paired_t_pvalue,
@@ -45,6 +46,21 @@ def test_holm_leaves_comparisons_without_a_test_out_of_the_family():
     assert adjusted[[0, 2]] == pytest.approx(multipletests([0.01, 0.04], method="holm")[1])
     with pytest.raises(ValueError, match="outside"):
         holm([0.5, 1.5])
+
+
+def test_each_multiplicity_plan_gives_its_adjusted_p_values_and_levels():
+    """Hand-made: primary p = 0.03 and secondaries 0.004, 0.02, 0.5, one untested."""
+    p = [0.03, 0.004, 0.02, 0.5, math.nan]
+    family, levels = adjusted_p_values(p)  # one Holm family of m = 4: 0.004·4, 0.02·3, 0.03·2, 0.5·1
+    assert family[:4] == pytest.approx([0.06, 0.016, 0.06, 0.5]) and math.isnan(family[4])
+    assert levels[:4] == pytest.approx([0.0125] * 4)
+    gated, levels = adjusted_p_values(p, gate=0)  # the primary alone at α; the secondaries Holm among 3, ≥ 0.03
+    assert gated[:4] == pytest.approx([0.03, 0.03, 0.04, 0.5]) and math.isnan(gated[4])
+    assert levels[:4] == pytest.approx([0.05, 0.05 / 3, 0.05 / 3, 0.05 / 3])
+    shut, _ = adjusted_p_values([0.2, 0.001, 0.002], gate=0)  # the primary fails: no secondary passes
+    assert shut == pytest.approx([0.2, 0.2, 0.2])
+    untested, levels = adjusted_p_values([math.nan, 0.001, 0.002], gate=0)  # no primary test: the gate stays shut
+    assert untested[1:] == pytest.approx([1.0, 1.0]) and levels[1:] == pytest.approx([0.025, 0.025])
 
 
 @pytest.mark.parametrize("n", [3, 5, 20, 60])

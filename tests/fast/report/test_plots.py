@@ -3,9 +3,11 @@
 import numpy as np
 import pandas as pd
 import pytest
+import statsmodels.formula.api as smf
 import torch
 from matplotlib.figure import Figure
 from plots_helpers import ANALYSIS_ZETA, LAYERS, MODELS, SEEDS, SWEEP, make_runs
+from scipy import stats
 
 from istar.core.fig2 import fig2_true_value, fig2_variances
 from istar.core.isotropy import isoscore_star_from_covariance
@@ -86,16 +88,35 @@ def test_fig2_data_reaches_the_true_value_and_draws(tmp_path):
     _check_saved(fig, tmp_path, "fig2")
 
 
-def test_fig3_points_per_lambda(tmp_path):
-    fig = plots.fig3(make_runs())
+def test_fig3_draws_the_paired_differences_from_base_per_lambda_and_the_fitted_dose_response(tmp_path):
+    runs = make_runs()
+    fig = plots.fig3(runs)
     panels = _panels(fig)
     assert len(panels) == 4 and {ax.get_title() for ax in panels} >= {"bert — RTE", "albert — STS-B"}
-    for ax in panels:
-        assert len(ax.containers) == len(SWEEP)
-        assert ax.get_xlabel() == f"IsoScore* (ζ = {ANALYSIS_ZETA:g})"
-    assert {ax.get_ylabel() for ax in panels} == {"Accuracy (%)", "Pearson correlation (×100)"}
-    assert len(fig.legends) == 1 and len(fig.legends[0].get_texts()) == len(SWEEP)
+    assert {ax.get_ylabel() for ax in panels} == {"Accuracy (%) − Base (points)", "Pearson correlation (×100) − Base (points)"}
+    differences, fits = plots.dose_response(runs)
+    sweep = runs[(runs.study == "lambda_sweep") & (runs.model == "bert") & (runs.task == "rte")]
+    by_seed = sweep.pivot(index="seed", columns="lam", values="score") * 100
+    gaps = by_seed[list(SWEEP)].sub(by_seed[0.0], axis=0)  # each seed's difference from its own Base run
+    cell = differences[(differences.model == "bert") & (differences.task == "rte")].set_index("lam").loc[list(SWEEP)]
+    assert cell["mean_difference"].to_numpy() == pytest.approx(gaps.mean().to_numpy())
+    assert cell["sd_difference"].to_numpy() == pytest.approx(gaps.std(ddof=1).to_numpy())
+    interval = stats.ttest_1samp(gaps[-5.0], 0.0).confidence_interval(0.95)
+    assert (cell.loc[-5.0, "ci_low"], cell.loc[-5.0, "ci_high"]) == pytest.approx((interval.low, interval.high))
+    # the line is statsmodels' random-intercept fit of the score on λ, through Base
+    mixed = smf.mixedlm("points ~ lam", sweep.assign(points=sweep.score * 100), groups=sweep["seed"]).fit(reml=True)
+    fit = fits[(fits.model == "bert") & (fits.task == "rte")].iloc[0]
+    assert fit["slope"] == pytest.approx(mixed.params["lam"], rel=1e-4)
+    ax = next(ax for ax in panels if ax.get_title() == "bert — RTE")
+    (line,) = [line for line in ax.lines if line.get_label().startswith("fit on λ")]
+    x, y = line.get_data()
+    assert y == pytest.approx(fit["slope"] * x) and min(x) == -5 and max(x) == 5
+    points = next(c for c in ax.containers if c.get_label().startswith("mean difference"))
+    assert points.lines[0].get_data()[1] == pytest.approx(cell["mean_difference"].to_numpy())
+    assert len(fig.legends) == 1 and len(fig.legends[0].get_texts()) == 3
     _check_saved(fig, tmp_path, "fig3")
+    no_base = plots.fig3(runs[runs.method != "base"])  # a sweep whose λ list lacks 0 has nothing to subtract
+    assert "add 0 (Base) to studies.lambda_sweep.lambdas" in no_base.axes[0].get_title()
 
 
 def test_an_isoscore_axis_names_the_zeta_its_measurements_used():
@@ -104,28 +125,15 @@ def test_an_isoscore_axis_names_the_zeta_its_measurements_used():
     runs = make_runs()
     assert figure_parts.isoscore_label(runs) == "IsoScore* (ζ = 0.6)"
     assert figure_parts.isoscore_label(runs.drop(columns="analysis_zeta")) == "IsoScore*"
-    assert draw("fig6", make_layers()).axes[0].get_ylabel() == "IsoScore* (ζ = 0.6)"
-    mixed = runs.assign(analysis_zeta=np.where(runs.seed == 0, 0.2, 0.6))
+    layers = make_layers()
+    assert draw("fig6", layers).axes[0].get_ylabel() == "IsoScore* (ζ = 0.6)"
+    mixed = layers.assign(analysis_zeta=np.where(layers.seed == 0, 0.2, 0.6))
     with pytest.raises(ValueError, match=r"measured with several ζ \(0.2, 0.6\): measure every run"):
-        plots.fig3(mixed)
-
-
-def test_fig3_performance_is_percent_with_std_over_seeds():
-    runs = make_runs()
-    fig = plots.fig3(runs)
-    ax = next(ax for ax in fig.axes if ax.get_title() == "bert — RTE")
-    rows = runs[(runs.study == "lambda_sweep") & (runs.model == "bert") & (runs.task == "rte") & (runs.lam == -5)]
-    container = next(c for c in ax.containers if c.get_label() == "I-STAR λ = −5")
-    x, y = container.lines[0].get_data()
-    assert y[0] == pytest.approx(100 * rows["score"].mean())
-    assert x[0] == pytest.approx(rows["isoscore_star"].mean())
-    segments = container.lines[2][1].get_segments()  # the vertical (y) error bars
-    assert segments[0][1][1] - segments[0][0][1] == pytest.approx(2 * 100 * rows["score"].std(ddof=1))
+        plots.fig6(mixed)
 
 
 def test_single_seed_has_no_error_bars():
-    runs = make_runs()
-    fig = plots.fig3(runs[runs.seed == 0])
+    fig = plots.fig6(make_layers()[lambda frame: frame.seed == 0])
     for ax in _panels(fig):
         for container in ax.containers:
             assert container.has_xerr is False and container.has_yerr is False
@@ -211,9 +219,8 @@ def test_missing_study_is_a_clear_error(name, frame, study):
 
 
 def test_missing_isoscore_and_columns_are_clear_errors():
-    runs = make_runs().assign(isoscore_star=np.nan)
     with pytest.raises(ValueError, match="no 'isoscore_star' values.*istar analyze"):
-        plots.fig3(runs)
+        plots.fig6(make_layers().assign(isoscore_star=np.nan))
     with pytest.raises(ValueError, match="lacks the column.*twonn_cls"):
         plots.fig5(make_layers().drop(columns="twonn_cls"))
 
@@ -259,3 +266,26 @@ def test_the_forest_plot_draws_each_cell_the_pool_and_the_papers_cell_and_names_
     figure_parts.save(fig, tmp_path / "forest.png")
     empty = plots.forest(paired[paired["measure"] != "score"])  # every pair excluded: a figure that says so
     assert "no pair left" in empty.axes[0].get_title()
+
+
+def test_the_forest_plot_adds_the_isotropy_contrasts_and_the_sweeps_trends():
+    """The dose-response records (docs/data): below the score panel, each isotropy contrast of paired.csv in its
+    own units and each trend of trend.csv (λ per unit, IsoScore* per +0.1), at the values the records hold."""
+    from pathlib import Path
+
+    from istar.report.figures import figure_csvs
+
+    records = Path(__file__).parents[3] / "docs" / "data" / "dose-response"
+    paired, trends = (pd.read_csv(path) for path in figure_csvs("forest", records))
+    scores, contrasts, slopes = draw("forest", paired, trends).axes
+    measures = paired[(paired.study == "final") & paired.measure.isin(list(plots.CONTRAST_LABELS))]
+    drawn = {tick.get_text(): container.lines[0].get_data()[0][0]
+             for tick, container in zip(contrasts.get_yticklabels(), contrasts.containers)}
+    assert drawn == pytest.approx({f"minilm SST-2, {METHODS[row.method].label}: {plots.CONTRAST_LABELS[row.measure]}":
+                                   row.mean_difference for row in measures.itertuples()})
+    lam, iso = (trends.set_index("covariate").loc[name] for name in ("lam", "isoscore_star"))
+    drawn = {tick.get_text(): container.lines[0].get_data()[0][0]
+             for tick, container in zip(slopes.get_yticklabels(), slopes.containers)}
+    assert drawn == pytest.approx({"minilm SST-2: slope on λ (points per unit)": lam.slope,
+                                   "minilm SST-2: slope on IsoScore* (points per +0.1)": iso.slope / 10})
+    assert len(scores.containers) == 4  # the score panel as before: ours and the paper's cell, per method
