@@ -95,7 +95,7 @@ def plan_jobs(config: dict, depths: dict[str, int]) -> tuple[list[dict], dict]:
                     aggregate["selections"].append(job.outputs[0])
                 jobs[job.step].append({
                     "rule": job.rule, "model": model, "task": task, "label": job.label, "step": list(job.argv),
-                    "launch": job.launched, "gpus": job.gpus,
+                    "launch": job.launched, "gpus": job.resources.gpus,
                     "outputs": list(job.outputs), "keep": KEEP[job.step](job), "needs": list(job.needs),
                     "log": job.log, "estimate_s": 0.0})
     aggregate["measures"] = sorted(aggregate["measures"])

@@ -84,15 +84,48 @@ from istar.pipeline.plan import (
     tuning_settings,
 )
 
-__all__ = ["Job", "Decided", "CellPlan", "plan_cell", "step_gpus", "needs_depth", "before_decisions", "decide",
+__all__ = ["Job", "Resources", "Decided", "CellPlan", "plan_cell", "step_resources", "needs_depth", "before_decisions", "decide",
            "aggregate_job", "report_jobs"]
 
 
 @dataclass(frozen=True)
+class Resources:
+    """What a job asks the scheduler for: whole GPUs, CPU threads, memory (MB) and wall time (minutes);
+    None leaves Snakemake's (or the cluster profile's) default."""
+
+    gpus: int = 0
+    threads: int = 1
+    mem_mb: int | None = None
+    runtime: int | None = None
+
+
+# a Σ_S job is one pass over at most shrinkage.rows rows: an hour bounds it for every model the config takes
+SHRINKAGE_RUNTIME_MIN = 60
+
+
+def step_resources(config: dict, step: str) -> Resources:
+    """The resources a job of ``step`` asks for, from the config's ``training`` (and ``survey``) section: a
+    fine-tune its processes' GPUs (:func:`~istar.config.gpu_slots.fine_tune_gpus`); a Σ_S or measurement job
+    one where the fine-tunes get any (one process reads every batch); a survey ``survey.gpus``; every other
+    step (selection, aggregate, tables, figures) one thread and the defaults."""
+    training = config["training"]
+    gpus, per_job = fine_tune_gpus(training), (training["threads"], training["mem_mb"])
+    return {
+        "train": Resources(gpus, *per_job, training["runtime"]),
+        # a measurement holds every [CLS] vector of every layer for TwoNN (about 1.6 GB for QQP with BERT-base)
+        # and runs an exact TwoNN per layer for each of its runs: a fine-tune's memory and time bound it
+        "measure": Resources(min(gpus, 1), *per_job, training["runtime"]),
+        "shrinkage": Resources(min(gpus, 1), *per_job, SHRINKAGE_RUNTIME_MIN),
+        "survey": Resources(config["survey"]["gpus"], *per_job, training["runtime"]),
+    }.get(step, Resources())
+
+
+@dataclass(frozen=True)
 class Job:
-    """One job: ``rule`` runs ``istar {step}`` with ``spec`` on ``gpus`` GPUs through ``istar launch`` (a
+    """One job: ``rule`` runs ``istar {step}`` with ``spec`` on ``resources`` through ``istar launch`` (a
     job without a spec: with ``args``, in the rule's process), writes ``outputs`` and ``log`` and reads
-    ``needs`` (outputs of other jobs)."""
+    ``needs`` (outputs of other jobs). Its benchmark file is ``benchmark_of(log)``
+    (:func:`istar.config.layout.benchmark_of`)."""
 
     rule: str
     step: str
@@ -102,7 +135,7 @@ class Job:
     needs: tuple[str, ...] = ()
     spec: Spec | None = None
     args: tuple[str, ...] = ()
-    gpus: int = 0
+    resources: Resources = Resources()
 
     @property
     def launched(self) -> bool:
@@ -111,7 +144,8 @@ class Job:
 
     @property
     def argv(self) -> tuple[str, ...]:
-        """The step's command after ``python -m istar`` (a launched step's: after ``istar launch --gpus G --``)."""
+        """The step's command after ``python -m istar`` (a launched step's: after ``istar launch --gpus G --``,
+        G its ``resources.gpus``)."""
         if self.launched:
             return self.step, "--spec", self.spec.to_json()
         return self.step, *self.args
@@ -218,7 +252,7 @@ def _train_job(config: dict, model: str, task: str, setting: Setting, seed: int,
     return Job("train_search" if search else "train", "train", (f"{run}/metrics.json", f"{run}/model"),
                (search_log(heldout) if search else TRAIN_LOG).format(**names),
                f"{model}/{task}/{setting.name}/seed{seed}", needs=(sigma,) if needs_sigma(setting) else (), spec=spec,
-               gpus=step_gpus(config, "train"))
+               resources=step_resources(config, "train"))
 
 
 def _shrinkage_job(config: dict, model: str, task: str, tokens: str, heldout: str | None) -> Job:
@@ -229,14 +263,7 @@ def _shrinkage_job(config: dict, model: str, task: str, tokens: str, heldout: st
     rule = "shrinkage" + ("_search" if heldout else "") + ("" if tokens == DEFAULT_TOKENS else f"_{tokens}")
     return Job(rule, "shrinkage", (sigma, sigma.replace(".pt", ".json")),
                shrinkage_log(tokens, heldout).format(model=model, task=task), f"{model}/{task} ({tokens})", spec=spec,
-               gpus=step_gpus(config, "shrinkage"))
-
-
-def step_gpus(config: dict, step: str) -> int:
-    """The GPUs a job of ``step`` asks for: a fine-tune its processes' (:func:`~istar.config.gpu_slots.fine_tune_gpus`),
-    a Σ_S or measurement job one where the fine-tunes get any (one process reads every batch), a selection none."""
-    gpus = fine_tune_gpus(config["training"])
-    return {"train": gpus, "shrinkage": min(gpus, 1), "measure": min(gpus, 1)}.get(step, 0)
+               resources=step_resources(config, "shrinkage"))
 
 
 def _folder(job: Job) -> str:
@@ -301,7 +328,7 @@ def plan_cell(config: dict, model: str, task: str, decided: Decided) -> CellPlan
             "measure", "measure", (out,), MEASURE_LOG.format(**names, setting=name, seeds=token),
             f"{model}/{task}/{name}/seeds{token}", needs=(*(f"{folder}/model" for folder in folders), sigma),
             spec=measure_spec(config, runs=folders, task=task, data_dir=DATA.format(task=task), sigma_s=sigma, out=out),
-            gpus=step_gpus(config, "measure")))
+            resources=step_resources(config, "measure")))
 
     # Σ_S of every token selection, whether or not a job of this plan reads it: its job waits for no
     # decision, so a cluster job's own Snakemake finds it before any checkpoint is known

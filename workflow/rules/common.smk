@@ -72,7 +72,7 @@ from istar.pipeline.jobs import (
     decide,
     plan_cell,
     report_jobs,
-    step_gpus,
+    step_resources,
 )
 from istar.pipeline.plan import (
     heldout_name,
@@ -113,24 +113,32 @@ JOBS_PER_GPU = (
 )
 # (a value left in the caller's environment is not this run's)
 os.environ.pop(JOBS_PER_GPU_ENV, None)
-# Threads of the GPU jobs: training.threads, lowered so that all N·K slots can be busy within --cores.
-THREADS = TRAINING["threads"]
 if JOBS_PER_GPU > 1:
-    workflow.global_resources["gpu"] = gpu_budget(_GPU_LIMIT.value, JOBS_PER_GPU)
+    _SLOTS = gpu_budget(_GPU_LIMIT.value, JOBS_PER_GPU)
+    workflow.global_resources["gpu"] = _SLOTS
     os.environ[JOBS_PER_GPU_ENV] = str(JOBS_PER_GPU)
-    try:
-        THREADS = packed_threads(
-            THREADS,
-            workflow.global_resources["_cores"].value,
-            gpu_budget(_GPU_LIMIT.value, JOBS_PER_GPU),
-        )
-    except ValueError as error:
-        raise WorkflowError(str(error)) from None
-# each step's GPUs (the table's, istar.pipeline.jobs.step_gpus) in slots of the `gpu` resource
-GPU_UNITS = {
-    step: gpu_units(step_gpus(config, step), JOBS_PER_GPU)
-    for step in ("train", "shrinkage", "measure")
-}
+
+
+def scheduled(step):
+    """The threads and resources that the jobs of ``step`` ask for, as in the job table
+    (istar.pipeline.jobs.step_resources), with the GPUs counted in slots of the `gpu` resource
+    and the threads lowered so that all N·K slots can be busy within --cores."""
+    asked = step_resources(config, step)
+    threads = asked.threads
+    if JOBS_PER_GPU > 1:
+        try:
+            threads = packed_threads(
+                threads, workflow.global_resources["_cores"].value, _SLOTS
+            )
+        except ValueError as error:
+            raise WorkflowError(str(error)) from None
+    units = gpu_units(asked.gpus, JOBS_PER_GPU)
+    return threads, dict(gpu=units, mem_mb=asked.mem_mb, runtime=asked.runtime)
+
+
+THREADS, RESOURCES = {}, {}
+for _step in ("train", "shrinkage", "measure", "survey"):
+    THREADS[_step], RESOURCES[_step] = scheduled(_step)
 # Each rule's environment under --sdm conda: conda-forge's CUDA build of PyTorch for the jobs that
 # get GPUs, the CPU build elsewhere. Named, not detected: environments are created on the
 # submitting host, which on a cluster often has no GPU.

@@ -17,13 +17,9 @@ rule measure:
         benchmark_of(MEASURE_LOG)
     conda:
         TRAINING_ENV
-    threads: THREADS
+    threads: THREADS["measure"]
     resources:
-        gpu=GPU_UNITS["measure"],
-        # every [CLS] vector of every layer is held for TwoNN: about 1.6 GB for QQP with BERT-base
-        mem_mb=TRAINING["mem_mb"],
-        # several runs, each with an exact TwoNN over every [CLS] vector per layer (CPU), in one job
-        runtime=TRAINING["runtime"],
+        **RESOURCES["measure"],
     params:
         settings=job_settings(MEASURES),
         argv=job_argv(MEASURES),

@@ -11,11 +11,9 @@ rule shrinkage:
         benchmark_of(shrinkage_log("real"))
     conda:
         TRAINING_ENV
-    threads: THREADS
+    threads: THREADS["shrinkage"]
     resources:
-        gpu=GPU_UNITS["shrinkage"],
-        mem_mb=TRAINING["mem_mb"],
-        runtime=60,
+        **RESOURCES["shrinkage"],
     params:
         settings=job_settings(SIGMA),
         argv=job_argv(SIGMA),

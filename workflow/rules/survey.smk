@@ -15,11 +15,9 @@ rule survey:
         "benchmarks/survey/{pmodel}/{revision}.tsv"
     conda:
         GPU_ENV if config["survey"]["gpus"] else CPU_ENV
-    threads: TRAINING["threads"]
+    threads: THREADS["survey"]
     resources:
-        gpu=config["survey"]["gpus"],
-        mem_mb=TRAINING["mem_mb"],
-        runtime=TRAINING["runtime"],
+        **RESOURCES["survey"],
     params:
         spec=survey_spec_json,
     shell:

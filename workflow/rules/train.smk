@@ -23,11 +23,9 @@ rule train:
         benchmark_of(TRAIN_LOG)
     conda:
         TRAINING_ENV
-    threads: THREADS
+    threads: THREADS["train"]
     resources:
-        gpu=GPU_UNITS["train"],
-        mem_mb=TRAINING["mem_mb"],
-        runtime=TRAINING["runtime"],
+        **RESOURCES["train"],
     params:
         settings=job_settings(f"{RUN}/metrics.json"),
         argv=job_argv(f"{RUN}/metrics.json"),
