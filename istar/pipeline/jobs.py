@@ -15,7 +15,9 @@ study's tuned variant, the model's depth, the seeds that replace collapsed runs 
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +61,8 @@ from istar.config.gpu_slots import fine_tune_gpus
 from istar.config.schema import STUDIES
 from istar.config.specs import Spec
 from istar.core.tokens import TOKEN_SELECTION_NAMES
+from istar.io.artifacts import read_json
+from istar.pipeline.engine import unless_pending
 from istar.report.aggregate import AGGREGATE_NAMES, PROVENANCE_NAME
 from istar.report.figures import FIGURE_NAMES, STABILITY_CSV, figure_csvs
 from istar.report.table_specs import TABLE_NAMES, get_table
@@ -85,6 +89,7 @@ from istar.pipeline.plan import (
 )
 
 __all__ = ["Job", "Resources", "Decided", "CellPlan", "plan_cell", "step_resources", "needs_depth", "before_decisions", "decide",
+           "checkpoint_reader",
            "aggregate_job", "report_jobs"]
 
 
@@ -239,6 +244,27 @@ def decide(config: dict, model: str, task: str, read: Callable[[str, str], dict 
         replacements = decision("collapse_check", COLLAPSE_CHECK,
                                 lambda check: tuple(sorted(check["replacements"].values()))) if replaced else None
     return Decided(selection, baselines, tuned, depth, replacements)
+
+
+def checkpoint_reader(checkpoints, model: str, task: str, wait: bool) -> Callable[[str, str], dict | None]:
+    """``read`` for :func:`decide` in the workflow: a decision file once its checkpoint (``checkpoints``,
+    Snakemake's, for this model × task) has run; before that None, or with ``wait`` Snakemake's own exception,
+    which makes the input function asking wait for the checkpoint."""
+
+    def read(checkpoint: str, path: str) -> dict | None:
+        def content() -> dict:
+            getattr(checkpoints, checkpoint).get(model=model, task=task)
+            stat = os.stat(path)  # every job planned after the checkpoint asks: read the file again once it changed
+            return _decision(path, (stat.st_mtime_ns, stat.st_size))
+
+        return unless_pending(content, wait)
+
+    return read
+
+
+@functools.lru_cache(maxsize=None)
+def _decision(path: str, stamp: tuple[int, int]) -> dict:
+    return read_json(path)  # its recorded content hash checked
 
 
 def _train_job(config: dict, model: str, task: str, setting: Setting, seed: int, heldout: str | None,

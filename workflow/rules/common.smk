@@ -2,14 +2,12 @@
 # The logic lives in istar.pipeline (validation, plan) and istar.config.layout (the paths); this
 # file only maps it onto rules.
 
-import functools
 import os
 import shlex
 
 from snakemake.exceptions import WorkflowError
 
 from istar.report.aggregate import AGGREGATE_NAMES, PROVENANCE_NAME
-from istar.io.artifacts import read_json
 from istar.config.schema import STUDIES, ConfigError
 from istar.config.gpu_slots import (
     JOBS_PER_GPU_ENV,
@@ -62,13 +60,13 @@ from istar.config.layout import (
     shrinkage_log,
     sigma_template,
 )
-from istar.pipeline.engine import unless_pending
 from istar.pipeline.jobs import (
     CellPlan,
     Decided,
     Job,
     aggregate_job,
     before_decisions,
+    checkpoint_reader,
     decide,
     plan_cell,
     report_jobs,
@@ -226,27 +224,8 @@ def decided(model, task, wait: bool, replaced: bool = True) -> Decided:
     """What the checkpoints of a model × task decided (istar.pipeline.jobs.decide). A checkpoint not yet
     run raises with ``wait`` (an input function then waits for it), else leaves its decision unknown.
     """
-
-    def read(checkpoint, path):
-        def content():
-            getattr(checkpoints, checkpoint).get(model=model, task=task)
-            return read_decision(path)
-
-        return unless_pending(content, wait)
-
+    read = checkpoint_reader(checkpoints, model, task, wait)
     return decide(config, model, task, read, replaced=replaced)
-
-
-@functools.lru_cache(maxsize=None)
-def _decision(path, stamp) -> dict:
-    return read_json(path)
-
-
-def read_decision(path) -> dict:
-    """A file a checkpoint decides by (read_json: its recorded content hash checked), read again
-    only once it changed: every job planned after the checkpoint looks it up."""
-    stat = os.stat(path)
-    return _decision(path, (stat.st_mtime_ns, stat.st_size))
 
 
 _PLANS = {}
