@@ -7,6 +7,7 @@ else. The Snakemake rules only call them, with the paths of their inputs and out
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -264,11 +265,8 @@ def task_max_length(config: dict, task: str) -> int:
 def prepare_data_spec(config: dict, *, task: str, out: str) -> PrepareDataSpec:
     """One task's data as the ``data`` section asks (a hub revision only where one is pinned)."""
     data = config["data"]
-    return PrepareDataSpec(task=task, out=out, source=data["source"], mirror=data["mirror"],
-                           revision=data["hub_revisions"].get(task), hub_dataset=data["hub_datasets"].get(task),
-                           allow_standin=data["allow_standin"],
-                           standin_fraction=data["standin_fraction"], max_train_samples=data["max_train_samples"],
-                           max_eval_samples=data["max_eval_samples"], seed=data["seed"], subset=data["subset"])
+    return _spec(PrepareDataSpec, config, task=task, out=out, revision=data["hub_revisions"].get(task),
+                 hub_dataset=data["hub_datasets"].get(task))
 
 
 def prepare_data_inputs(config: dict, task: str) -> list[str]:
@@ -301,15 +299,20 @@ def heldout_name(config: dict) -> str | None:
 
 def holdout_spec(config: dict, *, data_dir: str, out: str) -> HoldoutSpec:
     """The cut of ``data_dir``'s training split into the search's part and the held-out part."""
-    search = config["search"]
-    return HoldoutSpec(data_dir=data_dir, out=out, fraction=float(search["heldout_fraction"]),
-                       seed=int(search["heldout_seed"]))
+    return _spec(HoldoutSpec, config, data_dir=data_dir, out=out)
 
 
-def _model_data(config: dict, model: str, task: str, data_dir: str) -> dict:
-    training = config["training"]
-    return {"model": model, "data_dir": data_dir, "max_length": task_max_length(config, task),
-            "doc_stride": training["doc_stride"], "segment_ids": training["segment_ids"]}
+def _spec(spec_class, config: dict, **given):
+    """A ``spec_class`` of the ``given`` values, its other fields that claim a config key (``config_field``)
+    at that key's value in ``config``: what a field claims is what it is built from, so the two cannot
+    drift. Every other field keeps its own default."""
+    claimed = {f.name: _config_value(config, f.metadata["config"]) for f in dataclasses.fields(spec_class)
+               if f.name not in given and f.metadata.get("config", "$").split(".")[0] in config}
+    return spec_class(**claimed, **given)
+
+
+# the settings only a method that shrinks towards Σ_S (takes ζ) reads
+_ISTAR_OPTIONS = ("recompute_shrinkage", "global_penalty")
 
 
 def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: int, data_dir: str, output_dir: str,
@@ -322,27 +325,20 @@ def train_spec(config: dict, *, model: str, task: str, setting: Setting, seed: i
     measures Σ_S after each epoch (istar.steps.sigma_tracking), over ``layers`` and the ``shrinkage``
     section's rows.
     """
-    training, shrinkage, penalty = config["training"], config["shrinkage"], config["penalty"]
-    hyperparameters = {"layers": setting.layer if setting.layer is not None else penalty["layers"],
-                       "shrinkage_rows": shrinkage["rows"], "tokens": setting.tokens}
+    training = config["training"]
+    given = {"model": model, "data_dir": data_dir, "output_dir": output_dir, "method": setting.method,
+             "lam": float(setting.lam), "seed": int(seed), "tokens": setting.tokens,
+             "max_length": task_max_length(config, task), "mixed_precision": training["mixed_precision"],
+             "gradient_accumulation_steps": micro_batches_per_step(training),
+             "learning_rate": setting.learning_rate or training["learning_rate"],
+             "batch_size": setting.batch_size or training["batch_size"], "epochs": setting.epochs or training["epochs"]}
+    if setting.layer is not None:
+        given["layers"] = setting.layer
     if get_method(setting.method).takes("zeta"):
-        hyperparameters |= {
-            "zeta": setting.zeta, "recompute_shrinkage": shrinkage["recompute_every_epoch"],
-            "global_penalty": penalty["global_penalty"], "sigma_s": sigma_s if needs_sigma(setting) else None,
-        }
-    return TrainSpec(
-        **_model_data(config, model, task, data_dir), output_dir=output_dir, method=setting.method,
-        lam=float(setting.lam), seed=int(seed), mixed_precision=training["mixed_precision"],
-        learning_rate=setting.learning_rate or training["learning_rate"],
-        batch_size=setting.batch_size or training["batch_size"], epochs=setting.epochs or training["epochs"],
-        eval_batch_size=training["eval_batch_size"], gradient_accumulation_steps=micro_batches_per_step(training),
-        warmup_ratio=training["warmup_ratio"], scheduler=training["scheduler"], weight_decay=training["weight_decay"],
-        adam_epsilon=training["adam_epsilon"], max_grad_norm=training["max_grad_norm"],
-        checkpoint_every=training["checkpoint_every"], deterministic=training["deterministic"],
-        compile=training["compile"],
-        trackers=list(config["tracking"]["trackers"]), mlflow_tracking_uri=config["tracking"]["mlflow_tracking_uri"],
-        tracking_experiment=config["tracking"]["experiment"],
-        **hyperparameters)
+        given |= {"zeta": setting.zeta, "sigma_s": sigma_s if needs_sigma(setting) else None}
+    else:  # the I-STAR options stay at their defaults, so that editing them reruns no other method's runs
+        given |= {name: TrainSpec.__dataclass_fields__[name].default for name in _ISTAR_OPTIONS}
+    return _spec(TrainSpec, config, **given)
 
 
 def shrinkage_spec(config: dict, *, model: str, task: str, data_dir: str, out: str,
@@ -355,10 +351,9 @@ def shrinkage_spec(config: dict, *, model: str, task: str, data_dir: str, out: s
     is accumulated in float64 either way."""
     training = config["training"]
     uses_training = get_token_selection(tokens).sigma_uses_training_batches
-    return ShrinkageSpec(**_model_data(config, model, task, data_dir), out=out, layers=config["penalty"]["layers"],
-                         tokens=tokens, rows=config["shrinkage"]["rows"],
-                         batch_size=training["batch_size"] if uses_training else training["eval_batch_size"],
-                         mixed_precision=training["mixed_precision"])
+    return _spec(ShrinkageSpec, config, model=model, data_dir=data_dir, out=out, tokens=tokens,
+                 max_length=task_max_length(config, task), mixed_precision=training["mixed_precision"],
+                 batch_size=training["batch_size"] if uses_training else training["eval_batch_size"])
 
 
 def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sigma_s: str, out: str) -> MeasureSpec:
@@ -366,15 +361,10 @@ def measure_spec(config: dict, *, runs: list[str], task: str, data_dir: str, sig
     score a run reports is then the one its training evaluated; statistics stay float32/float64).
     Every run is evaluated: the forward pass costs little beside the activations'. ``sigma_s`` (the
     pretrained Σ_S file) is passed where ``analysis.sigma_s_model`` reads it."""
-    training, analysis = config["training"], config["analysis"]
-    reads_file = get_sigma_source(analysis["sigma_s_model"]).reads_file
-    return MeasureSpec(runs=list(runs), data_dir=data_dir, sigma_s=sigma_s if reads_file else None, out=out,
-                       evaluate=True, sigma_s_model=analysis["sigma_s_model"],
-                       shrinkage_rows=config["shrinkage"]["rows"], max_length=task_max_length(config, task),
-                       doc_stride=training["doc_stride"], segment_ids=training["segment_ids"],
-                       batch_size=training["eval_batch_size"], token_sample=analysis["token_sample"],
-                       zeta=analysis["zeta"], twonn_discard=analysis["twonn_discard"],
-                       layers=config["penalty"]["layers"], mixed_precision=training["mixed_precision"])
+    reads_file = get_sigma_source(config["analysis"]["sigma_s_model"]).reads_file
+    return _spec(MeasureSpec, config, runs=list(runs), data_dir=data_dir, sigma_s=sigma_s if reads_file else None,
+                 out=out, evaluate=True, max_length=task_max_length(config, task),
+                 mixed_precision=config["training"]["mixed_precision"])
 
 
 def aggregate_options(config: dict) -> list[str]:
@@ -404,14 +394,8 @@ def survey_text_task(config: dict) -> str | None:
 
 def survey_spec(config: dict, *, model: str, revision: str, text: str, out: str) -> SurveySpec:
     """One model × revision profile; ``text``: the prepared task folder or the text file."""
-    survey = config["survey"]
-    entry = survey["models"][model]
-    return SurveySpec(model=entry["source"], revision=None if revision == AS_GIVEN else revision,
-                       trust_remote_code=entry["trust_remote_code"],
-                       text=text, out=out, split=survey["split"], tokens=survey["tokens"],
-                       sigma_tokens=survey["sigma_tokens"], zeta=survey["zeta"], batch_size=survey["batch_size"],
-                       max_length=survey["max_length"], dtype=survey["dtype"],
-                       twonn_tokens=survey["twonn_tokens"], twonn_discard=config["analysis"]["twonn_discard"],
-                       projection_rows=survey["projection_rows"],
-                       # a job granted no GPU stays on the CPU even on a machine that has one
-                       device="auto" if survey["gpus"] else "cpu")
+    entry = config["survey"]["models"][model]
+    return _spec(SurveySpec, config, model=entry["source"], revision=None if revision == AS_GIVEN else revision,
+                 trust_remote_code=entry["trust_remote_code"], text=text, out=out,
+                 # a job granted no GPU stays on the CPU even on a machine that has one
+                 device="auto" if config["survey"]["gpus"] else "cpu")
