@@ -33,20 +33,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 from pathlib import Path
 
 from istar.config.gpu_slots import fine_tune_gpus
 from istar.config.layout import Setting
-from istar.pipeline.bundle_plan import DeviceCosts, model_sizes_of
+from istar.pipeline.bundle_plan import DeviceCosts, fine_tune_s, model_sizes, model_sizes_of
 from istar.pipeline.jobs import Decided, plan_cell
 from istar.pipeline.plan import fixed_setting, search_settings, task_max_length, tuned_tokens
 from istar.pipeline.validate import merge_config_files, validate_config
-from istar.registry.methods import get_method
 from istar.registry.tasks import get_task
 
-__all__ = ["RATES_FILE", "gpu_kind", "load_rates", "model_shape", "planned_fine_tunes", "fine_tune_estimate_s",
+__all__ = ["RATES_FILE", "gpu_kind", "load_rates", "model_shape", "planned_fine_tunes", "padded_task_sizes",
            "config_cost", "as_written", "describe_cost", "bundle_call_seconds"]
 
 RATES_FILE = Path(__file__).with_name("device_rates.json")
@@ -71,7 +69,7 @@ def model_shape(source: str, rates: dict) -> dict:
 
     parsed = parse_model_source(source)
     if parsed.kind != "hub":
-        return model_sizes_of(json.loads((Path(parsed.location) / "config.json").read_text(encoding="utf-8")))
+        return model_sizes(Path(parsed.location))
     shapes = rates["model_shapes"]
     if parsed.location not in shapes:
         raise ValueError(f"no shape recorded for the hub model {parsed.location}; add its config.json's layer and "
@@ -80,8 +78,8 @@ def model_shape(source: str, rates: dict) -> dict:
 
 
 def planned_fine_tunes(config: dict, layers_of: dict[str, int]) -> list[dict]:
-    """Every fine-tune of a validated config, as the job table plans it: model, task, method, stage (search or
-    final), batch size, epochs (one entry per run).
+    """Every fine-tune of a validated config, as the job table plans it: model, task, stage (search or
+    final) and its train spec (one entry per run).
 
     The search's choice is not known before the search: where λ | ζ is not fixed in advance, the first
     setting of the search grid stands in for it (its λ and ζ change no run's length; under a searched
@@ -95,29 +93,21 @@ def planned_fine_tunes(config: dict, layers_of: dict[str, int]) -> list[dict]:
             tuned = [Setting("istar", lam=selection.lam, zeta=selection.zeta, tokens=t) for t in tuned_tokens(config)]
             decided = Decided(selection=selection, baselines=(), tuned=tuned[0] if tuned else None,
                               depth=layers_of[model])
-            runs += [{"model": model, "task": task, "method": job.spec.method,
-                      "stage": "search" if job.rule == "train_search" else "final",
-                      "batch_size": job.spec.batch_size, "epochs": job.spec.epochs}
+            runs += [{"model": model, "task": task, "stage": "search" if job.rule == "train_search" else "final",
+                      "spec": json.loads(job.spec.to_json())}
                      for job in plan_cell(config, model, task, decided).jobs if job.step == "train"]
     return runs
 
 
-def fine_tune_estimate_s(run: dict, shape: dict, config: dict, costs: DeviceCosts = DeviceCosts()) -> float:
-    """The bundle's estimate of one fine-tune alone on a GPU, in seconds: start, every micro-batch's step,
-    the evaluation after each epoch and the Σ_S passes (before training and after each epoch)."""
-    task, training = get_task(run["task"]), config["training"]
-    tokens, eval_batch = task_max_length(config, run["task"]), training["eval_batch_size"]
-    limit = config["data"]["max_train_samples"]
-    rows = min(task.rows[0], limit) if limit else task.rows[0]
-    eval_limit = config["data"]["max_eval_samples"]
-    eval_rows = min(task.rows[1], eval_limit) if eval_limit else task.rows[1]
-    layers, parameters = shape["layers"], shape["parameters"]
-    micro = math.ceil(rows / run["batch_size"]) * run["epochs"]
-    step = costs.step_s(layers, parameters, run["batch_size"] * tokens, get_method(run["method"]).penalises)
-    forward = costs.forward_s(layers, parameters, eval_batch * tokens)
-    sigma_batches = min(math.ceil(rows / eval_batch), math.ceil(config["shrinkage"]["rows"] / (eval_batch * tokens)))
-    return (costs.job_start_s + micro * step + run["epochs"] * math.ceil(eval_rows / eval_batch) * forward
-            + (run["epochs"] + 1) * sigma_batches * forward)
+def padded_task_sizes(config: dict, task: str) -> dict:
+    """A task's token counts in :func:`istar.pipeline.bundle_plan.data_sizes`' form before its data is
+    prepared: the task's rows (up to ``data.max_train_samples`` | ``max_eval_samples``), every sequence
+    padded to the task's ``max_length``."""
+    tokens, data = task_max_length(config, task), config["data"]
+    rows = [min(count, limit) if limit else count
+            for count, limit in zip(get_task(task).rows, (data["max_train_samples"], data["max_eval_samples"]))]
+    return {split: {"features": count, "mean_tokens": tokens, "mean_padded": tokens}
+            for split, count in zip(("train", "validation"), rows)}
 
 
 def _measured(kind: str, rates: dict) -> dict:
@@ -166,7 +156,9 @@ def config_cost(config: dict, kind: str, gpus: int, rates: dict | None = None) -
         raise ValueError(f"--gpus must be at least 1; got {gpus}")
     shapes = {model: model_shape(source, rates) for model, source in config["models"].items()}
     runs = planned_fine_tunes(config, {model: shape["layers"] for model, shape in shapes.items()})
-    estimate_h = sum(fine_tune_estimate_s(run, shapes[run["model"]], config) for run in runs) / 3600
+    sizes = {task: padded_task_sizes(config, task) for task in config["tasks"]}
+    estimate_h = sum(fine_tune_s(config, DeviceCosts(), shapes[run["model"]], sizes[run["task"]], run["spec"])
+                     for run in runs) / 3600
 
     def hours(ratio: list[float], per_job: int) -> dict:
         low, high = (estimate_h * r for r in ratio)
