@@ -86,13 +86,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from istar.config.schema import load_yaml
-    from istar.pipeline.validate import validate_config
+    from istar.pipeline.validate import merge_config_files, validate_config
 
-    merged: dict = {}
-    for path in args.configfile:
-        _merge(merged, load_yaml(path))
-    config = validate_config(merged, check_paths=False)
+    config = validate_config(merge_config_files(args.configfile), check_paths=False)
     matching, stale = stale_outputs(config, args.directory)
     print(f"{len(matching)} Σ_S and measurement file(s) match the specs their jobs have now")
     for path, differ in stale.items():
@@ -108,11 +104,3 @@ def run_cli(args: argparse.Namespace) -> int:
     print("recording the specs:", " ".join(command))
     return subprocess.run(command, check=False).returncode
 
-
-def _merge(into: dict, update: dict) -> None:
-    """Snakemake's merge of several config files: nested sections merged, later values win."""
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value

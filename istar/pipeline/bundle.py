@@ -142,7 +142,7 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCo
     from istar.data.prepare import prepare_from_spec
     from istar.io import artifacts
     from istar.io.provenance import git_provenance, package_sha256
-    from istar.pipeline.validate import merge_config_files, model_depth, validate_config
+    from istar.pipeline.validate import merge_config_files, validate_config
     from istar.registry.precisions import PRECISIONS
 
     merged = merge_config_files(configfiles)
@@ -166,7 +166,7 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCo
         pin = {"source": source, "kind": "local", "hub_id": None, "revision": None, "commit": None,
                "pinned": f"./models/{model}", "stored_as": "float16 safetensors (loaded as float32)"}
         artifacts.write_text(staging / MODEL_PIN.format(model=model), json.dumps(pin, indent=2) + "\n")
-        models[model] = {**model_sizes(folder), "depth": model_depth(folder)}
+        models[model] = model_sizes(folder)
     training = config["training"]
     data = {}
     extra = [task for task in dict.fromkeys(with_data) if task not in config["tasks"]]
@@ -180,7 +180,7 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCo
         data[task] = data_sizes(Path(spec.out), first, training["max_length"], training["doc_stride"],
                                  training["batch_size"], training["eval_batch_size"], pad)
 
-    jobs, aggregate = plan_jobs(config, {model: sizes["depth"] for model, sizes in models.items()})
+    jobs, aggregate = plan_jobs(config, {model: sizes["layers"] for model, sizes in models.items()})
     estimate_jobs(jobs, config, models, data, costs)
     units = plan_units(jobs)
     for unit in units:
@@ -232,7 +232,7 @@ def describe(plan: dict, out: Path) -> str:
     lines = [f"{'unit':>4}  {'jobs':>4}  {'estimate (s)':>12}  name"]
     for number, unit in enumerate(plan["units"]):
         lines.append(f"{number:>4}  {len(unit['jobs']):>4}  {unit['estimate_s']:>12.0f}  {unit['name']}")
-    sigma = sum(job["estimate_s"] for job in plan["jobs"] if job["rule"].startswith("shrinkage"))
+    sigma = sum(job["estimate_s"] for job in plan["jobs"] if job["step"][0] == "shrinkage")
     size = plan["size"]
     lines += [f"Σ_S jobs (run before the first unit that needs them, on each machine): {sigma:.0f} s",
               f"estimated total on one H100: {plan['estimate']['total_s'] / 60:.1f} min",

@@ -37,8 +37,8 @@ class Runner:
         self.producer = {output: index for index, job in enumerate(self.jobs) for output in job["outputs"]}
         self.records: list[dict] = []
 
-    def complete(self, index: int) -> bool:
-        return all((self.workdir / path).exists() for path in self.jobs[index]["outputs"])
+    def exist(self, paths) -> bool:
+        return all((self.workdir / path).exists() for path in paths)
 
     def closure(self, indices) -> list[int]:
         """The jobs of a unit and the jobs producing what they need, in plan order."""
@@ -52,7 +52,7 @@ class Runner:
         return sorted(wanted)
 
     def todo(self, unit: dict) -> list[int]:
-        return [index for index in self.closure(unit["jobs"]) if not self.complete(index)]
+        return [index for index in self.closure(unit["jobs"]) if not self.exist(self.jobs[index]["outputs"])]
 
     def command(self, job: dict) -> list[str]:
         if not job["launch"]:
@@ -87,8 +87,7 @@ class Runner:
             for index in list(waiting):
                 if len(running) >= self.parallel:
                     break
-                needs = self.jobs[index]["needs"]
-                if all((self.workdir / path).exists() for path in needs):
+                if self.exist(self.jobs[index]["needs"]):
                     waiting.remove(index)
                     running[index] = (self.start(index), time.monotonic())
             if not running and waiting:
@@ -104,10 +103,9 @@ class Runner:
                 if code != 0:
                     status = "failed"
             if status == "failed" or time.monotonic() > self.kill_at:
-                status = status if status == "failed" else "stopped"
                 self.stop(running)
                 running.clear()
-                return status
+                return "failed" if status == "failed" else "stopped"
         return status
 
     def record(self, index: int, code: int, seconds: float) -> None:
@@ -133,8 +131,7 @@ class Runner:
             except subprocess.TimeoutExpired:
                 process.kill()  # the launcher; its child gets SIGTERM from the kernel as it goes (istar launch)
                 process.wait()
-            self.record(index, process.returncode if process.returncode is not None else -9,
-                        time.monotonic() - started)
+            self.record(index, process.returncode, time.monotonic() - started)
 
 
 @contextlib.contextmanager

@@ -183,7 +183,6 @@ def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | 
     statuses: dict[str, dict] = {}
     spent, estimated = done["calibration"].get(str(parallel), (0.0, 0.0))  # earlier calls' units, as a prior
     new = [0.0, 0.0]  # this call's
-    runner = None
     stopped, interrupted = False, None
     print(f"bundle {bundle} ({len(plan['units'])} units, {len(brought_back)} brought back already) in {workdir}; "
           f"budget {budget:.0f} s, {parallel} job(s) at a time", flush=True)
@@ -191,18 +190,13 @@ def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | 
         runner = Runner(plan, workdir, env, gpus, parallel, clock + budget, sys.executable)
         for number, unit in enumerate(plan["units"]):
             name = unit["name"]
-            if name in brought_back:
-                statuses[name] = {"status": "brought-back"}
-                continue
-            if number not in chosen:
-                statuses[name] = {"status": "not-selected"}
-                continue
-            todo = runner.todo(unit)
+            skipped = "brought-back" if name in brought_back else None if number in chosen else "not-selected"
+            todo = [] if skipped else runner.todo(unit)
             if not todo:
-                statuses[name] = {"status": "already-done"}
+                statuses[name] = {"status": skipped or "already-done"}
                 continue
-            factor = spent / estimated if estimated else 1.0
-            predicted = factor * sum(plan["jobs"][index]["estimate_s"] for index in todo)
+            unit_estimate = sum(plan["jobs"][index]["estimate_s"] for index in todo)
+            predicted = (spent / estimated if estimated else 1.0) * unit_estimate
             elapsed = time.monotonic() - clock
             if stopped or elapsed + predicted > budget:
                 status = "too-large" if predicted > budget and not stopped else "left"
@@ -217,7 +211,6 @@ def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | 
                 interrupted, status = error, "stopped"
             seconds = time.monotonic() - begin
             statuses[name] = {"status": status, "seconds": round(seconds, 1), "predicted_s": round(predicted, 1)}
-            unit_estimate = sum(plan["jobs"][index]["estimate_s"] for index in todo)
             if status == "done" and unit_estimate >= CALIBRATE_FROM_S:
                 spent, estimated = spent + seconds, estimated + unit_estimate
                 new = [new[0] + seconds, new[1] + unit_estimate]
@@ -229,10 +222,10 @@ def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | 
         "code_sha256": {"built": plan["code_sha256"], "ran": package_sha256()},
         "speed_factor": round(new[0] / new[1], 3) if new[1] else None,
         "calibration": {str(parallel): [round(new[0], 1), round(new[1], 1)]} if new[1] else {},
-        "units": statuses, "jobs": runner.records if runner else [],
+        "units": statuses, "jobs": runner.records,
     }
     summary["sigma_sha256"] = {job["outputs"][0]: _safetensors_digest(workdir / job["outputs"][0])
-                               for job in plan["jobs"] if job["rule"].startswith("shrinkage")
+                               for job in plan["jobs"] if job["step"][0] == "shrinkage"
                                and (workdir / job["outputs"][0]).is_file()}
     pack(plan, workdir, summary, Path(out))
     _report(plan, summary, Path(out))
@@ -248,7 +241,7 @@ def pack(plan: dict, workdir: Path, summary: dict, out: Path) -> None:
     for unit in plan["units"]:
         if summary["units"].get(unit["name"], {}).get("status") in ("done", "already-done"):
             kept += [path for index in unit["jobs"] for path in plan["jobs"][index]["keep"]]
-    kept += [path for job in plan["jobs"] if job["rule"].startswith("shrinkage") for path in job["keep"]
+    kept += [path for job in plan["jobs"] if job["step"][0] == "shrinkage" for path in job["keep"]
              if (workdir / path).is_file()]
     logs = [record["log"] for record in summary["jobs"] if (workdir / record["log"]).is_file()]
     missing = [path for path in kept if not (workdir / path).is_file()]

@@ -130,12 +130,11 @@ def bundle_call_seconds(plan: dict, numbers, kind: str, parallel: int, rates: di
                          f"{', '.join(measured['packed_ratio'])}")
     jobs, chosen = plan["jobs"], [plan["units"][number] for number in numbers]
     wanted = {path for unit in chosen for index in unit["jobs"] for path in jobs[index]["needs"]}
-    sigmas = [job for job in jobs if job["rule"].startswith("shrinkage") and wanted & set(job["outputs"])]
+    sigmas = [job for job in jobs if job["step"][0] == "shrinkage" and wanted & set(job["outputs"])]
     bounds = []
     for side in (0, 1):
         def alone(job: dict) -> float:
-            rule = "shrinkage" if job["rule"].startswith("shrinkage") else job["rule"]
-            return measured["job_factor"][rule][side] * job["estimate_s"]
+            return measured["job_factor"][job["step"][0]][side] * job["estimate_s"]
 
         seconds = sum(alone(job) for job in sigmas)
         for unit in chosen:
