@@ -110,33 +110,30 @@ def _check_units(plan: dict, root: Path, names: set[str]) -> None:
     from istar.io import artifacts
     from istar.io.results import read_finished_run
 
-    for unit in plan["units"]:
-        if unit["name"] not in names:
-            continue
-        for index in unit["jobs"]:
-            job = plan["jobs"][index]
-            if job["rule"] == "train":
-                read_finished_run(root / Path(job["outputs"][0]).parent)
-            else:
-                for output in job["keep"]:
-                    artifacts.read_json(root / output)
+    for job in (plan["jobs"][index] for unit in plan["units"] if unit["name"] in names for index in unit["jobs"]):
+        if job["rule"] == "train":
+            read_finished_run(root / Path(job["outputs"][0]).parent)
+        else:
+            for output in job["keep"]:
+                artifacts.read_json(root / output)
 
 
 def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
-    """Aggregate, (Fig. 2's simulation,) tables and figures, as their rules run them; returns the files made."""
+    """Aggregate, (Fig. 2's simulation,) tables and figures, as their rules run them; returns the files made
+    (every output of the jobs run)."""
     from istar.config.schema import load_yaml
     from istar.io import artifacts
     from istar.pipeline.jobs import aggregate_job, report_jobs
     from istar.pipeline.validate import validate_config
     from istar.report.figures import STABILITY_CSV
 
+    def back(path: str) -> bool:
+        """Whether the aggregate reads ``path``: every input of the plan, or with ``partial`` those back."""
+        return not partial or (root / path).is_file()
+
     aggregate = plan["aggregate"]
-    runs = [(study, run) for study, run in aggregate["runs"]]
-    selections, measures = aggregate["selections"], aggregate["measures"]
-    if partial:
-        runs = [(study, run) for study, run in runs if (root / run / "metrics.json").is_file()]
-        selections = [path for path in selections if (root / path).is_file()]
-        measures = [path for path in measures if (root / path).is_file()]
+    runs = [(study, run) for study, run in aggregate["runs"] if back(f"{run}/metrics.json")]
+    selections, measures = ([path for path in aggregate[key] if back(path)] for key in ("selections", "measures"))
     # the study's resolved config, first: the aggregate and the tables read what it declared (the rule for
     # collapsed runs, the paper's models, the primary endpoint), as their rules pass it
     config_file = root / RESOLVED_CONFIG
@@ -157,10 +154,7 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
             tail = (root / job.log).read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
             raise RuntimeError(f"istar {job.label} failed (exit {done.returncode}); {root / job.log}:\n" + "\n".join(tail))
         print(f"istar {job.label} -> {job.log}", flush=True)
-    made = [AGGREGATE.format(name=name) for name in ("runs", "paired", "pooled")] + [EXPERIMENT_METRICS]
-    made += [f"{TABLE.format(table=table)}.md" for table in plan["tables"]]
-    made += [f"{FIGURE.format(figure=figure)}.png" for figure in plan["figures"]]
-    return made + [SUMMARY_MD]
+    return [path for job in jobs for path in job.outputs]
 
 
 def import_bundle(archives, bundle, *, root=".", partial: bool = False, force: bool = False) -> dict:

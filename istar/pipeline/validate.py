@@ -98,8 +98,7 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
         if primary["contrast"] != "lambda_sweep" and primary["contrast"] not in config["final"]["methods"]:
             raise ConfigError(f"config key 'inference.primary.contrast': {primary['contrast']!r} has no final runs; add it "
                               "to final.methods or declare another contrast")
-    rank_warning = rank_test_warning(config)
-    if rank_warning:
+    if rank_warning := rank_test_warning(config):
         print(f"istar: warning: {rank_warning}", file=sys.stderr)
     if config["final"]["cosreg_lambda"] == 0:
         raise ConfigError("config key 'final.cosreg_lambda': λ = 0 turns CosReg off, so its runs would be a second baseline "
@@ -218,21 +217,18 @@ def _check_models(models: dict) -> dict[str, int]:
 
 def _check_layers(config: dict, depths: dict[str, int]) -> None:
     """Layer indices within the depth of every local model that uses them (hub models are checked in the job)."""
-    chosen = config["penalty"]["layers"]
+    chosen, single = config["penalty"]["layers"], config["studies"]["single_layer"]
+    checks = []  # (config key, layer indices, the models using them, their first layer)
     if not isinstance(chosen, str):
-        for name, depth in depths.items():
-            too_deep = [i for i in ([chosen] if isinstance(chosen, int) else chosen) if i > depth]
-            if too_deep:
-                raise ConfigError(f"config key 'penalty.layers': layer {too_deep[0]} does not exist in model "
-                                  f"{name!r}, which has layers 0 (embeddings) to {depth}")
-    single = config["studies"]["single_layer"]
+        checks.append(("penalty.layers", [chosen] if isinstance(chosen, int) else chosen, depths, "0 (embeddings)"))
     if single["enabled"] and isinstance(single["layers"], list):
-        for name in single["models"] or list(config["models"]):
-            depth = depths.get(name)
-            too_deep = [i for i in single["layers"] if depth is not None and i > depth]
+        checks.append(("studies.single_layer.layers", single["layers"], single["models"] or config["models"], "1"))
+    for key, layers, models, first in checks:
+        for name in models:
+            too_deep = [i for i in layers if name in depths and i > depths[name]]
             if too_deep:
-                raise ConfigError(f"config key 'studies.single_layer.layers': layer {too_deep[0]} does not exist in "
-                                  f"model {name!r}, which has layers 1 to {depth}")
+                raise ConfigError(f"config key '{key}': layer {too_deep[0]} does not exist in model {name!r}, "
+                                  f"which has layers {first} to {depths[name]}")
 
 
 def _check_data(data: dict, tasks: list[str]) -> None:
