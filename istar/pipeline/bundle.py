@@ -39,7 +39,6 @@ from pathlib import Path
 from istar.config.layout import DATA, MODEL_PIN
 from istar.config.schema import ConfigError
 from istar.pipeline.bundle_plan import (
-    DeviceCosts,
     confirmatory_problem,
     data_sizes,
     estimate_jobs,
@@ -121,15 +120,10 @@ def travelling_bytes(root: Path, exclude: Path) -> int:
                if p.is_file() and not p.is_symlink() and exclude not in p.resolve().parents)
 
 
-def _folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
-
-
 # ------------------------------------------------------------------------------------------ build
 
 
-def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCosts = DeviceCosts(),
-                 limit: int = DEVICE_LIMIT) -> dict:
+def build_bundle(configfiles, out, *, mirror=None, with_data=()) -> dict:
     """Build the bundle of a confirmatory config in ``out`` (replacing an earlier bundle there); returns the plan.
 
     ``mirror`` replaces ``data.mirror`` (a GLUE-layout folder here; it is not part of the bundle).
@@ -181,7 +175,7 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCo
                                  training["batch_size"], training["eval_batch_size"], pad)
 
     jobs, aggregate = plan_jobs(config, {model: sizes["layers"] for model, sizes in models.items()})
-    estimate_jobs(jobs, config, models, data, costs)
+    estimate_jobs(jobs, config, models, data)
     units = plan_units(jobs)
     for unit in units:
         unit["estimate_s"] = round(sum(jobs[index]["estimate_s"] for index in unit["jobs"]), 1)
@@ -209,15 +203,15 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCo
     artifacts.write_text(staging / JOBS_FILE, json.dumps(plan, indent=1, ensure_ascii=False) + "\n")
     artifacts.write_text(staging / CONFIG_NAME, yaml.safe_dump(config, sort_keys=False))
 
-    bundle_bytes = _folder_bytes(staging)
+    bundle_bytes = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file() and not p.is_symlink())
     tree = travelling_bytes(REPO, out)
-    plan["size"] = {"bundle_bytes": bundle_bytes, "tree_bytes": tree, "limit_bytes": limit}
+    plan["size"] = {"bundle_bytes": bundle_bytes, "tree_bytes": tree, "limit_bytes": DEVICE_LIMIT}
     artifacts.write_text(staging / JOBS_FILE, json.dumps(plan, indent=1, ensure_ascii=False) + "\n")
-    if bundle_bytes + tree > limit:
+    if bundle_bytes + tree > DEVICE_LIMIT:
         shutil.rmtree(staging)
         raise ValueError(f"the bundle ({bundle_bytes / 2**20:.1f} MiB) and the working tree that travels with it "
                          f"({tree / 2**20:.1f} MiB) come to {(bundle_bytes + tree) / 2**20:.1f} MiB, over the "
-                         f"{limit / 2**20:.0f} MiB a device call carries: subsample the training data "
+                         f"{DEVICE_LIMIT / 2**20:.0f} MiB a device call carries: subsample the training data "
                          "(data.max_train_samples), bundle fewer tasks, or remove large untracked files")
     done = out / DONE_FILE  # units brought back stay brought back when the same bundle is built again
     if done.is_file() and json.loads(done.read_text(encoding="utf-8")).get("bundle_id") == plan["bundle_id"]:

@@ -64,16 +64,25 @@ def import_archive(path: Path, bundle: Path, plan: dict, root: Path, force: bool
             raise ValueError(f"{path} comes from bundle {summary.get('bundle_id')}, not from {bundle} "
                              f"({plan['bundle_id']}): import it with the bundle that ran it")
         contents = {name: archive.extractfile(info).read() for name, info in members.items()}
-    earlier = [s for s in _earlier_summaries(root) if s.get("started") != summary.get("started")]
-    conflicts, notes, writes = [], [], {}
+    calls = root / "results" / "bundle"
+    first: dict = {}  # each Σ_S's digest as the first other call brought it back
+    for record in sorted(calls.glob("call-*.json")):
+        earlier = json.loads(record.read_text(encoding="utf-8"))
+        if earlier.get("started") != summary.get("started"):
+            for sigma, digest in earlier.get("sigma_sha256", {}).items():
+                first.setdefault(sigma, digest)
+    conflicts, writes, summary["sigma_notes"] = [], {}, []
     for name, data in contents.items():
-        target = root / name
+        target, sigma = root / name, name.replace(".json", ".pt")
         # a Σ_S that another call already brought back was recomputed on this machine: its
         # provenance may equal the first byte for byte (its timing rounds alike), so the test
         # is where it came from, not whether it differs
-        if name.startswith(SIGMA_PROVENANCE) and target.is_file() and any(
-                name.replace(".json", ".pt") in s.get("sigma_sha256", {}) for s in earlier):
-            notes.append(name)
+        if name.startswith(SIGMA_PROVENANCE) and target.is_file() and sigma in first:
+            mine = summary["sigma_sha256"].get(sigma)
+            same = mine is not None and mine == first[sigma]
+            summary["sigma_notes"].append(
+                f"{sigma}: recomputed on this machine, {'identical to' if same else 'different from'} the first one "
+                "(the first provenance file is kept; each run records the Σ_S it read)")
             continue
         if target.is_file() and target.read_bytes() != data and not name.startswith("logs/"):
             conflicts.append(name)
@@ -84,25 +93,11 @@ def import_archive(path: Path, bundle: Path, plan: dict, root: Path, force: bool
     for name, data in writes.items():
         with artifacts.atomic_path(root / name) as tmp:
             tmp.write_bytes(data)
-    sigma_notes = []
-    for name in notes:
-        sigma = name.replace(".json", ".pt")
-        mine = summary["sigma_sha256"].get(sigma)
-        before = next((s["sigma_sha256"][sigma] for s in earlier if sigma in s.get("sigma_sha256", {})), None)
-        same = mine is not None and mine == before
-        sigma_notes.append(f"{sigma}: recomputed on this machine, {'identical to' if same else 'different from'} "
-                           "the first one (the first provenance file is kept; each run records the Σ_S it read)")
-    summary["sigma_notes"] = sigma_notes
     summary["archive"] = str(path)
-    record = root / "results" / "bundle" / f"call-{summary['started'].replace(':', '')}.json"
+    record = calls / f"call-{summary['started'].replace(':', '')}.json"
     summary["imported_before"] = record.is_file()
     artifacts.write_json(record, summary)
     return summary
-
-
-def _earlier_summaries(root: Path) -> list[dict]:
-    folder = root / "results" / "bundle"
-    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("call-*.json"))] if folder.is_dir() else []
 
 
 def _check_units(plan: dict, root: Path, names: set[str]) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,10 +30,9 @@ KILL_WAIT_S = 15.0
 class Runner:
     """Runs units of a plan in a work folder, a few jobs at a time, against a deadline."""
 
-    def __init__(self, plan: dict, workdir: Path, env: dict, gpus: int | None, parallel: int, kill_at: float,
-                 python: str):
-        self.plan, self.workdir, self.env, self.parallel, self.kill_at = plan, workdir, env, parallel, kill_at
-        self.gpus, self.python = gpus, python
+    def __init__(self, plan: dict, workdir: Path, env: dict, gpus: int | None, parallel: int, kill_at: float):
+        self.plan, self.workdir, self.env, self.gpus = plan, workdir, env, gpus
+        self.parallel, self.kill_at = parallel, kill_at
         self.jobs = plan["jobs"]
         self.producer = {output: index for index, job in enumerate(self.jobs) for output in job["outputs"]}
         self.records: list[dict] = []
@@ -55,10 +55,10 @@ class Runner:
         return [index for index in self.closure(unit["jobs"]) if not self.exist(self.jobs[index]["outputs"])]
 
     def command(self, job: dict) -> list[str]:
-        if not job["launch"]:
-            return [self.python, "-m", "istar", *job["step"]]
+        """This interpreter's ``istar`` running the job's step, through ``istar launch`` on at most ``gpus``."""
         gpus = job["gpus"] if self.gpus is None else min(job["gpus"], self.gpus)
-        return [self.python, "-m", "istar", "launch", "--gpus", str(gpus), "--", *job["step"]]
+        launch = ["launch", "--gpus", str(gpus), "--"] if job["launch"] else []
+        return [sys.executable, "-m", "istar", *launch, *job["step"]]
 
     def start(self, index: int) -> subprocess.Popen:
         job = self.jobs[index]

@@ -257,10 +257,9 @@ STEP_SECONDS = {
 }
 
 
-def estimate_jobs(jobs: list[dict], config: dict, models: dict[str, dict], data: dict[str, dict],
-                  costs: DeviceCosts = DeviceCosts()) -> None:
+def estimate_jobs(jobs: list[dict], config: dict, models: dict[str, dict], data: dict[str, dict]) -> None:
     """Fill each job's ``estimate_s`` (seconds on an H100, :class:`DeviceCosts`)."""
     for job in jobs:
         spec = json.loads(job["step"][-1]) if job["launch"] else {}
-        seconds = STEP_SECONDS[job["step"][0]](config, costs, models[job["model"]], data[job["task"]], spec)
+        seconds = STEP_SECONDS[job["step"][0]](config, DeviceCosts(), models[job["model"]], data[job["task"]], spec)
         job["estimate_s"] = round(seconds, 1)

@@ -187,7 +187,7 @@ def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | 
     print(f"bundle {bundle} ({len(plan['units'])} units, {len(brought_back)} brought back already) in {workdir}; "
           f"budget {budget:.0f} s, {parallel} job(s) at a time", flush=True)
     with claimed_gpus(wanted_gpus if gpus is None else min(wanted_gpus, gpus), env) as env:
-        runner = Runner(plan, workdir, env, gpus, parallel, clock + budget, sys.executable)
+        runner = Runner(plan, workdir, env, gpus, parallel, clock + budget)
         for number, unit in enumerate(plan["units"]):
             name = unit["name"]
             skipped = "brought-back" if name in brought_back else None if number in chosen else "not-selected"
