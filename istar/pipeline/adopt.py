@@ -52,19 +52,17 @@ def _differences(recorded: dict, planned: dict) -> list[str]:
             if name in recorded and recorded[name] != value]
 
 
-def _read_existing(root: Path):
-    def read(checkpoint: str, path: str) -> dict | None:
-        return artifacts.read_json(root / path) if (root / path).is_file() else None
-    return read
-
-
 def stale_outputs(config: dict, root: Path = Path(".")) -> tuple[list[str], dict[str, list[str]]]:
     """The existing Σ_S and measurement files of ``config``'s jobs under ``root``: those that match their job's
     spec, and those that do not (file → its differing settings, ``name: recorded → planned``)."""
+    def read(checkpoint: str, path: str) -> dict | None:
+        """A checkpoint's decision as the results under ``root`` hold it (None where it has not run)."""
+        return artifacts.read_json(root / path) if (root / path).is_file() else None
+
     matching, stale = [], {}
     for model in config["models"]:
         for task in config["tasks"]:
-            plan = plan_cell(config, model, task, decide(config, model, task, _read_existing(root)))
+            plan = plan_cell(config, model, task, decide(config, model, task, read))
             for job in plan.jobs:
                 output = root / job.outputs[0]
                 if job.step not in ("shrinkage", "measure") or not output.is_file():

@@ -143,8 +143,7 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=()) -> dict:
     if mirror is not None:
         merged.setdefault("data", {})["mirror"] = str(mirror)
     config = validate_config(merged)
-    problem = confirmatory_problem(config)
-    if problem is not None:
+    if (problem := confirmatory_problem(config)) is not None:
         raise ConfigError(problem)
     out = Path(out)
     if out.exists() and not (out / JOBS_FILE).is_file():

@@ -75,8 +75,7 @@ def plan_jobs(config: dict, depths: dict[str, int]) -> tuple[list[dict], dict]:
     with the λ | ζ fixed in advance and ``depths``, each model's L) — and the aggregate's inputs:
     ``(jobs, aggregate)`` with ``aggregate`` = {runs: [[study, run folder]], selections, measures} in
     the order the aggregate rule passes them."""
-    problem = confirmatory_problem(config)
-    if problem is not None:
+    if (problem := confirmatory_problem(config)) is not None:
         raise ConfigError(problem)
     order = ("select", "shrinkage", "train", "measure")
     jobs: dict[str, list[dict]] = {step: [] for step in order}

@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -104,11 +105,7 @@ def prepare_workdir(bundle: Path, plan: dict, workdir: Path) -> Path:
     mark = workdir / WORK_MARK
     if mark.is_file() and mark.read_text().strip() != plan["bundle_id"]:
         for name in ("results", "resources", "logs", "models"):
-            target = workdir / name
-            if target.is_symlink() or target.is_file():
-                target.unlink()
-            elif target.is_dir():
-                shutil.rmtree(target)
+            _remove(workdir / name)
     elif not mark.is_file() and any(workdir.iterdir()):
         raise ValueError(f"work folder {workdir} holds files but no {WORK_MARK}: it is not a bundle's work folder; "
                          "name an empty or new one with --workdir")
@@ -117,15 +114,19 @@ def prepare_workdir(bundle: Path, plan: dict, workdir: Path) -> Path:
         link, target = workdir / relative, (Path(bundle) / relative).resolve()
         if not target.exists():
             raise FileNotFoundError(f"the bundle lacks {relative}: build it again")
-        if link.is_symlink() and link.resolve() == target:
-            continue
-        if link.is_dir() and not link.is_symlink():
-            shutil.rmtree(link)
-        elif link.is_symlink() or link.exists():
-            link.unlink()
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(target, target_is_directory=target.is_dir())
+        if not (link.is_symlink() and link.resolve() == target):
+            _remove(link)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(target, target_is_directory=target.is_dir())
     return workdir
+
+
+def _remove(path: Path) -> None:
+    """Remove a file, a link (not what it points to) or a folder, if there is one."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.is_symlink() or path.exists():
+        path.unlink()
 
 
 def unit_range(text: str, count: int) -> range:
@@ -244,8 +245,7 @@ def pack(plan: dict, workdir: Path, summary: dict, out: Path) -> None:
     kept += [path for job in plan["jobs"] if job["step"][0] == "shrinkage" for path in job["keep"]
              if (workdir / path).is_file()]
     logs = [record["log"] for record in summary["jobs"] if (workdir / record["log"]).is_file()]
-    missing = [path for path in kept if not (workdir / path).is_file()]
-    if missing:
+    if missing := [path for path in kept if not (workdir / path).is_file()]:
         raise RuntimeError(f"a unit marked done lacks {missing[0]}: its job did not write what the plan says")
     summary["packed"] = sorted(dict.fromkeys(kept))
     for with_logs in (True, False):
@@ -271,9 +271,7 @@ def _write_archive(out: Path, workdir: Path, members: list[str], summary: dict) 
 
 
 def _report(plan: dict, summary: dict, out: Path) -> None:
-    counts: dict[str, int] = {}
-    for entry in summary["units"].values():
-        counts[entry["status"]] = counts.get(entry["status"], 0) + 1
+    counts = Counter(entry["status"] for entry in summary["units"].values())
     print(f"\n{summary['seconds']:.0f} s; units: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     if summary["speed_factor"] is not None:
         print(f"the units took {summary['speed_factor']:.2f} × their estimated time")

@@ -117,14 +117,14 @@ def _measured(kind: str, rates: dict) -> dict:
     return rates["kinds"][kind]
 
 
-def bundle_call_seconds(plan: dict, numbers, kind: str, parallel: int, rates: dict | None = None) -> list[float]:
+def bundle_call_seconds(plan: dict, numbers, kind: str, parallel: int) -> list[float]:
     """[low, high] seconds of one ``run-bundle --parallel K`` call on a fresh machine with one GPU of ``kind``
     that runs the bundle's units ``numbers`` (as ``istar bundle`` numbers them), from the measured rates:
     first each Σ_S job the units read, once; then unit by unit its fine-tunes in waves of K, a wave as long
     as its longest job at K × ``packed_ratio[K]`` × its estimate (K jobs share the GPU), then the unit's
     measurement. Every job but a fine-tune takes ``job_factor[rule]`` × its estimate, one after another
     (the runner overlaps some: an upper bound there). The machine's start is not included."""
-    measured = _measured(kind, rates or load_rates())
+    measured = _measured(kind, load_rates())
     if str(parallel) not in measured["packed_ratio"]:
         raise ValueError(f"no run-bundle call with --parallel {parallel} measured on {kind}; measured: "
                          f"{', '.join(measured['packed_ratio'])}")
@@ -146,10 +146,10 @@ def bundle_call_seconds(plan: dict, numbers, kind: str, parallel: int, rates: di
     return bounds
 
 
-def config_cost(config: dict, kind: str, gpus: int, rates: dict | None = None) -> dict:
+def config_cost(config: dict, kind: str, gpus: int) -> dict:
     """GPU-hours and wall hours of a validated config's fine-tunes on ``gpus`` GPUs of ``kind``, one job
     per GPU and K per GPU for each K measured there; each a [low, high] range from the measured rates."""
-    rates = rates or load_rates()
+    rates = load_rates()
     measured = _measured(kind, rates)
     if gpus < 1:
         raise ValueError(f"--gpus must be at least 1; got {gpus}")
@@ -179,13 +179,9 @@ def as_written(config: dict, measured: dict, hours) -> dict:
     training = config["training"]
     gpus_per_job = fine_tune_gpus(training)
     per_gpu = training["jobs_per_gpu"] if gpus_per_job == 1 else 1
-    if gpus_per_job > 1:
-        why_not = (f"training.gpus = {gpus_per_job}: each fine-tune holds {gpus_per_job} whole GPUs (DDP); "
-                   "training.replicas_as_micro_batches: true runs it as one process on one GPU, which can be shared")
-    elif per_gpu == 1:
-        why_not = "training.jobs_per_gpu = 1"
-    else:
-        why_not = None
+    why_not = (f"training.gpus = {gpus_per_job}: each fine-tune holds {gpus_per_job} whole GPUs (DDP); "
+               "training.replicas_as_micro_batches: true runs it as one process on one GPU, which can be shared"
+               if gpus_per_job > 1 else "training.jobs_per_gpu = 1" if per_gpu == 1 else None)
     packed = measured["packed_ratio"]
     if per_gpu == 1:
         ratio, rate = measured["step_factor"], "measured (a job alone)" + (

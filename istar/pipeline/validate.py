@@ -161,8 +161,7 @@ def _check_path_names(config: dict) -> None:
     from istar.io.artifacts import name_problem
 
     for key, what, name, fix in _path_names(config):
-        problem = name_problem(name)
-        if problem is not None:
+        if (problem := name_problem(name)) is not None:
             raise ConfigError(f"config key '{key}': {what} becomes the name {_shown(name)!r}, which {problem}; {fix}")
 
 
@@ -188,8 +187,7 @@ def model_depth(folder) -> int:
         raise ValueError(f"{path} gives no layer count (num_hidden_layers): not a usable encoder")
     from istar.models.loading import remembered_hidden_states_problem
 
-    problem = remembered_hidden_states_problem(settings)
-    if problem is not None:
+    if (problem := remembered_hidden_states_problem(settings)) is not None:
         raise ValueError(f"{path}: {problem}")
     return depth
 
@@ -203,8 +201,7 @@ def _check_models(models: dict) -> dict[str, int]:
 
     depths = {}
     for name, source in models.items():
-        problem = check_model_available(source)
-        if problem is not None:
+        if (problem := check_model_available(source)) is not None:
             raise ConfigError(f"config key 'models.{name}': {problem}")
         try:
             resolved = Path(resolve_model_source(source))
@@ -234,18 +231,15 @@ def _check_layers(config: dict, depths: dict[str, int]) -> None:
 def _check_data(data: dict, tasks: list[str]) -> None:
     from istar.data import missing_mirror_files
 
-    if data["mirror"] is None:
-        if data["source"] == "mirror":
-            raise ConfigError("config key 'data.mirror': data.source is mirror but no mirror folder is named; set "
-                              "data.mirror to a folder in the GLUE release layout (config/demo-data holds the demo's "
-                              "rows) or use source: hub")
-        _check_hub_data(data, tasks)
-        return
-    mirror = Path(data["mirror"])
+    mirror = None if data["mirror"] is None else Path(data["mirror"])
+    if data["source"] == "mirror" and mirror is None:
+        raise ConfigError("config key 'data.mirror': data.source is mirror but no mirror folder is named; set "
+                          "data.mirror to a folder in the GLUE release layout (config/demo-data holds the demo's "
+                          "rows) or use source: hub")
     if data["source"] == "mirror" and not mirror.is_dir():
         raise ConfigError(f"config key 'data.mirror': {mirror} does not exist (resolved from {Path.cwd()}) but "
                           "data.source is mirror; point it at a folder in the GLUE release layout or use source: hub")
-    if data["source"] == "hub" or not mirror.is_dir():
+    if data["source"] == "hub" or mirror is None or not mirror.is_dir():
         _check_hub_data(data, tasks)
         return
     if data["allow_standin"]:
@@ -300,8 +294,7 @@ def _check_survey(config: dict) -> None:
                 raise ConfigError(f"config key '{key}.source': give revisions under '{key}.revisions', not as @REVISION")
             continue
         for revision in revisions or [None]:
-            problem = check_model_available(f"{source}@{revision}" if revision else source)
-            if problem is not None:
+            if (problem := check_model_available(f"{source}@{revision}" if revision else source)) is not None:
                 raise ConfigError(f"config key '{key}': {problem}")
     text = survey["text"]
     if survey["models"] and text not in TASKS and not Path(text).is_file():
