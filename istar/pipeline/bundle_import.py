@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -30,7 +29,7 @@ from pathlib import Path, PurePosixPath
 
 from istar.config.layout import AGGREGATE, EXPERIMENT_METRICS, FIGURE, RESOLVED_CONFIG, SUMMARY_MD, TABLE
 from istar.pipeline.bundle import CONFIG_NAME
-from istar.pipeline.bundle_run import DONE_FILE, REPO, SUMMARY_NAME, read_done, read_plan
+from istar.pipeline.bundle_run import DONE_FILE, MADE_HERE, SUMMARY_NAME, checkout_env, read_done, read_plan
 
 __all__ = ["import_bundle", "finish"]
 
@@ -139,12 +138,11 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
     wanted |= {EXPERIMENT_METRICS, SUMMARY_MD} | ({AGGREGATE.format(name=STABILITY_CSV)} if plan["stability"] else set())
     jobs = [aggregate_job(config, runs, selections, measures),
             *(job for job in report_jobs(config) if job.outputs[0] in wanted)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     for job in jobs:
         (root / job.log).parent.mkdir(parents=True, exist_ok=True)
         with open(root / job.log, "w", encoding="utf-8") as handle:
-            done = subprocess.run([sys.executable, "-m", "istar", *job.argv], cwd=root, env=env, stdout=handle,
-                                  stderr=subprocess.STDOUT)
+            done = subprocess.run([sys.executable, "-m", "istar", *job.argv], cwd=root, env=checkout_env(),
+                                  stdout=handle, stderr=subprocess.STDOUT)
         if done.returncode != 0:
             tail = (root / job.log).read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
             raise RuntimeError(f"istar {job.label} failed (exit {done.returncode}); {root / job.log}:\n" + "\n".join(tail))
@@ -165,7 +163,7 @@ def import_bundle(archives, bundle, *, root=".", partial: bool = False, force: b
     notes = []
     for path in archives:
         summary = import_archive(Path(path), bundle, plan, root, force)
-        arrived = {name for name, entry in summary["units"].items() if entry["status"] in ("done", "already-done")}
+        arrived = {name for name, entry in summary["units"].items() if entry["status"] in MADE_HERE}
         _check_units(plan, root, arrived)
         back |= arrived
         notes += summary["sigma_notes"]

@@ -57,7 +57,7 @@ from pathlib import Path
 from istar.io.provenance import package_sha256
 from istar.pipeline.bundle_jobs import Runner, claimed_gpus
 
-__all__ = ["run_bundle", "read_plan", "unit_range", "JOBS_FILE", "DONE_FILE", "SUMMARY_NAME",
+__all__ = ["run_bundle", "read_plan", "unit_range", "JOBS_FILE", "DONE_FILE", "SUMMARY_NAME", "MADE_HERE",
            "BUNDLE_FORMAT", "ARCHIVE_LIMIT", "work_folder"]
 
 BUNDLE_FORMAT = 1
@@ -66,8 +66,14 @@ DONE_FILE = "done.json"
 SUMMARY_NAME = "bundle-summary.json"
 WORK_MARK = ".bundle-id"
 ARCHIVE_LIMIT = 16 * 2**20  # one file back from the device machine
+MADE_HERE = ("done", "already-done")  # the statuses of a unit whose files the work folder holds
 CALIBRATE_FROM_S = 30.0  # units estimated shorter than this (a select job) say little about the speed
 REPO = Path(__file__).resolve().parents[2]
+
+
+def checkout_env() -> dict:
+    """This process's environment with this checkout first on PYTHONPATH: the steps run its istar."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
 def read_plan(bundle: Path) -> dict:
@@ -178,8 +184,7 @@ def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | 
     done = read_done(bundle, plan)
     brought_back = done["units"]
     chosen = set(unit_range(units, len(plan["units"]))) if units else set(range(len(plan["units"])))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {**checkout_env(), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     wanted_gpus = max((job["gpus"] for job in plan["jobs"] if job["launch"]), default=0)
     statuses: dict[str, dict] = {}
     spent, estimated = done["calibration"].get(str(parallel), (0.0, 0.0))  # earlier calls' units, as a prior
@@ -238,10 +243,8 @@ def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | 
 def pack(plan: dict, workdir: Path, summary: dict, out: Path) -> None:
     """The kept files of every unit done here and not yet brought back, the Σ_S provenance, the logs
     of this call's jobs and the summary, as one .tar.gz (logs left out if it would exceed the limit)."""
-    kept: list[str] = []
-    for unit in plan["units"]:
-        if summary["units"].get(unit["name"], {}).get("status") in ("done", "already-done"):
-            kept += [path for index in unit["jobs"] for path in plan["jobs"][index]["keep"]]
+    kept = [path for unit in plan["units"] if summary["units"][unit["name"]]["status"] in MADE_HERE
+            for index in unit["jobs"] for path in plan["jobs"][index]["keep"]]
     kept += [path for job in plan["jobs"] if job["step"][0] == "shrinkage" for path in job["keep"]
              if (workdir / path).is_file()]
     logs = [record["log"] for record in summary["jobs"] if (workdir / record["log"]).is_file()]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import yaml
 
@@ -125,25 +125,22 @@ def _path_names(config: dict):
     from istar.config.layout import MEASURES, MODEL_PIN, PROFILE, seeds_token
     from istar.pipeline.plan import study_seeds
 
-    def last(path: str) -> str:
-        return path.rsplit("/", 1)[-1]
-
     for name in config["models"]:
-        yield f"models.{_shown(name)}", "the model's short name", last(MODEL_PIN.format(model=name)), \
+        yield f"models.{_shown(name)}", "the model's short name", PurePosixPath(MODEL_PIN.format(model=name)).name, \
             "choose a shorter name (it appears in every path of the model's results)"
     for name, entry in config["survey"]["models"].items():
         yield f"survey.models.{_shown(name)}", "the model's short name", name, "choose a shorter name"
         for revision in entry.get("revisions") or []:
             yield f"survey.models.{_shown(name)}.revisions", f"revision {_shown(revision)!r}", \
-                last(PROFILE.format(pmodel=name, revision=revision)), "name the revision by a shorter branch, tag or commit"
-    final = config["final"]
+                PurePosixPath(PROFILE.format(pmodel=name, revision=revision)).name, \
+                "name the revision by a shorter branch, tag or commit"
     for study in ("final", *STUDIES):
         for task in config["tasks"]:
             seeds = study_seeds(config, study, task)
             key = (f"studies.{study}.seeds" if study != "final" and config["studies"][study]["seeds"] else
-                   f"final.seeds_by_task.{task}" if final["seeds_by_task"].get(task) else "final.seeds")
+                   f"final.seeds_by_task.{task}" if config["final"]["seeds_by_task"].get(task) else "final.seeds")
             yield key, f"the measurement file of these {len(seeds)} seeds", \
-                last(MEASURES.format(model="m", task=task, setting="s", seeds=seeds_token(seeds))), \
+                PurePosixPath(MEASURES.format(model="m", task=task, setting="s", seeds=seeds_token(seeds))).name, \
                 "use fewer seeds (one measurement file names every seed of a setting)"
     if "tensorboard" in config["tracking"]["trackers"]:
         yield "tracking.experiment", "the experiment (TensorBoard's folder under RUN/tracking/tensorboard)", \
