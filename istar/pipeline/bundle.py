@@ -80,9 +80,8 @@ def save_float16_copy(source: str, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     worst, flushed = 0.0, 0
     for path in weights:
-        tensors = load_file(str(path))
         half = {}
-        for name, tensor in tensors.items():
+        for name, tensor in load_file(str(path)).items():
             if not tensor.is_floating_point():
                 half[name] = tensor
                 continue
@@ -137,7 +136,6 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=()) -> dict:
     from istar.io import artifacts
     from istar.io.provenance import git_provenance, package_sha256
     from istar.pipeline.validate import merge_config_files, validate_config
-    from istar.registry.precisions import PRECISIONS
 
     merged = merge_config_files(configfiles)
     if mirror is not None:
@@ -160,7 +158,6 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=()) -> dict:
                "pinned": f"./models/{model}", "stored_as": "float16 safetensors (loaded as float32)"}
         artifacts.write_text(staging / MODEL_PIN.format(model=model), json.dumps(pin, indent=2) + "\n")
         models[model] = model_sizes(folder)
-    training = config["training"]
     data = {}
     extra = [task for task in dict.fromkeys(with_data) if task not in config["tasks"]]
     for task in [*config["tasks"], *extra]:
@@ -168,10 +165,8 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=()) -> dict:
         prepare_from_spec(spec)  # as the workflow's prepare_data rule does
         if task in extra:
             continue
-        first = staging / "models" / next(iter(config["models"]))
-        pad = 8 if PRECISIONS[training["mixed_precision"]].key != "no" else None
-        data[task] = data_sizes(Path(spec.out), first, training["max_length"], training["doc_stride"],
-                                 training["batch_size"], training["eval_batch_size"], pad)
+        first_model = staging / "models" / next(iter(config["models"]))
+        data[task] = data_sizes(Path(spec.out), first_model, config["training"])
 
     jobs, aggregate = plan_jobs(config, {model: sizes["layers"] for model, sizes in models.items()})
     estimate_jobs(jobs, config, models, data)
@@ -183,7 +178,7 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=()) -> dict:
 
     plan = {
         "format": BUNDLE_FORMAT,
-        "threads": training["threads"],
+        "threads": config["training"]["threads"],
         "inputs": [DATA.format(task=task) for task in config["tasks"]]
                   + [p for model in config["models"] for p in (MODEL_PIN.format(model=model), f"models/{model}")],
         "extra_data": [DATA.format(task=task) for task in extra],

@@ -177,23 +177,25 @@ def model_sizes_of(settings: dict) -> dict:
     return {"layers": layers, "parameters": body, "total": body + (settings.get("vocab_size", 0) + 512) * hidden}
 
 
-def data_sizes(data_dir: Path, model_dir: Path, max_length: int, doc_stride: int, batch: int, eval_batch: int,
-                pad_multiple: int | None) -> dict:
-    """Token counts of a prepared task as the steps tokenise it: features, mean real tokens per
-    feature, mean padded positions of a training batch (batches in a seeded random order)."""
+def data_sizes(data_dir: Path, model_dir: Path, training: dict) -> dict:
+    """Token counts of a prepared task as the steps tokenise it with the config's ``training`` section:
+    features, mean real tokens per feature, mean padded positions of a batch (batches in a seeded
+    random order, padded to a multiple of 8 under mixed precision)."""
     import numpy as np
 
     from istar.data.encoding import encode_split
     from istar.data.storage import read_columns, read_meta
     from istar.models.loading import load_tokenizer
+    from istar.registry.precisions import PRECISIONS
     from istar.registry.tasks import get_task
 
     task = get_task(read_meta(data_dir)["task"])
     tokenizer = load_tokenizer(str(model_dir))
+    pad_multiple = 8 if PRECISIONS[training["mixed_precision"]].key != "no" else None
     sizes = {}
-    for split, size in (("train", batch), ("validation", eval_batch)):
-        features = encode_split(read_columns(data_dir, split), task, tokenizer, max_length, doc_stride,
-                                with_labels=False)
+    for split, size in (("train", training["batch_size"]), ("validation", training["eval_batch_size"])):
+        features = encode_split(read_columns(data_dir, split), task, tokenizer, training["max_length"],
+                                training["doc_stride"], with_labels=False)
         lengths = np.array([len(ids) for ids in features.columns["input_ids"]])
         order = np.random.default_rng(0).permutation(len(lengths))
         padded = [lengths[order[i:i + size]].max() for i in range(0, len(lengths), size)]

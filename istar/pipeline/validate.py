@@ -15,6 +15,7 @@ key written twice and bytes that are not UTF-8.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path, PurePosixPath
@@ -322,10 +323,7 @@ def _merge(base: dict, update: dict) -> dict:
 def merge_config_files(paths) -> dict:
     """Config files merged in order, later ones updating earlier ones key by key, as Snakemake merges
     several ``--configfile`` (not yet validated)."""
-    merged: dict = {}
-    for path in paths:
-        merged = _merge(merged, load_yaml(path))
-    return merged
+    return functools.reduce(_merge, map(load_yaml, paths), {})
 
 
 def run_cli(args) -> int:
