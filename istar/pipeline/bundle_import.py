@@ -177,9 +177,7 @@ def import_bundle(archives, bundle, *, root=".", partial: bool = False, force: b
     left = [unit["name"] for unit in plan["units"] if unit["name"] not in back]
     for note in notes:
         print(note)
-    made = []
-    if not left or partial:
-        made = finish(plan, bundle, root, partial)
+    made = finish(plan, bundle, root, partial) if partial or not left else []
     if left:
         print(f"{len(left)} of {len(plan['units'])} unit(s) still to run (e.g. {left[0]}): run "
               f"`python -m istar run-bundle {bundle} --out $OUT/results.tar.gz` on the device again"

@@ -90,9 +90,9 @@ def planned_fine_tunes(config: dict, layers_of: dict[str, int]) -> list[dict]:
     for model in config["models"]:
         for task in config["tasks"]:
             selection = fixed_setting(config, model, task) or search_settings(config, model, task)[0]
-            tuned = [Setting("istar", lam=selection.lam, zeta=selection.zeta, tokens=t) for t in tuned_tokens(config)]
-            decided = Decided(selection=selection, baselines=(), tuned=tuned[0] if tuned else None,
-                              depth=layers_of[model])
+            tuned = next((Setting("istar", lam=selection.lam, zeta=selection.zeta, tokens=tokens)
+                          for tokens in tuned_tokens(config)), None)
+            decided = Decided(selection=selection, baselines=(), tuned=tuned, depth=layers_of[model])
             runs += [{"model": model, "task": task, "stage": "search" if job.rule == "train_search" else "final",
                       "spec": json.loads(job.spec.to_json())}
                      for job in plan_cell(config, model, task, decided).jobs if job.step == "train"]
