@@ -52,19 +52,17 @@ def _differences(recorded: dict, planned: dict) -> list[str]:
             if name in recorded and recorded[name] != value]
 
 
-def _read_existing(root: Path):
-    def read(checkpoint: str, path: str) -> dict | None:
-        return artifacts.read_json(root / path) if (root / path).is_file() else None
-    return read
-
-
 def stale_outputs(config: dict, root: Path = Path(".")) -> tuple[list[str], dict[str, list[str]]]:
     """The existing Σ_S and measurement files of ``config``'s jobs under ``root``: those that match their job's
     spec, and those that do not (file → its differing settings, ``name: recorded → planned``)."""
+    def read(checkpoint: str, path: str) -> dict | None:
+        """A checkpoint's decision as the results under ``root`` hold it (None where it has not run)."""
+        return artifacts.read_json(root / path) if (root / path).is_file() else None
+
     matching, stale = [], {}
     for model in config["models"]:
         for task in config["tasks"]:
-            plan = plan_cell(config, model, task, decide(config, model, task, _read_existing(root)))
+            plan = plan_cell(config, model, task, decide(config, model, task, read))
             for job in plan.jobs:
                 output = root / job.outputs[0]
                 if job.step not in ("shrinkage", "measure") or not output.is_file():
@@ -86,13 +84,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from istar.config.schema import load_yaml
-    from istar.pipeline.validate import validate_config
+    from istar.pipeline.validate import merge_config_files, validate_config
 
-    merged: dict = {}
-    for path in args.configfile:
-        _merge(merged, load_yaml(path))
-    config = validate_config(merged, check_paths=False)
+    config = validate_config(merge_config_files(args.configfile), check_paths=False)
     matching, stale = stale_outputs(config, args.directory)
     print(f"{len(matching)} Σ_S and measurement file(s) match the specs their jobs have now")
     for path, differ in stale.items():
@@ -108,11 +102,3 @@ def run_cli(args: argparse.Namespace) -> int:
     print("recording the specs:", " ".join(command))
     return subprocess.run(command, check=False).returncode
 
-
-def _merge(into: dict, update: dict) -> None:
-    """Snakemake's merge of several config files: nested sections merged, later values win."""
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value

@@ -39,7 +39,6 @@ from pathlib import Path
 from istar.config.layout import DATA, MODEL_PIN
 from istar.config.schema import ConfigError
 from istar.pipeline.bundle_plan import (
-    DeviceCosts,
     confirmatory_problem,
     data_sizes,
     estimate_jobs,
@@ -81,9 +80,8 @@ def save_float16_copy(source: str, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     worst, flushed = 0.0, 0
     for path in weights:
-        tensors = load_file(str(path))
         half = {}
-        for name, tensor in tensors.items():
+        for name, tensor in load_file(str(path)).items():
             if not tensor.is_floating_point():
                 half[name] = tensor
                 continue
@@ -121,15 +119,10 @@ def travelling_bytes(root: Path, exclude: Path) -> int:
                if p.is_file() and not p.is_symlink() and exclude not in p.resolve().parents)
 
 
-def _folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
-
-
 # ------------------------------------------------------------------------------------------ build
 
 
-def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCosts = DeviceCosts(),
-                 limit: int = DEVICE_LIMIT) -> dict:
+def build_bundle(configfiles, out, *, mirror=None, with_data=()) -> dict:
     """Build the bundle of a confirmatory config in ``out`` (replacing an earlier bundle there); returns the plan.
 
     ``mirror`` replaces ``data.mirror`` (a GLUE-layout folder here; it is not part of the bundle).
@@ -142,15 +135,13 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCo
     from istar.data.prepare import prepare_from_spec
     from istar.io import artifacts
     from istar.io.provenance import git_provenance, package_sha256
-    from istar.pipeline.validate import merge_config_files, model_depth, validate_config
-    from istar.registry.precisions import PRECISIONS
+    from istar.pipeline.validate import merge_config_files, validate_config
 
     merged = merge_config_files(configfiles)
     if mirror is not None:
         merged.setdefault("data", {})["mirror"] = str(mirror)
     config = validate_config(merged)
-    problem = confirmatory_problem(config)
-    if problem is not None:
+    if (problem := confirmatory_problem(config)) is not None:
         raise ConfigError(problem)
     out = Path(out)
     if out.exists() and not (out / JOBS_FILE).is_file():
@@ -166,8 +157,7 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCo
         pin = {"source": source, "kind": "local", "hub_id": None, "revision": None, "commit": None,
                "pinned": f"./models/{model}", "stored_as": "float16 safetensors (loaded as float32)"}
         artifacts.write_text(staging / MODEL_PIN.format(model=model), json.dumps(pin, indent=2) + "\n")
-        models[model] = {**model_sizes(folder), "depth": model_depth(folder)}
-    training = config["training"]
+        models[model] = model_sizes(folder)
     data = {}
     extra = [task for task in dict.fromkeys(with_data) if task not in config["tasks"]]
     for task in [*config["tasks"], *extra]:
@@ -175,13 +165,11 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCo
         prepare_from_spec(spec)  # as the workflow's prepare_data rule does
         if task in extra:
             continue
-        first = staging / "models" / next(iter(config["models"]))
-        pad = 8 if PRECISIONS[training["mixed_precision"]].key != "no" else None
-        data[task] = data_sizes(Path(spec.out), first, training["max_length"], training["doc_stride"],
-                                 training["batch_size"], training["eval_batch_size"], pad)
+        first_model = staging / "models" / next(iter(config["models"]))
+        data[task] = data_sizes(Path(spec.out), first_model, config["training"])
 
-    jobs, aggregate = plan_jobs(config, {model: sizes["depth"] for model, sizes in models.items()})
-    estimate_jobs(jobs, config, models, data, costs)
+    jobs, aggregate = plan_jobs(config, {model: sizes["layers"] for model, sizes in models.items()})
+    estimate_jobs(jobs, config, models, data)
     units = plan_units(jobs)
     for unit in units:
         unit["estimate_s"] = round(sum(jobs[index]["estimate_s"] for index in unit["jobs"]), 1)
@@ -190,7 +178,7 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCo
 
     plan = {
         "format": BUNDLE_FORMAT,
-        "threads": training["threads"],
+        "threads": config["training"]["threads"],
         "inputs": [DATA.format(task=task) for task in config["tasks"]]
                   + [p for model in config["models"] for p in (MODEL_PIN.format(model=model), f"models/{model}")],
         "extra_data": [DATA.format(task=task) for task in extra],
@@ -209,15 +197,15 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=(), costs: DeviceCo
     artifacts.write_text(staging / JOBS_FILE, json.dumps(plan, indent=1, ensure_ascii=False) + "\n")
     artifacts.write_text(staging / CONFIG_NAME, yaml.safe_dump(config, sort_keys=False))
 
-    bundle_bytes = _folder_bytes(staging)
+    bundle_bytes = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file() and not p.is_symlink())
     tree = travelling_bytes(REPO, out)
-    plan["size"] = {"bundle_bytes": bundle_bytes, "tree_bytes": tree, "limit_bytes": limit}
+    plan["size"] = {"bundle_bytes": bundle_bytes, "tree_bytes": tree, "limit_bytes": DEVICE_LIMIT}
     artifacts.write_text(staging / JOBS_FILE, json.dumps(plan, indent=1, ensure_ascii=False) + "\n")
-    if bundle_bytes + tree > limit:
+    if bundle_bytes + tree > DEVICE_LIMIT:
         shutil.rmtree(staging)
         raise ValueError(f"the bundle ({bundle_bytes / 2**20:.1f} MiB) and the working tree that travels with it "
                          f"({tree / 2**20:.1f} MiB) come to {(bundle_bytes + tree) / 2**20:.1f} MiB, over the "
-                         f"{limit / 2**20:.0f} MiB a device call carries: subsample the training data "
+                         f"{DEVICE_LIMIT / 2**20:.0f} MiB a device call carries: subsample the training data "
                          "(data.max_train_samples), bundle fewer tasks, or remove large untracked files")
     done = out / DONE_FILE  # units brought back stay brought back when the same bundle is built again
     if done.is_file() and json.loads(done.read_text(encoding="utf-8")).get("bundle_id") == plan["bundle_id"]:
@@ -232,7 +220,7 @@ def describe(plan: dict, out: Path) -> str:
     lines = [f"{'unit':>4}  {'jobs':>4}  {'estimate (s)':>12}  name"]
     for number, unit in enumerate(plan["units"]):
         lines.append(f"{number:>4}  {len(unit['jobs']):>4}  {unit['estimate_s']:>12.0f}  {unit['name']}")
-    sigma = sum(job["estimate_s"] for job in plan["jobs"] if job["rule"].startswith("shrinkage"))
+    sigma = sum(job["estimate_s"] for job in plan["jobs"] if job["step"][0] == "shrinkage")
     size = plan["size"]
     lines += [f"Σ_S jobs (run before the first unit that needs them, on each machine): {sigma:.0f} s",
               f"estimated total on one H100: {plan['estimate']['total_s'] / 60:.1f} min",

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -30,7 +29,7 @@ from pathlib import Path, PurePosixPath
 
 from istar.config.layout import AGGREGATE, EXPERIMENT_METRICS, FIGURE, RESOLVED_CONFIG, SUMMARY_MD, TABLE
 from istar.pipeline.bundle import CONFIG_NAME
-from istar.pipeline.bundle_run import DONE_FILE, REPO, SUMMARY_NAME, read_done, read_plan
+from istar.pipeline.bundle_run import DONE_FILE, MADE_HERE, SUMMARY_NAME, checkout_env, read_done, read_plan
 
 __all__ = ["import_bundle", "finish"]
 
@@ -64,16 +63,25 @@ def import_archive(path: Path, bundle: Path, plan: dict, root: Path, force: bool
             raise ValueError(f"{path} comes from bundle {summary.get('bundle_id')}, not from {bundle} "
                              f"({plan['bundle_id']}): import it with the bundle that ran it")
         contents = {name: archive.extractfile(info).read() for name, info in members.items()}
-    earlier = [s for s in _earlier_summaries(root) if s.get("started") != summary.get("started")]
-    conflicts, notes, writes = [], [], {}
+    calls = root / "results" / "bundle"
+    first: dict = {}  # each Σ_S's digest as the first other call brought it back
+    for record in sorted(calls.glob("call-*.json")):
+        earlier = json.loads(record.read_text(encoding="utf-8"))
+        if earlier.get("started") != summary.get("started"):
+            for sigma, digest in earlier.get("sigma_sha256", {}).items():
+                first.setdefault(sigma, digest)
+    conflicts, writes, summary["sigma_notes"] = [], {}, []
     for name, data in contents.items():
-        target = root / name
+        target, sigma = root / name, name.replace(".json", ".pt")
         # a Σ_S that another call already brought back was recomputed on this machine: its
         # provenance may equal the first byte for byte (its timing rounds alike), so the test
         # is where it came from, not whether it differs
-        if name.startswith(SIGMA_PROVENANCE) and target.is_file() and any(
-                name.replace(".json", ".pt") in s.get("sigma_sha256", {}) for s in earlier):
-            notes.append(name)
+        if name.startswith(SIGMA_PROVENANCE) and target.is_file() and sigma in first:
+            mine = summary["sigma_sha256"].get(sigma)
+            same = mine is not None and mine == first[sigma]
+            summary["sigma_notes"].append(
+                f"{sigma}: recomputed on this machine, {'identical to' if same else 'different from'} the first one "
+                "(the first provenance file is kept; each run records the Σ_S it read)")
             continue
         if target.is_file() and target.read_bytes() != data and not name.startswith("logs/"):
             conflicts.append(name)
@@ -84,25 +92,11 @@ def import_archive(path: Path, bundle: Path, plan: dict, root: Path, force: bool
     for name, data in writes.items():
         with artifacts.atomic_path(root / name) as tmp:
             tmp.write_bytes(data)
-    sigma_notes = []
-    for name in notes:
-        sigma = name.replace(".json", ".pt")
-        mine = summary["sigma_sha256"].get(sigma)
-        before = next((s["sigma_sha256"][sigma] for s in earlier if sigma in s.get("sigma_sha256", {})), None)
-        same = mine is not None and mine == before
-        sigma_notes.append(f"{sigma}: recomputed on this machine, {'identical to' if same else 'different from'} "
-                           "the first one (the first provenance file is kept; each run records the Σ_S it read)")
-    summary["sigma_notes"] = sigma_notes
     summary["archive"] = str(path)
-    record = root / "results" / "bundle" / f"call-{summary['started'].replace(':', '')}.json"
+    record = calls / f"call-{summary['started'].replace(':', '')}.json"
     summary["imported_before"] = record.is_file()
     artifacts.write_json(record, summary)
     return summary
-
-
-def _earlier_summaries(root: Path) -> list[dict]:
-    folder = root / "results" / "bundle"
-    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("call-*.json"))] if folder.is_dir() else []
 
 
 def _check_units(plan: dict, root: Path, names: set[str]) -> None:
@@ -110,33 +104,30 @@ def _check_units(plan: dict, root: Path, names: set[str]) -> None:
     from istar.io import artifacts
     from istar.io.results import read_finished_run
 
-    for unit in plan["units"]:
-        if unit["name"] not in names:
-            continue
-        for index in unit["jobs"]:
-            job = plan["jobs"][index]
-            if job["rule"] == "train":
-                read_finished_run(root / Path(job["outputs"][0]).parent)
-            else:
-                for output in job["keep"]:
-                    artifacts.read_json(root / output)
+    for job in (plan["jobs"][index] for unit in plan["units"] if unit["name"] in names for index in unit["jobs"]):
+        if job["rule"] == "train":
+            read_finished_run(root / Path(job["outputs"][0]).parent)
+        else:
+            for output in job["keep"]:
+                artifacts.read_json(root / output)
 
 
 def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
-    """Aggregate, (Fig. 2's simulation,) tables and figures, as their rules run them; returns the files made."""
+    """Aggregate, (Fig. 2's simulation,) tables and figures, as their rules run them; returns the files made
+    (every output of the jobs run)."""
     from istar.config.schema import load_yaml
     from istar.io import artifacts
     from istar.pipeline.jobs import aggregate_job, report_jobs
     from istar.pipeline.validate import validate_config
     from istar.report.figures import STABILITY_CSV
 
+    def back(path: str) -> bool:
+        """Whether the aggregate reads ``path``: every input of the plan, or with ``partial`` those back."""
+        return not partial or (root / path).is_file()
+
     aggregate = plan["aggregate"]
-    runs = [(study, run) for study, run in aggregate["runs"]]
-    selections, measures = aggregate["selections"], aggregate["measures"]
-    if partial:
-        runs = [(study, run) for study, run in runs if (root / run / "metrics.json").is_file()]
-        selections = [path for path in selections if (root / path).is_file()]
-        measures = [path for path in measures if (root / path).is_file()]
+    runs = [(study, run) for study, run in aggregate["runs"] if back(f"{run}/metrics.json")]
+    selections, measures = ([path for path in aggregate[key] if back(path)] for key in ("selections", "measures"))
     # the study's resolved config, first: the aggregate and the tables read what it declared (the rule for
     # collapsed runs, the paper's models, the primary endpoint), as their rules pass it
     config_file = root / RESOLVED_CONFIG
@@ -147,20 +138,16 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
     wanted |= {EXPERIMENT_METRICS, SUMMARY_MD} | ({AGGREGATE.format(name=STABILITY_CSV)} if plan["stability"] else set())
     jobs = [aggregate_job(config, runs, selections, measures),
             *(job for job in report_jobs(config) if job.outputs[0] in wanted)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     for job in jobs:
         (root / job.log).parent.mkdir(parents=True, exist_ok=True)
         with open(root / job.log, "w", encoding="utf-8") as handle:
-            done = subprocess.run([sys.executable, "-m", "istar", *job.argv], cwd=root, env=env, stdout=handle,
-                                  stderr=subprocess.STDOUT)
+            done = subprocess.run([sys.executable, "-m", "istar", *job.argv], cwd=root, env=checkout_env(),
+                                  stdout=handle, stderr=subprocess.STDOUT)
         if done.returncode != 0:
             tail = (root / job.log).read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
             raise RuntimeError(f"istar {job.label} failed (exit {done.returncode}); {root / job.log}:\n" + "\n".join(tail))
         print(f"istar {job.label} -> {job.log}", flush=True)
-    made = [AGGREGATE.format(name=name) for name in ("runs", "paired", "pooled")] + [EXPERIMENT_METRICS]
-    made += [f"{TABLE.format(table=table)}.md" for table in plan["tables"]]
-    made += [f"{FIGURE.format(figure=figure)}.png" for figure in plan["figures"]]
-    return made + [SUMMARY_MD]
+    return [path for job in jobs for path in job.outputs]
 
 
 def import_bundle(archives, bundle, *, root=".", partial: bool = False, force: bool = False) -> dict:
@@ -176,7 +163,7 @@ def import_bundle(archives, bundle, *, root=".", partial: bool = False, force: b
     notes = []
     for path in archives:
         summary = import_archive(Path(path), bundle, plan, root, force)
-        arrived = {name for name, entry in summary["units"].items() if entry["status"] in ("done", "already-done")}
+        arrived = {name for name, entry in summary["units"].items() if entry["status"] in MADE_HERE}
         _check_units(plan, root, arrived)
         back |= arrived
         notes += summary["sigma_notes"]
@@ -190,9 +177,7 @@ def import_bundle(archives, bundle, *, root=".", partial: bool = False, force: b
     left = [unit["name"] for unit in plan["units"] if unit["name"] not in back]
     for note in notes:
         print(note)
-    made = []
-    if not left or partial:
-        made = finish(plan, bundle, root, partial)
+    made = finish(plan, bundle, root, partial) if partial or not left else []
     if left:
         print(f"{len(left)} of {len(plan['units'])} unit(s) still to run (e.g. {left[0]}): run "
               f"`python -m istar run-bundle {bundle} --out $OUT/results.tar.gz` on the device again"

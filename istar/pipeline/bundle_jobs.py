@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,16 +30,15 @@ KILL_WAIT_S = 15.0
 class Runner:
     """Runs units of a plan in a work folder, a few jobs at a time, against a deadline."""
 
-    def __init__(self, plan: dict, workdir: Path, env: dict, gpus: int | None, parallel: int, kill_at: float,
-                 python: str):
-        self.plan, self.workdir, self.env, self.parallel, self.kill_at = plan, workdir, env, parallel, kill_at
-        self.gpus, self.python = gpus, python
+    def __init__(self, plan: dict, workdir: Path, env: dict, gpus: int | None, parallel: int, kill_at: float):
+        self.plan, self.workdir, self.env, self.gpus = plan, workdir, env, gpus
+        self.parallel, self.kill_at = parallel, kill_at
         self.jobs = plan["jobs"]
         self.producer = {output: index for index, job in enumerate(self.jobs) for output in job["outputs"]}
         self.records: list[dict] = []
 
-    def complete(self, index: int) -> bool:
-        return all((self.workdir / path).exists() for path in self.jobs[index]["outputs"])
+    def exist(self, paths) -> bool:
+        return all((self.workdir / path).exists() for path in paths)
 
     def closure(self, indices) -> list[int]:
         """The jobs of a unit and the jobs producing what they need, in plan order."""
@@ -52,13 +52,13 @@ class Runner:
         return sorted(wanted)
 
     def todo(self, unit: dict) -> list[int]:
-        return [index for index in self.closure(unit["jobs"]) if not self.complete(index)]
+        return [index for index in self.closure(unit["jobs"]) if not self.exist(self.jobs[index]["outputs"])]
 
     def command(self, job: dict) -> list[str]:
-        if not job["launch"]:
-            return [self.python, "-m", "istar", *job["step"]]
+        """This interpreter's ``istar`` running the job's step, through ``istar launch`` on at most ``gpus``."""
         gpus = job["gpus"] if self.gpus is None else min(job["gpus"], self.gpus)
-        return [self.python, "-m", "istar", "launch", "--gpus", str(gpus), "--", *job["step"]]
+        launch = ["launch", "--gpus", str(gpus), "--"] if job["launch"] else []
+        return [sys.executable, "-m", "istar", *launch, *job["step"]]
 
     def start(self, index: int) -> subprocess.Popen:
         job = self.jobs[index]
@@ -87,8 +87,7 @@ class Runner:
             for index in list(waiting):
                 if len(running) >= self.parallel:
                     break
-                needs = self.jobs[index]["needs"]
-                if all((self.workdir / path).exists() for path in needs):
+                if self.exist(self.jobs[index]["needs"]):
                     waiting.remove(index)
                     running[index] = (self.start(index), time.monotonic())
             if not running and waiting:
@@ -104,10 +103,9 @@ class Runner:
                 if code != 0:
                     status = "failed"
             if status == "failed" or time.monotonic() > self.kill_at:
-                status = status if status == "failed" else "stopped"
                 self.stop(running)
                 running.clear()
-                return status
+                return "failed" if status == "failed" else "stopped"
         return status
 
     def record(self, index: int, code: int, seconds: float) -> None:
@@ -133,8 +131,7 @@ class Runner:
             except subprocess.TimeoutExpired:
                 process.kill()  # the launcher; its child gets SIGTERM from the kernel as it goes (istar launch)
                 process.wait()
-            self.record(index, process.returncode if process.returncode is not None else -9,
-                        time.monotonic() - started)
+            self.record(index, process.returncode, time.monotonic() - started)
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ from istar.registry.analysis import get_sigma_source
 from istar.registry.methods import get_method
 
 __all__ = ["confirmatory_problem", "plan_jobs", "plan_units", "DeviceCosts", "model_sizes",
-           "model_sizes_of", "data_sizes", "estimate_jobs"]
+           "model_sizes_of", "data_sizes", "fine_tune_s", "estimate_jobs"]
 
 
 # ------------------------------------------------------------------------------------------ planning
@@ -75,8 +75,7 @@ def plan_jobs(config: dict, depths: dict[str, int]) -> tuple[list[dict], dict]:
     with the λ | ζ fixed in advance and ``depths``, each model's L) — and the aggregate's inputs:
     ``(jobs, aggregate)`` with ``aggregate`` = {runs: [[study, run folder]], selections, measures} in
     the order the aggregate rule passes them."""
-    problem = confirmatory_problem(config)
-    if problem is not None:
+    if (problem := confirmatory_problem(config)) is not None:
         raise ConfigError(problem)
     order = ("select", "shrinkage", "train", "measure")
     jobs: dict[str, list[dict]] = {step: [] for step in order}
@@ -178,23 +177,25 @@ def model_sizes_of(settings: dict) -> dict:
     return {"layers": layers, "parameters": body, "total": body + (settings.get("vocab_size", 0) + 512) * hidden}
 
 
-def data_sizes(data_dir: Path, model_dir: Path, max_length: int, doc_stride: int, batch: int, eval_batch: int,
-                pad_multiple: int | None) -> dict:
-    """Token counts of a prepared task as the steps tokenise it: features, mean real tokens per
-    feature, mean padded positions of a training batch (batches in a seeded random order)."""
+def data_sizes(data_dir: Path, model_dir: Path, training: dict) -> dict:
+    """Token counts of a prepared task as the steps tokenise it with the config's ``training`` section:
+    features, mean real tokens per feature, mean padded positions of a batch (batches in a seeded
+    random order, padded to a multiple of 8 under mixed precision)."""
     import numpy as np
 
     from istar.data.encoding import encode_split
     from istar.data.storage import read_columns, read_meta
     from istar.models.loading import load_tokenizer
+    from istar.registry.precisions import PRECISIONS
     from istar.registry.tasks import get_task
 
     task = get_task(read_meta(data_dir)["task"])
     tokenizer = load_tokenizer(str(model_dir))
+    pad_multiple = 8 if PRECISIONS[training["mixed_precision"]].key != "no" else None
     sizes = {}
-    for split, size in (("train", batch), ("validation", eval_batch)):
-        features = encode_split(read_columns(data_dir, split), task, tokenizer, max_length, doc_stride,
-                                with_labels=False)
+    for split, size in (("train", training["batch_size"]), ("validation", training["eval_batch_size"])):
+        features = encode_split(read_columns(data_dir, split), task, tokenizer, training["max_length"],
+                                training["doc_stride"], with_labels=False)
         lengths = np.array([len(ids) for ids in features.columns["input_ids"]])
         order = np.random.default_rng(0).permutation(len(lengths))
         padded = [lengths[order[i:i + size]].max() for i in range(0, len(lengths), size)]
@@ -205,43 +206,61 @@ def data_sizes(data_dir: Path, model_dir: Path, max_length: int, doc_stride: int
     return sizes
 
 
-def estimate_jobs(jobs: list[dict], config: dict, models: dict[str, dict], data: dict[str, dict],
-                  costs: DeviceCosts = DeviceCosts()) -> None:
+def _sigma_pass_s(config: dict, costs: DeviceCosts, model: dict, sizes: dict, tokens: str) -> float:
+    """One Σ_S pass: ``shrinkage.rows`` token rows of the training split (all of it if it has fewer)."""
+    uses_training = get_token_selection(tokens).sigma_uses_training_batches
+    batch = config["training"]["batch_size" if uses_training else "eval_batch_size"]
+    width = sizes["train"]["mean_padded" if uses_training else "mean_tokens"]
+    batches = min(math.ceil(sizes["train"]["features"] / batch),
+                  math.ceil(config["shrinkage"]["rows"] / (batch * width)))
+    return batches * costs.forward_s(model["layers"], model["parameters"], batch * sizes["train"]["mean_padded"])
+
+
+def _evaluation_s(config: dict, costs: DeviceCosts, model: dict, sizes: dict) -> float:
+    """One pass over the validation split."""
+    batch = config["training"]["eval_batch_size"]
+    return math.ceil(sizes["validation"]["features"] / batch) * costs.forward_s(
+        model["layers"], model["parameters"], batch * sizes["validation"]["mean_padded"])
+
+
+def fine_tune_s(config: dict, costs: DeviceCosts, model: dict, sizes: dict, spec: dict) -> float:
+    """Seconds of one fine-tune (its train spec ``spec``) alone on an H100: start, every micro-batch's step,
+    a Σ_S pass after each epoch (and before training unless the run was given one), the evaluation after
+    each epoch and the writes (a resumable state — weights and Adam's two moments — per epoch, and the model).
+
+    ``model``: {layers, parameters, total} (:func:`model_sizes_of`); ``sizes``: {train, validation} token
+    counts (:func:`data_sizes`)."""
+    micro = math.ceil(sizes["train"]["features"] / spec["batch_size"]) * spec["epochs"]
+    step = costs.step_s(model["layers"], model["parameters"], spec["batch_size"] * sizes["train"]["mean_padded"],
+                        penalised=get_method(spec["method"]).penalises)
+    passes = spec["epochs"] + (0 if spec["sigma_s"] else 1)
+    saves = (spec["epochs"] * 3 + 1) * 4 * model["total"] / costs.write_bytes_per_s
+    return (costs.job_start_s + micro * step + passes * _sigma_pass_s(config, costs, model, sizes, spec["tokens"])
+            + spec["epochs"] * _evaluation_s(config, costs, model, sizes) + saves)
+
+
+def _measure_s(config: dict, costs: DeviceCosts, model: dict, sizes: dict, spec: dict) -> float:
+    """Each run evaluated twice, analysed and loaded, with its own Σ_S pass unless Σ_S is read from a file."""
+    load_s = 4 * model["total"] / costs.write_bytes_per_s
+    per_run = 2 * _evaluation_s(config, costs, model, sizes) + costs.analysis_s + load_s
+    if not get_sigma_source(spec["sigma_s_model"]).reads_file:  # each run's own Σ_S (analysis.sigma_s_model)
+        per_run += _sigma_pass_s(config, costs, model, sizes, DEFAULT_TOKENS)
+    return costs.job_start_s + len(spec["runs"]) * per_run
+
+
+# a job's seconds by its step (the first word of its command): (config, costs, model, sizes, spec) → seconds
+STEP_SECONDS = {
+    "select": lambda config, costs, model, sizes, spec: costs.select_s,
+    "train": fine_tune_s,
+    "measure": _measure_s,
+    "shrinkage": lambda config, costs, model, sizes, spec: (
+        costs.job_start_s + _sigma_pass_s(config, costs, model, sizes, spec["tokens"])),
+}
+
+
+def estimate_jobs(jobs: list[dict], config: dict, models: dict[str, dict], data: dict[str, dict]) -> None:
     """Fill each job's ``estimate_s`` (seconds on an H100, :class:`DeviceCosts`)."""
-    training, rows = config["training"], config["shrinkage"]["rows"]
-
-    def sigma_pass(model: dict, sizes: dict, tokens: str) -> float:
-        """One Σ_S pass: ``rows`` token rows of the training split (all of it if it has fewer)."""
-        uses_training = get_token_selection(tokens).sigma_uses_training_batches
-        batch = training["batch_size"] if uses_training else training["eval_batch_size"]
-        width = sizes["train"]["mean_padded"] if uses_training else sizes["train"]["mean_tokens"]
-        batches = min(math.ceil(sizes["train"]["features"] / batch), math.ceil(rows / (batch * width)))
-        return batches * costs.forward_s(model["layers"], model["parameters"], batch * sizes["train"]["mean_padded"])
-
-    def evaluation(model: dict, sizes: dict) -> float:
-        batches = math.ceil(sizes["validation"]["features"] / training["eval_batch_size"])
-        return batches * costs.forward_s(model["layers"], model["parameters"],
-                                         training["eval_batch_size"] * sizes["validation"]["mean_padded"])
-
     for job in jobs:
-        model, sizes = models[job["model"]], data[job["task"]]
         spec = json.loads(job["step"][-1]) if job["launch"] else {}
-        if job["rule"] == "select":
-            seconds = costs.select_s
-        elif job["rule"] == "train":
-            micro = math.ceil(sizes["train"]["features"] / spec["batch_size"]) * spec["epochs"]
-            step = costs.step_s(model["layers"], model["parameters"], spec["batch_size"] * sizes["train"]["mean_padded"],
-                                penalised=get_method(spec["method"]).penalises)
-            # a Σ_S pass after each epoch, and before training unless the run was given one
-            passes = spec["epochs"] + (0 if spec["sigma_s"] else 1)
-            saves = (spec["epochs"] * 3 + 1) * 4 * model["total"] / costs.write_bytes_per_s  # states (weights + Adam), model
-            seconds = (costs.job_start_s + micro * step + passes * sigma_pass(model, sizes, spec["tokens"])
-                       + spec["epochs"] * evaluation(model, sizes) + saves)
-        elif job["rule"] == "measure":
-            per_run = 2 * evaluation(model, sizes) + costs.analysis_s + 4 * model["total"] / costs.write_bytes_per_s
-            if not get_sigma_source(spec["sigma_s_model"]).reads_file:  # each run's own Σ_S (analysis.sigma_s_model)
-                per_run += sigma_pass(model, sizes, DEFAULT_TOKENS)
-            seconds = costs.job_start_s + len(spec["runs"]) * per_run
-        else:  # Σ_S of the pretrained model
-            seconds = costs.job_start_s + sigma_pass(model, sizes, spec["tokens"])
+        seconds = STEP_SECONDS[job["step"][0]](config, DeviceCosts(), models[job["model"]], data[job["task"]], spec)
         job["estimate_s"] = round(seconds, 1)

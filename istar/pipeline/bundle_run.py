@@ -50,13 +50,14 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
 from istar.io.provenance import package_sha256
 from istar.pipeline.bundle_jobs import Runner, claimed_gpus
 
-__all__ = ["run_bundle", "read_plan", "unit_range", "JOBS_FILE", "DONE_FILE", "SUMMARY_NAME",
+__all__ = ["run_bundle", "read_plan", "unit_range", "JOBS_FILE", "DONE_FILE", "SUMMARY_NAME", "MADE_HERE",
            "BUNDLE_FORMAT", "ARCHIVE_LIMIT", "work_folder"]
 
 BUNDLE_FORMAT = 1
@@ -65,8 +66,14 @@ DONE_FILE = "done.json"
 SUMMARY_NAME = "bundle-summary.json"
 WORK_MARK = ".bundle-id"
 ARCHIVE_LIMIT = 16 * 2**20  # one file back from the device machine
+MADE_HERE = ("done", "already-done")  # the statuses of a unit whose files the work folder holds
 CALIBRATE_FROM_S = 30.0  # units estimated shorter than this (a select job) say little about the speed
 REPO = Path(__file__).resolve().parents[2]
+
+
+def checkout_env() -> dict:
+    """This process's environment with this checkout first on PYTHONPATH: the steps run its istar."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
 def read_plan(bundle: Path) -> dict:
@@ -104,11 +111,7 @@ def prepare_workdir(bundle: Path, plan: dict, workdir: Path) -> Path:
     mark = workdir / WORK_MARK
     if mark.is_file() and mark.read_text().strip() != plan["bundle_id"]:
         for name in ("results", "resources", "logs", "models"):
-            target = workdir / name
-            if target.is_symlink() or target.is_file():
-                target.unlink()
-            elif target.is_dir():
-                shutil.rmtree(target)
+            _remove(workdir / name)
     elif not mark.is_file() and any(workdir.iterdir()):
         raise ValueError(f"work folder {workdir} holds files but no {WORK_MARK}: it is not a bundle's work folder; "
                          "name an empty or new one with --workdir")
@@ -117,15 +120,19 @@ def prepare_workdir(bundle: Path, plan: dict, workdir: Path) -> Path:
         link, target = workdir / relative, (Path(bundle) / relative).resolve()
         if not target.exists():
             raise FileNotFoundError(f"the bundle lacks {relative}: build it again")
-        if link.is_symlink() and link.resolve() == target:
-            continue
-        if link.is_dir() and not link.is_symlink():
-            shutil.rmtree(link)
-        elif link.is_symlink() or link.exists():
-            link.unlink()
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(target, target_is_directory=target.is_dir())
+        if not (link.is_symlink() and link.resolve() == target):
+            _remove(link)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(target, target_is_directory=target.is_dir())
     return workdir
+
+
+def _remove(path: Path) -> None:
+    """Remove a file, a link (not what it points to) or a folder, if there is one."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.is_symlink() or path.exists():
+        path.unlink()
 
 
 def unit_range(text: str, count: int) -> range:
@@ -177,32 +184,25 @@ def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | 
     done = read_done(bundle, plan)
     brought_back = done["units"]
     chosen = set(unit_range(units, len(plan["units"]))) if units else set(range(len(plan["units"])))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {**checkout_env(), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     wanted_gpus = max((job["gpus"] for job in plan["jobs"] if job["launch"]), default=0)
     statuses: dict[str, dict] = {}
     spent, estimated = done["calibration"].get(str(parallel), (0.0, 0.0))  # earlier calls' units, as a prior
     new = [0.0, 0.0]  # this call's
-    runner = None
     stopped, interrupted = False, None
     print(f"bundle {bundle} ({len(plan['units'])} units, {len(brought_back)} brought back already) in {workdir}; "
           f"budget {budget:.0f} s, {parallel} job(s) at a time", flush=True)
     with claimed_gpus(wanted_gpus if gpus is None else min(wanted_gpus, gpus), env) as env:
-        runner = Runner(plan, workdir, env, gpus, parallel, clock + budget, sys.executable)
+        runner = Runner(plan, workdir, env, gpus, parallel, clock + budget)
         for number, unit in enumerate(plan["units"]):
             name = unit["name"]
-            if name in brought_back:
-                statuses[name] = {"status": "brought-back"}
-                continue
-            if number not in chosen:
-                statuses[name] = {"status": "not-selected"}
-                continue
-            todo = runner.todo(unit)
+            skipped = "brought-back" if name in brought_back else None if number in chosen else "not-selected"
+            todo = [] if skipped else runner.todo(unit)
             if not todo:
-                statuses[name] = {"status": "already-done"}
+                statuses[name] = {"status": skipped or "already-done"}
                 continue
-            factor = spent / estimated if estimated else 1.0
-            predicted = factor * sum(plan["jobs"][index]["estimate_s"] for index in todo)
+            unit_estimate = sum(plan["jobs"][index]["estimate_s"] for index in todo)
+            predicted = (spent / estimated if estimated else 1.0) * unit_estimate
             elapsed = time.monotonic() - clock
             if stopped or elapsed + predicted > budget:
                 status = "too-large" if predicted > budget and not stopped else "left"
@@ -217,7 +217,6 @@ def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | 
                 interrupted, status = error, "stopped"
             seconds = time.monotonic() - begin
             statuses[name] = {"status": status, "seconds": round(seconds, 1), "predicted_s": round(predicted, 1)}
-            unit_estimate = sum(plan["jobs"][index]["estimate_s"] for index in todo)
             if status == "done" and unit_estimate >= CALIBRATE_FROM_S:
                 spent, estimated = spent + seconds, estimated + unit_estimate
                 new = [new[0] + seconds, new[1] + unit_estimate]
@@ -229,10 +228,10 @@ def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | 
         "code_sha256": {"built": plan["code_sha256"], "ran": package_sha256()},
         "speed_factor": round(new[0] / new[1], 3) if new[1] else None,
         "calibration": {str(parallel): [round(new[0], 1), round(new[1], 1)]} if new[1] else {},
-        "units": statuses, "jobs": runner.records if runner else [],
+        "units": statuses, "jobs": runner.records,
     }
     summary["sigma_sha256"] = {job["outputs"][0]: _safetensors_digest(workdir / job["outputs"][0])
-                               for job in plan["jobs"] if job["rule"].startswith("shrinkage")
+                               for job in plan["jobs"] if job["step"][0] == "shrinkage"
                                and (workdir / job["outputs"][0]).is_file()}
     pack(plan, workdir, summary, Path(out))
     _report(plan, summary, Path(out))
@@ -244,15 +243,12 @@ def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | 
 def pack(plan: dict, workdir: Path, summary: dict, out: Path) -> None:
     """The kept files of every unit done here and not yet brought back, the Σ_S provenance, the logs
     of this call's jobs and the summary, as one .tar.gz (logs left out if it would exceed the limit)."""
-    kept: list[str] = []
-    for unit in plan["units"]:
-        if summary["units"].get(unit["name"], {}).get("status") in ("done", "already-done"):
-            kept += [path for index in unit["jobs"] for path in plan["jobs"][index]["keep"]]
-    kept += [path for job in plan["jobs"] if job["rule"].startswith("shrinkage") for path in job["keep"]
+    kept = [path for unit in plan["units"] if summary["units"][unit["name"]]["status"] in MADE_HERE
+            for index in unit["jobs"] for path in plan["jobs"][index]["keep"]]
+    kept += [path for job in plan["jobs"] if job["step"][0] == "shrinkage" for path in job["keep"]
              if (workdir / path).is_file()]
     logs = [record["log"] for record in summary["jobs"] if (workdir / record["log"]).is_file()]
-    missing = [path for path in kept if not (workdir / path).is_file()]
-    if missing:
+    if missing := [path for path in kept if not (workdir / path).is_file()]:
         raise RuntimeError(f"a unit marked done lacks {missing[0]}: its job did not write what the plan says")
     summary["packed"] = sorted(dict.fromkeys(kept))
     for with_logs in (True, False):
@@ -278,9 +274,7 @@ def _write_archive(out: Path, workdir: Path, members: list[str], summary: dict) 
 
 
 def _report(plan: dict, summary: dict, out: Path) -> None:
-    counts: dict[str, int] = {}
-    for entry in summary["units"].values():
-        counts[entry["status"]] = counts.get(entry["status"], 0) + 1
+    counts = Counter(entry["status"] for entry in summary["units"].values())
     print(f"\n{summary['seconds']:.0f} s; units: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     if summary["speed_factor"] is not None:
         print(f"the units took {summary['speed_factor']:.2f} × their estimated time")

@@ -33,20 +33,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 from pathlib import Path
 
 from istar.config.gpu_slots import fine_tune_gpus
 from istar.config.layout import Setting
-from istar.pipeline.bundle_plan import DeviceCosts, model_sizes_of
+from istar.pipeline.bundle_plan import DeviceCosts, fine_tune_s, model_sizes, model_sizes_of
 from istar.pipeline.jobs import Decided, plan_cell
 from istar.pipeline.plan import fixed_setting, search_settings, task_max_length, tuned_tokens
 from istar.pipeline.validate import merge_config_files, validate_config
-from istar.registry.methods import get_method
 from istar.registry.tasks import get_task
 
-__all__ = ["RATES_FILE", "gpu_kind", "load_rates", "model_shape", "planned_fine_tunes", "fine_tune_estimate_s",
+__all__ = ["RATES_FILE", "gpu_kind", "load_rates", "model_shape", "planned_fine_tunes", "padded_task_sizes",
            "config_cost", "as_written", "describe_cost", "bundle_call_seconds"]
 
 RATES_FILE = Path(__file__).with_name("device_rates.json")
@@ -71,7 +69,7 @@ def model_shape(source: str, rates: dict) -> dict:
 
     parsed = parse_model_source(source)
     if parsed.kind != "hub":
-        return model_sizes_of(json.loads((Path(parsed.location) / "config.json").read_text(encoding="utf-8")))
+        return model_sizes(Path(parsed.location))
     shapes = rates["model_shapes"]
     if parsed.location not in shapes:
         raise ValueError(f"no shape recorded for the hub model {parsed.location}; add its config.json's layer and "
@@ -80,8 +78,8 @@ def model_shape(source: str, rates: dict) -> dict:
 
 
 def planned_fine_tunes(config: dict, layers_of: dict[str, int]) -> list[dict]:
-    """Every fine-tune of a validated config, as the job table plans it: model, task, method, stage (search or
-    final), batch size, epochs (one entry per run).
+    """Every fine-tune of a validated config, as the job table plans it: model, task, stage (search or
+    final) and its train spec (one entry per run).
 
     The search's choice is not known before the search: where λ | ζ is not fixed in advance, the first
     setting of the search grid stands in for it (its λ and ζ change no run's length; under a searched
@@ -92,32 +90,24 @@ def planned_fine_tunes(config: dict, layers_of: dict[str, int]) -> list[dict]:
     for model in config["models"]:
         for task in config["tasks"]:
             selection = fixed_setting(config, model, task) or search_settings(config, model, task)[0]
-            tuned = [Setting("istar", lam=selection.lam, zeta=selection.zeta, tokens=t) for t in tuned_tokens(config)]
-            decided = Decided(selection=selection, baselines=(), tuned=tuned[0] if tuned else None,
-                              depth=layers_of[model])
-            runs += [{"model": model, "task": task, "method": job.spec.method,
-                      "stage": "search" if job.rule == "train_search" else "final",
-                      "batch_size": job.spec.batch_size, "epochs": job.spec.epochs}
+            tuned = next((Setting("istar", lam=selection.lam, zeta=selection.zeta, tokens=tokens)
+                          for tokens in tuned_tokens(config)), None)
+            decided = Decided(selection=selection, baselines=(), tuned=tuned, depth=layers_of[model])
+            runs += [{"model": model, "task": task, "stage": "search" if job.rule == "train_search" else "final",
+                      "spec": json.loads(job.spec.to_json())}
                      for job in plan_cell(config, model, task, decided).jobs if job.step == "train"]
     return runs
 
 
-def fine_tune_estimate_s(run: dict, shape: dict, config: dict, costs: DeviceCosts = DeviceCosts()) -> float:
-    """The bundle's estimate of one fine-tune alone on a GPU, in seconds: start, every micro-batch's step,
-    the evaluation after each epoch and the Σ_S passes (before training and after each epoch)."""
-    task, training = get_task(run["task"]), config["training"]
-    tokens, eval_batch = task_max_length(config, run["task"]), training["eval_batch_size"]
-    limit = config["data"]["max_train_samples"]
-    rows = min(task.rows[0], limit) if limit else task.rows[0]
-    eval_limit = config["data"]["max_eval_samples"]
-    eval_rows = min(task.rows[1], eval_limit) if eval_limit else task.rows[1]
-    layers, parameters = shape["layers"], shape["parameters"]
-    micro = math.ceil(rows / run["batch_size"]) * run["epochs"]
-    step = costs.step_s(layers, parameters, run["batch_size"] * tokens, get_method(run["method"]).penalises)
-    forward = costs.forward_s(layers, parameters, eval_batch * tokens)
-    sigma_batches = min(math.ceil(rows / eval_batch), math.ceil(config["shrinkage"]["rows"] / (eval_batch * tokens)))
-    return (costs.job_start_s + micro * step + run["epochs"] * math.ceil(eval_rows / eval_batch) * forward
-            + (run["epochs"] + 1) * sigma_batches * forward)
+def padded_task_sizes(config: dict, task: str) -> dict:
+    """A task's token counts in :func:`istar.pipeline.bundle_plan.data_sizes`' form before its data is
+    prepared: the task's rows (up to ``data.max_train_samples`` | ``max_eval_samples``), every sequence
+    padded to the task's ``max_length``."""
+    tokens, data = task_max_length(config, task), config["data"]
+    rows = [min(count, limit) if limit else count
+            for count, limit in zip(get_task(task).rows, (data["max_train_samples"], data["max_eval_samples"]))]
+    return {split: {"features": count, "mean_tokens": tokens, "mean_padded": tokens}
+            for split, count in zip(("train", "validation"), rows)}
 
 
 def _measured(kind: str, rates: dict) -> dict:
@@ -127,25 +117,24 @@ def _measured(kind: str, rates: dict) -> dict:
     return rates["kinds"][kind]
 
 
-def bundle_call_seconds(plan: dict, numbers, kind: str, parallel: int, rates: dict | None = None) -> list[float]:
+def bundle_call_seconds(plan: dict, numbers, kind: str, parallel: int) -> list[float]:
     """[low, high] seconds of one ``run-bundle --parallel K`` call on a fresh machine with one GPU of ``kind``
     that runs the bundle's units ``numbers`` (as ``istar bundle`` numbers them), from the measured rates:
     first each Σ_S job the units read, once; then unit by unit its fine-tunes in waves of K, a wave as long
     as its longest job at K × ``packed_ratio[K]`` × its estimate (K jobs share the GPU), then the unit's
     measurement. Every job but a fine-tune takes ``job_factor[rule]`` × its estimate, one after another
     (the runner overlaps some: an upper bound there). The machine's start is not included."""
-    measured = _measured(kind, rates or load_rates())
+    measured = _measured(kind, load_rates())
     if str(parallel) not in measured["packed_ratio"]:
         raise ValueError(f"no run-bundle call with --parallel {parallel} measured on {kind}; measured: "
                          f"{', '.join(measured['packed_ratio'])}")
     jobs, chosen = plan["jobs"], [plan["units"][number] for number in numbers]
     wanted = {path for unit in chosen for index in unit["jobs"] for path in jobs[index]["needs"]}
-    sigmas = [job for job in jobs if job["rule"].startswith("shrinkage") and wanted & set(job["outputs"])]
+    sigmas = [job for job in jobs if job["step"][0] == "shrinkage" and wanted & set(job["outputs"])]
     bounds = []
     for side in (0, 1):
         def alone(job: dict) -> float:
-            rule = "shrinkage" if job["rule"].startswith("shrinkage") else job["rule"]
-            return measured["job_factor"][rule][side] * job["estimate_s"]
+            return measured["job_factor"][job["step"][0]][side] * job["estimate_s"]
 
         seconds = sum(alone(job) for job in sigmas)
         for unit in chosen:
@@ -157,16 +146,18 @@ def bundle_call_seconds(plan: dict, numbers, kind: str, parallel: int, rates: di
     return bounds
 
 
-def config_cost(config: dict, kind: str, gpus: int, rates: dict | None = None) -> dict:
+def config_cost(config: dict, kind: str, gpus: int) -> dict:
     """GPU-hours and wall hours of a validated config's fine-tunes on ``gpus`` GPUs of ``kind``, one job
     per GPU and K per GPU for each K measured there; each a [low, high] range from the measured rates."""
-    rates = rates or load_rates()
+    rates = load_rates()
     measured = _measured(kind, rates)
     if gpus < 1:
         raise ValueError(f"--gpus must be at least 1; got {gpus}")
     shapes = {model: model_shape(source, rates) for model, source in config["models"].items()}
     runs = planned_fine_tunes(config, {model: shape["layers"] for model, shape in shapes.items()})
-    estimate_h = sum(fine_tune_estimate_s(run, shapes[run["model"]], config) for run in runs) / 3600
+    sizes = {task: padded_task_sizes(config, task) for task in config["tasks"]}
+    estimate_h = sum(fine_tune_s(config, DeviceCosts(), shapes[run["model"]], sizes[run["task"]], run["spec"])
+                     for run in runs) / 3600
 
     def hours(ratio: list[float], per_job: int) -> dict:
         low, high = (estimate_h * r for r in ratio)
@@ -188,13 +179,9 @@ def as_written(config: dict, measured: dict, hours) -> dict:
     training = config["training"]
     gpus_per_job = fine_tune_gpus(training)
     per_gpu = training["jobs_per_gpu"] if gpus_per_job == 1 else 1
-    if gpus_per_job > 1:
-        why_not = (f"training.gpus = {gpus_per_job}: each fine-tune holds {gpus_per_job} whole GPUs (DDP); "
-                   "training.replicas_as_micro_batches: true runs it as one process on one GPU, which can be shared")
-    elif per_gpu == 1:
-        why_not = "training.jobs_per_gpu = 1"
-    else:
-        why_not = None
+    why_not = (f"training.gpus = {gpus_per_job}: each fine-tune holds {gpus_per_job} whole GPUs (DDP); "
+               "training.replicas_as_micro_batches: true runs it as one process on one GPU, which can be shared"
+               if gpus_per_job > 1 else "training.jobs_per_gpu = 1" if per_gpu == 1 else None)
     packed = measured["packed_ratio"]
     if per_gpu == 1:
         ratio, rate = measured["step_factor"], "measured (a job alone)" + (

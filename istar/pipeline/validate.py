@@ -15,9 +15,10 @@ key written twice and bytes that are not UTF-8.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import yaml
 
@@ -98,8 +99,7 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
         if primary["contrast"] != "lambda_sweep" and primary["contrast"] not in config["final"]["methods"]:
             raise ConfigError(f"config key 'inference.primary.contrast': {primary['contrast']!r} has no final runs; add it "
                               "to final.methods or declare another contrast")
-    rank_warning = rank_test_warning(config)
-    if rank_warning:
+    if rank_warning := rank_test_warning(config):
         print(f"istar: warning: {rank_warning}", file=sys.stderr)
     if config["final"]["cosreg_lambda"] == 0:
         raise ConfigError("config key 'final.cosreg_lambda': λ = 0 turns CosReg off, so its runs would be a second baseline "
@@ -126,25 +126,22 @@ def _path_names(config: dict):
     from istar.config.layout import MEASURES, MODEL_PIN, PROFILE, seeds_token
     from istar.pipeline.plan import study_seeds
 
-    def last(path: str) -> str:
-        return path.rsplit("/", 1)[-1]
-
     for name in config["models"]:
-        yield f"models.{_shown(name)}", "the model's short name", last(MODEL_PIN.format(model=name)), \
+        yield f"models.{_shown(name)}", "the model's short name", PurePosixPath(MODEL_PIN.format(model=name)).name, \
             "choose a shorter name (it appears in every path of the model's results)"
     for name, entry in config["survey"]["models"].items():
         yield f"survey.models.{_shown(name)}", "the model's short name", name, "choose a shorter name"
         for revision in entry.get("revisions") or []:
             yield f"survey.models.{_shown(name)}.revisions", f"revision {_shown(revision)!r}", \
-                last(PROFILE.format(pmodel=name, revision=revision)), "name the revision by a shorter branch, tag or commit"
-    final = config["final"]
+                PurePosixPath(PROFILE.format(pmodel=name, revision=revision)).name, \
+                "name the revision by a shorter branch, tag or commit"
     for study in ("final", *STUDIES):
         for task in config["tasks"]:
             seeds = study_seeds(config, study, task)
             key = (f"studies.{study}.seeds" if study != "final" and config["studies"][study]["seeds"] else
-                   f"final.seeds_by_task.{task}" if final["seeds_by_task"].get(task) else "final.seeds")
+                   f"final.seeds_by_task.{task}" if config["final"]["seeds_by_task"].get(task) else "final.seeds")
             yield key, f"the measurement file of these {len(seeds)} seeds", \
-                last(MEASURES.format(model="m", task=task, setting="s", seeds=seeds_token(seeds))), \
+                PurePosixPath(MEASURES.format(model="m", task=task, setting="s", seeds=seeds_token(seeds))).name, \
                 "use fewer seeds (one measurement file names every seed of a setting)"
     if "tensorboard" in config["tracking"]["trackers"]:
         yield "tracking.experiment", "the experiment (TensorBoard's folder under RUN/tracking/tensorboard)", \
@@ -162,8 +159,7 @@ def _check_path_names(config: dict) -> None:
     from istar.io.artifacts import name_problem
 
     for key, what, name, fix in _path_names(config):
-        problem = name_problem(name)
-        if problem is not None:
+        if (problem := name_problem(name)) is not None:
             raise ConfigError(f"config key '{key}': {what} becomes the name {_shown(name)!r}, which {problem}; {fix}")
 
 
@@ -189,8 +185,7 @@ def model_depth(folder) -> int:
         raise ValueError(f"{path} gives no layer count (num_hidden_layers): not a usable encoder")
     from istar.models.loading import remembered_hidden_states_problem
 
-    problem = remembered_hidden_states_problem(settings)
-    if problem is not None:
+    if (problem := remembered_hidden_states_problem(settings)) is not None:
         raise ValueError(f"{path}: {problem}")
     return depth
 
@@ -204,8 +199,7 @@ def _check_models(models: dict) -> dict[str, int]:
 
     depths = {}
     for name, source in models.items():
-        problem = check_model_available(source)
-        if problem is not None:
+        if (problem := check_model_available(source)) is not None:
             raise ConfigError(f"config key 'models.{name}': {problem}")
         try:
             resolved = Path(resolve_model_source(source))
@@ -218,38 +212,32 @@ def _check_models(models: dict) -> dict[str, int]:
 
 def _check_layers(config: dict, depths: dict[str, int]) -> None:
     """Layer indices within the depth of every local model that uses them (hub models are checked in the job)."""
-    chosen = config["penalty"]["layers"]
+    chosen, single = config["penalty"]["layers"], config["studies"]["single_layer"]
+    checks = []  # (config key, layer indices, the models using them, their first layer)
     if not isinstance(chosen, str):
-        for name, depth in depths.items():
-            too_deep = [i for i in ([chosen] if isinstance(chosen, int) else chosen) if i > depth]
-            if too_deep:
-                raise ConfigError(f"config key 'penalty.layers': layer {too_deep[0]} does not exist in model "
-                                  f"{name!r}, which has layers 0 (embeddings) to {depth}")
-    single = config["studies"]["single_layer"]
+        checks.append(("penalty.layers", [chosen] if isinstance(chosen, int) else chosen, depths, "0 (embeddings)"))
     if single["enabled"] and isinstance(single["layers"], list):
-        for name in single["models"] or list(config["models"]):
-            depth = depths.get(name)
-            too_deep = [i for i in single["layers"] if depth is not None and i > depth]
+        checks.append(("studies.single_layer.layers", single["layers"], single["models"] or config["models"], "1"))
+    for key, layers, models, first in checks:
+        for name in models:
+            too_deep = [i for i in layers if name in depths and i > depths[name]]
             if too_deep:
-                raise ConfigError(f"config key 'studies.single_layer.layers': layer {too_deep[0]} does not exist in "
-                                  f"model {name!r}, which has layers 1 to {depth}")
+                raise ConfigError(f"config key '{key}': layer {too_deep[0]} does not exist in model {name!r}, "
+                                  f"which has layers {first} to {depths[name]}")
 
 
 def _check_data(data: dict, tasks: list[str]) -> None:
     from istar.data import missing_mirror_files
 
-    if data["mirror"] is None:
-        if data["source"] == "mirror":
-            raise ConfigError("config key 'data.mirror': data.source is mirror but no mirror folder is named; set "
-                              "data.mirror to a folder in the GLUE release layout (config/demo-data holds the demo's "
-                              "rows) or use source: hub")
-        _check_hub_data(data, tasks)
-        return
-    mirror = Path(data["mirror"])
+    mirror = None if data["mirror"] is None else Path(data["mirror"])
+    if data["source"] == "mirror" and mirror is None:
+        raise ConfigError("config key 'data.mirror': data.source is mirror but no mirror folder is named; set "
+                          "data.mirror to a folder in the GLUE release layout (config/demo-data holds the demo's "
+                          "rows) or use source: hub")
     if data["source"] == "mirror" and not mirror.is_dir():
         raise ConfigError(f"config key 'data.mirror': {mirror} does not exist (resolved from {Path.cwd()}) but "
                           "data.source is mirror; point it at a folder in the GLUE release layout or use source: hub")
-    if data["source"] == "hub" or not mirror.is_dir():
+    if data["source"] == "hub" or mirror is None or not mirror.is_dir():
         _check_hub_data(data, tasks)
         return
     if data["allow_standin"]:
@@ -304,8 +292,7 @@ def _check_survey(config: dict) -> None:
                 raise ConfigError(f"config key '{key}.source': give revisions under '{key}.revisions', not as @REVISION")
             continue
         for revision in revisions or [None]:
-            problem = check_model_available(f"{source}@{revision}" if revision else source)
-            if problem is not None:
+            if (problem := check_model_available(f"{source}@{revision}" if revision else source)) is not None:
                 raise ConfigError(f"config key '{key}': {problem}")
     text = survey["text"]
     if survey["models"] and text not in TASKS and not Path(text).is_file():
@@ -336,10 +323,7 @@ def _merge(base: dict, update: dict) -> dict:
 def merge_config_files(paths) -> dict:
     """Config files merged in order, later ones updating earlier ones key by key, as Snakemake merges
     several ``--configfile`` (not yet validated)."""
-    merged: dict = {}
-    for path in paths:
-        merged = _merge(merged, load_yaml(path))
-    return merged
+    return functools.reduce(_merge, map(load_yaml, paths), {})
 
 
 def run_cli(args) -> int:
