@@ -69,35 +69,29 @@ def read_glue_tsv(path: Path, layout: TsvLayout, task: Task) -> tuple[pd.DataFra
     """
     label_index = {name: k for k, name in enumerate(layout.label_names or ())}
     parse_label = label_index.__getitem__ if layout.label_names else float if task.kind == "regression" else int
-    texts_a, texts_b, labels, lines = [], [], [], []
     with io.StringIO(read_utf8(path, skip_bom=True), newline="") as handle:
         reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header_pending = layout.header is not None
-        for row in reader:
-            if not row:
-                continue
-            where = f"{path}, line {reader.line_num}"
-            if header_pending:
-                if tuple(row) != layout.header:
-                    raise ValueError(f"{where}: expected the header {list(layout.header)}, found {row}")
-                header_pending = False
-                continue
-            if len(row) != layout.n_fields:
-                raise ValueError(f"{where}: expected {layout.n_fields} tab-separated fields, found {len(row)}: "
-                                 f"{row!r:.300}")
-            raw = row[layout.label]
-            try:
-                labels.append(parse_label(raw))
-            except (KeyError, ValueError):
-                expected = (f"one of {list(layout.label_names)}" if layout.label_names
-                            else "a number" if task.kind == "regression" else "an integer class")
-                raise ValueError(f"{where}: label {raw!r} is not {expected}") from None
-            texts_a.append(row[layout.text_a])
-            texts_b.append(None if layout.text_b is None else row[layout.text_b])
-            lines.append(reader.line_num)
-    if header_pending:
-        raise ValueError(f"{path}: the file is empty (expected the header {list(layout.header)})")
-    return _sentence_frame(texts_a, texts_b, labels), lines
+        numbered = [(reader.line_num, row) for row in reader if row]  # line_num: the row's last line
+    if layout.header is not None:
+        if not numbered:
+            raise ValueError(f"{path}: the file is empty (expected the header {list(layout.header)})")
+        line, header = numbered.pop(0)
+        if tuple(header) != layout.header:
+            raise ValueError(f"{path}, line {line}: expected the header {list(layout.header)}, found {header}")
+    labels = []
+    for line, row in numbered:
+        if len(row) != layout.n_fields:
+            raise ValueError(f"{path}, line {line}: expected {layout.n_fields} tab-separated fields, found "
+                             f"{len(row)}: {row!r:.300}")
+        try:
+            labels.append(parse_label(row[layout.label]))
+        except (KeyError, ValueError):
+            expected = (f"one of {list(layout.label_names)}" if layout.label_names
+                        else "a number" if task.kind == "regression" else "an integer class")
+            raise ValueError(f"{path}, line {line}: label {row[layout.label]!r} is not {expected}") from None
+    rows = [row for _, row in numbered]
+    texts_b = [None if layout.text_b is None else row[layout.text_b] for row in rows]
+    return _sentence_frame([row[layout.text_a] for row in rows], texts_b, labels), [line for line, _ in numbered]
 
 
 def _sentence_frame(texts_a: list, texts_b: list, labels: list) -> pd.DataFrame:
