@@ -89,10 +89,8 @@ def normalise_split(frame: pd.DataFrame, task: Task, locate: Callable[[int], str
             first = int(np.flatnonzero(bad)[0])
             raise ValueError(f"{locate(first)}: label {labels[first].item()!r} is not {expected}")
         text_columns = ["text_a", "text_b"] if task.paired else ["text_a"]
-    empty = np.zeros(len(frame), dtype=bool)
-    for column in text_columns:
-        values = frame[column]
-        empty |= (values.isna() | (values.astype(str).str.strip() == "")).to_numpy()
+    empty = np.any([(frame[column].isna() | (frame[column].astype(str).str.strip() == "")).to_numpy()
+                    for column in text_columns], axis=0)
     dropped = []
     if empty.any():
         if task.key not in _DROP_EMPTY_TEXT:

@@ -109,8 +109,7 @@ def prepare_train_features(questions: Sequence[str], contexts: Sequence[str], an
     # positional access below: pandas columns would otherwise be indexed by label
     answer_starts, answer_texts = list(answer_starts), list(answer_texts)
     for index, (question, context, starts, texts) in enumerate(zip(questions, contexts, answer_starts, answer_texts)):
-        problem = answer_problem(context, texts, starts)
-        if problem:
+        if problem := answer_problem(context, texts, starts):
             raise ValueError(f"example {index} (question {question!r}): {problem}")
     encoding = _tokenize(questions, contexts, tokenizer, max_length, stride)
 
