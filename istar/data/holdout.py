@@ -176,10 +176,11 @@ def _group_by_value(values) -> Membership:
 
 def _source_sentences(frame) -> Membership:
     """``source_sentence``: each row in every maximal row that contains it as a whole-token span."""
+    import pandas as pd
+
     codes, unique_texts = _first_appearance_codes(_normalised(frame["text_a"]))
-    distinct = len(unique_texts)
     spans = _Spans(unique_texts)
-    everything = np.arange(distinct)
+    everything = np.arange(len(unique_texts))
     keys, lengths = spans.full_keys(everything), spans.lengths
     # A text is maximal when it is no proper span of another text (containment is transitive, so
     # a text inside a longer one is inside a maximal one).
@@ -196,14 +197,10 @@ def _source_sentences(frame) -> Membership:
         hit = sorted_keys[where] == span_keys
         pairs_text.append(these[order][where[hit]])
         pairs_group.append(np.searchsorted(maximal, owners[hit]))
-    text_group = np.unique(np.stack([np.concatenate(pairs_text), np.concatenate(pairs_group)]), axis=1)
+    pairs = pd.DataFrame({"text": np.concatenate(pairs_text), "group": np.concatenate(pairs_group)}).drop_duplicates()
     # to rows: each row takes the groups of its text
-    by_text = np.argsort(codes, kind="stable")
-    first = np.searchsorted(codes[by_text], np.arange(distinct))
-    per_text = np.bincount(codes, minlength=distinct)
-    copies = per_text[text_group[0]]
-    rows = by_text[np.repeat(first[text_group[0]], copies) + _ranks(copies)]
-    return Membership(rows=rows, groups=np.repeat(text_group[1], copies), count=len(maximal))
+    rows = pd.DataFrame({"text": codes, "row": np.arange(len(codes))}).merge(pairs, on="text")
+    return Membership(rows=rows["row"].to_numpy(), groups=rows["group"].to_numpy(), count=len(maximal))
 
 
 def _shared_sentences(frame) -> Membership:

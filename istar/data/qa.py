@@ -229,12 +229,10 @@ def postprocess_predictions(example_ids: Sequence[str], contexts: Sequence[str],
         lengths = ends[None, :] - starts[:, None] + 1  # (n_best, n_best): rows starts, columns ends
         valid = in_context[starts][:, None] & in_context[ends][None, :]
         valid &= (lengths >= 1) & (lengths <= max_answer_length)
-        if not valid.any():
-            continue
         pair_scores = start_logits[window][starts][:, None] + end_logits[window][ends][None, :]
         scores = np.where(valid, pair_scores, -np.inf)
         s, e = np.unravel_index(np.argmax(scores), scores.shape)
-        if scores[s, e] > best[key][0]:
+        if scores[s, e] > best[key][0]:  # never true of a window without a valid span: all its scores are -inf
             text = context_of[key][offsets[starts[s]][0] : offsets[ends[e]][1]]
             best[key] = (float(scores[s, e]), text)
     return {key: text for key, (_, text) in best.items()}

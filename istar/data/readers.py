@@ -115,14 +115,10 @@ def parse_tree(line: str) -> tuple[int, str]:
     depth, leaves = 0, []
     for position, token in enumerate(tokens):
         if position and tokens[position - 1] == "(":  # a node's label
-            if token in ("(", ")"):
-                raise ValueError(f"{token!r} where a node label was expected")
             if not token.isdigit():
-                raise ValueError(f"node label {token!r} is not a number")
-        elif token == "(":
-            depth += 1
-        elif token == ")":
-            depth -= 1
+                raise ValueError(f"{token!r} where a node label (a number) was expected")
+        elif token in ("(", ")"):
+            depth += 1 if token == "(" else -1
             if depth == 0 and position != len(tokens) - 1:
                 raise ValueError("text after the end of the tree")
         else:
