@@ -160,13 +160,10 @@ def standin_split(frame: pd.DataFrame, task: Task, fraction: float,
         if len(titles) < 2:
             raise ValueError(f"{task.display}: a stand-in split by title needs two or more articles, "
                              f"found {len(titles)}")
-        sizes = frame["title"].value_counts()
-        held, chosen = 0, []
-        for title in titles[rng.permutation(len(titles))][:-1]:
-            if held >= fraction * len(frame):
-                break
-            chosen.append(title)
-            held += int(sizes[title])
+        drawn = titles[rng.permutation(len(titles))][:-1]
+        sizes = frame["title"].value_counts()[drawn].to_numpy()
+        # drawn in turn while the part holds fewer questions than asked: the titles whose predecessors hold fewer
+        chosen = drawn[np.cumsum(sizes) - sizes < fraction * len(frame)]
         in_validation = frame["title"].isin(chosen).to_numpy()
         how = (f"whole articles drawn at random by title: {len(titles) - len(chosen)} for train, {len(chosen)} for "
                "validation, so no context is in both")
@@ -174,8 +171,7 @@ def standin_split(frame: pd.DataFrame, task: Task, fraction: float,
         if len(frame) < 2:
             raise ValueError(f"{task.display}: a stand-in split needs two or more rows, found {len(frame)}")
         n_validation = min(max(1, round(fraction * len(frame))), len(frame) - 1)
-        in_validation = np.zeros(len(frame), dtype=bool)
-        in_validation[rng.choice(len(frame), size=n_validation, replace=False)] = True
+        in_validation = np.isin(np.arange(len(frame)), rng.choice(len(frame), size=n_validation, replace=False))
         how = "rows drawn at random"
     train = frame.loc[~in_validation].reset_index(drop=True)
     validation = frame.loc[in_validation].reset_index(drop=True)
