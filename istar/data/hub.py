@@ -122,7 +122,6 @@ def load_hub(task: Task, revision: str | None = None, hub_id: str | None = None)
         if split not in loaded:
             raise ValueError(f"{name} on the hub has no {split!r} split (it has {list(loaded)})")
         frame = _frame(task, source, loaded[split].to_dict(), loaded[split].num_rows)
-        locate = lambda i, split=split: f"{name} split {split}, row {i}"  # noqa: E731
-        splits[split], dropped_rows[split] = normalise_split(frame, task, locate)
+        splits[split], dropped_rows[split] = normalise_split(frame, task, lambda i: f"{name} split {split}, row {i}")
     return splits, {"source": "hub", "hub_id": hub_id, "hub_config": config, "hub_revision": revision or "main",
                     "hub_commit": commit, "dropped_rows": dropped_rows}

@@ -119,8 +119,7 @@ def prepare_train_features(questions: Sequence[str], contexts: Sequence[str], an
         answer_end = answer_start + len(answer_texts[example][0])  # exclusive
         offsets = encoding["offset_mapping"][window]
         context_tokens = [i for i, seq in enumerate(encoding.sequence_ids(window)) if seq == _CONTEXT]
-        first, last = context_tokens[0], context_tokens[-1]
-        if offsets[first][0] <= answer_start and answer_end <= offsets[last][1]:
+        if offsets[context_tokens[0]][0] <= answer_start and answer_end <= offsets[context_tokens[-1]][1]:
             # first context token ending after the answer starts; last one starting before it ends
             start_positions.append(next(i for i in context_tokens if offsets[i][1] > answer_start))
             end_positions.append(next(i for i in reversed(context_tokens) if offsets[i][0] < answer_end))
@@ -233,6 +232,5 @@ def postprocess_predictions(example_ids: Sequence[str], contexts: Sequence[str],
         scores = np.where(valid, pair_scores, -np.inf)
         s, e = np.unravel_index(np.argmax(scores), scores.shape)
         if scores[s, e] > best[key][0]:  # never true of a window without a valid span: all its scores are -inf
-            text = context_of[key][offsets[starts[s]][0] : offsets[ends[e]][1]]
-            best[key] = (float(scores[s, e]), text)
+            best[key] = (float(scores[s, e]), context_of[key][offsets[starts[s]][0] : offsets[ends[e]][1]])
     return {key: text for key, (_, text) in best.items()}
