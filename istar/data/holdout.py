@@ -261,10 +261,9 @@ def heldout_overlap(train, heldout, task: Task) -> dict:
                    else "held-out sentences that are a sentence of a training pair")
     else:
         training = _normalised(train["text_a"])
-        candidates = [text for text in _normalised(heldout["text_a"]) if len(text.split()) >= MIN_OVERLAP_WORDS]
-        queries = np.arange(len(training), len(training) + len(candidates))
-        hits = _Spans(training + candidates).inside(queries, hosts=np.arange(len(training)))
-        checked, found = candidates, int(hits.sum())
+        checked = [text for text in _normalised(heldout["text_a"]) if len(text.split()) >= MIN_OVERLAP_WORDS]
+        queries = np.arange(len(training), len(training) + len(checked))
+        found = int(_Spans(training + checked).inside(queries, hosts=np.arange(len(training))).sum())
         measure = f"held-out rows of {MIN_OVERLAP_WORDS} or more words found inside a training row"
     return {"measure": measure, "checked": len(checked), "found": int(found),
             "share": found / len(checked) if checked else None}
@@ -300,8 +299,7 @@ def holdout_split(data_dir, out_dir, fraction: float, seed: int) -> dict:
     rng = np.random.default_rng((seed, HOLDOUT_STREAM))
     chosen = np.isin(np.arange(members.count), rng.choice(members.count, size=count, replace=False))
     held_groups = np.bincount(members.rows, weights=chosen[members.groups], minlength=len(train))
-    all_groups = np.bincount(members.rows, minlength=len(train))
-    held, kept = held_groups == all_groups, held_groups == 0
+    held, kept = held_groups == np.bincount(members.rows, minlength=len(train)), held_groups == 0
     parts = {"train": train[kept].reset_index(drop=True), "validation": train[held].reset_index(drop=True)}
     if not len(parts["train"]) or not len(parts["validation"]):
         empty = "search-training" if not len(parts["train"]) else "held-out"
