@@ -173,7 +173,5 @@ def standin_split(frame: pd.DataFrame, task: Task, fraction: float,
         n_validation = min(max(1, round(fraction * len(frame))), len(frame) - 1)
         in_validation = np.isin(np.arange(len(frame)), rng.choice(len(frame), size=n_validation, replace=False))
         how = "rows drawn at random"
-    train = frame.loc[~in_validation].reset_index(drop=True)
-    validation = frame.loc[in_validation].reset_index(drop=True)
-    return train, validation, how
+    return frame.loc[~in_validation].reset_index(drop=True), frame.loc[in_validation].reset_index(drop=True), how
 
