@@ -81,8 +81,7 @@ def encode_split(frame: Mapping[str, Sequence], task: Task, tokenizer, max_lengt
     encoded = tokenizer(list(frame["text_a"]), second, truncation=True, max_length=max_length)
     columns = {k: encoded[k] for k in MODEL_INPUTS if k in encoded and (segment_ids or k != "token_type_ids")}
     if with_labels:
-        cast = float if task.kind == "regression" else int
-        columns["labels"] = [cast(label) for label in frame["label"]]
+        columns["labels"] = [(float if task.kind == "regression" else int)(label) for label in frame["label"]]
     return Features(columns=columns)
 
 

@@ -76,10 +76,9 @@ def normalise_split(frame: pd.DataFrame, task: Task, locate: Callable[[int], str
     if task.kind == "qa":
         ids = frame["id"]
         _refuse_first(ids.duplicated().to_numpy(), locate, lambda i: f"duplicate question id {ids.iloc[i]!r}")
-        for i, (context, texts, starts) in enumerate(zip(frame["context"], frame["answer_texts"],
-                                                         frame["answer_starts"])):
-            if problem := answer_problem(context, texts, starts):
-                raise ValueError(f"{locate(i)}: {problem}")
+        problems = [answer_problem(*answers) for answers in zip(frame["context"], frame["answer_texts"],
+                                                                 frame["answer_starts"])]
+        _refuse_first(np.array([problem is not None for problem in problems], dtype=bool), locate, problems.__getitem__)
         text_columns = ["context", "question"]
     else:
         if task.kind == "classification":
