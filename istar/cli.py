@@ -176,6 +176,3 @@ def end_process_group() -> None:
         distributed.barrier()
         distributed.destroy_process_group()
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -38,7 +38,7 @@ import importlib
 # steps import istar.data.encoding and read splits with read_columns, and importing this
 # package must not load pandas and the hub code that only `istar prepare-data` needs.
 _HOMES = {
-    "HUB_DATASETS": "hub", "HubUnavailableError": "hub",
+    "HUB_SOURCES": "hub", "HubUnavailableError": "hub",
     "MIRROR_ENV": "mirror", "MissingSplitError": "mirror", "IncompleteSplitError": "mirror",
     "missing_mirror_files": "mirror",
     "SOURCES": "prepare", "load_task": "prepare", "prepare_task": "prepare",

@@ -79,11 +79,9 @@ def encode_split(frame: Mapping[str, Sequence], task: Task, tokenizer, max_lengt
 
     second = list(frame["text_b"]) if task.paired else None
     encoded = tokenizer(list(frame["text_a"]), second, truncation=True, max_length=max_length)
-    inputs = MODEL_INPUTS if segment_ids else tuple(k for k in MODEL_INPUTS if k != "token_type_ids")
-    columns = {k: encoded[k] for k in inputs if k in encoded}
+    columns = {k: encoded[k] for k in MODEL_INPUTS if k in encoded and (segment_ids or k != "token_type_ids")}
     if with_labels:
-        cast = float if task.kind == "regression" else int
-        columns["labels"] = [cast(label) for label in frame["label"]]
+        columns["labels"] = [(float if task.kind == "regression" else int)(label) for label in frame["label"]]
     return Features(columns=columns)
 
 

@@ -89,8 +89,7 @@ class _Spans:
     def __init__(self, texts: Sequence[str]):
         words = [text.split() for text in texts]
         self.lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
-        self.starts = np.zeros(len(words), dtype=np.int64)
-        np.cumsum(self.lengths[:-1], out=self.starts[1:])
+        self.starts = np.cumsum(self.lengths) - self.lengths
         vocabulary: dict[str, int] = {}
         ids = np.fromiter((vocabulary.setdefault(w, len(vocabulary)) for row in words for w in row),
                           dtype=np.int64, count=int(self.lengths.sum()))
@@ -121,6 +120,16 @@ class _Spans:
         counts = self.lengths[texts] - length + 1
         owners = np.repeat(texts, counts)
         return self.keys(self.starts[owners] + _ranks(counts), length), owners
+
+    def inside(self, queries: np.ndarray, hosts: np.ndarray, proper: bool = False) -> np.ndarray:
+        """Whether each text of ``queries`` is a whole-token span of a text of ``hosts`` (of a longer one
+        when ``proper``): a bool per query."""
+        found = np.zeros(len(queries), dtype=bool)
+        for length in np.unique(self.lengths[queries]):
+            these = self.lengths[queries] == length
+            candidates = hosts[self.lengths[hosts] > length] if proper else hosts
+            found[these] = np.isin(self.full_keys(queries[these]), self.spans(int(length), candidates)[0])
+        return found
 
 
 def _powers(base: int, n: int) -> np.ndarray:
@@ -167,23 +176,17 @@ def _group_by_value(values) -> Membership:
 
 def _source_sentences(frame) -> Membership:
     """``source_sentence``: each row in every maximal row that contains it as a whole-token span."""
+    import pandas as pd
+
     codes, unique_texts = _first_appearance_codes(_normalised(frame["text_a"]))
-    distinct = len(unique_texts)
     spans = _Spans(unique_texts)
-    everything = np.arange(distinct)
+    everything = np.arange(len(unique_texts))
     keys, lengths = spans.full_keys(everything), spans.lengths
     # A text is maximal when it is no proper span of another text (containment is transitive, so
     # a text inside a longer one is inside a maximal one).
-    contained = np.zeros(distinct, dtype=bool)
-    for length in np.unique(lengths):
-        these = np.flatnonzero(lengths == length)
-        longer = everything[lengths > length]
-        if len(longer):
-            contained[these] = np.isin(keys[these], spans.spans(int(length), longer)[0])
-    maximal = np.flatnonzero(~contained)
-    group_of_maximal = np.full(distinct, -1, dtype=np.int64)
-    group_of_maximal[maximal] = np.arange(len(maximal))  # first-appearance order, as the codes
-    # Every (text, maximal text containing it): the spans of the maximal texts that are texts.
+    maximal = np.flatnonzero(~spans.inside(everything, everything, proper=True))
+    # Every (text, maximal text containing it): the spans of the maximal texts that are texts. A group is
+    # its maximal text's position in ``maximal``: first-appearance order, as the codes.
     pairs_text, pairs_group = [], []
     for length in np.unique(lengths):
         these = np.flatnonzero(lengths == length)
@@ -193,15 +196,11 @@ def _source_sentences(frame) -> Membership:
         where = np.minimum(np.searchsorted(sorted_keys, span_keys), len(sorted_keys) - 1)
         hit = sorted_keys[where] == span_keys
         pairs_text.append(these[order][where[hit]])
-        pairs_group.append(group_of_maximal[owners[hit]])
-    text_group = np.unique(np.stack([np.concatenate(pairs_text), np.concatenate(pairs_group)]), axis=1)
+        pairs_group.append(np.searchsorted(maximal, owners[hit]))
+    pairs = pd.DataFrame({"text": np.concatenate(pairs_text), "group": np.concatenate(pairs_group)}).drop_duplicates()
     # to rows: each row takes the groups of its text
-    by_text = np.argsort(codes, kind="stable")
-    first = np.searchsorted(codes[by_text], np.arange(distinct))
-    per_text = np.bincount(codes, minlength=distinct)
-    copies = per_text[text_group[0]]
-    rows = by_text[np.repeat(first[text_group[0]], copies) + _ranks(copies)]
-    return Membership(rows=rows, groups=np.repeat(text_group[1], copies), count=len(maximal))
+    rows = pd.DataFrame({"text": codes, "row": np.arange(len(codes))}).merge(pairs, on="text")
+    return Membership(rows=rows["row"].to_numpy(), groups=rows["group"].to_numpy(), count=len(maximal))
 
 
 def _shared_sentences(frame) -> Membership:
@@ -262,16 +261,9 @@ def heldout_overlap(train, heldout, task: Task) -> dict:
                    else "held-out sentences that are a sentence of a training pair")
     else:
         training = _normalised(train["text_a"])
-        candidates = [text for text in _normalised(heldout["text_a"]) if len(text.split()) >= MIN_OVERLAP_WORDS]
-        spans = _Spans(training + candidates)
-        inside = np.arange(len(training))
-        queries = np.arange(len(training), len(training) + len(candidates))
-        query_keys, query_lengths = spans.full_keys(queries), spans.lengths[queries]
-        hits = np.zeros(len(candidates), dtype=bool)
-        for length in np.unique(query_lengths):
-            these = query_lengths == length
-            hits[these] = np.isin(query_keys[these], spans.spans(int(length), inside)[0])
-        checked, found = candidates, int(hits.sum())
+        checked = [text for text in _normalised(heldout["text_a"]) if len(text.split()) >= MIN_OVERLAP_WORDS]
+        queries = np.arange(len(training), len(training) + len(checked))
+        found = int(_Spans(training + checked).inside(queries, hosts=np.arange(len(training))).sum())
         measure = f"held-out rows of {MIN_OVERLAP_WORDS} or more words found inside a training row"
     return {"measure": measure, "checked": len(checked), "found": int(found),
             "share": found / len(checked) if checked else None}
@@ -287,15 +279,14 @@ def holdout_split(data_dir, out_dir, fraction: float, seed: int) -> dict:
     ----------
     data_dir : a folder written by :func:`istar.data.prepare_task`.
     out_dir : the folder to write (``train.parquet``, ``validation.parquet``, ``meta.json``).
-    fraction : share of the groups held out (see the module docstring), in (0, 0.5].
+    fraction : share of the groups held out (see the module docstring), in (0, 0.5] (the schema's
+        ``search.heldout_fraction`` bounds it; the command line checks it there).
     seed : integer >= 0, the draw's seed.
 
     Returns
     -------
     The ``meta.json`` written (see the module docstring).
     """
-    if not 0 < fraction <= 0.5:
-        raise ValueError(f"the held-out fraction must be in (0, 0.5], got {fraction!r} (search.heldout_fraction)")
     parent = read_meta(data_dir)
     task = get_task(parent["task"])
     grouping = GROUPINGS[task.heldout_grouping]
@@ -306,11 +297,9 @@ def holdout_split(data_dir, out_dir, fraction: float, seed: int) -> dict:
                          "split needs at least two; raise data.max_train_samples or use search.selection_split: validation")
     count = min(max(1, round(fraction * members.count)), members.count - 1)
     rng = np.random.default_rng((seed, HOLDOUT_STREAM))
-    chosen = np.zeros(members.count, dtype=bool)
-    chosen[rng.choice(members.count, size=count, replace=False)] = True
+    chosen = np.isin(np.arange(members.count), rng.choice(members.count, size=count, replace=False))
     held_groups = np.bincount(members.rows, weights=chosen[members.groups], minlength=len(train))
-    all_groups = np.bincount(members.rows, minlength=len(train))
-    held, kept = held_groups == all_groups, held_groups == 0
+    held, kept = held_groups == np.bincount(members.rows, minlength=len(train)), held_groups == 0
     parts = {"train": train[kept].reset_index(drop=True), "validation": train[held].reset_index(drop=True)}
     if not len(parts["train"]) or not len(parts["validation"]):
         empty = "search-training" if not len(parts["train"]) else "held-out"

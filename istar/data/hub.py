@@ -25,7 +25,7 @@ from istar.data.normalise import normalise_split
 from istar.io.revisions import RevisionUnavailableError, resolve_revision
 from istar.registry.tasks import SPLITS, Task
 
-__all__ = ["HubDataset", "HUB_SOURCES", "HUB_DATASETS", "HubUnavailableError", "hub_source", "load_hub"]
+__all__ = ["HubDataset", "HUB_SOURCES", "HubUnavailableError", "hub_source", "load_hub"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,10 +64,6 @@ HUB_SOURCES: dict[str, tuple[HubDataset, ...]] = {
 }
 """Task key -> the hub datasets it can be read from, the default first (``data.hub_datasets`` picks another)."""
 
-HUB_DATASETS: dict[str, tuple[str, str | None]] = {
-    task: (sources[0].hub_id, sources[0].config) for task, sources in HUB_SOURCES.items()}
-"""Task key -> (hub dataset id, config name or None) of its default hub dataset."""
-
 
 def hub_source(task: str, hub_id: str | None = None) -> HubDataset:
     """The hub dataset ``hub_id`` of ``task`` (None: the task's default)."""
@@ -80,7 +76,7 @@ def hub_source(task: str, hub_id: str | None = None) -> HubDataset:
 
 
 class HubUnavailableError(RuntimeError):
-    """The Hugging Face hub could not provide a dataset (offline, or ``datasets`` missing)."""
+    """The Hugging Face hub could not provide a dataset (offline, or not in the cache)."""
 
 
 def _frame(task: Task, source: HubDataset, columns: dict, n_rows: int) -> pd.DataFrame:
@@ -109,10 +105,8 @@ def load_hub(task: Task, revision: str | None = None, hub_id: str | None = None)
     advice = (f"Without internet, use source 'mirror' with a path: `istar prepare-data --task "
               f"{task.key} --source mirror --mirror DIR` (a folder in the GLUE release layout; "
               f"see istar.data).")
-    try:
-        import datasets
-    except ImportError as exc:
-        raise HubUnavailableError(f"source 'hub' needs the `datasets` package ({exc}). {advice}") from exc
+    import datasets  # a dependency of the package, imported here: it takes seconds and only the hub needs it
+
     try:
         commit = resolve_revision(hub_id, revision, repo_type="dataset")
     except RevisionUnavailableError as exc:
@@ -128,7 +122,6 @@ def load_hub(task: Task, revision: str | None = None, hub_id: str | None = None)
         if split not in loaded:
             raise ValueError(f"{name} on the hub has no {split!r} split (it has {list(loaded)})")
         frame = _frame(task, source, loaded[split].to_dict(), loaded[split].num_rows)
-        locate = lambda i, split=split: f"{name} split {split}, row {i}"  # noqa: E731
-        splits[split], dropped_rows[split] = normalise_split(frame, task, locate)
+        splits[split], dropped_rows[split] = normalise_split(frame, task, lambda i: f"{name} split {split}, row {i}")
     return splits, {"source": "hub", "hub_id": hub_id, "hub_config": config, "hub_revision": revision or "main",
                     "hub_commit": commit, "dropped_rows": dropped_rows}

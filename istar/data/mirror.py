@@ -26,7 +26,8 @@ from istar.data.hub import hub_source
 from istar.data.normalise import normalise_split
 from istar.data.readers import GLUE_TSV, read_glue_tsv, read_squad_json, read_sst5
 from istar.io.artifacts import file_digest
-from istar.registry.tasks import SPLITS, Task, get_task
+from istar.registry import lookup
+from istar.registry.tasks import SPLITS, Task
 
 __all__ = ["MIRROR_ENV", "MissingSplitError", "IncompleteSplitError", "mirror_file", "missing_mirror_files",
            "resolve_mirror", "load_mirror", "standin_split"]
@@ -40,23 +41,20 @@ class MissingSplitError(ValueError):
     """A split of a task is not in the mirror (and no stand-in was allowed or possible)."""
 
 
+_RELEASE_FILES = {**{key: f"{layout.folder}/{{}}.tsv" for key, layout in GLUE_TSV.items()},
+                  "sst5": "sst5/{}.txt", "squad": "squad/{}-v1.1.json"}
+"""Task key -> its release file relative to the mirror root (posix), ``{}`` the file's split: train or dev."""
+
+
 def mirror_file(task: str, split: str) -> str:
     """The release file of ``task``'s ``split``, relative to the mirror root (posix)."""
-    stem = "train" if split == "train" else "dev"
-    if task in GLUE_TSV:
-        return f"{GLUE_TSV[task].folder}/{stem}.tsv"
-    if task == "sst5":
-        return f"sst5/{stem}.txt"
-    if task == "squad":
-        return f"squad/{stem}-v1.1.json"
-    raise ValueError(f"no mirror layout for task {task!r}")
+    return lookup(_RELEASE_FILES, task, "task").format("train" if split == "train" else "dev")
 
 
 def missing_mirror_files(task: str, mirror: str | Path) -> list[Path]:
     """The release files of ``task`` (train and validation) that are not in the mirror folder."""
-    root = Path(mirror)
-    return [root / mirror_file(get_task(task).key, split) for split in SPLITS
-            if not (root / mirror_file(task, split)).is_file()]
+    paths = [Path(mirror) / mirror_file(task, split) for split in SPLITS]
+    return [path for path in paths if not path.is_file()]
 
 
 def resolve_mirror(mirror: str | Path | None) -> tuple[Path | None, str]:
@@ -82,21 +80,17 @@ def _read_mirror_split(task: Task, path: Path, split: str, subset: bool) -> tupl
     logger.info("reading %s", path)
     if task.kind == "qa":
         frame = read_squad_json(path)
-        ids = frame["id"].tolist()
-        locate = lambda i: f"{path}, question id {ids[i]}"  # noqa: E731
+        places = [f"question id {key}" for key in frame["id"]]
     else:
-        if task.key == "sst5":
-            frame, lines = read_sst5(path)
-        else:
-            frame, lines = read_glue_tsv(path, GLUE_TSV[task.key], task)
-        locate = lambda i: f"{path}, line {lines[i]}"  # noqa: E731
+        frame, lines = read_sst5(path) if task.key == "sst5" else read_glue_tsv(path, GLUE_TSV[task.key], task)
+        places = [f"line {line}" for line in lines]
     official = task.rows[SPLITS.index(split)]
     if not subset and len(frame) != official:
         raise IncompleteSplitError(
             f"{path} holds {len(frame):,} rows, but the official {task.display} {split} split has {official:,}: "
             "the file is incomplete or not the release's (a copy cut short?); copy it again, or, if the mirror "
             "holds a subset on purpose, say so with data.subset: true (istar prepare-data --subset)")
-    return normalise_split(frame, task, locate)
+    return normalise_split(frame, task, lambda i: f"{path}, {places[i]}")
 
 
 def load_mirror(task: Task, root: Path, allow_standin: bool, standin_fraction: float,
@@ -166,13 +160,10 @@ def standin_split(frame: pd.DataFrame, task: Task, fraction: float,
         if len(titles) < 2:
             raise ValueError(f"{task.display}: a stand-in split by title needs two or more articles, "
                              f"found {len(titles)}")
-        sizes = frame["title"].value_counts()
-        held, chosen = 0, []
-        for title in titles[rng.permutation(len(titles))][:-1]:
-            if held >= fraction * len(frame):
-                break
-            chosen.append(title)
-            held += int(sizes[title])
+        drawn = titles[rng.permutation(len(titles))][:-1]
+        sizes = frame["title"].value_counts()[drawn].to_numpy()
+        # drawn in turn while the part holds fewer questions than asked: the titles whose predecessors hold fewer
+        chosen = drawn[np.cumsum(sizes) - sizes < fraction * len(frame)]
         in_validation = frame["title"].isin(chosen).to_numpy()
         how = (f"whole articles drawn at random by title: {len(titles) - len(chosen)} for train, {len(chosen)} for "
                "validation, so no context is in both")
@@ -180,10 +171,7 @@ def standin_split(frame: pd.DataFrame, task: Task, fraction: float,
         if len(frame) < 2:
             raise ValueError(f"{task.display}: a stand-in split needs two or more rows, found {len(frame)}")
         n_validation = min(max(1, round(fraction * len(frame))), len(frame) - 1)
-        in_validation = np.zeros(len(frame), dtype=bool)
-        in_validation[rng.choice(len(frame), size=n_validation, replace=False)] = True
+        in_validation = np.isin(np.arange(len(frame)), rng.choice(len(frame), size=n_validation, replace=False))
         how = "rows drawn at random"
-    train = frame.loc[~in_validation].reset_index(drop=True)
-    validation = frame.loc[in_validation].reset_index(drop=True)
-    return train, validation, how
+    return frame.loc[~in_validation].reset_index(drop=True), frame.loc[in_validation].reset_index(drop=True), how
 

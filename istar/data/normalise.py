@@ -47,6 +47,13 @@ def table_to_frame(table: pa.Table) -> pd.DataFrame:
     return frame
 
 
+def _refuse_first(bad: np.ndarray, locate: Callable[[int], str], problem: Callable[[int], str]) -> None:
+    """A ValueError naming the first row where the bool mask ``bad`` is set: where it came from and its problem."""
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{locate(first)}: {problem(first)}")
+
+
 def normalise_split(frame: pd.DataFrame, task: Task, locate: Callable[[int], str]) -> tuple[pd.DataFrame, list[str]]:
     """Check a parsed split, drop empty-text rows where the task allows it, and cast it to the task's schema.
 
@@ -67,14 +74,11 @@ def normalise_split(frame: pd.DataFrame, task: Task, locate: Callable[[int], str
     :func:`istar.data.qa.answer_problem` requires).
     """
     if task.kind == "qa":
-        duplicated = frame["id"].duplicated().to_numpy()
-        if duplicated.any():
-            first = int(np.flatnonzero(duplicated)[0])
-            raise ValueError(f"{locate(first)}: duplicate question id {frame['id'].iloc[first]!r}")
-        for i, (context, texts, starts) in enumerate(zip(frame["context"], frame["answer_texts"],
-                                                         frame["answer_starts"])):
-            if problem := answer_problem(context, texts, starts):
-                raise ValueError(f"{locate(i)}: {problem}")
+        ids = frame["id"]
+        _refuse_first(ids.duplicated().to_numpy(), locate, lambda i: f"duplicate question id {ids.iloc[i]!r}")
+        problems = [answer_problem(*answers) for answers in zip(frame["context"], frame["answer_texts"],
+                                                                 frame["answer_starts"])]
+        _refuse_first(np.array([problem is not None for problem in problems], dtype=bool), locate, problems.__getitem__)
         text_columns = ["context", "question"]
     else:
         if task.kind == "classification":
@@ -85,20 +89,14 @@ def normalise_split(frame: pd.DataFrame, task: Task, locate: Callable[[int], str
             labels = frame["label"].to_numpy(dtype=np.float64)
             bad = ~np.isfinite(labels) | (labels < 0) | (labels > STSB_MAX_SCORE)
             expected = f"a score in [0, {STSB_MAX_SCORE:g}]"
-        if bad.any():
-            first = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{locate(first)}: label {labels[first].item()!r} is not {expected}")
+        _refuse_first(bad, locate, lambda i: f"label {labels[i].item()!r} is not {expected}")
         text_columns = ["text_a", "text_b"] if task.paired else ["text_a"]
-    empty = np.zeros(len(frame), dtype=bool)
-    for column in text_columns:
-        values = frame[column]
-        empty |= (values.isna() | (values.astype(str).str.strip() == "")).to_numpy()
-    dropped = []
-    if empty.any():
-        if task.key not in _DROP_EMPTY_TEXT:
-            first = int(np.flatnonzero(empty)[0])
-            raise ValueError(f"{locate(first)}: empty text (in {' or '.join(text_columns)})")
-        dropped = [locate(int(i)) for i in np.flatnonzero(empty)]
+    empty = np.any([(frame[column].isna() | (frame[column].astype(str).str.strip() == "")).to_numpy()
+                    for column in text_columns], axis=0)
+    if task.key not in _DROP_EMPTY_TEXT:
+        _refuse_first(empty, locate, lambda i: f"empty text (in {' or '.join(text_columns)})")
+    dropped = [locate(int(i)) for i in np.flatnonzero(empty)]
+    if dropped:
         logger.warning("%s: dropping %d row(s) with an empty text: %s", task.display, len(dropped), "; ".join(dropped))
         frame = frame.loc[~empty].reset_index(drop=True)
     return table_to_frame(pa.Table.from_pandas(frame, schema=split_schema(task), preserve_index=False)), dropped

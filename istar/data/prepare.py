@@ -126,8 +126,7 @@ def _subsample(frame: pd.DataFrame, max_samples: int | None, seed: int, stream: 
     """At most ``max_samples`` rows drawn without replacement (seeded), in their order."""
     if max_samples is None or max_samples >= len(frame):
         return frame
-    rng = np.random.default_rng((seed, stream))
-    keep = np.sort(rng.choice(len(frame), size=max_samples, replace=False))
+    keep = np.sort(np.random.default_rng((seed, stream)).choice(len(frame), size=max_samples, replace=False))
     return frame.iloc[keep].reset_index(drop=True)
 
 

@@ -109,8 +109,7 @@ def prepare_train_features(questions: Sequence[str], contexts: Sequence[str], an
     # positional access below: pandas columns would otherwise be indexed by label
     answer_starts, answer_texts = list(answer_starts), list(answer_texts)
     for index, (question, context, starts, texts) in enumerate(zip(questions, contexts, answer_starts, answer_texts)):
-        problem = answer_problem(context, texts, starts)
-        if problem:
+        if problem := answer_problem(context, texts, starts):
             raise ValueError(f"example {index} (question {question!r}): {problem}")
     encoding = _tokenize(questions, contexts, tokenizer, max_length, stride)
 
@@ -120,8 +119,7 @@ def prepare_train_features(questions: Sequence[str], contexts: Sequence[str], an
         answer_end = answer_start + len(answer_texts[example][0])  # exclusive
         offsets = encoding["offset_mapping"][window]
         context_tokens = [i for i, seq in enumerate(encoding.sequence_ids(window)) if seq == _CONTEXT]
-        first, last = context_tokens[0], context_tokens[-1]
-        if offsets[first][0] <= answer_start and answer_end <= offsets[last][1]:
+        if offsets[context_tokens[0]][0] <= answer_start and answer_end <= offsets[context_tokens[-1]][1]:
             # first context token ending after the answer starts; last one starting before it ends
             start_positions.append(next(i for i in context_tokens if offsets[i][1] > answer_start))
             end_positions.append(next(i for i in reversed(context_tokens) if offsets[i][0] < answer_end))
@@ -230,12 +228,9 @@ def postprocess_predictions(example_ids: Sequence[str], contexts: Sequence[str],
         lengths = ends[None, :] - starts[:, None] + 1  # (n_best, n_best): rows starts, columns ends
         valid = in_context[starts][:, None] & in_context[ends][None, :]
         valid &= (lengths >= 1) & (lengths <= max_answer_length)
-        if not valid.any():
-            continue
         pair_scores = start_logits[window][starts][:, None] + end_logits[window][ends][None, :]
         scores = np.where(valid, pair_scores, -np.inf)
         s, e = np.unravel_index(np.argmax(scores), scores.shape)
-        if scores[s, e] > best[key][0]:
-            text = context_of[key][offsets[starts[s]][0] : offsets[ends[e]][1]]
-            best[key] = (float(scores[s, e]), text)
+        if scores[s, e] > best[key][0]:  # never true of a window without a valid span: all its scores are -inf
+            best[key] = (float(scores[s, e]), context_of[key][offsets[starts[s]][0] : offsets[ends[e]][1]])
     return {key: text for key, (_, text) in best.items()}

@@ -69,35 +69,29 @@ def read_glue_tsv(path: Path, layout: TsvLayout, task: Task) -> tuple[pd.DataFra
     """
     label_index = {name: k for k, name in enumerate(layout.label_names or ())}
     parse_label = label_index.__getitem__ if layout.label_names else float if task.kind == "regression" else int
-    texts_a, texts_b, labels, lines = [], [], [], []
     with io.StringIO(read_utf8(path, skip_bom=True), newline="") as handle:
         reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header_pending = layout.header is not None
-        for row in reader:
-            if not row:
-                continue
-            where = f"{path}, line {reader.line_num}"
-            if header_pending:
-                if tuple(row) != layout.header:
-                    raise ValueError(f"{where}: expected the header {list(layout.header)}, found {row}")
-                header_pending = False
-                continue
-            if len(row) != layout.n_fields:
-                raise ValueError(f"{where}: expected {layout.n_fields} tab-separated fields, found {len(row)}: "
-                                 f"{row!r:.300}")
-            raw = row[layout.label]
-            try:
-                labels.append(parse_label(raw))
-            except (KeyError, ValueError):
-                expected = (f"one of {list(layout.label_names)}" if layout.label_names
-                            else "a number" if task.kind == "regression" else "an integer class")
-                raise ValueError(f"{where}: label {raw!r} is not {expected}") from None
-            texts_a.append(row[layout.text_a])
-            texts_b.append(None if layout.text_b is None else row[layout.text_b])
-            lines.append(reader.line_num)
-    if header_pending:
-        raise ValueError(f"{path}: the file is empty (expected the header {list(layout.header)})")
-    return _sentence_frame(texts_a, texts_b, labels), lines
+        numbered = [(reader.line_num, row) for row in reader if row]  # line_num: the row's last line
+    if layout.header is not None:
+        if not numbered:
+            raise ValueError(f"{path}: the file is empty (expected the header {list(layout.header)})")
+        line, header = numbered.pop(0)
+        if tuple(header) != layout.header:
+            raise ValueError(f"{path}, line {line}: expected the header {list(layout.header)}, found {header}")
+    labels = []
+    for line, row in numbered:
+        if len(row) != layout.n_fields:
+            raise ValueError(f"{path}, line {line}: expected {layout.n_fields} tab-separated fields, found "
+                             f"{len(row)}: {row!r:.300}")
+        try:
+            labels.append(parse_label(row[layout.label]))
+        except (KeyError, ValueError):
+            expected = (f"one of {list(layout.label_names)}" if layout.label_names
+                        else "a number" if task.kind == "regression" else "an integer class")
+            raise ValueError(f"{path}, line {line}: label {row[layout.label]!r} is not {expected}") from None
+    rows = [row for _, row in numbered]
+    texts_b = [None if layout.text_b is None else row[layout.text_b] for row in rows]
+    return _sentence_frame([row[layout.text_a] for row in rows], texts_b, labels), [line for line, _ in numbered]
 
 
 def _sentence_frame(texts_a: list, texts_b: list, labels: list) -> pd.DataFrame:
@@ -121,14 +115,10 @@ def parse_tree(line: str) -> tuple[int, str]:
     depth, leaves = 0, []
     for position, token in enumerate(tokens):
         if position and tokens[position - 1] == "(":  # a node's label
-            if token in ("(", ")"):
-                raise ValueError(f"{token!r} where a node label was expected")
             if not token.isdigit():
-                raise ValueError(f"node label {token!r} is not a number")
-        elif token == "(":
-            depth += 1
-        elif token == ")":
-            depth -= 1
+                raise ValueError(f"{token!r} where a node label (a number) was expected")
+        elif token in ("(", ")"):
+            depth += 1 if token == "(" else -1
             if depth == 0 and position != len(tokens) - 1:
                 raise ValueError("text after the end of the tree")
         else:

@@ -135,10 +135,10 @@ def test_offline_after_one_online_load_uses_the_cached_commit(hub, online, monke
 def test_paper_config_models_and_tasks_resolve_through_the_hub(hub, online, tmp_path):
     """config/paper.yaml's three model ids pin and load (each head the paper's tasks need) through the same
     code as every run, served under those ids (tiny weights of each architecture); its tasks have hub datasets."""
-    from istar.data import HUB_DATASETS
+    from istar.data import HUB_SOURCES
 
     config = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
-    assert config["data"]["source"] == "hub" and set(config["tasks"]) == set(HUB_DATASETS)
+    assert config["data"]["source"] == "hub" and set(config["tasks"]) == set(HUB_SOURCES)
     kinds = {get_task(task).kind: get_task(task) for task in config["tasks"]}
     assert set(kinds) == {"classification", "regression", "qa"}
     for name, source in config["models"].items():
