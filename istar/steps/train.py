@@ -49,7 +49,6 @@ from istar.core.regularizers import Penalty
 from istar.core.tokens import get_token_selection
 from istar.data.encoding import EpochShuffleSampler
 from istar.io import artifacts
-from istar.io.provenance import code_provenance
 from istar.io.runlock import writer_lock
 from istar.registry.compile_modes import BUCKET_MULTIPLE, get_compile_mode
 from istar.registry.precisions import PRECISIONS
@@ -71,7 +70,7 @@ from istar.steps.resume import (
 from istar.steps.run_folder import clear_earlier_outputs
 from istar.steps.run_state import TrainingRun
 from istar.steps.sigma_tracking import SigmaTracker, check_given_sigma, read_given_sigma
-from istar.steps.tracking import Tracking, settings_as_parameters
+from istar.steps.tracking import Tracking
 from istar.steps.train_outputs import add_to_sums, finish_run, log_step
 from istar.steps.train_step import (  # noqa: F401 (the step's parts, importable from here as before)
     build_optimizer,
@@ -172,8 +171,8 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
     run = _build(spec, context, out, resume_dir, tracking, forward)
     state = _resume(run)
     check_free_space(spec, accelerator.unwrap_model(run.model), out, resume_dir)
-    tracking.start(accelerator, settings_as_parameters(spec, code_provenance()),
-                   resume_step=run.progress.step if state is not None else None, saved=saved_tracking(state))
+    tracking.start(accelerator, spec, resume_step=run.progress.step if state is not None else None,
+                   saved=saved_tracking(state))
     isoscore = run.sigma.start(given_sigma)
     if isoscore is not None:
         tracking.log({"sigma_s_isoscore": isoscore}, step=0)
