@@ -112,12 +112,9 @@ def visible_devices(environ: dict) -> list[str]:
     preset = environ.get("CUDA_VISIBLE_DEVICES")
     if preset is not None:
         return [device.strip() for device in preset.split(",") if device.strip()]
-    try:
-        import torch
+    import torch
 
-        return [str(index) for index in range(torch.cuda.device_count())]
-    except ImportError:
-        return []
+    return [str(index) for index in range(torch.cuda.device_count())]
 
 
 @dataclass
@@ -294,7 +291,8 @@ def run_cli(args) -> int:
         else:
             gpus = held.enter_context(claim_gpus(count, devices, jobs_per_gpu=jobs_per_gpu if shared else 1))
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-            where = f"GPU(s) {env['CUDA_VISIBLE_DEVICES']} (claimed{f', one of {jobs_per_gpu} jobs on it' if shared else ''})"
+            how = f"claimed, one of {jobs_per_gpu} jobs on it" if shared else "claimed"
+            where = f"GPU(s) {env['CUDA_VISIBLE_DEVICES']} ({how})"
         print(f"launching on {where}:", " ".join(command), flush=True)
         return exit_status(run_child(command, env), step[0])
 
