@@ -53,7 +53,7 @@ from istar.io.runlock import writer_lock
 from istar.registry.compile_modes import BUCKET_MULTIPLE, get_compile_mode
 from istar.registry.precisions import PRECISIONS
 from istar.steps.disk_space import check_free_space
-from istar.steps.evaluate import collapse_note, evaluate_model
+from istar.steps.evaluate import evaluate_model, print_evaluation
 from istar.steps.gpu_memory import claim_gpu_share
 from istar.steps.common import ModelContext
 from istar.steps.resume import (
@@ -299,9 +299,7 @@ def _end_epoch(run: TrainingRun, stop: StopRequest, epoch: int) -> None:
     result = evaluate_model(run.model, run.eval_loader, run.context.task, accelerator, features=run.eval_features,
                             columns=run.eval_columns)
     progress.history.append({"epoch": epoch + 1, "step": progress.step, **result})
-    accelerator.print(f"epoch {epoch + 1}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
-    if note := collapse_note(result, run.context.task):
-        accelerator.print(f"epoch {epoch + 1}: {note}")
+    print_evaluation(accelerator, f"epoch {epoch + 1}", result, run.context.task)
     progress.epoch, progress.batches_in_epoch = epoch + 1, 0
     run.sigma.after_epoch(epoch + 1)
     run.tracking.log({"epoch": epoch + 1, "sigma_s_isoscore": progress.sigma_isoscore[-1],
