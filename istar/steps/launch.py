@@ -280,16 +280,16 @@ def run_cli(args) -> int:
     count, shared = granted_gpus_of(granted, jobs_per_gpu)
     command = launch_command(count, step)
     env = child_environment(count, os.environ)
-    env[JOBS_PER_GPU_ENV] = str(jobs_per_gpu if shared else 1)  # for the step's memory check (istar.steps.gpu_memory)
-    devices = visible_devices(os.environ)
+    slots = jobs_per_gpu if shared else 1  # the jobs on each GPU this job runs on
+    env[JOBS_PER_GPU_ENV] = str(slots)  # for the step's memory check (istar.steps.gpu_memory)
     with contextlib.ExitStack() as held:
         if count == 0:
             where = "the CPU"
-        elif "CUDA_VISIBLE_DEVICES" in os.environ and len(devices) == count and not shared:
+        elif "CUDA_VISIBLE_DEVICES" in os.environ and len(visible_devices(os.environ)) == count and not shared:
             given = "granted by SLURM as a generic resource" if granted != args.gpus else "CUDA_VISIBLE_DEVICES as given"
             where = f"GPU(s) {env['CUDA_VISIBLE_DEVICES']} ({given})"
         else:
-            gpus = held.enter_context(claim_gpus(count, devices, jobs_per_gpu=jobs_per_gpu if shared else 1))
+            gpus = held.enter_context(claim_gpus(count, visible_devices(os.environ), jobs_per_gpu=slots))
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
             how = f"claimed, one of {jobs_per_gpu} jobs on it" if shared else "claimed"
             where = f"GPU(s) {env['CUDA_VISIBLE_DEVICES']} ({how})"
