@@ -25,7 +25,7 @@ __all__ = ["evaluate_model", "evaluation_report", "evaluate_checkpoint", "print_
 
 @torch.no_grad()
 def evaluate_model(model, loader, task: Task, accelerator, features: Features | None = None,
-                   columns=None, n_best: int = 20, max_answer_length: int = 30) -> dict[str, float]:
+                   columns=None) -> dict[str, float]:
     """Metrics of ``model`` over an (accelerate-prepared) evaluation loader.
 
     Parameters
@@ -35,7 +35,8 @@ def evaluate_model(model, loader, task: Task, accelerator, features: Features | 
     task : the task, for the head and metric.
     accelerator : an ``accelerate.Accelerator``.
     features, columns : QA only: the evaluation windows (with ``example_ids`` and
-        ``offset_mapping``) and the normalised split's columns (ids, contexts, answers).
+        ``offset_mapping``) and the normalised split's columns (ids, contexts, answers); the answers are
+        chosen by :func:`istar.data.qa.postprocess_predictions` with its own limits.
 
     Returns
     -------
@@ -65,8 +66,7 @@ def evaluate_model(model, loader, task: Task, accelerator, features: Features | 
     if task.kind == "qa":
         windows = {"example_id": features.example_ids, "offset_mapping": features.offset_mapping}
         answers = qa.postprocess_predictions(list(columns["id"]), list(columns["context"]), windows,
-                                             torch.cat(starts).numpy(), torch.cat(ends).numpy(),
-                                             n_best=n_best, max_answer_length=max_answer_length)
+                                             torch.cat(starts).numpy(), torch.cat(ends).numpy())
         references = {i: list(texts) for i, texts in zip(columns["id"], columns["answer_texts"])}
         # the trivial predictor of extractive QA answers nothing
         trivial = metrics.squad_metrics(dict.fromkeys(references, ""), references)[task.metric]
