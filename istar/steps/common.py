@@ -42,13 +42,7 @@ class ModelContext:
     tokenizer: PreTrainedTokenizerBase
     model: PreTrainedModel
     precision: Precision  # what runs: spec.mixed_precision on this device
-
-    @cached_property
-    def model_path(self) -> str:
-        """The folder or hub id the model was loaded from."""
-        from istar.models.loading import resolve_model_source
-
-        return resolve_model_source(self.spec.model)
+    model_path: str  # the folder or hub id the model was loaded from
 
     @cached_property
     def model_name(self) -> str:
@@ -122,12 +116,12 @@ def open_model_context(spec: ModelData, *, model_seed: int | None = None, gradie
                               log_with=log_with or None, project_dir=project_dir)
     meta = read_meta(spec.data_dir)
     task = get_task(meta["task"])
-    model_path = Path(resolve_model_source(spec.model))
-    if model_path.is_dir():
+    model_path = resolve_model_source(spec.model)
+    if Path(model_path).is_dir():
         verify_digests(model_path)  # a fine-tuned model's files against the hashes recorded when it was saved
     tokenizer = load_tokenizer(spec.model)
     if model_seed is not None:
         set_seed(model_seed)
     model = load_model(spec.model, task)
     return ModelContext(spec=spec, accelerator=accelerator, meta=meta, task=task, tokenizer=tokenizer, model=model,
-                        precision=precision)
+                        precision=precision, model_path=model_path)

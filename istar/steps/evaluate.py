@@ -20,12 +20,12 @@ from istar.data.encoding import MODEL_INPUTS, Features
 from istar.io import artifacts
 from istar.registry.tasks import Task
 
-__all__ = ["evaluate_model", "evaluation_report", "evaluate_checkpoint", "collapse_note"]
+__all__ = ["evaluate_model", "evaluation_report", "evaluate_checkpoint", "print_evaluation"]
 
 
 @torch.no_grad()
 def evaluate_model(model, loader, task: Task, accelerator, features: Features | None = None,
-                   columns=None, n_best: int = 20, max_answer_length: int = 30) -> dict[str, float]:
+                   columns=None) -> dict[str, float]:
     """Metrics of ``model`` over an (accelerate-prepared) evaluation loader.
 
     Parameters
@@ -35,7 +35,8 @@ def evaluate_model(model, loader, task: Task, accelerator, features: Features | 
     task : the task, for the head and metric.
     accelerator : an ``accelerate.Accelerator``.
     features, columns : QA only: the evaluation windows (with ``example_ids`` and
-        ``offset_mapping``) and the normalised split's columns (ids, contexts, answers).
+        ``offset_mapping``) and the normalised split's columns (ids, contexts, answers); the answers are
+        chosen by :func:`istar.data.qa.postprocess_predictions` with its own limits.
 
     Returns
     -------
@@ -65,8 +66,7 @@ def evaluate_model(model, loader, task: Task, accelerator, features: Features | 
     if task.kind == "qa":
         windows = {"example_id": features.example_ids, "offset_mapping": features.offset_mapping}
         answers = qa.postprocess_predictions(list(columns["id"]), list(columns["context"]), windows,
-                                             torch.cat(starts).numpy(), torch.cat(ends).numpy(),
-                                             n_best=n_best, max_answer_length=max_answer_length)
+                                             torch.cat(starts).numpy(), torch.cat(ends).numpy())
         references = {i: list(texts) for i, texts in zip(columns["id"], columns["answer_texts"])}
         # the trivial predictor of extractive QA answers nothing
         trivial = metrics.squad_metrics(dict.fromkeys(references, ""), references)[task.metric]
@@ -77,16 +77,17 @@ def evaluate_model(model, loader, task: Task, accelerator, features: Features | 
     return {**result, **metrics.trivial_baseline(task, predictions, labels)}
 
 
-def collapse_note(result: dict, task: Task) -> str | None:
-    """A sentence for the training log when an evaluation (:func:`evaluate_model`'s ``result``) does not
-    beat the trivial predictor (:func:`istar.core.metrics.collapsed`), else None."""
+def print_evaluation(accelerator, label: str, result: dict, task: Task) -> None:
+    """Print an evaluation (:func:`evaluate_model`'s ``result``) as ``label: metric = value, …`` and, when it
+    does not beat the trivial predictor (:func:`istar.core.metrics.collapsed`), a second line saying so."""
+    accelerator.print(f"{label}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
     if not metrics.collapsed(result, task.metric):
-        return None
+        return
     how = {"classification": lambda: f"it predicts one class for {result['top_label_share']:.0%} of the examples",
            "regression": lambda: f"its predictions' standard deviation is {result['prediction_std']:.3g}",
            "qa": lambda: "it answers no better than an empty answer"}[task.kind]()
-    return (f"COLLAPSED: {task.metric} {result[task.metric]:.4f} does not beat the trivial predictor's "
-            f"{result['trivial_score']:.4f} ({how}); the run learned nothing the metric can see")
+    accelerator.print(f"{label}: COLLAPSED: {task.metric} {result[task.metric]:.4f} does not beat the trivial "
+                      f"predictor's {result['trivial_score']:.4f} ({how}); the run learned nothing the metric can see")
 
 
 def evaluation_report(context, split: str, batch_size: int) -> dict:
@@ -96,9 +97,7 @@ def evaluation_report(context, split: str, batch_size: int) -> dict:
     features = context.features(split, columns=columns, for_qa_eval=True)
     model, loader = context.accelerator.prepare(context.model, context.loader(features, batch_size))
     result = evaluate_model(model, loader, context.task, context.accelerator, features=features, columns=columns)
-    context.accelerator.print(f"{context.task.display} {split}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
-    if note := collapse_note(result, context.task):
-        context.accelerator.print(note)
+    print_evaluation(context.accelerator, f"{context.task.display} {split}", result, context.task)
     return {"task": context.task.key, "split": split, "model": context.spec.model, "standin": context.standin,
             "metric": context.task.metric, "metrics": result, "examples": len(next(iter(columns.values())))}
 

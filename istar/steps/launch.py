@@ -112,12 +112,9 @@ def visible_devices(environ: dict) -> list[str]:
     preset = environ.get("CUDA_VISIBLE_DEVICES")
     if preset is not None:
         return [device.strip() for device in preset.split(",") if device.strip()]
-    try:
-        import torch
+    import torch
 
-        return [str(index) for index in range(torch.cuda.device_count())]
-    except ImportError:
-        return []
+    return [str(index) for index in range(torch.cuda.device_count())]
 
 
 @dataclass
@@ -184,18 +181,15 @@ def _gpu_lock(lock_dir: Path, gpu: str, slot: int | None = None) -> Path:
 
 def _take_whole(lock_dir: Path, count: int, devices: list[str]) -> Claim | None:
     """``count`` GPUs with no holder at all, locked exclusively now; None if fewer are free."""
-    taken: list[tuple[str, int]] = []
+    claim = Claim([], None, [])
     for gpu in devices:
-        if len(taken) == count:
-            break
-        handle = _try_lock(_gpu_lock(lock_dir, gpu), fcntl.LOCK_EX)
-        if handle is not None:
-            taken.append((gpu, handle))
-    claim = Claim([gpu for gpu, _ in taken], None, [handle for _, handle in taken])
-    if len(taken) < count:
-        claim.release()
-        return None
-    return claim
+        if len(claim.gpus) < count and (handle := _try_lock(_gpu_lock(lock_dir, gpu), fcntl.LOCK_EX)) is not None:
+            claim.gpus.append(gpu)
+            claim.handles.append(handle)
+    if len(claim.gpus) == count:
+        return claim
+    claim.release()
+    return None
 
 
 def _take_slot(lock_dir: Path, devices: list[str], jobs_per_gpu: int) -> Claim | None:
@@ -286,32 +280,27 @@ def run_cli(args) -> int:
     count, shared = granted_gpus_of(granted, jobs_per_gpu)
     command = launch_command(count, step)
     env = child_environment(count, os.environ)
-    env[JOBS_PER_GPU_ENV] = str(jobs_per_gpu if shared else 1)  # for the step's memory check (istar.steps.gpu_memory)
-    if count == 0:
-        print("launching on the CPU:", " ".join(command), flush=True)
-        return exit_status(run_child(command, env), step[0])
-    devices = visible_devices(os.environ)
-    if "CUDA_VISIBLE_DEVICES" in os.environ and len(devices) == count and not shared:
-        given = "granted by SLURM as a generic resource" if granted != args.gpus else "CUDA_VISIBLE_DEVICES as given"
-        print(f"launching on GPU(s) {env['CUDA_VISIBLE_DEVICES']} ({given}):", " ".join(command), flush=True)
-        return exit_status(run_child(command, env), step[0])
-    with claim_gpus(count, devices, jobs_per_gpu=jobs_per_gpu if shared else 1) as gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        how = f"claimed, one of {jobs_per_gpu} jobs on it" if shared else "claimed"
-        print(f"launching on GPU(s) {env['CUDA_VISIBLE_DEVICES']} ({how}):", " ".join(command), flush=True)
+    slots = jobs_per_gpu if shared else 1  # the jobs on each GPU this job runs on
+    env[JOBS_PER_GPU_ENV] = str(slots)  # for the step's memory check (istar.steps.gpu_memory)
+    with contextlib.ExitStack() as held:
+        if count == 0:
+            where = "the CPU"
+        elif "CUDA_VISIBLE_DEVICES" in os.environ and len(visible_devices(os.environ)) == count and not shared:
+            given = "granted by SLURM as a generic resource" if granted != args.gpus else "CUDA_VISIBLE_DEVICES as given"
+            where = f"GPU(s) {env['CUDA_VISIBLE_DEVICES']} ({given})"
+        else:
+            gpus = held.enter_context(claim_gpus(count, visible_devices(os.environ), jobs_per_gpu=slots))
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+            how = f"claimed, one of {jobs_per_gpu} jobs on it" if shared else "claimed"
+            where = f"GPU(s) {env['CUDA_VISIBLE_DEVICES']} ({how})"
+        print(f"launching on {where}:", " ".join(command), flush=True)
         return exit_status(run_child(command, env), step[0])
 
 
-def _stop_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the launcher dies (Linux; elsewhere a no-op)."""
+def _prctl(option: int, value: int) -> None:
+    """Linux's prctl(option, value) for this process; elsewhere a no-op."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-
-
-def _adopt_orphans() -> None:
-    """Become the subreaper of this process's descendants: those whose parent dies are reparented here (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
 def run_child(command: list[str], env: dict) -> int:
@@ -323,8 +312,11 @@ def run_child(command: list[str], env: dict) -> int:
     step it started (in the same group) saves a state first. After a forwarded signal this
     process also waits for every descendant left behind, so it ends after them.
     """
-    _adopt_orphans()
-    child = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_stop_with_parent)
+    # Descendants whose parent dies are reparented here (this process is their subreaper), and the
+    # child, before exec, asks for SIGTERM should the launcher die.
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    child = subprocess.Popen(command, env=env, start_new_session=True,
+                             preexec_fn=lambda: _prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM)))
     stopping = []
 
     def forward(signum, frame):
@@ -335,21 +327,14 @@ def run_child(command: list[str], env: dict) -> int:
     previous = {number: signal.signal(number, forward) for number in FORWARDED_SIGNALS}
     try:
         returncode = child.wait()  # (PEP 475: the wait goes on after each forwarded signal)
-        if stopping:
-            _wait_for_orphans()
+        if stopping:  # reap the descendants left behind until none is left
+            with contextlib.suppress(ChildProcessError):
+                while True:
+                    os.wait()
         return returncode
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-
-
-def _wait_for_orphans() -> None:
-    """Reap the descendants reparented to this process until none is left."""
-    while True:
-        try:
-            os.wait()
-        except ChildProcessError:
-            return
 
 
 def exit_status(returncode: int, step: str) -> int:
@@ -362,10 +347,7 @@ def exit_status(returncode: int, step: str) -> int:
     if returncode >= 0:
         return returncode
     number = -returncode
-    try:
-        name = signal.Signals(number).name
-    except ValueError:
-        name = f"signal {number}"
+    name = next((known.name for known in signal.Signals if known == number), f"signal {number}")
     resumes = ("run the same command again: it resumes from the last state saved under OUT/resume/ "
                "(every epoch end and every --checkpoint-every steps)") if step == "train" else \
         "run the same command again to redo it"

@@ -85,7 +85,8 @@ def measure_runs(spec: MeasureSpec) -> dict:
         sigma = pretrained or _fine_tuned_sigma(context, spec, run)
         analysis = analyze_statistics(tensors, metadata, sigma, spec.zeta, twonn_discard=spec.twonn_discard,
                                       layers=spec.layers, source=f"the activations of run {run}")
-        runs[run] = {"evaluation": evaluation, "analysis": analysis, "trained_on": _trained_on(run)}
+        trained_on = finished[run][1].get("tokens", "real")  # runs written before the setting: real tokens
+        runs[run] = {"evaluation": evaluation, "analysis": analysis, "trained_on": trained_on}
         print(f"{run}: global IsoScore* (ζ = {spec.zeta}) {analysis['global']['isoscore_star']:.4f}"
               + (f", {evaluation['metric']} {evaluation['metrics'][evaluation['metric']]:.4f}" if evaluation else ""))
         del context, tensors
@@ -154,12 +155,6 @@ def check_inputs(spec: MeasureSpec, finished: dict[str, tuple[dict, dict]], pret
         model = Path(run) / "model"
         check_sigma_fits(spec.sigma_s, pretrained.per_layer, pretrained.provenance, shape=model_shape(str(model)),
                          model=model)
-
-
-def _trained_on(run: str) -> str:
-    """The run's token selection from its run_config.json (runs written before the setting: real tokens)."""
-    config = Path(run) / "run_config.json"
-    return artifacts.read_json(config).get("tokens", "real") if config.is_file() else "real"
 
 
 def run_cli(args) -> int:

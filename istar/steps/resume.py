@@ -35,7 +35,7 @@ from istar.registry.methods import get_method
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["STATES_AT_ONCE", "run_fingerprint", "fingerprint_hash", "changed_settings", "latest_state", "matching_state", "save_state",
+__all__ = ["STATES_AT_ONCE", "run_fingerprint", "fingerprint_hash", "latest_state", "matching_state", "save_state",
            "load_state", "restore_log", "saved_tracking", "StopRequest", "Interrupted", "Progress"]
 
 
@@ -93,11 +93,6 @@ def fingerprint_hash(fingerprint: dict) -> str:
     return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def changed_settings(saved: dict, current: dict) -> list[str]:
-    """Names of the fingerprint entries that differ (``setting.learning_rate``, ``data``, …)."""
-    return sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
-
-
 STATES_AT_ONCE = 2
 """Saved states on disk at once, at most: :func:`save_state` writes the new one beside the newest
 and removes the older one only when the new one is complete (so a run keeps one between saves)."""
@@ -148,7 +143,9 @@ def matching_state(resume_dir: Path, fingerprint: dict, print_fn=print) -> Path 
     saved = json.loads(saved_path.read_text()) if saved_path.is_file() else {}
     if saved == fingerprint:
         return state
-    changed = changed_settings(saved, fingerprint) if saved else ["(the state has no fingerprint)"]
+    # the names of the entries that differ (setting.learning_rate, data, …)
+    changed = (sorted(key for key in saved.keys() | fingerprint.keys() if saved.get(key) != fingerprint.get(key))
+               if saved else ["(the state has no fingerprint)"])
     shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
     print_fn(f"discarding the saved state in {resume_dir}: the run changed since it was saved ({shown}); starting afresh")
     for old in resume_dir.glob("state-*"):

@@ -91,8 +91,8 @@ def compute_shrinkage_file(spec: ShrinkageSpec) -> dict:
         # the forward passes' precision as it ran (istar.registry.precisions); the sums are float64
         "precision": context.precision.label,
         "num_processes": accelerator.num_processes, "seconds": round(time.perf_counter() - start, 2),
+        "num_layers": len(per_layer) - 1,
     }
-    provenance["num_layers"] = len(per_layer) - 1
     if accelerator.is_main_process:
         save_shrinkage(spec.out, per_layer, indices, provenance)
         artifacts.write_json(Path(spec.out).with_suffix(".json"), {**provenance, "layers": indices, "rows": rows})

@@ -25,7 +25,7 @@ from istar.core.shrinkage import (
     check_sigma_fits,
     check_sigma_settings,
     load_layer_statistics,
-    load_shrinkage,
+    merge_layers,
     save_shrinkage,
 )
 from istar.core.tokens import get_token_selection
@@ -95,10 +95,11 @@ class SigmaTracker:
         unless a resumed state holds one, and IsoScore(Σ_S) before training unless a state has it.
 
         Returns that IsoScore when it was measured now (None on resuming)."""
-        spec, progress, config = self.spec, self.progress, self.model.config
-        layers = resolve_layers(spec.penalty_layers, config.num_hidden_layers + 1)
-        first = self._advance(0, lambda: load_shrinkage(spec.sigma_s, expected_layers=layers,
-                                                        expected_dim=config.hidden_size)[0])
+        spec, progress = self.spec, self.progress
+        layers = resolve_layers(spec.penalty_layers, self.model.config.num_hidden_layers + 1)
+        # Σ_S of the penalty's layers from the given file's statistics, read and checked once (read_given_sigma,
+        # check_given_sigma: of this model's shape)
+        first = self._advance(0, lambda: merge_layers(given[0], layers).covariance())
         if first is not None and self.context.accelerator.is_main_process:
             save_shrinkage(self.out / "sigma_epoch0.pt", given[0], layers, given[1])
         if progress.sigma_isoscore:

@@ -174,8 +174,6 @@ def projection(W: torch.Tensor, rows: torch.Tensor) -> dict:
 
 def _projection_sample(vocabulary: int, size: int, seed: int) -> torch.Tensor:
     """A seeded sample of ``size`` row indices (all rows if the vocabulary is smaller), ascending."""
-    if size >= vocabulary:
-        return torch.arange(vocabulary)
     return torch.randperm(vocabulary, generator=torch.Generator().manual_seed(seed))[:size].sort().values
 
 
@@ -286,9 +284,7 @@ def _batches(texts: list[str], spec: SurveySpec):
 
 def _budget_mask(mask: torch.Tensor, remaining: int) -> torch.Tensor:
     """``mask`` (B, T) with the non-padding tokens after the first ``remaining`` (reading order) dropped."""
-    flat = mask.flatten()
-    keep = flat & (torch.cumsum(flat.long(), 0) <= remaining)
-    return keep.reshape(mask.shape)
+    return mask & (torch.cumsum(mask.flatten().long(), 0) <= remaining).reshape(mask.shape)
 
 
 # ------------------------------------------------------------------------------ the pass
@@ -318,14 +314,13 @@ def collect(loaded, texts: list[str], spec: SurveySpec) -> tuple[list[LayerStats
         for batch in hidden_state_pass(model, encoded, device=device, extra_states=pre_norm):
             documents += batch.mask.shape[0]
             forward_seconds += batch.seconds
-            states, mask = batch.states, batch.mask
             if not measured:
-                dim = states[0].shape[-1]
-                measured = [LayerStats(dim, device, spec.twonn_tokens) for _ in states]
-                sigma = [CovarianceAccumulator(dim, device=device) for _ in states]
-            to_sigma = _budget_mask(mask, need["sigma"])
-            to_measure = _budget_mask(mask & ~to_sigma, need["measured"])
-            for stats, accumulator, hidden in zip(measured, sigma, states):
+                dim = batch.states[0].shape[-1]
+                measured = [LayerStats(dim, device, spec.twonn_tokens) for _ in batch.states]
+                sigma = [CovarianceAccumulator(dim, device=device) for _ in batch.states]
+            to_sigma = _budget_mask(batch.mask, need["sigma"])
+            to_measure = _budget_mask(batch.mask & ~to_sigma, need["measured"])
+            for stats, accumulator, hidden in zip(measured, sigma, batch.states):
                 if to_sigma.any():
                     accumulator.add(hidden, mask=to_sigma)
                 if to_measure.any():
@@ -354,30 +349,26 @@ def survey_model(spec: SurveySpec) -> dict:
         torch.cuda.reset_peak_memory_stats()
     loaded = load_for_survey(spec)
     texts = read_texts(spec.text, spec.split)
-    matrices = loaded.static_matrices
     static, projections = {}, {}
-    for which, W in matrices.items():
+    for which, W in loaded.static_matrices.items():
         static[which] = static_measures(W)
         rows = _projection_sample(W.shape[0], spec.projection_rows, spec.seed)
         projections[which] = {"rows": int(W.shape[0]), "sampled_rows": len(rows), "seed": spec.seed,
                               **projection(W.detach().to(torch.float64), rows.to(W.device))}
     measured, sigma, cost = collect(loaded, texts, spec)
-    num_states = loaded.num_layers + 1
-    layers = []
-    for index, (stats, accumulator) in enumerate(zip(measured, sigma)):
-        sigma_s = accumulator.covariance() if accumulator.count >= 2 else None
-        name = "pre_final_norm" if index == num_states else index
-        layers.append({"layer": name, **layer_measures(stats, sigma_s, spec.zeta, spec.twonn_discard)})
-    tokens = measured[0].covariance.count
+    # index L + 1, where there is one, is the last layer before the final norm
+    layers = [{"layer": "pre_final_norm" if index == loaded.num_layers + 1 else index,
+               **layer_measures(stats, accumulator.covariance() if accumulator.count >= 2 else None, spec.zeta,
+                                spec.twonn_discard)}
+              for index, (stats, accumulator) in enumerate(zip(measured, sigma))]
+    tokens, sigma_tokens = measured[0].covariance.count, sigma[0].count
     # every token the pass read: the measured ones and those of Σ_S
-    read = tokens + (sigma[0].count if sigma else 0)
-    cost.update(tokens_per_second=round(read / cost["seconds"], 1) if cost["seconds"] else None,
+    cost.update(tokens_per_second=round((tokens + sigma_tokens) / cost["seconds"], 1) if cost["seconds"] else None,
                 total_seconds=round(time.perf_counter() - started, 3), **_peak_memory(loaded.device))
     return {
         "spec": dataclasses.asdict(spec),
-        "provenance": {**loaded.provenance, "tokens": tokens,
-                       "sigma_tokens": sigma[0].count if sigma else 0, "num_layers": loaded.num_layers,
-                       "hidden_size": loaded.hidden_size, "parameters": parameter_count(loaded.model),
+        "provenance": {**loaded.provenance, "tokens": tokens, "sigma_tokens": sigma_tokens,
+                       "num_layers": loaded.num_layers, "hidden_size": loaded.hidden_size, "parameters": parameter_count(loaded.model),
                        "tied_embeddings": loaded.output_embeddings is None and loaded.has_output_matrix,
                        "final_norm": loaded.final_norm_name, "outlier_rule": f"variance > {OUTLIER_FACTOR:g} × mean",
                        "istar_version": __version__, "torch_version": torch.__version__},

@@ -62,8 +62,7 @@ def tracking_dir(output_dir) -> Path:
 class RunContext:
     """What a tracker needs to know about the run it logs."""
 
-    out: Path                 # the run folder
-    name: str                 # the run's name in the tracker: its folder, as given
+    out: Path                 # the run folder, as given: also the run's name in the tracker
     resume_step: int | None   # the step of the state being resumed; None on a fresh start
     saved: dict               # what the resumed state recorded about this tracker (its run id)
     mlflow_tracking_uri: str | None
@@ -165,7 +164,7 @@ TRACKERS: dict[str, TrackerKind] = {kind.key: kind for kind in (
                 flush=lambda tracker: tracker.writer.flush()),
     TrackerKind("dvclive", lambda context: {"dir": str(_dvclive_dir(context)), "resume": context.resume_step is not None,
                                             "save_dvc_exp": False, "dvcyaml": False}, rollback=_dvclive_rollback),
-    TrackerKind("mlflow", lambda context: {"run_id": context.saved.get("run_id"), "run_name": context.name,
+    TrackerKind("mlflow", lambda context: {"run_id": context.saved.get("run_id"), "run_name": str(context.out),
                                            "logging_dir": None},
                 check=_mlflow_check, logged_steps=_mlflow_logged_steps,
                 run_id=lambda tracker: {"run_id": tracker.active_run.info.run_id}),
@@ -185,14 +184,12 @@ class Tracking:
 
         tracking = Tracking(names, out, experiment, uri)      # before the Accelerator: .log_with, .project_dir
         tracking.preflight()                                    # every process: servers answer
-        tracking.start(accelerator, parameters, resume_step, saved)
+        tracking.start(accelerator, spec, resume_step, saved)
         tracking.log(values, step) … tracking.commit() before each saved state … tracking.finish()
     """
 
     def __init__(self, names, out, experiment: str, mlflow_tracking_uri: str | None = None):
-        unknown = sorted(set(names) - set(TRACKERS))
-        if unknown:
-            raise ValueError(f"unknown tracker(s) {', '.join(unknown)}; choose from {', '.join(TRACKER_NAMES)}")
+        # (names are those of TRACKERS: TrainSpec.validate checks them against the schema's list)
         self.kinds = [TRACKERS[name] for name in names]
         self.out = Path(out)
         self.experiment = experiment
@@ -211,40 +208,41 @@ class Tracking:
         """accelerate's logging directory: TensorBoard writes to ``OUT/tracking/tensorboard/{experiment}``."""
         return str(tracking_dir(self.out) / "tensorboard")
 
-    def _run_context(self, resume_step, saved: dict, kind: TrackerKind) -> RunContext:
-        return RunContext(out=self.out, name=str(self.out), resume_step=resume_step, saved=saved.get(kind.key, {}),
-                          mlflow_tracking_uri=self.uri)
-
     def preflight(self) -> None:
         """Check each tracker's server before anything is trained (raises :class:`TrackerUnavailableError`)."""
         for kind in self.kinds:
-            kind.check(self._run_context(None, {}, kind))
+            kind.check(RunContext(self.out, None, {}, self.uri))
 
-    def start(self, accelerator, parameters: dict, resume_step: int | None, saved: dict | None) -> None:
-        """Start the trackers (accelerate's ``init_trackers``), continuing the resumed runs.
+    def start(self, accelerator, spec, resume_step: int | None, saved: dict) -> None:
+        """Start the trackers (accelerate's ``init_trackers``), continuing the resumed runs (``saved``:
+        what the state being resumed kept, :meth:`state`).
 
-        ``parameters`` are stored only on a fresh start (the resumed runs have them).
+        The run's parameters, every setting of its ``spec`` and where its code came from, are stored
+        only on a fresh start (the resumed runs have them).
         """
         if not self.kinds:
             return
-        saved = saved or {}
+        contexts = {kind: RunContext(self.out, resume_step, saved.get(kind.key, {}), self.uri) for kind in self.kinds}
         if accelerator.is_main_process:
-            for kind in self.kinds:
-                kind.rollback(self._run_context(resume_step, saved, kind))
-        init_kwargs = {kind.key: kind.init_kwargs(self._run_context(resume_step, saved, kind)) for kind in self.kinds}
-        config = {key: _parameter(value) for key, value in parameters.items()} if resume_step is None else None
+            for kind, context in contexts.items():
+                kind.rollback(context)
+        config = None
+        if resume_step is None:
+            from istar.io.provenance import code_provenance
+
+            provenance = {f"provenance.{key}": value for key, value in code_provenance().items()}
+            config = {key: _parameter(value) for key, value in {**dataclasses.asdict(spec), **provenance}.items()}
         # the project name is MLflow's experiment and TensorBoard's folder under project_dir
-        accelerator.init_trackers(self.experiment, config=config, init_kwargs=init_kwargs)
+        accelerator.init_trackers(self.experiment, config=config,
+                                  init_kwargs={kind.key: kind.init_kwargs(context) for kind, context in contexts.items()})
         if accelerator.is_main_process:
             self.trackers = {kind.key: accelerator.get_tracker(kind.key) for kind in self.kinds}
-            self.logged = {kind.key: kind.logged_steps(self._run_context(resume_step, saved, kind))
-                           for kind in self.kinds}
+            self.logged = {kind.key: kind.logged_steps(context) for kind, context in contexts.items()}
 
     def state(self) -> dict:
         """What a saved state keeps to continue the same tracker runs (MLflow's run id)."""
-        return {name: kind_state for name, kind_state in
-                ((kind.key, kind.run_id(self.trackers[kind.key])) for kind in self.kinds if kind.key in self.trackers)
-                if kind_state}
+        states = {name: TRACKERS[name].run_id(tracker) for name, tracker in self.trackers.items()}
+        return {name: state for name, state in states.items() if state}
 
     def log(self, values: dict, step: int) -> None:
         """Log ``values`` (name → number) at optimizer step ``step`` to every tracker.
@@ -304,8 +302,3 @@ class Tracking:
             warnings.warn(f"points not delivered to {', '.join(unsent)}; train_log.csv and metrics.json in "
                           f"{self.out} hold the complete curves", RuntimeWarning, stacklevel=2)
         self.trackers = {}
-
-
-def settings_as_parameters(spec, provenance: dict) -> dict:
-    """A run's parameters in the trackers: every setting of its spec, and where its code came from."""
-    return {**dataclasses.asdict(spec), **{f"provenance.{k}": v for k, v in provenance.items()}}

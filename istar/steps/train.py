@@ -49,12 +49,11 @@ from istar.core.regularizers import Penalty
 from istar.core.tokens import get_token_selection
 from istar.data.encoding import EpochShuffleSampler
 from istar.io import artifacts
-from istar.io.provenance import code_provenance
 from istar.io.runlock import writer_lock
 from istar.registry.compile_modes import BUCKET_MULTIPLE, get_compile_mode
 from istar.registry.precisions import PRECISIONS
 from istar.steps.disk_space import check_free_space
-from istar.steps.evaluate import collapse_note, evaluate_model
+from istar.steps.evaluate import evaluate_model, print_evaluation
 from istar.steps.gpu_memory import claim_gpu_share
 from istar.steps.common import ModelContext
 from istar.steps.resume import (
@@ -71,7 +70,7 @@ from istar.steps.resume import (
 from istar.steps.run_folder import clear_earlier_outputs
 from istar.steps.run_state import TrainingRun
 from istar.steps.sigma_tracking import SigmaTracker, check_given_sigma, read_given_sigma
-from istar.steps.tracking import Tracking, settings_as_parameters
+from istar.steps.tracking import Tracking
 from istar.steps.train_outputs import add_to_sums, finish_run, log_step
 from istar.steps.train_step import (  # noqa: F401 (the step's parts, importable from here as before)
     build_optimizer,
@@ -172,8 +171,8 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
     run = _build(spec, context, out, resume_dir, tracking, forward)
     state = _resume(run)
     check_free_space(spec, accelerator.unwrap_model(run.model), out, resume_dir)
-    tracking.start(accelerator, settings_as_parameters(spec, code_provenance()),
-                   resume_step=run.progress.step if state is not None else None, saved=saved_tracking(state))
+    tracking.start(accelerator, spec, resume_step=run.progress.step if state is not None else None,
+                   saved=saved_tracking(state))
     isoscore = run.sigma.start(given_sigma)
     if isoscore is not None:
         tracking.log({"sigma_s_isoscore": isoscore}, step=0)
@@ -300,9 +299,7 @@ def _end_epoch(run: TrainingRun, stop: StopRequest, epoch: int) -> None:
     result = evaluate_model(run.model, run.eval_loader, run.context.task, accelerator, features=run.eval_features,
                             columns=run.eval_columns)
     progress.history.append({"epoch": epoch + 1, "step": progress.step, **result})
-    accelerator.print(f"epoch {epoch + 1}: " + ", ".join(f"{k} = {v:.4f}" for k, v in result.items()))
-    if note := collapse_note(result, run.context.task):
-        accelerator.print(f"epoch {epoch + 1}: {note}")
+    print_evaluation(accelerator, f"epoch {epoch + 1}", result, run.context.task)
     progress.epoch, progress.batches_in_epoch = epoch + 1, 0
     run.sigma.after_epoch(epoch + 1)
     run.tracking.log({"epoch": epoch + 1, "sigma_s_isoscore": progress.sigma_isoscore[-1],

@@ -23,7 +23,6 @@ import csv
 import dataclasses
 import os
 import shutil
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -58,34 +57,26 @@ def add_to_sums(sums: dict, loss, task_loss, penalty: Penalty | None) -> None:
 
 
 def log_step(run: TrainingRun, sums: dict, epoch: int) -> dict:
-    """The row of ``run``'s current optimizer step (micro-batch ``sums`` since the last row): appended to
-    the live train_log.csv and sent to the trackers by the main process. Returns the row."""
+    """The row of ``run``'s current optimizer step: the means of the micro-batch ``sums`` since the last
+    row, averaged over processes; appended to the live train_log.csv and sent to the trackers by the
+    main process. Returns the row."""
     accelerator, step = run.accelerator, run.progress.step
-    row = _log_row(accelerator, sums, step, epoch, run.scheduler.get_last_lr()[0], run.spec.tokens)
-    if accelerator.is_main_process:
-        _append_log(run.log_path, row)
-        run.tracking.log({f"train/{key}": row[key] for key in LOG_COLUMNS if key not in ("step", "epoch")}, step=step)
-    return row
-
-
-def _log_row(accelerator, sums: dict, step: int, epoch: int, lr: float, tokens: str) -> dict:
-    """One train_log.csv row: micro-batch means, averaged over processes."""
     keys = [k for k in ("loss", "task_loss", "penalty", "isoscore_star", "cosine_similarity", "penalty_rows") if k in sums]
     local = torch.tensor([sums[k] / sums["micro_batches"] for k in keys], device=accelerator.device)
     averaged = accelerator.reduce(local, reduction="mean").tolist() if accelerator.num_processes > 1 else local.tolist()
-    row = {k: "" for k in LOG_COLUMNS}
-    row.update(zip(keys, averaged))
-    row.update(step=step, epoch=epoch, lr=lr, **({"penalty_tokens": tokens} if "penalty_rows" in sums else {}))
+    row = {**dict.fromkeys(LOG_COLUMNS, ""), **dict(zip(keys, averaged)), "step": step, "epoch": epoch,
+           "lr": run.scheduler.get_last_lr()[0]}
+    if "penalty_rows" in sums:
+        row["penalty_tokens"] = run.spec.tokens
+    if accelerator.is_main_process:
+        new = not run.log_path.exists()
+        with run.log_path.open("a", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=LOG_COLUMNS)
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+        run.tracking.log({f"train/{key}": row[key] for key in LOG_COLUMNS if key not in ("step", "epoch")}, step=step)
     return row
-
-
-def _append_log(path: Path, row: dict) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=LOG_COLUMNS)
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
 
 
 def finish_run(run: TrainingRun, seconds: float) -> dict:
