@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import copy
 import math
-import sys
 from functools import lru_cache
 from pathlib import Path
 
 import yaml
-
-from istar import REMOVED_IN
 
 __all__ = ["ConfigError", "SCHEMA_PATH", "STUDIES", "RENAMED_KEYS", "load_schema", "load_yaml", "resolve_ref", "fill_defaults",
            "check_schema", "schema_entry", "default_of", "out_of_range", "EDIT_RERUNS", "declared_reads"]
@@ -31,8 +28,8 @@ RENAMED_KEYS = {
     "shrinkage.layers": "penalty.layers",
     "shrinkage.global_penalty": "penalty.global_penalty",
 }
-"""Old config key (a section, or ``section.key``) → its new name. The old one still works until
-:data:`istar.REMOVED_IN`, with a one-line notice naming the new key."""
+"""Old config key (a section, or ``section.key``) → its new name, for the unknown-key error only:
+istar 0.3.0 removed the old names."""
 
 EDIT_RERUNS = {
     "spec": "the jobs whose step spec holds the key (a spec field claims it; Snakemake records the spec)",
@@ -179,7 +176,10 @@ def _describe(error) -> str:
         return f"config key '{_key(error.absolute_path)}': {error.instance!r} is not a number{hint}"
     if error.validator == "additionalProperties":
         allowed = ", ".join(sorted(schema.get("properties", {})))
-        return f"config key '{_key(error.absolute_path)}': {error.message} (known keys: {allowed})"
+        section = "".join(f"{part}." for part in error.absolute_path)
+        renamed = "".join(f"; '{section}{key}' is now '{RENAMED_KEYS[section + key]}'" for key in error.instance
+                          if section + key in RENAMED_KEYS)
+        return f"config key '{_key(error.absolute_path)}': {error.message} (known keys: {allowed}){renamed}"
     if error.validator == "enum":
         return f"config key '{_key(error.absolute_path)}': {error.instance!r} is not allowed; use one of {schema['enum']}"
     if error.validator == "anyOf":
@@ -337,25 +337,6 @@ def out_of_range(value, entry: dict) -> str | None:
     return _allowed(entry)
 
 
-def _rename_keys(config: dict) -> None:
-    """Move each old key of :data:`RENAMED_KEYS` to its new name, in place, with one notice on stderr."""
-    for old, new in RENAMED_KEYS.items():
-        (*old_section, old_name), (*new_section, new_name) = old.split("."), new.split(".")
-        source = config.get(old_section[0]) if old_section else config
-        if not isinstance(source, dict) or old_name not in source:
-            continue
-        target = config.setdefault(new_section[0], {}) if new_section else config
-        if not isinstance(target, dict):
-            continue  # the schema check names the malformed section
-        kind = "key" if old_section else "section"
-        if new_name in target:
-            raise ConfigError(f"config {kind}s '{old}' and '{new}' are both given; '{old}' is the old name of '{new}': "
-                              f"keep only '{new}'")
-        target[new_name] = source.pop(old_name)
-        print(f"istar: config {kind} '{old}' is deprecated; rename it to '{new}' (the old name still works until "
-              f"istar {REMOVED_IN})", file=sys.stderr)
-
-
 def check_schema(config: dict, schema: dict | None = None) -> dict:
     """A copy of ``config`` with every default filled in, checked against the schema.
 
@@ -369,7 +350,6 @@ def check_schema(config: dict, schema: dict | None = None) -> dict:
     config = copy.deepcopy(config or {})
     if not isinstance(config, dict):
         raise ConfigError("the configuration must be a mapping of keys to values")
-    _rename_keys(config)
     _check_finite(config, [])
     fill_defaults(config, schema, schema)
     validator = jsonschema.Draft202012Validator(schema)

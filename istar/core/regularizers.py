@@ -20,7 +20,6 @@ from typing import Sequence, Union
 
 import torch
 
-from istar import warn_renamed
 from istar.core.isotropy import isoscore_star, isoscore_star_from_covariance
 from istar.core.shrinkage import current_processes
 from istar.core.tokens import get_token_selection
@@ -100,17 +99,6 @@ def parse_layer_selection(text: str) -> LayerSelection:
     except ValueError:
         raise ValueError(f"cannot read layer selection {text!r}: use all, all+embeddings, an index or a list like 1,3,5") from None
     return indices[0] if len(indices) == 1 else indices
-
-
-_RENAMED = {"LayerSpec": "LayerSelection", "parse_layer_spec": "parse_layer_selection"}
-
-
-def __getattr__(name: str):
-    """The old names of :data:`_RENAMED`, with a DeprecationWarning (:func:`istar.warn_renamed`)."""
-    if name not in _RENAMED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warn_renamed(name, _RENAMED[name])
-    return globals()[_RENAMED[name]]
 
 
 def check_hidden_states(hidden_states, attention_mask, tokens: str = "real"):

@@ -11,7 +11,7 @@ and where Σ_S comes from: computed from the current model (before training and,
 from __future__ import annotations
 
 import os
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,7 +22,7 @@ from istar.core.shrinkage import current_processes, load_shrinkage
 from istar.core.tokens import get_token_selection
 from istar.io.artifacts import DamagedArtifactError
 from istar.models import shrinkage
-from istar.models.shrinkage import renamed_keyword, shrinkage_covariance
+from istar.models.shrinkage import shrinkage_covariance
 from istar.registry.methods import Method, get_method
 
 __all__ = ["IStarConfig", "check_mask", "SigmaSchedule", "penalty_logs",
@@ -67,10 +67,6 @@ class IStarConfig:
         The first epoch's Σ_S instead of one computed from the model: a (d, d) tensor (d the model's
         hidden size) or the path of the file ``istar shrinkage`` writes (its Σ_S is rebuilt for
         ``layers``). Needs a method that shrinks (I-STAR with ζ > 0).
-    sigma_rows : int, optional
-        The old name of ``shrinkage_rows`` (a deprecated keyword; the attribute is ``shrinkage_rows``).
-    recompute_every_epoch : bool, optional
-        The old name of ``recompute_shrinkage`` (a deprecated keyword; the attribute is ``recompute_shrinkage``).
 
     Raises
     ------
@@ -96,14 +92,8 @@ class IStarConfig:
     recompute_shrinkage: bool = default_of("shrinkage.recompute_every_epoch")
     global_penalty: bool = default_of("penalty.global_penalty")
     sigma_s: torch.Tensor | str | os.PathLike | None = field(default=None, compare=False, repr=False)
-    sigma_rows: InitVar[int | None] = None  # the old names, as keywords only
-    recompute_every_epoch: InitVar[bool | None] = None
 
-    def __post_init__(self, sigma_rows, recompute_every_epoch):
-        for old, new, value in (("sigma_rows", "shrinkage_rows", sigma_rows),
-                                ("recompute_every_epoch", "recompute_shrinkage", recompute_every_epoch)):
-            if value is not None:
-                object.__setattr__(self, new, renamed_keyword(None, value, old, new))
+    def __post_init__(self):
         method = get_method(self.method)
         object.__setattr__(self, "lam", self._resolved("lam", self.lam, method, "$defs.lambda"))
         object.__setattr__(self, "zeta", self._resolved("zeta", self.zeta, method, "$defs.zeta"))

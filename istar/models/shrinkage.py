@@ -18,14 +18,13 @@ from dataclasses import dataclass
 
 import torch
 
-from istar import warn_renamed
 from istar.core.covariance import CovarianceAccumulator
 from istar.core.regularizers import LayerSelection, resolve_layers
 from istar.core.shrinkage import add_hidden_states, current_processes, merge_across_processes, merge_layers
 from istar.core.tokens import get_token_selection
 from istar.models.hidden_states import hidden_state_pass
 
-__all__ = ["default_rows", "progress_disabled", "renamed_keyword", "forked_rng", "accumulate_shrinkage", "SigmaStatistics",
+__all__ = ["default_rows", "progress_disabled", "forked_rng", "accumulate_shrinkage", "SigmaStatistics",
            "sigma_statistics", "shrinkage_covariance", "text_batches", "SigmaSchedule"]
 
 
@@ -39,17 +38,6 @@ def default_rows() -> int:
 def progress_disabled(show: bool = True) -> bool:
     """Whether a progress bar stays hidden: not asked for (``show``), or ``TQDM_DISABLE`` set to a true value."""
     return not show or os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
-
-
-def renamed_keyword(value, old_value, old: str, new: str):
-    """``value``, or ``old_value`` given under a keyword's old name (with a DeprecationWarning naming the new one
-    and the release that removes the old: :func:`istar.warn_renamed`)."""
-    if old_value is None:
-        return value
-    if value is not None and value != old_value:
-        raise TypeError(f"{old}= is the old name of {new}=: give one of them")
-    warn_renamed(f"{old}=", f"{new}=", stacklevel=4)
-    return old_value
 
 
 @contextlib.contextmanager
@@ -72,7 +60,7 @@ def forked_rng(device: torch.device) -> Iterator[None]:
 @torch.no_grad()
 def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSelection = "all", shrinkage_rows: int | None = None,
                          accelerator=None, description: str = "Σ_S", tokens: str = "real",
-                         progress: bool = True, *, max_rows: int | None = None) -> list[CovarianceAccumulator]:
+                         progress: bool = True) -> list[CovarianceAccumulator]:
     """Accumulate per-layer token statistics until the selected layers gave ``shrinkage_rows`` rows.
 
     Every hidden state (embeddings and each layer) gets its own accumulator, at no extra
@@ -97,7 +85,6 @@ def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSelection =
         ``real`` the attention-masked tokens, ``all_positions`` all B·T positions.
     progress : show a progress bar (on the main process, counting batches out of the loader's
         length; ``TQDM_DISABLE=1`` hides it too).
-    max_rows : the old name of ``shrinkage_rows`` (deprecated).
 
     Returns
     -------
@@ -106,7 +93,6 @@ def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSelection =
     """
     from tqdm.auto import tqdm
 
-    shrinkage_rows = renamed_keyword(shrinkage_rows, max_rows, "max_rows", "shrinkage_rows")
     shrinkage_rows = default_rows() if shrinkage_rows is None else int(shrinkage_rows)
     if shrinkage_rows < 2:
         raise ValueError(f"shrinkage_rows = {shrinkage_rows}: Σ_S needs at least 2 rows "
@@ -180,8 +166,7 @@ def text_batches(texts: Sequence, tokenizer, batch_size: int = 32, max_length: i
 
 def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSelection = "all", tokens: str = "real",
                          shrinkage_rows: int | None = None, batch_size: int = 32, max_length: int = 128,
-                         accelerator=None, progress: bool = True, description: str = "Σ_S",
-                         max_rows: int | None = None) -> torch.Tensor:
+                         accelerator=None, progress: bool = True, description: str = "Σ_S") -> torch.Tensor:
     """Σ_S of ``model`` on ``data``: the shrinkage covariance :func:`istar.core.regularizers.istar_penalty` takes.
 
     The covariance of the token vectors at ``layers`` and ``tokens`` (the same selections the
@@ -219,8 +204,6 @@ def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSelection 
         show a progress bar (``TQDM_DISABLE=1`` hides it too).
     description : str
         the progress bar's label.
-    max_rows : int, optional
-        the old name of ``shrinkage_rows`` (deprecated).
 
     Returns
     -------
@@ -232,7 +215,6 @@ def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSelection 
     >>> sigma_s = istar.shrinkage_covariance(model, train_loader, shrinkage_rows=20_000)   # doctest: +SKIP
     >>> sigma_s = istar.shrinkage_covariance(model, sentences, tokenizer)           # doctest: +SKIP
     """
-    shrinkage_rows = renamed_keyword(shrinkage_rows, max_rows, "max_rows", "shrinkage_rows")
     if tokenizer is not None:
         processes = current_processes(accelerator)
         data = list(text_batches(data, tokenizer, batch_size, max_length, shard=(processes.rank, processes.size)))
