@@ -193,12 +193,8 @@ def _check_finite(value, path: list) -> None:
     """Reject NaN and ±infinity anywhere (YAML's ``.nan``, ``.inf``): range checks let NaN through."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"config key '{_key(path)}': {value} is not a finite number")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _check_finite(item, [*path, key])
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _check_finite(item, [*path, index])
+    for key, item in value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ():
+        _check_finite(item, [*path, key])
 
 
 
@@ -219,14 +215,10 @@ def declared_reads(node: dict | None = None, inherited: str | None = None, prefi
 def schema_entry(key: str) -> dict:
     """The schema node of a dotted config key (``training.learning_rate``) or a definition
     (``$defs.zeta``), its ``$ref`` resolved."""
-    root = node = load_schema()
-    parts = key.split(".")
-    if parts[0] == "$defs":
-        node, parts = root["$defs"], parts[1:]
-        for part in parts[:-1]:
-            node = node[part]["properties"]
-        return resolve_ref(node[parts[-1]], root)
-    for part in parts:
+    root = load_schema()
+    first, *rest = key.split(".")
+    node = root["$defs"][rest.pop(0)] if first == "$defs" else root["properties"][first]
+    for part in rest:
         node = node["properties"][part]
     return resolve_ref(node, root)
 
