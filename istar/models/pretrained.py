@@ -83,12 +83,7 @@ def find_final_norm(backbone: torch.nn.Module) -> tuple[str | None, torch.nn.Mod
 
 def parameter_count(model: torch.nn.Module) -> int:
     """Distinct parameters (tied matrices counted once)."""
-    seen, total = set(), 0
-    for parameter in model.parameters():
-        if parameter.data_ptr() not in seen:
-            seen.add(parameter.data_ptr())
-            total += parameter.numel()
-    return total
+    return sum({parameter.data_ptr(): parameter.numel() for parameter in model.parameters()}.values())
 
 
 def _device(name: str) -> torch.device:
