@@ -24,8 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from istar.core.shrinkage import current_processes
-from istar.integrations.config import IStarConfig, LogMeans, SigmaSchedule, penalty_logs
+from istar.integrations.config import IStarConfig, LogMeans, ScheduledSigma, SigmaSchedule, penalty_logs
 from istar.models.shrinkage import text_batches
 
 __all__ = ["IStarLoss", "union_of_batches"]
@@ -52,7 +51,7 @@ def union_of_batches(captured: list[tuple[tuple[torch.Tensor, ...], torch.Tensor
     return states, masks
 
 
-class IStarLoss(torch.nn.Module):
+class IStarLoss(ScheduledSigma, torch.nn.Module):
     """A sentence-transformers loss plus the I-STAR (or CosReg) penalty of all layers' token embeddings.
 
     Parameters
@@ -106,11 +105,6 @@ class IStarLoss(torch.nn.Module):
         self._schedule = SigmaSchedule(istar)
         self._logs = LogMeans()
 
-    @property
-    def sigma_s(self) -> torch.Tensor | None:
-        """The current Σ_S, (d, d) float64 on the model's device (None before the first refresh or with ζ = 0)."""
-        return self._schedule.sigma_s
-
     def _transformer(self):
         return getattr(self.model, "module", self.model)[0]  # the trainer may put a DDP wrapper in its place
 
@@ -126,11 +120,8 @@ class IStarLoss(torch.nn.Module):
             raise ValueError("Σ_S is computed from the model but no texts were given: IStarLoss(model, loss, istar, "
                              "sigma_data=train_dataset['anchor']), or a fixed IStarConfig(sigma_s=..., "
                              "recompute_shrinkage=False)")
-        batches = None
-        if computed:
-            processes = current_processes(accelerator)
-            batches = list(text_batches(self.sigma_data, transformer.tokenizer, self.batch_size,
-                                        transformer.max_seq_length or 512, shard=(processes.rank, processes.size)))
+        batches = text_batches(self.sigma_data, transformer.tokenizer, self.batch_size, transformer.max_seq_length or 512,
+                               accelerator) if computed else None
         return self._schedule.update(epoch, transformer.auto_model, batches, accelerator, progress=progress)
 
     def pop_logs(self, accelerator=None) -> dict[str, float]:

@@ -35,9 +35,11 @@ def default_rows() -> int:
     return int(default_of("shrinkage.rows"))
 
 
-def progress_disabled(show: bool = True) -> bool:
-    """Whether a progress bar stays hidden: not asked for (``show``), or ``TQDM_DISABLE`` set to a true value."""
-    return not show or os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
+def progress_disabled(show: bool = True, accelerator=None) -> bool:
+    """Whether a progress bar stays hidden: not asked for (``show``), not on the main process of its machine
+    (``accelerator``'s, else the one whose ``LOCAL_RANK`` is 0), or ``TQDM_DISABLE`` set to a true value."""
+    main = accelerator.is_local_main_process if accelerator is not None else int(os.environ.get("LOCAL_RANK", "0")) == 0
+    return not (show and main) or os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
 
 
 @contextlib.contextmanager
@@ -105,10 +107,9 @@ def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSelection =
                  for _ in range(model.config.num_hidden_layers + 1)]
     selected = resolve_layers(layers, len(per_layer))
     selection = get_token_selection(tokens)
-    main = accelerator.is_local_main_process if accelerator is not None else int(os.environ.get("LOCAL_RANK", "0")) == 0
     autocast = accelerator.autocast if accelerator is not None else contextlib.nullcontext
     total = len(loader) if hasattr(loader, "__len__") else None
-    with tqdm(total=total, unit="batch", desc=description, disable=progress_disabled(progress and main),
+    with tqdm(total=total, unit="batch", desc=description, disable=progress_disabled(progress, accelerator),
               leave=False) as bar:
         for batch in hidden_state_pass(model, loader, device=device, autocast=autocast):
             add_hidden_states(per_layer, batch.states, selection.mask(batch.mask))
@@ -145,23 +146,25 @@ def sigma_statistics(model, loader: Iterable[dict], layers: LayerSelection = "al
 
 
 def text_batches(texts: Sequence, tokenizer, batch_size: int = 32, max_length: int = 128,
-                 shard: tuple[int, int] = (0, 1)) -> Iterator[dict]:
+                 accelerator=None) -> list[dict]:
     """Tokenised, padded batches of ``texts``: strings, or (text, text) pairs for paired tasks.
 
-    ``shard = (rank, processes)`` keeps every ``processes``-th text from ``rank`` on, so that
-    each process of a data-parallel run reads its own part.
+    Under several processes (``accelerator``'s, else an initialised ``torch.distributed`` group:
+    :func:`istar.core.shrinkage.current_processes`) process r of P keeps every P-th text from the r-th on,
+    so that each process of a data-parallel run reads its own part.
     """
-    rank, processes = shard
-    texts = list(texts)[rank::processes]
+    processes = current_processes(accelerator)
+    texts = list(texts)[processes.rank::processes.size]
     if texts and not isinstance(texts[0], (str, tuple, list)):
         raise TypeError(f"texts must be strings or (text, text) pairs; got {type(texts[0]).__name__} "
                         "(pass tokenised batches as a DataLoader instead, without tokenizer=)")
+    batches = []
     for start in range(0, len(texts), batch_size):
         chunk = texts[start:start + batch_size]
-        paired = not isinstance(chunk[0], str)
-        first = [item[0] for item in chunk] if paired else chunk
-        second = [item[1] for item in chunk] if paired else None
-        yield dict(tokenizer(first, second, padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
+        columns = (chunk,) if isinstance(chunk[0], str) else ([item[0] for item in chunk], [item[1] for item in chunk])
+        batches.append(dict(tokenizer(*columns, padding=True, truncation=True, max_length=max_length,
+                                      return_tensors="pt")))
+    return batches
 
 
 def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSelection = "all", tokens: str = "real",
@@ -216,8 +219,7 @@ def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSelection 
     >>> sigma_s = istar.shrinkage_covariance(model, sentences, tokenizer)           # doctest: +SKIP
     """
     if tokenizer is not None:
-        processes = current_processes(accelerator)
-        data = list(text_batches(data, tokenizer, batch_size, max_length, shard=(processes.rank, processes.size)))
+        data = text_batches(data, tokenizer, batch_size, max_length, accelerator)
     elif isinstance(data, (str, bytes)) or (isinstance(data, Sequence) and data and isinstance(data[0], str)):
         raise TypeError("data holds texts: pass the tokenizer too (shrinkage_covariance(model, texts, tokenizer))")
     with forked_rng(next(model.parameters()).device):
