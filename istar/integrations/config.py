@@ -25,8 +25,7 @@ from istar.models import shrinkage
 from istar.models.shrinkage import shrinkage_covariance
 from istar.registry.methods import Method, get_method
 
-__all__ = ["IStarConfig", "check_mask", "SigmaSchedule", "penalty_logs",
-           "LogMeans"]
+__all__ = ["IStarConfig", "check_mask", "SigmaSchedule", "ScheduledSigma", "penalty_logs", "LogMeans"]
 
 
 @dataclass(frozen=True)
@@ -114,8 +113,7 @@ class IStarConfig:
             return float(default_of(method.default_lam_key if name == "lam" else schema_key))
         if not method.takes(name) and value != 0:
             raise ValueError(f"method {method.key!r} takes no {name}; got {name}={value}: leave it out")
-        problem = out_of_range(value, schema_entry(schema_key))
-        if problem is not None:
+        if (problem := out_of_range(value, schema_entry(schema_key))) is not None:
             raise ValueError(f"{name} must {problem}; got {value!r}")
         return float(value)
 
@@ -201,6 +199,20 @@ class SigmaSchedule(shrinkage.SigmaSchedule):
             model, loader, layers=config.layers, tokens=config.tokens, shrinkage_rows=config.shrinkage_rows,
             accelerator=accelerator, progress=progress, description=f"Σ_S at epoch {epoch + 1}"))
         return None if sigma is None else float(isoscore_star_from_covariance(sigma))  # IsoScore: ζ = 0
+
+
+class ScheduledSigma:
+    """The Σ_S an integration's penalty reads now, from its ``_schedule`` (a :class:`SigmaSchedule`)."""
+
+    @property
+    def sigma_s(self) -> torch.Tensor | None:
+        """The current Σ_S, (d, d) float64 on the model's device (None before the first epoch's, or with ζ = 0)."""
+        return self._schedule.sigma_s
+
+    @property
+    def sigma_epoch(self) -> int:
+        """The epoch whose start Σ_S was set at (−1 before the first)."""
+        return self._schedule.sigma_epoch
 
 
 def penalty_logs(config: IStarConfig, task_loss: torch.Tensor, penalty: Penalty | None) -> dict[str, torch.Tensor]:

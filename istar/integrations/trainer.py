@@ -49,7 +49,8 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from istar.core.tokens import get_token_selection
-from istar.integrations.config import IStarConfig, LogMeans, SigmaSchedule, check_mask, penalty_logs
+from istar.integrations.config import (IStarConfig, LogMeans, ScheduledSigma, SigmaSchedule, check_mask,
+                                      penalty_logs)
 from istar.models.shrinkage import forked_rng
 
 __all__ = ["IStarTrainerMixin", "IStarTrainer", "SIGMA_CHECKPOINT"]
@@ -78,7 +79,7 @@ class _SigmaRefresh(TrainerCallback):
                        folder / SIGMA_CHECKPOINT)
 
 
-class IStarTrainerMixin:
+class IStarTrainerMixin(ScheduledSigma):
     """The I-STAR penalty for any ``transformers.Trainer`` subclass (see the module docstring).
 
     ``class MyTrainer(IStarTrainerMixin, SomeTrainer)`` adds it to ``SomeTrainer``; the
@@ -121,16 +122,6 @@ class IStarTrainerMixin:
         self._istar_logs = LogMeans()
         self._resumed_from: Path | None = None
         self.add_callback(_SigmaRefresh(self))
-
-    @property
-    def sigma_s(self) -> torch.Tensor | None:
-        """The current Σ_S, (d, d) float64 on the training device (None before training or with ζ = 0)."""
-        return self._schedule.sigma_s
-
-    @property
-    def sigma_epoch(self) -> int:
-        """The epoch whose start Σ_S was set at (−1 before the first)."""
-        return self._schedule.sigma_epoch
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """The Trainer's ``train``; a run resumed from a checkpoint takes the Σ_S saved in it."""

@@ -29,7 +29,8 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import CallbackHandler
 
-from istar.integrations.config import IStarConfig, LogMeans, SigmaSchedule, check_mask, penalty_logs
+from istar.integrations.config import (IStarConfig, LogMeans, ScheduledSigma, SigmaSchedule, check_mask,
+                                      penalty_logs)
 from istar.io.artifacts import write_json
 from istar.models.shrinkage import forked_rng
 
@@ -64,7 +65,7 @@ def penalty_share(labels: torch.Tensor | None, num_items_in_batch, shifted: bool
     return counted.ne(-100).sum() / torch.as_tensor(num_items_in_batch, device=labels.device).clamp_min(1)
 
 
-class IStarModel(torch.nn.Module):
+class IStarModel(ScheduledSigma, torch.nn.Module):
     """A Hugging Face model whose training ``forward`` adds the I-STAR (or CosReg) penalty to ``outputs.loss``.
 
     ``IStarModel(model, ...)`` returns ``model`` itself seen through a subclass of its class (named as
@@ -147,16 +148,6 @@ class IStarModel(torch.nn.Module):
         # copy.deepcopy and pickle rebuild the run-time subclass from the wrapped model's class, an importable one
         return _rebuilt, (type(self).__bases__[1],), self.__dict__
 
-    @property
-    def sigma_s(self) -> torch.Tensor | None:
-        """The current Σ_S, (d, d) float64 on the model's device (None before :meth:`refresh_sigma` or with ζ = 0)."""
-        return self._schedule.sigma_s
-
-    @property
-    def sigma_epoch(self) -> int:
-        """The epoch whose start Σ_S was set at (−1 before the first)."""
-        return self._schedule.sigma_epoch
-
     def refresh_sigma(self, epoch: int, accelerator=None, progress: bool = True) -> float | None:
         """Σ_S for the start of ``epoch`` (0-based): the given one or one computed over ``sigma_data`` at the first,
         recomputed at later ones with ``recompute_shrinkage``, else kept; torch's random state left alone.
@@ -190,9 +181,8 @@ class IStarModel(torch.nn.Module):
                 check_mask(next(iter(self.sigma_data)), self.istar, "the Σ_S batches")
         score = self._schedule.update(epoch, self, self.sigma_data, accelerator, progress=progress)
         if score is not None:
-            given_tensor = isinstance(self.istar.sigma_s, torch.Tensor)
-            self._sigma_source = ("the model over sigma_data" if computed
-                                  else "a tensor given" if given_tensor else str(self.istar.sigma_s))
+            self._sigma_source = ("the model over sigma_data" if computed else "a tensor given"
+                                  if isinstance(self.istar.sigma_s, torch.Tensor) else str(self.istar.sigma_s))
         return score
 
     def forward(self, *args, labels=None, **kwargs):
