@@ -248,9 +248,8 @@ class IsotropyMetric:
             raise ValueError("no batch was added: call update(outputs.hidden_states, attention_mask) first")
         processes = current_processes(accelerator) if sync else Processes()
         per_layer = [merge_across_processes(accumulator, processes) for accumulator in self.per_layer]
-        unit_sums, cls = list(self.unit_sums), None
-        if self.twonn:
-            cls = [torch.cat(vectors) for vectors in self.cls]
+        unit_sums = list(self.unit_sums)
+        cls = [torch.cat(vectors) for vectors in self.cls] if self.twonn else None
         if processes.gather is not None:
             unit_sums = [processes.gather(s.to(processes.device)[None]).sum(dim=0).cpu() for s in unit_sums]
             if cls is not None:

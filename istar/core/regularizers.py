@@ -71,7 +71,7 @@ def resolve_layers(layers: LayerSelection, num_hidden_states: int) -> list[int]:
     if isinstance(layers, str):
         if layers == "all":
             return list(range(1, num_hidden_states))
-        if layers in ("all+embeddings", "all_with_embeddings"):
+        if layers == "all+embeddings":
             return list(range(0, num_hidden_states))
         raise ValueError(f"unknown layer selection {layers!r}: use 'all', 'all+embeddings', an index or a list")
     indices = [layers] if isinstance(layers, int) else list(layers)
@@ -82,9 +82,7 @@ def resolve_layers(layers: LayerSelection, num_hidden_states: int) -> list[int]:
         if isinstance(index, bool) or not isinstance(index, int):
             raise ValueError(f"layer indices must be integers; got {index!r}")
         if not -num_hidden_states <= index <= last:
-            raise ValueError(
-                f"layer {index} does not exist: this model has layers 0 (embeddings) to {last}"
-            )
+            raise ValueError(f"layer {index} does not exist: this model has layers 0 (embeddings) to {last}")
         resolved.append(index % num_hidden_states)
     return sorted(set(resolved))
 
@@ -167,16 +165,8 @@ def token_rows(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tens
     return torch.stack([hidden_states[i] for i in indices])[:, mask].flatten(0, 1)
 
 
-def istar_penalty(
-    hidden_states: Sequence[torch.Tensor],
-    attention_mask: torch.Tensor,
-    *,
-    lam: float,
-    zeta: float,
-    sigma_s: torch.Tensor | None,
-    layers: LayerSelection = "all",
-    tokens: str = "real",
-) -> Penalty:
+def istar_penalty(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, *, lam: float, zeta: float,
+                  sigma_s: torch.Tensor | None, layers: LayerSelection = "all", tokens: str = "real") -> Penalty:
     """The I-STAR term λ·(1 − IsoScore*(X̃, ζ, Σ_S)) of the paper's Eq. (2) / docs/method.md §3.
 
     Parameters
@@ -293,16 +283,9 @@ def global_isoscore_star(rows: torch.Tensor, zeta: float, sigma_s: torch.Tensor 
     return isoscore_star_from_covariance(second_moment / (count - 1), zeta, sigma_s)
 
 
-def global_istar_penalty(
-    hidden_states: Sequence[torch.Tensor],
-    attention_mask: torch.Tensor,
-    *,
-    lam: float,
-    zeta: float,
-    sigma_s: torch.Tensor | None,
-    layers: LayerSelection = "all",
-    tokens: str = "real",
-) -> Penalty:
+def global_istar_penalty(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, *, lam: float,
+                         zeta: float, sigma_s: torch.Tensor | None, layers: LayerSelection = "all",
+                         tokens: str = "real") -> Penalty:
     """:func:`istar_penalty` on the global batch of all data-parallel processes.
 
     Same arguments and result as :func:`istar_penalty`. Under several processes (an
