@@ -241,6 +241,11 @@ def _interval(entry: dict) -> str | None:
     return f"{low[0]}{_number(low[1])}, {_number(high[1])}{high[0]}"
 
 
+_ONE_BOUND = {"minimum": "be at least", "exclusiveMinimum": "be greater than", "maximum": "be at most",
+              "exclusiveMaximum": "be less than"}
+"""A schema node's one bound (the first it has, in this order) → the words before its value."""
+
+
 def _allowed(entry: dict) -> str:
     """What a schema node allows, as the end of a sentence "NAME must …"."""
     if "enum" in entry:
@@ -258,15 +263,8 @@ def _allowed(entry: dict) -> str:
         return f"lie in {interval}"
     if entry.get("minimum") == 1 and entry.get("type") == "integer":
         return "be a positive integer"
-    if "minimum" in entry:
-        return f"be at least {_number(entry['minimum'])}"
-    if "exclusiveMinimum" in entry:
-        return f"be greater than {_number(entry['exclusiveMinimum'])}"
-    if "maximum" in entry:
-        return f"be at most {_number(entry['maximum'])}"
-    if "exclusiveMaximum" in entry:
-        return f"be less than {_number(entry['exclusiveMaximum'])}"
-    return "match the schema"
+    bound = next((key for key in _ONE_BOUND if key in entry), None)
+    return "match the schema" if bound is None else f"{_ONE_BOUND[bound]} {_number(entry[bound])}"
 
 
 _JSON_TYPES = {
