@@ -31,14 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from istar.io import artifacts
-from istar.io.revisions import (
-    DEFAULT_REVISION,
-    OFFLINE_FIX,
-    RevisionUnavailableError,
-    cached_commit,
-    offline,
-    resolve_revision,
-)
+from istar.io.revisions import (DEFAULT_REVISION, OFFLINE_FIX, RevisionUnavailableError, cached_commit, offline,
+                                resolve_revision)
 from istar.models.files import folder_weights_problem, gguf_problem
 from istar.registry.tasks import Task
 
