@@ -25,7 +25,7 @@ from istar.models import shrinkage
 from istar.models.shrinkage import shrinkage_covariance
 from istar.registry.methods import Method, get_method
 
-__all__ = ["IStarConfig", "check_mask", "SigmaSchedule", "ScheduledSigma", "penalty_logs", "LogMeans"]
+__all__ = ["IStarConfig", "check_mask", "SigmaSchedule", "IStarHolder", "penalty_logs", "LogMeans"]
 
 
 @dataclass(frozen=True)
@@ -146,10 +146,8 @@ class IStarConfig:
         """
         if self.sigma_s is None:
             return None
-        hidden_size = int(model.config.hidden_size)
-        if isinstance(self.sigma_s, torch.Tensor):
-            sigma = self.sigma_s
-        else:
+        hidden_size, sigma = int(model.config.hidden_size), self.sigma_s
+        if not isinstance(sigma, torch.Tensor):
             states = int(model.config.num_hidden_layers) + 1
             try:
                 sigma, _ = load_shrinkage(self.sigma_s, resolve_layers(self.layers, states), expected_dim=hidden_size)
@@ -201,8 +199,16 @@ class SigmaSchedule(shrinkage.SigmaSchedule):
         return None if sigma is None else float(isoscore_star_from_covariance(sigma))  # IsoScore: ζ = 0
 
 
-class ScheduledSigma:
-    """The Σ_S an integration's penalty reads now, from its ``_schedule`` (a :class:`SigmaSchedule`)."""
+class IStarHolder:
+    """What each integration (the Trainer mixin, IStarModel, IStarLoss) holds: its :class:`IStarConfig` as ``istar``,
+    the per-epoch Σ_S schedule and the means of the penalty's logs; the Σ_S in use is read through it."""
+
+    def _hold(self, istar: IStarConfig, usage: str) -> None:
+        """Keep ``istar`` with a new schedule and log means; a TypeError showing ``usage`` (the call that makes an
+        IStarConfig) unless it is an IStarConfig."""
+        if not isinstance(istar, IStarConfig):
+            raise TypeError(f"istar must be an IStarConfig ({usage}); got {type(istar).__name__}")
+        self.istar, self._schedule, self._istar_logs = istar, SigmaSchedule(istar), LogMeans()
 
     @property
     def sigma_s(self) -> torch.Tensor | None:

@@ -29,8 +29,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import CallbackHandler
 
-from istar.integrations.config import (IStarConfig, LogMeans, ScheduledSigma, SigmaSchedule, check_mask,
-                                      penalty_logs)
+from istar.integrations.config import IStarConfig, IStarHolder, check_mask, penalty_logs
 from istar.io.artifacts import write_json
 from istar.models.shrinkage import forked_rng
 
@@ -65,7 +64,7 @@ def penalty_share(labels: torch.Tensor | None, num_items_in_batch, shifted: bool
     return counted.ne(-100).sum() / torch.as_tensor(num_items_in_batch, device=labels.device).clamp_min(1)
 
 
-class IStarModel(ScheduledSigma, torch.nn.Module):
+class IStarModel(IStarHolder, torch.nn.Module):
     """A Hugging Face model whose training ``forward`` adds the I-STAR (or CosReg) penalty to ``outputs.loss``.
 
     ``IStarModel(model, ...)`` returns ``model`` itself seen through a subclass of its class (named as
@@ -124,9 +123,6 @@ class IStarModel(ScheduledSigma, torch.nn.Module):
     accepts_loss_kwargs = False
 
     def __new__(cls, model, istar: IStarConfig, sigma_data=None):
-        if not isinstance(istar, IStarConfig):
-            raise TypeError(f"istar must be an IStarConfig (IStarModel(model, IStarConfig(lam=..., zeta=...))); "
-                            f"got {type(istar).__name__}")
         parameters = inspect.signature(model.forward).parameters.values()
         if not any(p.name == "output_hidden_states" or p.kind is p.VAR_KEYWORD for p in parameters):
             raise TypeError(f"{type(model).__name__}.forward takes no output_hidden_states, which IStarModel passes to "
@@ -138,10 +134,8 @@ class IStarModel(ScheduledSigma, torch.nn.Module):
         return wrapped
 
     def __init__(self, model, istar: IStarConfig, sigma_data=None):  # torch's Module.__init__ would empty the state
-        self.istar = istar
+        self._hold(istar, "IStarModel(model, IStarConfig(lam=..., zeta=...))")
         self.sigma_data = sigma_data
-        self._schedule = SigmaSchedule(istar)
-        self._logs = LogMeans()
         self._sigma_source: str | None = None
 
     def __reduce_ex__(self, protocol):
@@ -213,7 +207,7 @@ class IStarModel(ScheduledSigma, torch.nn.Module):
             raise ValueError("the model returned no loss or no hidden_states: IStarModel needs a Hugging Face model "
                              "that takes labels and output_hidden_states=True and returns a ModelOutput")
         penalty = self.istar.penalty(hidden_states, kwargs.get("attention_mask"), self.sigma_s)
-        self._logs.add(penalty_logs(self.istar, outputs.loss, penalty))
+        self._istar_logs.add(penalty_logs(self.istar, outputs.loss, penalty))
         share = 1.0 if kwargs.get("num_items_in_batch") is None else penalty_share(
             kwargs.get("labels"), kwargs["num_items_in_batch"], shifted=self._shifts_labels())
         outputs["loss"] = outputs.loss + share * penalty.term
@@ -232,7 +226,7 @@ class IStarModel(ScheduledSigma, torch.nn.Module):
         ``cosreg_penalty``, ``cosine_similarity``) over the training forwards, averaged over the processes
         (``accelerator``'s, or an initialised ``torch.distributed`` group's: call it on every process); empty
         when none ran."""
-        return self._logs.pop(accelerator)
+        return self._istar_logs.pop(accelerator)
 
     def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs) -> None:
         """The wrapped model's ``save_pretrained`` (a peft model's: its adapter folder), and :data:`ISTAR_SETTINGS`.
