@@ -23,11 +23,8 @@ __all__ = ["ConfigError", "SCHEMA_PATH", "STUDIES", "RENAMED_KEYS", "load_schema
            "check_schema", "schema_entry", "default_of", "out_of_range", "EDIT_RERUNS", "declared_reads"]
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "config.schema.yaml"
-RENAMED_KEYS = {
-    "profile": "survey",
-    "shrinkage.layers": "penalty.layers",
-    "shrinkage.global_penalty": "penalty.global_penalty",
-}
+RENAMED_KEYS = {"profile": "survey", "shrinkage.layers": "penalty.layers",
+                "shrinkage.global_penalty": "penalty.global_penalty"}
 """Old config key (a section, or ``section.key``) → its new name, for the unknown-key error only:
 istar 0.3.0 removed the old names."""
 
@@ -133,9 +130,10 @@ def _entries(schema: dict, root: dict) -> dict:
 
 
 def fill_defaults(instance: dict, schema: dict, root: dict) -> None:
-    named = schema.get("properties", {})
-    for name, subschema in named.items():
-        subschema = resolve_ref(subschema, root)
+    named, entries = schema.get("properties", {}), _entries(schema, root)
+    for name in [*named, *(key for key in instance if key not in named)]:
+        # a named key's own schema; any other key is an entry of the mapping (survey.models.NAME), or unknown ({})
+        subschema = resolve_ref(named[name], root) if name in named else entries
         if name not in instance and "default" in subschema:
             instance[name] = copy.deepcopy(subschema["default"])
         if isinstance(instance.get(name), dict) and ("properties" in subschema or _entries(subschema, root)):
@@ -143,10 +141,6 @@ def fill_defaults(instance: dict, schema: dict, root: dict) -> None:
             # the defaults of every section it stands in.
             instance[name] = dict(instance[name])
             fill_defaults(instance[name], subschema, root)
-    entries = _entries(schema, root)
-    for name in [key for key, value in instance.items() if entries and key not in named and isinstance(value, dict)]:
-        instance[name] = dict(instance[name])
-        fill_defaults(instance[name], entries, root)
 
 
 def _key(path) -> str:
@@ -281,9 +275,7 @@ _JSON_TYPES = {
 def _typed(value, entry: dict) -> bool:
     """Whether ``value`` has one of the JSON types ``entry`` declares (any, where it declares none)."""
     types = entry.get("type")
-    if types is None:
-        return True
-    return any(_JSON_TYPES[kind](value) for kind in ([types] if isinstance(types, str) else types))
+    return types is None or any(_JSON_TYPES[kind](value) for kind in ([types] if isinstance(types, str) else types))
 
 
 def _fits(value, entry: dict) -> bool:

@@ -80,11 +80,6 @@ def _parse_layers(text):
     return parse_layer_selection(text)
 
 
-def _finite(name: str, value) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise SpecError(f"{name} must be a finite number; got {value}")
-
-
 @dataclass(frozen=True, kw_only=True)
 class Spec:
     """Shared behaviour: JSON round trip and checks common to every step."""
@@ -104,9 +99,7 @@ class Spec:
     @classmethod
     def from_json(cls, text: str):
         values = json.loads(text)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
+        if unknown := sorted(set(values) - {f.name for f in dataclasses.fields(cls)}):
             raise SpecError(f"{cls.__name__} has no setting(s) {', '.join(unknown)}")
         return cls(**values)
 
@@ -115,7 +108,8 @@ class Spec:
         subclasses add the checks between fields."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            _finite(f.name, value)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SpecError(f"{f.name} must be a finite number; got {value}")
             problem = out_of_range(value, f.metadata["schema"])
             if problem is not None:
                 raise SpecError(f"{f.name} must {problem}; got {value!r}")
