@@ -51,10 +51,8 @@ def forked_rng(device: torch.device) -> Iterator[None]:
     next (dropout, the data order), and λ = 0 with ζ > 0 would train differently from ζ = 0.
     """
     device = torch.device(device)
-    if device.type == "cpu":
-        devices = []
-    else:
-        devices = [device.index if device.index is not None else torch.get_device_module(device.type).current_device()]
+    devices = [] if device.type == "cpu" else [
+        device.index if device.index is not None else torch.get_device_module(device.type).current_device()]
     with torch.random.fork_rng(devices=devices, device_type=device.type):
         yield
 
