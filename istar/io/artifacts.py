@@ -66,9 +66,8 @@ class DamagedArtifactError(ValueError):
 
     def __init__(self, path, problem: str, target=None, fix: str | None = None):
         self.path, self.problem = Path(path), problem
-        target = target if target is not None else path
-        fix = fix or (f"rebuild it with `snakemake --forcerun {target}` (or delete it and run the step that wrote "
-                      "it again)")
+        fix = fix or (f"rebuild it with `snakemake --forcerun {path if target is None else target}` (or delete it and "
+                      "run the step that wrote it again)")
         super().__init__(f"{path} is damaged ({problem}): {fix}")
 
 
