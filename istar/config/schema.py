@@ -66,10 +66,9 @@ def load_yaml(path) -> dict:
     except NotUtf8Error as error:
         raise ConfigError(str(error)) from None
     try:
-        node = loader.get_single_node()
-        if node is not None:
+        if (node := loader.get_single_node()) is not None:
             _check_unique_keys(node, path, [])
-        data = loader.construct_document(node) if node is not None else None
+        data = None if node is None else loader.construct_document(node)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)

@@ -77,14 +77,12 @@ def resolve_layers(layers: LayerSelection, num_hidden_states: int) -> list[int]:
     indices = [layers] if isinstance(layers, int) else list(layers)
     if not indices:
         raise ValueError("the layer selection is empty")
-    resolved = []
     for index in indices:
         if isinstance(index, bool) or not isinstance(index, int):
             raise ValueError(f"layer indices must be integers; got {index!r}")
         if not -num_hidden_states <= index <= last:
             raise ValueError(f"layer {index} does not exist: this model has layers 0 (embeddings) to {last}")
-        resolved.append(index % num_hidden_states)
-    return sorted(set(resolved))
+    return sorted({index % num_hidden_states for index in indices})
 
 
 def parse_layer_selection(text: str) -> LayerSelection:
