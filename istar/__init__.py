@@ -20,9 +20,6 @@ Snakemake does while it builds the DAG) does not pull in torch.
 
 __version__ = "0.2.0"
 
-REMOVED_IN = "0.3.0"
-"""The release that removes the old names still accepted (each one warns: :func:`warn_renamed`)."""
-
 _HOMES = {  # module → the names of the library it defines
     "core.isotropy": ("isoscore", "isoscore_star", "isoscore_star_from_covariance"),
     "core.baseline_measures": ("average_cosine_similarity", "partition_isotropy"),
@@ -44,15 +41,6 @@ def __getattr__(name: str):
     from importlib import import_module
 
     return getattr(import_module(f".{_LIBRARY[name]}", __name__), name)
-
-
-def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
-    """A DeprecationWarning: ``old`` (a name, or ``keyword=``) is now ``new`` and goes in :data:`REMOVED_IN`;
-    ``stacklevel`` 3 names the line that called the caller of this function."""
-    import warnings
-
-    warnings.warn(f"{old} is deprecated and goes in istar {REMOVED_IN}: it is now called {new}", DeprecationWarning,
-                  stacklevel=stacklevel)
 
 
 def __dir__():

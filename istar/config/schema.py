@@ -14,25 +14,19 @@ from __future__ import annotations
 
 import copy
 import math
-import sys
 from functools import lru_cache
 from pathlib import Path
 
 import yaml
 
-from istar import REMOVED_IN
-
 __all__ = ["ConfigError", "SCHEMA_PATH", "STUDIES", "RENAMED_KEYS", "load_schema", "load_yaml", "resolve_ref", "fill_defaults",
            "check_schema", "schema_entry", "default_of", "out_of_range", "EDIT_RERUNS", "declared_reads"]
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "config.schema.yaml"
-RENAMED_KEYS = {
-    "profile": "survey",
-    "shrinkage.layers": "penalty.layers",
-    "shrinkage.global_penalty": "penalty.global_penalty",
-}
-"""Old config key (a section, or ``section.key``) → its new name. The old one still works until
-:data:`istar.REMOVED_IN`, with a one-line notice naming the new key."""
+RENAMED_KEYS = {"profile": "survey", "shrinkage.layers": "penalty.layers",
+                "shrinkage.global_penalty": "penalty.global_penalty"}
+"""Old config key (a section, or ``section.key``) → its new name, for the unknown-key error only:
+istar 0.3.0 removed the old names."""
 
 EDIT_RERUNS = {
     "spec": "the jobs whose step spec holds the key (a spec field claims it; Snakemake records the spec)",
@@ -72,10 +66,9 @@ def load_yaml(path) -> dict:
     except NotUtf8Error as error:
         raise ConfigError(str(error)) from None
     try:
-        node = loader.get_single_node()
-        if node is not None:
+        if (node := loader.get_single_node()) is not None:
             _check_unique_keys(node, path, [])
-        data = loader.construct_document(node) if node is not None else None
+        data = None if node is None else loader.construct_document(node)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
@@ -136,9 +129,10 @@ def _entries(schema: dict, root: dict) -> dict:
 
 
 def fill_defaults(instance: dict, schema: dict, root: dict) -> None:
-    named = schema.get("properties", {})
-    for name, subschema in named.items():
-        subschema = resolve_ref(subschema, root)
+    named, entries = schema.get("properties", {}), _entries(schema, root)
+    for name in [*named, *(key for key in instance if key not in named)]:
+        # a named key's own schema; any other key is an entry of the mapping (survey.models.NAME), or unknown ({})
+        subschema = resolve_ref(named[name], root) if name in named else entries
         if name not in instance and "default" in subschema:
             instance[name] = copy.deepcopy(subschema["default"])
         if isinstance(instance.get(name), dict) and ("properties" in subschema or _entries(subschema, root)):
@@ -146,10 +140,6 @@ def fill_defaults(instance: dict, schema: dict, root: dict) -> None:
             # the defaults of every section it stands in.
             instance[name] = dict(instance[name])
             fill_defaults(instance[name], subschema, root)
-    entries = _entries(schema, root)
-    for name in [key for key, value in instance.items() if entries and key not in named and isinstance(value, dict)]:
-        instance[name] = dict(instance[name])
-        fill_defaults(instance[name], entries, root)
 
 
 def _key(path) -> str:
@@ -179,7 +169,10 @@ def _describe(error) -> str:
         return f"config key '{_key(error.absolute_path)}': {error.instance!r} is not a number{hint}"
     if error.validator == "additionalProperties":
         allowed = ", ".join(sorted(schema.get("properties", {})))
-        return f"config key '{_key(error.absolute_path)}': {error.message} (known keys: {allowed})"
+        section = "".join(f"{part}." for part in error.absolute_path)
+        renamed = "".join(f"; '{section}{key}' is now '{RENAMED_KEYS[section + key]}'" for key in error.instance
+                          if section + key in RENAMED_KEYS)
+        return f"config key '{_key(error.absolute_path)}': {error.message} (known keys: {allowed}){renamed}"
     if error.validator == "enum":
         return f"config key '{_key(error.absolute_path)}': {error.instance!r} is not allowed; use one of {schema['enum']}"
     if error.validator == "anyOf":
@@ -193,12 +186,8 @@ def _check_finite(value, path: list) -> None:
     """Reject NaN and ±infinity anywhere (YAML's ``.nan``, ``.inf``): range checks let NaN through."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"config key '{_key(path)}': {value} is not a finite number")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _check_finite(item, [*path, key])
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _check_finite(item, [*path, index])
+    for key, item in value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ():
+        _check_finite(item, [*path, key])
 
 
 
@@ -219,14 +208,10 @@ def declared_reads(node: dict | None = None, inherited: str | None = None, prefi
 def schema_entry(key: str) -> dict:
     """The schema node of a dotted config key (``training.learning_rate``) or a definition
     (``$defs.zeta``), its ``$ref`` resolved."""
-    root = node = load_schema()
-    parts = key.split(".")
-    if parts[0] == "$defs":
-        node, parts = root["$defs"], parts[1:]
-        for part in parts[:-1]:
-            node = node[part]["properties"]
-        return resolve_ref(node[parts[-1]], root)
-    for part in parts:
+    root = load_schema()
+    first, *rest = key.split(".")
+    node = root["$defs"][rest.pop(0)] if first == "$defs" else root["properties"][first]
+    for part in rest:
         node = node["properties"][part]
     return resolve_ref(node, root)
 
@@ -249,6 +234,11 @@ def _interval(entry: dict) -> str | None:
     return f"{low[0]}{_number(low[1])}, {_number(high[1])}{high[0]}"
 
 
+_ONE_BOUND = {"minimum": "be at least", "exclusiveMinimum": "be greater than", "maximum": "be at most",
+              "exclusiveMaximum": "be less than"}
+"""A schema node's one bound (the first it has, in this order) → the words before its value."""
+
+
 def _allowed(entry: dict) -> str:
     """What a schema node allows, as the end of a sentence "NAME must …"."""
     if "enum" in entry:
@@ -266,15 +256,8 @@ def _allowed(entry: dict) -> str:
         return f"lie in {interval}"
     if entry.get("minimum") == 1 and entry.get("type") == "integer":
         return "be a positive integer"
-    if "minimum" in entry:
-        return f"be at least {_number(entry['minimum'])}"
-    if "exclusiveMinimum" in entry:
-        return f"be greater than {_number(entry['exclusiveMinimum'])}"
-    if "maximum" in entry:
-        return f"be at most {_number(entry['maximum'])}"
-    if "exclusiveMaximum" in entry:
-        return f"be less than {_number(entry['exclusiveMaximum'])}"
-    return "match the schema"
+    bound = next((key for key in _ONE_BOUND if key in entry), None)
+    return "match the schema" if bound is None else f"{_ONE_BOUND[bound]} {_number(entry[bound])}"
 
 
 _JSON_TYPES = {
@@ -291,9 +274,7 @@ _JSON_TYPES = {
 def _typed(value, entry: dict) -> bool:
     """Whether ``value`` has one of the JSON types ``entry`` declares (any, where it declares none)."""
     types = entry.get("type")
-    if types is None:
-        return True
-    return any(_JSON_TYPES[kind](value) for kind in ([types] if isinstance(types, str) else types))
+    return types is None or any(_JSON_TYPES[kind](value) for kind in ([types] if isinstance(types, str) else types))
 
 
 def _fits(value, entry: dict) -> bool:
@@ -337,25 +318,6 @@ def out_of_range(value, entry: dict) -> str | None:
     return _allowed(entry)
 
 
-def _rename_keys(config: dict) -> None:
-    """Move each old key of :data:`RENAMED_KEYS` to its new name, in place, with one notice on stderr."""
-    for old, new in RENAMED_KEYS.items():
-        (*old_section, old_name), (*new_section, new_name) = old.split("."), new.split(".")
-        source = config.get(old_section[0]) if old_section else config
-        if not isinstance(source, dict) or old_name not in source:
-            continue
-        target = config.setdefault(new_section[0], {}) if new_section else config
-        if not isinstance(target, dict):
-            continue  # the schema check names the malformed section
-        kind = "key" if old_section else "section"
-        if new_name in target:
-            raise ConfigError(f"config {kind}s '{old}' and '{new}' are both given; '{old}' is the old name of '{new}': "
-                              f"keep only '{new}'")
-        target[new_name] = source.pop(old_name)
-        print(f"istar: config {kind} '{old}' is deprecated; rename it to '{new}' (the old name still works until "
-              f"istar {REMOVED_IN})", file=sys.stderr)
-
-
 def check_schema(config: dict, schema: dict | None = None) -> dict:
     """A copy of ``config`` with every default filled in, checked against the schema.
 
@@ -369,7 +331,6 @@ def check_schema(config: dict, schema: dict | None = None) -> dict:
     config = copy.deepcopy(config or {})
     if not isinstance(config, dict):
         raise ConfigError("the configuration must be a mapping of keys to values")
-    _rename_keys(config)
     _check_finite(config, [])
     fill_defaults(config, schema, schema)
     validator = jsonschema.Draft202012Validator(schema)

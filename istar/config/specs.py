@@ -39,7 +39,7 @@ from istar.registry.methods import METHOD_NAMES, get_method
 from istar.registry.tasks import TASKS
 
 __all__ = ["PrepareDataSpec", "HoldoutSpec", "ModelData", "TrainSpec", "EvaluateSpec", "ActivationsSpec", "ShrinkageSpec", "AnalyzeSpec",
-           "MeasureSpec", "SurveySpec", "add_spec_arguments", "spec_from_cli", "PRECISIONS", "AS_GIVEN"]
+           "MeasureSpec", "SurveySpec", "add_spec_arguments", "spec_from_cli", "AS_GIVEN"]
 
 PRECISIONS = tuple(precisions.PRECISIONS)
 PRECISION_HELP = ("autocast precision: no (fp32), fp16 or bf16; on a CPU fp16 and bf16 run as bf16 where the "
@@ -80,11 +80,6 @@ def _parse_layers(text):
     return parse_layer_selection(text)
 
 
-def _finite(name: str, value) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise SpecError(f"{name} must be a finite number; got {value}")
-
-
 @dataclass(frozen=True, kw_only=True)
 class Spec:
     """Shared behaviour: JSON round trip and checks common to every step."""
@@ -104,9 +99,7 @@ class Spec:
     @classmethod
     def from_json(cls, text: str):
         values = json.loads(text)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
+        if unknown := sorted(set(values) - {f.name for f in dataclasses.fields(cls)}):
             raise SpecError(f"{cls.__name__} has no setting(s) {', '.join(unknown)}")
         return cls(**values)
 
@@ -115,7 +108,8 @@ class Spec:
         subclasses add the checks between fields."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            _finite(f.name, value)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SpecError(f"{f.name} must be a finite number; got {value}")
             problem = out_of_range(value, f.metadata["schema"])
             if problem is not None:
                 raise SpecError(f"{f.name} must {problem}; got {value!r}")
@@ -358,6 +352,10 @@ def _flag(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
 def add_spec_arguments(parser: argparse.ArgumentParser, spec_class: type) -> None:
     """Options for every field of ``spec_class``, plus ``--spec JSON`` (the workflow's form).
 
@@ -369,20 +367,17 @@ def add_spec_arguments(parser: argparse.ArgumentParser, spec_class: type) -> Non
     parser.add_argument("--spec", help="the whole step specification as JSON (written by the workflow); "
                                        "the other options are then not allowed")
     for f in dataclasses.fields(spec_class):
-        flag, dest = _flag(f), f.name
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        hint = hints[f.name]
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        help_text = f.metadata.get("help", "") + ("" if required else f" (default: {default})")
-        if hints[f.name] is bool:
-            parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-            continue
-        if typing.get_origin(hints[f.name]) is list:
-            parser.add_argument(flag, dest=dest, nargs="+", default=None, help=help_text + (" (required)" if required else ""))
-            continue
-        kind = f.metadata.get("parse") or next(
-            (c for c in (int, float, str) if hints[f.name] is c or c in typing.get_args(hints[f.name])), str)
-        parser.add_argument(flag, dest=dest, type=kind, default=None, choices=f.metadata.get("choices"),
-                            help=help_text + (" (required)" if required else ""))
+        help_text = f.metadata.get("help", "") + (" (required)" if _required(f) else f" (default: {default})")
+        if hint is bool:
+            kind = {"action": argparse.BooleanOptionalAction}
+        elif typing.get_origin(hint) is list:
+            kind = {"nargs": "+"}
+        else:
+            kind = {"choices": f.metadata.get("choices"), "type": f.metadata.get("parse") or next(
+                (c for c in (int, float, str) if hint is c or c in typing.get_args(hint)), str)}
+        parser.add_argument(_flag(f), dest=f.name, default=None, help=help_text, **kind)
 
 
 def spec_from_cli(args: argparse.Namespace):
@@ -393,19 +388,15 @@ def spec_from_cli(args: argparse.Namespace):
     (:mod:`istar.registry.methods`: CosReg's ``final.cosreg_lambda``, 1); a method without one (I-STAR)
     must be given λ.
     """
-    spec_class = args.spec_class
-    names = [f.name for f in dataclasses.fields(spec_class)]
-    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    spec_class, fields = args.spec_class, dataclasses.fields(args.spec_class)
+    given = {f.name: getattr(args, f.name) for f in fields if getattr(args, f.name) is not None}
     if args.spec is not None:
-        extra = sorted(given)
-        if extra:
-            flags = ", ".join(_flag_of(spec_class, name) for name in extra)
+        if given:
+            flags = ", ".join(_flag(f) for f in fields if f.name in given)
             raise SpecError(f"--spec holds the whole specification; do not also give {flags}")
-        spec = dataclasses.replace(spec_class.from_json(args.spec), **given)
+        spec = spec_class.from_json(args.spec)
     else:
-        missing = [_flag_of(spec_class, f.name) for f in dataclasses.fields(spec_class)
-                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-                   and f.name not in given]
+        missing = [_flag(f) for f in fields if _required(f) and f.name not in given]
         if missing:
             raise SpecError(f"missing {', '.join(missing)} (or give the whole specification with --spec)")
         if spec_class is TrainSpec and "lam" not in given:
@@ -418,7 +409,3 @@ def spec_from_cli(args: argparse.Namespace):
     # Before the step loads a model or data: a read-only or unwritable output is named now.
     artifacts.check_writable(*spec.output_folders())
     return spec
-
-
-def _flag_of(spec_class: type, name: str) -> str:
-    return _flag(next(f for f in dataclasses.fields(spec_class) if f.name == name))

@@ -60,9 +60,8 @@ class CovarianceAccumulator:
         if mask is not None:
             mask = torch.as_tensor(mask, device=rows.device)
             if tuple(mask.shape) != tuple(rows.shape[:-1]):
-                raise ValueError(
-                    f"mask shape {tuple(mask.shape)} does not match the rows' leading shape {tuple(rows.shape[:-1])}"
-                )
+                raise ValueError(f"mask shape {tuple(mask.shape)} does not match the rows' leading shape "
+                                 f"{tuple(rows.shape[:-1])}")
             rows = rows[mask.bool()]
         rows = rows.reshape(-1, self.dim)
         k = rows.shape[0]

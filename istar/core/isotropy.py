@@ -32,13 +32,7 @@ import math
 
 import torch
 
-__all__ = [
-    "isoscore",
-    "isoscore_from_eigenvalues",
-    "isoscore_star",
-    "isoscore_star_from_covariance",
-    "check_sigma_s",
-]
+__all__ = ["isoscore", "isoscore_from_eigenvalues", "isoscore_star", "isoscore_star_from_covariance", "check_sigma_s"]
 
 
 # --------------------------------------------------------------------------------------
@@ -57,10 +51,8 @@ def _as_points(X, name: str = "X") -> torch.Tensor:
     if n < 2:
         raise ValueError(f"{name} has {n} point(s); a covariance needs at least 2 points")
     if d < 2:
-        raise ValueError(
-            f"{name} has d = {d} dimension(s); isotropy is defined for d ≥ 2 "
-            "(the normalisation of Algorithm 2 divides by d − √d)"
-        )
+        raise ValueError(f"{name} has d = {d} dimension(s); isotropy is defined for d ≥ 2 (the normalisation of "
+                         "Algorithm 2 divides by d − √d)")
     return X
 
 

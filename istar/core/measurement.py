@@ -39,8 +39,7 @@ from istar.core.regularizers import LayerSelection, check_hidden_states, resolve
 from istar.core.shrinkage import Processes, current_processes, load_layer_statistics, merge_across_processes, merge_layers
 from istar.core.twonn import twonn_dimension
 
-__all__ = ["LayerIsotropy", "OverallIsotropy", "IsotropyReport", "isotropy_of_statistics",
-           "IsotropyMetric"]
+__all__ = ["LayerIsotropy", "OverallIsotropy", "IsotropyReport", "isotropy_of_statistics", "IsotropyMetric"]
 
 
 @dataclass(frozen=True)
@@ -148,15 +147,12 @@ def isotropy_of_statistics(per_layer: Sequence[CovarianceAccumulator], unit_sums
     sigma_s = _sigma_layers(sigma_s, len(per_layer), per_layer[0].dim)
     selection = resolve_layers(layers, len(per_layer))
 
-    def star(cov: torch.Tensor, sigma: torch.Tensor | None) -> float | None:
-        if zeta == 0.0:
-            return float(isoscore_star_from_covariance(cov, 0.0))
-        return None if sigma is None else float(isoscore_star_from_covariance(cov, zeta, sigma))
+    def star(cov: torch.Tensor, sigma: torch.Tensor | None) -> float | None:  # (ζ = 0 reads no Σ_S)
+        return None if zeta > 0 and sigma is None else float(isoscore_star_from_covariance(cov, zeta, sigma))
 
     per_layer_sigma = sigma_s if isinstance(sigma_s, list) else None
     union = merge_layers(per_layer, selection)
-    overall_sigma = (merge_layers(per_layer_sigma, selection).covariance() if per_layer_sigma is not None
-                     else sigma_s)
+    overall_sigma = merge_layers(per_layer_sigma, selection).covariance() if per_layer_sigma is not None else sigma_s
     union_cov = union.covariance()
     overall = OverallIsotropy(selection, star(union_cov, overall_sigma),
                               float(isoscore_star_from_covariance(union_cov, 0.0)), union.count)
@@ -248,9 +244,8 @@ class IsotropyMetric:
             raise ValueError("no batch was added: call update(outputs.hidden_states, attention_mask) first")
         processes = current_processes(accelerator) if sync else Processes()
         per_layer = [merge_across_processes(accumulator, processes) for accumulator in self.per_layer]
-        unit_sums, cls = list(self.unit_sums), None
-        if self.twonn:
-            cls = [torch.cat(vectors) for vectors in self.cls]
+        unit_sums = list(self.unit_sums)
+        cls = [torch.cat(vectors) for vectors in self.cls] if self.twonn else None
         if processes.gather is not None:
             unit_sums = [processes.gather(s.to(processes.device)[None]).sum(dim=0).cpu() for s in unit_sums]
             if cls is not None:

@@ -27,21 +27,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = [
-    "accuracy",
-    "f1_binary",
-    "matthews_corrcoef",
-    "pearson",
-    "spearman",
-    "normalize_answer",
-    "exact_match_score",
-    "f1_score",
-    "squad_metrics",
-    "compute_metrics",
-    "trivial_baseline",
-    "collapsed",
-    "COLLAPSE_TOLERANCE",
-]
+__all__ = ["accuracy", "f1_binary", "matthews_corrcoef", "pearson", "spearman", "normalize_answer", "exact_match_score",
+           "f1_score", "squad_metrics", "compute_metrics", "trivial_baseline", "collapsed", "COLLAPSE_TOLERANCE"]
 
 
 # --------------------------------------------------------------------------------------
@@ -54,10 +41,8 @@ def _as_pair(predictions, labels) -> tuple[np.ndarray, np.ndarray]:
     predictions = np.asarray(predictions)
     labels = np.asarray(labels)
     if predictions.ndim != 1 or labels.ndim != 1:
-        raise ValueError(
-            "predictions and labels must be 1-D of shape (n,); got shapes "
-            f"{predictions.shape} and {labels.shape}"
-        )
+        raise ValueError(f"predictions and labels must be 1-D of shape (n,); got shapes {predictions.shape} and "
+                         f"{labels.shape}")
     if len(predictions) != len(labels):
         raise ValueError(f"got {len(predictions)} predictions but {len(labels)} labels")
     if len(predictions) == 0:
@@ -250,10 +235,8 @@ def f1_score(prediction: str, ground_truths: str | Sequence[str]) -> float:
     float in [0, 1].
     """
     prediction_tokens = normalize_answer(prediction).split()
-    return max(
-        _token_f1(prediction_tokens, normalize_answer(truth).split())
-        for truth in _ground_truth_list(ground_truths)
-    )
+    return max(_token_f1(prediction_tokens, normalize_answer(truth).split())
+               for truth in _ground_truth_list(ground_truths))
 
 
 def squad_metrics(predictions: Mapping[str, str], references: Mapping[str, Sequence[str]]) -> dict[str, float]:
@@ -280,9 +263,7 @@ def squad_metrics(predictions: Mapping[str, str], references: Mapping[str, Seque
         raise ValueError("references is empty")
     unknown = [key for key in predictions if key not in references]
     if unknown:
-        raise ValueError(
-            f"{len(unknown)} prediction(s) for question ids not in references, e.g. {unknown[:3]!r}"
-        )
+        raise ValueError(f"{len(unknown)} prediction(s) for question ids not in references, e.g. {unknown[:3]!r}")
     exact_match = f1 = 0.0
     for key, truths in references.items():
         if key in predictions:
@@ -295,13 +276,8 @@ def squad_metrics(predictions: Mapping[str, str], references: Mapping[str, Seque
 # per-task dispatch
 # --------------------------------------------------------------------------------------
 
-_METRICS = {
-    "accuracy": accuracy,
-    "f1": f1_binary,
-    "matthews": matthews_corrcoef,
-    "pearson": pearson,
-    "spearman": spearman,
-}
+_METRICS = {"accuracy": accuracy, "f1": f1_binary, "matthews": matthews_corrcoef, "pearson": pearson,
+            "spearman": spearman}
 
 
 def compute_metrics(task, predictions, labels) -> dict[str, float]:
@@ -332,20 +308,17 @@ def compute_metrics(task, predictions, labels) -> dict[str, float]:
     """
     task_key = task.key
     if task.kind == "qa":
-        raise ValueError(
-            f"task {task_key!r} is extractive QA: score text answers with istar.core.metrics.squad_metrics "
-            "(after istar.data.qa.postprocess_predictions), not compute_metrics"
-        )
+        raise ValueError(f"task {task_key!r} is extractive QA: score text answers with "
+                         "istar.core.metrics.squad_metrics (after istar.data.qa.postprocess_predictions), not "
+                         "compute_metrics")
     predictions, labels = _as_pair(predictions, labels)
     if task.kind == "classification":
         for name, values in (("predictions", predictions), ("labels", labels)):
             if not np.issubdtype(values.dtype, np.integer):
                 raise ValueError(f"{task_key}: {name} must be integer class ids; got dtype {values.dtype}")
             if values.min() < 0 or values.max() >= task.num_labels:
-                raise ValueError(
-                    f"{task_key}: {name} must be class ids in [0, {task.num_labels}); "
-                    f"got values in [{values.min()}, {values.max()}]"
-                )
+                raise ValueError(f"{task_key}: {name} must be class ids in [0, {task.num_labels}); got values in "
+                                 f"[{values.min()}, {values.max()}]")
     return {name: _METRICS[name](predictions, labels) for name in task.metrics}
 
 

@@ -20,7 +20,6 @@ from typing import Sequence, Union
 
 import torch
 
-from istar import warn_renamed
 from istar.core.isotropy import isoscore_star, isoscore_star_from_covariance
 from istar.core.shrinkage import current_processes
 from istar.core.tokens import get_token_selection
@@ -72,22 +71,18 @@ def resolve_layers(layers: LayerSelection, num_hidden_states: int) -> list[int]:
     if isinstance(layers, str):
         if layers == "all":
             return list(range(1, num_hidden_states))
-        if layers in ("all+embeddings", "all_with_embeddings"):
+        if layers == "all+embeddings":
             return list(range(0, num_hidden_states))
         raise ValueError(f"unknown layer selection {layers!r}: use 'all', 'all+embeddings', an index or a list")
     indices = [layers] if isinstance(layers, int) else list(layers)
     if not indices:
         raise ValueError("the layer selection is empty")
-    resolved = []
     for index in indices:
         if isinstance(index, bool) or not isinstance(index, int):
             raise ValueError(f"layer indices must be integers; got {index!r}")
         if not -num_hidden_states <= index <= last:
-            raise ValueError(
-                f"layer {index} does not exist: this model has layers 0 (embeddings) to {last}"
-            )
-        resolved.append(index % num_hidden_states)
-    return sorted(set(resolved))
+            raise ValueError(f"layer {index} does not exist: this model has layers 0 (embeddings) to {last}")
+    return sorted({index % num_hidden_states for index in indices})
 
 
 def parse_layer_selection(text: str) -> LayerSelection:
@@ -100,17 +95,6 @@ def parse_layer_selection(text: str) -> LayerSelection:
     except ValueError:
         raise ValueError(f"cannot read layer selection {text!r}: use all, all+embeddings, an index or a list like 1,3,5") from None
     return indices[0] if len(indices) == 1 else indices
-
-
-_RENAMED = {"LayerSpec": "LayerSelection", "parse_layer_spec": "parse_layer_selection"}
-
-
-def __getattr__(name: str):
-    """The old names of :data:`_RENAMED`, with a DeprecationWarning (:func:`istar.warn_renamed`)."""
-    if name not in _RENAMED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warn_renamed(name, _RENAMED[name])
-    return globals()[_RENAMED[name]]
 
 
 def check_hidden_states(hidden_states, attention_mask, tokens: str = "real"):
@@ -179,16 +163,8 @@ def token_rows(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tens
     return torch.stack([hidden_states[i] for i in indices])[:, mask].flatten(0, 1)
 
 
-def istar_penalty(
-    hidden_states: Sequence[torch.Tensor],
-    attention_mask: torch.Tensor,
-    *,
-    lam: float,
-    zeta: float,
-    sigma_s: torch.Tensor | None,
-    layers: LayerSelection = "all",
-    tokens: str = "real",
-) -> Penalty:
+def istar_penalty(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, *, lam: float, zeta: float,
+                  sigma_s: torch.Tensor | None, layers: LayerSelection = "all", tokens: str = "real") -> Penalty:
     """The I-STAR term λ·(1 − IsoScore*(X̃, ζ, Σ_S)) of the paper's Eq. (2) / docs/method.md §3.
 
     Parameters
@@ -305,16 +281,9 @@ def global_isoscore_star(rows: torch.Tensor, zeta: float, sigma_s: torch.Tensor 
     return isoscore_star_from_covariance(second_moment / (count - 1), zeta, sigma_s)
 
 
-def global_istar_penalty(
-    hidden_states: Sequence[torch.Tensor],
-    attention_mask: torch.Tensor,
-    *,
-    lam: float,
-    zeta: float,
-    sigma_s: torch.Tensor | None,
-    layers: LayerSelection = "all",
-    tokens: str = "real",
-) -> Penalty:
+def global_istar_penalty(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, *, lam: float,
+                         zeta: float, sigma_s: torch.Tensor | None, layers: LayerSelection = "all",
+                         tokens: str = "real") -> Penalty:
     """:func:`istar_penalty` on the global batch of all data-parallel processes.
 
     Same arguments and result as :func:`istar_penalty`. Under several processes (an

@@ -107,8 +107,7 @@ def merge_across_processes(accumulator: CovarianceAccumulator, processes: Proces
     if processes.gather is None:
         return accumulator
     gather, device = processes.gather, processes.device
-    count = torch.tensor([float(accumulator.count)], dtype=torch.float64, device=device)
-    counts = gather(count).cpu()
+    counts = gather(torch.tensor([float(accumulator.count)], dtype=torch.float64, device=device)).cpu()
     means = gather(accumulator.mean.to(device)[None]).cpu()
     m2s = gather(accumulator.m2.to(device)[None]).cpu()
     merged = CovarianceAccumulator(accumulator.dim)
@@ -135,8 +134,7 @@ def save_shrinkage(path, per_layer: list[CovarianceAccumulator], layers: list[in
         "per_layer.m2": torch.stack([a.m2.cpu() for a in per_layer]),
     }
     provenance = {**provenance, "layers": list(layers), "rows": selection.count, "istar_version": __version__}
-    bad = first_non_finite(tensors)
-    if bad is not None:
+    if (bad := first_non_finite(tensors)) is not None:
         raise NonFiniteStatistics(f"Σ_S for {path} is not finite (NaN or inf in {bad}); nothing was written")
     write_sigma_file(path, tensors, provenance)
 

@@ -49,16 +49,13 @@ class TokenSelection:
         return mask if self.masked else mask.new_ones(mask.shape)
 
 
-TOKEN_SELECTIONS: dict[str, TokenSelection] = {
-    selection.key: selection
-    for selection in (
-        TokenSelection("real", "", masked=True, pad_multiple=True, sigma_uses_training_batches=False,
-                       label="real tokens", marker="o", description="real tokens only (attention mask 1)"),
-        TokenSelection("all_positions", "_allpos", masked=False, pad_multiple=False, sigma_uses_training_batches=True,
-                       label="all positions", marker="s", description="every position of the batch padded to its longest sequence, padding included "
-                                   "(the reference code)"),
-    )
-}
+TOKEN_SELECTIONS: dict[str, TokenSelection] = {selection.key: selection for selection in (
+    TokenSelection("real", "", masked=True, pad_multiple=True, sigma_uses_training_batches=False,
+                   label="real tokens", marker="o", description="real tokens only (attention mask 1)"),
+    TokenSelection("all_positions", "_allpos", masked=False, pad_multiple=False, sigma_uses_training_batches=True,
+                   label="all positions", marker="s", description="every position of the batch padded to its longest "
+                                                                  "sequence, padding included (the reference code)"),
+)}
 
 TOKEN_SELECTION_NAMES: tuple[str, ...] = tuple(TOKEN_SELECTIONS)
 """The token selections in registry order; the first is the default."""

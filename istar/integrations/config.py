@@ -11,7 +11,7 @@ and where Σ_S comes from: computed from the current model (before training and,
 from __future__ import annotations
 
 import os
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,11 +22,10 @@ from istar.core.shrinkage import current_processes, load_shrinkage
 from istar.core.tokens import get_token_selection
 from istar.io.artifacts import DamagedArtifactError
 from istar.models import shrinkage
-from istar.models.shrinkage import renamed_keyword, shrinkage_covariance
+from istar.models.shrinkage import shrinkage_covariance
 from istar.registry.methods import Method, get_method
 
-__all__ = ["IStarConfig", "check_mask", "SigmaSchedule", "penalty_logs",
-           "LogMeans"]
+__all__ = ["IStarConfig", "check_mask", "SigmaSchedule", "IStarHolder", "penalty_logs", "LogMeans"]
 
 
 @dataclass(frozen=True)
@@ -67,10 +66,6 @@ class IStarConfig:
         The first epoch's Σ_S instead of one computed from the model: a (d, d) tensor (d the model's
         hidden size) or the path of the file ``istar shrinkage`` writes (its Σ_S is rebuilt for
         ``layers``). Needs a method that shrinks (I-STAR with ζ > 0).
-    sigma_rows : int, optional
-        The old name of ``shrinkage_rows`` (a deprecated keyword; the attribute is ``shrinkage_rows``).
-    recompute_every_epoch : bool, optional
-        The old name of ``recompute_shrinkage`` (a deprecated keyword; the attribute is ``recompute_shrinkage``).
 
     Raises
     ------
@@ -96,14 +91,8 @@ class IStarConfig:
     recompute_shrinkage: bool = default_of("shrinkage.recompute_every_epoch")
     global_penalty: bool = default_of("penalty.global_penalty")
     sigma_s: torch.Tensor | str | os.PathLike | None = field(default=None, compare=False, repr=False)
-    sigma_rows: InitVar[int | None] = None  # the old names, as keywords only
-    recompute_every_epoch: InitVar[bool | None] = None
 
-    def __post_init__(self, sigma_rows, recompute_every_epoch):
-        for old, new, value in (("sigma_rows", "shrinkage_rows", sigma_rows),
-                                ("recompute_every_epoch", "recompute_shrinkage", recompute_every_epoch)):
-            if value is not None:
-                object.__setattr__(self, new, renamed_keyword(None, value, old, new))
+    def __post_init__(self):
         method = get_method(self.method)
         object.__setattr__(self, "lam", self._resolved("lam", self.lam, method, "$defs.lambda"))
         object.__setattr__(self, "zeta", self._resolved("zeta", self.zeta, method, "$defs.zeta"))
@@ -124,8 +113,7 @@ class IStarConfig:
             return float(default_of(method.default_lam_key if name == "lam" else schema_key))
         if not method.takes(name) and value != 0:
             raise ValueError(f"method {method.key!r} takes no {name}; got {name}={value}: leave it out")
-        problem = out_of_range(value, schema_entry(schema_key))
-        if problem is not None:
+        if (problem := out_of_range(value, schema_entry(schema_key))) is not None:
             raise ValueError(f"{name} must {problem}; got {value!r}")
         return float(value)
 
@@ -158,10 +146,8 @@ class IStarConfig:
         """
         if self.sigma_s is None:
             return None
-        hidden_size = int(model.config.hidden_size)
-        if isinstance(self.sigma_s, torch.Tensor):
-            sigma = self.sigma_s
-        else:
+        hidden_size, sigma = int(model.config.hidden_size), self.sigma_s
+        if not isinstance(sigma, torch.Tensor):
             states = int(model.config.num_hidden_layers) + 1
             try:
                 sigma, _ = load_shrinkage(self.sigma_s, resolve_layers(self.layers, states), expected_dim=hidden_size)
@@ -211,6 +197,28 @@ class SigmaSchedule(shrinkage.SigmaSchedule):
             model, loader, layers=config.layers, tokens=config.tokens, shrinkage_rows=config.shrinkage_rows,
             accelerator=accelerator, progress=progress, description=f"Σ_S at epoch {epoch + 1}"))
         return None if sigma is None else float(isoscore_star_from_covariance(sigma))  # IsoScore: ζ = 0
+
+
+class IStarHolder:
+    """What each integration (the Trainer mixin, IStarModel, IStarLoss) holds: its :class:`IStarConfig` as ``istar``,
+    the per-epoch Σ_S schedule and the means of the penalty's logs; the Σ_S in use is read through it."""
+
+    def _hold(self, istar: IStarConfig, usage: str) -> None:
+        """Keep ``istar`` with a new schedule and log means; a TypeError showing ``usage`` (the call that makes an
+        IStarConfig) unless it is an IStarConfig."""
+        if not isinstance(istar, IStarConfig):
+            raise TypeError(f"istar must be an IStarConfig ({usage}); got {type(istar).__name__}")
+        self.istar, self._schedule, self._istar_logs = istar, SigmaSchedule(istar), LogMeans()
+
+    @property
+    def sigma_s(self) -> torch.Tensor | None:
+        """The current Σ_S, (d, d) float64 on the model's device (None before the first epoch's, or with ζ = 0)."""
+        return self._schedule.sigma_s
+
+    @property
+    def sigma_epoch(self) -> int:
+        """The epoch whose start Σ_S was set at (−1 before the first)."""
+        return self._schedule.sigma_epoch
 
 
 def penalty_logs(config: IStarConfig, task_loss: torch.Tensor, penalty: Penalty | None) -> dict[str, torch.Tensor]:

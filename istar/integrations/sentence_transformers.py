@@ -24,8 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from istar.core.shrinkage import current_processes
-from istar.integrations.config import IStarConfig, LogMeans, SigmaSchedule, penalty_logs
+from istar.integrations.config import IStarConfig, IStarHolder, penalty_logs
 from istar.models.shrinkage import text_batches
 
 __all__ = ["IStarLoss", "union_of_batches"]
@@ -52,7 +51,7 @@ def union_of_batches(captured: list[tuple[tuple[torch.Tensor, ...], torch.Tensor
     return states, masks
 
 
-class IStarLoss(torch.nn.Module):
+class IStarLoss(IStarHolder, torch.nn.Module):
     """A sentence-transformers loss plus the I-STAR (or CosReg) penalty of all layers' token embeddings.
 
     Parameters
@@ -88,9 +87,6 @@ class IStarLoss(torch.nn.Module):
         from sentence_transformers.base.losses.gradcache import uses_gradient_cache
         from sentence_transformers.base.modules import Transformer
 
-        if not isinstance(istar, IStarConfig):
-            raise TypeError(f"istar must be an IStarConfig (IStarLoss(model, loss, IStarConfig(lam=..., zeta=...))); "
-                            f"got {type(istar).__name__}")
         if not isinstance(model[0], Transformer):
             raise ValueError(f"IStarLoss reads the token embeddings of the model's first module, a Transformer; "
                              f"this model's is {type(model[0]).__name__}")
@@ -98,18 +94,11 @@ class IStarLoss(torch.nn.Module):
             raise ValueError(f"{type(loss).__name__} embeds without gradients (GradCache), so no penalty can reach "
                              "the model: wrap its uncached form (MultipleNegativesRankingLoss, …)")
         super().__init__()
+        self._hold(istar, "IStarLoss(model, loss, IStarConfig(lam=..., zeta=...))")
         self.model = model
         self.loss = loss
-        self.istar = istar
         self.sigma_data = sigma_data
         self.batch_size = batch_size
-        self._schedule = SigmaSchedule(istar)
-        self._logs = LogMeans()
-
-    @property
-    def sigma_s(self) -> torch.Tensor | None:
-        """The current Σ_S, (d, d) float64 on the model's device (None before the first refresh or with ζ = 0)."""
-        return self._schedule.sigma_s
 
     def _transformer(self):
         return getattr(self.model, "module", self.model)[0]  # the trainer may put a DDP wrapper in its place
@@ -126,16 +115,14 @@ class IStarLoss(torch.nn.Module):
             raise ValueError("Σ_S is computed from the model but no texts were given: IStarLoss(model, loss, istar, "
                              "sigma_data=train_dataset['anchor']), or a fixed IStarConfig(sigma_s=..., "
                              "recompute_shrinkage=False)")
-        batches = None
-        if computed:
-            processes = current_processes(accelerator)
-            batches = list(text_batches(self.sigma_data, transformer.tokenizer, self.batch_size,
-                                        transformer.max_seq_length or 512, shard=(processes.rank, processes.size)))
+        batches = text_batches(self.sigma_data, transformer.tokenizer, self.batch_size, transformer.max_seq_length or 512,
+                               accelerator) if computed else None
         return self._schedule.update(epoch, transformer.auto_model, batches, accelerator, progress=progress)
 
     def pop_logs(self, accelerator=None) -> dict[str, float]:
         """The means since the last call of the penalty's measures (``isoscore_star`` or ``cosine_similarity``)."""
-        return {key: value for key, value in self._logs.pop(accelerator).items() if not key.endswith(("_loss", "_penalty"))}
+        return {key: value for key, value in self._istar_logs.pop(accelerator).items()
+                if not key.endswith(("_loss", "_penalty"))}
 
     def forward(self, sentence_features, labels):
         model = getattr(self.model, "module", self.model)
@@ -172,6 +159,5 @@ class IStarLoss(torch.nn.Module):
         states, mask = union_of_batches(captured)
         penalty = self.istar.penalty(states, mask, self.sigma_s)
         task_parts = task if isinstance(task, dict) else {"task_loss": task}
-        logs = penalty_logs(self.istar, sum(task_parts.values()), penalty)
-        self._logs.add(logs)
+        self._istar_logs.add(penalty_logs(self.istar, sum(task_parts.values()), penalty))
         return {**task_parts, f"{self.istar.method}_penalty": penalty.term}

@@ -49,7 +49,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from istar.core.tokens import get_token_selection
-from istar.integrations.config import IStarConfig, LogMeans, SigmaSchedule, check_mask, penalty_logs
+from istar.integrations.config import IStarConfig, IStarHolder, check_mask, penalty_logs
 from istar.models.shrinkage import forked_rng
 
 __all__ = ["IStarTrainerMixin", "IStarTrainer", "SIGMA_CHECKPOINT"]
@@ -78,7 +78,7 @@ class _SigmaRefresh(TrainerCallback):
                        folder / SIGMA_CHECKPOINT)
 
 
-class IStarTrainerMixin:
+class IStarTrainerMixin(IStarHolder):
     """The I-STAR penalty for any ``transformers.Trainer`` subclass (see the module docstring).
 
     ``class MyTrainer(IStarTrainerMixin, SomeTrainer)`` adds it to ``SomeTrainer``; the
@@ -113,24 +113,10 @@ class IStarTrainerMixin:
     loss_is_scaled_for_ga = True
 
     def __init__(self, *args, istar: IStarConfig, **kwargs):
-        if not isinstance(istar, IStarConfig):
-            raise TypeError(f"istar must be an IStarConfig (istar=IStarConfig(lam=..., zeta=...)); got {type(istar).__name__}")
+        self._hold(istar, "istar=IStarConfig(lam=..., zeta=...)")
         super().__init__(*args, **kwargs)
-        self.istar = istar
-        self._schedule = SigmaSchedule(istar)
-        self._istar_logs = LogMeans()
         self._resumed_from: Path | None = None
         self.add_callback(_SigmaRefresh(self))
-
-    @property
-    def sigma_s(self) -> torch.Tensor | None:
-        """The current Σ_S, (d, d) float64 on the training device (None before training or with ζ = 0)."""
-        return self._schedule.sigma_s
-
-    @property
-    def sigma_epoch(self) -> int:
-        """The epoch whose start Σ_S was set at (−1 before the first)."""
-        return self._schedule.sigma_epoch
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """The Trainer's ``train``; a run resumed from a checkpoint takes the Σ_S saved in it."""
@@ -198,7 +184,9 @@ class IStarTrainerMixin:
         task_loss, outputs = result if return_outputs else (result, None)
         penalty = self._penalty(captured, inputs) if penalised else None
         self._istar_logs.add(penalty_logs(self.istar, task_loss, penalty))
-        loss = (task_loss if penalty is None else task_loss + penalty.term) / self._accumulation_divisor(num_items_in_batch)
+        # divided by the optimizer step's micro-batches here: the Trainer does not (loss_is_scaled_for_ga above)
+        steps = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+        loss = (task_loss if penalty is None else task_loss + penalty.term) / steps
         return (loss, outputs) if return_outputs else loss
 
     def _penalty(self, captured: list, inputs):
@@ -209,18 +197,6 @@ class IStarTrainerMixin:
             raise ValueError("the model returned no hidden_states although the Trainer asked for them: I-STAR needs a "
                              "Hugging Face model whose forward takes output_hidden_states=True and returns a ModelOutput")
         return self.istar.penalty(hidden_states, inputs.get("attention_mask"), self.sigma_s)
-
-    def _accumulation_divisor(self, num_items_in_batch) -> int:
-        """What this loss is divided by here: the micro-batches of the optimizer step, unless the Trainer divides.
-
-        Trainers that know ``loss_is_scaled_for_ga`` (set True below) never divide a loss from here;
-        older ones divide unless the model takes loss kwargs and got ``num_items_in_batch``.
-        """
-        steps = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
-        if hasattr(Trainer, "loss_is_scaled_for_ga"):
-            return steps
-        trainer_divides = not (getattr(self, "model_accepts_loss_kwargs", False) and num_items_in_batch is not None)
-        return 1 if trainer_divides else steps
 
     def log(self, logs: dict, *args, **kwargs) -> None:
         """The Trainer's log, with the penalty's means since the last training log (every process calls this)."""

@@ -29,7 +29,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import CallbackHandler
 
-from istar.integrations.config import IStarConfig, LogMeans, SigmaSchedule, check_mask, penalty_logs
+from istar.integrations.config import IStarConfig, IStarHolder, check_mask, penalty_logs
 from istar.io.artifacts import write_json
 from istar.models.shrinkage import forked_rng
 
@@ -64,7 +64,7 @@ def penalty_share(labels: torch.Tensor | None, num_items_in_batch, shifted: bool
     return counted.ne(-100).sum() / torch.as_tensor(num_items_in_batch, device=labels.device).clamp_min(1)
 
 
-class IStarModel(torch.nn.Module):
+class IStarModel(IStarHolder, torch.nn.Module):
     """A Hugging Face model whose training ``forward`` adds the I-STAR (or CosReg) penalty to ``outputs.loss``.
 
     ``IStarModel(model, ...)`` returns ``model`` itself seen through a subclass of its class (named as
@@ -123,9 +123,6 @@ class IStarModel(torch.nn.Module):
     accepts_loss_kwargs = False
 
     def __new__(cls, model, istar: IStarConfig, sigma_data=None):
-        if not isinstance(istar, IStarConfig):
-            raise TypeError(f"istar must be an IStarConfig (IStarModel(model, IStarConfig(lam=..., zeta=...))); "
-                            f"got {type(istar).__name__}")
         parameters = inspect.signature(model.forward).parameters.values()
         if not any(p.name == "output_hidden_states" or p.kind is p.VAR_KEYWORD for p in parameters):
             raise TypeError(f"{type(model).__name__}.forward takes no output_hidden_states, which IStarModel passes to "
@@ -137,25 +134,13 @@ class IStarModel(torch.nn.Module):
         return wrapped
 
     def __init__(self, model, istar: IStarConfig, sigma_data=None):  # torch's Module.__init__ would empty the state
-        self.istar = istar
+        self._hold(istar, "IStarModel(model, IStarConfig(lam=..., zeta=...))")
         self.sigma_data = sigma_data
-        self._schedule = SigmaSchedule(istar)
-        self._logs = LogMeans()
         self._sigma_source: str | None = None
 
     def __reduce_ex__(self, protocol):
         # copy.deepcopy and pickle rebuild the run-time subclass from the wrapped model's class, an importable one
         return _rebuilt, (type(self).__bases__[1],), self.__dict__
-
-    @property
-    def sigma_s(self) -> torch.Tensor | None:
-        """The current Σ_S, (d, d) float64 on the model's device (None before :meth:`refresh_sigma` or with ζ = 0)."""
-        return self._schedule.sigma_s
-
-    @property
-    def sigma_epoch(self) -> int:
-        """The epoch whose start Σ_S was set at (−1 before the first)."""
-        return self._schedule.sigma_epoch
 
     def refresh_sigma(self, epoch: int, accelerator=None, progress: bool = True) -> float | None:
         """Σ_S for the start of ``epoch`` (0-based): the given one or one computed over ``sigma_data`` at the first,
@@ -190,9 +175,8 @@ class IStarModel(torch.nn.Module):
                 check_mask(next(iter(self.sigma_data)), self.istar, "the Σ_S batches")
         score = self._schedule.update(epoch, self, self.sigma_data, accelerator, progress=progress)
         if score is not None:
-            given_tensor = isinstance(self.istar.sigma_s, torch.Tensor)
-            self._sigma_source = ("the model over sigma_data" if computed
-                                  else "a tensor given" if given_tensor else str(self.istar.sigma_s))
+            self._sigma_source = ("the model over sigma_data" if computed else "a tensor given"
+                                  if isinstance(self.istar.sigma_s, torch.Tensor) else str(self.istar.sigma_s))
         return score
 
     def forward(self, *args, labels=None, **kwargs):
@@ -223,7 +207,7 @@ class IStarModel(torch.nn.Module):
             raise ValueError("the model returned no loss or no hidden_states: IStarModel needs a Hugging Face model "
                              "that takes labels and output_hidden_states=True and returns a ModelOutput")
         penalty = self.istar.penalty(hidden_states, kwargs.get("attention_mask"), self.sigma_s)
-        self._logs.add(penalty_logs(self.istar, outputs.loss, penalty))
+        self._istar_logs.add(penalty_logs(self.istar, outputs.loss, penalty))
         share = 1.0 if kwargs.get("num_items_in_batch") is None else penalty_share(
             kwargs.get("labels"), kwargs["num_items_in_batch"], shifted=self._shifts_labels())
         outputs["loss"] = outputs.loss + share * penalty.term
@@ -242,7 +226,7 @@ class IStarModel(torch.nn.Module):
         ``cosreg_penalty``, ``cosine_similarity``) over the training forwards, averaged over the processes
         (``accelerator``'s, or an initialised ``torch.distributed`` group's: call it on every process); empty
         when none ran."""
-        return self._logs.pop(accelerator)
+        return self._istar_logs.pop(accelerator)
 
     def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs) -> None:
         """The wrapped model's ``save_pretrained`` (a peft model's: its adapter folder), and :data:`ISTAR_SETTINGS`.

@@ -44,7 +44,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["NAME_MAX", "TEMP_NAME_EXTRA", "NOT_IN_NAMES", "name_problem", "StorageError", "OutOfSpaceError", "NotEnoughSpaceError", "format_bytes", "check_free_space", "NotWritableError", "storage_errors", "storage_error", "check_writable", "atomic_path", "write_json", "write_text", "replace_directory", "DamagedArtifactError",
+__all__ = ["NAME_MAX", "TEMP_NAME_EXTRA", "NOT_IN_NAMES", "name_problem", "StorageError", "OutOfSpaceError", "NotEnoughSpaceError", "format_bytes", "check_free_space", "NotWritableError", "storage_errors", "check_writable", "atomic_path", "write_json", "write_text", "replace_directory", "DamagedArtifactError",
            "file_digest", "verify_file", "record_digests", "verify_digests", "DIGESTS", "tensor_digest",
            "save_tensors", "load_tensors", "read_json", "verify_artifact"]
 
@@ -66,9 +66,8 @@ class DamagedArtifactError(ValueError):
 
     def __init__(self, path, problem: str, target=None, fix: str | None = None):
         self.path, self.problem = Path(path), problem
-        target = target if target is not None else path
-        fix = fix or (f"rebuild it with `snakemake --forcerun {target}` (or delete it and run the step that wrote "
-                      "it again)")
+        fix = fix or (f"rebuild it with `snakemake --forcerun {path if target is None else target}` (or delete it and "
+                      "run the step that wrote it again)")
         super().__init__(f"{path} is damaged ({problem}): {fix}")
 
 
@@ -172,16 +171,13 @@ def _chain(error: BaseException):
         error = error.__cause__ or error.__context__
 
 
-def is_out_of_space(error: BaseException, path) -> bool:
+def _is_out_of_space(error: BaseException, path) -> bool:
     """Whether ``error``, raised while writing ``path``, means the disk (or quota) is full."""
-    if isinstance(error, OutOfSpaceError):
-        return True
     if not isinstance(error, (OSError, RuntimeError)) and "Safetensor" not in type(error).__name__:
         return False  # not an I/O failure (KeyboardInterrupt, a bug in the writer, …)
     for cause in _chain(error):
-        if isinstance(cause, OSError) and cause.errno in _OUT_OF_SPACE:
-            return True
-        if any(text in str(cause) for text in _OUT_OF_SPACE_TEXT):
+        if (isinstance(cause, OSError) and cause.errno in _OUT_OF_SPACE) or any(
+                text in str(cause) for text in _OUT_OF_SPACE_TEXT):
             return True
     try:
         return _free_bytes(Path(path)) < NEARLY_FULL
@@ -189,34 +185,25 @@ def is_out_of_space(error: BaseException, path) -> bool:
         return False
 
 
-def storage_error(error: BaseException, path, kept: str | None, existed: bool) -> BaseException:
-    """The :class:`StorageError` that ``error``, raised while writing ``path``, stands for (or ``error``
-    itself). Call it before a partial output is removed: its size is what shows a full disk."""
-    path = Path(path)
-    if isinstance(error, StorageError):
-        return error
-    if is_out_of_space(error, path):
-        return OutOfSpaceError(path, kept or (f"the previous {path.name} is kept unchanged" if existed
-                                             else f"{path.name} was not written"))
-    if isinstance(error, OSError) and error.errno in _NOT_WRITABLE:
-        return NotWritableError(path.parent, error.strerror, error.errno)
-    return error
-
-
 @contextmanager
 def storage_errors(path, kept: str | None = None):
     """Run a write of ``path`` (a file or a folder): a full disk raises :class:`OutOfSpaceError`, a
     refused write :class:`NotWritableError`, both naming ``path``. ``kept``: what is still there
     (default: the previous ``path`` if it exists, else that nothing was written). Wrap the write
-    itself, inside any clean-up of its partial output."""
-    existed = Path(path).exists()
+    itself, inside any clean-up of its partial output: the partial output's size is what shows a full disk."""
+    path = Path(path)
+    existed = path.exists()
     try:
         yield
+    except StorageError:
+        raise
     except BaseException as error:
-        translated = storage_error(error, path, kept, existed)
-        if translated is error:
-            raise
-        raise translated from error
+        if _is_out_of_space(error, path):
+            raise OutOfSpaceError(path, kept or (f"the previous {path.name} is kept unchanged" if existed
+                                                 else f"{path.name} was not written")) from error
+        if isinstance(error, OSError) and error.errno in _NOT_WRITABLE:
+            raise NotWritableError(path.parent, error.strerror, error.errno) from error
+        raise
 
 
 def check_writable(*folders) -> None:
@@ -316,14 +303,12 @@ def replace_directory(staging, final) -> None:
     for path in staging.rglob("*"):
         if path.is_file() and not path.is_symlink():
             os.chmod(path, mode)
+    old = final.with_name(f".{final.name}.old")
     if final.exists():
-        old = final.with_name(f".{final.name}.old")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
-        os.replace(staging, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staging, final)
+    os.replace(staging, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- file digests

@@ -32,8 +32,7 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["code_provenance", "git_provenance", "package_versions", "package_sha256", "portable_path",
-           "KEY_PACKAGES"]
+__all__ = ["code_provenance", "git_provenance", "package_versions", "package_sha256", "portable_path", "KEY_PACKAGES"]
 
 # The packages whose versions can change a result.
 KEY_PACKAGES = ("istar", "torch", "transformers", "accelerate", "numpy", "scipy", "tokenizers", "safetensors")

@@ -58,8 +58,7 @@ def read_sigma_file(path) -> tuple[dict, dict]:
     if "provenance" not in metadata or any(name not in tensors for name in PER_LAYER_TENSORS):
         raise artifacts.DamagedArtifactError(path, "not a Σ_S file written by `istar shrinkage` (no per-layer "
                                                    "statistics or provenance)")
-    bad = first_non_finite(tensors)
-    if bad is not None:
+    if (bad := first_non_finite(tensors)) is not None:
         raise artifacts.DamagedArtifactError(path, f"it holds NaN or inf in {bad}, which `istar shrinkage` never "
                                                    "writes")
     return tensors, json.loads(metadata["provenance"])

@@ -22,6 +22,7 @@ again before ``from_pretrained``.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -55,8 +56,7 @@ def safetensors_problem(path) -> str | None:
 def folder_weights_problem(folder) -> str | None:
     """One line naming the first incomplete ``*.safetensors`` file of a model folder and the fix, or None."""
     for path in sorted(Path(folder).glob("*.safetensors")):
-        problem = safetensors_problem(path)
-        if problem is not None:
+        if (problem := safetensors_problem(path)) is not None:
             return f"{path} is incomplete or damaged ({problem}): {_REFETCH}"
     return None
 
@@ -74,23 +74,17 @@ class _Reader:
     def __init__(self, handle, order: str):
         self.handle, self.order = handle, order
 
-    def take(self, fmt: str):
-        size = struct.calcsize(self.order + fmt)
-        data = self.handle.read(size)
-        if len(data) < size:
-            raise _Short
-        return struct.unpack(self.order + fmt, data)[0]
-
-    def skip(self, size: int) -> None:
-        if size < 0 or len(self.handle.read(size)) < size:
-            raise _Short
-
-    def string(self) -> bytes:
-        length = self.take("Q")
-        data = self.handle.read(length)
-        if len(data) < length:
+    def read(self, size: int) -> bytes:
+        """The next ``size`` bytes; :class:`_Short` where the file ends first."""
+        if size < 0 or len(data := self.handle.read(size)) < size:
             raise _Short
         return data
+
+    def take(self, fmt: str):
+        return struct.unpack(self.order + fmt, self.read(struct.calcsize(self.order + fmt)))[0]
+
+    def string(self) -> bytes:
+        return self.read(self.take("Q"))
 
     def value(self, kind: int):
         """A key's value: scalars and strings returned, arrays skipped (None)."""
@@ -99,7 +93,7 @@ class _Reader:
         if kind == _GGUF_ARRAY:
             item, count = self.take("I"), self.take("Q")
             if item in _GGUF_SCALARS:
-                self.skip(count * struct.calcsize(self.order + _GGUF_SCALARS[item]))
+                self.read(count * struct.calcsize(self.order + _GGUF_SCALARS[item]))
             else:
                 for _ in range(count):
                     self.value(item)
@@ -119,12 +113,9 @@ def gguf_problem(path) -> str | None:
         with open(path, "rb") as handle:
             if handle.read(4) != b"GGUF":
                 return f"{path} is not a GGUF file (it does not start with 'GGUF'): {_REFETCH}"
-            version = handle.read(4)
-            if len(version) < 4:
-                raise _Short
+            reader = _Reader(handle, "<")
             # GGUF files are little-endian unless written for a big-endian machine (version bytes swapped).
-            order = "<" if struct.unpack("<I", version)[0] < 0x10000 else ">"
-            reader = _Reader(handle, order)
+            reader.order = "<" if reader.take("I") < 0x10000 else ">"
             n_tensors, n_keys = reader.take("Q"), reader.take("Q")
             alignment = 32
             for _ in range(n_keys):
@@ -138,10 +129,7 @@ def gguf_problem(path) -> str | None:
                 dims = [reader.take("Q") for _ in range(reader.take("I"))]
                 kind, offset = reader.take("I"), reader.take("Q")
                 block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-                elements = 1
-                for dim in dims:
-                    elements *= dim
-                end = max(end, offset + elements // block * block_bytes)
+                end = max(end, offset + math.prod(dims) // block * block_bytes)
             start = -(-handle.tell() // alignment) * alignment
     except _Short:
         return f"{path} is incomplete: it ends ({size:,} bytes) inside its header: {_REFETCH}"

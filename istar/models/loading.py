@@ -20,6 +20,7 @@ and records it. :func:`load_model` and :func:`load_tokenizer` always load a hub 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import inspect
@@ -30,14 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from istar.io import artifacts
-from istar.io.revisions import (
-    DEFAULT_REVISION,
-    OFFLINE_FIX,
-    RevisionUnavailableError,
-    cached_commit,
-    offline,
-    resolve_revision,
-)
+from istar.io.revisions import (DEFAULT_REVISION, OFFLINE_FIX, RevisionUnavailableError, cached_commit, offline,
+                                resolve_revision)
 from istar.models.files import folder_weights_problem, gguf_problem
 from istar.registry.tasks import Task
 
@@ -119,8 +114,7 @@ def _checked_local_path(path: Path, source: str) -> str:
         raise ValueError(f"model source {source!r}: folder {path} does not exist")
     if not (path / "config.json").is_file():
         raise ValueError(f"model source {source!r}: {path} has no config.json, so it is not a saved model")
-    problem = folder_weights_problem(path)
-    if problem is not None:
+    if (problem := folder_weights_problem(path)) is not None:
         raise ValueError(f"model source {source!r}: {problem}")
     return str(path.resolve())
 
@@ -179,8 +173,7 @@ def gguf_location(source: str) -> tuple[Path, str] | None:
         raise ValueError(f"model source {source!r}: GGUF file {path} does not exist")
     if importlib.util.find_spec("gguf") is None:
         raise ValueError(f"model source {source!r}: reading GGUF files needs the gguf package (pip install gguf)")
-    problem = gguf_problem(path)
-    if problem is not None:
+    if (problem := gguf_problem(path)) is not None:
         raise ValueError(f"model source {source!r}: {problem}")
     return path.parent, path.name
 
@@ -230,8 +223,6 @@ def hidden_states_problem(settings: dict) -> str | None:
     separate encoder and decoder stacks); architectures without a sequence-classification head;
     and heads that neither record hidden states nor take ``output_hidden_states``.
     """
-    import inspect
-
     import transformers
     from transformers import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
@@ -294,17 +285,16 @@ def remembered_hidden_states_problem(settings: dict) -> str | None:
     try:
         verdicts = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):  # (ValueError: undecodable or not JSON)
-        verdicts = {}
-    if not isinstance(verdicts, dict):
-        verdicts = {}
+        verdicts = None
+    verdicts = verdicts if isinstance(verdicts, dict) else {}
     known = verdicts.get(key, False)
     if known is None or isinstance(known, str):
         return known
     problem = hidden_states_problem(settings)
-    try:  # (another process may have added verdicts meanwhile: the last writer wins, the rest are computed again)
+    # another process may have added verdicts meanwhile: the last writer wins, the rest are computed again;
+    # OSError (StorageError included): a read-only or full home costs the time, not the run
+    with contextlib.suppress(OSError):
         artifacts.write_text(path, json.dumps({**verdicts, key: problem}, indent=1) + "\n")
-    except OSError:  # (StorageError included: a read-only or full home costs the time, not the run)
-        pass
     return problem
 
 
@@ -336,16 +326,14 @@ def load_model(source: str, task: Task):
 
     name, kwargs = _pretrained_arguments(source)
     # the config validation checks local folders; a hub model is checked here, before its weights load
-    problem = hidden_states_problem(AutoConfig.from_pretrained(name, **kwargs).to_dict())
-    if problem is not None:
+    if (problem := hidden_states_problem(AutoConfig.from_pretrained(name, **kwargs).to_dict())) is not None:
         raise ValueError(f"model {source}: {problem}")
     kwargs["dtype"] = torch.float32
     if task.kind == "qa":
         return AutoModelForQuestionAnswering.from_pretrained(name, **kwargs)
     problem_type = "regression" if task.kind == "regression" else "single_label_classification"
-    return AutoModelForSequenceClassification.from_pretrained(
-        name, num_labels=task.num_labels, problem_type=problem_type, **kwargs
-    )
+    return AutoModelForSequenceClassification.from_pretrained(name, num_labels=task.num_labels,
+                                                              problem_type=problem_type, **kwargs)
 
 
 def add_cli_arguments(parser) -> None:

@@ -9,11 +9,9 @@ selected layers — the measures ``istar measure`` writes for a fine-tuned run, 
 from __future__ import annotations
 
 import contextlib
-import os
 
 from istar.core.measurement import IsotropyMetric, IsotropyReport
 from istar.core.regularizers import LayerSelection
-from istar.core.shrinkage import current_processes
 from istar.models.hidden_states import hidden_state_pass
 from istar.models.shrinkage import progress_disabled, text_batches
 
@@ -65,12 +63,10 @@ def measure_isotropy(model, data, tokenizer=None, *, sigma_s=None, zeta: float =
     from tqdm.auto import tqdm
 
     if tokenizer is not None:
-        processes = current_processes(accelerator)
-        data = list(text_batches(data, tokenizer, batch_size, max_length, shard=(processes.rank, processes.size)))
+        data = text_batches(data, tokenizer, batch_size, max_length, accelerator)
     metric = IsotropyMetric(zeta=zeta, sigma_s=sigma_s, layers=layers, twonn_discard=twonn_discard, twonn=twonn)
-    main = accelerator.is_local_main_process if accelerator is not None else int(os.environ.get("LOCAL_RANK", "0")) == 0
     autocast = accelerator.autocast if accelerator is not None else contextlib.nullcontext
-    batches = tqdm(data, desc="isotropy", unit="batch", leave=False, disable=progress_disabled(progress and main))
+    batches = tqdm(data, desc="isotropy", unit="batch", leave=False, disable=progress_disabled(progress, accelerator))
     for batch in hidden_state_pass(model, batches, autocast=autocast):
         metric.update(batch.states, batch.mask)
     return metric.compute(accelerator)

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from istar.io import artifacts
+from istar.io.revisions import resolve_revision
 from istar.models.loading import gguf_location, resolve_model_source
 from istar.registry.precisions import run_dtype
 
@@ -83,12 +84,7 @@ def find_final_norm(backbone: torch.nn.Module) -> tuple[str | None, torch.nn.Mod
 
 def parameter_count(model: torch.nn.Module) -> int:
     """Distinct parameters (tied matrices counted once)."""
-    seen, total = set(), 0
-    for parameter in model.parameters():
-        if parameter.data_ptr() not in seen:
-            seen.add(parameter.data_ptr())
-            total += parameter.numel()
-    return total
+    return sum({parameter.data_ptr(): parameter.numel() for parameter in model.parameters()}.values())
 
 
 def _device(name: str) -> torch.device:
@@ -121,12 +117,8 @@ def load_for_survey(spec) -> LoadedModel:
         local = Path(location).is_dir()
         if local and spec.revision:
             raise ValueError(f"model source {spec.model!r} is a local folder: it has no revisions (drop --revision)")
-        commit = None
-        if not local:
-            from istar.io.revisions import resolve_revision
-
-            # Load by commit: a branch (Pythia's step143000) may move, and the commit is what was measured.
-            commit = resolve_revision(location, spec.revision)
+        # Load by commit: a branch (Pythia's step143000) may move, and the commit is what was measured.
+        commit = None if local else resolve_revision(location, spec.revision)
         kwargs = {"local_files_only": local, **({"revision": commit} if commit else {})}
         provenance = {"model": spec.model, "revision": spec.revision, "model_path": location, "commit": commit,
                       "format": "transformers"}

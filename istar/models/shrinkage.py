@@ -18,14 +18,13 @@ from dataclasses import dataclass
 
 import torch
 
-from istar import warn_renamed
 from istar.core.covariance import CovarianceAccumulator
 from istar.core.regularizers import LayerSelection, resolve_layers
 from istar.core.shrinkage import add_hidden_states, current_processes, merge_across_processes, merge_layers
 from istar.core.tokens import get_token_selection
 from istar.models.hidden_states import hidden_state_pass
 
-__all__ = ["default_rows", "progress_disabled", "renamed_keyword", "forked_rng", "accumulate_shrinkage", "SigmaStatistics",
+__all__ = ["default_rows", "progress_disabled", "forked_rng", "accumulate_shrinkage", "SigmaStatistics",
            "sigma_statistics", "shrinkage_covariance", "text_batches", "SigmaSchedule"]
 
 
@@ -36,20 +35,11 @@ def default_rows() -> int:
     return int(default_of("shrinkage.rows"))
 
 
-def progress_disabled(show: bool = True) -> bool:
-    """Whether a progress bar stays hidden: not asked for (``show``), or ``TQDM_DISABLE`` set to a true value."""
-    return not show or os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
-
-
-def renamed_keyword(value, old_value, old: str, new: str):
-    """``value``, or ``old_value`` given under a keyword's old name (with a DeprecationWarning naming the new one
-    and the release that removes the old: :func:`istar.warn_renamed`)."""
-    if old_value is None:
-        return value
-    if value is not None and value != old_value:
-        raise TypeError(f"{old}= is the old name of {new}=: give one of them")
-    warn_renamed(f"{old}=", f"{new}=", stacklevel=4)
-    return old_value
+def progress_disabled(show: bool = True, accelerator=None) -> bool:
+    """Whether a progress bar stays hidden: not asked for (``show``), not on the main process of its machine
+    (``accelerator``'s, else the one whose ``LOCAL_RANK`` is 0), or ``TQDM_DISABLE`` set to a true value."""
+    main = accelerator.is_local_main_process if accelerator is not None else int(os.environ.get("LOCAL_RANK", "0")) == 0
+    return not (show and main) or os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
 
 
 @contextlib.contextmanager
@@ -61,10 +51,8 @@ def forked_rng(device: torch.device) -> Iterator[None]:
     next (dropout, the data order), and λ = 0 with ζ > 0 would train differently from ζ = 0.
     """
     device = torch.device(device)
-    if device.type == "cpu":
-        devices = []
-    else:
-        devices = [device.index if device.index is not None else torch.get_device_module(device.type).current_device()]
+    devices = [] if device.type == "cpu" else [
+        device.index if device.index is not None else torch.get_device_module(device.type).current_device()]
     with torch.random.fork_rng(devices=devices, device_type=device.type):
         yield
 
@@ -72,7 +60,7 @@ def forked_rng(device: torch.device) -> Iterator[None]:
 @torch.no_grad()
 def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSelection = "all", shrinkage_rows: int | None = None,
                          accelerator=None, description: str = "Σ_S", tokens: str = "real",
-                         progress: bool = True, *, max_rows: int | None = None) -> list[CovarianceAccumulator]:
+                         progress: bool = True) -> list[CovarianceAccumulator]:
     """Accumulate per-layer token statistics until the selected layers gave ``shrinkage_rows`` rows.
 
     Every hidden state (embeddings and each layer) gets its own accumulator, at no extra
@@ -97,7 +85,6 @@ def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSelection =
         ``real`` the attention-masked tokens, ``all_positions`` all B·T positions.
     progress : show a progress bar (on the main process, counting batches out of the loader's
         length; ``TQDM_DISABLE=1`` hides it too).
-    max_rows : the old name of ``shrinkage_rows`` (deprecated).
 
     Returns
     -------
@@ -106,7 +93,6 @@ def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSelection =
     """
     from tqdm.auto import tqdm
 
-    shrinkage_rows = renamed_keyword(shrinkage_rows, max_rows, "max_rows", "shrinkage_rows")
     shrinkage_rows = default_rows() if shrinkage_rows is None else int(shrinkage_rows)
     if shrinkage_rows < 2:
         raise ValueError(f"shrinkage_rows = {shrinkage_rows}: Σ_S needs at least 2 rows "
@@ -119,10 +105,9 @@ def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSelection =
                  for _ in range(model.config.num_hidden_layers + 1)]
     selected = resolve_layers(layers, len(per_layer))
     selection = get_token_selection(tokens)
-    main = accelerator.is_local_main_process if accelerator is not None else int(os.environ.get("LOCAL_RANK", "0")) == 0
     autocast = accelerator.autocast if accelerator is not None else contextlib.nullcontext
     total = len(loader) if hasattr(loader, "__len__") else None
-    with tqdm(total=total, unit="batch", desc=description, disable=progress_disabled(progress and main),
+    with tqdm(total=total, unit="batch", desc=description, disable=progress_disabled(progress, accelerator),
               leave=False) as bar:
         for batch in hidden_state_pass(model, loader, device=device, autocast=autocast):
             add_hidden_states(per_layer, batch.states, selection.mask(batch.mask))
@@ -159,29 +144,30 @@ def sigma_statistics(model, loader: Iterable[dict], layers: LayerSelection = "al
 
 
 def text_batches(texts: Sequence, tokenizer, batch_size: int = 32, max_length: int = 128,
-                 shard: tuple[int, int] = (0, 1)) -> Iterator[dict]:
+                 accelerator=None) -> list[dict]:
     """Tokenised, padded batches of ``texts``: strings, or (text, text) pairs for paired tasks.
 
-    ``shard = (rank, processes)`` keeps every ``processes``-th text from ``rank`` on, so that
-    each process of a data-parallel run reads its own part.
+    Under several processes (``accelerator``'s, else an initialised ``torch.distributed`` group:
+    :func:`istar.core.shrinkage.current_processes`) process r of P keeps every P-th text from the r-th on,
+    so that each process of a data-parallel run reads its own part.
     """
-    rank, processes = shard
-    texts = list(texts)[rank::processes]
+    processes = current_processes(accelerator)
+    texts = list(texts)[processes.rank::processes.size]
     if texts and not isinstance(texts[0], (str, tuple, list)):
         raise TypeError(f"texts must be strings or (text, text) pairs; got {type(texts[0]).__name__} "
                         "(pass tokenised batches as a DataLoader instead, without tokenizer=)")
+    batches = []
     for start in range(0, len(texts), batch_size):
         chunk = texts[start:start + batch_size]
-        paired = not isinstance(chunk[0], str)
-        first = [item[0] for item in chunk] if paired else chunk
-        second = [item[1] for item in chunk] if paired else None
-        yield dict(tokenizer(first, second, padding=True, truncation=True, max_length=max_length, return_tensors="pt"))
+        columns = (chunk,) if isinstance(chunk[0], str) else ([item[0] for item in chunk], [item[1] for item in chunk])
+        batches.append(dict(tokenizer(*columns, padding=True, truncation=True, max_length=max_length,
+                                      return_tensors="pt")))
+    return batches
 
 
 def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSelection = "all", tokens: str = "real",
                          shrinkage_rows: int | None = None, batch_size: int = 32, max_length: int = 128,
-                         accelerator=None, progress: bool = True, description: str = "Σ_S",
-                         max_rows: int | None = None) -> torch.Tensor:
+                         accelerator=None, progress: bool = True, description: str = "Σ_S") -> torch.Tensor:
     """Σ_S of ``model`` on ``data``: the shrinkage covariance :func:`istar.core.regularizers.istar_penalty` takes.
 
     The covariance of the token vectors at ``layers`` and ``tokens`` (the same selections the
@@ -219,8 +205,6 @@ def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSelection 
         show a progress bar (``TQDM_DISABLE=1`` hides it too).
     description : str
         the progress bar's label.
-    max_rows : int, optional
-        the old name of ``shrinkage_rows`` (deprecated).
 
     Returns
     -------
@@ -232,10 +216,8 @@ def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSelection 
     >>> sigma_s = istar.shrinkage_covariance(model, train_loader, shrinkage_rows=20_000)   # doctest: +SKIP
     >>> sigma_s = istar.shrinkage_covariance(model, sentences, tokenizer)           # doctest: +SKIP
     """
-    shrinkage_rows = renamed_keyword(shrinkage_rows, max_rows, "max_rows", "shrinkage_rows")
     if tokenizer is not None:
-        processes = current_processes(accelerator)
-        data = list(text_batches(data, tokenizer, batch_size, max_length, shard=(processes.rank, processes.size)))
+        data = text_batches(data, tokenizer, batch_size, max_length, accelerator)
     elif isinstance(data, (str, bytes)) or (isinstance(data, Sequence) and data and isinstance(data[0], str)):
         raise TypeError("data holds texts: pass the tokenizer too (shrinkage_covariance(model, texts, tokenizer))")
     with forked_rng(next(model.parameters()).device):

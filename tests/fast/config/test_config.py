@@ -270,23 +270,15 @@ def test_doc_stride_description_agrees_with_its_check():
     validate_config(config, check_paths=False)
 
 
-def test_an_old_key_still_works_with_a_notice_naming_the_new_one(capsys):
-    config = validate_config({"shrinkage": {"layers": [1, 2], "global_penalty": True}}, check_paths=False)
-    assert config["penalty"] == {"layers": [1, 2], "global_penalty": True, "tokens": "real"}
-    assert "layers" not in config["shrinkage"]
-    notices = capsys.readouterr().err.strip().splitlines()
-    assert notices == ["istar: config key 'shrinkage.layers' is deprecated; rename it to 'penalty.layers' (the old name "
-                       "still works until istar 0.3.0)",
-                       "istar: config key 'shrinkage.global_penalty' is deprecated; rename it to "
-                       "'penalty.global_penalty' (the old name still works until istar 0.3.0)"]
-    with pytest.raises(ConfigError, match="'shrinkage.layers' and 'penalty.layers' are both given"):
-        validate_config({"shrinkage": {"layers": 1}, "penalty": {"layers": 2}}, check_paths=False)
-
-
-def test_the_old_profile_section_still_works_as_survey(capsys):
-    config = validate_config({"profile": {"enabled": True, "tokens": 500}}, check_paths=False)
-    assert config["survey"]["enabled"] and config["survey"]["tokens"] == 500 and "profile" not in config
-    assert "config section 'profile' is deprecated; rename it to 'survey'" in capsys.readouterr().err
+@pytest.mark.parametrize(("config", "message"), [
+    ({"shrinkage": {"layers": [1, 2], "global_penalty": True}},
+     "'shrinkage.layers' is now 'penalty.layers'; 'shrinkage.global_penalty' is now 'penalty.global_penalty'$"),
+    ({"profile": {"enabled": True}}, r"^config key '\(top level\)': .*'profile' was unexpected.*; 'profile' is now 'survey'$"),
+], ids=["penalty keys", "profile section"])
+def test_an_old_key_is_refused_with_its_new_name(config, message):
+    """The keys renamed before 0.3.0 are unknown keys now, and the error names the new key."""
+    with pytest.raises(ConfigError, match=message):
+        validate_config(config, check_paths=False)
 
 
 def _past_a_bound(entry: dict):

@@ -19,6 +19,8 @@ def test_the_sentence_transformers_loss_refuses_what_it_cannot_penalise():
     from sentence_transformers.sentence_transformer import losses
 
     model = SentenceTransformer(resolve_model_source(MINILM), device="cpu")
+    with pytest.raises(TypeError, match=r"\(IStarLoss\(model, loss, IStarConfig\(lam=..., zeta=...\)\)\); got dict$"):
+        istar.IStarLoss(model, losses.MultipleNegativesRankingLoss(model), {"lam": -1.0})
     with pytest.raises(ValueError, match="embeds without gradients .GradCache.*wrap its uncached form"):
         istar.IStarLoss(model, losses.CachedMultipleNegativesRankingLoss(model), istar.IStarConfig(lam=-1.0))
     loss = istar.IStarLoss(model, losses.MultipleNegativesRankingLoss(model), istar.IStarConfig(lam=-1.0))
