@@ -108,14 +108,14 @@ def method_spec(method: str, **settings):
 
 def build_optimizer(model, spec):
     """The optimizer ``istar train`` builds (AdamW, weight decay off for biases and norms)."""
-    from istar.steps.train import build_optimizer as istar_optimizer
+    from istar.steps.train_step import build_optimizer as istar_optimizer
 
     return istar_optimizer(model, spec)
 
 
 def training_step(accelerator, model, optimizer, batch: dict, spec, sigma_s) -> torch.Tensor:
-    """One optimizer step through the training loop's own step (istar.steps.train.optimization_step)."""
-    from istar.steps.train import optimization_step
+    """One optimizer step through the training loop's own step (istar.steps.train_step.optimization_step)."""
+    from istar.steps.train_step import optimization_step
 
     constant = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)  # timing only: the schedule is irrelevant
     loss, _, _ = optimization_step(spec, accelerator, model, optimizer, constant, batch, sigma_s, distributed=False)

@@ -127,7 +127,7 @@ class Trainer:
 
     def __init__(self, accelerator, shape: dict, batch: dict, method: str = "base", dropout: bool = True,
                  forward=None):
-        from istar.steps.train import build_optimizer, forward_and_loss
+        from istar.steps.train_step import build_optimizer, forward_and_loss
 
         self.accelerator, self.batch, self.spec = accelerator, batch, method_spec(method)
         model = encoder(shape, dropout).train()
@@ -139,7 +139,7 @@ class Trainer:
         self.forward = forward or forward_and_loss
 
     def step(self) -> float:
-        from istar.steps.train import optimization_step
+        from istar.steps.train_step import optimization_step
 
         loss, _, _ = optimization_step(self.spec, self.accelerator, self.model, self.optimizer, self.scheduler,
                                        self.batch, self.sigma_s, False, self.forward)
@@ -286,7 +286,7 @@ def capture_forward(device: torch.device) -> tuple[object, str, str | None]:
     """(forward, what it is, why training.compile refused here): reduce-overhead as training.compile runs it; where
     it is refused, the nearest capture that can run: on a GPU without a C compiler (Triton's), CUDA graphs of the
     eager kernels (backend "cudagraphs", no inductor); on a CPU, dynamo with its eager backend (no graphs)."""
-    from istar.steps.train import forward_and_loss, step_forward
+    from istar.steps.train_step import forward_and_loss, step_forward
 
     try:
         return step_forward("reduce-overhead", device), "training.compile: reduce-overhead", None

@@ -72,17 +72,9 @@ from istar.steps.run_state import TrainingRun
 from istar.steps.sigma_tracking import SigmaTracker, check_given_sigma, read_given_sigma
 from istar.steps.tracking import Tracking
 from istar.steps.train_outputs import add_to_sums, finish_run, log_step
-from istar.steps.train_step import (  # noqa: F401 (the step's parts, importable from here as before)
-    build_optimizer,
-    compile_problem,
-    compute_penalty,
-    forward_and_loss,
-    optimization_step,
-    step_forward,
-)
+from istar.steps.train_step import build_optimizer, optimization_step, step_forward
 
-__all__ = ["TrainSpec", "train", "prepare", "train_epochs", "optimization_step", "forward_and_loss", "step_forward",
-           "compute_penalty", "build_optimizer", "deterministic_algorithms"]
+__all__ = ["TrainSpec", "train", "prepare", "train_epochs", "deterministic_algorithms"]
 
 
 # cuBLAS's deterministic mode needs a fixed workspace (PyTorch's reproducibility notes); it is read when the

@@ -261,7 +261,7 @@ def test_compiled_step_equals_the_eager_step_on_cpu(tiny_model_dir, prepared):
     from istar.data import read_split
     from istar.models.loading import load_model, load_tokenizer
     from istar.registry.tasks import get_task
-    from istar.steps.train import build_optimizer, optimization_step, step_forward
+    from istar.steps.train_step import build_optimizer, optimization_step, step_forward
 
     if not shutil.which("g++"):
         pytest.skip("no C++ compiler: torch.compile cannot build CPU kernels here (the setting is refused)")

@@ -105,7 +105,7 @@ def test_method_behaviour_comes_from_the_registry(monkeypatch):
     from istar.core.regularizers import Penalty
     from istar.pipeline.plan import needs_sigma
     from istar.registry.methods import Method
-    from istar.steps.train import compute_penalty
+    from istar.steps.train_step import compute_penalty
 
     seen = {}
 

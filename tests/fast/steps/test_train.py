@@ -190,7 +190,7 @@ def test_compile_setting_reaches_the_spec_and_is_refused_where_it_cannot_run(tin
     from istar.config.layout import Setting
     from istar.pipeline.plan import train_spec
     from istar.pipeline.validate import validate_config
-    from istar.steps.train import compile_problem, step_forward
+    from istar.steps.train_step import compile_problem, step_forward
 
     assert validate_config({}, check_paths=False)["training"]["compile"] == "none"
     with pytest.raises(Exception, match="compile"):
