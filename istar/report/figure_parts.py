@@ -25,6 +25,7 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.container import ErrorbarContainer
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from istar.io.artifacts import atomic_path
 from istar.registry.methods import METHOD_NAMES, METHODS
@@ -32,7 +33,7 @@ from istar.registry.tasks import TASKS, get_task, ordered_tasks
 from istar.report.aggregate_csv import require_columns
 
 __all__ = ["LAMBDA_CMAP", "PERFORMANCE_LABELS", "HIGHLIGHT", "PANEL_SIZE", "study_rows", "with_performance",
-           "summary", "yerr", "series_styles", "panels", "panel_series", "error_line", "legend_entries",
+           "summary", "yerr", "series_styles", "panels", "panel_series", "error_lines", "legend_entries",
            "figure_legend", "notice", "save"]
 
 LAMBDA_CMAP = "RdBu_r"
@@ -173,10 +174,30 @@ def panel_series(summary: pd.DataFrame, axes: dict):
         yield (model, task), ax, panel, series
 
 
-def error_line(ax, rows: pd.DataFrame, x: str, value: str, colour: str, label: str, markersize: float = 4) -> None:
-    """One line of ``{value}_mean`` against column ``x`` of ``rows``, error bars ``{value}_std`` (see :func:`yerr`)."""
-    ax.errorbar(rows[x], rows[f"{value}_mean"], yerr=yerr(rows[f"{value}_std"]), marker="o", markersize=markersize,
-                capsize=2, linewidth=1.4, color=colour, label=label)
+def error_lines(rows: pd.DataFrame, x: str, value: str, xlabel: str, ylabel: str | None = None, *,
+                integer_x: bool = True, markersize: float = 4, name=None, decorate=None) -> Figure:
+    """A panel per model × task of ``rows`` with, per (method, λ), the mean of ``value`` over seeds against column
+    ``x``, error bars its std (:func:`yerr`); one legend below.
+
+    ``ylabel``: the y label, None for the task's performance label; ``integer_x``: integer ticks on x;
+    ``name(label, line)``: the legend label of a series from its style's label and its summary rows;
+    ``decorate(ax, model, task, panel)``: draws a panel's reference marks (``panel``: its summary rows,
+    ``{value}_mean`` and ``{value}_std`` per (method, λ, x))."""
+    summary_rows = summary(rows, ["model", "task", "method", "lam", x], [value])
+    fig, axes = panels(rows)
+    for (model, task), ax, panel, series in panel_series(summary_rows, axes):
+        for label, colour, line in series:
+            ax.errorbar(line[x], line[f"{value}_mean"], yerr=yerr(line[f"{value}_std"]), marker="o",
+                        markersize=markersize, capsize=2, linewidth=1.4, color=colour,
+                        label=name(label, line) if name else label)
+        if decorate:
+            decorate(ax, model, task, panel)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(PERFORMANCE_LABELS[get_task(task).metric] if ylabel is None else ylabel)
+        if integer_x:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    figure_legend(fig, axes.values())
+    return fig
 
 
 def legend_entries(axes) -> dict[str, object]:
