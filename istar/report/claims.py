@@ -414,9 +414,7 @@ def claims_table(runs: pd.DataFrame, selection: pd.DataFrame | None = None,
         index_names=["Claim"],
         index=index,
         columns=["Cells", "Numbers", "Verdict"],
-        standin=[False] * 3,
         cells=cells,
-        best=[[False] * 3 for _ in cells],
         footnotes=[
             f"Multiplicity (inference.multiplicity): {evidence.plan.key}, {evidence.plan.wording}; the primary "
             f"tested at {primary_level:.4f}, each secondary at {secondary_level:.4f} at worst, over the study's "

@@ -192,8 +192,7 @@ def error_lines(rows: pd.DataFrame, x: str, value: str, xlabel: str, ylabel: str
                         label=name(label, line) if name else label)
         if decorate:
             decorate(ax, model, task, panel)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(PERFORMANCE_LABELS[get_task(task).metric] if ylabel is None else ylabel)
+        ax.set(xlabel=xlabel, ylabel=PERFORMANCE_LABELS[get_task(task).metric] if ylabel is None else ylabel)
         if integer_x:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     figure_legend(fig, axes.values())

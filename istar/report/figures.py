@@ -15,6 +15,7 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from istar.registry import lookup
 
 __all__ = ["FigureEntry", "FIGURES", "FIGURE_NAMES", "STUDY_FIGURES", "PROFILE_FIGURES", "STABILITY_CSV",
            "PROFILES_CSV", "PROJECTIONS_CSV", "get_figure", "enabled_figures",
@@ -131,10 +132,7 @@ PROFILE_FIGURES: tuple[str, ...] = tuple(entry.name for entry in FIGURES.values(
 
 def get_figure(name: str) -> FigureEntry:
     """Look a figure up by name, with an error that lists the known figures."""
-    try:
-        return FIGURES[name]
-    except KeyError:
-        raise ValueError(f"unknown figure {name!r}; known figures: {', '.join(FIGURES)}") from None
+    return lookup(FIGURES, name, "figure")
 
 
 def enabled_figures(config: dict) -> list[str]:

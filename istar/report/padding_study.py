@@ -123,7 +123,6 @@ def padding_table(runs: pd.DataFrame, config: dict | None = None) -> Table:
         columns=columns,
         standin=[bool(standin.get(t, False)) for t in tasks for _ in range(2)],
         cells=cells,
-        best=[[False] * len(columns) for _ in cells],
         footnotes=["Score: the headline metric ×100 (SQuAD F1 as is); IsoScore*: global IsoScore* of the final "
                    "model's real tokens on the validation split (analysis ζ). Mean ± standard deviation (ddof = 1) "
                    "over seeds. " + "; ".join(settings) + ".",
@@ -193,8 +192,8 @@ def padding(runs: pd.DataFrame) -> Figure:
                         markersize=6, capsize=2, color=METHODS[method].colour,
                         markerfacecolor="white" if not TOKEN_SELECTIONS[tokens].masked else METHODS[method].colour,
                         label=label)
-        ax.set_xlabel(parts.isoscore_label(rows, "IsoScore* of real tokens"))
-        ax.set_ylabel(parts.PERFORMANCE_LABELS[get_task(task).metric])
+        ax.set(xlabel=parts.isoscore_label(rows, "IsoScore* of real tokens"),
+               ylabel=parts.PERFORMANCE_LABELS[get_task(task).metric])
         if len(shared) == 1 and not math.isnan(float(shared["zeta"].iloc[0])):
             ax.set_title(f"{ax.get_title()} (λ = {shared['lam'].iloc[0]:g}, ζ = {shared['zeta'].iloc[0]:g})",
                          fontsize="medium")

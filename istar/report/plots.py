@@ -66,10 +66,8 @@ def fig2(df: pd.DataFrame, true_value: float | None = None, dim: int = 768) -> F
     ax.axvline(dim, color="#999999", linestyle=":", linewidth=1, label=f"|X| = d = {dim}")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
-    ax.set_ylim(0, 1)
-    ax.set_xlabel("Batch size |X| (points, log scale)")
-    ax.set_ylabel("IsoScore* of the batch")
-    ax.set_title(f"IsoScore* of mini-batches of a {dim}-d Gaussian")
+    ax.set(ylim=(0, 1), xlabel="Batch size |X| (points, log scale)", ylabel="IsoScore* of the batch",
+           title=f"IsoScore* of mini-batches of a {dim}-d Gaussian")
     ax.grid(alpha=0.3)
     entries = parts.legend_entries([ax])
     ax.legend(list(entries.values()), list(entries), loc="lower right", fontsize="small")
@@ -151,8 +149,7 @@ def fig3(runs: pd.DataFrame) -> Figure:
             ax.text(0.02, 0.97, f"{fit.slope:+.3f} [{fit.ci_low:+.3f}, {fit.ci_high:+.3f}] points per unit λ",
                     transform=ax.transAxes, fontsize="small", va="top")
         ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_xlabel("λ (0 = Base)")
-        ax.set_ylabel(f"{parts.PERFORMANCE_LABELS[get_task(task).metric]} − Base (points)")
+        ax.set(xlabel="λ (0 = Base)", ylabel=f"{parts.PERFORMANCE_LABELS[get_task(task).metric]} − Base (points)")
     parts.figure_legend(fig, axes.values())
     return fig
 
@@ -178,8 +175,7 @@ def fig4(dims: pd.DataFrame) -> Figure:
         for label, colour, line in series:
             ax.plot(line["dim"], line["mean"], linestyle="none", marker="o", markersize=2.2, alpha=0.8,
                     color=colour, label=label)
-        ax.set_xlabel("Dimension index")
-        ax.set_ylabel("Mean activation (last layer)")
+        ax.set(xlabel="Dimension index", ylabel="Mean activation (last layer)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     parts.figure_legend(fig, axes.values(), markerscale=3.0)
     return fig

@@ -47,7 +47,7 @@ from istar.io.results import read_finished_run
 from istar.registry.methods import BASELINE_METHOD, SEARCHED_METHOD
 
 __all__ = ["read_run", "model_short_name", "setting_name", "select_best", "fixed_choice", "SETTING_KEYS", "PROTOCOLS",
-           "protocol_note"]
+           "protocol_note", "selection_note"]
 
 SETTING_KEYS = ("method", "lam", "zeta", "layers", "tokens", "batch_size", "epochs", "learning_rate")
 """What defines a setting: runs that agree on all of these differ only by their seed."""
@@ -99,6 +99,17 @@ def protocol_note(protocol: str, *, settings, fraction: float | None = None, see
                 else f"a held-out {float(fraction):.0%} of the training split (seed {int(seed)})")
         return chosen.tuned_baselines_note.format(settings=settings, rows=rows)
     return chosen.note.format(settings=settings, fraction=fraction, seed=seed)
+
+
+def selection_note(rows) -> str:
+    """:func:`protocol_note` for the rows of ``selection.csv`` (a DataFrame) of one protocol: the settings searched
+    (a range where the cells searched different numbers), the held-out split's fraction and seed."""
+    import pandas as pd  # here: the workflow imports this module to build its DAG
+
+    settings, first = rows["settings"].astype(int), rows.iloc[0]
+    return protocol_note(first["protocol"], settings="–".join(map(str, sorted({settings.min(), settings.max()}))),
+                         fraction=None if pd.isna(first["heldout_fraction"]) else float(first["heldout_fraction"]),
+                         seed=None if pd.isna(first["heldout_seed"]) else int(first["heldout_seed"]))
 
 
 def model_short_name(run_dir: Path, config_model: str) -> str:

@@ -33,7 +33,7 @@ from istar.report.claims import NOT_TESTED
 from istar.report.tables import listing
 from istar.report.collapse import apply_collapse_rule, collapse_footnote
 from istar.report.figures import FIGURES, STABILITY_CSV, STUDY_FIGURES
-from istar.report.select import protocol_note
+from istar.report.select import selection_note
 from istar.report.table_render import Table, render_markdown
 
 __all__ = ["FOREST", "Landing", "landing", "render_summary_markdown", "render_summary_rst", "write_summary"]
@@ -117,15 +117,8 @@ def _protocol(selection: pd.DataFrame | None, runs: pd.DataFrame) -> str:
     """How I-STAR's λ | ζ were chosen, per protocol found in selection.csv, with the search's size where one ran."""
     if selection is None or selection.empty:
         return "not recorded (no selection.csv): the tables' footnotes cannot say how λ | ζ were chosen"
-    notes = []
-    for protocol, rows in selection.groupby("protocol", sort=False):
-        cells = ", ".join(f"{row.model} {get_task(row.task).display}" for row in rows.itertuples())
-        settings = rows["settings"].astype(int)
-        count = f"{settings.min()}" if settings.min() == settings.max() else f"{settings.min()}–{settings.max()}"
-        first = rows.iloc[0]
-        fraction = None if pd.isna(first["heldout_fraction"]) else float(first["heldout_fraction"])
-        seed = None if pd.isna(first["heldout_seed"]) else int(first["heldout_seed"])
-        notes.append(f"{cells}: {protocol_note(protocol, settings=count, fraction=fraction, seed=seed)}")
+    notes = [", ".join(f"{row.model} {get_task(row.task).display}" for row in rows.itertuples()) + ": "
+             + selection_note(rows) for _, rows in selection.groupby("protocol", sort=False)]
     searched = runs[runs["study"] == SEARCH]
     if not searched.empty:
         seeds = sorted(searched["seed"].astype(int).unique())

@@ -38,14 +38,14 @@ class Table:
         Per row, the labels under ``index_names``.
     columns : list of str
         Task display names of the data columns (without the stand-in dagger).
-    standin : list of bool
-        Per data column, whether it gets the stand-in dagger.
     cells : list of list of str
         Per row, one string per data column.
-    best : list of list of bool
-        Per row and data column, whether the cell is marked best.
     footnotes : list of str
         Lines printed under the table in Markdown and LaTeX.
+    standin : list of bool, optional
+        Per data column, whether it gets the stand-in dagger (default: none).
+    best : list of list of bool, optional
+        Per row and data column, whether the cell is marked best (default: none).
     """
 
     name: str
@@ -53,10 +53,14 @@ class Table:
     index_names: list[str]
     index: list[list[str]]
     columns: list[str]
-    standin: list[bool]
     cells: list[list[str]]
-    best: list[list[bool]]
     footnotes: list[str]
+    standin: list[bool] | None = None
+    best: list[list[bool]] | None = None
+
+    def __post_init__(self):
+        self.standin = self.standin or [False] * len(self.columns)
+        self.best = self.best or [[False] * len(self.columns) for _ in self.cells]
 
     def headers(self, dagger: str) -> list[str]:
         """All column headers, stand-in columns suffixed with ``dagger``."""

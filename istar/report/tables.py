@@ -41,7 +41,7 @@ from istar.report.inference import POWER
 from istar.report.collapse import COUNTS_ATTR, collapsed_flags
 from istar.report.comparisons import study_tests
 from istar.report.paired import LEVEL, SIGNIFICANT, difference_cell, power_cell
-from istar.report.select import protocol_note
+from istar.report.select import selection_note
 from istar.report.table_render import Table, latex_escape, render_csv, render_latex, render_markdown, write_table
 
 __all__ = ["Table", "table1", "table2", "seed_table", "write_table", "render_csv", "render_markdown", "render_latex", "latex_escape"]
@@ -236,14 +236,7 @@ def _protocol_footnote(selection: pd.DataFrame | None) -> str:
     if selection is None or selection.empty:
         return "I-STAR's setting: the selection protocol is not recorded here (no selection.csv given)."
     require_columns(selection, PROTOCOL_COLUMNS, "selection.csv")
-    notes = []
-    for _, row in selection.drop_duplicates(list(PROTOCOL_COLUMNS[:3])).iterrows():
-        fraction = None if pd.isna(row["heldout_fraction"]) else float(row["heldout_fraction"])
-        seed = None if pd.isna(row["heldout_seed"]) else int(row["heldout_seed"])
-        settings = selection.loc[selection["protocol"] == row["protocol"], "settings"].astype(int)
-        count = f"{settings.min()}" if settings.min() == settings.max() else f"{settings.min()}–{settings.max()}"
-        notes.append(protocol_note(row["protocol"], settings=count, fraction=fraction, seed=seed))
-    return "I-STAR's setting: " + " ".join(notes)
+    return "I-STAR's setting: " + " ".join(selection_note(rows) for _, rows in selection.groupby("protocol", sort=False))
 
 
 def table2(selection: pd.DataFrame) -> Table:
@@ -309,7 +302,6 @@ def table2(selection: pd.DataFrame) -> Table:
         columns=columns + ["Average"],
         standin=standin + [False],
         cells=cells,
-        best=[[False] * (len(columns) + 1) for _ in models],
         footnotes=_standin_footnote(columns, standin),
     )
 
@@ -357,9 +349,7 @@ def seed_table(runs: pd.DataFrame) -> Table:
         index_names=["Model", "Task", "Seed"],
         index=index,
         columns=columns,
-        standin=[False] * len(columns),
         cells=cells,
-        best=[[False] * len(columns) for _ in cells],
         footnotes=["Scores ×100 for fractions (SQuAD: F1 as is); a seed fixes the data order, the classifier's "
                    "initialisation and dropout for every method alike, which is what pairs them.",
                    "“collapsed”: the run's final score is no better than its task's trivial predictor on the "
