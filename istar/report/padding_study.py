@@ -30,7 +30,7 @@ from istar.report import figure_parts as parts
 from istar.report.inference import POWER
 from istar.report.comparisons import study_tests, variant_label
 from istar.report.paired import LEVEL, SIGNIFICANT, difference_cell, power_cell
-from istar.report.table_render import Table
+from istar.report.table_render import Table, spread
 
 __all__ = ["padding_rows", "padding_table", "padding"]
 
@@ -53,15 +53,6 @@ def _order(rows: pd.DataFrame) -> list[str]:
 
 BASE = METHODS[BASELINE_METHOD].label
 """The baseline's variant: it takes no token selection, so its variant is its method's label."""
-
-
-def _cell(values: pd.Series, scale: float = 1.0, digits: int = 1) -> str:
-    values = values.dropna().astype(float) * scale
-    if values.empty:
-        return "–"
-    if len(values) == 1:
-        return f"{values.iloc[0]:.{digits}f}"
-    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
 
 
 def padding_table(runs: pd.DataFrame, config: dict | None = None) -> Table:
@@ -94,7 +85,7 @@ def padding_table(runs: pd.DataFrame, config: dict | None = None) -> Table:
             row = []
             for task in tasks:
                 cell = mine[mine["task"] == task]
-                row += [_cell(cell["performance"]), _cell(cell["isoscore_star"], digits=3)]
+                row += [spread(cell["performance"]), spread(cell["isoscore_star"], digits=3)]
             index.append([model, variant])
             cells.append(row)
         for variant in (v for v in variants if v != BASE):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from istar.io.artifacts import write_text
 
-__all__ = ["Table", "write_table", "render_csv", "render_markdown", "render_latex", "latex_escape"]
+__all__ = ["Table", "spread", "write_table", "render_csv", "render_markdown", "render_latex", "latex_escape"]
 
 
 @dataclass
@@ -65,6 +65,15 @@ class Table:
     def headers(self, dagger: str) -> list[str]:
         """All column headers, stand-in columns suffixed with ``dagger``."""
         return self.index_names + [c + (dagger if s else "") for c, s in zip(self.columns, self.standin)]
+
+
+def spread(values, digits: int = 1) -> str:
+    """A cell of per-seed values (a pandas Series; missing ones dropped): ``mean ± std`` (ddof = 1), the value
+    alone for a single seed, "–" for none."""
+    values = values.dropna().astype(float)
+    if len(values) < 2:
+        return f"{values.iloc[0]:.{digits}f}" if len(values) else "–"
+    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
 
 
 # --------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from istar.report.collapse import COUNTS_ATTR, collapsed_flags
 from istar.report.comparisons import study_tests
 from istar.report.paired import LEVEL, SIGNIFICANT, difference_cell, power_cell
 from istar.report.select import selection_note
-from istar.report.table_render import Table, latex_escape, render_csv, render_latex, render_markdown, write_table
+from istar.report.table_render import Table, latex_escape, spread, render_csv, render_latex, render_markdown, write_table
 
 __all__ = ["Table", "table1", "table2", "seed_table", "write_table", "render_csv", "render_markdown", "render_latex", "latex_escape"]
 
@@ -74,15 +74,6 @@ def _as_bool(values: pd.Series) -> pd.Series:
     if values.dtype == bool:
         return values
     return values.map(lambda v: str(v).strip().lower() in {"true", "1", "1.0", "yes"})
-
-
-def _mean_std(values: pd.Series) -> tuple[float, float, int]:
-    """Mean, std (ddof = 1; NaN for a single value) and count of the non-missing values."""
-    values = values.dropna().astype(float)
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan, 0
-    return float(values.mean()), float(values.std(ddof=1)) if n > 1 else math.nan, n
 
 
 def _standin_footnote(columns: list[str], standin: list[bool]) -> list[str]:
@@ -215,20 +206,14 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None, config: di
 
 def _table1_cell(group: pd.DataFrame | None, qa: bool) -> tuple[str, float | None, int]:
     """The cell text, the value compared for 'best' (rounded as shown) and the seed count."""
-    if group is None:
+    values = None if group is None else group["f1" if qa else "score"].dropna().astype(float) * (1.0 if qa else 100.0)
+    if values is None or values.empty:
         return "–", None, 0
-    if qa:
-        f1, _, n = _mean_std(group["f1"])
-        em, _, _ = _mean_std(group["exact_match"])
-        if n == 0:
-            return "–", None, 0
-        em_text = "–" if math.isnan(em) else f"{em:.1f}"
-        return f"{f1:.1f}/{em_text} (n={n})", round(f1, 1), n
-    mean, std, n = _mean_std(group["score"] * 100.0)
-    if n == 0:
-        return "–", None, 0
-    text = f"{mean:.1f}" if n == 1 else f"{mean:.1f} ± {std:.1f}"
-    return f"{text} (n={n})", round(mean, 1), n
+    mean = float(values.mean())
+    if qa:  # F1/EM, means over seeds without std
+        em = group["exact_match"].dropna().astype(float)
+        return f"{mean:.1f}/{f'{em.mean():.1f}' if len(em) else '–'} (n={len(values)})", round(mean, 1), len(values)
+    return f"{spread(values)} (n={len(values)})", round(mean, 1), len(values)
 
 
 def _protocol_footnote(selection: pd.DataFrame | None) -> str:
