@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 from istar.io import artifacts
@@ -172,13 +171,8 @@ def _run_row(study: str, run: dict, analysis: dict | None) -> dict:
 
 
 def _sort_key(row: dict) -> tuple:
-    """Sort key with empty (NaN) values first."""
-    key = []
-    for name in SORT_KEYS:
-        value = row[name]
-        missing = isinstance(value, float) and math.isnan(value)
-        key.append((not missing, 0.0 if missing else value))
-    return tuple(key)
+    """Sort key with empty (NaN) values first (NaN is the one value unequal to itself)."""
+    return tuple((row[name] == row[name], row[name] if row[name] == row[name] else 0.0) for name in SORT_KEYS)
 
 
 def _frame(rows: list[dict], columns: tuple[str, ...]):

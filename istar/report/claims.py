@@ -202,10 +202,8 @@ def _istar_beats_base(evidence: Evidence) -> list[Finding]:
 
 def _negative_lambdas(evidence: Evidence) -> list[Finding]:
     selection = evidence.selection
-    if selection is None or selection.empty:
-        return []
-    searched = selection[selection["protocol"] != "fixed"]
-    if searched.empty:
+    searched = None if selection is None else selection[selection["protocol"] != "fixed"]
+    if searched is None or searched.empty:
         return []
     negative = int((searched["lam"].astype(float) < 0).sum())
     seeds = sorted(set(searched["seeds"].dropna().astype(int)))

@@ -91,12 +91,9 @@ def isoscore_label(rows: pd.DataFrame, name: str = "IsoScore*") -> str:
 
 def summary(df: pd.DataFrame, by: list[str], values: list[str]) -> pd.DataFrame:
     """Mean and std (ddof = 1; NaN for one seed) of ``values`` per ``by``: columns ``{v}_mean``, ``{v}_std``."""
-    grouped = df.groupby(by, sort=True)
-    columns = {}
-    for value in values:
-        columns[f"{value}_mean"] = grouped[value].mean()
-        columns[f"{value}_std"] = grouped[value].std(ddof=1)
-    return pd.DataFrame(columns).reset_index()
+    stats = df.groupby(by, sort=True)[values].agg(["mean", "std"])  # pandas' std: ddof = 1
+    stats.columns = [f"{value}_{stat}" for value, stat in stats.columns]
+    return stats.reset_index()
 
 
 def yerr(std: pd.Series):

@@ -37,6 +37,7 @@ import pandas as pd
 from scipy import stats
 
 from istar.registry.methods import BASELINE_METHOD
+from istar.report.aggregate_csv import require_columns
 from istar.report.inference import (
     adjusted_p_values,
     minimum_detectable_effect,
@@ -137,9 +138,7 @@ def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str 
     (space-separated), ``unpaired`` the seeds only one side ran, as ``base: 3; istar: 4`` (empty
     when none).
     """
-    missing = [c for c in ("study", "model", "task", "method", "seed", "metric", "score") if c not in runs.columns]
-    if missing:
-        raise ValueError(f"runs.csv lacks the column(s) {', '.join(missing)}: was it written by `istar aggregate`?")
+    require_columns(runs, ("study", "model", "task", "method", "seed", "metric", "score"), "runs.csv")
     chosen = runs[runs["study"] == study]
     rows = []
     for (model, task), block in chosen.groupby(["model", "task"], sort=False):
