@@ -19,6 +19,7 @@ import pandas as pd
 
 from istar.registry.collapse_rules import get_collapse_rule
 from istar.registry.methods import METHODS
+from istar.report.aggregate_csv import as_bool
 
 __all__ = ["CELL", "COUNTS_ATTR", "COUNT_COLUMNS", "collapsed_flags", "apply_collapse_rule", "collapse_footnote", "collapse_check"]
 
@@ -38,7 +39,7 @@ def collapsed_flags(runs: pd.DataFrame) -> pd.Series:
     a runs.csv written before the column existed checked none)."""
     if "collapsed" not in runs.columns:
         return pd.Series(False, index=runs.index)
-    return runs["collapsed"].map(lambda value: value is True or str(value) == "True").astype(bool)
+    return as_bool(runs["collapsed"])
 
 
 def apply_collapse_rule(runs: pd.DataFrame, rule: str) -> tuple[pd.DataFrame, pd.DataFrame]:

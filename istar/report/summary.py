@@ -28,7 +28,7 @@ from istar.config.schema import load_yaml
 from istar.io import artifacts
 from istar.registry.methods import BASELINE_METHOD, METHODS
 from istar.registry.tasks import get_task, ordered_tasks
-from istar.report.aggregate_csv import read_aggregate
+from istar.report.aggregate_csv import as_bool, read_aggregate
 from istar.report.claims import NOT_TESTED
 from istar.report.tables import listing
 from istar.report.collapse import apply_collapse_rule, collapse_footnote
@@ -104,7 +104,7 @@ def _what_ran(config: dict, runs: pd.DataFrame, selection: pd.DataFrame | None) 
     studies = [study for study in dict.fromkeys(runs["study"]) if study not in (FINAL, SEARCH)]
     if studies:
         lines.append(("Studies beside the final comparison", "; ".join(_study(study, runs) for study in studies)))
-    if runs["standin"].astype(str).eq("True").any():
+    if as_bool(runs["standin"]).any():
         lines.append(("Stand-in data", "some results (†) come from stand-in splits of a dev set, not the task's "
                                        "training split: they are not comparable with published numbers"))
     lines.append(("Scope", f"the verdicts hold for {listing(models)} fine-tuned on {_data(config, tasks)} with "

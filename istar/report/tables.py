@@ -36,7 +36,7 @@ import pandas as pd
 
 from istar.registry.methods import BASELINE_METHOD, METHOD_NAMES, METHODS
 from istar.registry.tasks import get_task, ordered_tasks
-from istar.report.aggregate_csv import require_columns
+from istar.report.aggregate_csv import require_columns, standin_columns
 from istar.report.inference import POWER
 from istar.report.collapse import COUNTS_ATTR, collapsed_flags
 from istar.report.comparisons import study_tests
@@ -67,13 +67,6 @@ PROTOCOL_COLUMNS = ("protocol", "heldout_fraction", "heldout_seed", "settings")
 # --------------------------------------------------------------------------------------
 # building the tables
 # --------------------------------------------------------------------------------------
-
-
-def _as_bool(values: pd.Series) -> pd.Series:
-    """``standin`` as booleans whether the CSV reader gave bools, 0/1 or the strings True/False."""
-    if values.dtype == bool:
-        return values
-    return values.map(lambda v: str(v).strip().lower() in {"true", "1", "1.0", "yes"})
 
 
 def _standin_footnote(columns: list[str], standin: list[bool]) -> list[str]:
@@ -131,7 +124,6 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None, config: di
             f"{sorted(final.query('model == @model and task == @task and method == @method')['setting'].unique())}; "
             "the final study must hold one chosen setting per method"
         )
-    final["standin"] = _as_bool(final["standin"])
     cells_present = pd.concat([final[["model", "task", "method"]], emptied[["model", "task", "method"]]])
     tasks = ordered_tasks(cells_present["task"])
     models = list(dict.fromkeys(cells_present["model"]))
@@ -152,18 +144,14 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None, config: di
             seed_counts.update(n for _, _, n in row if n)
         for method in [m for m in methods if m != BASELINE_METHOD] if BASELINE_METHOD in methods else []:
             label = f"{METHODS[method].label} − {METHODS[BASELINE_METHOD].label}"
-            index.append([model, label])
-            cells.append([difference_cell(paired.get((model, method, task)), get_task(task).percent_scale)
-                          for task in tasks])
-            best.append([False] * len(tasks))
-            index.append([model, f"{label}: test"])
-            cells.append([power_cell(paired.get((model, method, task)), get_task(task).percent_scale)
-                          for task in tasks])
-            best.append([False] * len(tasks))
+            for suffix, cell in (("", difference_cell), (": test", power_cell)):
+                index.append([model, label + suffix])
+                cells.append([cell(paired.get((model, method, task)), get_task(task).percent_scale) for task in tasks])
+                best.append([False] * len(tasks))
             unpaired += [f"{model} {get_task(task).display} {label}: {paired[(model, method, task)].unpaired}"
                          for task in tasks if (model, method, task) in paired and paired[(model, method, task)].unpaired]
 
-    standin = [bool(final.loc[final["task"] == task, "standin"].any()) for task in tasks]
+    standin = standin_columns(final, tasks)
     seeds = "–".join(str(n) for n in sorted({min(seed_counts), max(seed_counts)})) if seed_counts else "0"
     by_metric: dict[str, list[str]] = {}
     for task in tasks:
@@ -254,7 +242,6 @@ def table2(selection: pd.DataFrame) -> Table:
     if duplicated.any():
         model, task = selection.loc[duplicated, ["model", "task"]].iloc[0]
         raise ValueError(f"selection.csv has several rows for {model} on {task}; it must hold one per model × task")
-    selection = selection.assign(standin=_as_bool(selection["standin"]))
     tasks = ordered_tasks(selection["task"])
     models = list(dict.fromkeys(selection["model"]))
     rows = selection.set_index(["model", "task"])
@@ -277,7 +264,7 @@ def table2(selection: pd.DataFrame) -> Table:
         cells.append(row)
 
     columns = [get_task(t).display for t in tasks]
-    standin = [bool(selection.loc[selection["task"] == task, "standin"].any()) for task in tasks]
+    standin = standin_columns(selection, tasks)
     return Table(
         name="table2",
         caption="Chosen I-STAR tuning parameter λ and shrinkage parameter ζ per model and task, as λ | ζ; "
