@@ -153,10 +153,9 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None, config: di
 
     standin = standin_columns(final, tasks)
     seeds = "–".join(str(n) for n in sorted({min(seed_counts), max(seed_counts)})) if seed_counts else "0"
-    by_metric: dict[str, list[str]] = {}
-    for task in tasks:
-        by_metric.setdefault(get_task(task).metric, []).append(get_task(task).display)
-    scores = "; ".join(f"{METRIC_NOTES.get(metric, metric)} for {', '.join(names)}" for metric, names in by_metric.items())
+    scores = "; ".join(f"{METRIC_NOTES.get(metric, metric)} for "
+                       + ", ".join(get_task(task).display for task in tasks if get_task(task).metric == metric)
+                       for metric in dict.fromkeys(get_task(task).metric for task in tasks))
     footnotes = [
         f"Scores: {scores}. Mean ± standard deviation (ddof = 1) over the n seeds of each cell; a cell without ± "
         "comes from a single seed. Bold: best method per model and task (at the precision shown; ties all marked).",
@@ -244,24 +243,14 @@ def table2(selection: pd.DataFrame) -> Table:
         raise ValueError(f"selection.csv has several rows for {model} on {task}; it must hold one per model × task")
     tasks = ordered_tasks(selection["task"])
     models = list(dict.fromkeys(selection["model"]))
-    rows = selection.set_index(["model", "task"])
-
     cells = []
     for model in models:
-        lams, zetas, row = [], [], []
-        for task in tasks:
-            if (model, task) not in rows.index:
-                row.append("–")
-                continue
-            lam, zeta = float(rows.at[(model, task), "lam"]), float(rows.at[(model, task), "zeta"])
-            lams.append(lam)
-            if lam == 0:  # the search chose Base (λ = 0 was in its grid): no ζ
-                row.append("0 | – (Base)")
-                continue
-            zetas.append(zeta)
-            row.append(f"{_g(lam)} | {_g(zeta)}")
-        row.append(f"{_fixed(_nanmean(lams))} | {_fixed(_nanmean(zetas))}")
-        cells.append(row)
+        chosen = selection[selection["model"] == model].set_index("task")
+        lams = chosen["lam"].astype(float)
+        zetas = chosen["zeta"].astype(float)[lams != 0]  # where the search chose Base (λ = 0 in its grid): no ζ
+        cells.append([("0 | – (Base)" if lams[task] == 0 else f"{_g(lams[task])} | {_g(zetas[task])}")
+                      if task in lams.index else "–" for task in tasks]
+                     + [f"{_fixed(lams.mean())} | {_fixed(zetas.mean())}"])
 
     columns = [get_task(t).display for t in tasks]
     standin = standin_columns(selection, tasks)
@@ -334,11 +323,6 @@ def seed_table(runs: pd.DataFrame) -> Table:
 def listing(names: list[str]) -> str:
     """``["a", "b", "c"]`` → ``"a, b and c"``; ``"none"`` for no names."""
     return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]])) if names else "none"
-
-
-def _nanmean(values: list[float]) -> float:
-    values = [v for v in values if not math.isnan(v)]
-    return math.fsum(values) / len(values) if values else math.nan
 
 
 def _g(value: float) -> str:
