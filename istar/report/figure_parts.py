@@ -111,19 +111,18 @@ def series_styles(keys) -> dict[tuple[str, float], tuple[str, str]]:
     keys = sorted(set(keys), key=lambda k: (METHOD_NAMES.index(k[0]), k[1]))
     lams_per_method = {m: {lam for mm, lam in keys if mm == m} for m, _ in keys}
     max_abs = max((abs(lam) for m, lam in keys if METHODS[m].takes("lam")), default=1.0) or 1.0
-    cmap = colormaps[LAMBDA_CMAP]
-    styles = {}
-    for method, lam in keys:
-        if not METHODS[method].takes("lam"):
-            styles[(method, lam)] = (METHODS[method].label, METHODS[method].colour)
-            continue
-        label = f"{METHODS[method].label} λ = {_format_lambda(lam)}"
+
+    def style(method: str, lam: float) -> tuple[str, str]:
+        entry = METHODS[method]
+        if not entry.takes("lam"):
+            return entry.label, entry.colour
+        label = f"{entry.label} λ = {_format_lambda(lam)}"
         if len(lams_per_method[method]) == 1 or lam == 0:
-            styles[(method, lam)] = (label, METHODS[method].colour)
-        else:
-            shade = 0.3 * (1.0 - abs(lam) / max_abs)
-            styles[(method, lam)] = (label, matplotlib.colors.to_hex(cmap(shade if lam < 0 else 1.0 - shade)))
-    return styles
+            return label, entry.colour
+        shade = 0.3 * (1.0 - abs(lam) / max_abs)
+        return label, matplotlib.colors.to_hex(colormaps[LAMBDA_CMAP](shade if lam < 0 else 1.0 - shade))
+
+    return {key: style(*key) for key in keys}
 
 
 def panels(df: pd.DataFrame, panel_size: tuple[float, float] = PANEL_SIZE) -> tuple[Figure, dict]:
@@ -144,13 +143,10 @@ def panels(df: pd.DataFrame, panel_size: tuple[float, float] = PANEL_SIZE) -> tu
         shape = (len(models), len(tasks))
     fig = Figure(figsize=(panel_size[0] * shape[1], panel_size[1] * shape[0] + 0.7), layout="constrained")
     grid = fig.add_gridspec(*shape)
-    axes = {}
-    for (model, task), (i, j) in places.items():
-        if (model, task) in present:
-            ax = fig.add_subplot(grid[i, j])
-            ax.set_title(f"{model} — {TASKS[task].display}", fontsize="medium")
-            ax.grid(alpha=0.3)
-            axes[(model, task)] = ax
+    axes = {cell: fig.add_subplot(grid[place]) for cell, place in places.items() if cell in present}
+    for (model, task), ax in axes.items():
+        ax.set_title(f"{model} — {TASKS[task].display}", fontsize="medium")
+        ax.grid(alpha=0.3)
     return fig, axes
 
 
