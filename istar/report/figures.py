@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import importlib
 from dataclasses import dataclass
+from functools import reduce
+from operator import getitem
 from pathlib import Path
 
 from istar.registry import lookup
@@ -34,12 +36,7 @@ PROJECTIONS_CSV = "profile_projections"
 def switch_enabled(switch: str | None, config: dict) -> bool:
     """Whether the config section ``switch`` (dotted, e.g. ``studies.padding``) is enabled in a
     validated config; None is a figure or table every config draws."""
-    if switch is None:
-        return True
-    section = config
-    for key in switch.split("."):
-        section = section[key]
-    return bool(section["enabled"])
+    return switch is None or bool(reduce(getitem, switch.split("."), config)["enabled"])
 
 
 @dataclass(frozen=True)

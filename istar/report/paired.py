@@ -31,6 +31,7 @@ meta-analysis, in points (the tables' units).
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import numpy as np
 import pandas as pd
@@ -260,9 +261,7 @@ def pooled_gains(paired: pd.DataFrame, scales: dict[str, float], level: float = 
                 estimates = usable["mean_difference"].to_numpy(dtype=float) * factor
                 spread = usable["sd_difference"].to_numpy(dtype=float) * factor
                 pooled = random_effects(estimates, spread ** 2 / usable["n"].to_numpy(dtype=float), alpha=1 - level)
-                row |= {"mean": pooled.mean, "se": pooled.se, "ci_low": pooled.ci_low, "ci_high": pooled.ci_high,
-                        "p_value": pooled.p_value, "mde": pooled.mde, "tau2": pooled.tau2, "i2": pooled.i2,
-                        "interval": pooled.interval}
+                row |= {key: value for key, value in asdict(pooled).items() if key in POOLED_COLUMNS}
             rows.append(row)
     frame = pd.DataFrame(rows, columns=list(POOLED_COLUMNS))
     return frame.astype({"k": "Int64", "positive_cells": "Int64", "significant_gains": "Int64",

@@ -232,6 +232,17 @@ def _best_per_method(candidates: list[dict], besides: str) -> dict:
     return baselines
 
 
+def _choice(model: str, task: str, metric: str, chosen: dict, standin: bool, protocol: str, scored_on: dict,
+            candidates: list[dict], out) -> dict:
+    """The ``best.json`` of the module docstring for the ``chosen`` setting (the :data:`SETTING_KEYS`, ``score``,
+    ``score_std``, ``seeds``), written to ``out`` (atomically, its content hash included) unless it is None."""
+    result = {"model": model, "task": task, "metric": metric,
+              **{key: chosen[key] for key in (*SETTING_KEYS, "score", "score_std", "seeds")}, "standin": standin,
+              "protocol": protocol, **scored_on, "settings": len(candidates),
+              "baselines": _best_per_method(candidates, chosen["method"]), "candidates": candidates}
+    return result if out is None else artifacts.write_json(out, result, digest=True)  # what was written, with its hash
+
+
 def select_best(run_dirs, out=None, metric: str | None = None, lambda_zero: bool = False) -> dict:
     """Pick the best setting of one model × task from its search runs (see the module docstring).
 
@@ -259,15 +270,8 @@ def select_best(run_dirs, out=None, metric: str | None = None, lambda_zero: bool
     searched = [c for c in candidates if c["method"] == SEARCHED_METHOD or (lambda_zero and c["method"] == BASELINE_METHOD)]
     best = (searched or candidates)[0]
     scored_on = _scored_on(runs, model, task)
-    protocol = {"protocol": "heldout" if scored_on["heldout_fraction"] is not None else "validation", **scored_on,
-                "settings": len(candidates)}
-    result = {"model": model, "task": task, "metric": metric, **{k: best[k] for k in SETTING_KEYS},
-              "score": best["score"], "score_std": best["score_std"], "seeds": best["seeds"],
-              "standin": any(run["standin"] for run in runs), **protocol,
-              "baselines": _best_per_method(candidates, best["method"]), "candidates": candidates}
-    if out is not None:
-        result = artifacts.write_json(out, result, digest=True)  # what was written, its hash included
-    return result
+    protocol = "heldout" if scored_on["heldout_fraction"] is not None else "validation"
+    return _choice(model, task, metric, best, any(run["standin"] for run in runs), protocol, scored_on, candidates, out)
 
 
 def fixed_choice(*, model: str, task: str, lam: float, zeta: float, tokens: str, layers, baseline_runs=(),
@@ -303,14 +307,9 @@ def fixed_choice(*, model: str, task: str, lam: float, zeta: float, tokens: str,
             raise ValueError(f"I-STAR run(s) given beside the λ | ζ fixed in advance for {model} × {task}: only the "
                              "baselines are searched there (search.tune_baselines); give only their runs")
         candidates, scored_on = _candidates(runs, get_task(task).metric), _scored_on(runs, model, task)
-    result = {"model": model, "task": task, "metric": get_task(task).metric, "method": SEARCHED_METHOD, "lam": float(lam),
-              "zeta": float(zeta), "layers": layers, "tokens": tokens, "batch_size": None, "epochs": None,
-              "learning_rate": None, "score": None, "score_std": None, "seeds": 0, "standin": False,
-              "protocol": "fixed", **scored_on, "settings": len(candidates),
-              "baselines": _best_per_method(candidates, SEARCHED_METHOD), "candidates": candidates}
-    if out is not None:
-        result = artifacts.write_json(out, result, digest=True)
-    return result
+    fixed = {"method": SEARCHED_METHOD, "lam": float(lam), "zeta": float(zeta), "layers": layers, "tokens": tokens,
+             "batch_size": None, "epochs": None, "learning_rate": None, "score": None, "score_std": None, "seeds": 0}
+    return _choice(model, task, get_task(task).metric, fixed, False, "fixed", scored_on, candidates, out)
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
