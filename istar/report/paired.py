@@ -156,10 +156,7 @@ def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str 
                     for name, mine, theirs in ((reference, base, other), (method, other, base))]
             unpaired = "; ".join(f"{name}: {' '.join(map(str, seeds))}" for name, seeds in only if seeds)
             differences = np.array([other[s] - base[s] for s in paired], dtype=np.float64)
-            if paired:
-                mean, sd, low, high = paired_interval(differences, level)
-            else:
-                mean = sd = low = high = math.nan
+            mean, sd, low, high = paired_interval(differences, level) if paired else (math.nan,) * 4
             rows.append({"study": study, "measure": measure, "model": model, "task": task, "method": method,
                          "reference": reference, "metric": group["metric"].iloc[0], "n": len(paired),
                          "mean_difference": mean, "sd_difference": sd, "ci_low": low, "ci_high": high, "level": level,

@@ -18,7 +18,8 @@ best setting (the :data:`SETTING_KEYS`, ``score``, ``seeds``); empty otherwise. 
 is always I-STAR's when I-STAR was searched. ``score`` is the mean over seeds of the final metric, ``score_std`` its sample standard
 deviation (divide by seeds − 1; ``null`` for one seed); ``candidates`` lists every setting,
 best first, with its run folders; ``settings`` counts them. ``model`` is the model's short
-name (see :func:`model_short_name`).
+name (the folder after ``runs/`` or ``search/`` in the workflow's layout ``…/{model}/{task}/{setting}/seed{n}``,
+else run_config.json's ``model``).
 
 ``protocol`` (a key of :data:`PROTOCOLS`) says which rows the search was scored on. It is
 read from the runs themselves, not from an option: each run's ``run_config.json`` holds the
@@ -46,7 +47,7 @@ from istar.io import artifacts
 from istar.io.results import read_finished_run
 from istar.registry.methods import BASELINE_METHOD, SEARCHED_METHOD
 
-__all__ = ["read_run", "model_short_name", "setting_name", "select_best", "fixed_choice", "SETTING_KEYS", "PROTOCOLS",
+__all__ = ["read_run", "select_best", "fixed_choice", "SETTING_KEYS", "PROTOCOLS",
            "protocol_note", "selection_note"]
 
 SETTING_KEYS = ("method", "lam", "zeta", "layers", "tokens", "batch_size", "epochs", "learning_rate")
@@ -112,22 +113,6 @@ def selection_note(rows) -> str:
                          seed=None if pd.isna(first["heldout_seed"]) else int(first["heldout_seed"]))
 
 
-def model_short_name(run_dir: Path, config_model: str) -> str:
-    """The model's short name from the workflow's layout ``…/{model}/{task}/{setting}/seed{n}``.
-
-    Both ``results/runs/…`` and ``results/search/…`` follow it; a folder outside that layout
-    falls back to ``config_model``.
-    """
-    parsed = parse_run_dir(run_dir)
-    return parsed.model if parsed is not None else str(config_model)
-
-
-def setting_name(run_dir: Path) -> str:
-    """The setting's folder name (``base``, ``istar_lam-1_zeta0.2``, …): the parent of a ``seed{n}`` folder."""
-    run_dir = Path(run_dir)
-    return run_dir.parent.name if seed_of(run_dir.name) is not None else run_dir.name
-
-
 def read_run(run_dir) -> dict:
     """The description of a finished run folder.
 
@@ -153,9 +138,12 @@ def read_run(run_dir) -> dict:
     missing += [key for key in ("model", "batch_size", "epochs", "learning_rate") if key not in config]
     if missing:
         raise ValueError(f"run folder {run_dir} is incomplete: metrics.json / run_config.json lack {', '.join(missing)}")
+    parsed = parse_run_dir(run_dir)  # the workflow's layout …/{model}/{task}/{setting}/seed{n}, or another folder
     return {
-        "run_dir": str(run_dir), "model": model_short_name(run_dir, config["model"]), "task": metrics["task"],
-        "setting": setting_name(run_dir), "method": metrics["method"], "lam": float(metrics["lam"]),
+        "run_dir": str(run_dir), "model": parsed.model if parsed is not None else str(config["model"]),
+        # the setting's folder (base, istar_lam-1_zeta0.2, …): the parent of a seed{n} folder
+        "task": metrics["task"], "setting": run_dir.parent.name if seed_of(run_dir.name) is not None else run_dir.name,
+        "method": metrics["method"], "lam": float(metrics["lam"]),
         "zeta": None if metrics.get("zeta") is None else float(metrics["zeta"]), "layers": metrics.get("layers"),
         # runs written before the token selection was a setting read real tokens
         "tokens": metrics.get("tokens", "real"),

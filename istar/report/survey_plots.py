@@ -157,8 +157,8 @@ def profile_steps(df: pd.DataFrame) -> Figure:
         return fig
     colours = _size_colours(stepped)
     last = _last_layer(stepped)
-    panels = [("I(W), input embeddings", stepped[stepped["kind"] == "input_embeddings"], True),
-              ("I(W), output embeddings", stepped[stepped["kind"] == "output_embeddings"], True)]
+    panels = [(f"I(W), {which} embeddings", stepped[stepped["kind"] == f"{which}_embeddings"], True)
+              for which in ("input", "output")]
     panels += [(value, last, False) for value in ("isoscore", "isoscore_star", "average_cosine", "twonn",
                                                    "effective_rank")]
     steps = sorted(stepped["step"].unique())
