@@ -236,10 +236,9 @@ def save(fig: Figure, out_png) -> tuple[Path, Path]:
     """
     png = Path(out_png).with_suffix(".png")
     pdf = png.with_suffix(".pdf")
-    with atomic_path(png) as tmp:
-        fig.savefig(tmp, format="png", dpi=150)
-    with atomic_path(pdf) as tmp:
-        fig.savefig(tmp, format="pdf", metadata={"CreationDate": None})
+    for path, options in ((png, {"dpi": 150}), (pdf, {"metadata": {"CreationDate": None}})):  # the PDF's bytes: no date
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=path.suffix[1:], **options)
     return png, pdf
 
 

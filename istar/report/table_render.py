@@ -117,9 +117,7 @@ def render_markdown(table: Table) -> str:
     for labels, cells, best in zip(_grouped_index(table), table.cells, table.best):
         shown = [f"**{_markdown_escape(c)}**" if b else _markdown_escape(c) for c, b in zip(cells, best)]
         lines.append("| " + " | ".join([_markdown_escape(x) for x in labels] + shown) + " |")
-    if table.footnotes:
-        lines.append("")
-        lines.extend(_markdown_escape(note) + "  " for note in table.footnotes)
+    lines += ["", *(_markdown_escape(note) + "  " for note in table.footnotes)] if table.footnotes else []
     return "\n".join(lines) + "\n"
 
 
@@ -182,8 +180,7 @@ def render_latex(table: Table) -> str:
         lines.append(" & ".join([latex_escape(x) for x in labels] + shown) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     if table.footnotes:
-        lines.append(r"\par\smallskip")
-        lines.extend(f"{{\\footnotesize {latex_escape(note)}\\par}}" for note in table.footnotes)
+        lines += [r"\par\smallskip", *(f"{{\\footnotesize {latex_escape(note)}\\par}}" for note in table.footnotes)]
     lines.append(r"\end{table}")
     return "\n".join(lines) + "\n"
 
