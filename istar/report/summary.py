@@ -31,7 +31,6 @@ from istar.registry.tasks import get_task, ordered_tasks
 from istar.report.aggregate_csv import as_bool, read_aggregate
 from istar.report.claims import NOT_TESTED
 from istar.report.tables import listing
-from istar.report.collapse import apply_collapse_rule, collapse_footnote
 from istar.report.figures import FIGURES, STABILITY_CSV, STUDY_FIGURES
 from istar.report.select import selection_note
 from istar.report.table_render import Table, render_markdown
@@ -39,8 +38,8 @@ from istar.report.table_render import Table, render_markdown
 __all__ = ["FOREST", "Landing", "landing", "render_summary_markdown", "render_summary_rst", "write_summary"]
 
 FOREST = "forest"
-"""The forest plot's name in the figure registry (:data:`istar.report.figures.FIGURES`), shown when it is
-registered and the config draws it."""
+"""The forest plot's name in the figure registry (:data:`istar.report.figures.FIGURES`), shown where the config
+draws it."""
 
 FINAL, SEARCH = "final", "search"
 """The studies of runs.csv that are the final comparison and the λ | ζ search (the others are figure studies)."""
@@ -69,12 +68,11 @@ def landing(config: dict, runs: pd.DataFrame, selection: pd.DataFrame | None = N
     from istar.report.table_specs import build
 
     verdict = _tested(build("claims", runs, selection=selection, stability=stability, config=config))
-    forest = FIGURES[FOREST] if FOREST in FIGURES and FIGURES[FOREST].enabled(config) else None
-    # the runs the claims read, under the declared rule: the claims table's own footnote, shown once, as its own line
-    _, counts = apply_collapse_rule(runs, config["inference"]["collapsed_runs"])
-    collapsed = collapse_footnote(counts, {task: get_task(task).display for task in set(runs["task"])})
-    verdict.footnotes = [note for note in verdict.footnotes if note != collapsed]
-    return Landing(verdict, f"{forest.name}.png" if forest else None, collapsed, _what_ran(config, runs, selection))
+    # the runs the claims read, under the declared rule: the claims table's last footnote (build appends it), shown
+    # once, as its own line
+    collapsed = verdict.footnotes.pop()
+    return Landing(verdict, f"{FOREST}.png" if FIGURES[FOREST].enabled(config) else None, collapsed,
+                   _what_ran(config, runs, selection))
 
 
 def _tested(table: Table) -> Table:
