@@ -315,8 +315,7 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), inference:
                                                       out_dir), PROVENANCE_COLUMNS)
     out_dir = Path(out_dir)
     for name, frame in frames.items():
-        with artifacts.atomic_path(out_dir / f"{name}.csv") as tmp:
-            frame.to_csv(tmp, index=False)
+        artifacts.write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
     return frames
 
 
