@@ -84,13 +84,12 @@ def build(name: str, frame, selection=None, stability=None, config=None):
              + ([config] if entry.reads_config else []))
     if not entry.pairs_runs:
         return builder(frame, *extra)
-    from istar.registry.tasks import TASKS
     from istar.report.collapse import apply_collapse_rule, collapse_footnote
 
     rule = ((config or {}).get("inference") or {}).get("collapsed_runs", "keep")
     kept, counts = apply_collapse_rule(frame, rule)
     table = builder(kept, *extra)
-    table.footnotes.append(collapse_footnote(counts, {key: task.display for key, task in TASKS.items()}))
+    table.footnotes.append(collapse_footnote(counts))
     return table
 
 
