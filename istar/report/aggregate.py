@@ -211,7 +211,8 @@ def _provenance_rows(run_dirs, measure_files, out_dir) -> list[dict]:
 
     return ([_provenance_row("run", run_dir, artifacts.read_json(Path(run_dir) / "run_config.json").get("provenance"))
              for run_dir in dict.fromkeys(str(d) for d in run_dirs)]
-            + [_provenance_row("measurement", path, artifacts.read_json(path).get("provenance")) for path in measure_files]
+            + [_provenance_row("measurement", path, artifacts.read_json(path).get("provenance"))
+               for path in measure_files]
             + [_provenance_row("aggregate", out_dir, code_provenance())])
 
 
@@ -293,8 +294,9 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), inference:
         if analysis is None:
             continue
         keys = {name: row[name] for name in (*RUN_KEYS, "seed")}
-        layer_rows.extend({**keys, "hidden_state": layer["layer"], **{name: _number(layer[name]) for name in LAYER_MEASURES},
-                           "standin": row["standin"], "analysis_zeta": row["analysis_zeta"]} for layer in analysis["layers"])
+        layer_rows.extend({**keys, "hidden_state": layer["layer"], **{key: _number(layer[key]) for key in LAYER_MEASURES},
+                           "standin": row["standin"], "analysis_zeta": row["analysis_zeta"]}
+                          for layer in analysis["layers"])
         last = analysis["last_layer"]
         dim_rows.extend({**keys, "dim": dim, "mean": float(mean), "std": float(std)}
                         for dim, (mean, std) in enumerate(zip(last["mean"], last["std"], strict=True)))

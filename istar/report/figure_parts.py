@@ -33,7 +33,7 @@ from istar.registry.tasks import TASKS, get_task, ordered_tasks
 from istar.report.aggregate_csv import require_columns
 
 __all__ = ["LAMBDA_CMAP", "PERFORMANCE_LABELS", "HIGHLIGHT", "PANEL_SIZE", "study_rows", "with_performance",
-           "summary", "yerr", "series_styles", "panels", "panel_series", "error_lines", "legend_entries",
+           "summary", "yerr", "sequence_colours", "series_styles", "panels", "panel_series", "error_lines", "legend_entries",
            "figure_legend", "notice", "save"]
 
 LAMBDA_CMAP = "RdBu_r"
@@ -104,6 +104,13 @@ def yerr(std: pd.Series):
 
 def _format_lambda(lam: float) -> str:
     return f"{lam:+g}".replace("-", "−")
+
+
+def sequence_colours(keys) -> dict:
+    """Key → colour along viridis (dark to light, its brightest 15 % left out), in the order given: a series per
+    ζ of Fig. 2, a line per model of the profiles."""
+    keys = list(dict.fromkeys(keys))
+    return {key: colormaps["viridis"](0.85 * i / max(len(keys) - 1, 1)) for i, key in enumerate(keys)}
 
 
 def series_styles(keys) -> dict[tuple[str, float], tuple[str, str]]:

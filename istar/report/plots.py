@@ -14,7 +14,6 @@ import math
 
 import numpy as np
 import pandas as pd
-from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
@@ -55,13 +54,12 @@ def fig2(df: pd.DataFrame, true_value: float | None = None, dim: int = 768) -> F
         true_value = fig2_true_value(dim)
     fig = Figure(figsize=(6.4, 4.4), layout="constrained")
     ax = fig.add_subplot()
-    zetas = sorted(df["zeta"].unique())
-    cmap = colormaps["viridis"]
-    for i, zeta in enumerate(zetas):
+    colours = parts.sequence_colours(sorted(df["zeta"].unique()))
+    for zeta, colour in colours.items():
         part = df[df["zeta"] == zeta].sort_values("batch_size")
         label = f"ζ = {zeta:g}" + (" (IsoScore)" if zeta == 0 else "")
         ax.errorbar(part["batch_size"], part["mean"], yerr=parts.yerr(part["std"]), marker="o", markersize=3.5,
-                    capsize=2, linewidth=1.3, color=cmap(0.85 * i / max(1, len(zetas) - 1)), label=label)
+                    capsize=2, linewidth=1.3, color=colour, label=label)
     ax.axhline(true_value, color="black", linestyle="--", linewidth=1, label=f"true IsoScore* = {true_value:.3f}")
     ax.axvline(dim, color="#999999", linestyle=":", linewidth=1, label=f"|X| = d = {dim}")
     ax.set_xscale("log", base=2)

@@ -32,6 +32,7 @@ from matplotlib.figure import Figure
 
 from istar.config.specs import AS_GIVEN
 from istar.report.aggregate_csv import require_columns
+from istar.report.figure_parts import sequence_colours
 from istar.report.survey_aggregate import PROFILE_COLUMNS, PROJECTION_COLUMNS
 
 __all__ = ["profile_layers", "profile_steps", "profile_sizes", "profile_final_norm", "profile_gallery",
@@ -75,12 +76,6 @@ def _stepped(df: pd.DataFrame) -> pd.DataFrame:
     return stepped[stepped["model"].isin(several[several > 1].index)]
 
 
-def _colours(models) -> dict[str, str]:
-    cmap = colormaps["viridis"]
-    models = list(dict.fromkeys(models))
-    return {m: cmap(0.85 * i / max(len(models) - 1, 1)) for i, m in enumerate(models)}
-
-
 def _by_size(df: pd.DataFrame) -> list[str]:
     """Model names, smallest first."""
     return list(df.sort_values("parameters").drop_duplicates("model")["model"])
@@ -106,7 +101,7 @@ def profile_layers(df: pd.DataFrame) -> Figure:
     grid = fig.subplots(2, 3, sharex=True)
     axes = list(grid.flat[:len(values)])
     grid.flat[-1].set_axis_off()
-    colours = _colours(_by_size(layers))
+    colours = sequence_colours(_by_size(layers))
     for ax, value in zip(axes, values):
         for model in colours:
             rows = layers[layers["model"] == model].sort_values("layer").dropna(subset=[value])
@@ -196,7 +191,7 @@ def profile_sizes(df: pd.DataFrame) -> Figure:
               ("isoscore", _last_layer(latest)), ("isoscore_star", _last_layer(latest))]
     fig = Figure(figsize=(12, 3.8), layout="constrained")
     axes = fig.subplots(1, 3)
-    colours = _colours(_by_size(latest))
+    colours = sequence_colours(_by_size(latest))
     for ax, (value, rows) in zip(axes, panels):
         rows = rows.dropna(subset=[value]).sort_values("parameters")
         ax.plot(rows["parameters"], rows[value], color="0.6", linewidth=1, zorder=1)
