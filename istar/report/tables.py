@@ -70,10 +70,9 @@ PROTOCOL_COLUMNS = ("protocol", "heldout_fraction", "heldout_seed", "settings")
 
 
 def _standin_footnote(columns: list[str], standin: list[bool]) -> list[str]:
+    """The stand-in columns' footnote (none where no column is flagged)."""
     flagged = [c for c, s in zip(columns, standin) if s]
-    if not flagged:
-        return []
-    return [f"† {', '.join(flagged)}: {STANDIN_NOTE}"]
+    return [f"† {', '.join(flagged)}: {STANDIN_NOTE}"] if flagged else []
 
 
 def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None, config: dict | None = None) -> Table:
