@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 from istar.io import artifacts
@@ -93,8 +92,8 @@ RUNS_COLUMNS = (*RUN_KEYS, "batch_size", "epochs", "learning_rate", "seed", "met
 PAIRED_COLLAPSE_COLUMNS = ("collapse_rule", "collapsed_reference", "collapsed_method", "excluded_seeds")
 """What ``paired.csv`` adds to :data:`istar.report.paired.PAIRED_COLUMNS`: the rule for collapsed runs that
 ran, how many runs of the reference and of the method collapsed, and how many seeds the rule excluded."""
-LAYERS_COLUMNS = (*RUN_KEYS, "seed", "hidden_state", "isoscore_star", "isoscore", "twonn_cls", "cosine_similarity",
-                  "standin", "analysis_zeta")
+LAYER_MEASURES = ("isoscore_star", "isoscore", "twonn_cls", "cosine_similarity")
+LAYERS_COLUMNS = (*RUN_KEYS, "seed", "hidden_state", *LAYER_MEASURES, "standin", "analysis_zeta")
 DIMS_COLUMNS = (*RUN_KEYS, "seed", "dim", "mean", "std")
 EPOCHS_COLUMNS = (*RUN_KEYS, "seed", "epoch", "sigma_s_isoscore", "score")
 AGGREGATE_NAMES = ("runs", "layers", "dims", "epochs", "selection", "paired", "trend", "pooled")
@@ -158,11 +157,10 @@ def _run_row(study: str, run: dict, analysis: dict | None) -> dict:
         "lam": run["lam"], "zeta": _number(run["zeta"]) if get_method(run["method"]).takes("zeta") else NAN,
         "layer": _single_layer(run), "tokens": run["tokens"], "batch_size": run["batch_size"], "epochs": run["epochs"],
         "learning_rate": run["learning_rate"], "seed": run["seed"], "metric": run["metric"],
-        "score": _number(final.get(run["metric"])), **{name: _number(final.get(name)) for name in METRIC_COLUMNS},
-        **{name: _number(final.get(name)) for name in COLLAPSE_COLUMNS}, "collapsed": collapsed(final, run["metric"]),
-        "standin": run["standin"], "isoscore_star": NAN, "isoscore": NAN, "cosine_similarity": NAN,
-        "last_layer_isoscore_star": NAN, "analysis_zeta": NAN, **run["ran"], "run_dir": run["run_dir"],
-    }
+        "score": _number(final.get(run["metric"])),
+        **{name: _number(final.get(name)) for name in (*METRIC_COLUMNS, *COLLAPSE_COLUMNS)},
+        "collapsed": collapsed(final, run["metric"]), "standin": run["standin"], **run["ran"], "run_dir": run["run_dir"],
+    }  # the measured columns stay empty (NaN in runs.csv) without an analysis
     if analysis is not None:
         row.update(isoscore_star=_number(analysis["global"]["isoscore_star"]),
                    isoscore=_number(analysis["global"]["isoscore"]),
@@ -173,13 +171,8 @@ def _run_row(study: str, run: dict, analysis: dict | None) -> dict:
 
 
 def _sort_key(row: dict) -> tuple:
-    """Sort key with empty (NaN) values first."""
-    key = []
-    for name in SORT_KEYS:
-        value = row[name]
-        missing = isinstance(value, float) and math.isnan(value)
-        key.append((not missing, 0.0 if missing else value))
-    return tuple(key)
+    """Sort key with empty (NaN) values first (NaN is the one value unequal to itself)."""
+    return tuple((row[name] == row[name], row[name] if row[name] == row[name] else 0.0) for name in SORT_KEYS)
 
 
 def _frame(rows: list[dict], columns: tuple[str, ...]):
@@ -216,14 +209,11 @@ def _provenance_rows(run_dirs, measure_files, out_dir) -> list[dict]:
     """provenance.csv: each distinct run folder, each measurement file, then this aggregation."""
     from istar.io.provenance import code_provenance
 
-    rows = []
-    for run_dir in dict.fromkeys(str(d) for d in run_dirs):
-        recorded = artifacts.read_json(Path(run_dir) / "run_config.json").get("provenance")
-        rows.append(_provenance_row("run", run_dir, recorded))
-    for path in measure_files:
-        rows.append(_provenance_row("measurement", path, artifacts.read_json(path).get("provenance")))
-    rows.append(_provenance_row("aggregate", out_dir, code_provenance()))
-    return rows
+    return ([_provenance_row("run", run_dir, artifacts.read_json(Path(run_dir) / "run_config.json").get("provenance"))
+             for run_dir in dict.fromkeys(str(d) for d in run_dirs)]
+            + [_provenance_row("measurement", path, artifacts.read_json(path).get("provenance"))
+               for path in measure_files]
+            + [_provenance_row("aggregate", out_dir, code_provenance())])
 
 
 def _with_collapse_counts(paired, counts, rule: str):
@@ -304,11 +294,9 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), inference:
         if analysis is None:
             continue
         keys = {name: row[name] for name in (*RUN_KEYS, "seed")}
-        for layer in analysis["layers"]:
-            layer_rows.append({**keys, "hidden_state": layer["layer"], "isoscore_star": _number(layer["isoscore_star"]),
-                               "isoscore": _number(layer["isoscore"]), "twonn_cls": _number(layer["twonn_cls"]),
-                               "cosine_similarity": _number(layer["cosine_similarity"]), "standin": row["standin"],
-                               "analysis_zeta": row["analysis_zeta"]})
+        layer_rows.extend({**keys, "hidden_state": layer["layer"], **{key: _number(layer[key]) for key in LAYER_MEASURES},
+                           "standin": row["standin"], "analysis_zeta": row["analysis_zeta"]}
+                          for layer in analysis["layers"])
         last = analysis["last_layer"]
         dim_rows.extend({**keys, "dim": dim, "mean": float(mean), "std": float(std)}
                         for dim, (mean, std) in enumerate(zip(last["mean"], last["std"], strict=True)))
@@ -329,8 +317,7 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), inference:
                                                       out_dir), PROVENANCE_COLUMNS)
     out_dir = Path(out_dir)
     for name, frame in frames.items():
-        with artifacts.atomic_path(out_dir / f"{name}.csv") as tmp:
-            frame.to_csv(tmp, index=False)
+        artifacts.write_text(out_dir / f"{name}.csv", frame.to_csv(index=False))
     return frames
 
 

@@ -202,10 +202,8 @@ def _istar_beats_base(evidence: Evidence) -> list[Finding]:
 
 def _negative_lambdas(evidence: Evidence) -> list[Finding]:
     selection = evidence.selection
-    if selection is None or selection.empty:
-        return []
-    searched = selection[selection["protocol"] != "fixed"]
-    if searched.empty:
+    searched = None if selection is None else selection[selection["protocol"] != "fixed"]
+    if searched is None or searched.empty:
         return []
     negative = int((searched["lam"].astype(float) < 0).sum())
     seeds = sorted(set(searched["seeds"].dropna().astype(int)))
@@ -217,13 +215,14 @@ def _negative_lambdas(evidence: Evidence) -> list[Finding]:
 
 def _trend(evidence: Evidence) -> list[Finding]:
     """The λ sweep's trend per cell: the slope of the score on IsoScore* (claimed negative), with λ's."""
-    trends = evidence.tests.trends
+    trends, runs = evidence.tests.trends, evidence.runs
     findings = []
     for (model, task), cell in trends.groupby(["model", "task"], sort=False):
         by = {row.covariate: row for row in cell.itertuples()}
         if "isoscore_star" not in by:
             continue
         iso = by["isoscore_star"]
+        sweep = runs[(runs["study"] == "lambda_sweep") & (runs["model"] == model) & (runs["task"] == task)]
         numbers = (f"slope of the score on IsoScore* {iso.slope / 10:+.2f} points per +0.1 "
                    f"[{iso.ci_low / 10:+.2f}, {iso.ci_high / 10:+.2f}] ({iso.level:.0%})"
                    + _at_verdict_level(iso.slope / 10, iso.se / 10, math.inf, iso.mde_alpha, 2)
@@ -236,20 +235,20 @@ def _trend(evidence: Evidence) -> list[Finding]:
                         f"dose-response on λ, the causal contrast, "
                         f"{lam.slope:+.3f} points per unit [{lam.ci_low:+.3f}, {lam.ci_high:+.3f}] ({lam.level:.0%})"
                         + _at_verdict_level(lam.slope, lam.se, math.inf, lam.mde_alpha, 3)
-                        + f", Holm {_p(lam.p_holm)}; " + _split_slope(evidence.runs, model, task))
+                        + f", Holm {_p(lam.p_holm)}; " + _split_slope(sweep, task))
         primary = evidence.is_primary("lambda_sweep", model, task)
-        scope = (f"{evidence.scope(model, task)}, the λ sweep at ζ = "
-                 f"{_sweep_zeta(evidence.runs, model, task)}" + (PRIMARY if primary else ""))
+        zetas = "/".join(f"{z:g}" for z in sorted(set(sweep["zeta"].dropna().astype(float)))) or "–"
+        scope = f"{evidence.scope(model, task)}, the λ sweep at ζ = {zetas}" + (PRIMARY if primary else "")
         verdict = _verdict(iso.slope, iso.p_holm, iso.mde / 10, -1, " points per +0.1 IsoScore*", 2)
         findings.append(Finding(scope, numbers, verdict))
     return findings
 
 
-def _split_slope(runs: pd.DataFrame, model: str, task: str) -> str:
+def _split_slope(sweep: pd.DataFrame, task: str) -> str:
     """The IsoScore* slope split into what λ sets and the seed-to-seed rest, and its two-stage least-squares
-    fit with λ as the instrument (:func:`istar.report.inference.treatment_slopes`), 95 % intervals, descriptive."""
-    sweep = runs[(runs["study"] == "lambda_sweep") & (runs["model"] == model) & (runs["task"] == task)].dropna(
-        subset=["score", "isoscore_star"])
+    fit with λ as the instrument (:func:`istar.report.inference.treatment_slopes`), 95 % intervals, descriptive.
+    ``sweep``: the λ sweep's runs of one model × task."""
+    sweep = sweep.dropna(subset=["score", "isoscore_star"])
     try:
         slopes = treatment_slopes(sweep["score"] * get_task(task).percent_scale, sweep["isoscore_star"],
                                   sweep["lam"].fillna(0.0), sweep["seed"])
@@ -259,12 +258,6 @@ def _split_slope(runs: pd.DataFrame, model: str, task: str) -> str:
                            f"{slopes[part].ci_high / 10:+.2f}]" for part in ("between", "within", "iv"))
     return (f"the IsoScore* slope per +0.1 split (descriptive, 95 %): across λ {between}, within λ (seed to seed, "
             f"observational) {within}; two-stage least squares with λ as the instrument {iv}")
-
-
-def _sweep_zeta(runs: pd.DataFrame, model: str, task: str) -> str:
-    rows = runs[(runs["study"] == "lambda_sweep") & (runs["model"] == model) & (runs["task"] == task)]
-    zetas = sorted(set(rows["zeta"].dropna().astype(float)))
-    return "/".join(f"{z:g}" for z in zetas) or "–"
 
 
 def _decreasing_isotropy_helps(evidence: Evidence) -> list[Finding]:
@@ -394,13 +387,9 @@ def claims_table(runs: pd.DataFrame, selection: pd.DataFrame | None = None,
     columns ``Cells``, ``Numbers``, ``Verdict``.
     """
     evidence = Evidence(runs, selection, stability, config)
-    index, cells = [], []
     judged = [(claim, claim.judge(evidence) or [Finding("–", claim.untested, NOT_TESTED)]) for claim in CLAIMS]
     judged.sort(key=lambda pair: not any(finding.scope.endswith(PRIMARY) for finding in pair[1]))  # it opens the table
-    for claim, findings in judged:
-        for finding in findings:
-            index.append([claim.statement])
-            cells.append([finding.scope, finding.numbers, finding.verdict])
+    rows = [(claim.statement, finding) for claim, findings in judged for finding in findings]
     primary = evidence.primary
     declared = (f"The declared primary endpoint (inference.primary): {primary['contrast']} on {primary['model']} "
                 f"{get_task(primary['task']).display}; a claim about it is judged on that cell alone."
@@ -412,11 +401,9 @@ def claims_table(runs: pd.DataFrame, selection: pd.DataFrame | None = None,
         name="claims",
         caption="The paper's claims and what this study's numbers say about each, at its power.",
         index_names=["Claim"],
-        index=index,
+        index=[[statement] for statement, _ in rows],
         columns=["Cells", "Numbers", "Verdict"],
-        standin=[False] * 3,
-        cells=cells,
-        best=[[False] * 3 for _ in cells],
+        cells=[[finding.scope, finding.numbers, finding.verdict] for _, finding in rows],
         footnotes=[
             f"Multiplicity (inference.multiplicity): {evidence.plan.key}, {evidence.plan.wording}; the primary "
             f"tested at {primary_level:.4f}, each secondary at {secondary_level:.4f} at worst, over the study's "

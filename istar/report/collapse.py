@@ -19,6 +19,8 @@ import pandas as pd
 
 from istar.registry.collapse_rules import get_collapse_rule
 from istar.registry.methods import METHODS
+from istar.registry.tasks import TASKS
+from istar.report.aggregate_csv import as_bool
 
 __all__ = ["CELL", "COUNTS_ATTR", "COUNT_COLUMNS", "collapsed_flags", "apply_collapse_rule", "collapse_footnote", "collapse_check"]
 
@@ -38,7 +40,7 @@ def collapsed_flags(runs: pd.DataFrame) -> pd.Series:
     a runs.csv written before the column existed checked none)."""
     if "collapsed" not in runs.columns:
         return pd.Series(False, index=runs.index)
-    return runs["collapsed"].map(lambda value: value is True or str(value) == "True").astype(bool)
+    return as_bool(runs["collapsed"])
 
 
 def apply_collapse_rule(runs: pd.DataFrame, rule: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -79,9 +81,10 @@ def apply_collapse_rule(runs: pd.DataFrame, rule: str) -> tuple[pd.DataFrame, pd
     return kept, counts[list(COUNT_COLUMNS)]
 
 
-def collapse_footnote(counts: pd.DataFrame, task_names: dict[str, str]) -> str:
+def collapse_footnote(counts: pd.DataFrame) -> str:
     """A table's sentence on the collapsed runs: the rule that ran and, per cell and arm, the runs it
-    counted and removed. ``counts`` from :func:`apply_collapse_rule`; ``task_names``: task key → display."""
+    counted and removed. ``counts`` from :func:`apply_collapse_rule`; a task the registry does not know is
+    named by its key."""
     rule = get_collapse_rule(counts["rule"].iloc[0] if len(counts) else "keep")
     touched = counts[counts["collapsed"] > 0]
     head = (f"Collapsed runs (final score no better than the task's trivial predictor on the evaluation split: the "
@@ -97,7 +100,7 @@ def collapse_footnote(counts: pd.DataFrame, task_names: dict[str, str]) -> str:
     studies = counts["study"].nunique() > 1
     cells = []
     for (study, model, task), arms in touched.groupby(list(CELL), sort=False):
-        where = f"{study}: " * studies + f"{model} {task_names.get(task, task)}"
+        where = f"{study}: " * studies + f"{model} {TASKS[task].display if task in TASKS else task}"
         every = counts[(counts["study"] == study) & (counts["model"] == model) & (counts["task"] == task)]
         parts = [f"{METHODS[row.method].label if row.method in METHODS else row.method} {row.collapsed} of {row.runs}"
                  + (f", {row.excluded} excluded" if rule.excludes else "") for row in every.itertuples()]

@@ -114,11 +114,10 @@ def trend_tests(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
             points = cell.loc[usable, "score"].astype(float) * get_task(task).percent_scale
             fit = random_intercept_slope(points.to_numpy(), x[usable].to_numpy(), cell.loc[usable, "seed"].to_numpy(),
                                          alpha=1 - level)
-            out.append({"study": TREND_STUDY, "model": model, "task": task, "covariate": covariate, "n": fit.n,
-                        "groups": fit.groups, "slope": fit.estimate, "se": fit.se, "ci_low": fit.ci_low,
-                        "ci_high": fit.ci_high, "level": level, "p_value": fit.p_value,
-                        "group_variance": fit.group_variance, "residual_variance": fit.residual_variance,
-                        "lambdas": " ".join(f"{v:g}" for v in sorted(set(lam[usable])))})
+            out.append({"study": TREND_STUDY, "model": model, "task": task, "covariate": covariate, "slope": fit.estimate,
+                        **{key: getattr(fit, key) for key in ("n", "groups", "se", "ci_low", "ci_high", "p_value",
+                                                               "group_variance", "residual_variance")},
+                        "level": level, "lambdas": " ".join(f"{v:g}" for v in sorted(set(lam[usable])))})
     return pd.DataFrame(out, columns=list(TREND_COLUMNS))
 
 

@@ -72,10 +72,8 @@ class Evidence:
         if ((self.config or {}).get("final", {}).get("istar") or {}).get(model, {}).get(task):
             return "fixed in advance"
         selection = self.selection
-        if selection is None or selection.empty:
-            return "as configured"
-        chosen = selection[(selection["model"] == model) & (selection["task"] == task)]
-        if chosen.empty:
+        chosen = None if selection is None else selection[(selection["model"] == model) & (selection["task"] == task)]
+        if chosen is None or chosen.empty:
             return "as configured"
         protocol = str(chosen["protocol"].iloc[0])
         return {"fixed": "fixed in advance", "validation": "searched on the dev set it is scored on (biased upward)"

@@ -83,10 +83,8 @@ def write_experiment(aggregate_dir: str | Path, out_dir: str | Path) -> dict:
             if stale.stem not in curves:
                 stale.unlink()
         for name, frame in curves.items():
-            with artifacts.atomic_path(out_dir / folder / f"{name}.csv") as tmp:
-                frame.to_csv(tmp, index=False)
-    with artifacts.atomic_path(out_dir / "metrics.json") as tmp:
-        Path(tmp).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+            artifacts.write_text(out_dir / folder / f"{name}.csv", frame.to_csv(index=False))
+    artifacts.write_text(out_dir / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     return metrics
 
 

@@ -25,6 +25,7 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.container import ErrorbarContainer
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from istar.io.artifacts import atomic_path
 from istar.registry.methods import METHOD_NAMES, METHODS
@@ -32,7 +33,7 @@ from istar.registry.tasks import TASKS, get_task, ordered_tasks
 from istar.report.aggregate_csv import require_columns
 
 __all__ = ["LAMBDA_CMAP", "PERFORMANCE_LABELS", "HIGHLIGHT", "PANEL_SIZE", "study_rows", "with_performance",
-           "summary", "yerr", "series_styles", "panels", "panel_series", "error_line", "legend_entries",
+           "summary", "yerr", "sequence_colours", "series_styles", "panels", "panel_series", "error_lines", "legend_entries",
            "figure_legend", "notice", "save"]
 
 LAMBDA_CMAP = "RdBu_r"
@@ -90,12 +91,9 @@ def isoscore_label(rows: pd.DataFrame, name: str = "IsoScore*") -> str:
 
 def summary(df: pd.DataFrame, by: list[str], values: list[str]) -> pd.DataFrame:
     """Mean and std (ddof = 1; NaN for one seed) of ``values`` per ``by``: columns ``{v}_mean``, ``{v}_std``."""
-    grouped = df.groupby(by, sort=True)
-    columns = {}
-    for value in values:
-        columns[f"{value}_mean"] = grouped[value].mean()
-        columns[f"{value}_std"] = grouped[value].std(ddof=1)
-    return pd.DataFrame(columns).reset_index()
+    stats = df.groupby(by, sort=True)[values].agg(["mean", "std"])  # pandas' std: ddof = 1
+    stats.columns = [f"{value}_{stat}" for value, stat in stats.columns]
+    return stats.reset_index()
 
 
 def yerr(std: pd.Series):
@@ -108,24 +106,30 @@ def _format_lambda(lam: float) -> str:
     return f"{lam:+g}".replace("-", "−")
 
 
+def sequence_colours(keys) -> dict:
+    """Key → colour along viridis (dark to light, its brightest 15 % left out), in the order given: a series per
+    ζ of Fig. 2, a line per model of the profiles."""
+    keys = list(dict.fromkeys(keys))
+    return {key: colormaps["viridis"](0.85 * i / max(len(keys) - 1, 1)) for i, key in enumerate(keys)}
+
+
 def series_styles(keys) -> dict[tuple[str, float], tuple[str, str]]:
     """(method, λ) → (label, colour) following the module's colour rules (a method without λ: its label and colour)."""
     keys = sorted(set(keys), key=lambda k: (METHOD_NAMES.index(k[0]), k[1]))
     lams_per_method = {m: {lam for mm, lam in keys if mm == m} for m, _ in keys}
     max_abs = max((abs(lam) for m, lam in keys if METHODS[m].takes("lam")), default=1.0) or 1.0
-    cmap = colormaps[LAMBDA_CMAP]
-    styles = {}
-    for method, lam in keys:
-        if not METHODS[method].takes("lam"):
-            styles[(method, lam)] = (METHODS[method].label, METHODS[method].colour)
-            continue
-        label = f"{METHODS[method].label} λ = {_format_lambda(lam)}"
+
+    def style(method: str, lam: float) -> tuple[str, str]:
+        entry = METHODS[method]
+        if not entry.takes("lam"):
+            return entry.label, entry.colour
+        label = f"{entry.label} λ = {_format_lambda(lam)}"
         if len(lams_per_method[method]) == 1 or lam == 0:
-            styles[(method, lam)] = (label, METHODS[method].colour)
-        else:
-            shade = 0.3 * (1.0 - abs(lam) / max_abs)
-            styles[(method, lam)] = (label, matplotlib.colors.to_hex(cmap(shade if lam < 0 else 1.0 - shade)))
-    return styles
+            return label, entry.colour
+        shade = 0.3 * (1.0 - abs(lam) / max_abs)
+        return label, matplotlib.colors.to_hex(colormaps[LAMBDA_CMAP](shade if lam < 0 else 1.0 - shade))
+
+    return {key: style(*key) for key in keys}
 
 
 def panels(df: pd.DataFrame, panel_size: tuple[float, float] = PANEL_SIZE) -> tuple[Figure, dict]:
@@ -146,13 +150,10 @@ def panels(df: pd.DataFrame, panel_size: tuple[float, float] = PANEL_SIZE) -> tu
         shape = (len(models), len(tasks))
     fig = Figure(figsize=(panel_size[0] * shape[1], panel_size[1] * shape[0] + 0.7), layout="constrained")
     grid = fig.add_gridspec(*shape)
-    axes = {}
-    for (model, task), (i, j) in places.items():
-        if (model, task) in present:
-            ax = fig.add_subplot(grid[i, j])
-            ax.set_title(f"{model} — {TASKS[task].display}", fontsize="medium")
-            ax.grid(alpha=0.3)
-            axes[(model, task)] = ax
+    axes = {cell: fig.add_subplot(grid[place]) for cell, place in places.items() if cell in present}
+    for (model, task), ax in axes.items():
+        ax.set_title(f"{model} — {TASKS[task].display}", fontsize="medium")
+        ax.grid(alpha=0.3)
     return fig, axes
 
 
@@ -173,10 +174,29 @@ def panel_series(summary: pd.DataFrame, axes: dict):
         yield (model, task), ax, panel, series
 
 
-def error_line(ax, rows: pd.DataFrame, x: str, value: str, colour: str, label: str, markersize: float = 4) -> None:
-    """One line of ``{value}_mean`` against column ``x`` of ``rows``, error bars ``{value}_std`` (see :func:`yerr`)."""
-    ax.errorbar(rows[x], rows[f"{value}_mean"], yerr=yerr(rows[f"{value}_std"]), marker="o", markersize=markersize,
-                capsize=2, linewidth=1.4, color=colour, label=label)
+def error_lines(rows: pd.DataFrame, x: str, value: str, xlabel: str, ylabel: str | None = None, *,
+                integer_x: bool = True, markersize: float = 4, name=None, decorate=None) -> Figure:
+    """A panel per model × task of ``rows`` with, per (method, λ), the mean of ``value`` over seeds against column
+    ``x``, error bars its std (:func:`yerr`); one legend below.
+
+    ``ylabel``: the y label, None for the task's performance label; ``integer_x``: integer ticks on x;
+    ``name(label, line)``: the legend label of a series from its style's label and its summary rows;
+    ``decorate(ax, model, task, panel)``: draws a panel's reference marks (``panel``: its summary rows,
+    ``{value}_mean`` and ``{value}_std`` per (method, λ, x))."""
+    summary_rows = summary(rows, ["model", "task", "method", "lam", x], [value])
+    fig, axes = panels(rows)
+    for (model, task), ax, panel, series in panel_series(summary_rows, axes):
+        for label, colour, line in series:
+            ax.errorbar(line[x], line[f"{value}_mean"], yerr=yerr(line[f"{value}_std"]), marker="o",
+                        markersize=markersize, capsize=2, linewidth=1.4, color=colour,
+                        label=name(label, line) if name else label)
+        if decorate:
+            decorate(ax, model, task, panel)
+        ax.set(xlabel=xlabel, ylabel=PERFORMANCE_LABELS[get_task(task).metric] if ylabel is None else ylabel)
+        if integer_x:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    figure_legend(fig, axes.values())
+    return fig
 
 
 def legend_entries(axes) -> dict[str, object]:
@@ -223,10 +243,9 @@ def save(fig: Figure, out_png) -> tuple[Path, Path]:
     """
     png = Path(out_png).with_suffix(".png")
     pdf = png.with_suffix(".pdf")
-    with atomic_path(png) as tmp:
-        fig.savefig(tmp, format="png", dpi=150)
-    with atomic_path(pdf) as tmp:
-        fig.savefig(tmp, format="pdf", metadata={"CreationDate": None})
+    for path, options in ((png, {"dpi": 150}), (pdf, {"metadata": {"CreationDate": None}})):  # the PDF's bytes: no date
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=path.suffix[1:], **options)
     return png, pdf
 
 

@@ -13,8 +13,11 @@ from __future__ import annotations
 import argparse
 import importlib
 from dataclasses import dataclass
+from functools import reduce
+from operator import getitem
 from pathlib import Path
 
+from istar.registry import lookup
 
 __all__ = ["FigureEntry", "FIGURES", "FIGURE_NAMES", "STUDY_FIGURES", "PROFILE_FIGURES", "STABILITY_CSV",
            "PROFILES_CSV", "PROJECTIONS_CSV", "get_figure", "enabled_figures",
@@ -33,12 +36,7 @@ PROJECTIONS_CSV = "profile_projections"
 def switch_enabled(switch: str | None, config: dict) -> bool:
     """Whether the config section ``switch`` (dotted, e.g. ``studies.padding``) is enabled in a
     validated config; None is a figure or table every config draws."""
-    if switch is None:
-        return True
-    section = config
-    for key in switch.split("."):
-        section = section[key]
-    return bool(section["enabled"])
+    return switch is None or bool(reduce(getitem, switch.split("."), config)["enabled"])
 
 
 @dataclass(frozen=True)
@@ -131,10 +129,7 @@ PROFILE_FIGURES: tuple[str, ...] = tuple(entry.name for entry in FIGURES.values(
 
 def get_figure(name: str) -> FigureEntry:
     """Look a figure up by name, with an error that lists the known figures."""
-    try:
-        return FIGURES[name]
-    except KeyError:
-        raise ValueError(f"unknown figure {name!r}; known figures: {', '.join(FIGURES)}") from None
+    return lookup(FIGURES, name, "figure")
 
 
 def enabled_figures(config: dict) -> list[str]:

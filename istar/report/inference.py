@@ -309,8 +309,8 @@ class Slope:
 
     estimate, se : β₁ and its standard error, in units of y per unit of x.
     ci_low, ci_high : its two-sided (1 − α) Wald interval (normal, as statsmodels' MixedLM reports).
-    p_value : the Wald z-test of H0: β₁ = 0.
-    mde : the smallest |β₁| detected with ``power`` at α, (z_{1−α/2} + z_{power}) · se.
+    p_value : the Wald z-test of H0: β₁ = 0 (its detectable slope is the family's, at the level the plan
+        gives it: :func:`istar.report.comparisons.study_tests`).
     intercept : β₀.
     group_variance, residual_variance : the REML estimates of Var(u) and Var(ε).
     n, groups : observations and groups fitted.
@@ -321,7 +321,6 @@ class Slope:
     ci_low: float
     ci_high: float
     p_value: float
-    mde: float
     intercept: float
     group_variance: float
     residual_variance: float
@@ -357,7 +356,7 @@ def _reml_profile(log_ratio: float, blocks) -> tuple[float, np.ndarray, np.ndarr
     return deviance, beta, a_inv, sigma2
 
 
-def random_intercept_slope(y, x, groups, alpha: float = ALPHA, power: float = POWER) -> Slope:
+def random_intercept_slope(y, x, groups, alpha: float = ALPHA) -> Slope:
     """The slope of y on x with a random intercept per group, by restricted maximum likelihood.
 
     The model: y_gi = β₀ + β₁ x_gi + u_g + ε_gi with u_g ~ N(0, σ_u²) and ε_gi ~ N(0, σ²), all
@@ -374,7 +373,7 @@ def random_intercept_slope(y, x, groups, alpha: float = ALPHA, power: float = PO
     ----------
     y, x : sequences of float, shape (n,): response and covariate.
     groups : sequence, shape (n,): each observation's group (at least two groups, three observations).
-    alpha, power : level of the interval and test; power of the reported detectable slope.
+    alpha : level of the interval and test.
 
     Returns
     -------
@@ -401,9 +400,9 @@ def random_intercept_slope(y, x, groups, alpha: float = ALPHA, power: float = PO
     z = float(stats.norm.isf(alpha / 2))
     estimate = float(beta[1])
     return Slope(estimate=estimate, se=se, ci_low=estimate - z * se, ci_high=estimate + z * se,
-                 p_value=float(2 * stats.norm.sf(abs(estimate) / se)), mde=(z + float(stats.norm.ppf(power))) * se,
-                 intercept=float(beta[0]), group_variance=float(math.exp(fit.x) * sigma2),
-                 residual_variance=float(sigma2), n=len(y), groups=len(names))
+                 p_value=float(2 * stats.norm.sf(abs(estimate) / se)), intercept=float(beta[0]),
+                 group_variance=float(math.exp(fit.x) * sigma2), residual_variance=float(sigma2), n=len(y),
+                 groups=len(names))
 
 
 def treatment_slopes(y, x, treatment, groups, alpha: float = ALPHA) -> dict[str, Estimate]:

@@ -27,10 +27,11 @@ from istar.core.tokens import TOKEN_SELECTIONS
 from istar.registry.methods import BASELINE_METHOD, METHODS
 from istar.registry.tasks import get_task, ordered_tasks
 from istar.report import figure_parts as parts
+from istar.report.aggregate_csv import standin_columns
 from istar.report.inference import POWER
 from istar.report.comparisons import study_tests, variant_label
 from istar.report.paired import LEVEL, SIGNIFICANT, difference_cell, power_cell
-from istar.report.table_render import Table
+from istar.report.table_render import Table, spread
 
 __all__ = ["padding_rows", "padding_table", "padding"]
 
@@ -53,15 +54,6 @@ def _order(rows: pd.DataFrame) -> list[str]:
 
 BASE = METHODS[BASELINE_METHOD].label
 """The baseline's variant: it takes no token selection, so its variant is its method's label."""
-
-
-def _cell(values: pd.Series, scale: float = 1.0, digits: int = 1) -> str:
-    values = values.dropna().astype(float) * scale
-    if values.empty:
-        return "–"
-    if len(values) == 1:
-        return f"{values.iloc[0]:.{digits}f}"
-    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
 
 
 def padding_table(runs: pd.DataFrame, config: dict | None = None) -> Table:
@@ -91,26 +83,18 @@ def padding_table(runs: pd.DataFrame, config: dict | None = None) -> Table:
         variants = _order(block)
         for variant in variants:
             mine = block[block["variant"] == variant]
-            row = []
-            for task in tasks:
-                cell = mine[mine["task"] == task]
-                row += [_cell(cell["performance"]), _cell(cell["isoscore_star"], digits=3)]
             index.append([model, variant])
-            cells.append(row)
+            cells.append([text for task in tasks for cell in [mine[mine["task"] == task]]
+                          for text in (spread(cell["performance"]), spread(cell["isoscore_star"], digits=3))])
         for variant in (v for v in variants if v != BASE):
-            index.append([model, f"{variant} − {BASE}"])
-            cells.append([cell for task in tasks for cell in (
-                difference_cell(scores.get((model, variant, task)), get_task(task).percent_scale),
-                difference_cell(isoscores.get((model, variant, task)), 1.0, digits=3))])
-            index.append([model, f"{variant} − {BASE}: test"])
-            cells.append([cell for task in tasks for cell in (
-                power_cell(scores.get((model, variant, task)), get_task(task).percent_scale),
-                power_cell(isoscores.get((model, variant, task)), 1.0, digits=3))])
-    standin = rows.groupby("task")["standin"].agg(lambda v: bool(v.astype(str).str.lower().isin(["true", "1"]).any()))
-    settings = []
-    for (model, task, variant), group in _with_zeta(rows).groupby(["model", "task", "variant"], sort=False):
-        settings.append(f"{model} on {get_task(task).display}, {variant}: λ = {group['lam'].iloc[0]:g}, "
-                        f"ζ = {group['zeta'].iloc[0]:g}")
+            for suffix, cell in (("", difference_cell), (": test", power_cell)):
+                index.append([model, f"{variant} − {BASE}{suffix}"])
+                cells.append([text for task in tasks for text in (
+                    cell(scores.get((model, variant, task)), get_task(task).percent_scale),
+                    cell(isoscores.get((model, variant, task)), 1.0, digits=3))])
+    settings = [f"{model} on {get_task(task).display}, {variant}: λ = {group['lam'].iloc[0]:g}, "
+                f"ζ = {group['zeta'].iloc[0]:g}"
+                for (model, task, variant), group in _with_zeta(rows).groupby(["model", "task", "variant"], sort=False)]
     counts = sorted(set(rows.groupby(["model", "task", "variant"])["seed"].nunique()))
     seeds = f"{'–'.join(map(str, counts))} seed{'s' if counts != [1] else ''}"
     columns = [f"{get_task(t).display} {q}" for t in tasks for q in ("score", "IsoScore*")]
@@ -121,9 +105,8 @@ def padding_table(runs: pd.DataFrame, config: dict | None = None) -> Table:
         index_names=["Model", "Method"],
         index=index,
         columns=columns,
-        standin=[bool(standin.get(t, False)) for t in tasks for _ in range(2)],
+        standin=[flag for flag in standin_columns(rows, tasks) for _ in range(2)],
         cells=cells,
-        best=[[False] * len(columns) for _ in cells],
         footnotes=["Score: the headline metric ×100 (SQuAD F1 as is); IsoScore*: global IsoScore* of the final "
                    "model's real tokens on the validation split (analysis ζ). Mean ± standard deviation (ddof = 1) "
                    "over seeds. " + "; ".join(settings) + ".",
@@ -193,8 +176,8 @@ def padding(runs: pd.DataFrame) -> Figure:
                         markersize=6, capsize=2, color=METHODS[method].colour,
                         markerfacecolor="white" if not TOKEN_SELECTIONS[tokens].masked else METHODS[method].colour,
                         label=label)
-        ax.set_xlabel(parts.isoscore_label(rows, "IsoScore* of real tokens"))
-        ax.set_ylabel(parts.PERFORMANCE_LABELS[get_task(task).metric])
+        ax.set(xlabel=parts.isoscore_label(rows, "IsoScore* of real tokens"),
+               ylabel=parts.PERFORMANCE_LABELS[get_task(task).metric])
         if len(shared) == 1 and not math.isnan(float(shared["zeta"].iloc[0])):
             ax.set_title(f"{ax.get_title()} (λ = {shared['lam'].iloc[0]:g}, ζ = {shared['zeta'].iloc[0]:g})",
                          fontsize="medium")

@@ -31,12 +31,14 @@ meta-analysis, in points (the tables' units).
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
 from istar.registry.methods import BASELINE_METHOD
+from istar.report.aggregate_csv import require_columns
 from istar.report.inference import (
     adjusted_p_values,
     minimum_detectable_effect,
@@ -137,9 +139,7 @@ def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str 
     (space-separated), ``unpaired`` the seeds only one side ran, as ``base: 3; istar: 4`` (empty
     when none).
     """
-    missing = [c for c in ("study", "model", "task", "method", "seed", "metric", "score") if c not in runs.columns]
-    if missing:
-        raise ValueError(f"runs.csv lacks the column(s) {', '.join(missing)}: was it written by `istar aggregate`?")
+    require_columns(runs, ("study", "model", "task", "method", "seed", "metric", "score"), "runs.csv")
     chosen = runs[runs["study"] == study]
     rows = []
     for (model, task), block in chosen.groupby(["model", "task"], sort=False):
@@ -156,10 +156,7 @@ def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str 
                     for name, mine, theirs in ((reference, base, other), (method, other, base))]
             unpaired = "; ".join(f"{name}: {' '.join(map(str, seeds))}" for name, seeds in only if seeds)
             differences = np.array([other[s] - base[s] for s in paired], dtype=np.float64)
-            if paired:
-                mean, sd, low, high = paired_interval(differences, level)
-            else:
-                mean = sd = low = high = math.nan
+            mean, sd, low, high = paired_interval(differences, level) if paired else (math.nan,) * 4
             rows.append({"study": study, "measure": measure, "model": model, "task": task, "method": method,
                          "reference": reference, "metric": group["metric"].iloc[0], "n": len(paired),
                          "mean_difference": mean, "sd_difference": sd, "ci_low": low, "ci_high": high, "level": level,
@@ -261,9 +258,7 @@ def pooled_gains(paired: pd.DataFrame, scales: dict[str, float], level: float = 
                 estimates = usable["mean_difference"].to_numpy(dtype=float) * factor
                 spread = usable["sd_difference"].to_numpy(dtype=float) * factor
                 pooled = random_effects(estimates, spread ** 2 / usable["n"].to_numpy(dtype=float), alpha=1 - level)
-                row |= {"mean": pooled.mean, "se": pooled.se, "ci_low": pooled.ci_low, "ci_high": pooled.ci_high,
-                        "p_value": pooled.p_value, "mde": pooled.mde, "tau2": pooled.tau2, "i2": pooled.i2,
-                        "interval": pooled.interval}
+                row |= {key: value for key, value in asdict(pooled).items() if key in POOLED_COLUMNS}
             rows.append(row)
     frame = pd.DataFrame(rows, columns=list(POOLED_COLUMNS))
     return frame.astype({"k": "Int64", "positive_cells": "Int64", "significant_gains": "Int64",

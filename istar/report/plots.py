@@ -14,7 +14,6 @@ import math
 
 import numpy as np
 import pandas as pd
-from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
@@ -55,21 +54,18 @@ def fig2(df: pd.DataFrame, true_value: float | None = None, dim: int = 768) -> F
         true_value = fig2_true_value(dim)
     fig = Figure(figsize=(6.4, 4.4), layout="constrained")
     ax = fig.add_subplot()
-    zetas = sorted(df["zeta"].unique())
-    cmap = colormaps["viridis"]
-    for i, zeta in enumerate(zetas):
+    colours = parts.sequence_colours(sorted(df["zeta"].unique()))
+    for zeta, colour in colours.items():
         part = df[df["zeta"] == zeta].sort_values("batch_size")
         label = f"ζ = {zeta:g}" + (" (IsoScore)" if zeta == 0 else "")
         ax.errorbar(part["batch_size"], part["mean"], yerr=parts.yerr(part["std"]), marker="o", markersize=3.5,
-                    capsize=2, linewidth=1.3, color=cmap(0.85 * i / max(1, len(zetas) - 1)), label=label)
+                    capsize=2, linewidth=1.3, color=colour, label=label)
     ax.axhline(true_value, color="black", linestyle="--", linewidth=1, label=f"true IsoScore* = {true_value:.3f}")
     ax.axvline(dim, color="#999999", linestyle=":", linewidth=1, label=f"|X| = d = {dim}")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
-    ax.set_ylim(0, 1)
-    ax.set_xlabel("Batch size |X| (points, log scale)")
-    ax.set_ylabel("IsoScore* of the batch")
-    ax.set_title(f"IsoScore* of mini-batches of a {dim}-d Gaussian")
+    ax.set(ylim=(0, 1), xlabel="Batch size |X| (points, log scale)", ylabel="IsoScore* of the batch",
+           title=f"IsoScore* of mini-batches of a {dim}-d Gaussian")
     ax.grid(alpha=0.3)
     entries = parts.legend_entries([ax])
     ax.legend(list(entries.values()), list(entries), loc="lower right", fontsize="small")
@@ -81,17 +77,8 @@ def fig2(df: pd.DataFrame, true_value: float | None = None, dim: int = 768) -> F
 
 def _layer_lines(layers: pd.DataFrame, study: str, value: str, ylabel: str) -> Figure:
     """Fig. 5 / Fig. 6: ``value`` per hidden state, one line per (method, λ), panel per model × task."""
-    rows = parts.study_rows(layers, study, "layers.csv", value, ("hidden_state",))
-    summary = parts.summary(rows, ["model", "task", "method", "lam", "hidden_state"], [value])
-    fig, axes = parts.panels(rows)
-    for (_, task), ax, _, series in parts.panel_series(summary, axes):
-        for label, colour, line in series:
-            parts.error_line(ax, line, "hidden_state", value, colour, label, markersize=3.5)
-        ax.set_xlabel("Layer (0 = embeddings)")
-        ax.set_ylabel(ylabel)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    parts.figure_legend(fig, axes.values())
-    return fig
+    return parts.error_lines(parts.study_rows(layers, study, "layers.csv", value, ("hidden_state",)), "hidden_state",
+                             value, "Layer (0 = embeddings)", ylabel, markersize=3.5)
 
 
 def dose_response(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -160,8 +147,7 @@ def fig3(runs: pd.DataFrame) -> Figure:
             ax.text(0.02, 0.97, f"{fit.slope:+.3f} [{fit.ci_low:+.3f}, {fit.ci_high:+.3f}] points per unit λ",
                     transform=ax.transAxes, fontsize="small", va="top")
         ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_xlabel("λ (0 = Base)")
-        ax.set_ylabel(f"{parts.PERFORMANCE_LABELS[get_task(task).metric]} − Base (points)")
+        ax.set(xlabel="λ (0 = Base)", ylabel=f"{parts.PERFORMANCE_LABELS[get_task(task).metric]} − Base (points)")
     parts.figure_legend(fig, axes.values())
     return fig
 
@@ -187,8 +173,7 @@ def fig4(dims: pd.DataFrame) -> Figure:
         for label, colour, line in series:
             ax.plot(line["dim"], line["mean"], linestyle="none", marker="o", markersize=2.2, alpha=0.8,
                     color=colour, label=label)
-        ax.set_xlabel("Dimension index")
-        ax.set_ylabel("Mean activation (last layer)")
+        ax.set(xlabel="Dimension index", ylabel="Mean activation (last layer)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     parts.figure_legend(fig, axes.values(), markerscale=3.0)
     return fig
@@ -244,19 +229,15 @@ def fig7(runs: pd.DataFrame) -> Figure:
     rows = parts.with_performance(parts.study_rows(runs, "zeta_sweep", "runs.csv", "score", ("zeta",)).dropna(subset=["zeta"]))
     if rows.empty:
         raise ValueError("the rows with study == 'zeta_sweep' in runs.csv have no zeta values (no I-STAR runs)")
-    summary = parts.summary(rows, ["model", "task", "method", "lam", "zeta"], ["performance"])
-    fig, axes = parts.panels(rows)
-    for (_, task), ax, panel, series in parts.panel_series(summary, axes):
-        for label, colour, line in series:
-            parts.error_line(ax, line, "zeta", "performance", colour, label)
+
+    def best_zeta(ax, _model, _task, panel):
         best = float(panel.loc[panel["performance_mean"].idxmax(), "zeta"])
         ax.axvline(best, color=parts.HIGHLIGHT, linestyle="--", linewidth=1.2, label="best ζ")
         ax.text(best, 0.02, f" ζ = {best:g}", color=parts.HIGHLIGHT, fontsize="small", ha="left", va="bottom",
                 transform=ax.get_xaxis_transform())
-        ax.set_xlabel("Shrinkage parameter ζ")
-        ax.set_ylabel(parts.PERFORMANCE_LABELS[get_task(task).metric])
-    parts.figure_legend(fig, axes.values())
-    return fig
+
+    return parts.error_lines(rows, "zeta", "performance", "Shrinkage parameter ζ", integer_x=False,
+                             decorate=best_zeta)
 
 
 def fig8(runs: pd.DataFrame) -> Figure:
@@ -281,12 +262,9 @@ def fig8(runs: pd.DataFrame) -> Figure:
             "the rows with study == 'single_layer' in runs.csv have no single-layer runs (layer is NaN "
             "everywhere): list layers under studies.single_layer in the config"
         )
-    summary = parts.summary(single, ["model", "task", "method", "lam", "layer"], ["performance"])
     overall = parts.summary(rows[rows["layer"].isna()], ["model", "task"], ["performance"])
-    fig, axes = parts.panels(single)
-    for (model, task), ax, _, series in parts.panel_series(summary, axes):
-        for label, colour, line in series:
-            parts.error_line(ax, line, "layer", "performance", colour, f"{label} on one layer")
+
+    def global_penalty(ax, model, task, _panel):
         reference = overall[(overall["model"] == model) & (overall["task"] == task)]
         if not reference.empty:
             mean, std = float(reference["performance_mean"].iloc[0]), float(reference["performance_std"].iloc[0])
@@ -294,11 +272,9 @@ def fig8(runs: pd.DataFrame) -> Figure:
             if not math.isnan(std):
                 ax.axhspan(mean - std, mean + std, color=parts.HIGHLIGHT, alpha=0.1, linewidth=0,
                            label="global penalty ± std over seeds")
-        ax.set_xlabel("Penalised layer")
-        ax.set_ylabel(parts.PERFORMANCE_LABELS[get_task(task).metric])
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    parts.figure_legend(fig, axes.values())
-    return fig
+
+    return parts.error_lines(single, "layer", "performance", "Penalised layer",
+                             name=lambda label, _: f"{label} on one layer", decorate=global_penalty)
 
 
 # -------------------- Σ_S across fine-tuning ------------------------------------------
@@ -320,22 +296,14 @@ def sigma_epochs(epochs: pd.DataFrame) -> Figure:
         ``penalty.tokens: all_positions``), each label says which: padding alone moves the IsoScore.
     """
     rows = parts.study_rows(epochs, "final", "epochs.csv", "sigma_s_isoscore", ("epoch",))
-    summary = parts.summary(rows, ["model", "task", "method", "lam", "epoch"], ["sigma_s_isoscore"])
     # runs recorded before the token selection existed have none: they read the default rows
     read = rows.groupby(["method", "lam"])["tokens"].agg(lambda t: ", ".join(
         TOKEN_SELECTIONS[key].label for key in dict.fromkeys(t.fillna(DEFAULT_TOKENS)))) if "tokens" in rows else None
     mixed = read is not None and read.nunique() > 1
-    fig, axes = parts.panels(rows)
-    for _, ax, _, series in parts.panel_series(summary, axes):
-        for label, colour, line in series:
-            if mixed:
-                label = f"{label} (Σ_S over {read[(line['method'].iloc[0], line['lam'].iloc[0])]})"
-            parts.error_line(ax, line, "epoch", "sigma_s_isoscore", colour, label)
-        ax.set_xlabel("Epochs of fine-tuning (0 = pretrained)")
-        ax.set_ylabel("IsoScore of Σ_S")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    parts.figure_legend(fig, axes.values())
-    return fig
+    return parts.error_lines(rows, "epoch", "sigma_s_isoscore", "Epochs of fine-tuning (0 = pretrained)",
+                             "IsoScore of Σ_S", name=lambda label, line: (
+                                 f"{label} (Σ_S over {read[(line['method'].iloc[0], line['lam'].iloc[0])]})"
+                                 if mixed else label))
 
 
 # -------------------- The verdict as a picture ----------------------------------------

@@ -18,7 +18,8 @@ best setting (the :data:`SETTING_KEYS`, ``score``, ``seeds``); empty otherwise. 
 is always I-STAR's when I-STAR was searched. ``score`` is the mean over seeds of the final metric, ``score_std`` its sample standard
 deviation (divide by seeds − 1; ``null`` for one seed); ``candidates`` lists every setting,
 best first, with its run folders; ``settings`` counts them. ``model`` is the model's short
-name (see :func:`model_short_name`).
+name (the folder after ``runs/`` or ``search/`` in the workflow's layout ``…/{model}/{task}/{setting}/seed{n}``,
+else run_config.json's ``model``).
 
 ``protocol`` (a key of :data:`PROTOCOLS`) says which rows the search was scored on. It is
 read from the runs themselves, not from an option: each run's ``run_config.json`` holds the
@@ -46,8 +47,8 @@ from istar.io import artifacts
 from istar.io.results import read_finished_run
 from istar.registry.methods import BASELINE_METHOD, SEARCHED_METHOD
 
-__all__ = ["read_run", "model_short_name", "setting_name", "select_best", "fixed_choice", "SETTING_KEYS", "PROTOCOLS",
-           "protocol_note"]
+__all__ = ["read_run", "select_best", "fixed_choice", "SETTING_KEYS", "PROTOCOLS",
+           "protocol_note", "selection_note"]
 
 SETTING_KEYS = ("method", "lam", "zeta", "layers", "tokens", "batch_size", "epochs", "learning_rate")
 """What defines a setting: runs that agree on all of these differ only by their seed."""
@@ -101,20 +102,15 @@ def protocol_note(protocol: str, *, settings, fraction: float | None = None, see
     return chosen.note.format(settings=settings, fraction=fraction, seed=seed)
 
 
-def model_short_name(run_dir: Path, config_model: str) -> str:
-    """The model's short name from the workflow's layout ``…/{model}/{task}/{setting}/seed{n}``.
+def selection_note(rows) -> str:
+    """:func:`protocol_note` for the rows of ``selection.csv`` (a DataFrame) of one protocol: the settings searched
+    (a range where the cells searched different numbers), the held-out split's fraction and seed."""
+    import pandas as pd  # here: the workflow imports this module to build its DAG
 
-    Both ``results/runs/…`` and ``results/search/…`` follow it; a folder outside that layout
-    falls back to ``config_model``.
-    """
-    parsed = parse_run_dir(run_dir)
-    return parsed.model if parsed is not None else str(config_model)
-
-
-def setting_name(run_dir: Path) -> str:
-    """The setting's folder name (``base``, ``istar_lam-1_zeta0.2``, …): the parent of a ``seed{n}`` folder."""
-    run_dir = Path(run_dir)
-    return run_dir.parent.name if seed_of(run_dir.name) is not None else run_dir.name
+    settings, first = rows["settings"].astype(int), rows.iloc[0]
+    return protocol_note(first["protocol"], settings="–".join(map(str, sorted({settings.min(), settings.max()}))),
+                         fraction=None if pd.isna(first["heldout_fraction"]) else float(first["heldout_fraction"]),
+                         seed=None if pd.isna(first["heldout_seed"]) else int(first["heldout_seed"]))
 
 
 def read_run(run_dir) -> dict:
@@ -142,9 +138,12 @@ def read_run(run_dir) -> dict:
     missing += [key for key in ("model", "batch_size", "epochs", "learning_rate") if key not in config]
     if missing:
         raise ValueError(f"run folder {run_dir} is incomplete: metrics.json / run_config.json lack {', '.join(missing)}")
+    parsed = parse_run_dir(run_dir)  # the workflow's layout …/{model}/{task}/{setting}/seed{n}, or another folder
     return {
-        "run_dir": str(run_dir), "model": model_short_name(run_dir, config["model"]), "task": metrics["task"],
-        "setting": setting_name(run_dir), "method": metrics["method"], "lam": float(metrics["lam"]),
+        "run_dir": str(run_dir), "model": parsed.model if parsed is not None else str(config["model"]),
+        # the setting's folder (base, istar_lam-1_zeta0.2, …): the parent of a seed{n} folder
+        "task": metrics["task"], "setting": run_dir.parent.name if seed_of(run_dir.name) is not None else run_dir.name,
+        "method": metrics["method"], "lam": float(metrics["lam"]),
         "zeta": None if metrics.get("zeta") is None else float(metrics["zeta"]), "layers": metrics.get("layers"),
         # runs written before the token selection was a setting read real tokens
         "tokens": metrics.get("tokens", "real"),
@@ -221,6 +220,17 @@ def _best_per_method(candidates: list[dict], besides: str) -> dict:
     return baselines
 
 
+def _choice(model: str, task: str, metric: str, chosen: dict, standin: bool, protocol: str, scored_on: dict,
+            candidates: list[dict], out) -> dict:
+    """The ``best.json`` of the module docstring for the ``chosen`` setting (the :data:`SETTING_KEYS`, ``score``,
+    ``score_std``, ``seeds``), written to ``out`` (atomically, its content hash included) unless it is None."""
+    result = {"model": model, "task": task, "metric": metric,
+              **{key: chosen[key] for key in (*SETTING_KEYS, "score", "score_std", "seeds")}, "standin": standin,
+              "protocol": protocol, **scored_on, "settings": len(candidates),
+              "baselines": _best_per_method(candidates, chosen["method"]), "candidates": candidates}
+    return result if out is None else artifacts.write_json(out, result, digest=True)  # what was written, with its hash
+
+
 def select_best(run_dirs, out=None, metric: str | None = None, lambda_zero: bool = False) -> dict:
     """Pick the best setting of one model × task from its search runs (see the module docstring).
 
@@ -248,15 +258,8 @@ def select_best(run_dirs, out=None, metric: str | None = None, lambda_zero: bool
     searched = [c for c in candidates if c["method"] == SEARCHED_METHOD or (lambda_zero and c["method"] == BASELINE_METHOD)]
     best = (searched or candidates)[0]
     scored_on = _scored_on(runs, model, task)
-    protocol = {"protocol": "heldout" if scored_on["heldout_fraction"] is not None else "validation", **scored_on,
-                "settings": len(candidates)}
-    result = {"model": model, "task": task, "metric": metric, **{k: best[k] for k in SETTING_KEYS},
-              "score": best["score"], "score_std": best["score_std"], "seeds": best["seeds"],
-              "standin": any(run["standin"] for run in runs), **protocol,
-              "baselines": _best_per_method(candidates, best["method"]), "candidates": candidates}
-    if out is not None:
-        result = artifacts.write_json(out, result, digest=True)  # what was written, its hash included
-    return result
+    protocol = "heldout" if scored_on["heldout_fraction"] is not None else "validation"
+    return _choice(model, task, metric, best, any(run["standin"] for run in runs), protocol, scored_on, candidates, out)
 
 
 def fixed_choice(*, model: str, task: str, lam: float, zeta: float, tokens: str, layers, baseline_runs=(),
@@ -292,14 +295,9 @@ def fixed_choice(*, model: str, task: str, lam: float, zeta: float, tokens: str,
             raise ValueError(f"I-STAR run(s) given beside the λ | ζ fixed in advance for {model} × {task}: only the "
                              "baselines are searched there (search.tune_baselines); give only their runs")
         candidates, scored_on = _candidates(runs, get_task(task).metric), _scored_on(runs, model, task)
-    result = {"model": model, "task": task, "metric": get_task(task).metric, "method": SEARCHED_METHOD, "lam": float(lam),
-              "zeta": float(zeta), "layers": layers, "tokens": tokens, "batch_size": None, "epochs": None,
-              "learning_rate": None, "score": None, "score_std": None, "seeds": 0, "standin": False,
-              "protocol": "fixed", **scored_on, "settings": len(candidates),
-              "baselines": _best_per_method(candidates, SEARCHED_METHOD), "candidates": candidates}
-    if out is not None:
-        result = artifacts.write_json(out, result, digest=True)
-    return result
+    fixed = {"method": SEARCHED_METHOD, "lam": float(lam), "zeta": float(zeta), "layers": layers, "tokens": tokens,
+             "batch_size": None, "epochs": None, "learning_rate": None, "score": None, "score_std": None, "seeds": 0}
+    return _choice(model, task, get_task(task).metric, fixed, False, "fixed", scored_on, candidates, out)
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:

@@ -28,19 +28,18 @@ from istar.config.schema import load_yaml
 from istar.io import artifacts
 from istar.registry.methods import BASELINE_METHOD, METHODS
 from istar.registry.tasks import get_task, ordered_tasks
-from istar.report.aggregate_csv import read_aggregate
+from istar.report.aggregate_csv import as_bool, read_aggregate
 from istar.report.claims import NOT_TESTED
 from istar.report.tables import listing
-from istar.report.collapse import apply_collapse_rule, collapse_footnote
 from istar.report.figures import FIGURES, STABILITY_CSV, STUDY_FIGURES
-from istar.report.select import protocol_note
+from istar.report.select import selection_note
 from istar.report.table_render import Table, render_markdown
 
 __all__ = ["FOREST", "Landing", "landing", "render_summary_markdown", "render_summary_rst", "write_summary"]
 
 FOREST = "forest"
-"""The forest plot's name in the figure registry (:data:`istar.report.figures.FIGURES`), shown when it is
-registered and the config draws it."""
+"""The forest plot's name in the figure registry (:data:`istar.report.figures.FIGURES`), shown where the config
+draws it."""
 
 FINAL, SEARCH = "final", "search"
 """The studies of runs.csv that are the final comparison and the λ | ζ search (the others are figure studies)."""
@@ -69,12 +68,11 @@ def landing(config: dict, runs: pd.DataFrame, selection: pd.DataFrame | None = N
     from istar.report.table_specs import build
 
     verdict = _tested(build("claims", runs, selection=selection, stability=stability, config=config))
-    forest = FIGURES[FOREST] if FOREST in FIGURES and FIGURES[FOREST].enabled(config) else None
-    # the runs the claims read, under the declared rule: the claims table's own footnote, shown once, as its own line
-    _, counts = apply_collapse_rule(runs, config["inference"]["collapsed_runs"])
-    collapsed = collapse_footnote(counts, {task: get_task(task).display for task in set(runs["task"])})
-    verdict.footnotes = [note for note in verdict.footnotes if note != collapsed]
-    return Landing(verdict, f"{forest.name}.png" if forest else None, collapsed, _what_ran(config, runs, selection))
+    # the runs the claims read, under the declared rule: the claims table's last footnote (build appends it), shown
+    # once, as its own line
+    collapsed = verdict.footnotes.pop()
+    return Landing(verdict, f"{FOREST}.png" if FIGURES[FOREST].enabled(config) else None, collapsed,
+                   _what_ran(config, runs, selection))
 
 
 def _tested(table: Table) -> Table:
@@ -104,7 +102,7 @@ def _what_ran(config: dict, runs: pd.DataFrame, selection: pd.DataFrame | None) 
     studies = [study for study in dict.fromkeys(runs["study"]) if study not in (FINAL, SEARCH)]
     if studies:
         lines.append(("Studies beside the final comparison", "; ".join(_study(study, runs) for study in studies)))
-    if runs["standin"].astype(str).eq("True").any():
+    if as_bool(runs["standin"]).any():
         lines.append(("Stand-in data", "some results (†) come from stand-in splits of a dev set, not the task's "
                                        "training split: they are not comparable with published numbers"))
     lines.append(("Scope", f"the verdicts hold for {listing(models)} fine-tuned on {_data(config, tasks)} with "
@@ -117,15 +115,8 @@ def _protocol(selection: pd.DataFrame | None, runs: pd.DataFrame) -> str:
     """How I-STAR's λ | ζ were chosen, per protocol found in selection.csv, with the search's size where one ran."""
     if selection is None or selection.empty:
         return "not recorded (no selection.csv): the tables' footnotes cannot say how λ | ζ were chosen"
-    notes = []
-    for protocol, rows in selection.groupby("protocol", sort=False):
-        cells = ", ".join(f"{row.model} {get_task(row.task).display}" for row in rows.itertuples())
-        settings = rows["settings"].astype(int)
-        count = f"{settings.min()}" if settings.min() == settings.max() else f"{settings.min()}–{settings.max()}"
-        first = rows.iloc[0]
-        fraction = None if pd.isna(first["heldout_fraction"]) else float(first["heldout_fraction"])
-        seed = None if pd.isna(first["heldout_seed"]) else int(first["heldout_seed"])
-        notes.append(f"{cells}: {protocol_note(protocol, settings=count, fraction=fraction, seed=seed)}")
+    notes = [", ".join(f"{row.model} {get_task(row.task).display}" for row in rows.itertuples()) + ": "
+             + selection_note(rows) for _, rows in selection.groupby("protocol", sort=False)]
     searched = runs[runs["study"] == SEARCH]
     if not searched.empty:
         seeds = sorted(searched["seed"].astype(int).unique())

@@ -32,6 +32,7 @@ from matplotlib.figure import Figure
 
 from istar.config.specs import AS_GIVEN
 from istar.report.aggregate_csv import require_columns
+from istar.report.figure_parts import sequence_colours
 from istar.report.survey_aggregate import PROFILE_COLUMNS, PROJECTION_COLUMNS
 
 __all__ = ["profile_layers", "profile_steps", "profile_sizes", "profile_final_norm", "profile_gallery",
@@ -68,10 +69,11 @@ def _latest(df: pd.DataFrame) -> pd.DataFrame:
     return df.merge(latest[["model", "revision"]], on=["model", "revision"])
 
 
-def _colours(models) -> dict[str, str]:
-    cmap = colormaps["viridis"]
-    models = list(dict.fromkeys(models))
-    return {m: cmap(0.85 * i / max(len(models) - 1, 1)) for i, m in enumerate(models)}
+def _stepped(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the models with several revisions named ``stepN`` (training checkpoints)."""
+    stepped = df.dropna(subset=["step"])
+    several = stepped.groupby("model")["revision"].nunique()
+    return stepped[stepped["model"].isin(several[several > 1].index)]
 
 
 def _by_size(df: pd.DataFrame) -> list[str]:
@@ -81,21 +83,13 @@ def _by_size(df: pd.DataFrame) -> list[str]:
 
 def _note(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, wrap=True)
-    ax.set_xticks([])
-    ax.set_yticks([])
+    ax.set(xticks=[], yticks=[])
 
 
 def _last_layer(df: pd.DataFrame) -> pd.DataFrame:
     """The last hidden state of every profile (after the final norm where there is one)."""
     layers = df[df["kind"] == "layer"]
     return layers[layers["layer"] == layers["num_layers"]]
-
-
-def _label_summary_panel(ax, xlabel: str, value: str) -> None:
-    """Axis labels of a panel that shows the static I(W) or a last-layer measure, one point per model."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(LABELS[value] + ("" if value == IW else " (last layer)"))
-    ax.grid(alpha=0.3)
 
 
 def profile_layers(df: pd.DataFrame) -> Figure:
@@ -107,7 +101,7 @@ def profile_layers(df: pd.DataFrame) -> Figure:
     grid = fig.subplots(2, 3, sharex=True)
     axes = list(grid.flat[:len(values)])
     grid.flat[-1].set_axis_off()
-    colours = _colours(_by_size(layers))
+    colours = sequence_colours(_by_size(layers))
     for ax, value in zip(axes, values):
         for model in colours:
             rows = layers[layers["model"] == model].sort_values("layer").dropna(subset=[value])
@@ -115,8 +109,7 @@ def profile_layers(df: pd.DataFrame) -> Figure:
                 revision = rows["revision"].iloc[0]
                 ax.plot(rows["depth"], rows[value], marker="o", markersize=3, color=colours[model],
                         label=model if revision == AS_GIVEN else f"{model} @ {revision}")
-        ax.set_xlabel("depth (layer / L; 0 = embeddings)")
-        ax.set_ylabel(LABELS[value])
+        ax.set(xlabel="depth (layer / L; 0 = embeddings)", ylabel=LABELS[value])
         ax.grid(alpha=0.3)
     grid.flat[-1].legend(*axes[0].get_legend_handles_labels(), fontsize=8, loc="center")
     fig.suptitle("Isotropy and dimension of every hidden state of the pretrained models "
@@ -150,10 +143,7 @@ def profile_steps(df: pd.DataFrame) -> Figure:
     and centred (dashed); the last hidden state's IsoScore, IsoScore*, average cosine, TwoNN
     dimension and effective rank. Models with one revision only are left out.
     """
-    df = _checked(df)
-    stepped = df.dropna(subset=["step"])
-    several = stepped.groupby("model")["revision"].nunique()
-    stepped = stepped[stepped["model"].isin(several[several > 1].index)]
+    stepped = _stepped(_checked(df))
     fig = Figure(figsize=(14, 6.5), layout="constrained")
     grid = fig.subplots(2, 4)
     if stepped.empty:
@@ -162,8 +152,8 @@ def profile_steps(df: pd.DataFrame) -> Figure:
         return fig
     colours = _size_colours(stepped)
     last = _last_layer(stepped)
-    panels = [("I(W), input embeddings", stepped[stepped["kind"] == "input_embeddings"], True),
-              ("I(W), output embeddings", stepped[stepped["kind"] == "output_embeddings"], True)]
+    panels = [(f"I(W), {which} embeddings", stepped[stepped["kind"] == f"{which}_embeddings"], True)
+              for which in ("input", "output")]
     panels += [(value, last, False) for value in ("isoscore", "isoscore_star", "average_cosine", "twonn",
                                                    "effective_rank")]
     steps = sorted(stepped["step"].unique())
@@ -201,14 +191,14 @@ def profile_sizes(df: pd.DataFrame) -> Figure:
               ("isoscore", _last_layer(latest)), ("isoscore_star", _last_layer(latest))]
     fig = Figure(figsize=(12, 3.8), layout="constrained")
     axes = fig.subplots(1, 3)
-    colours = _colours(_by_size(latest))
+    colours = sequence_colours(_by_size(latest))
     for ax, (value, rows) in zip(axes, panels):
         rows = rows.dropna(subset=[value]).sort_values("parameters")
         ax.plot(rows["parameters"], rows[value], color="0.6", linewidth=1, zorder=1)
         for _, row in rows.iterrows():
             ax.scatter(row["parameters"], row[value], color=colours[row["model"]], zorder=2, label=row["model"])
-        ax.set_xscale("log")
-        _label_summary_panel(ax, "parameters", value)
+        ax.set(xscale="log", xlabel="parameters", ylabel=LABELS[value] + ("" if value == IW else " (last layer)"))
+        ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle("Isotropy against model size")
     return fig
@@ -247,11 +237,9 @@ def _scatter_panel(ax, points: pd.DataFrame, half_width: float, say_rows: bool =
     # Vector points, not rasterized: in a PDF each rasterized artist is drawn on a bitmap of the
     # whole figure, so the full checkpoint grid (672 panels) took more than 10 minutes to save.
     ax.scatter(points["x"], points["y"], s=1, alpha=0.4, linewidths=0, color="#2c7fb8")
-    ax.axhline(0, color="0.6", linewidth=0.5)
-    ax.axvline(0, color="0.6", linewidth=0.5)
-    ax.set_xlim(-half_width, half_width)
-    ax.set_ylim(-half_width, half_width)
-    ax.set_aspect("equal")
+    for line in (ax.axhline, ax.axvline):
+        line(0, color="0.6", linewidth=0.5)
+    ax.set(xlim=(-half_width, half_width), ylim=(-half_width, half_width), aspect="equal")
     ax.tick_params(labelsize=6)
     if say_rows:
         ax.text(0.02, 0.98, _rows_sampled(points), transform=ax.transAxes, fontsize=6, va="top")
@@ -265,10 +253,6 @@ def _rows_sampled(points: pd.DataFrame) -> str:
 def _half_width(points: pd.DataFrame) -> float:
     """The symmetric axis limit shared by a gallery row: the largest |coordinate|, 5 % margin."""
     return 1.05 * float(np.abs(points[["x", "y"]].to_numpy()).max()) or 1.0
-
-
-def _panel_title(matrix: str, centred: bool) -> str:
-    return f"{matrix} embeddings, {'centred' if centred else 'raw'}"
 
 
 def profile_gallery(df: pd.DataFrame) -> Figure:
@@ -287,7 +271,7 @@ def profile_gallery(df: pd.DataFrame) -> Figure:
                 _note(ax, MISSING_MATRIX[matrix])
             else:
                 _scatter_panel(ax, panel, half_width)
-            ax.set_title(_panel_title(matrix, centred), fontsize=8)
+            ax.set_title(f"{matrix} embeddings, {'centred' if centred else 'raw'}", fontsize=8)
         row[0].set_ylabel(model if revision == AS_GIVEN else f"{model} @ {revision}", fontsize=9)
     fig.suptitle("Embedding matrices on their top two right singular vectors (a seeded sample of rows; "
                  "axes symmetric, shared along a row)", fontsize=10)
@@ -300,10 +284,7 @@ def profile_gallery_steps(df: pd.DataFrame) -> Figure:
     Only models with several ``stepN`` revisions; the axes are shared along a row, so the
     cloud's drift from the origin across training reads left to right.
     """
-    df = _checked(df, PROJECTION_COLUMNS, PROJECTIONS_SOURCE)
-    stepped = df.dropna(subset=["step"])
-    several = stepped.groupby("model")["revision"].nunique()
-    stepped = stepped[stepped["model"].isin(several[several > 1].index)]
+    stepped = _stepped(_checked(df, PROJECTION_COLUMNS, PROJECTIONS_SOURCE))
     if stepped.empty:
         fig = Figure(figsize=(6, 2.5), layout="constrained")
         _note(fig.subplots(), "no model has several revisions named stepN:\nlist them under survey.models.*.revisions")

@@ -12,6 +12,7 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from istar.registry import lookup
 from istar.report.figures import switch_enabled
 
 __all__ = ["TableEntry", "TABLES", "TABLE_NAMES", "get_table", "enabled_tables", "build"]
@@ -61,10 +62,8 @@ TABLE_NAMES: tuple[str, ...] = tuple(TABLES)
 
 
 def get_table(name: str) -> TableEntry:
-    try:
-        return TABLES[name]
-    except KeyError:
-        raise ValueError(f"unknown table {name!r}; known tables: {', '.join(TABLES)}") from None
+    """Look a table up by name, with an error that lists the known tables."""
+    return lookup(TABLES, name, "table")
 
 
 def enabled_tables(config: dict) -> list[str]:
@@ -85,13 +84,12 @@ def build(name: str, frame, selection=None, stability=None, config=None):
              + ([config] if entry.reads_config else []))
     if not entry.pairs_runs:
         return builder(frame, *extra)
-    from istar.registry.tasks import TASKS
     from istar.report.collapse import apply_collapse_rule, collapse_footnote
 
     rule = ((config or {}).get("inference") or {}).get("collapsed_runs", "keep")
     kept, counts = apply_collapse_rule(frame, rule)
     table = builder(kept, *extra)
-    table.footnotes.append(collapse_footnote(counts, {key: task.display for key, task in TASKS.items()}))
+    table.footnotes.append(collapse_footnote(counts))
     return table
 
 

@@ -36,13 +36,13 @@ import pandas as pd
 
 from istar.registry.methods import BASELINE_METHOD, METHOD_NAMES, METHODS
 from istar.registry.tasks import get_task, ordered_tasks
-from istar.report.aggregate_csv import require_columns
+from istar.report.aggregate_csv import require_columns, standin_columns
 from istar.report.inference import POWER
 from istar.report.collapse import COUNTS_ATTR, collapsed_flags
 from istar.report.comparisons import study_tests
 from istar.report.paired import LEVEL, SIGNIFICANT, difference_cell, power_cell
-from istar.report.select import protocol_note
-from istar.report.table_render import Table, latex_escape, render_csv, render_latex, render_markdown, write_table
+from istar.report.select import selection_note
+from istar.report.table_render import Table, latex_escape, spread, render_csv, render_latex, render_markdown, write_table
 
 __all__ = ["Table", "table1", "table2", "seed_table", "write_table", "render_csv", "render_markdown", "render_latex", "latex_escape"]
 
@@ -69,27 +69,10 @@ PROTOCOL_COLUMNS = ("protocol", "heldout_fraction", "heldout_seed", "settings")
 # --------------------------------------------------------------------------------------
 
 
-def _as_bool(values: pd.Series) -> pd.Series:
-    """``standin`` as booleans whether the CSV reader gave bools, 0/1 or the strings True/False."""
-    if values.dtype == bool:
-        return values
-    return values.map(lambda v: str(v).strip().lower() in {"true", "1", "1.0", "yes"})
-
-
-def _mean_std(values: pd.Series) -> tuple[float, float, int]:
-    """Mean, std (ddof = 1; NaN for a single value) and count of the non-missing values."""
-    values = values.dropna().astype(float)
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan, 0
-    return float(values.mean()), float(values.std(ddof=1)) if n > 1 else math.nan, n
-
-
 def _standin_footnote(columns: list[str], standin: list[bool]) -> list[str]:
+    """The stand-in columns' footnote (none where no column is flagged)."""
     flagged = [c for c, s in zip(columns, standin) if s]
-    if not flagged:
-        return []
-    return [f"† {', '.join(flagged)}: {STANDIN_NOTE}"]
+    return [f"† {', '.join(flagged)}: {STANDIN_NOTE}"] if flagged else []
 
 
 def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None, config: dict | None = None) -> Table:
@@ -140,7 +123,6 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None, config: di
             f"{sorted(final.query('model == @model and task == @task and method == @method')['setting'].unique())}; "
             "the final study must hold one chosen setting per method"
         )
-    final["standin"] = _as_bool(final["standin"])
     cells_present = pd.concat([final[["model", "task", "method"]], emptied[["model", "task", "method"]]])
     tasks = ordered_tasks(cells_present["task"])
     models = list(dict.fromkeys(cells_present["model"]))
@@ -161,23 +143,18 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None, config: di
             seed_counts.update(n for _, _, n in row if n)
         for method in [m for m in methods if m != BASELINE_METHOD] if BASELINE_METHOD in methods else []:
             label = f"{METHODS[method].label} − {METHODS[BASELINE_METHOD].label}"
-            index.append([model, label])
-            cells.append([difference_cell(paired.get((model, method, task)), get_task(task).percent_scale)
-                          for task in tasks])
-            best.append([False] * len(tasks))
-            index.append([model, f"{label}: test"])
-            cells.append([power_cell(paired.get((model, method, task)), get_task(task).percent_scale)
-                          for task in tasks])
-            best.append([False] * len(tasks))
+            for suffix, cell in (("", difference_cell), (": test", power_cell)):
+                index.append([model, label + suffix])
+                cells.append([cell(paired.get((model, method, task)), get_task(task).percent_scale) for task in tasks])
+                best.append([False] * len(tasks))
             unpaired += [f"{model} {get_task(task).display} {label}: {paired[(model, method, task)].unpaired}"
                          for task in tasks if (model, method, task) in paired and paired[(model, method, task)].unpaired]
 
-    standin = [bool(final.loc[final["task"] == task, "standin"].any()) for task in tasks]
+    standin = standin_columns(final, tasks)
     seeds = "–".join(str(n) for n in sorted({min(seed_counts), max(seed_counts)})) if seed_counts else "0"
-    by_metric: dict[str, list[str]] = {}
-    for task in tasks:
-        by_metric.setdefault(get_task(task).metric, []).append(get_task(task).display)
-    scores = "; ".join(f"{METRIC_NOTES.get(metric, metric)} for {', '.join(names)}" for metric, names in by_metric.items())
+    scores = "; ".join(f"{METRIC_NOTES.get(metric, metric)} for "
+                       + ", ".join(get_task(task).display for task in tasks if get_task(task).metric == metric)
+                       for metric in dict.fromkeys(get_task(task).metric for task in tasks))
     footnotes = [
         f"Scores: {scores}. Mean ± standard deviation (ddof = 1) over the n seeds of each cell; a cell without ± "
         "comes from a single seed. Bold: best method per model and task (at the precision shown; ties all marked).",
@@ -215,20 +192,14 @@ def table1(runs: pd.DataFrame, selection: pd.DataFrame | None = None, config: di
 
 def _table1_cell(group: pd.DataFrame | None, qa: bool) -> tuple[str, float | None, int]:
     """The cell text, the value compared for 'best' (rounded as shown) and the seed count."""
-    if group is None:
+    values = None if group is None else group["f1" if qa else "score"].dropna().astype(float) * (1.0 if qa else 100.0)
+    if values is None or values.empty:
         return "–", None, 0
-    if qa:
-        f1, _, n = _mean_std(group["f1"])
-        em, _, _ = _mean_std(group["exact_match"])
-        if n == 0:
-            return "–", None, 0
-        em_text = "–" if math.isnan(em) else f"{em:.1f}"
-        return f"{f1:.1f}/{em_text} (n={n})", round(f1, 1), n
-    mean, std, n = _mean_std(group["score"] * 100.0)
-    if n == 0:
-        return "–", None, 0
-    text = f"{mean:.1f}" if n == 1 else f"{mean:.1f} ± {std:.1f}"
-    return f"{text} (n={n})", round(mean, 1), n
+    mean = float(values.mean())
+    if qa:  # F1/EM, means over seeds without std
+        em = group["exact_match"].dropna().astype(float)
+        return f"{mean:.1f}/{f'{em.mean():.1f}' if len(em) else '–'} (n={len(values)})", round(mean, 1), len(values)
+    return f"{spread(values)} (n={len(values)})", round(mean, 1), len(values)
 
 
 def _protocol_footnote(selection: pd.DataFrame | None) -> str:
@@ -236,14 +207,7 @@ def _protocol_footnote(selection: pd.DataFrame | None) -> str:
     if selection is None or selection.empty:
         return "I-STAR's setting: the selection protocol is not recorded here (no selection.csv given)."
     require_columns(selection, PROTOCOL_COLUMNS, "selection.csv")
-    notes = []
-    for _, row in selection.drop_duplicates(list(PROTOCOL_COLUMNS[:3])).iterrows():
-        fraction = None if pd.isna(row["heldout_fraction"]) else float(row["heldout_fraction"])
-        seed = None if pd.isna(row["heldout_seed"]) else int(row["heldout_seed"])
-        settings = selection.loc[selection["protocol"] == row["protocol"], "settings"].astype(int)
-        count = f"{settings.min()}" if settings.min() == settings.max() else f"{settings.min()}–{settings.max()}"
-        notes.append(protocol_note(row["protocol"], settings=count, fraction=fraction, seed=seed))
-    return "I-STAR's setting: " + " ".join(notes)
+    return "I-STAR's setting: " + " ".join(selection_note(rows) for _, rows in selection.groupby("protocol", sort=False))
 
 
 def table2(selection: pd.DataFrame) -> Table:
@@ -276,30 +240,19 @@ def table2(selection: pd.DataFrame) -> Table:
     if duplicated.any():
         model, task = selection.loc[duplicated, ["model", "task"]].iloc[0]
         raise ValueError(f"selection.csv has several rows for {model} on {task}; it must hold one per model × task")
-    selection = selection.assign(standin=_as_bool(selection["standin"]))
     tasks = ordered_tasks(selection["task"])
     models = list(dict.fromkeys(selection["model"]))
-    rows = selection.set_index(["model", "task"])
-
     cells = []
     for model in models:
-        lams, zetas, row = [], [], []
-        for task in tasks:
-            if (model, task) not in rows.index:
-                row.append("–")
-                continue
-            lam, zeta = float(rows.at[(model, task), "lam"]), float(rows.at[(model, task), "zeta"])
-            lams.append(lam)
-            if lam == 0:  # the search chose Base (λ = 0 was in its grid): no ζ
-                row.append("0 | – (Base)")
-                continue
-            zetas.append(zeta)
-            row.append(f"{_g(lam)} | {_g(zeta)}")
-        row.append(f"{_fixed(_nanmean(lams))} | {_fixed(_nanmean(zetas))}")
-        cells.append(row)
+        chosen = selection[selection["model"] == model].set_index("task")
+        lams = chosen["lam"].astype(float)
+        zetas = chosen["zeta"].astype(float)[lams != 0]  # where the search chose Base (λ = 0 in its grid): no ζ
+        cells.append([("0 | – (Base)" if lams[task] == 0 else f"{_g(lams[task])} | {_g(zetas[task])}")
+                      if task in lams.index else "–" for task in tasks]
+                     + [f"{_fixed(lams.mean())} | {_fixed(zetas.mean())}"])
 
     columns = [get_task(t).display for t in tasks]
-    standin = [bool(selection.loc[selection["task"] == task, "standin"].any()) for task in tasks]
+    standin = standin_columns(selection, tasks)
     return Table(
         name="table2",
         caption="Chosen I-STAR tuning parameter λ and shrinkage parameter ζ per model and task, as λ | ζ; "
@@ -309,7 +262,6 @@ def table2(selection: pd.DataFrame) -> Table:
         columns=columns + ["Average"],
         standin=standin + [False],
         cells=cells,
-        best=[[False] * (len(columns) + 1) for _ in models],
         footnotes=_standin_footnote(columns, standin),
     )
 
@@ -357,9 +309,7 @@ def seed_table(runs: pd.DataFrame) -> Table:
         index_names=["Model", "Task", "Seed"],
         index=index,
         columns=columns,
-        standin=[False] * len(columns),
         cells=cells,
-        best=[[False] * len(columns) for _ in cells],
         footnotes=["Scores ×100 for fractions (SQuAD: F1 as is); a seed fixes the data order, the classifier's "
                    "initialisation and dropout for every method alike, which is what pairs them.",
                    "“collapsed”: the run's final score is no better than its task's trivial predictor on the "
@@ -372,11 +322,6 @@ def seed_table(runs: pd.DataFrame) -> Table:
 def listing(names: list[str]) -> str:
     """``["a", "b", "c"]`` → ``"a, b and c"``; ``"none"`` for no names."""
     return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]])) if names else "none"
-
-
-def _nanmean(values: list[float]) -> float:
-    values = [v for v in values if not math.isnan(v)]
-    return math.fsum(values) / len(values) if values else math.nan
 
 
 def _g(value: float) -> str:
