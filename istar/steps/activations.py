@@ -1,7 +1,6 @@
-"""The activations step: a model's representations of a task's evaluation split, per layer.
+"""Activation statistics: a model's representations of a task's evaluation split, per layer.
 
-One pass over the split (no gradients) writes a ``safetensors`` file with, for every layer
-l = 0 (embeddings) … L:
+One pass over the split (no gradients) gathers in memory, for every layer l = 0 (embeddings) … L:
 
     cls.layer{l}             (n_features, d) float32   the [CLS] (first-token) vectors
     tokens.layer{l}          (k, d) float32            a random sample of k non-padding token
@@ -12,7 +11,8 @@ l = 0 (embeddings) … L:
                                                        similarity: (‖Σ x̂‖² − N)/(N(N − 1)))
     last_layer_token_mean, last_layer_token_std  (d,)  per-dimension mean and std, last layer
 
-and string metadata (model, task, split, number of tokens, …). The analysis step reads it.
+and string metadata (model, task, split, number of tokens, …). :mod:`istar.steps.measure` hands them to
+the analysis (:func:`istar.steps.analyze.analyze_statistics`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,10 @@ import torch
 from tqdm.auto import tqdm
 
 from istar import __version__
-from istar.config.specs import ActivationsSpec
 from istar.core.measurement import IsotropyMetric
-from istar.io import artifacts
 from istar.models.hidden_states import hidden_state_pass
 
-__all__ = ["activation_statistics", "extract_activations"]
+__all__ = ["activation_statistics"]
 
 
 @torch.no_grad()
@@ -82,17 +80,3 @@ def activation_statistics(context, split: str, batch_size: int, token_sample: in
         "istar_version": __version__,
     }
     return tensors, metadata
-
-
-def extract_activations(spec: ActivationsSpec) -> dict:
-    """The activations step: :func:`activation_statistics` written to ``spec.out``. Returns the file's metadata."""
-    from istar.steps.common import open_model_context
-
-    spec.validate()
-    context = open_model_context(spec)
-    tensors, metadata = activation_statistics(context, spec.split, spec.batch_size, spec.token_sample, spec.seed)
-    artifacts.save_tensors(spec.out, tensors, metadata)
-    print(f"activations of {spec.model} on {context.task.display} {spec.split}: {int(metadata['features']):,} features, "
-          f"{int(metadata['tokens']):,} tokens, {metadata['num_hidden_states']} hidden states -> {spec.out}")
-    return metadata
-
