@@ -30,7 +30,7 @@ def test_measure_cli_of_one_run(run, result, tmp_path):
     context = open_model_context(run["spec"].model_data(str(run["run"])))
     evaluation = evaluation_report(context, run["spec"].split, run["spec"].batch_size)
     assert entry["evaluation"] == json.loads(json.dumps(evaluation))
-    wrong_zeta = subprocess.run([*command[:-4], "--zeta", "2", "--evaluate", "--out", str(out)], env=ENV, cwd=REPO,
+    wrong_zeta = subprocess.run([*command[:-5], "--zeta", "2", "--evaluate", "--out", str(out)], env=ENV, cwd=REPO,
                                 capture_output=True, text=True)
     assert wrong_zeta.returncode == 2 and "zeta must lie in [0, 1]" in wrong_zeta.stderr
     missing = subprocess.run([*command[:5], str(tmp_path / "untrained"), *command[6:]], env=ENV, cwd=REPO,
