@@ -2,9 +2,10 @@
 
 Inputs are the run's activation statistics, in memory (:mod:`istar.steps.activations`: streaming
 statistics of *all* non-padding evaluation tokens per hidden state, the [CLS] vectors), and a Σ_S of
-the same model × task (:mod:`istar.steps.shrinkage`, read by :mod:`istar.core.shrinkage`: every hidden state's training-data statistics): the pretrained model's file, or the fine-tuned
-model's own, measured in memory by :mod:`istar.steps.measure` (``analysis.sigma_s_model``,
-docs/method.md §7). Output (a run's ``analysis`` in the measurement JSON)::
+the same model × task (:mod:`istar.steps.shrinkage`, read by :mod:`istar.core.shrinkage`: every hidden
+state's training-data statistics): the pretrained model's file, or the fine-tuned model's own, measured
+in memory by :mod:`istar.steps.measure` (``analysis.sigma_s_model``, docs/method.md §7). Output (a run's
+``analysis`` in the measurement JSON)::
 
     {"model", "task", "split", "standin", "zeta", "sigma_s": its file, or the model it was measured from, "tokens": N,
      "global": {"layers": [l, ...], "isoscore_star", "isoscore", "rows"},
@@ -81,15 +82,17 @@ def _layer_accumulators(tensors: dict[str, torch.Tensor], count: int, num_hidden
             for layer in range(num_hidden_states)]
 
 
-def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str], sigma, zeta: float,
-                       twonn_discard: float = 0.1, layers: LayerSelection = "all", source: str = "the activations") -> dict:
+def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str], sigma: ShrinkageReference,
+                       zeta: float, twonn_discard: float = 0.1, layers: LayerSelection = "all",
+                       source: str = "the activations") -> dict:
     """The analysis of a run's activation statistics.
 
     Parameters
     ----------
     tensors, metadata : what :func:`istar.steps.activations.activation_statistics` returns.
-    sigma : a :class:`ShrinkageReference`, or the path of a Σ_S file (see :mod:`istar.steps.shrinkage`),
-        of the same model × task: statistics of the same dimension d and number of hidden states L + 1.
+    sigma : the :class:`ShrinkageReference` of the same model × task: statistics of the same dimension d and
+        number of hidden states L + 1 (:func:`istar.steps.measure.check_inputs` refuses any other before a
+        model loads).
     zeta : float in [0, 1], the shrinkage weight ζ of IsoScore* (0 = vanilla IsoScore).
     twonn_discard : fraction in [0, 1) of the largest μ = r₂/r₁ left out of the TwoNN fit.
     layers : the hidden states whose union forms the ``global`` point cloud ("all" =
@@ -101,25 +104,15 @@ def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     -------
     dict in the format of the module docstring.
     """
-    reference = sigma if isinstance(sigma, ShrinkageReference) else ShrinkageReference.read(sigma)
     zeta = float(zeta)
     hidden_states, count = int(metadata["num_hidden_states"]), int(metadata["tokens"])
-    sigma_layers, provenance = reference.per_layer, reference.provenance
-    dim = tensors["token_mean.layer0"].numel()
-    if sigma_layers[0].dim != dim or len(sigma_layers) != hidden_states:
-        raise ValueError(
-            f"the Σ_S {reference.name} ({len(sigma_layers)} hidden states of dimension {sigma_layers[0].dim}) does "
-            f"not match {source} ({hidden_states} hidden states of dimension {dim}): use the Σ_S of the same model")
-    if provenance.get("task") not in (None, metadata["task"]):
-        raise ValueError(f"the Σ_S {reference.name} was computed on task {provenance['task']!r} but {source} "
-                         f"is of task {metadata['task']!r}")
     eval_layers = _layer_accumulators(tensors, count, hidden_states, source=source)
     report = isotropy_of_statistics(eval_layers, [tensors[f"token_unit_sum.layer{layer}"] for layer in range(hidden_states)],
                                     [tensors[f"cls.layer{layer}"] for layer in range(hidden_states)], zeta=zeta,
-                                    sigma_s=sigma_layers, layers=layers, twonn_discard=twonn_discard).to_dict()
+                                    sigma_s=sigma.per_layer, layers=layers, twonn_discard=twonn_discard).to_dict()
     return {
         "model": metadata["model"], "task": metadata["task"], "split": metadata["split"],
-        "standin": bool(json.loads(metadata.get("standin", "false"))), "zeta": zeta, "sigma_s": reference.name,
+        "standin": bool(json.loads(metadata.get("standin", "false"))), "zeta": zeta, "sigma_s": sigma.name,
         "tokens": count, "global": report["global"], "layers": report["layers"],
         "last_layer": {"mean": tensors["last_layer_token_mean"].double().tolist(),
                        "std": tensors["last_layer_token_std"].double().tolist()},

@@ -19,8 +19,9 @@ setting with the seeds the output's path names) the saved model is loaded once a
 
 The statistics stay in memory: they hold every [CLS] vector of every layer (for QQP's 40k
 validation pairs and BERT-base about 1.6 GB per run), too much to keep a file of per run. By hand,
-``istar measure --runs RUN`` measures one run (docs/workflow.md). One job per setting rather than two or three per run keeps the paper's DAG small
-(docs/architecture.md). The output, written once at the end (atomically, with its hash)::
+``istar measure --runs RUN`` measures one run (docs/workflow.md). One job per setting rather than
+two or three per run keeps the paper's DAG small (docs/architecture.md). The output, written once at the
+end (atomically, with its hash)::
 
     {"spec": the MeasureSpec as given, "split", "sigma_s": the pretrained Σ_S file or null, "sigma_s_model",
      "zeta", "evaluated": bool,

@@ -91,7 +91,7 @@ def test_measure_isotropy_equals_what_istar_measure_reports(tiny_model_dir, prep
     analyze_statistics) give the same numbers on the same validation rows, with the same Σ_S file."""
     from istar.config.specs import ModelData, ShrinkageSpec
     from istar.steps.activations import activation_statistics
-    from istar.steps.analyze import analyze_statistics
+    from istar.steps.analyze import ShrinkageReference, analyze_statistics
     from istar.steps.common import open_model_context
     from istar.steps.shrinkage import compute_shrinkage_file
 
@@ -101,7 +101,7 @@ def test_measure_isotropy_equals_what_istar_measure_reports(tiny_model_dir, prep
                                          max_length=64))
     context = open_model_context(ModelData(model=str(tiny_model_dir), data_dir=str(data), max_length=64))
     analysis = analyze_statistics(*activation_statistics(context, "validation", batch_size=8, token_sample=100, seed=0),
-                                  sigma, zeta=0.2)
+                                  ShrinkageReference.read(sigma), zeta=0.2)
     model = BertModel.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     report = istar.measure_isotropy(model, _texts(data, "validation"), tokenizer, sigma_s=sigma, zeta=0.2,
