@@ -11,18 +11,15 @@ One pass over the split (no gradients) gathers in memory, for every layer l = 0 
                                                        similarity: (‖Σ x̂‖² − N)/(N(N − 1)))
     last_layer_token_mean, last_layer_token_std  (d,)  per-dimension mean and std, last layer
 
-and string metadata (model, task, split, number of tokens, …). :mod:`istar.steps.measure` hands them to
+and metadata (model, task, split, number of tokens, …). :mod:`istar.steps.measure` hands them to
 the analysis (:func:`istar.steps.analyze.analyze_statistics`).
 """
 
 from __future__ import annotations
 
-import json
-
 import torch
 from tqdm.auto import tqdm
 
-from istar import __version__
 from istar.core.measurement import IsotropyMetric
 from istar.models.hidden_states import hidden_state_pass
 
@@ -67,16 +64,12 @@ def collect(model, loader, num_tokens: int, sample_size: int, seed: int, acceler
 
 def activation_statistics(context, split: str, batch_size: int, token_sample: int, seed: int):
     """The tensors of the module docstring for an opened model context (:func:`istar.steps.common.open_model_context`)
-    on a prepared split, and their string metadata. Returns (tensors, metadata)."""
+    on a prepared split, and what the analysis names them by: metadata {model, task, split, standin: bool,
+    num_hidden_states: L + 1, tokens: N}. Returns (tensors, metadata)."""
     model = context.accelerator.prepare(context.model)
     features = context.features(split, with_labels=False, for_qa_eval=True)
     num_tokens = features.num_tokens()
     tensors = collect(model, context.loader(features, batch_size), num_tokens, token_sample, seed, context.accelerator)
-    num_hidden_states = context.model.config.num_hidden_layers + 1
-    metadata = {
-        "model": str(context.spec.model), "task": context.task.key, "split": split, "num_hidden_states": str(num_hidden_states),
-        "features": str(len(features)), "tokens": str(num_tokens), "token_sample": str(tensors["tokens.layer0"].shape[0]),
-        "max_length": str(context.spec.max_length), "seed": str(seed), "standin": json.dumps(context.standin),
-        "istar_version": __version__,
-    }
+    metadata = {"model": str(context.spec.model), "task": context.task.key, "split": split, "standin": context.standin,
+                "num_hidden_states": context.model.config.num_hidden_layers + 1, "tokens": num_tokens}
     return tensors, metadata

@@ -29,7 +29,6 @@ Definitions (N = non-padding evaluation tokens, the same tokens in every hidden 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import torch
@@ -82,7 +81,7 @@ def _layer_accumulators(tensors: dict[str, torch.Tensor], count: int, num_hidden
             for layer in range(num_hidden_states)]
 
 
-def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str], sigma: ShrinkageReference,
+def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict, sigma: ShrinkageReference,
                        zeta: float, twonn_discard: float = 0.1, layers: LayerSelection = "all",
                        source: str = "the activations") -> dict:
     """The analysis of a run's activation statistics.
@@ -105,14 +104,14 @@ def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     dict in the format of the module docstring.
     """
     zeta = float(zeta)
-    hidden_states, count = int(metadata["num_hidden_states"]), int(metadata["tokens"])
+    hidden_states, count = metadata["num_hidden_states"], metadata["tokens"]
     eval_layers = _layer_accumulators(tensors, count, hidden_states, source=source)
     report = isotropy_of_statistics(eval_layers, [tensors[f"token_unit_sum.layer{layer}"] for layer in range(hidden_states)],
                                     [tensors[f"cls.layer{layer}"] for layer in range(hidden_states)], zeta=zeta,
                                     sigma_s=sigma.per_layer, layers=layers, twonn_discard=twonn_discard).to_dict()
     return {
         "model": metadata["model"], "task": metadata["task"], "split": metadata["split"],
-        "standin": bool(json.loads(metadata.get("standin", "false"))), "zeta": zeta, "sigma_s": sigma.name,
+        "standin": metadata["standin"], "zeta": zeta, "sigma_s": sigma.name,
         "tokens": count, "global": report["global"], "layers": report["layers"],
         "last_layer": {"mean": tensors["last_layer_token_mean"].double().tolist(),
                        "std": tensors["last_layer_token_std"].double().tolist()},

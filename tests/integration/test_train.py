@@ -156,8 +156,8 @@ def test_evaluation_report_and_activation_statistics(tiny_model_dir, prepared):
     assert report["examples"] == 24 and 0 <= report["metrics"]["accuracy"] <= 1
 
     tensors, meta = activation_statistics(context, "validation", batch_size=64, token_sample=100, seed=0)
-    assert meta["num_hidden_states"] == "3" and meta["task"] == "rte"
-    tokens = int(meta["tokens"])
+    assert meta["num_hidden_states"] == 3 and meta["task"] == "rte"
+    tokens = meta["tokens"]
     for layer in range(3):
         assert tensors[f"cls.layer{layer}"].shape == (24, 32)
         assert tensors[f"tokens.layer{layer}"].shape == (100, 32)
