@@ -5,11 +5,8 @@
     istar holdout-data   cut a prepared training split into the search's part and the held-out part that scores it
     istar shrinkage      Σ_S of a model on a task's training data
     istar train          fine-tune with base / cosreg / istar (run under `accelerate launch` for several processes)
-    istar evaluate       metrics of a saved model on a prepared split
-    istar activations    [CLS] and token vectors of every layer on the evaluation split
     istar launch         run a step on N GPUs (accelerate) or on the CPU: istar launch --gpus N -- train …
-    istar analyze        IsoScore*, IsoScore, TwoNN and cosine similarity per layer of a run
-    istar measure        evaluation, activations and analysis of several runs in one process (the workflow's)
+    istar measure        evaluation, IsoScore*, IsoScore, TwoNN and cosine similarity per layer of one run or several
     istar aggregate      collect runs into the aggregate CSVs; istar select: best search setting
     istar collapse-check which final seeds collapsed and the seeds that replace them (collapsed_runs: rerun)
     istar experiment     Table 1's cells, the λ sweep and Σ_S curves as DVC metrics and plots
@@ -68,12 +65,7 @@ SUBCOMMANDS = {
     "shrinkage": Subcommand("istar.steps.shrinkage", "Σ_S of a model on a task's training data",
                             "ShrinkageSpec", "compute_shrinkage_file"),
     "train": Subcommand("istar.steps.train", "fine-tune with base / cosreg / istar"),
-    "evaluate": Subcommand("istar.steps.evaluate", "metrics of a saved model on a prepared split",
-                           "EvaluateSpec", "evaluate_checkpoint"),
-    "activations": Subcommand("istar.steps.activations", "[CLS] and token vectors of every layer on the evaluation split",
-                              "ActivationsSpec", "extract_activations"),
     "launch": Subcommand("istar.steps.launch", "run a step with the processes and precision its granted GPUs allow"),
-    "analyze": Subcommand("istar.steps.analyze", "isotropy and intrinsic dimension of a run's activations", "AnalyzeSpec"),
     "measure": Subcommand("istar.steps.measure", "evaluation, activations and analysis of several fine-tuned runs in one process",
                           "MeasureSpec"),
     "aggregate": Subcommand("istar.report.aggregate", "collect runs into the aggregate CSVs"),

@@ -38,7 +38,7 @@ from istar.registry.compile_modes import compile_conflict
 from istar.registry.methods import METHOD_NAMES, get_method
 from istar.registry.tasks import TASKS
 
-__all__ = ["PrepareDataSpec", "HoldoutSpec", "ModelData", "TrainSpec", "EvaluateSpec", "ActivationsSpec", "ShrinkageSpec", "AnalyzeSpec",
+__all__ = ["PrepareDataSpec", "HoldoutSpec", "ModelData", "TrainSpec", "ShrinkageSpec",
            "MeasureSpec", "SurveySpec", "add_spec_arguments", "spec_from_cli", "AS_GIVEN"]
 
 PRECISIONS = tuple(precisions.PRECISIONS)
@@ -228,26 +228,6 @@ class TrainSpec(ModelData):
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvaluateSpec(ModelData):
-    """The evaluation step (:func:`istar.steps.evaluate.evaluate_checkpoint`)."""
-
-    out: str = option(help="output JSON file", flag="--out", output="file")
-    split: str = option("validation", help="which prepared split", choices=("train", "validation"))
-    batch_size: int = config_field("training.eval_batch_size")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ActivationsSpec(ModelData):
-    """The activations step (:func:`istar.steps.activations.extract_activations`)."""
-
-    out: str = option(help="output .safetensors file", flag="--out", output="file")
-    split: str = option("validation", help="which prepared split", choices=("train", "validation"))
-    batch_size: int = config_field("training.eval_batch_size")
-    token_sample: int = config_field("analysis.token_sample")
-    seed: int = option(0, help="seed of the token sample")
-
-
-@dataclass(frozen=True, kw_only=True)
 class ShrinkageSpec(ModelData):
     """The Σ_S step (:func:`istar.steps.shrinkage.compute_shrinkage_file`)."""
 
@@ -259,18 +239,6 @@ class ShrinkageSpec(ModelData):
     # padding a row set holds depends on how many sequences share a batch
     batch_size: int = config_field("training.eval_batch_size")
     seed: int = option(0, help="seed of the order in which the training split is read")
-
-
-@dataclass(frozen=True, kw_only=True)
-class AnalyzeSpec(Spec):
-    """The analysis step (:func:`istar.steps.analyze.analyze_run`)."""
-
-    activations: str = option(help="the run's activations .safetensors file", flag="--activations")
-    sigma_s: str = option(help="the Σ_S file of the pretrained model on the task", flag="--sigma-s")
-    out: str = option(help="output analysis.json", flag="--out", output="file")
-    zeta: float = config_field("analysis.zeta")
-    twonn_discard: float = config_field("analysis.twonn_discard")
-    layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ same selection (the global I-STAR penalty's point cloud).
 :class:`IsotropyMetric` accumulates batches (``update`` / ``compute`` / ``reset``, in the manner
 of a torchmetrics metric, without the dependency) in O(L·d²) memory plus the [CLS] vectors;
 :func:`isotropy_of_statistics` scores accumulated statistics, and is what both the metric and
-the ``istar analyze`` / ``istar measure`` steps (:mod:`istar.steps.analyze`) call.
+the ``istar measure`` step's analysis (:mod:`istar.steps.analyze`) calls.
 
 Return types: everything here is a Python ``float`` (or None), as are the non-differentiable
 measures (:func:`istar.core.isotropy.isoscore`, :func:`istar.core.twonn.twonn_dimension`);
@@ -69,7 +69,7 @@ class IsotropyReport:
     """What :class:`IsotropyMetric` and :func:`istar.models.measurement.measure_isotropy` return.
 
     ``layers[l]`` is hidden state l (0 = embeddings); :meth:`to_dict` gives the ``global`` /
-    ``layers`` part of ``istar analyze``'s JSON.
+    ``layers`` part of a measured run's analysis.
 
     Attributes
     ----------

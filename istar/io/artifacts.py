@@ -8,14 +8,14 @@ gives an ordinary new file (not ``mkstemp``'s 0600).
 Integrity: every artifact the project writes and later reads carries the sha256 of its
 content, recorded where the artifact's provenance lives:
 
-- safetensors files (Σ_S, activations): :func:`save_tensors` stores the hash of the tensors
+- safetensors files (Σ_S): :func:`save_tensors` stores the hash of the tensors
   in the file's own metadata (``sha256``); :func:`load_tensors` recomputes it;
 - a folder written by another library (a model from ``save_pretrained``):
   :func:`record_digests` writes ``digests.json`` (file → sha256) into it,
   :func:`verify_digests` checks every file it lists;
 - files whose provenance is a JSON written after them (parquet splits → ``meta.json``):
   :func:`file_digest` at write time, :func:`verify_file` at read time;
-- JSON results (``analysis.json``): :func:`write_json` with ``digest=True`` adds the hash of
+- JSON results (measurements): :func:`write_json` with ``digest=True`` adds the hash of
   the rest of the object as key ``sha256``; :func:`read_json` checks it and turns an
   unreadable file into the same error.
 

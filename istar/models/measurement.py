@@ -53,7 +53,7 @@ def measure_isotropy(model, data, tokenizer=None, *, sigma_s=None, zeta: float =
     -------
     :class:`istar.core.measurement.IsotropyReport`: floats (or None) throughout;
     ``report.layers[l]`` is hidden state l (0 = embeddings), ``report.to_dict()`` the JSON of
-    ``istar analyze``'s ``global`` and ``layers``.
+    a measured run's analysis, its ``global`` and ``layers``.
 
     Examples
     --------

@@ -67,7 +67,7 @@ def study_rows(df: pd.DataFrame, study: str, source: str, value: str, columns=()
     if rows.empty:
         raise ValueError(
             f"the rows with study == {study!r} in {source} have no {value!r} values: "
-            "run the analysis step (`istar analyze`) on those runs before `istar aggregate`"
+            "measure those runs (`istar measure`) before `istar aggregate`"
         )
     return rows.assign(lam=rows["lam"].fillna(0.0))
 

@@ -1,7 +1,6 @@
-"""The activations step: a model's representations of a task's evaluation split, per layer.
+"""Activation statistics: a model's representations of a task's evaluation split, per layer.
 
-One pass over the split (no gradients) writes a ``safetensors`` file with, for every layer
-l = 0 (embeddings) … L:
+One pass over the split (no gradients) gathers in memory, for every layer l = 0 (embeddings) … L:
 
     cls.layer{l}             (n_features, d) float32   the [CLS] (first-token) vectors
     tokens.layer{l}          (k, d) float32            a random sample of k non-padding token
@@ -12,23 +11,19 @@ l = 0 (embeddings) … L:
                                                        similarity: (‖Σ x̂‖² − N)/(N(N − 1)))
     last_layer_token_mean, last_layer_token_std  (d,)  per-dimension mean and std, last layer
 
-and string metadata (model, task, split, number of tokens, …). The analysis step reads it.
+and metadata (model, task, split, number of tokens, …). :mod:`istar.steps.measure` hands them to
+the analysis (:func:`istar.steps.analyze.analyze_statistics`).
 """
 
 from __future__ import annotations
 
-import json
-
 import torch
 from tqdm.auto import tqdm
 
-from istar import __version__
-from istar.config.specs import ActivationsSpec
 from istar.core.measurement import IsotropyMetric
-from istar.io import artifacts
 from istar.models.hidden_states import hidden_state_pass
 
-__all__ = ["activation_statistics", "extract_activations"]
+__all__ = ["activation_statistics"]
 
 
 @torch.no_grad()
@@ -69,30 +64,12 @@ def collect(model, loader, num_tokens: int, sample_size: int, seed: int, acceler
 
 def activation_statistics(context, split: str, batch_size: int, token_sample: int, seed: int):
     """The tensors of the module docstring for an opened model context (:func:`istar.steps.common.open_model_context`)
-    on a prepared split, and their string metadata. Returns (tensors, metadata)."""
+    on a prepared split, and what the analysis names them by: metadata {model, task, split, standin: bool,
+    num_hidden_states: L + 1, tokens: N}. Returns (tensors, metadata)."""
     model = context.accelerator.prepare(context.model)
     features = context.features(split, with_labels=False, for_qa_eval=True)
     num_tokens = features.num_tokens()
     tensors = collect(model, context.loader(features, batch_size), num_tokens, token_sample, seed, context.accelerator)
-    num_hidden_states = context.model.config.num_hidden_layers + 1
-    metadata = {
-        "model": str(context.spec.model), "task": context.task.key, "split": split, "num_hidden_states": str(num_hidden_states),
-        "features": str(len(features)), "tokens": str(num_tokens), "token_sample": str(tensors["tokens.layer0"].shape[0]),
-        "max_length": str(context.spec.max_length), "seed": str(seed), "standin": json.dumps(context.standin),
-        "istar_version": __version__,
-    }
+    metadata = {"model": str(context.spec.model), "task": context.task.key, "split": split, "standin": context.standin,
+                "num_hidden_states": context.model.config.num_hidden_layers + 1, "tokens": num_tokens}
     return tensors, metadata
-
-
-def extract_activations(spec: ActivationsSpec) -> dict:
-    """The activations step: :func:`activation_statistics` written to ``spec.out``. Returns the file's metadata."""
-    from istar.steps.common import open_model_context
-
-    spec.validate()
-    context = open_model_context(spec)
-    tensors, metadata = activation_statistics(context, spec.split, spec.batch_size, spec.token_sample, spec.seed)
-    artifacts.save_tensors(spec.out, tensors, metadata)
-    print(f"activations of {spec.model} on {context.task.display} {spec.split}: {int(metadata['features']):,} features, "
-          f"{int(metadata['tokens']):,} tokens, {metadata['num_hidden_states']} hidden states -> {spec.out}")
-    return metadata
-

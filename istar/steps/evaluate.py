@@ -13,14 +13,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from istar.config.specs import EvaluateSpec
 from istar.core import metrics
 from istar.data import qa
 from istar.data.encoding import MODEL_INPUTS, Features
-from istar.io import artifacts
 from istar.registry.tasks import Task
 
-__all__ = ["evaluate_model", "evaluation_report", "evaluate_checkpoint", "print_evaluation"]
+__all__ = ["evaluate_model", "evaluation_report", "print_evaluation"]
 
 
 @torch.no_grad()
@@ -101,14 +99,3 @@ def evaluation_report(context, split: str, batch_size: int) -> dict:
     return {"task": context.task.key, "split": split, "model": context.spec.model, "standin": context.standin,
             "metric": context.task.metric, "metrics": result, "examples": len(next(iter(columns.values())))}
 
-
-def evaluate_checkpoint(spec: EvaluateSpec) -> dict:
-    """The evaluation step: :func:`evaluation_report` of a saved model, written as JSON to ``spec.out``."""
-    from istar.steps.common import open_model_context
-
-    spec.validate()
-    context = open_model_context(spec)
-    report = evaluation_report(context, spec.split, spec.batch_size)
-    if context.accelerator.is_main_process:
-        artifacts.write_json(spec.out, report)
-    return report

@@ -17,11 +17,11 @@ setting with the seeds the output's path names) the saved model is loaded once a
    over ``shrinkage_rows`` rows of the training split exactly as ``istar shrinkage`` measures the
    pretrained model's (real tokens, the order of seed 0, the batch size ``batch_size``).
 
-The statistics stay in memory: an activations file holds every [CLS] vector of every layer
-(for QQP's 40k validation pairs and BERT-base about 1.6 GB per run), so the workflow does not
-keep one per run; ``istar activations`` and ``istar analyze`` write and read such files for
-manual work. One job per setting rather than two or three per run keeps the paper's DAG small
-(docs/architecture.md). The output, written once at the end (atomically, with its hash)::
+The statistics stay in memory: they hold every [CLS] vector of every layer (for QQP's 40k
+validation pairs and BERT-base about 1.6 GB per run), too much to keep a file of per run. By hand,
+``istar measure --runs RUN`` measures one run (docs/workflow.md). One job per setting rather than
+two or three per run keeps the paper's DAG small (docs/architecture.md). The output, written once at the
+end (atomically, with its hash)::
 
     {"spec": the MeasureSpec as given, "split", "sigma_s": the pretrained Σ_S file or null, "sigma_s_model",
      "zeta", "evaluated": bool,
@@ -34,8 +34,8 @@ manual work. One job per setting rather than two or three per run keeps the pape
 ``trained_on`` is the run's token selection (``penalty.tokens`` in its run_config.json: which
 positions its penalty and Σ_S read); the analysis itself always reads the real tokens of the
 split, so runs trained either way are measured on the same rows. ``evaluation`` is in the
-format of ``istar evaluate``'s JSON and ``analysis`` in that of
-``istar analyze`` (:mod:`istar.steps.analyze`). A job that dies measures its runs again when restarted:
+format of :func:`istar.steps.evaluate.evaluation_report` and ``analysis`` in that of
+:func:`istar.steps.analyze.analyze_statistics`. A job that dies measures its runs again when restarted:
 each takes a forward pass or two, not a training run.
 """
 

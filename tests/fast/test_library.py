@@ -86,21 +86,22 @@ def test_texts_without_a_tokenizer_are_named():
 # ----------------------------------------------------------------------------- measurement in memory
 
 
-def test_measure_isotropy_equals_what_istar_analyze_reports(tiny_model_dir, prepared, tmp_path):
-    """The in-memory measurement and the file steps (``istar activations`` + ``istar analyze``, which ``istar
-    measure`` runs in one job) give the same numbers on the same validation rows, with the same Σ_S file."""
-    from istar.config.specs import ActivationsSpec, ShrinkageSpec
-    from istar.steps.activations import extract_activations
-    from istar.steps.analyze import analyze_run
+def test_measure_isotropy_equals_what_istar_measure_reports(tiny_model_dir, prepared, tmp_path):
+    """The library's measurement and the analysis of ``istar measure`` (activation statistics, then
+    analyze_statistics) give the same numbers on the same validation rows, with the same Σ_S file."""
+    from istar.config.specs import ModelData, ShrinkageSpec
+    from istar.steps.activations import activation_statistics
+    from istar.steps.analyze import ShrinkageReference, analyze_statistics
+    from istar.steps.common import open_model_context
     from istar.steps.shrinkage import compute_shrinkage_file
 
     data = prepared("rte")
-    sigma, activations = tmp_path / "sigma0.pt", tmp_path / "activations.safetensors"
+    sigma = tmp_path / "sigma0.pt"
     compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(data), out=str(sigma), rows=10**9,
                                          max_length=64))
-    extract_activations(ActivationsSpec(model=str(tiny_model_dir), data_dir=str(data), out=str(activations),
-                                        max_length=64, batch_size=8))
-    analysis = analyze_run(activations, sigma, zeta=0.2)
+    context = open_model_context(ModelData(model=str(tiny_model_dir), data_dir=str(data), max_length=64))
+    analysis = analyze_statistics(*activation_statistics(context, "validation", batch_size=8, token_sample=100, seed=0),
+                                  ShrinkageReference.read(sigma), zeta=0.2)
     model = BertModel.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     report = istar.measure_isotropy(model, _texts(data, "validation"), tokenizer, sigma_s=sigma, zeta=0.2,

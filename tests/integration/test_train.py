@@ -14,9 +14,11 @@ from mirrors import REPO
 from services import ACCELERATE_2_CPU
 from train_helpers import read_log, sigma
 
-from istar.config.specs import ShrinkageSpec, TrainSpec
+from istar.config.specs import ModelData, ShrinkageSpec, TrainSpec
 from istar.registry.precisions import cpu_has_native_bf16
-from istar.io.artifacts import load_tensors
+from istar.steps.activations import activation_statistics
+from istar.steps.common import open_model_context
+from istar.steps.evaluate import evaluation_report
 from istar.steps.launch import free_port
 from istar.core.shrinkage import load_shrinkage
 from istar.steps.shrinkage import compute_shrinkage_file
@@ -148,19 +150,14 @@ def test_clear_errors(tiny_model_dir, prepared, tmp_path):
     assert result.returncode == 2 and "prepare-data" in result.stderr
 
 
-def test_evaluate_and_activations_steps(tiny_model_dir, prepared, tmp_path):
-    data = prepared("rte")
-    result = istar_cli("evaluate", "--model", tiny_model_dir, "--data", data, "--out", tmp_path / "eval.json")
-    assert result.returncode == 0, result.stderr
-    report = json.loads((tmp_path / "eval.json").read_text())
+def test_evaluation_report_and_activation_statistics(tiny_model_dir, prepared):
+    context = open_model_context(ModelData(model=str(tiny_model_dir), data_dir=str(prepared("rte"))))
+    report = evaluation_report(context, "validation", batch_size=64)
     assert report["examples"] == 24 and 0 <= report["metrics"]["accuracy"] <= 1
 
-    result = istar_cli("activations", "--model", tiny_model_dir, "--data", data, "--out", tmp_path / "act.safetensors",
-                       "--token-sample", 100)
-    assert result.returncode == 0, result.stderr
-    tensors, meta = load_tensors(tmp_path / "act.safetensors")
-    assert meta["num_hidden_states"] == "3" and meta["task"] == "rte"
-    tokens = int(meta["tokens"])
+    tensors, meta = activation_statistics(context, "validation", batch_size=64, token_sample=100, seed=0)
+    assert meta["num_hidden_states"] == 3 and meta["task"] == "rte"
+    tokens = meta["tokens"]
     for layer in range(3):
         assert tensors[f"cls.layer{layer}"].shape == (24, 32)
         assert tensors[f"tokens.layer{layer}"].shape == (100, 32)

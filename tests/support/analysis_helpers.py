@@ -4,9 +4,10 @@ tests/fast/steps/test_analysis.py, tests/integration/test_analysis.py."""
 import pytest
 import torch
 
-from istar.config.specs import ActivationsSpec, TrainSpec
-from istar.steps.activations import extract_activations
-from istar.steps.analyze import analyze_run
+from istar.config.specs import MeasureSpec, TrainSpec
+from istar.steps.activations import activation_statistics
+from istar.steps.common import open_model_context
+from istar.steps.measure import measure_runs
 from istar.steps.train import train
 
 
@@ -15,7 +16,8 @@ ZETA = 0.2
 
 @pytest.fixture(scope="module")
 def run(tiny_model_dir, prepared, tiny_sigma, tmp_path_factory):
-    """A fine-tuned run with its activations, the pretrained Σ_S, and the token vectors computed directly."""
+    """A fine-tuned run, the spec measuring it alone, its activation statistics as that measurement takes them
+    (tensors, metadata), the pretrained Σ_S, and the token vectors computed directly."""
     from istar.data import read_split
     from istar.models.loading import load_model, load_tokenizer
     from istar.registry.tasks import get_task
@@ -26,8 +28,10 @@ def run(tiny_model_dir, prepared, tiny_sigma, tmp_path_factory):
     out = root / "run"
     train(TrainSpec(model=str(tiny_model_dir), data_dir=str(data), output_dir=str(out), method="istar", lam=-1.0,
                     zeta=ZETA, sigma_s=str(sigma), epochs=1, batch_size=16, learning_rate=1e-3))
-    activations = out / "activations.safetensors"
-    extract_activations(ActivationsSpec(model=str(out / "model"), data_dir=str(data), out=str(activations)))
+    spec = MeasureSpec(runs=[str(out)], data_dir=str(data), out=str(root / "measures.json"), sigma_s_model="pretrained",
+                       sigma_s=str(sigma), zeta=ZETA, evaluate=True)
+    statistics = activation_statistics(open_model_context(spec.model_data(str(out))), spec.split, spec.batch_size,
+                                       spec.token_sample, spec.seed)
 
     frame = read_split(data, "validation")
     tokenizer = load_tokenizer(str(out / "model"))
@@ -37,10 +41,17 @@ def run(tiny_model_dir, prepared, tiny_sigma, tmp_path_factory):
     with torch.no_grad():
         states = model(**batch, output_hidden_states=True).hidden_states
     mask = batch["attention_mask"].bool()
-    return {"sigma": sigma, "activations": activations, "root": root, "run": out, "data": data,
+    return {"spec": spec, "sigma": sigma, "statistics": statistics, "root": root, "run": out, "data": data,
             "tokens": [s[mask].double() for s in states], "cls": [s[:, 0].double() for s in states]}
 
 
 @pytest.fixture(scope="module")
-def result(run):
-    return analyze_run(run["activations"], run["sigma"], ZETA, out=run["root"] / "analysis.json")
+def measured(run):
+    """What ``istar measure`` writes for the run alone (evaluated, analysed against the pretrained Σ_S)."""
+    return measure_runs(run["spec"])
+
+
+@pytest.fixture(scope="module")
+def result(run, measured):
+    """The run's analysis, as the measurement holds it."""
+    return measured["runs"][str(run["run"])]["analysis"]

@@ -85,10 +85,10 @@ def test_pickled_sigma_is_refused_without_unpickling(tmp_path):
         load_shrinkage(path)
 
 
-def test_activations_damage_is_named_and_mode_is_normal(tmp_path):
+def test_tensor_file_damage_is_named_and_mode_is_normal(tmp_path):
     from istar.io.artifacts import load_tensors
 
-    path = tmp_path / "activations.safetensors"
+    path = tmp_path / "tensors.safetensors"
     old = os.umask(0o022)
     try:
         artifacts.save_tensors(path, {"cls.layer0": torch.randn(4, 3)}, {"model": "tiny"})
@@ -157,8 +157,8 @@ def test_damaged_model_folder_names_the_file(tiny_model_dir, tmp_path):
     assert f"snakemake --forcerun {folder}" in str(error.value)
 
 
-def test_analysis_json_content_is_checked(tmp_path):
-    path = tmp_path / "analysis.json"
+def test_json_result_content_is_checked(tmp_path):
+    path = tmp_path / "result.json"
     artifacts.write_json(path, {"global": {"isoscore_star": 0.25}, "layers": []}, digest=True)
     assert artifacts.read_json(path)["global"]["isoscore_star"] == 0.25
     path.write_text(path.read_text().replace("0.25", "0.75"))
@@ -179,7 +179,7 @@ def test_measurement_file_content_is_checked(tmp_path):
     path.write_text(path.read_text().replace("0.25", "0.75"))
     with pytest.raises(DamagedArtifactError, match="differs from the sha256"):
         read_measures(path)
-    artifacts.write_json(path, {"global": {"isoscore_star": 0.25}}, digest=True)  # an analysis.json, not a measurement
+    artifacts.write_json(path, {"global": {"isoscore_star": 0.25}}, digest=True)  # a digested JSON, not a measurement
     with pytest.raises(ValueError, match="not written by `istar measure`"):
         read_measures(path)
 

@@ -219,7 +219,7 @@ def test_missing_study_is_a_clear_error(name, frame, study):
 
 
 def test_missing_isoscore_and_columns_are_clear_errors():
-    with pytest.raises(ValueError, match="no 'isoscore_star' values.*istar analyze"):
+    with pytest.raises(ValueError, match="no 'isoscore_star' values.*istar measure"):
         plots.fig6(make_layers().assign(isoscore_star=np.nan))
     with pytest.raises(ValueError, match="lacks the column.*twonn_cls"):
         plots.fig5(make_layers().drop(columns="twonn_cls"))

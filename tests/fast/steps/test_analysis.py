@@ -1,23 +1,26 @@
-"""Tests of the analysis step against direct computations on the token vectors of a real run."""
+"""Tests of the analysis (of ``istar measure``) against direct computations on the token vectors of a real run."""
 
 import json
 
 import pytest
 import torch
-from analysis_helpers import ZETA, result, run
-from safetensors.torch import save_file
+from analysis_helpers import ZETA, measured, result, run
 
 from istar.core.baseline_measures import average_cosine_similarity
-from istar.core.covariance import CovarianceAccumulator
 from istar.core.isotropy import isoscore, isoscore_star_from_covariance
 from istar.core.twonn import twonn_dimension
-from istar.io.artifacts import load_tensors
-from istar.steps.analyze import analyze_run
-from istar.core.shrinkage import load_layer_statistics, load_shrinkage, save_shrinkage
+from istar.core.shrinkage import load_shrinkage
+from istar.steps.analyze import ShrinkageReference, analyze_statistics
 
 
-def test_json_file_and_format(run, result):
-    assert json.loads((run["root"] / "analysis.json").read_text()) == json.loads(json.dumps(result))
+def analyze(run, sigma, zeta, **options):
+    return analyze_statistics(*run["statistics"], ShrinkageReference.read(sigma), zeta, **options)
+
+
+def test_the_measurement_file_holds_the_analysis_of_the_statistics(run, measured, result):
+    written = json.loads((run["root"] / "measures.json").read_text())
+    assert written["runs"][str(run["run"])]["analysis"] == json.loads(json.dumps(result))
+    assert result == analyze(run, run["sigma"], ZETA)
     n = run["tokens"][0].shape[0]
     assert result["model"].endswith("model") and result["task"] == "rte" and result["split"] == "validation"
     assert result["zeta"] == ZETA and result["sigma_s"] == str(run["sigma"]) and result["tokens"] == n
@@ -59,58 +62,38 @@ def test_per_layer_values_equal_direct_computations(run, result):
 
 
 def test_zeta_zero_is_vanilla_isoscore_and_layer_selection(run, result):
-    plain = analyze_run(run["activations"], run["sigma"], 0.0)
+    plain = analyze(run, run["sigma"], 0.0)
     assert plain["global"]["isoscore_star"] == pytest.approx(plain["global"]["isoscore"], rel=1e-12)
     for entry in plain["layers"]:
         assert entry["isoscore_star"] == pytest.approx(entry["isoscore"], rel=1e-12)
-    one = analyze_run(run["activations"], run["sigma"], ZETA, layers=2, twonn_discard=0.2)
+    one = analyze(run, run["sigma"], ZETA, layers=2, twonn_discard=0.2)
     assert one["global"]["layers"] == [2] and one["global"]["rows"] == result["tokens"]
     assert one["global"]["isoscore_star"] == pytest.approx(result["layers"][2]["isoscore_star"], rel=1e-12)
     assert one["layers"][2]["twonn_cls"] == pytest.approx(twonn_dimension(run["cls"][2], 0.2), rel=1e-3)
-    everything = analyze_run(run["activations"], run["sigma"], ZETA, layers="all+embeddings")
+    everything = analyze(run, run["sigma"], ZETA, layers="all+embeddings")
     sigma_s, _ = load_shrinkage(run["sigma"], expected_layers=[0, 1, 2])
     expected = isoscore_star_from_covariance(torch.cov(torch.cat(run["tokens"]).T), ZETA, sigma_s)
     assert everything["global"]["isoscore_star"] == pytest.approx(float(expected), rel=1e-5)
 
 
-def test_undefined_twonn_is_recorded_not_fatal(run, tmp_path):
-    tensors, metadata = load_tensors(run["activations"])
-    tensors["cls.layer1"] = tensors["cls.layer1"][:2].repeat(12, 1)  # two distinct vectors
-    broken = tmp_path / "act.safetensors"
-    save_file(tensors, str(broken), metadata={k: v for k, v in metadata.items() if k != "sha256"})  # a new file
-    result = analyze_run(broken, run["sigma"], ZETA)
-    assert [layer["twonn_cls"] is None for layer in result["layers"]] == [True, True, False]
-    assert result["warnings"][1] == ("layer 1: TwoNN of the [CLS] vectors is undefined "
-                                     "(TwoNN needs at least 3 distinct points; got 2)")
-    assert result["layers"][1]["isoscore_star"] == pytest.approx(analyze_run(run["activations"], run["sigma"], ZETA)
-                                                                 ["layers"][1]["isoscore_star"], rel=1e-12)
+def test_undefined_twonn_is_recorded_not_fatal(run, result):
+    tensors, metadata = run["statistics"]
+    tensors = {**tensors, "cls.layer1": tensors["cls.layer1"][:2].repeat(12, 1)}  # two distinct vectors
+    degenerate = analyze_statistics(tensors, metadata, ShrinkageReference.read(run["sigma"]), ZETA)
+    assert [layer["twonn_cls"] is None for layer in degenerate["layers"]] == [True, True, False]
+    assert degenerate["warnings"][1] == ("layer 1: TwoNN of the [CLS] vectors is undefined "
+                                         "(TwoNN needs at least 3 distinct points; got 2)")
+    assert degenerate["layers"][1]["isoscore_star"] == pytest.approx(result["layers"][1]["isoscore_star"], rel=1e-12)
 
 
-def test_mismatched_and_invalid_inputs_raise(run, tmp_path):
-    torch.manual_seed(0)
-    narrow = [CovarianceAccumulator(16).add(torch.randn(50, 16)) for _ in range(3)]
-    save_shrinkage(tmp_path / "narrow.pt", narrow, [1, 2], {"task": "rte"})
-    with pytest.raises(ValueError, match="does not match") as error:
-        analyze_run(run["activations"], tmp_path / "narrow.pt", ZETA)
-    assert str(tmp_path / "narrow.pt") in str(error.value) and str(run["activations"]) in str(error.value)
-    deeper = [CovarianceAccumulator(32).add(torch.randn(50, 32)) for _ in range(5)]
-    save_shrinkage(tmp_path / "deeper.pt", deeper, [1, 2, 3, 4], {"task": "rte"})
-    with pytest.raises(ValueError, match="5 hidden states of dimension 32.*3 hidden states"):
-        analyze_run(run["activations"], tmp_path / "deeper.pt", ZETA)
-    per_layer, provenance = load_layer_statistics(run["sigma"])
-    save_shrinkage(tmp_path / "sst2.pt", per_layer, [1, 2], {**provenance, "task": "sst2"})
-    with pytest.raises(ValueError, match="task 'sst2'.*task 'rte'"):
-        analyze_run(run["activations"], tmp_path / "sst2.pt", ZETA)
+def test_invalid_settings_and_a_missing_sigma_file_raise(run, tmp_path):
+    # a Σ_S of another task or shape is refused before a model loads (istar.steps.measure.check_inputs,
+    # tests/fast/test_reliability_early.py)
     with pytest.raises(ValueError, match="zeta must lie in"):
-        analyze_run(run["activations"], run["sigma"], 1.5)
+        analyze(run, run["sigma"], 1.5)
     with pytest.raises(ValueError, match="twonn_discard"):
-        analyze_run(run["activations"], run["sigma"], ZETA, twonn_discard=1.0)
+        analyze(run, run["sigma"], ZETA, twonn_discard=1.0)
     with pytest.raises(ValueError, match="layer 7 does not exist"):
-        analyze_run(run["activations"], run["sigma"], ZETA, layers=7)
-    with pytest.raises(FileNotFoundError, match="istar activations"):
-        analyze_run(tmp_path / "none.safetensors", run["sigma"], ZETA)
+        analyze(run, run["sigma"], ZETA, layers=7)
     with pytest.raises(FileNotFoundError, match="istar shrinkage"):
-        analyze_run(run["activations"], tmp_path / "none.pt", ZETA)
-    (tmp_path / "junk.safetensors").write_text("not a tensor file")
-    with pytest.raises(ValueError, match="not a readable safetensors"):
-        analyze_run(tmp_path / "junk.safetensors", run["sigma"], ZETA)
+        ShrinkageReference.read(tmp_path / "none.pt")
