@@ -27,6 +27,8 @@ RENAMED_KEYS = {"profile": "survey", "shrinkage.layers": "penalty.layers",
                 "shrinkage.global_penalty": "penalty.global_penalty"}
 """Old config key (a section, or ``section.key``) → its new name, for the unknown-key error only:
 istar 0.3.0 removed the old names."""
+REMOVED_KEYS = {"analysis.token_sample": "no measurement reads a token sample"}
+"""A config key istar 0.3.0 removed → why, for the unknown-key error only."""
 
 EDIT_RERUNS = {
     "spec": "the jobs whose step spec holds the key (a spec field claims it; Snakemake records the spec)",
@@ -172,6 +174,8 @@ def _describe(error) -> str:
         section = "".join(f"{part}." for part in error.absolute_path)
         renamed = "".join(f"; '{section}{key}' is now '{RENAMED_KEYS[section + key]}'" for key in error.instance
                           if section + key in RENAMED_KEYS)
+        renamed += "".join(f"; '{section}{key}' is gone ({REMOVED_KEYS[section + key]}): delete it"
+                           for key in error.instance if section + key in REMOVED_KEYS)
         return f"config key '{_key(error.absolute_path)}': {error.message} (known keys: {allowed}){renamed}"
     if error.validator == "enum":
         return f"config key '{_key(error.absolute_path)}': {error.instance!r} is not allowed; use one of {schema['enum']}"

@@ -259,8 +259,6 @@ class MeasureSpec(Spec):
     doc_stride: int = config_field("training.doc_stride")
     segment_ids: bool = config_field("training.segment_ids")
     batch_size: int = config_field("training.eval_batch_size")
-    token_sample: int = config_field("analysis.token_sample")
-    seed: int = option(0, help="seed of the token sample")
     zeta: float = config_field("analysis.zeta")
     twonn_discard: float = config_field("analysis.twonn_discard")
     layers: typing.Any = config_field("penalty.layers", parse=_parse_layers)

@@ -1,6 +1,6 @@
 """The one pass that streams a model's hidden states: Σ_S, activations, measurement and the survey read it.
 
-Each consumer accumulates something else (per-layer covariances, [CLS] vectors, token samples,
+Each consumer accumulates something else (per-layer covariances, [CLS] vectors,
 a profile's statistics); what they share is here: eval mode (restored afterwards), no gradient,
 the model's inputs moved to its device, the forward pass under the caller's autocast, and the
 mask of the real (non-padding) tokens.

@@ -3,8 +3,6 @@
 One pass over the split (no gradients) gathers in memory, for every layer l = 0 (embeddings) … L:
 
     cls.layer{l}             (n_features, d) float32   the [CLS] (first-token) vectors
-    tokens.layer{l}          (k, d) float32            a random sample of k non-padding token
-                                                       vectors, the same tokens in every layer
     token_mean.layer{l}      (d,) float64              mean of all non-padding tokens
     token_cov.layer{l}       (d, d) float64            their unbiased covariance (streamed)
     token_unit_sum.layer{l}  (d,) float64              Σ x/‖x‖ over them (exact average cosine
@@ -27,32 +25,21 @@ __all__ = ["activation_statistics"]
 
 
 @torch.no_grad()
-def collect(model, loader, num_tokens: int, sample_size: int, seed: int, accelerator) -> dict[str, torch.Tensor]:
+def collect(model, loader, accelerator) -> dict[str, torch.Tensor]:
     """Run ``model`` over ``loader`` and gather the tensors listed in the module docstring.
 
-    ``num_tokens`` is the number of non-padding tokens the loader holds; ``sample_size`` of
-    them (chosen with ``seed``) are kept in full. The forward passes run on the
-    accelerator's device in its precision (``accelerator.autocast``); statistics are
-    accumulated in float32/float64.
+    The forward passes run on the accelerator's device in its precision (``accelerator.autocast``);
+    statistics are accumulated in float32/float64.
     """
-    generator = torch.Generator().manual_seed(seed)
-    chosen = torch.randperm(num_tokens, generator=generator)[:min(sample_size, num_tokens)].sort().values
     metric = IsotropyMetric()  # its per-layer statistics, unit sums and [CLS] vectors (not its report)
-    sampled, seen = [], 0
     batches = tqdm(loader, desc="activations", leave=False, disable=not accelerator.is_local_main_process)
     for batch in hidden_state_pass(model, batches, device=accelerator.device, autocast=accelerator.autocast):
         metric.update(batch.states, batch.mask)
-        tokens = torch.stack(batch.states).float()[:, batch.mask]  # (L+1, M, d) in reading order
-        keep = torch.isin(torch.arange(seen, seen + tokens.shape[1]), chosen)
-        seen += tokens.shape[1]
-        sampled.append(tokens[:, keep.to(tokens.device)].cpu())
-    if not sampled:
+    if not metric.per_layer:
         raise ValueError("the evaluation split is empty")
-    sampled_all = torch.cat(sampled, dim=1)
     tensors = {}
     for layer, accumulator in enumerate(metric.per_layer):
         tensors[f"cls.layer{layer}"] = torch.cat(metric.cls[layer]).contiguous()
-        tensors[f"tokens.layer{layer}"] = sampled_all[layer].contiguous()
         tensors[f"token_mean.layer{layer}"] = accumulator.mean
         tensors[f"token_cov.layer{layer}"] = accumulator.covariance()
         tensors[f"token_unit_sum.layer{layer}"] = metric.unit_sums[layer]
@@ -62,14 +49,14 @@ def collect(model, loader, num_tokens: int, sample_size: int, seed: int, acceler
     return tensors
 
 
-def activation_statistics(context, split: str, batch_size: int, token_sample: int, seed: int):
+def activation_statistics(context, split: str, batch_size: int):
     """The tensors of the module docstring for an opened model context (:func:`istar.steps.common.open_model_context`)
     on a prepared split, and what the analysis names them by: metadata {model, task, split, standin: bool,
     num_hidden_states: L + 1, tokens: N}. Returns (tensors, metadata)."""
     model = context.accelerator.prepare(context.model)
     features = context.features(split, with_labels=False, for_qa_eval=True)
     num_tokens = features.num_tokens()
-    tensors = collect(model, context.loader(features, batch_size), num_tokens, token_sample, seed, context.accelerator)
+    tensors = collect(model, context.loader(features, batch_size), context.accelerator)
     metadata = {"model": str(context.spec.model), "task": context.task.key, "split": split, "standin": context.standin,
                 "num_hidden_states": context.model.config.num_hidden_layers + 1, "tokens": num_tokens}
     return tensors, metadata

@@ -81,7 +81,7 @@ def measure_runs(spec: MeasureSpec) -> dict:
                         context.accelerator.device, trains=False)
         main_process, precision = context.accelerator.is_main_process, context.precision.label
         evaluation = evaluation_report(context, spec.split, spec.batch_size) if spec.evaluate else None
-        tensors, metadata = activation_statistics(context, spec.split, spec.batch_size, spec.token_sample, spec.seed)
+        tensors, metadata = activation_statistics(context, spec.split, spec.batch_size)
         sigma = pretrained or _fine_tuned_sigma(context, spec, run)
         analysis = analyze_statistics(tensors, metadata, sigma, spec.zeta, twonn_discard=spec.twonn_discard,
                                       layers=spec.layers, source=f"the activations of run {run}")

@@ -39,7 +39,7 @@ TINY = {
     "shrinkage": {"rows": 1000},
     "final": {"methods": ["base", "istar"], "seeds": [0, 1], "istar": {"tiny": {"rte": {"lam": -1, "zeta": 0.2}}}},
     "studies": {"stability": {"enabled": False}},
-    "analysis": {"zeta": 0.2, "token_sample": 64},
+    "analysis": {"zeta": 0.2},
 }
 
 

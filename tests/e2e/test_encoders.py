@@ -94,7 +94,7 @@ def test_sigma_istar_and_cosreg_steps_and_a_measurement(kind, hub, online, prepa
         assert config["model_path"] == repo and config["provenance"]["git"]["commit"]
         runs.append(str(out))
     measured = measure_runs(MeasureSpec(runs=runs, data_dir=str(data), sigma_s=str(sigma), out=str(tmp_path / "m.json"),
-                                        evaluate=True, token_sample=200, batch_size=8, max_length=64,
+                                        evaluate=True, batch_size=8, max_length=64,
                                         shrinkage_rows=1000))
     for run in runs:
         analysis = measured["runs"][run]["analysis"]

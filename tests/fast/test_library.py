@@ -100,7 +100,7 @@ def test_measure_isotropy_equals_what_istar_measure_reports(tiny_model_dir, prep
     compute_shrinkage_file(ShrinkageSpec(model=str(tiny_model_dir), data_dir=str(data), out=str(sigma), rows=10**9,
                                          max_length=64))
     context = open_model_context(ModelData(model=str(tiny_model_dir), data_dir=str(data), max_length=64))
-    analysis = analyze_statistics(*activation_statistics(context, "validation", batch_size=8, token_sample=100, seed=0),
+    analysis = analyze_statistics(*activation_statistics(context, "validation", batch_size=8),
                                   ShrinkageReference.read(sigma), zeta=0.2)
     model = BertModel.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

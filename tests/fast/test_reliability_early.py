@@ -91,7 +91,7 @@ def measure(inputs, tmp_path, data, sigma):
     from istar.steps.measure import measure_runs
 
     return measure_runs(MeasureSpec(runs=[str(inputs["run"])], data_dir=str(data), sigma_s=str(sigma),
-                                    out=str(tmp_path / "measures.json"), evaluate=True, token_sample=64))
+                                    out=str(tmp_path / "measures.json"), evaluate=True))
 
 
 def test_measure_refuses_data_prepared_otherwise_than_the_run_was_trained_on(inputs, tmp_path, capsys):

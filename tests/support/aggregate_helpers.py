@@ -26,7 +26,7 @@ def runs(tiny_runs, tiny_sigma, prepared, tmp_path_factory):
     folders = {key: root / folder.relative_to(tiny_runs["root"]) for key, folder in tiny_runs["folders"].items()}
     measures = root / "measures.json"
     measure_runs(MeasureSpec(runs=[str(folders[key]) for key in ANALYSED], data_dir=str(prepared("rte")),
-                             sigma_s=str(tiny_sigma("rte")), out=str(measures), token_sample=64))
+                             sigma_s=str(tiny_sigma("rte")), out=str(measures)))
     return {"root": root, "folders": folders, "measures": measures}
 
 

@@ -30,8 +30,7 @@ def run(tiny_model_dir, prepared, tiny_sigma, tmp_path_factory):
                     zeta=ZETA, sigma_s=str(sigma), epochs=1, batch_size=16, learning_rate=1e-3))
     spec = MeasureSpec(runs=[str(out)], data_dir=str(data), out=str(root / "measures.json"), sigma_s_model="pretrained",
                        sigma_s=str(sigma), zeta=ZETA, evaluate=True)
-    statistics = activation_statistics(open_model_context(spec.model_data(str(out))), spec.split, spec.batch_size,
-                                       spec.token_sample, spec.seed)
+    statistics = activation_statistics(open_model_context(spec.model_data(str(out))), spec.split, spec.batch_size)
 
     frame = read_split(data, "validation")
     tokenizer = load_tokenizer(str(out / "model"))

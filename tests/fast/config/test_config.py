@@ -274,9 +274,11 @@ def test_doc_stride_description_agrees_with_its_check():
     ({"shrinkage": {"layers": [1, 2], "global_penalty": True}},
      "'shrinkage.layers' is now 'penalty.layers'; 'shrinkage.global_penalty' is now 'penalty.global_penalty'$"),
     ({"profile": {"enabled": True}}, r"^config key '\(top level\)': .*'profile' was unexpected.*; 'profile' is now 'survey'$"),
-], ids=["penalty keys", "profile section"])
+    ({"analysis": {"token_sample": 64}}, r"'analysis.token_sample' is gone \(no measurement reads a token sample\): delete it$"),
+], ids=["penalty keys", "profile section", "removed key"])
 def test_an_old_key_is_refused_with_its_new_name(config, message):
-    """The keys renamed before 0.3.0 are unknown keys now, and the error names the new key."""
+    """The keys renamed or removed before 0.3.0 are unknown keys now, and the error names the new key or says
+    to delete it."""
     with pytest.raises(ConfigError, match=message):
         validate_config(config, check_paths=False)
 
