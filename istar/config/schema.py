@@ -143,9 +143,8 @@ def fill_defaults(instance: dict, schema: dict, root: dict) -> None:
 
 
 def _key(path) -> str:
-    key = ""
-    for part in path:
-        key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else str(part))
+    """A config key as a message names it: ``training.lambdas[2]``."""
+    key = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path).removeprefix(".")
     return key or "(top level)"
 
 
