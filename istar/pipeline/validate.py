@@ -253,13 +253,13 @@ def _check_hub_data(data: dict, tasks: list[str]) -> None:
     """Offline (``HF_HUB_OFFLINE``), every task's hub dataset must be in the local cache at its revision:
     otherwise each prepare_data job would fail, after the whole DAG was planned."""
     from istar.data.hub import hub_source
-    from istar.io.revisions import OFFLINE_FIX, cached_commit, offline
+    from istar.io.revisions import DEFAULT_REVISION, OFFLINE_FIX, cached_commit, offline
 
     if not offline():
         return
     for task in tasks:
         hub_id = hub_source(task, data["hub_datasets"].get(task)).hub_id
-        revision = data["hub_revisions"].get(task) or "main"
+        revision = data["hub_revisions"].get(task) or DEFAULT_REVISION
         if cached_commit(hub_id, revision, "dataset") is None:
             raise ConfigError(f"config key 'data.source': {task} comes from the hub (source {data['source']}"
                               + (f", no mirror folder {data['mirror']}" if data["source"] == "auto" else "")
