@@ -47,11 +47,11 @@ class ConfigError(ValueError):
     """An invalid configuration value; the message names the key."""
 
 
-@lru_cache(maxsize=4)
-def load_schema(path=SCHEMA_PATH) -> dict:
+@lru_cache(maxsize=1)
+def load_schema() -> dict:
     """The schema as a dict, read once per process (treat it as read-only)."""
     # libyaml's parser where PyYAML has it: the workflow reads the schema each time it builds a DAG
-    return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return yaml.load(SCHEMA_PATH.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def load_yaml(path) -> dict:
@@ -145,9 +145,8 @@ def fill_defaults(instance: dict, schema: dict, root: dict) -> None:
 
 
 def _key(path) -> str:
-    key = ""
-    for part in path:
-        key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else str(part))
+    """A config key as a message names it: ``training.lambdas[2]``."""
+    key = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path).removeprefix(".")
     return key or "(top level)"
 
 
@@ -322,7 +321,7 @@ def out_of_range(value, entry: dict) -> str | None:
     return _allowed(entry)
 
 
-def check_schema(config: dict, schema: dict | None = None) -> dict:
+def check_schema(config: dict) -> dict:
     """A copy of ``config`` with every default filled in, checked against the schema.
 
     Raises
@@ -331,7 +330,7 @@ def check_schema(config: dict, schema: dict | None = None) -> dict:
     """
     import jsonschema
 
-    schema = load_schema() if schema is None else schema
+    schema = load_schema()
     config = copy.deepcopy(config or {})
     if not isinstance(config, dict):
         raise ConfigError("the configuration must be a mapping of keys to values")

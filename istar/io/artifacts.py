@@ -49,7 +49,6 @@ __all__ = ["NAME_MAX", "TEMP_NAME_EXTRA", "NOT_IN_NAMES", "name_problem", "Stora
            "save_tensors", "load_tensors", "read_json", "verify_artifact"]
 
 DIGESTS = "digests.json"
-_CHUNK = 1 << 20
 NAME_MAX = 255
 """The longest file or folder name, in bytes, of the common file systems (ext4, XFS, Btrfs, ZFS, APFS;
 NTFS and exFAT count 255 UTF-16 units)."""
@@ -228,15 +227,15 @@ def _normal_mode() -> int:
 
 
 @contextmanager
-def atomic_path(path, kept: str | None = None):
+def atomic_path(path):
     """Yield a temporary path next to ``path``; on success rename it to ``path`` (umask's normal mode).
 
     A full disk or a refused write raises a :class:`StorageError` naming ``path`` (see
-    :func:`storage_errors`; ``kept`` overrides what it says was kept), after the partial file is removed.
+    :func:`storage_errors`), after the partial file is removed.
     """
     path, tmp = Path(path), None
     try:
-        with storage_errors(path, kept):  # which translates a failure before the partial file is removed
+        with storage_errors(path):  # which translates a failure before the partial file is removed
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
             os.close(fd)
@@ -315,12 +314,9 @@ def replace_directory(staging, final) -> None:
 
 
 def file_digest(path) -> str:
-    """The sha256 (hex) of a file's bytes, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
+    """The sha256 (hex) of a file's bytes, read in chunks (never whole into memory)."""
     with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def verify_file(path, expected: str | None, target=None) -> None:

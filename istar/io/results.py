@@ -63,7 +63,7 @@ def read_finished_run(run_dir) -> tuple[dict, dict]:
         if not isinstance(data, dict) or "sha256" not in data:
             raise artifacts.DamagedArtifactError(path, "it carries no content hash: written by an older istar, "
                                                        "or rewritten by hand", metrics_path)
-    states = sorted(p.name for p in (run_dir / "resume").glob("state-*")) if (run_dir / "resume").is_dir() else []
+    states = sorted(p.name for p in (run_dir / "resume").glob("state-*"))  # none where there is no resume/
     if states:
         raise ValueError(f"run folder {run_dir} holds a saved training state (resume/{states[-1]}) beside the outputs "
                          f"of a finished run: a training of this folder is running or was interrupted, possibly with "

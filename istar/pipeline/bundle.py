@@ -210,8 +210,7 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=()) -> dict:
     done = out / DONE_FILE  # units brought back stay brought back when the same bundle is built again
     if done.is_file() and json.loads(done.read_text(encoding="utf-8")).get("bundle_id") == plan["bundle_id"]:
         shutil.copy2(done, staging / DONE_FILE)
-    shutil.rmtree(out, ignore_errors=True)
-    staging.replace(out)
+    artifacts.replace_directory(staging, out)
     return plan
 
 

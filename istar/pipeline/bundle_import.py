@@ -115,10 +115,9 @@ def _check_units(plan: dict, root: Path, names: set[str]) -> None:
 def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
     """Aggregate, (Fig. 2's simulation,) tables and figures, as their rules run them; returns the files made
     (every output of the jobs run)."""
-    from istar.config.schema import load_yaml
     from istar.io import artifacts
     from istar.pipeline.jobs import aggregate_job, report_jobs
-    from istar.pipeline.validate import validate_config
+    from istar.pipeline.validate import load_config
     from istar.report.figures import STABILITY_CSV
 
     def back(path: str) -> bool:
@@ -132,7 +131,7 @@ def finish(plan: dict, bundle: Path, root: Path, partial: bool) -> list[str]:
     # collapsed runs, the paper's models, the primary endpoint), as their rules pass it
     config_file = root / RESOLVED_CONFIG
     artifacts.write_text(config_file, (bundle / CONFIG_NAME).read_text(encoding="utf-8"))
-    config = validate_config(load_yaml(config_file), check_paths=False)
+    config = load_config(config_file, check_paths=False)
     wanted = {f"{TABLE.format(table=table)}.csv" for table in plan["tables"]}
     wanted |= {f"{FIGURE.format(figure=figure)}.png" for figure in plan["figures"]}
     wanted |= {EXPERIMENT_METRICS, SUMMARY_MD} | ({AGGREGATE.format(name=STABILITY_CSV)} if plan["stability"] else set())

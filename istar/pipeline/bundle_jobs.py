@@ -74,39 +74,36 @@ class Runner:
     def run(self, indices: list[int]) -> str:
         """Run ``indices`` (needs first, up to ``parallel`` at once): "done", "failed" or "stopped".
         Interrupted (Ctrl-C, SIGTERM), it stops the running jobs first."""
-        running: dict = {}
+        waiting, running, status = list(indices), {}, "done"
         try:
-            return self._run(list(indices), running)
+            while waiting or running:
+                for index in list(waiting):
+                    if len(running) >= self.parallel:
+                        break
+                    if self.exist(self.jobs[index]["needs"]):
+                        waiting.remove(index)
+                        running[index] = (self.start(index), time.monotonic())
+                if not running and waiting:
+                    missing = [p for i in waiting for p in self.jobs[i]["needs"] if not (self.workdir / p).exists()]
+                    raise RuntimeError(f"nothing in the plan produces {missing[0]}: the bundle is inconsistent; "
+                                       "build it again")
+                time.sleep(POLL_S)
+                for index, (process, started) in list(running.items()):
+                    code = process.poll()
+                    if code is None:
+                        continue
+                    del running[index]
+                    self.record(index, code, time.monotonic() - started)
+                    if code != 0:
+                        status = "failed"
+                if status == "failed" or time.monotonic() > self.kill_at:
+                    self.stop(running)
+                    running.clear()
+                    return "failed" if status == "failed" else "stopped"
+            return status
         except BaseException:
             self.stop(running)
             raise
-
-    def _run(self, waiting: list[int], running: dict) -> str:
-        status = "done"
-        while waiting or running:
-            for index in list(waiting):
-                if len(running) >= self.parallel:
-                    break
-                if self.exist(self.jobs[index]["needs"]):
-                    waiting.remove(index)
-                    running[index] = (self.start(index), time.monotonic())
-            if not running and waiting:
-                missing = [p for i in waiting for p in self.jobs[i]["needs"] if not (self.workdir / p).exists()]
-                raise RuntimeError(f"nothing in the plan produces {missing[0]}: the bundle is inconsistent; build it again")
-            time.sleep(POLL_S)
-            for index, (process, started) in list(running.items()):
-                code = process.poll()
-                if code is None:
-                    continue
-                del running[index]
-                self.record(index, code, time.monotonic() - started)
-                if code != 0:
-                    status = "failed"
-            if status == "failed" or time.monotonic() > self.kill_at:
-                self.stop(running)
-                running.clear()
-                return "failed" if status == "failed" else "stopped"
-        return status
 
     def record(self, index: int, code: int, seconds: float) -> None:
         job = self.jobs[index]

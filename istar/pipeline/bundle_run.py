@@ -58,7 +58,7 @@ from istar.io.provenance import package_sha256
 from istar.pipeline.bundle_jobs import Runner, claimed_gpus
 
 __all__ = ["run_bundle", "read_plan", "unit_range", "JOBS_FILE", "DONE_FILE", "SUMMARY_NAME", "MADE_HERE",
-           "BUNDLE_FORMAT", "ARCHIVE_LIMIT", "work_folder"]
+           "BUNDLE_FORMAT", "ARCHIVE_LIMIT"]
 
 BUNDLE_FORMAT = 1
 JOBS_FILE = "jobs.json"
@@ -97,12 +97,6 @@ def read_done(bundle: Path, plan: dict) -> dict:
     if done.get("bundle_id") != plan["bundle_id"]:
         done = {}
     return {"units": set(done.get("units", [])), "calibration": done.get("calibration", {})}
-
-
-def work_folder(bundle: Path) -> Path:
-    """The default work folder: beside the bundle, named after it (``gpu-bundle-work``)."""
-    bundle = Path(bundle).resolve()
-    return bundle.parent / f"{bundle.name}-work"
 
 
 def prepare_workdir(bundle: Path, plan: dict, workdir: Path) -> Path:
@@ -180,7 +174,8 @@ def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | 
         raise ValueError("--budget must be > 0 and --parallel ≥ 1")
     bundle = Path(bundle)
     plan = read_plan(bundle)
-    workdir = prepare_workdir(bundle, plan, Path(workdir) if workdir else work_folder(bundle))
+    beside = bundle.resolve().with_name(f"{bundle.resolve().name}-work")  # the default: gpu-bundle-work
+    workdir = prepare_workdir(bundle, plan, Path(workdir) if workdir else beside)
     done = read_done(bundle, plan)
     brought_back = done["units"]
     chosen = set(unit_range(units, len(plan["units"]))) if units else set(range(len(plan["units"])))

@@ -30,25 +30,20 @@ from istar.report.family import MULTIPLICITY_PLANS, rank_test_warning
 __all__ = ["validate_config", "load_config", "merge_config_files", "model_depth"]
 
 
-def validate_config(config: dict, schema: dict | None = None, check_paths: bool = True) -> dict:
-    """A validated copy of ``config`` with every default filled in.
+def validate_config(config: dict, check_paths: bool = True) -> dict:
+    """A validated copy of ``config`` with every default filled in: the schema
+    (:data:`istar.config.schema.SCHEMA_PATH`), then what it cannot say.
 
     Parameters
     ----------
     config : the configuration as loaded from YAML.
-    schema : the schema (default: :data:`istar.config.schema.SCHEMA_PATH`).
     check_paths : also check what lies on disk (the mirror, its files, local models).
 
     Raises
     ------
     ConfigError naming the first invalid key and the allowed values.
     """
-    config = check_schema(config, schema)
-    _check_semantics(config, check_paths)
-    return config
-
-
-def _check_semantics(config: dict, check_paths: bool) -> None:
+    config = check_schema(config)
     models, tasks = config["models"], config["tasks"]
     _check_path_names(config)
     for study in STUDIES:
@@ -108,6 +103,7 @@ def _check_semantics(config: dict, check_paths: bool) -> None:
         _check_layers(config, _check_models(models))
         _check_data(config["data"], tasks)
         _check_survey(config)
+    return config
 
 
 def _configured_model(key: str, model: str, models: dict) -> None:
@@ -257,13 +253,13 @@ def _check_hub_data(data: dict, tasks: list[str]) -> None:
     """Offline (``HF_HUB_OFFLINE``), every task's hub dataset must be in the local cache at its revision:
     otherwise each prepare_data job would fail, after the whole DAG was planned."""
     from istar.data.hub import hub_source
-    from istar.io.revisions import OFFLINE_FIX, cached_commit, offline
+    from istar.io.revisions import DEFAULT_REVISION, OFFLINE_FIX, cached_commit, offline
 
     if not offline():
         return
     for task in tasks:
         hub_id = hub_source(task, data["hub_datasets"].get(task)).hub_id
-        revision = data["hub_revisions"].get(task) or "main"
+        revision = data["hub_revisions"].get(task) or DEFAULT_REVISION
         if cached_commit(hub_id, revision, "dataset") is None:
             raise ConfigError(f"config key 'data.source': {task} comes from the hub (source {data['source']}"
                               + (f", no mirror folder {data['mirror']}" if data["source"] == "auto" else "")
