@@ -80,11 +80,8 @@ def f1_binary(predictions, labels) -> float:
     """
     predictions, labels = _as_pair(predictions, labels)
     predicted, actual = predictions == 1, labels == 1
-    tp = int(np.sum(predicted & actual))
-    fp = int(np.sum(predicted & ~actual))
-    fn = int(np.sum(~predicted & actual))
-    denominator = 2 * tp + fp + fn
-    return 2 * tp / denominator if denominator else 0.0
+    denominator = int(np.sum(predicted)) + int(np.sum(actual))  # (TP + FP) + (TP + FN)
+    return 2 * int(np.sum(predicted & actual)) / denominator if denominator else 0.0
 
 
 def matthews_corrcoef(predictions, labels) -> float:
