@@ -94,7 +94,7 @@ def check_sigma_s(sigma_s) -> torch.Tensor:
 def _check_zeta(zeta: float, sigma_s, d: int, device) -> torch.Tensor | None:
     """Validate the shrinkage weight and return Σ_S as float64 on ``device`` (None if ζ = 0)."""
     zeta = float(zeta)
-    if not 0.0 <= zeta <= 1.0 or math.isnan(zeta):
+    if not 0.0 <= zeta <= 1.0:  # (NaN too: every comparison with it is false)
         raise ValueError(f"zeta must lie in [0, 1] (0 = no shrinkage, 1 = Σ_S alone); got {zeta}")
     if zeta == 0.0:
         return None

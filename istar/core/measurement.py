@@ -102,11 +102,9 @@ class IsotropyReport:
 
 
 def _sigma_layers(sigma_s, num_hidden_states: int, dim: int) -> list[CovarianceAccumulator] | torch.Tensor | None:
-    """Σ_S as given: a Σ_S file's path → its per-layer statistics; accumulators or a (d, d) tensor as they are."""
+    """Σ_S as given: a Σ_S file's path → its per-layer statistics; accumulators or a (d, d) tensor as they are
+    (a tensor's shape is checked where IsoScore* reads it, :func:`istar.core.isotropy.isoscore_star_from_covariance`)."""
     if sigma_s is None or isinstance(sigma_s, torch.Tensor):
-        if sigma_s is not None and tuple(sigma_s.shape) != (dim, dim):
-            raise ValueError(f"sigma_s has shape {tuple(sigma_s.shape)} but the hidden states have d = {dim}: "
-                             "compute Σ_S on the same model (istar.shrinkage_covariance)")
         return sigma_s
     if isinstance(sigma_s, (str, Path)):
         sigma_s, _ = load_layer_statistics(sigma_s)

@@ -80,11 +80,8 @@ def f1_binary(predictions, labels) -> float:
     """
     predictions, labels = _as_pair(predictions, labels)
     predicted, actual = predictions == 1, labels == 1
-    tp = int(np.sum(predicted & actual))
-    fp = int(np.sum(predicted & ~actual))
-    fn = int(np.sum(~predicted & actual))
-    denominator = 2 * tp + fp + fn
-    return 2 * tp / denominator if denominator else 0.0
+    denominator = int(np.sum(predicted)) + int(np.sum(actual))  # (TP + FP) + (TP + FN)
+    return 2 * int(np.sum(predicted & actual)) / denominator if denominator else 0.0
 
 
 def matthews_corrcoef(predictions, labels) -> float:
@@ -264,11 +261,9 @@ def squad_metrics(predictions: Mapping[str, str], references: Mapping[str, Seque
     unknown = [key for key in predictions if key not in references]
     if unknown:
         raise ValueError(f"{len(unknown)} prediction(s) for question ids not in references, e.g. {unknown[:3]!r}")
-    exact_match = f1 = 0.0
-    for key, truths in references.items():
-        if key in predictions:
-            exact_match += exact_match_score(predictions[key], truths)
-            f1 += f1_score(predictions[key], truths)
+    answered = [(predictions[key], truths) for key, truths in references.items() if key in predictions]
+    exact_match = sum(exact_match_score(prediction, truths) for prediction, truths in answered)
+    f1 = sum(f1_score(prediction, truths) for prediction, truths in answered)
     return {"exact_match": 100.0 * exact_match / len(references), "f1": 100.0 * f1 / len(references)}
 
 

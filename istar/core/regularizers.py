@@ -58,6 +58,10 @@ class Penalty:
     logs: dict = field(default_factory=dict)
 
 
+NAMED_SELECTIONS = {"all": 1, "all+embeddings": 0}
+"""The layer selections by name: every hidden state from this index on (0 = the embeddings' output)."""
+
+
 def resolve_layers(layers: LayerSelection, num_hidden_states: int) -> list[int]:
     """Turn a layer specification into a sorted list of indices into ``hidden_states``.
 
@@ -69,11 +73,9 @@ def resolve_layers(layers: LayerSelection, num_hidden_states: int) -> list[int]:
     """
     last = num_hidden_states - 1
     if isinstance(layers, str):
-        if layers == "all":
-            return list(range(1, num_hidden_states))
-        if layers == "all+embeddings":
-            return list(range(0, num_hidden_states))
-        raise ValueError(f"unknown layer selection {layers!r}: use 'all', 'all+embeddings', an index or a list")
+        if layers not in NAMED_SELECTIONS:
+            raise ValueError(f"unknown layer selection {layers!r}: use 'all', 'all+embeddings', an index or a list")
+        return list(range(NAMED_SELECTIONS[layers], num_hidden_states))
     indices = [layers] if isinstance(layers, int) else list(layers)
     if not indices:
         raise ValueError("the layer selection is empty")
@@ -88,7 +90,7 @@ def resolve_layers(layers: LayerSelection, num_hidden_states: int) -> list[int]:
 def parse_layer_selection(text: str) -> LayerSelection:
     """Parse a command-line layer selection: ``all``, ``all+embeddings``, ``6`` or ``1,3,5``."""
     text = str(text).strip()
-    if text in ("all", "all+embeddings"):
+    if text in NAMED_SELECTIONS:
         return text
     try:
         indices = [int(part) for part in text.split(",")]

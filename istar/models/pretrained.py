@@ -29,7 +29,7 @@ from istar.io.revisions import resolve_revision
 from istar.models.loading import gguf_location, resolve_model_source
 from istar.registry.precisions import run_dtype
 
-__all__ = ["LoadedModel", "load_for_survey", "find_final_norm", "parameter_count", "is_causal"]
+__all__ = ["LoadedModel", "load_for_survey", "find_final_norm", "parameter_count"]
 
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 FINAL_NORM_NAMES = ("final_layer_norm", "ln_f", "norm", "final_norm", "norm_f")
@@ -59,11 +59,6 @@ class LoadedModel:
         if self.output_embeddings is not None:
             return {"input": self.input_embeddings, "output": self.output_embeddings}
         return {"output" if self.has_output_matrix else "input": self.input_embeddings}
-
-
-def is_causal(config) -> bool:
-    """Whether a config names a causal-LM architecture (which has an output matrix)."""
-    return any(name.endswith(CAUSAL_SUFFIXES) for name in (getattr(config, "architectures", None) or []))
 
 
 def find_final_norm(backbone: torch.nn.Module) -> tuple[str | None, torch.nn.Module | None]:
@@ -131,8 +126,9 @@ def load_for_survey(spec) -> LoadedModel:
         raise ValueError(f"{spec.model} ships its own model code, which runs only when allowed: set "
                          "trust_remote_code: true for it under survey.models (istar survey: --trust-remote-code), "
                          "having read that code") from None
-    # GGUF configs carry no ``architectures``; every architecture GGUF stores is a causal LM.
-    causal = gguf is not None or is_causal(config)
+    # A causal LM (which has an output matrix) by its architecture's name; GGUF configs carry no
+    # ``architectures`` (a PretrainedConfig's default is None), and every architecture GGUF stores is a causal LM.
+    causal = gguf is not None or any(name.endswith(CAUSAL_SUFFIXES) for name in config.architectures or ())
     loader = AutoModelForCausalLM if causal else AutoModel
     model = loader.from_pretrained(location, dtype=dtype, **kwargs).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)

@@ -186,6 +186,10 @@ def test_a_sigma_of_another_model_is_named(batch_outputs):
     outputs, mask = batch_outputs
     with pytest.raises(ValueError, match="compute Σ_S on the same model"):
         istar.istar_penalty(outputs.hidden_states, mask, lam=-1.0, zeta=0.2, sigma_s=torch.eye(8))
+    metric = istar.IsotropyMetric(zeta=0.2, sigma_s=torch.eye(8), twonn=False)
+    metric.update(outputs.hidden_states, mask)
+    with pytest.raises(ValueError, match=r"sigma_s has shape \(8, 8\) but the points have d = 16: compute Σ_S on the"):
+        metric.compute()
 
 
 def test_the_global_penalty_in_one_process_is_the_local_one(batch_outputs):

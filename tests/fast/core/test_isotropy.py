@@ -213,8 +213,9 @@ def test_bad_input_raises_clear_errors(X, message):
 
 def test_bad_shrinkage_arguments():
     X = torch.randn(10, 3)
-    with pytest.raises(ValueError, match=r"zeta must lie in \[0, 1\]"):
-        isoscore_star(X, zeta=1.5, sigma_s=torch.eye(3))
+    for zeta in (1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"zeta must lie in \[0, 1\]"):
+            isoscore_star(X, zeta=zeta, sigma_s=torch.eye(3))
     with pytest.raises(ValueError, match="needs a shrinkage covariance"):
         isoscore_star(X, zeta=0.2)
     with pytest.raises(ValueError, match="d = 3"):
