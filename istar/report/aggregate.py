@@ -260,7 +260,6 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), inference:
     the columns of the module docstring (integer columns as nullable ``Int64``).
     """
     from istar.config.schema import default_of
-    from istar.registry.tasks import get_task
 
     # here: pandas and SciPy stay out of the workflow's DAG build
     from .collapse import apply_collapse_rule
@@ -308,11 +307,10 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), inference:
     tests = study_tests(kept, inference)
     paired = _with_collapse_counts(tests.paired, counts, collapse_rule)
     final = tests.paired[tests.paired["study"] == "final"]
-    scales = {task: get_task(task).percent_scale for task in set(final["task"])}
     frames = dict(zip(AGGREGATE_NAMES, (
         runs_frame, _frame(layer_rows, LAYERS_COLUMNS), _frame(dim_rows, DIMS_COLUMNS),
         _frame(epoch_rows, EPOCHS_COLUMNS), _frame(selection_rows, SELECTION_COLUMNS),
-        paired, tests.trends, pooled_gains(final, scales)), strict=True))
+        paired, tests.trends, pooled_gains(final)), strict=True))
     frames[PROVENANCE_NAME] = _frame(_provenance_rows([entry[2]["run_dir"] for entry in entries], measure_files,
                                                       out_dir), PROVENANCE_COLUMNS)
     out_dir = Path(out_dir)

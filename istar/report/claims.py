@@ -161,8 +161,7 @@ def _across_cells(evidence: Evidence, rows: pd.DataFrame, method: str, sign: int
     if len(cells) < 2:  # one informative cell: its own test; none: every cell, each not informative
         return [_cell_finding(evidence, row, sign, points, label, digits, unit)
                 for row in cells or list(rows.itertuples())]
-    scales = {task: (get_task(task).percent_scale if points else 1.0) for task in set(rows["task"])}
-    pooled = pooled_gains(rows, scales)
+    pooled = pooled_gains(rows)
     overall = pooled[pooled["scope"] == "all"].iloc[0]
     name = "Hartung–Knapp–Sidik–Jonkman" if overall["interval"] == "HKSJ" else "DerSimonian–Laird"
     numbers = (f"{label} {overall['mean']:+.{digits}f}{unit} [{overall['ci_low']:+.{digits}f}, "

@@ -351,7 +351,7 @@ def forest(paired: pd.DataFrame, trends: pd.DataFrame | None = None) -> Figure:
     usable = rows[[informative(row) for row in rows.itertuples()]]
     left_out = rows.drop(usable.index)
     scales = {task: get_task(task).percent_scale for task in set(rows["task"])}
-    pooled = pooled_gains(usable, scales).query("scope == 'all' and interval != 'not pooled'") if len(usable) else None
+    pooled = pooled_gains(usable).query("scope == 'all' and interval != 'not pooled'") if len(usable) else None
     contrasts = final[final["measure"].isin(list(CONTRAST_LABELS))]
     per = {"lam": (1.0, "on λ (points per unit)"), "isoscore_star": (10.0, "on IsoScore* (points per +0.1)")}
     below = [(entries, xlabel) for entries, xlabel in (
