@@ -151,9 +151,7 @@ def _across_cells(evidence: Evidence, rows: pd.DataFrame, method: str, sign: int
     """A claim across the final study's cells (``rows``: one measure's paired comparisons): the declared primary
     cell when this is its contrast, else the pooled estimate over the informative cells (one cell: its own test;
     none: each cell, not informative). ``points``: the score, in points, where the primary can be."""
-    rows = rows[rows["method"] == method]
-    if rows.empty:
-        return []
+    rows = rows[rows["method"] == method]  # none: no finding (the steps below give an empty list)
     primary = [row for row in rows.itertuples() if points and evidence.tests.is_primary(method, row.model, row.task)]
     if primary:
         return [_cell_finding(evidence, primary[0], sign, points, label, digits, unit, primary=True)]
