@@ -22,7 +22,7 @@ and the others Holm-adjusted among themselves at α / (m − 1), passing only wh
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
@@ -123,8 +123,7 @@ def trend_tests(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
             fit = random_intercept_slope(points.to_numpy(), x[usable].to_numpy(), cell.loc[usable, "seed"].to_numpy(),
                                          alpha=1 - level)
             out.append({"study": TREND_STUDY, "model": model, "task": task, "covariate": covariate, "slope": fit.estimate,
-                        **{key: getattr(fit, key) for key in ("n", "groups", "se", "ci_low", "ci_high", "p_value",
-                                                               "group_variance", "residual_variance")},
+                        **{key: value for key, value in asdict(fit).items() if key in TREND_COLUMNS},
                         "level": level, "lambdas": " ".join(f"{v:g}" for v in sorted(set(lam[usable])))})
     return pd.DataFrame(out, columns=list(TREND_COLUMNS))
 
