@@ -159,13 +159,12 @@ def study_tests(runs: pd.DataFrame, inference: dict | None = None, level: float 
         if gate is None:  # the primary has no test here: it stays in the family, untested, and the gate shut
             gate, extra = len(paired) + len(trends), np.append(extra, np.nan)
     paired = adjust_family(paired, level, extra_p_values=extra, gate=gate)
-    if len(trends):
-        p_values = np.concatenate([paired["p_value"].to_numpy(dtype=float), extra])
-        adjusted, levels = adjusted_p_values(p_values, gate, 1 - level)
-        trends["p_holm"], trends["mde_alpha"] = adjusted[len(paired):][:len(trends)], levels[len(paired):][:len(trends)]
-        trends["significant"] = trends["p_holm"] < 1 - level
-        trends["family_size"] = int(np.count_nonzero(~np.isnan(p_values)))
-        trends["mde"] = (stats.norm.isf(trends["mde_alpha"] / 2) + float(stats.norm.ppf(POWER))) * trends["se"]
+    p_values = np.concatenate([paired["p_value"].to_numpy(dtype=float), extra])
+    adjusted, levels = adjusted_p_values(p_values, gate, 1 - level)
+    trends["p_holm"], trends["mde_alpha"] = adjusted[len(paired):][:len(trends)], levels[len(paired):][:len(trends)]
+    trends["significant"] = trends["p_holm"] < 1 - level
+    trends["family_size"] = int(np.count_nonzero(~np.isnan(p_values)))
+    trends["mde"] = (stats.norm.isf(trends["mde_alpha"] / 2) + float(stats.norm.ppf(POWER))) * trends["se"]
     paper = paper_comparisons(paired, declared["paper_models"], level)
     paired = paired.join(paper) if len(paired) else paired.reindex(columns=list(STUDY_PAIRED_COLUMNS))
     return StudyTests(paired=paired.reindex(columns=list(STUDY_PAIRED_COLUMNS)), trends=trends, plan=plan,
