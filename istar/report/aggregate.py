@@ -282,9 +282,8 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), inference:
         analysis = analyses.get(run_dir.resolve())
         entries.append((_run_row(study, run, analysis), analysis, run))
     entries.sort(key=lambda entry: _sort_key(entry[0]))
-    run_rows, layer_rows, dim_rows, epoch_rows = [], [], [], []
+    layer_rows, dim_rows, epoch_rows = [], [], []
     for row, analysis, run in entries:
-        run_rows.append(row)
         if row["study"] == "final":
             scores = [NAN] + [_number(entry.get(run["metric"])) for entry in run["history"]]
             epoch_rows.extend({**{name: row[name] for name in (*RUN_KEYS, "seed")}, "epoch": epoch,
@@ -301,7 +300,7 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), inference:
                         for dim, (mean, std) in enumerate(zip(last["mean"], last["std"], strict=True)))
     selection_rows = sorted((_selection_row(Path(path)) for path in selection_files),
                             key=lambda row: (row["model"], row["task"]))
-    runs_frame = _frame(run_rows, RUNS_COLUMNS)
+    runs_frame = _frame([row for row, _, _ in entries], RUNS_COLUMNS)
     collapse_rule = (inference or {}).get("collapsed_runs") or default_of("inference.collapsed_runs")
     kept, counts = apply_collapse_rule(runs_frame, collapse_rule)
     tests = study_tests(kept, inference)
