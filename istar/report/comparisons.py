@@ -166,8 +166,7 @@ def study_tests(runs: pd.DataFrame, inference: dict | None = None, level: float 
     trends["family_size"] = int(np.count_nonzero(~np.isnan(p_values)))
     trends["mde"] = (stats.norm.isf(trends["mde_alpha"] / 2) + float(stats.norm.ppf(POWER))) * trends["se"]
     paper = paper_comparisons(paired, declared["paper_models"], level)
-    paired = paired.join(paper) if len(paired) else paired.reindex(columns=list(STUDY_PAIRED_COLUMNS))
-    return StudyTests(paired=paired.reindex(columns=list(STUDY_PAIRED_COLUMNS)), trends=trends, plan=plan,
+    return StudyTests(paired=paired.join(paper).reindex(columns=list(STUDY_PAIRED_COLUMNS)), trends=trends, plan=plan,
                       primary=declared["primary"])
 
 
