@@ -260,7 +260,6 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), inference:
     the columns of the module docstring (integer columns as nullable ``Int64``).
     """
     from istar.config.schema import default_of
-    from istar.registry.tasks import get_task
 
     # here: pandas and SciPy stay out of the workflow's DAG build
     from .collapse import apply_collapse_rule
@@ -283,9 +282,8 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), inference:
         analysis = analyses.get(run_dir.resolve())
         entries.append((_run_row(study, run, analysis), analysis, run))
     entries.sort(key=lambda entry: _sort_key(entry[0]))
-    run_rows, layer_rows, dim_rows, epoch_rows = [], [], [], []
+    layer_rows, dim_rows, epoch_rows = [], [], []
     for row, analysis, run in entries:
-        run_rows.append(row)
         if row["study"] == "final":
             scores = [NAN] + [_number(entry.get(run["metric"])) for entry in run["history"]]
             epoch_rows.extend({**{name: row[name] for name in (*RUN_KEYS, "seed")}, "epoch": epoch,
@@ -302,17 +300,16 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), inference:
                         for dim, (mean, std) in enumerate(zip(last["mean"], last["std"], strict=True)))
     selection_rows = sorted((_selection_row(Path(path)) for path in selection_files),
                             key=lambda row: (row["model"], row["task"]))
-    runs_frame = _frame(run_rows, RUNS_COLUMNS)
+    runs_frame = _frame([row for row, _, _ in entries], RUNS_COLUMNS)
     collapse_rule = (inference or {}).get("collapsed_runs") or default_of("inference.collapsed_runs")
     kept, counts = apply_collapse_rule(runs_frame, collapse_rule)
     tests = study_tests(kept, inference)
     paired = _with_collapse_counts(tests.paired, counts, collapse_rule)
     final = tests.paired[tests.paired["study"] == "final"]
-    scales = {task: get_task(task).percent_scale for task in set(final["task"])}
     frames = dict(zip(AGGREGATE_NAMES, (
         runs_frame, _frame(layer_rows, LAYERS_COLUMNS), _frame(dim_rows, DIMS_COLUMNS),
         _frame(epoch_rows, EPOCHS_COLUMNS), _frame(selection_rows, SELECTION_COLUMNS),
-        paired, tests.trends, pooled_gains(final, scales)), strict=True))
+        paired, tests.trends, pooled_gains(final)), strict=True))
     frames[PROVENANCE_NAME] = _frame(_provenance_rows([entry[2]["run_dir"] for entry in entries], measure_files,
                                                       out_dir), PROVENANCE_COLUMNS)
     out_dir = Path(out_dir)

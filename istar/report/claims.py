@@ -151,18 +151,15 @@ def _across_cells(evidence: Evidence, rows: pd.DataFrame, method: str, sign: int
     """A claim across the final study's cells (``rows``: one measure's paired comparisons): the declared primary
     cell when this is its contrast, else the pooled estimate over the informative cells (one cell: its own test;
     none: each cell, not informative). ``points``: the score, in points, where the primary can be."""
-    rows = rows[rows["method"] == method]
-    if rows.empty:
-        return []
-    primary = [row for row in rows.itertuples() if points and evidence.is_primary(method, row.model, row.task)]
+    rows = rows[rows["method"] == method]  # none: no finding (the steps below give an empty list)
+    primary = [row for row in rows.itertuples() if points and evidence.tests.is_primary(method, row.model, row.task)]
     if primary:
         return [_cell_finding(evidence, primary[0], sign, points, label, digits, unit, primary=True)]
     cells = [row for row in rows.itertuples() if informative(row)]
     if len(cells) < 2:  # one informative cell: its own test; none: every cell, each not informative
         return [_cell_finding(evidence, row, sign, points, label, digits, unit)
                 for row in cells or list(rows.itertuples())]
-    scales = {task: (get_task(task).percent_scale if points else 1.0) for task in set(rows["task"])}
-    pooled = pooled_gains(rows, scales)
+    pooled = pooled_gains(rows)
     overall = pooled[pooled["scope"] == "all"].iloc[0]
     name = "Hartung–Knapp–Sidik–Jonkman" if overall["interval"] == "HKSJ" else "DerSimonian–Laird"
     numbers = (f"{label} {overall['mean']:+.{digits}f}{unit} [{overall['ci_low']:+.{digits}f}, "
@@ -236,7 +233,7 @@ def _trend(evidence: Evidence) -> list[Finding]:
                         f"{lam.slope:+.3f} points per unit [{lam.ci_low:+.3f}, {lam.ci_high:+.3f}] ({lam.level:.0%})"
                         + _at_verdict_level(lam.slope, lam.se, math.inf, lam.mde_alpha, 3)
                         + f", Holm {_p(lam.p_holm)}; " + _split_slope(sweep, task))
-        primary = evidence.is_primary("lambda_sweep", model, task)
+        primary = evidence.tests.is_primary("lambda_sweep", model, task)
         zetas = "/".join(f"{z:g}" for z in sorted(set(sweep["zeta"].dropna().astype(float)))) or "–"
         scope = f"{evidence.scope(model, task)}, the λ sweep at ζ = {zetas}" + (PRIMARY if primary else "")
         verdict = _verdict(iso.slope, iso.p_holm, iso.mde / 10, -1, " points per +0.1 IsoScore*", 2)
@@ -323,7 +320,7 @@ def _cosreg_not_isotropic(evidence: Evidence) -> list[Finding]:
             kept = change.verdict
         findings.append(replace(change, scope=f"isotropy unchanged: {change.scope}", verdict=kept))
     runs = evidence.runs
-    level = 1 - verdict_levels(evidence.plan.gates, evidence.tests.family_size)[1]  # a secondary's, at worst
+    level = 1 - verdict_levels(evidence.tests.plan.gates, evidence.tests.family_size)[1]  # a secondary's, at worst
     for (model, task), own in runs[(runs["study"] == "final") & (runs["method"] == COSREG)].dropna(
             subset=[LAST_LAYER]).groupby(["model", "task"], sort=False):
         mean, _, low, high = paired_interval(own[LAST_LAYER].to_numpy(dtype=float), level)
@@ -390,13 +387,13 @@ def claims_table(runs: pd.DataFrame, selection: pd.DataFrame | None = None,
     judged = [(claim, claim.judge(evidence) or [Finding("–", claim.untested, NOT_TESTED)]) for claim in CLAIMS]
     judged.sort(key=lambda pair: not any(finding.scope.endswith(PRIMARY) for finding in pair[1]))  # it opens the table
     rows = [(claim.statement, finding) for claim, findings in judged for finding in findings]
-    primary = evidence.primary
+    tests = evidence.tests
+    primary, plan, m = tests.primary, tests.plan, tests.family_size
     declared = (f"The declared primary endpoint (inference.primary): {primary['contrast']} on {primary['model']} "
                 f"{get_task(primary['task']).display}; a claim about it is judged on that cell alone."
                 if primary else "No primary endpoint declared (inference.primary): claims across cells are judged "
                                 "on the pooled estimate.")
-    m = evidence.tests.family_size
-    primary_level, secondary_level = verdict_levels(evidence.plan.gates, m)
+    primary_level, secondary_level = verdict_levels(plan.gates, m)
     return Table(
         name="claims",
         caption="The paper's claims and what this study's numbers say about each, at its power.",
@@ -405,7 +402,7 @@ def claims_table(runs: pd.DataFrame, selection: pd.DataFrame | None = None,
         columns=["Cells", "Numbers", "Verdict"],
         cells=[[finding.scope, finding.numbers, finding.verdict] for _, finding in rows],
         footnotes=[
-            f"Multiplicity (inference.multiplicity): {evidence.plan.key}, {evidence.plan.wording}; the primary "
+            f"Multiplicity (inference.multiplicity): {plan.key}, {plan.wording}; the primary "
             f"tested at {primary_level:.4f}, each secondary at {secondary_level:.4f} at worst, over the study's "
             f"{m} confirmatory tests (paired.csv, trend.csv; each row's p_holm and level, the same values as in the "
             f"tables). Tests at α = {ALPHA:g}, two-sided, paired by seed; every interval at 95 % and, where the "

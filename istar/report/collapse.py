@@ -64,11 +64,9 @@ def apply_collapse_rule(runs: pd.DataFrame, rule: str) -> tuple[pd.DataFrame, pd
     """
     declared = get_collapse_rule(rule)
     flags = collapsed_flags(runs)
-    if declared.excludes:
-        failed = runs.loc[flags, [*CELL, "seed"]].drop_duplicates()
-        hit = runs[[*CELL, "seed"]].merge(failed, how="left", indicator=True)["_merge"].eq("both").to_numpy()
-    else:
-        hit = pd.Series(False, index=runs.index).to_numpy()
+    # the seeds the rule removes, per cell: none under a rule that keeps collapsed runs
+    failed = runs.loc[flags & declared.excludes, [*CELL, "seed"]].drop_duplicates()
+    hit = runs[[*CELL, "seed"]].merge(failed, how="left", indicator=True)["_merge"].eq("both").to_numpy()
     checked = runs["collapsed"].notna() if "collapsed" in runs.columns else pd.Series(False, index=runs.index)
     arms = runs[[*CELL, "method"]].assign(runs=1, checked=checked.astype(int).to_numpy(),
                                           collapsed=flags.astype(int).to_numpy(), excluded=hit.astype(int))

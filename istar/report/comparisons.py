@@ -22,7 +22,7 @@ and the others Holm-adjusted among themselves at α / (m − 1), passing only wh
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
@@ -30,7 +30,7 @@ import pandas as pd
 from istar.core.tokens import TOKEN_SELECTIONS
 from istar.registry.methods import BASELINE_METHOD, METHODS
 from istar.registry.tasks import get_task
-from istar.report.family import FAMILY_MEASURES, MULTIPLICITY_PLANS, TREND_COVARIATES, TREND_STUDY
+from istar.report.family import FAMILY_MEASURES, MULTIPLICITY_PLANS, TREND_COVARIATES, TREND_STUDY, MultiplicityPlan
 from istar.report.inference import POWER, adjusted_p_values, random_intercept_slope
 from istar.report.paired import LEVEL, PAIRED_COLUMNS, adjust_family, informative, paired_differences
 from istar.report.paper import Estimate, difference, paper_gain, paper_model
@@ -62,10 +62,18 @@ def variant_label(method: str, tokens: str) -> str:
 @dataclass(frozen=True)
 class StudyTests:
     """The study's family of tests: ``paired`` (:data:`istar.report.paired.PAIRED_COLUMNS`) and
-    ``trends`` (:data:`TREND_COLUMNS`), adjusted together."""
+    ``trends`` (:data:`TREND_COLUMNS`), adjusted together under ``plan`` (``inference.multiplicity``)
+    with ``primary`` (``inference.primary``, None where none is declared) opening its gate."""
 
     paired: pd.DataFrame
     trends: pd.DataFrame
+    plan: MultiplicityPlan
+    primary: dict | None
+
+    def is_primary(self, contrast: str, model: str, task: str) -> bool:
+        """Whether ``contrast`` (a method, or the λ sweep's trend) on ``model`` × ``task`` is the declared primary."""
+        primary = self.primary
+        return primary is not None and (primary["contrast"], primary["model"], primary["task"]) == (contrast, model, task)
 
     def rows(self, study: str, measure: str = "score") -> pd.DataFrame:
         """The paired comparisons of one study and measure."""
@@ -115,8 +123,7 @@ def trend_tests(runs: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
             fit = random_intercept_slope(points.to_numpy(), x[usable].to_numpy(), cell.loc[usable, "seed"].to_numpy(),
                                          alpha=1 - level)
             out.append({"study": TREND_STUDY, "model": model, "task": task, "covariate": covariate, "slope": fit.estimate,
-                        **{key: getattr(fit, key) for key in ("n", "groups", "se", "ci_low", "ci_high", "p_value",
-                                                               "group_variance", "residual_variance")},
+                        **{key: value for key, value in asdict(fit).items() if key in TREND_COLUMNS},
                         "level": level, "lambdas": " ".join(f"{v:g}" for v in sorted(set(lam[usable])))})
     return pd.DataFrame(out, columns=list(TREND_COLUMNS))
 
@@ -146,22 +153,21 @@ def study_tests(runs: pd.DataFrame, inference: dict | None = None, level: float 
     paired = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(PAIRED_COLUMNS))
     trends = trend_tests(runs, level)
     extra = trends["p_value"].to_numpy(dtype=float)
-    gate = None
-    if MULTIPLICITY_PLANS[declared["multiplicity"]].gates:
+    plan, gate = MULTIPLICITY_PLANS[declared["multiplicity"]], None
+    if plan.gates:
         gate = _primary_position(paired, trends, declared["primary"])
         if gate is None:  # the primary has no test here: it stays in the family, untested, and the gate shut
             gate, extra = len(paired) + len(trends), np.append(extra, np.nan)
     paired = adjust_family(paired, level, extra_p_values=extra, gate=gate)
-    if len(trends):
-        p_values = np.concatenate([paired["p_value"].to_numpy(dtype=float), extra])
-        adjusted, levels = adjusted_p_values(p_values, gate, 1 - level)
-        trends["p_holm"], trends["mde_alpha"] = adjusted[len(paired):][:len(trends)], levels[len(paired):][:len(trends)]
-        trends["significant"] = trends["p_holm"] < 1 - level
-        trends["family_size"] = int(np.count_nonzero(~np.isnan(p_values)))
-        trends["mde"] = (stats.norm.isf(trends["mde_alpha"] / 2) + float(stats.norm.ppf(POWER))) * trends["se"]
+    p_values = np.concatenate([paired["p_value"].to_numpy(dtype=float), extra])
+    adjusted, levels = adjusted_p_values(p_values, gate, 1 - level)
+    trends["p_holm"], trends["mde_alpha"] = adjusted[len(paired):][:len(trends)], levels[len(paired):][:len(trends)]
+    trends["significant"] = trends["p_holm"] < 1 - level
+    trends["family_size"] = int(np.count_nonzero(~np.isnan(p_values)))
+    trends["mde"] = (stats.norm.isf(trends["mde_alpha"] / 2) + float(stats.norm.ppf(POWER))) * trends["se"]
     paper = paper_comparisons(paired, declared["paper_models"], level)
-    paired = paired.join(paper) if len(paired) else paired.reindex(columns=list(STUDY_PAIRED_COLUMNS))
-    return StudyTests(paired=paired.reindex(columns=list(STUDY_PAIRED_COLUMNS)), trends=trends)
+    return StudyTests(paired=paired.join(paper).reindex(columns=list(STUDY_PAIRED_COLUMNS)), trends=trends, plan=plan,
+                      primary=declared["primary"])
 
 
 def _primary_position(paired: pd.DataFrame, trends: pd.DataFrame, primary: dict) -> int | None:

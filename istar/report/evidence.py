@@ -11,11 +11,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from istar.config.schema import default_of
 from istar.registry.methods import SEARCHED_METHOD
 from istar.registry.tasks import get_task
 from istar.report.comparisons import StudyTests, study_tests
-from istar.report.family import MULTIPLICITY_PLANS, MultiplicityPlan
 
 __all__ = ["Evidence", "Finding"]
 
@@ -33,25 +31,7 @@ class Evidence:
     tests: StudyTests = field(init=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "tests", study_tests(self.runs, self.inference))
-
-    @property
-    def inference(self) -> dict:
-        """The config's ``inference`` section (empty without a config: the schema's defaults)."""
-        return (self.config or {}).get("inference") or {}
-
-    @property
-    def primary(self) -> dict | None:
-        return self.inference.get("primary")
-
-    @property
-    def plan(self) -> MultiplicityPlan:
-        """``inference.multiplicity``, the schema's default where the config has none."""
-        return MULTIPLICITY_PLANS[self.inference.get("multiplicity") or default_of("inference.multiplicity")]
-
-    def is_primary(self, contrast: str, model: str, task: str) -> bool:
-        primary = self.primary
-        return primary is not None and (primary["contrast"], primary["model"], primary["task"]) == (contrast, model, task)
+        object.__setattr__(self, "tests", study_tests(self.runs, (self.config or {}).get("inference")))
 
     def scope(self, model: str, task: str, method: str | None = None) -> str:
         """``minilm SST-2, 3,000 training rows, 1 epoch, λ | ζ fixed in advance``: what a verdict holds for."""

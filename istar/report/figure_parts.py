@@ -102,10 +102,6 @@ def yerr(std: pd.Series):
     return None if std.isna().all() else std.fillna(0.0).to_numpy()
 
 
-def _format_lambda(lam: float) -> str:
-    return f"{lam:+g}".replace("-", "−")
-
-
 def sequence_colours(keys) -> dict:
     """Key → colour along viridis (dark to light, its brightest 15 % left out), in the order given: a series per
     ζ of Fig. 2, a line per model of the profiles."""
@@ -123,7 +119,7 @@ def series_styles(keys) -> dict[tuple[str, float], tuple[str, str]]:
         entry = METHODS[method]
         if not entry.takes("lam"):
             return entry.label, entry.colour
-        label = f"{entry.label} λ = {_format_lambda(lam)}"
+        label = f"{entry.label} λ = " + f"{lam:+g}".replace("-", "−")  # a typographic minus
         if len(lams_per_method[method]) == 1 or lam == 0:
             return label, entry.colour
         shade = 0.3 * (1.0 - abs(lam) / max_abs)

@@ -157,9 +157,7 @@ def holm(p_values) -> np.ndarray:
     if p.ndim != 1:
         raise ValueError(f"holm needs a 1-d sequence of p-values, got shape {p.shape}")
     adjusted = np.full_like(p, np.nan)
-    tested = np.flatnonzero(~np.isnan(p))
-    if len(tested) == 0:
-        return adjusted
+    tested = np.flatnonzero(~np.isnan(p))  # none: every value stays NaN
     if ((p[tested] < 0) | (p[tested] > 1)).any():
         raise ValueError("holm got p-values outside [0, 1]")
     order = tested[np.argsort(p[tested], kind="stable")]

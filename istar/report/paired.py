@@ -38,6 +38,7 @@ import pandas as pd
 from scipy import stats
 
 from istar.registry.methods import BASELINE_METHOD
+from istar.registry.tasks import get_task
 from istar.report.aggregate_csv import require_columns
 from istar.report.inference import (
     adjusted_p_values,
@@ -213,15 +214,14 @@ def informative(row) -> bool:
     return row.n is not pd.NA and int(row.n) >= 2 and float(row.sd_difference) > 0
 
 
-def pooled_gains(paired: pd.DataFrame, scales: dict[str, float], level: float = LEVEL) -> pd.DataFrame:
+def pooled_gains(paired: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
     """Each method's mean paired gain over the cells of a study, pooled by a random-effects meta-analysis.
 
     Parameters
     ----------
     paired : rows of :func:`paired_differences` (any measures; each measure is pooled apart).
-    scales : task → the factor that puts its score in points (``Task.percent_scale``): cells of
-        different metrics are pooled in the tables' units, as the paper averages its Table 1.
-        Measures other than ``score`` are pooled in their own units.
+        Scores are pooled in points (each task's ``Task.percent_scale``): cells of different metrics
+        in the tables' units, as the paper averages its Table 1; other measures in their own units.
     level : coverage of the pooled interval (its test's α is 1 − level).
 
     Returns
@@ -253,8 +253,8 @@ def pooled_gains(paired: pd.DataFrame, scales: dict[str, float], level: float = 
                    "significant_losses": int((significant & (usable["mean_difference"] < 0)).sum()),
                    "cells_left_out": " ".join(f"{m}/{t}" for m, t in zip(left_out["model"], left_out["task"]))}
             if len(usable) >= 2:
-                factor = (usable["task"].map(scales).to_numpy(dtype=float) if measure == "score"
-                          else np.ones(len(usable)))
+                factor = (usable["task"].map(lambda task: get_task(task).percent_scale).to_numpy(dtype=float)
+                          if measure == "score" else np.ones(len(usable)))
                 estimates = usable["mean_difference"].to_numpy(dtype=float) * factor
                 spread = usable["sd_difference"].to_numpy(dtype=float) * factor
                 pooled = random_effects(estimates, spread ** 2 / usable["n"].to_numpy(dtype=float), alpha=1 - level)

@@ -73,9 +73,7 @@ def paper_table1():
 def paper_model(model: str, mapping: dict[str, str]) -> str | None:
     """The paper's model set beside ``model``: its entry in ``mapping`` (``inference.paper_models``),
     itself when it is one of the paper's models, else None (not compared)."""
-    if model in mapping:
-        return mapping[model]
-    return model if model in PAPER_MODELS else None
+    return mapping.get(model, model if model in PAPER_MODELS else None)
 
 
 def paper_gain(model: str, task: str, method: str, alpha: float = 0.05) -> Estimate | None:

@@ -350,8 +350,7 @@ def forest(paired: pd.DataFrame, trends: pd.DataFrame | None = None) -> Figure:
                             "comparison;\nthe rule for collapsed runs, inference.collapsed_runs, can exclude every seed)")
     usable = rows[[informative(row) for row in rows.itertuples()]]
     left_out = rows.drop(usable.index)
-    scales = {task: get_task(task).percent_scale for task in set(rows["task"])}
-    pooled = pooled_gains(usable, scales).query("scope == 'all' and interval != 'not pooled'") if len(usable) else None
+    pooled = pooled_gains(rows).query("scope == 'all' and interval != 'not pooled'")  # over the informative cells
     contrasts = final[final["measure"].isin(list(CONTRAST_LABELS))]
     per = {"lam": (1.0, "on λ (points per unit)"), "isoscore_star": (10.0, "on IsoScore* (points per +0.1)")}
     below = [(entries, xlabel) for entries, xlabel in (
@@ -361,12 +360,12 @@ def forest(paired: pd.DataFrame, trends: pd.DataFrame | None = None) -> Figure:
         ([(f"{row.model} {get_task(row.task).display}: slope {per[row.covariate][1]}",
            *(value / per[row.covariate][0] for value in (row.slope, row.ci_low, row.ci_high)), parts.HIGHLIGHT)
           for row in ([] if trends is None else trends.itertuples())], "The λ sweep's trend (95% Wald CI)")) if entries]
-    sizes = [max(len(usable) + (0 if pooled is None else len(pooled)), 1), *(len(entries) for entries, _ in below)]
+    sizes = [max(len(usable) + len(pooled), 1), *(len(entries) for entries, _ in below)]
     fig = Figure(figsize=(7.2, 1.0 + 0.42 * sum(sizes) + 0.5 * len(sizes)), layout="constrained")
     ax, *axes = fig.subplots(len(sizes), 1, gridspec_kw={"height_ratios": sizes}, squeeze=False)[:, 0]
     labels, y = [], 0.0
     for row in usable.itertuples():
-        scale = scales[row.task]
+        scale = get_task(row.task).percent_scale
         ax.plot([-row.mde * scale, row.mde * scale], [y, y], color="#bbbbbb", linewidth=6, solid_capstyle="butt",
                 label="± minimum detectable effect (80% power, at its test's level)", zorder=1)
         _interval_row(ax, y, row.mean_difference * scale, row.ci_low * scale, row.ci_high * scale,
@@ -378,7 +377,7 @@ def forest(paired: pd.DataFrame, trends: pd.DataFrame | None = None) -> Figure:
         labels.append((y, f"{row.model} {get_task(row.task).display}, {METHODS[row.method].label}"
                           + (f"\nvs the paper's {row.paper_model}" if isinstance(row.paper_model, str) else "")))
         y -= 1.0
-    for entry in ([] if pooled is None else pooled.itertuples()):
+    for entry in pooled.itertuples():
         mean, low, high = entry.mean, entry.ci_low, entry.ci_high
         ax.fill([low, mean, high, mean], [y, y + 0.25, y, y - 0.25], color=METHODS[entry.method].colour, alpha=0.8,
                 label="pooled (random effects)")

@@ -88,15 +88,13 @@ def _frame(paths, rows_of, columns, order):
     for path in map(Path, paths):
         rows += rows_of(artifacts.read_json(path), model=path.parent.name, revision=path.stem)
     frame = pd.DataFrame(rows, columns=list(columns))
-    frame["step"] = frame["step"].astype("Int64")
+    frame = frame.astype({column: "Int64" for column in ("step", "layer") if column in columns})
     return frame.sort_values(order, kind="stable", na_position="last")
 
 
 def aggregate_profiles(paths):
     """A DataFrame of every profile JSON in ``paths`` (``…/{model}/{revision}.json``), sorted."""
-    frame = _frame(paths, profile_rows, PROFILE_COLUMNS, ["model", "step", "revision", "kind", "layer"])
-    frame["layer"] = frame["layer"].astype("Int64")
-    return frame
+    return _frame(paths, profile_rows, PROFILE_COLUMNS, ["model", "step", "revision", "kind", "layer"])
 
 
 def aggregate_projections(paths):

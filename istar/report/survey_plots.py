@@ -62,9 +62,8 @@ def _checked(df: pd.DataFrame, columns=PROFILE_COLUMNS, source=SOURCE) -> pd.Dat
 
 def _latest(df: pd.DataFrame) -> pd.DataFrame:
     """Each model's rows at its latest revision (highest step; else the last revision listed)."""
-    order = df.drop_duplicates(["model", "revision"])[["model", "revision", "step"]].reset_index(drop=True)
-    order["position"] = order.index
-    order = order.sort_values(["model", "step", "position"], na_position="first")
+    # a sort on several columns is stable in pandas: revisions with the same step keep their listed order
+    order = df.drop_duplicates(["model", "revision"]).sort_values(["model", "step"], na_position="first")
     latest = order.groupby("model", sort=False).tail(1)
     return df.merge(latest[["model", "revision"]], on=["model", "revision"])
 

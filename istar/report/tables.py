@@ -247,9 +247,9 @@ def table2(selection: pd.DataFrame) -> Table:
         chosen = selection[selection["model"] == model].set_index("task")
         lams = chosen["lam"].astype(float)
         zetas = chosen["zeta"].astype(float)[lams != 0]  # where the search chose Base (λ = 0 in its grid): no ζ
-        cells.append([("0 | – (Base)" if lams[task] == 0 else f"{_g(lams[task])} | {_g(zetas[task])}")
+        cells.append([("0 | – (Base)" if lams[task] == 0 else f"{_shown(lams[task], 'g')} | {_shown(zetas[task], 'g')}")
                       if task in lams.index else "–" for task in tasks]
-                     + [f"{_fixed(lams.mean())} | {_fixed(zetas.mean())}"])
+                     + [f"{_shown(lams.mean(), '.2f')} | {_shown(zetas.mean(), '.2f')}"])
 
     columns = [get_task(t).display for t in tasks]
     standin = standin_columns(selection, tasks)
@@ -324,9 +324,6 @@ def listing(names: list[str]) -> str:
     return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]])) if names else "none"
 
 
-def _g(value: float) -> str:
-    return "–" if math.isnan(value) else f"{value:g}"
-
-
-def _fixed(value: float) -> str:
-    return "–" if math.isnan(value) else f"{value:.2f}"
+def _shown(value: float, spec: str) -> str:
+    """``value`` in the format ``spec`` (``g``, ``.2f``), "–" where it is missing (NaN)."""
+    return "–" if math.isnan(value) else format(value, spec)

@@ -293,14 +293,13 @@ def _study_records(records, prefix: str = ""):
     which must be what that code makes of the runs (the records are derived from runs.csv, not typed)."""
     import pandas as pd
 
-    from istar.registry.tasks import get_task
     from istar.report.comparisons import study_tests
     from istar.report.paired import pooled_gains
 
     runs = pd.read_csv(records / f"{prefix}runs.csv")
     tests = study_tests(runs)
     final = tests.paired[tests.paired["study"] == "final"]
-    pooled = pooled_gains(final, {task: get_task(task).percent_scale for task in set(final["task"])})
+    pooled = pooled_gains(final)
     committed = pd.read_csv(records / f"{prefix}paired.csv")
     pd.testing.assert_frame_equal(committed, pd.read_csv(io.StringIO(tests.paired.to_csv(index=False))))
     pd.testing.assert_frame_equal(pd.read_csv(records / f"{prefix}pooled.csv"),

@@ -131,7 +131,7 @@ def test_paired_rows_carry_p_holm_and_mde_and_pool_in_points():
         assert row.mde == pytest.approx(TTestPower().solve_power(None, nobs=4, alpha=0.025, power=0.8) * row.sd_difference,
                                         rel=1e-6)
         assert row.significant == (row.p_holm < 0.05)
-    pooled = pooled_gains(paired, {"sst2": 100.0, "mrpc": 100.0}).set_index("scope").loc["all"]
+    pooled = pooled_gains(paired).set_index("scope").loc["all"]
     assert pooled["interval"] == "HKSJ"  # two cells: τ² is barely estimated
     variances = ((paired["sd_difference"] * 100) ** 2 / paired["n"].astype(float)).to_numpy(dtype=float)
     assert pooled["mean"] == pytest.approx(random_effects(paired["mean_difference"].to_numpy(dtype=float) * 100,
@@ -202,7 +202,7 @@ def test_paired_rows_report_the_rank_test_and_no_test_without_variation():
     # every run of both arms identical (e.g. all collapsed to one class): no p, no power, out of the family
     assert math.isnan(mrpc["p_value"]) and math.isnan(mrpc["mde"]) and math.isnan(mrpc["p_holm"])
     assert sst2["family_size"] == 1 and sst2["p_holm"] == pytest.approx(sst2["p_value"])
-    pooled = pooled_gains(paired.reset_index(), {"sst2": 100.0, "mrpc": 100.0}).iloc[0]
+    pooled = pooled_gains(paired.reset_index()).iloc[0]
     assert pooled["k"] == 1 and pooled["interval"] == "not pooled" and math.isnan(pooled["mean"])
 
 
