@@ -60,8 +60,7 @@ class Progress:
         return dataclasses.asdict(self)
 
     def load_state_dict(self, state: dict) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
+        vars(self).update(state)
 
 # Settings that change neither the arithmetic nor the data order of a run: a state saved under
 # other values of these is still the same run.
@@ -292,7 +291,6 @@ class StopRequest:
     def __exit__(self, *exc_info):
         for number, handler in self._previous.items():
             signal.signal(number, handler)
-        return False
 
     def _handle(self, signum, frame) -> None:
         # os.write, not print: a handler may run in the middle of another write to stderr.
