@@ -59,9 +59,9 @@ from istar.steps.gpu_memory import claim_gpu_share
 from istar.steps.common import ModelContext
 from istar.steps.resume import (
     Interrupted,
-    check_free_space,
     Progress,
     StopRequest,
+    check_free_space,
     latest_state,
     load_state,
     matching_state,
