@@ -4,7 +4,7 @@
     loss = task loss + λ·(1/M²)·Σ_{i≠j} x̂_iᵀx̂_j           method "cosreg" (docs/method.md §4)
     loss = task loss + λ·(1 − IsoScore*(X̃, ζ, Σ_S))        method "istar"  (docs/method.md §3)
 
-The module reads top to bottom: :func:`prepare` builds a :class:`TrainingRun` (model, optimizer,
+The module reads top to bottom: :func:`prepare` builds a :class:`istar.steps.run_state.TrainingRun` (model, optimizer,
 scheduler, loaders, progress, Σ_S tracking), :func:`train_epochs` trains it, and
 :func:`istar.steps.train_outputs.finish_run` writes the outputs, atomically, ``metrics.json`` last
 as the run's completion mark. With ``global_penalty`` the IsoScore* of the *global* batch is
@@ -39,9 +39,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
@@ -67,22 +65,16 @@ from istar.steps.resume import (
     matching_state,
     restore_log,
     run_fingerprint,
-    save_state,
     saved_tracking,
 )
 from istar.steps.run_folder import clear_earlier_outputs
+from istar.steps.run_state import TrainingRun
 from istar.steps.sigma_tracking import SigmaTracker, check_given_sigma, read_given_sigma
 from istar.steps.tracking import Tracking
 from istar.steps.train_outputs import add_to_sums, finish_run, log_step
 from istar.steps.train_step import build_optimizer, optimization_step, step_forward
 
-if TYPE_CHECKING:
-    from accelerate import Accelerator
-    from torch.utils.data import DataLoader
-
-    from istar.data.encoding import Features
-
-__all__ = ["TrainSpec", "TrainingRun", "train", "prepare", "train_epochs", "deterministic_algorithms"]
+__all__ = ["TrainSpec", "train", "prepare", "train_epochs", "deterministic_algorithms"]
 
 
 # cuBLAS's deterministic mode needs a fixed workspace (PyTorch's reproducibility notes); it is read when the
@@ -111,46 +103,6 @@ def deterministic_algorithms(enabled: bool):
 
 
 # ------------------------------------------------------------------------------------- the run's state
-
-
-@dataclass
-class TrainingRun:
-    """Everything one run holds while it trains, built once by :func:`istar.steps.train.prepare` (its
-    settings are in ``spec``): the model context, the model, optimizer, scheduler and loaders prepared by
-    accelerate, the progress saved with every state and the run's Σ_S."""
-
-    spec: TrainSpec
-    context: ModelContext  # accelerator, task, tokenizer, data meta, model source
-    out: Path
-    resume_dir: Path
-    tracking: Tracking
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    train_loader: DataLoader
-    eval_loader: DataLoader
-    train_features: Features
-    eval_features: Features
-    eval_columns: dict[str, list]
-    progress: Progress
-    fingerprint: dict
-    total_steps: int
-    forward: Callable  # the step's forward and losses, compiled as training.compile asks (istar.steps.train_step)
-    sigma: SigmaTracker
-
-    @property
-    def accelerator(self) -> Accelerator:
-        return self.context.accelerator
-
-    @property
-    def log_path(self) -> Path:
-        return self.resume_dir / "train_log.csv"
-
-    def save_state(self) -> None:
-        """A resumable state at the current optimizer step; the trackers hold every point up to it first."""
-        self.tracking.commit()
-        save_state(self.accelerator, self.resume_dir, self.progress.step, self.log_path, self.fingerprint,
-                   self.tracking.state())
 
 
 def train(spec: TrainSpec, restart: bool = False) -> dict:

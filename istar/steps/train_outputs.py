@@ -37,7 +37,7 @@ from istar.steps.resume import fingerprint_hash, latest_state
 from istar.io.results import model_sha256
 
 if TYPE_CHECKING:
-    from istar.steps.train import TrainingRun
+    from istar.steps.run_state import TrainingRun
 
 __all__ = ["LOG_COLUMNS", "add_to_sums", "log_step", "finish_run"]
 
