@@ -18,7 +18,7 @@ import torch
 from istar.config.schema import default_of
 from istar.core.fig2 import STABILITY_COLUMNS, fig2_variances
 from istar.core.isotropy import isoscore_star_from_covariance
-from istar.io.artifacts import atomic_path
+from istar.io.artifacts import write_text
 
 __all__ = ["FIG2_BATCH_SIZES", "FIG2_ZETAS", "fig2_data",
            "write_stability"]
@@ -105,10 +105,8 @@ def fig2_data(batch_sizes=FIG2_BATCH_SIZES, zetas=FIG2_ZETAS, n_shrinkage: int =
 
 def write_stability(frame: pd.DataFrame, path) -> Path:
     """Write :func:`fig2_data`'s frame to ``path`` as CSV, atomically; returns the path."""
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        frame.to_csv(tmp, index=False)
-    return path
+    write_text(path, frame.to_csv(index=False))
+    return Path(path)
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:

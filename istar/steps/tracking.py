@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["TRACKERS", "TRACKER_NAMES", "Tracking", "TrackerUnavailableError", "tracking_dir"]
+__all__ = ["TRACKERS", "Tracking", "TrackerUnavailableError", "tracking_dir"]
 
 
 class TrackerUnavailableError(ConnectionError):
@@ -169,7 +169,6 @@ TRACKERS: dict[str, TrackerKind] = {kind.key: kind for kind in (
                 check=_mlflow_check, logged_steps=_mlflow_logged_steps,
                 run_id=lambda tracker: {"run_id": tracker.active_run.info.run_id}),
 )}
-TRACKER_NAMES = tuple(TRACKERS)
 
 
 def _parameter(value):

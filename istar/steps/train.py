@@ -26,7 +26,7 @@ same command resumes from the newest one when the run's fingerprint
 (:func:`istar.steps.resume.run_fingerprint`) is unchanged. One process writes a run folder at a
 time (:mod:`istar.io.runlock`); its writability is checked before the model and data are loaded,
 the given Σ_S (finite, of this task, of this model's shape) before any forward pass, and the free
-space the run needs (:mod:`istar.steps.disk_space`) before the first step.
+space the run needs (:func:`istar.steps.resume.check_free_space`) before the first step.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ from istar.io import artifacts
 from istar.io.runlock import writer_lock
 from istar.registry.compile_modes import BUCKET_MULTIPLE, get_compile_mode
 from istar.registry.precisions import PRECISIONS
-from istar.steps.disk_space import check_free_space
 from istar.steps.evaluate import evaluate_model, print_evaluation
 from istar.steps.gpu_memory import claim_gpu_share
 from istar.steps.common import ModelContext
@@ -60,6 +59,7 @@ from istar.steps.resume import (
     Interrupted,
     Progress,
     StopRequest,
+    check_free_space,
     latest_state,
     load_state,
     matching_state,

@@ -16,7 +16,7 @@ from istar.core.regularizers import Penalty
 from istar.registry.compile_modes import get_compile_mode
 from istar.registry.methods import get_method
 
-__all__ = ["compute_penalty", "build_optimizer", "forward_and_loss", "compile_problem", "step_forward",
+__all__ = ["compute_penalty", "build_optimizer", "forward_and_loss", "step_forward",
            "optimization_step", "warn_on_recompiles", "RECOMPILE_WARN_LIMIT"]
 
 # Graphs a compiled step may compile after its first batch before it warns: a few batch lengths
@@ -55,36 +55,25 @@ def forward_and_loss(model, batch: dict, spec: TrainSpec, sigma_s, distributed: 
     return outputs.loss + penalty.term, outputs, penalty
 
 
-def compile_problem(mode: str, device_type: str) -> str | None:
-    """Why ``training.compile = mode`` cannot run on this device (a one-line message naming the fix), or None."""
-    compile_mode = get_compile_mode(mode)
-    if not compile_mode.compiles:
-        return None
-    if compile_mode.captures_graphs and device_type != "cuda":
-        return (f"training.compile = {mode} captures the step as CUDA graphs, which need a CUDA device; "
-                f"this run is on {device_type}: set training.compile to default (compiled, no graphs) or none")
-    # inductor builds CPU kernels with a C++ compiler; on a GPU, Triton builds its kernel launchers with a C compiler
-    language, names = (("C++", ("CXX", "g++", "c++", "clang++")) if device_type == "cpu"
-                       else ("C", ("CC", "cc", "gcc", "clang")))
-    if not any(shutil.which(name) for name in (os.environ.get(names[0]), *names[1:]) if name):
-        return (f"training.compile = {mode} needs a {language} compiler to build the step's kernels (torch.compile's "
-                f"inductor on {device_type}) and none was found ({', '.join(names[1:])} or ${names[0]}): install one "
-                "or set training.compile: none")
-    return None
-
-
 def step_forward(mode: str, device: torch.device):
     """:func:`forward_and_loss` as ``training.compile`` asks: itself (none), ``torch.compile``d (default), or
     compiled and replayed as CUDA graphs (reduce-overhead, each call a new graph step). Raises ValueError
-    naming the setting where the mode cannot run on ``device`` (:func:`compile_problem`). A compiled step
-    warns once when it has compiled more than :data:`RECOMPILE_WARN_LIMIT` graphs after its first call
-    (:func:`warn_on_recompiles`)."""
+    naming the setting and the fix where the mode cannot run on ``device`` (CUDA graphs off CUDA; no C/C++
+    compiler for inductor's kernels). A compiled step warns once when it has compiled more than
+    :data:`RECOMPILE_WARN_LIMIT` graphs after its first call (:func:`warn_on_recompiles`)."""
     compile_mode = get_compile_mode(mode)
     if not compile_mode.compiles:
         return forward_and_loss
-    problem = compile_problem(mode, device.type)
-    if problem is not None:
-        raise ValueError(problem)
+    if compile_mode.captures_graphs and device.type != "cuda":
+        raise ValueError(f"training.compile = {mode} captures the step as CUDA graphs, which need a CUDA device; "
+                         f"this run is on {device.type}: set training.compile to default (compiled, no graphs) or none")
+    # inductor builds CPU kernels with a C++ compiler; on a GPU, Triton builds its kernel launchers with a C compiler
+    language, names = (("C++", ("CXX", "g++", "c++", "clang++")) if device.type == "cpu"
+                       else ("C", ("CC", "cc", "gcc", "clang")))
+    if not any(shutil.which(name) for name in (os.environ.get(names[0]), *names[1:]) if name):
+        raise ValueError(f"training.compile = {mode} needs a {language} compiler to build the step's kernels "
+                         f"(torch.compile's inductor on {device.type}) and none was found ({', '.join(names[1:])} or "
+                         f"${names[0]}): install one or set training.compile: none")
     compiled = torch.compile(forward_and_loss, mode=compile_mode.torch_mode)
 
     def step(*args, **kwargs):

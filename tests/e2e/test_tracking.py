@@ -232,10 +232,10 @@ def test_a_server_that_goes_away_mid_run_costs_a_warning_not_the_run(tiny_model_
 
 def test_the_schema_lists_exactly_the_tracker_registry():
     from istar.config.schema import load_schema
-    from istar.steps.tracking import TRACKER_NAMES
+    from istar.steps.tracking import TRACKERS
 
     schema = load_schema()["properties"]["tracking"]["properties"]["trackers"]
-    assert schema["items"]["enum"] == list(TRACKER_NAMES) and schema["default"] == []
+    assert schema["items"]["enum"] == list(TRACKERS) and schema["default"] == []
 
 
 def test_trackers_and_provenance_stay_out_of_the_fingerprint(tiny_model_dir, prepared):

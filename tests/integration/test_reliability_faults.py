@@ -278,7 +278,7 @@ def test_the_space_estimate_covers_a_saved_state_and_the_model(tiny_model_dir, d
     from transformers import AutoModelForSequenceClassification
 
     from istar.config.specs import TrainSpec
-    from istar.steps.disk_space import space_needed
+    from istar.steps.resume import space_needed
 
     out = tmp_path / "run"
     command, state = stopped_run(tiny_model_dir, data, out)
