@@ -116,8 +116,7 @@ def test_aggregate_cli_names_an_edited_metrics_file(finished_run, tmp_path):
 def test_measure_refuses_a_run_folder_holding_two_runs(finished_run, tiny_model_dir, prepared, tmp_path):
     run = copied_run(finished_run, tmp_path)
     out = tmp_path / "measures.json"
-    command = ("measure", "--runs", run, "--data", prepared("rte"), "--sigma-s", finished_run["sigma"], "--out", out,
-               "--token-sample", 64)
+    command = ("measure", "--runs", run, "--data", prepared("rte"), "--sigma-s", finished_run["sigma"], "--out", out)
     # the saved state of another setting's training beside the finished outputs
     state = run / "resume" / "state-00000003"
     state.mkdir(parents=True)
