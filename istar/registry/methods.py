@@ -22,7 +22,6 @@ the authors' code does; docs/method.md §7).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from istar.registry import lookup
@@ -46,9 +45,12 @@ class Method:
     default_lam_key : the config key whose schema default is λ when none is given (CosReg:
         ``final.cosreg_lambda``, so the command line and the workflow share one value); None where λ
         must be given or (``base``) is not taken.
-    penalty : ``penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch, tokens)``
-        → :class:`istar.core.regularizers.Penalty`, the term added to the task loss; None for a
-        method that adds none (then the model is run without ``output_hidden_states``).
+    penalty : the name of the method's penalty in :mod:`istar.core.regularizers`, called as
+        ``penalty(hidden_states, attention_mask, **hyperparameters)`` with the hyperparameters the method
+        takes and returning a :class:`istar.core.regularizers.Penalty`, the term added to the task loss; None
+        for a method that adds none (then the model is run without ``output_hidden_states``).
+    global_penalty : the name of its variant on the union of every data-parallel process's batch
+        (``penalty.global_penalty``), None where the method has none.
     fixed_layers : the hidden states the penalty reads when the method takes no ``layers`` (CosReg
         and the baseline: ``-1``, the last layer); None for a method that takes ``layers``. (The
         Σ_S every run measures after each epoch is over the spec's ``layers`` whatever the method:
@@ -62,7 +64,8 @@ class Method:
     colour: str
     hyperparameters: tuple[str, ...]
     default_lam_key: str | None
-    penalty: Callable | None = None
+    penalty: str | None = None
+    global_penalty: str | None = None
     fixed_layers: int | None = None
     searched: bool = False
 
@@ -85,38 +88,29 @@ class Method:
         """The hidden states the penalty reads, given the configured ``layers`` selection."""
         return layers if self.takes("layers") else self.fixed_layers
 
-    def penalise(self, hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch, tokens):
-        """The method's term for one batch (:class:`istar.core.regularizers.Penalty`) over
-        :meth:`penalty_layers` of ``layers``; None for a method that adds none (the baseline). The
-        one place both the ``train`` step and the integrations turn a method into its penalty."""
+    def penalise(self, hidden_states, attention_mask, *, global_batch: bool, **values):
+        """The method's term for one batch (:class:`istar.core.regularizers.Penalty`): its penalty (the global
+        variant under ``global_batch`` where it has one) called with the ``values`` of the hyperparameters it
+        takes (``lam``, ``zeta``, ``sigma_s``, ``layers``, ``tokens``); None for a method that adds none (the
+        baseline). The one place both the ``train`` step and the integrations turn a method into its penalty."""
         if not self.penalises:
             return None
-        return self.penalty(hidden_states, attention_mask, lam=lam, zeta=zeta, sigma_s=sigma_s,
-                            layers=self.penalty_layers(layers), global_batch=global_batch, tokens=tokens)
+        # imported here, not with the registry: the workflow reads the registry while it builds the DAG,
+        # and torch would add seconds to that
+        from istar.core import regularizers
 
-
-# The penalties are imported when a batch is penalised, not with the registry: the workflow
-# reads the registry while it builds the DAG, and torch would add seconds to that.
-def _cosreg_penalty(hidden_states, attention_mask, *, lam, tokens, **_):
-    from istar.core.regularizers import cosreg_penalty
-
-    return cosreg_penalty(hidden_states, attention_mask, lam=lam, tokens=tokens)
-
-
-def _istar_penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch, tokens):
-    from istar.core.regularizers import global_istar_penalty, istar_penalty
-
-    penalty = global_istar_penalty if global_batch else istar_penalty
-    return penalty(hidden_states, attention_mask, lam=lam, zeta=zeta, sigma_s=sigma_s, layers=layers, tokens=tokens)
+        penalty = getattr(regularizers, self.global_penalty if global_batch and self.global_penalty else self.penalty)
+        return penalty(hidden_states, attention_mask, **{name: values[name] for name in self.hyperparameters})
 
 
 METHODS: dict[str, Method] = {
     method.key: method
     for method in (
         Method("base", "Base", "#7f7f7f", (), None, fixed_layers=-1),
-        Method("cosreg", "CosReg", "#ff7f0e", ("lam", "tokens"), "final.cosreg_lambda", penalty=_cosreg_penalty, fixed_layers=-1),
-        Method("istar", "I-STAR", "#1f77b4", HYPERPARAMETERS, None, penalty=_istar_penalty,
-               searched=True),
+        Method("cosreg", "CosReg", "#ff7f0e", ("lam", "tokens"), "final.cosreg_lambda", penalty="cosreg_penalty",
+               fixed_layers=-1),
+        Method("istar", "I-STAR", "#1f77b4", HYPERPARAMETERS, None, penalty="istar_penalty",
+               global_penalty="global_istar_penalty", searched=True),
     )
 }
 

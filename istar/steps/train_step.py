@@ -12,23 +12,15 @@ import warnings
 import torch
 
 from istar.config.specs import TrainSpec
-from istar.core.regularizers import Penalty
 from istar.registry.compile_modes import get_compile_mode
 from istar.registry.methods import get_method
 
-__all__ = ["compute_penalty", "build_optimizer", "forward_and_loss", "step_forward",
+__all__ = ["build_optimizer", "forward_and_loss", "step_forward",
            "optimization_step", "warn_on_recompiles", "RECOMPILE_WARN_LIMIT"]
 
 # Graphs a compiled step may compile after its first batch before it warns: a few batch lengths
 # (istar.registry.compile_modes.BUCKET_MULTIPLE) and a last, shorter batch fit under it.
 RECOMPILE_WARN_LIMIT = 12
-
-
-def compute_penalty(spec: TrainSpec, hidden_states, attention_mask, sigma_s, distributed: bool) -> Penalty | None:
-    """The method's term for one batch (None for a method without a penalty, e.g. the baseline)."""
-    return get_method(spec.method).penalise(hidden_states, attention_mask, lam=spec.lam, zeta=spec.zeta,
-                                            sigma_s=sigma_s, layers=spec.layers,
-                                            global_batch=spec.global_penalty and distributed, tokens=spec.tokens)
 
 
 def build_optimizer(model, spec: TrainSpec) -> torch.optim.Optimizer:
@@ -46,12 +38,14 @@ def forward_and_loss(model, batch: dict, spec: TrainSpec, sigma_s, distributed: 
     so that IsoScore*'s product runs in that dtype (:func:`istar.core.isotropy.isoscore_star`).
 
     Returns (loss, model outputs, Penalty or None)."""
-    penalised = get_method(spec.method).penalises
-    outputs = model(**batch, output_hidden_states=penalised)
-    if not penalised:
+    method = get_method(spec.method)
+    outputs = model(**batch, output_hidden_states=method.penalises)
+    if not method.penalises:
         return outputs.loss, outputs, None
     with torch.autocast(batch["attention_mask"].device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-        penalty = compute_penalty(spec, outputs.hidden_states, batch["attention_mask"], sigma_s, distributed)
+        penalty = method.penalise(outputs.hidden_states, batch["attention_mask"], lam=spec.lam, zeta=spec.zeta,
+                                  sigma_s=sigma_s, layers=spec.layers, tokens=spec.tokens,
+                                  global_batch=spec.global_penalty and distributed)
     return outputs.loss + penalty.term, outputs, penalty
 
 

@@ -102,18 +102,19 @@ def test_method_behaviour_comes_from_the_registry(monkeypatch):
 
     from istar.config.layout import Setting
     from istar.config.specs import SpecError, TrainSpec
-    from istar.core.regularizers import Penalty
+    from istar.core import regularizers
     from istar.pipeline.plan import needs_sigma
     from istar.registry.methods import Method
-    from istar.steps.train_step import compute_penalty
 
     seen = {}
 
-    def norm_penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s, layers, global_batch, tokens):
-        seen.update(layers=layers, zeta=zeta, global_batch=global_batch, tokens=tokens)
-        return Penalty(term=lam * hidden_states[-1].pow(2).mean())
+    def norm_penalty(hidden_states, attention_mask, *, lam, zeta, sigma_s):  # only the hyperparameters it takes
+        seen.update(zeta=zeta, sigma_s=sigma_s)
+        return regularizers.Penalty(term=lam * hidden_states[-1].pow(2).mean())
 
-    shrinking = Method("l2shrink", "L2", "#000000", ("lam", "zeta", "sigma_s"), None, penalty=norm_penalty,
+    # a new method's penalty lives in istar.core.regularizers, named by its entry
+    monkeypatch.setattr(regularizers, "l2shrink_penalty", norm_penalty, raising=False)
+    shrinking = Method("l2shrink", "L2", "#000000", ("lam", "zeta", "sigma_s"), None, penalty="l2shrink_penalty",
                        fixed_layers=-1)
     monkeypatch.setitem(METHODS, "l2shrink", shrinking)
     spec = TrainSpec(model="m", data_dir="d", output_dir="o", method="l2shrink", lam=0.5, zeta=0.3, sigma_s="s.pt")
@@ -122,11 +123,13 @@ def test_method_behaviour_comes_from_the_registry(monkeypatch):
     with pytest.raises(SpecError, match="l2shrink with zeta > 0 needs --sigma-s"):
         dataclasses.replace(spec, sigma_s=None).validate()
     hidden = (torch.ones(2, 3, 4), torch.full((2, 3, 4), 2.0))
-    penalty = compute_penalty(spec, hidden, torch.ones(2, 3), sigma_s=None, distributed=False)
-    assert float(penalty.term) == pytest.approx(0.5 * 4.0) and seen["zeta"] == 0.3 and seen["tokens"] == "real"
+    # the step's call (istar.steps.train_step.forward_and_loss), with every value a spec holds
+    values = {"lam": spec.lam, "zeta": spec.zeta, "sigma_s": None, "layers": spec.layers, "tokens": spec.tokens}
+    penalty = get_method(spec.method).penalise(hidden, torch.ones(2, 3), global_batch=True, **values)
+    assert float(penalty.term) == pytest.approx(0.5 * 4.0) and seen == {"zeta": 0.3, "sigma_s": None}
     assert needs_sigma(Setting("l2shrink", lam=0.5, zeta=0.3)) and not needs_sigma(Setting("l2shrink", lam=0.5, zeta=0.0))
     baseline = dataclasses.replace(spec, method="base", lam=0.0, zeta=0.0, sigma_s=None)
-    assert compute_penalty(baseline, hidden, torch.ones(2, 3), None, False) is None
+    assert get_method(baseline.method).penalise(hidden, torch.ones(2, 3), global_batch=False, **values) is None
     # the baseline and CosReg have no layer selection of their own: their penalty_layers is the last layer
     assert baseline.penalty_layers == -1 and dataclasses.replace(spec, method="cosreg", zeta=0.0).penalty_layers == -1
     with pytest.raises(ValueError, match="unknown hyperparameter 'beta'"):
