@@ -73,14 +73,13 @@ from istar.pipeline.plan import (
     fixed_choice_args,
     fixed_setting,
     heldout_name,
+    in_study,
     measure_spec,
     needs_sigma,
     replaces_collapsed,
     search_settings,
     selected_setting,
-    searches_no_penalty,
     shrinkage_spec,
-    study_scope,
     study_runs,
     study_seeds,
     train_spec,
@@ -190,18 +189,14 @@ class CellPlan:
 
 def needs_depth(config: dict, model: str, task: str) -> bool:
     """Whether the one-layer study penalises every layer (1..L) of this model × task."""
-    study = config["studies"]["single_layer"]
-    models, tasks = study_scope(config, "single_layer")
-    return study["enabled"] and study["layers"] == "all" and model in models and task in tasks
+    return in_study(config, "single_layer", model, task) and config["studies"]["single_layer"]["layers"] == "all"
 
 
 def _padding_tuning(config: dict, model: str, task: str) -> tuple[list[Setting], list[int]]:
     """The padding study's tuning grid and seeds for this model × task (empty where it tunes nothing here)."""
-    padding = config["studies"]["padding"]
-    models, tasks = study_scope(config, "padding")
-    if not (padding["enabled"] and model in models and task in tasks):
+    if not in_study(config, "padding", model, task):
         return [], []
-    return tuning_settings(config), padding["tuning"]["seeds"]
+    return tuning_settings(config), config["studies"]["padding"]["tuning"]["seeds"]
 
 
 def before_decisions(config: dict, model: str, task: str) -> Decided:
@@ -313,7 +308,8 @@ def plan_cell(config: dict, model: str, task: str, decided: Decided) -> CellPlan
     fixed = fixed_setting(config, model, task)
     needs = tuple(job.outputs[0] for job in search)
     if fixed is None:
-        options = ("--lambda-zero",) if searches_no_penalty(config) else ()
+        # a λ grid holding 0 makes Base one of I-STAR's candidates: the search may choose no regularisation
+        options = ("--lambda-zero",) if 0.0 in config["search"]["lambdas"] else ()
     else:
         options = ("--fixed", json.dumps(fixed_choice_args(config, model, task)))
         if needs_depth(config, model, task):  # the Σ_S provenance gives L
