@@ -221,14 +221,11 @@ def decide(config: dict, model: str, task: str, read: Callable[[str, str], dict 
         content = read(checkpoint, path.format(**names))
         return None if content is None else then(content)
 
-    known = before_decisions(config, model, task)
-    selection = known.selection or decision("select", SELECTION, lambda chosen: selected_setting(chosen, config))
-    baselines = ()
-    if config["search"]["tune_baselines"]:
-        baselines = decision("select", SELECTION, lambda chosen: tuple(sorted(baseline_choices(chosen).items())))
-    tuned = None
-    if all(_padding_tuning(config, model, task)):
-        tuned = decision("select_tuned", TUNED_SELECTION, tuned_setting)
+    selection = fixed_setting(config, model, task) or decision("select", SELECTION,
+                                                                lambda chosen: selected_setting(chosen, config))
+    baselines = (decision("select", SELECTION, lambda chosen: tuple(sorted(baseline_choices(chosen).items())))
+                 if config["search"]["tune_baselines"] else ())
+    tuned = decision("select_tuned", TUNED_SELECTION, tuned_setting) if all(_padding_tuning(config, model, task)) else None
     depth = None
     if selection is not None and needs_depth(config, model, task):
         # L from the Σ_S provenance; where λ | ζ is fixed, the `select` checkpoint is the job that reads that file
@@ -329,10 +326,8 @@ def plan_cell(config: dict, model: str, task: str, decided: Decided) -> CellPlan
     for study in STUDIES:
         found = study_runs(config, study, model, task, decided.selection, decided.depth, decided.tuned)
         planned += [(study, s, seed) for s, seed in (found or [])]
-    trains = {}
-    for _, setting, seed in planned:
-        if (setting, seed) not in trains:
-            trains[setting, seed] = train_jobs([setting], [seed], search=False)[0]
+    trains = {run: _train_job(config, model, task, *run, heldout, search=False)
+              for run in dict.fromkeys((setting, seed) for _, setting, seed in planned)}
     runs += [(study, _folder(trains[setting, seed])) for study, setting, seed in planned]
 
     # one measurement per study's setting and seeds (the final stage's once its seeds are known)
