@@ -45,13 +45,6 @@ def recorded_settings(step: str, output: Path) -> dict:
     return measured.get("spec") or legacy
 
 
-def _differences(recorded: dict, planned: dict) -> list[str]:
-    if "runs" in recorded and "spec" not in recorded:  # a legacy measurement lists its runs as keys
-        planned = {**planned, "runs": sorted(planned["runs"])}
-    return [f"{name}: {recorded[name]!r} → {value!r}" for name, value in planned.items()
-            if name in recorded and recorded[name] != value]
-
-
 def stale_outputs(config: dict, root: Path = Path(".")) -> tuple[list[str], dict[str, list[str]]]:
     """The existing Σ_S and measurement files of ``config``'s jobs under ``root``: those that match their job's
     spec, and those that do not (file → its differing settings, ``name: recorded → planned``)."""
@@ -67,7 +60,11 @@ def stale_outputs(config: dict, root: Path = Path(".")) -> tuple[list[str], dict
                 output = root / job.outputs[0]
                 if job.step not in ("shrinkage", "measure") or not output.is_file():
                     continue
-                differ = _differences(recorded_settings(job.step, output), json.loads(job.spec.to_json()))
+                recorded, planned = recorded_settings(job.step, output), json.loads(job.spec.to_json())
+                if "runs" in recorded:  # a legacy measurement lists its runs as keys, in no order: compare them sorted
+                    recorded["runs"], planned["runs"] = sorted(recorded["runs"]), sorted(planned["runs"])
+                differ = [f"{name}: {recorded[name]!r} → {value!r}" for name, value in planned.items()
+                          if name in recorded and recorded[name] != value]
                 if differ:
                     stale[job.outputs[0]] = differ
                 else:

@@ -246,26 +246,22 @@ def pack(plan: dict, workdir: Path, summary: dict, out: Path) -> None:
     if missing := [path for path in kept if not (workdir / path).is_file()]:
         raise RuntimeError(f"a unit marked done lacks {missing[0]}: its job did not write what the plan says")
     summary["packed"] = sorted(dict.fromkeys(kept))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
     for with_logs in (True, False):
         summary["logs_packed"] = with_logs
-        _write_archive(out, workdir, summary["packed"] + (logs if with_logs else []), summary)
+        with tarfile.open(partial, "w:gz") as archive:
+            for name in dict.fromkeys(summary["packed"] + (logs if with_logs else [])):
+                archive.add(workdir / name, arcname=name, recursive=False)
+            data = json.dumps(summary, indent=1, ensure_ascii=False).encode()
+            info = tarfile.TarInfo(SUMMARY_NAME)
+            info.size, info.mtime = len(data), int(time.time())
+            archive.addfile(info, io.BytesIO(data))
+        partial.replace(out)
         if out.stat().st_size <= ARCHIVE_LIMIT:
             return
     raise RuntimeError(f"{out} holds {out.stat().st_size / 2**20:.1f} MiB even without logs, over the "
                        f"{ARCHIVE_LIMIT / 2**20:.0f} MiB a file may bring back; run fewer units per call (--units)")
-
-
-def _write_archive(out: Path, workdir: Path, members: list[str], summary: dict) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    with tarfile.open(partial, "w:gz") as archive:
-        for name in dict.fromkeys(members):
-            archive.add(workdir / name, arcname=name, recursive=False)
-        data = json.dumps(summary, indent=1, ensure_ascii=False).encode()
-        info = tarfile.TarInfo(SUMMARY_NAME)
-        info.size, info.mtime = len(data), int(time.time())
-        archive.addfile(info, io.BytesIO(data))
-    partial.replace(out)
 
 
 def _report(plan: dict, summary: dict, out: Path) -> None:
