@@ -24,6 +24,7 @@ import yaml
 
 from istar.config.gpu_slots import micro_batches_per_step
 from istar.config.schema import STUDIES, ConfigError, check_schema, load_yaml
+from istar.io.artifacts import name_problem
 from istar.registry.compile_modes import compile_conflict
 from istar.report.family import MULTIPLICITY_PLANS, rank_test_warning
 
@@ -45,7 +46,11 @@ def validate_config(config: dict, check_paths: bool = True) -> dict:
     """
     config = check_schema(config)
     models, tasks = config["models"], config["tasks"]
-    _check_path_names(config)
+    # every name the config puts into a path can be a file name on the common file systems (length, characters),
+    # so that no job dies writing it (`File name too long`)
+    for key, what, name, fix in _path_names(config):
+        if (problem := name_problem(name)) is not None:
+            raise ConfigError(f"config key '{key}': {what} becomes the name {_shown(name)!r}, which {problem}; {fix}")
     for study in STUDIES:
         for model in config["studies"][study]["models"]:
             _configured(f"studies.{study}.models", model, config, "models")
@@ -144,16 +149,6 @@ def _path_names(config: dict):
 def _shown(name: str) -> str:
     """A name short enough to quote in a message."""
     return name if len(name) <= 40 else f"{name[:40]}…"
-
-
-def _check_path_names(config: dict) -> None:
-    """Every name the config puts into a path can be a file name on the common file systems (length,
-    characters), so that no job dies writing it (``File name too long``)."""
-    from istar.io.artifacts import name_problem
-
-    for key, what, name, fix in _path_names(config):
-        if (problem := name_problem(name)) is not None:
-            raise ConfigError(f"config key '{key}': {what} becomes the name {_shown(name)!r}, which {problem}; {fix}")
 
 
 def model_depth(folder) -> int:
