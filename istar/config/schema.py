@@ -228,15 +228,6 @@ def _number(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _interval(entry: dict) -> str | None:
-    """``[0, 1)``-style text of a schema node's bounds, or None where it has not both."""
-    low = ("(", entry["exclusiveMinimum"]) if "exclusiveMinimum" in entry else ("[", entry.get("minimum"))
-    high = (")", entry["exclusiveMaximum"]) if "exclusiveMaximum" in entry else ("]", entry.get("maximum"))
-    if low[1] is None or high[1] is None:
-        return None
-    return f"{low[0]}{_number(low[1])}, {_number(high[1])}{high[0]}"
-
-
 _ONE_BOUND = {"minimum": "be at least", "exclusiveMinimum": "be greater than", "maximum": "be at most",
               "exclusiveMaximum": "be less than"}
 """A schema node's one bound (the first it has, in this order) → the words before its value."""
@@ -254,9 +245,11 @@ def _allowed(entry: dict) -> str:
         if any(text.startswith("match") for text in branches):  # a branch only its description can say
             return f"be one of these: {entry.get('description', 'see the schema')}"
         return " or ".join(branches).replace(" or be ", " or ")
-    interval = _interval(entry)
-    if interval is not None:
-        return f"lie in {interval}"
+    # both bounds: an interval, [0, 1)-style
+    low = ("(", entry["exclusiveMinimum"]) if "exclusiveMinimum" in entry else ("[", entry.get("minimum"))
+    high = (")", entry["exclusiveMaximum"]) if "exclusiveMaximum" in entry else ("]", entry.get("maximum"))
+    if low[1] is not None and high[1] is not None:
+        return f"lie in {low[0]}{_number(low[1])}, {_number(high[1])}{high[0]}"
     if entry.get("minimum") == 1 and entry.get("type") == "integer":
         return "be a positive integer"
     bound = next((key for key in _ONE_BOUND if key in entry), None)

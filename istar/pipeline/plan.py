@@ -75,10 +75,10 @@ def _config_value(config: dict, key: str):
 def selected_setting(selection: dict, config: dict) -> Setting:
     """The I-STAR setting a ``best.json`` (``istar select``) names — Base where the search chose λ = 0;
     training values only if searched."""
-    searched = trains_training_grid(config)
-    training = Setting("base", batch_size=int(selection["batch_size"]) if searched else None,
-                       epochs=int(selection["epochs"]) if searched else None,
-                       learning_rate=float(selection["learning_rate"]) if searched else None)
+    training = Setting("base")
+    if trains_training_grid(config):
+        training = Setting("base", batch_size=int(selection["batch_size"]), epochs=int(selection["epochs"]),
+                           learning_rate=float(selection["learning_rate"]))
     if selection["method"] == BASELINE_METHOD:
         return training
     return Setting("istar", lam=float(selection["lam"]), zeta=float(selection["zeta"]),
