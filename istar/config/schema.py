@@ -69,7 +69,7 @@ def load_yaml(path) -> dict:
         raise ConfigError(str(error)) from None
     try:
         if (node := loader.get_single_node()) is not None:
-            _check_unique_keys(node, path, [])
+            _check_unique_keys(node, path, [], set())
         data = None if node is None else loader.construct_document(node)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
@@ -88,9 +88,9 @@ def load_yaml(path) -> dict:
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-def _check_unique_keys(node, path, keys: list, checked: set | None = None) -> None:
-    """Refuse a key written twice in one mapping of a composed YAML document (``<<`` merges may repeat)."""
-    checked = set() if checked is None else checked
+def _check_unique_keys(node, path, keys: list, checked: set) -> None:
+    """Refuse a key written twice in one mapping of a composed YAML document (``<<`` merges may repeat);
+    ``checked``: the ids of the nodes checked so far."""
     if id(node) in checked:  # an alias: its node was checked where the anchor is
         return
     checked.add(id(node))
