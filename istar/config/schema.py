@@ -19,16 +19,15 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["ConfigError", "SCHEMA_PATH", "STUDIES", "RENAMED_KEYS", "load_schema", "load_yaml", "resolve_ref", "fill_defaults",
+__all__ = ["ConfigError", "SCHEMA_PATH", "STUDIES", "RETIRED_KEYS", "load_schema", "load_yaml", "resolve_ref", "fill_defaults",
            "check_schema", "schema_entry", "default_of", "out_of_range", "EDIT_RERUNS", "declared_reads"]
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "config.schema.yaml"
-RENAMED_KEYS = {"profile": "survey", "shrinkage.layers": "penalty.layers",
-                "shrinkage.global_penalty": "penalty.global_penalty"}
-"""Old config key (a section, or ``section.key``) → its new name, for the unknown-key error only:
-istar 0.3.0 removed the old names."""
-REMOVED_KEYS = {"analysis.token_sample": "no measurement reads a token sample"}
-"""A config key istar 0.3.0 removed → why, for the unknown-key error only."""
+RETIRED_KEYS = {"profile": "is now 'survey'", "shrinkage.layers": "is now 'penalty.layers'",
+                "shrinkage.global_penalty": "is now 'penalty.global_penalty'",
+                "analysis.token_sample": "is gone (no measurement reads a token sample): delete it"}
+"""A config key (a section, or ``section.key``) that istar 0.3.0 renamed or removed → what became of it,
+for the unknown-key error only."""
 
 EDIT_RERUNS = {
     "spec": "the jobs whose step spec holds the key (a spec field claims it; Snakemake records the spec)",
@@ -171,11 +170,9 @@ def _describe(error) -> str:
     if error.validator == "additionalProperties":
         allowed = ", ".join(sorted(schema.get("properties", {})))
         section = "".join(f"{part}." for part in error.absolute_path)
-        renamed = "".join(f"; '{section}{key}' is now '{RENAMED_KEYS[section + key]}'" for key in error.instance
-                          if section + key in RENAMED_KEYS)
-        renamed += "".join(f"; '{section}{key}' is gone ({REMOVED_KEYS[section + key]}): delete it"
-                           for key in error.instance if section + key in REMOVED_KEYS)
-        return f"config key '{_key(error.absolute_path)}': {error.message} (known keys: {allowed}){renamed}"
+        retired = "".join(f"; '{section}{key}' {RETIRED_KEYS[section + key]}" for key in error.instance
+                          if section + key in RETIRED_KEYS)
+        return f"config key '{_key(error.absolute_path)}': {error.message} (known keys: {allowed}){retired}"
     if error.validator == "enum":
         return f"config key '{_key(error.absolute_path)}': {error.instance!r} is not allowed; use one of {schema['enum']}"
     if error.validator == "anyOf":
