@@ -229,7 +229,7 @@ def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | 
                                for job in plan["jobs"] if job["step"][0] == "shrinkage"
                                and (workdir / job["outputs"][0]).is_file()}
     pack(plan, workdir, summary, Path(out))
-    _report(plan, summary, Path(out))
+    _report(summary, Path(out))
     if interrupted is not None:
         raise interrupted
     return summary
@@ -264,7 +264,7 @@ def pack(plan: dict, workdir: Path, summary: dict, out: Path) -> None:
                        f"{ARCHIVE_LIMIT / 2**20:.0f} MiB a file may bring back; run fewer units per call (--units)")
 
 
-def _report(plan: dict, summary: dict, out: Path) -> None:
+def _report(summary: dict, out: Path) -> None:
     counts = Counter(entry["status"] for entry in summary["units"].values())
     print(f"\n{summary['seconds']:.0f} s; units: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     if summary["speed_factor"] is not None:
