@@ -19,16 +19,15 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["ConfigError", "SCHEMA_PATH", "STUDIES", "RENAMED_KEYS", "load_schema", "load_yaml", "resolve_ref", "fill_defaults",
+__all__ = ["ConfigError", "SCHEMA_PATH", "STUDIES", "RETIRED_KEYS", "load_schema", "load_yaml", "resolve_ref", "fill_defaults",
            "check_schema", "schema_entry", "default_of", "out_of_range", "EDIT_RERUNS", "declared_reads"]
 
 SCHEMA_PATH = Path(__file__).resolve().parent / "config.schema.yaml"
-RENAMED_KEYS = {"profile": "survey", "shrinkage.layers": "penalty.layers",
-                "shrinkage.global_penalty": "penalty.global_penalty"}
-"""Old config key (a section, or ``section.key``) → its new name, for the unknown-key error only:
-istar 0.3.0 removed the old names."""
-REMOVED_KEYS = {"analysis.token_sample": "no measurement reads a token sample"}
-"""A config key istar 0.3.0 removed → why, for the unknown-key error only."""
+RETIRED_KEYS = {"profile": "is now 'survey'", "shrinkage.layers": "is now 'penalty.layers'",
+                "shrinkage.global_penalty": "is now 'penalty.global_penalty'",
+                "analysis.token_sample": "is gone (no measurement reads a token sample): delete it"}
+"""A config key (a section, or ``section.key``) that istar 0.3.0 renamed or removed → what became of it,
+for the unknown-key error only."""
 
 EDIT_RERUNS = {
     "spec": "the jobs whose step spec holds the key (a spec field claims it; Snakemake records the spec)",
@@ -69,7 +68,7 @@ def load_yaml(path) -> dict:
         raise ConfigError(str(error)) from None
     try:
         if (node := loader.get_single_node()) is not None:
-            _check_unique_keys(node, path, [])
+            _check_unique_keys(node, path, [], set())
         data = None if node is None else loader.construct_document(node)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
@@ -88,9 +87,9 @@ def load_yaml(path) -> dict:
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-def _check_unique_keys(node, path, keys: list, checked: set | None = None) -> None:
-    """Refuse a key written twice in one mapping of a composed YAML document (``<<`` merges may repeat)."""
-    checked = set() if checked is None else checked
+def _check_unique_keys(node, path, keys: list, checked: set) -> None:
+    """Refuse a key written twice in one mapping of a composed YAML document (``<<`` merges may repeat);
+    ``checked``: the ids of the nodes checked so far."""
     if id(node) in checked:  # an alias: its node was checked where the anchor is
         return
     checked.add(id(node))
@@ -171,11 +170,9 @@ def _describe(error) -> str:
     if error.validator == "additionalProperties":
         allowed = ", ".join(sorted(schema.get("properties", {})))
         section = "".join(f"{part}." for part in error.absolute_path)
-        renamed = "".join(f"; '{section}{key}' is now '{RENAMED_KEYS[section + key]}'" for key in error.instance
-                          if section + key in RENAMED_KEYS)
-        renamed += "".join(f"; '{section}{key}' is gone ({REMOVED_KEYS[section + key]}): delete it"
-                           for key in error.instance if section + key in REMOVED_KEYS)
-        return f"config key '{_key(error.absolute_path)}': {error.message} (known keys: {allowed}){renamed}"
+        retired = "".join(f"; '{section}{key}' {RETIRED_KEYS[section + key]}" for key in error.instance
+                          if section + key in RETIRED_KEYS)
+        return f"config key '{_key(error.absolute_path)}': {error.message} (known keys: {allowed}){retired}"
     if error.validator == "enum":
         return f"config key '{_key(error.absolute_path)}': {error.instance!r} is not allowed; use one of {schema['enum']}"
     if error.validator == "anyOf":
@@ -228,15 +225,6 @@ def _number(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _interval(entry: dict) -> str | None:
-    """``[0, 1)``-style text of a schema node's bounds, or None where it has not both."""
-    low = ("(", entry["exclusiveMinimum"]) if "exclusiveMinimum" in entry else ("[", entry.get("minimum"))
-    high = (")", entry["exclusiveMaximum"]) if "exclusiveMaximum" in entry else ("]", entry.get("maximum"))
-    if low[1] is None or high[1] is None:
-        return None
-    return f"{low[0]}{_number(low[1])}, {_number(high[1])}{high[0]}"
-
-
 _ONE_BOUND = {"minimum": "be at least", "exclusiveMinimum": "be greater than", "maximum": "be at most",
               "exclusiveMaximum": "be less than"}
 """A schema node's one bound (the first it has, in this order) → the words before its value."""
@@ -254,9 +242,11 @@ def _allowed(entry: dict) -> str:
         if any(text.startswith("match") for text in branches):  # a branch only its description can say
             return f"be one of these: {entry.get('description', 'see the schema')}"
         return " or ".join(branches).replace(" or be ", " or ")
-    interval = _interval(entry)
-    if interval is not None:
-        return f"lie in {interval}"
+    # both bounds: an interval, [0, 1)-style
+    low = ("(", entry["exclusiveMinimum"]) if "exclusiveMinimum" in entry else ("[", entry.get("minimum"))
+    high = (")", entry["exclusiveMaximum"]) if "exclusiveMaximum" in entry else ("]", entry.get("maximum"))
+    if low[1] is not None and high[1] is not None:
+        return f"lie in {low[0]}{_number(low[1])}, {_number(high[1])}{high[0]}"
     if entry.get("minimum") == 1 and entry.get("type") == "integer":
         return "be a positive integer"
     bound = next((key for key in _ONE_BOUND if key in entry), None)

@@ -117,9 +117,8 @@ class Spec:
     def output_folders(self) -> list[Path]:
         """The folders the step writes into: an ``output="folder"`` field itself, an
         ``output="file"`` field's parent (checked by :func:`istar.io.artifacts.check_writable`)."""
-        kinds = {f.name: f.metadata.get("output") for f in dataclasses.fields(self)}
-        return [Path(getattr(self, name)) if kind == "folder" else Path(getattr(self, name)).parent
-                for name, kind in kinds.items() if kind is not None]
+        return [Path(getattr(self, f.name)) if f.metadata["output"] == "folder" else Path(getattr(self, f.name)).parent
+                for f in dataclasses.fields(self) if "output" in f.metadata]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,30 +26,19 @@ from istar.pipeline.jobs import decide, plan_cell
 
 __all__ = ["stale_outputs", "recorded_settings"]
 
-# Where a measurement written before it recorded its spec keeps the settings (MeasureSpec fields)
-LEGACY_MEASURE_KEYS = ("zeta", "sigma_s", "sigma_s_model", "split", "evaluated")
+# Where a measurement written before it recorded its spec keeps the settings: MeasureSpec field → its key
+# (its runs as the keys of a mapping)
+LEGACY_MEASURE_KEYS = {"zeta": "zeta", "sigma_s": "sigma_s", "sigma_s_model": "sigma_s_model", "split": "split",
+                       "evaluate": "evaluated", "runs": "runs"}
 
 
 def recorded_settings(step: str, output: Path) -> dict:
-    """The settings the file ``output`` of an ``istar {step}`` job was made with: the spec it records, or
-    the provenance keys of a file written before (by spec field name)."""
-    if step == "shrinkage":
-        provenance = artifacts.read_json(output.with_suffix(".json"))
-        return provenance.get("spec") or {name: provenance[key] for name, key in LEGACY_SETTING_KEYS.items()
-                                          if key in provenance}
-    measured = artifacts.read_json(output)
-    legacy = {name: measured[name] for name in LEGACY_MEASURE_KEYS if name in measured}
-    legacy["runs"] = sorted(measured.get("runs", {}))
-    if "evaluated" in legacy:
-        legacy["evaluate"] = legacy.pop("evaluated")
-    return measured.get("spec") or legacy
-
-
-def _differences(recorded: dict, planned: dict) -> list[str]:
-    if "runs" in recorded and "spec" not in recorded:  # a legacy measurement lists its runs as keys
-        planned = {**planned, "runs": sorted(planned["runs"])}
-    return [f"{name}: {recorded[name]!r} → {value!r}" for name, value in planned.items()
-            if name in recorded and recorded[name] != value]
+    """The settings the file ``output`` of an ``istar {step}`` job was made with: the spec its JSON (a
+    measurement, or a Σ_S file's provenance beside it) records, or for a file written before, the keys that
+    held the same settings (by spec field name)."""
+    recorded = artifacts.read_json(output.with_suffix(".json"))
+    legacy = LEGACY_SETTING_KEYS if step == "shrinkage" else LEGACY_MEASURE_KEYS
+    return recorded.get("spec") or {name: recorded[key] for name, key in legacy.items() if key in recorded}
 
 
 def stale_outputs(config: dict, root: Path = Path(".")) -> tuple[list[str], dict[str, list[str]]]:
@@ -67,7 +56,11 @@ def stale_outputs(config: dict, root: Path = Path(".")) -> tuple[list[str], dict
                 output = root / job.outputs[0]
                 if job.step not in ("shrinkage", "measure") or not output.is_file():
                     continue
-                differ = _differences(recorded_settings(job.step, output), json.loads(job.spec.to_json()))
+                recorded, planned = recorded_settings(job.step, output), json.loads(job.spec.to_json())
+                if "runs" in recorded:  # a legacy measurement lists its runs as keys, in no order: compare them sorted
+                    recorded["runs"], planned["runs"] = sorted(recorded["runs"]), sorted(planned["runs"])
+                differ = [f"{name}: {recorded[name]!r} → {value!r}" for name, value in planned.items()
+                          if name in recorded and recorded[name] != value]
                 if differ:
                     stale[job.outputs[0]] = differ
                 else:

@@ -15,8 +15,8 @@ that travels with the working tree (``carry``)::
 
 ``jobs.json`` is the plan of :mod:`istar.pipeline.bundle_plan`: every job the workflow's rules
 would run from Σ_S to the measurements, grouped into units, each with its estimated seconds on an
-H100, and the aggregate's inputs; beside it the tables and figures the config asks for, for
-``istar import-bundle``. A config that still searches, or whose padding study tunes its own
+H100, and the aggregate's inputs (``istar import-bundle`` makes the tables and figures that
+``config.yaml`` asks for). A config that still searches, or whose padding study tunes its own
 variant, is refused with the key to set.
 
 The model is stored in float16 (a MiniLM-L6 in float32, 90 MB, would not fit the 64 MiB a device
@@ -173,8 +173,6 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=()) -> dict:
     units = plan_units(jobs)
     for unit in units:
         unit["estimate_s"] = round(sum(jobs[index]["estimate_s"] for index in unit["jobs"]), 1)
-    from istar.report.figures import enabled_figures
-    from istar.report.table_specs import enabled_tables
 
     plan = {
         "format": BUNDLE_FORMAT,
@@ -183,8 +181,6 @@ def build_bundle(configfiles, out, *, mirror=None, with_data=()) -> dict:
                   + [p for model in config["models"] for p in (MODEL_PIN.format(model=model), f"models/{model}")],
         "extra_data": [DATA.format(task=task) for task in extra],
         "jobs": jobs, "units": units, "aggregate": aggregate,
-        "tables": enabled_tables(config), "figures": enabled_figures(config),
-        "stability": config["studies"]["stability"]["repeats"] if config["studies"]["stability"]["enabled"] else None,
         "data": {task: json.loads((staging / DATA.format(task=task) / "meta.json").read_text())["split_sha256"]
                  for task in config["tasks"]},
         "models": {model: {"digests_sha256": artifacts.file_digest(staging / "models" / model / artifacts.DIGESTS),

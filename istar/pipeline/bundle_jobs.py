@@ -40,34 +40,27 @@ class Runner:
     def exist(self, paths) -> bool:
         return all((self.workdir / path).exists() for path in paths)
 
-    def closure(self, indices) -> list[int]:
-        """The jobs of a unit and the jobs producing what they need, in plan order."""
-        wanted, stack = set(), list(indices)
+    def todo(self, unit: dict) -> list[int]:
+        """The jobs of a unit and the jobs producing what they need, in plan order, less those whose outputs exist."""
+        wanted, stack = set(), list(unit["jobs"])
         while stack:
             index = stack.pop()
-            if index in wanted:
-                continue
-            wanted.add(index)
-            stack += [self.producer[path] for path in self.jobs[index]["needs"] if path in self.producer]
-        return sorted(wanted)
-
-    def todo(self, unit: dict) -> list[int]:
-        return [index for index in self.closure(unit["jobs"]) if not self.exist(self.jobs[index]["outputs"])]
-
-    def command(self, job: dict) -> list[str]:
-        """This interpreter's ``istar`` running the job's step, through ``istar launch`` on at most ``gpus``."""
-        gpus = job["gpus"] if self.gpus is None else min(job["gpus"], self.gpus)
-        launch = ["launch", "--gpus", str(gpus), "--"] if job["launch"] else []
-        return [sys.executable, "-m", "istar", *launch, *job["step"]]
+            if index not in wanted:
+                wanted.add(index)
+                stack += [self.producer[path] for path in self.jobs[index]["needs"] if path in self.producer]
+        return [index for index in sorted(wanted) if not self.exist(self.jobs[index]["outputs"])]
 
     def start(self, index: int) -> subprocess.Popen:
+        """This interpreter's ``istar`` running the job's step, through ``istar launch`` on at most ``gpus``."""
         job = self.jobs[index]
+        gpus = job["gpus"] if self.gpus is None else min(job["gpus"], self.gpus)
+        launch = ["launch", "--gpus", str(gpus), "--"] if job["launch"] else []
         log = self.workdir / job["log"]
         log.parent.mkdir(parents=True, exist_ok=True)
         env = {**self.env, **({"OMP_NUM_THREADS": str(self.plan["threads"])} if job["launch"] else {})}
         with open(log, "w", encoding="utf-8") as handle:
-            process = subprocess.Popen(self.command(job), cwd=self.workdir, env=env, stdout=handle,
-                                       stderr=subprocess.STDOUT)
+            process = subprocess.Popen([sys.executable, "-m", "istar", *launch, *job["step"]], cwd=self.workdir,
+                                       env=env, stdout=handle, stderr=subprocess.STDOUT)
         print(f"  started {job['rule']}: {job['label']}", flush=True)
         return process
 

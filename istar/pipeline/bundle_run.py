@@ -229,7 +229,7 @@ def run_bundle(bundle, out, *, workdir=None, budget: float = 560.0, gpus: int | 
                                for job in plan["jobs"] if job["step"][0] == "shrinkage"
                                and (workdir / job["outputs"][0]).is_file()}
     pack(plan, workdir, summary, Path(out))
-    _report(plan, summary, Path(out))
+    _report(summary, Path(out))
     if interrupted is not None:
         raise interrupted
     return summary
@@ -246,29 +246,25 @@ def pack(plan: dict, workdir: Path, summary: dict, out: Path) -> None:
     if missing := [path for path in kept if not (workdir / path).is_file()]:
         raise RuntimeError(f"a unit marked done lacks {missing[0]}: its job did not write what the plan says")
     summary["packed"] = sorted(dict.fromkeys(kept))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
     for with_logs in (True, False):
         summary["logs_packed"] = with_logs
-        _write_archive(out, workdir, summary["packed"] + (logs if with_logs else []), summary)
+        with tarfile.open(partial, "w:gz") as archive:
+            for name in dict.fromkeys(summary["packed"] + (logs if with_logs else [])):
+                archive.add(workdir / name, arcname=name, recursive=False)
+            data = json.dumps(summary, indent=1, ensure_ascii=False).encode()
+            info = tarfile.TarInfo(SUMMARY_NAME)
+            info.size, info.mtime = len(data), int(time.time())
+            archive.addfile(info, io.BytesIO(data))
+        partial.replace(out)
         if out.stat().st_size <= ARCHIVE_LIMIT:
             return
     raise RuntimeError(f"{out} holds {out.stat().st_size / 2**20:.1f} MiB even without logs, over the "
                        f"{ARCHIVE_LIMIT / 2**20:.0f} MiB a file may bring back; run fewer units per call (--units)")
 
 
-def _write_archive(out: Path, workdir: Path, members: list[str], summary: dict) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    with tarfile.open(partial, "w:gz") as archive:
-        for name in dict.fromkeys(members):
-            archive.add(workdir / name, arcname=name, recursive=False)
-        data = json.dumps(summary, indent=1, ensure_ascii=False).encode()
-        info = tarfile.TarInfo(SUMMARY_NAME)
-        info.size, info.mtime = len(data), int(time.time())
-        archive.addfile(info, io.BytesIO(data))
-    partial.replace(out)
-
-
-def _report(plan: dict, summary: dict, out: Path) -> None:
+def _report(summary: dict, out: Path) -> None:
     counts = Counter(entry["status"] for entry in summary["units"].values())
     print(f"\n{summary['seconds']:.0f} s; units: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     if summary["speed_factor"] is not None:

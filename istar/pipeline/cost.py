@@ -44,7 +44,7 @@ from istar.pipeline.plan import fixed_setting, search_settings, task_max_length,
 from istar.pipeline.validate import merge_config_files, validate_config
 from istar.registry.tasks import get_task
 
-__all__ = ["RATES_FILE", "gpu_kind", "load_rates", "model_shape", "planned_fine_tunes", "padded_task_sizes",
+__all__ = ["RATES_FILE", "gpu_kind", "load_rates", "model_shape", "padded_task_sizes",
            "config_cost", "as_written", "describe_cost", "bundle_call_seconds"]
 
 RATES_FILE = Path(__file__).with_name("device_rates.json")
@@ -75,28 +75,6 @@ def model_shape(source: str, rates: dict) -> dict:
         raise ValueError(f"no shape recorded for the hub model {parsed.location}; add its config.json's layer and "
                          f"size keys under model_shapes in {RATES_FILE.name}, or name a downloaded folder")
     return model_sizes_of(shapes[parsed.location])
-
-
-def planned_fine_tunes(config: dict, layers_of: dict[str, int]) -> list[dict]:
-    """Every fine-tune of a validated config, as the job table plans it: model, task, stage (search or
-    final) and its train spec (one entry per run).
-
-    The search's choice is not known before the search: where λ | ζ is not fixed in advance, the first
-    setting of the search grid stands in for it (its λ and ζ change no run's length; under a searched
-    training grid its batch size and epochs are the grid's first), and the tuned baselines train at its
-    training values. ``layers_of``: model → encoder layers (for ``single_layer``).
-    """
-    runs = []
-    for model in config["models"]:
-        for task in config["tasks"]:
-            selection = fixed_setting(config, model, task) or search_settings(config, model, task)[0]
-            tuned = next((Setting("istar", lam=selection.lam, zeta=selection.zeta, tokens=tokens)
-                          for tokens in tuned_tokens(config)), None)
-            decided = Decided(selection=selection, baselines=(), tuned=tuned, depth=layers_of[model])
-            runs += [{"model": model, "task": task, "stage": "search" if job.rule == "train_search" else "final",
-                      "spec": json.loads(job.spec.to_json())}
-                     for job in plan_cell(config, model, task, decided).jobs if job.step == "train"]
-    return runs
 
 
 def padded_task_sizes(config: dict, task: str) -> dict:
@@ -148,16 +126,30 @@ def bundle_call_seconds(plan: dict, numbers, kind: str, parallel: int) -> list[f
 
 def config_cost(config: dict, kind: str, gpus: int) -> dict:
     """GPU-hours and wall hours of a validated config's fine-tunes on ``gpus`` GPUs of ``kind``, one job
-    per GPU and K per GPU for each K measured there; each a [low, high] range from the measured rates."""
+    per GPU and K per GPU for each K measured there; each a [low, high] range from the measured rates.
+
+    The fine-tunes are those the job table plans. The search's choice is not known before the search:
+    where λ | ζ is not fixed in advance, the first setting of the search grid stands in for it (its λ and ζ
+    change no run's length; under a searched training grid its batch size and epochs are the grid's first),
+    and the tuned baselines train at its training values."""
     rates = load_rates()
     measured = _measured(kind, rates)
     if gpus < 1:
         raise ValueError(f"--gpus must be at least 1; got {gpus}")
-    shapes = {model: model_shape(source, rates) for model, source in config["models"].items()}
-    runs = planned_fine_tunes(config, {model: shape["layers"] for model, shape in shapes.items()})
-    sizes = {task: padded_task_sizes(config, task) for task in config["tasks"]}
-    estimate_h = sum(fine_tune_s(config, DeviceCosts(), shapes[run["model"]], sizes[run["task"]], run["spec"])
-                     for run in runs) / 3600
+    runs, estimate_s = [], 0.0
+    for model, source in config["models"].items():
+        shape = model_shape(source, rates)
+        for task in config["tasks"]:
+            selection = fixed_setting(config, model, task) or search_settings(config, model, task)[0]
+            tuned = next((Setting("istar", lam=selection.lam, zeta=selection.zeta, tokens=tokens)
+                          for tokens in tuned_tokens(config)), None)
+            decided = Decided(selection=selection, baselines=(), tuned=tuned, depth=shape["layers"])
+            trains = [job for job in plan_cell(config, model, task, decided).jobs if job.step == "train"]
+            sizes = padded_task_sizes(config, task)
+            estimate_s += sum(fine_tune_s(config, DeviceCosts(), shape, sizes, json.loads(job.spec.to_json()))
+                              for job in trains)
+            runs += trains
+    estimate_h = estimate_s / 3600
 
     def hours(ratio: list[float], per_job: int) -> dict:
         low, high = (estimate_h * r for r in ratio)
@@ -165,7 +157,7 @@ def config_cost(config: dict, kind: str, gpus: int) -> dict:
                 "wall_hours": [round(low / gpus, 1), round(high / gpus, 1)]}
 
     return {"kind": kind, "gpus": gpus, "fine_tunes": len(runs),
-            "search_fine_tunes": sum(run["stage"] == "search" for run in runs),
+            "search_fine_tunes": sum(job.rule == "train_search" for job in runs),
             "estimate_gpu_hours": round(estimate_h, 1),
             "as_written": as_written(config, measured, hours),
             "alone": hours(measured["step_factor"], 1),

@@ -73,14 +73,13 @@ from istar.pipeline.plan import (
     fixed_choice_args,
     fixed_setting,
     heldout_name,
+    in_study,
     measure_spec,
     needs_sigma,
     replaces_collapsed,
     search_settings,
     selected_setting,
-    searches_no_penalty,
     shrinkage_spec,
-    study_scope,
     study_runs,
     study_seeds,
     train_spec,
@@ -190,18 +189,14 @@ class CellPlan:
 
 def needs_depth(config: dict, model: str, task: str) -> bool:
     """Whether the one-layer study penalises every layer (1..L) of this model × task."""
-    study = config["studies"]["single_layer"]
-    models, tasks = study_scope(config, "single_layer")
-    return study["enabled"] and study["layers"] == "all" and model in models and task in tasks
+    return in_study(config, "single_layer", model, task) and config["studies"]["single_layer"]["layers"] == "all"
 
 
 def _padding_tuning(config: dict, model: str, task: str) -> tuple[list[Setting], list[int]]:
     """The padding study's tuning grid and seeds for this model × task (empty where it tunes nothing here)."""
-    padding = config["studies"]["padding"]
-    models, tasks = study_scope(config, "padding")
-    if not (padding["enabled"] and model in models and task in tasks):
+    if not in_study(config, "padding", model, task):
         return [], []
-    return tuning_settings(config), padding["tuning"]["seeds"]
+    return tuning_settings(config), config["studies"]["padding"]["tuning"]["seeds"]
 
 
 def before_decisions(config: dict, model: str, task: str) -> Decided:
@@ -226,14 +221,11 @@ def decide(config: dict, model: str, task: str, read: Callable[[str, str], dict 
         content = read(checkpoint, path.format(**names))
         return None if content is None else then(content)
 
-    known = before_decisions(config, model, task)
-    selection = known.selection or decision("select", SELECTION, lambda chosen: selected_setting(chosen, config))
-    baselines = ()
-    if config["search"]["tune_baselines"]:
-        baselines = decision("select", SELECTION, lambda chosen: tuple(sorted(baseline_choices(chosen).items())))
-    tuned = None
-    if all(_padding_tuning(config, model, task)):
-        tuned = decision("select_tuned", TUNED_SELECTION, tuned_setting)
+    selection = fixed_setting(config, model, task) or decision("select", SELECTION,
+                                                                lambda chosen: selected_setting(chosen, config))
+    baselines = (decision("select", SELECTION, lambda chosen: tuple(sorted(baseline_choices(chosen).items())))
+                 if config["search"]["tune_baselines"] else ())
+    tuned = decision("select_tuned", TUNED_SELECTION, tuned_setting) if all(_padding_tuning(config, model, task)) else None
     depth = None
     if selection is not None and needs_depth(config, model, task):
         # L from the Σ_S provenance; where λ | ζ is fixed, the `select` checkpoint is the job that reads that file
@@ -313,7 +305,8 @@ def plan_cell(config: dict, model: str, task: str, decided: Decided) -> CellPlan
     fixed = fixed_setting(config, model, task)
     needs = tuple(job.outputs[0] for job in search)
     if fixed is None:
-        options = ("--lambda-zero",) if searches_no_penalty(config) else ()
+        # a λ grid holding 0 makes Base one of I-STAR's candidates: the search may choose no regularisation
+        options = ("--lambda-zero",) if 0.0 in config["search"]["lambdas"] else ()
     else:
         options = ("--fixed", json.dumps(fixed_choice_args(config, model, task)))
         if needs_depth(config, model, task):  # the Σ_S provenance gives L
@@ -333,10 +326,8 @@ def plan_cell(config: dict, model: str, task: str, decided: Decided) -> CellPlan
     for study in STUDIES:
         found = study_runs(config, study, model, task, decided.selection, decided.depth, decided.tuned)
         planned += [(study, s, seed) for s, seed in (found or [])]
-    trains = {}
-    for _, setting, seed in planned:
-        if (setting, seed) not in trains:
-            trains[setting, seed] = train_jobs([setting], [seed], search=False)[0]
+    trains = {run: _train_job(config, model, task, *run, heldout, search=False)
+              for run in dict.fromkeys((setting, seed) for _, setting, seed in planned)}
     runs += [(study, _folder(trains[setting, seed])) for study, setting, seed in planned]
 
     # one measurement per study's setting and seeds (the final stage's once its seeds are known)

@@ -8,8 +8,10 @@ else. The Snakemake rules only call them, with the paths of their inputs and out
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
+import operator
 from pathlib import Path
 
 from istar.config.gpu_slots import micro_batches_per_step
@@ -21,9 +23,9 @@ from istar.registry.collapse_rules import get_collapse_rule
 from istar.registry.methods import BASELINE_METHOD, SEARCHED_METHOD, get_method
 from istar.registry.tasks import SPLITS, TASKS
 
-__all__ = ["replaces_collapsed", "search_settings", "searches_no_penalty", "istar_or_base", "selected_setting", "fixed_setting", "fixed_choice_args", "final_settings", "baseline_choices",
+__all__ = ["replaces_collapsed", "search_settings", "istar_or_base", "selected_setting", "fixed_setting", "fixed_choice_args", "final_settings", "baseline_choices",
            "tuned_tokens", "tuning_settings", "tuned_setting", "study_runs",
-           "study_scope", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "prepare_data_inputs",
+           "in_study", "study_seeds", "needs_sigma", "task_max_length", "prepare_data_spec", "prepare_data_inputs",
            "train_spec", "heldout_name", "holdout_spec",
            "shrinkage_spec", "measure_spec", "aggregate_options", "AS_GIVEN", "survey_targets", "survey_text_task", "survey_spec"]
 
@@ -37,19 +39,13 @@ def _training_grid(search: dict) -> list[tuple]:
     return list(itertools.product(*grids))
 
 
-def config_tokens(config: dict) -> str:
-    """The token selection of every penalised run the config asks for (``penalty.tokens``), except
-    the padding study's, which sets it per setting."""
-    return config["penalty"]["tokens"]
-
-
 def search_settings(config: dict, model: str, task: str) -> list[Setting]:
     """Stage 1 of ``model`` × ``task``: I-STAR over λ × ζ (× batch size × epochs × learning rate when
     searched); λ = 0 in the grid is Base (one run per training value, whatever ζ), so the search can
     choose no regularisation; none where λ | ζ is fixed in advance (``final.istar``). With
     ``search.tune_baselines``, also the final stage's other methods over the training grid: beside a
     fixed I-STAR these are the whole search (tuned baselines against a fixed I-STAR)."""
-    search, tokens = config["search"], config_tokens(config)
+    search, tokens = config["search"], config["penalty"]["tokens"]
     grid = _training_grid(search)
     settings = [] if fixed_setting(config, model, task) is not None else [
         istar_or_base(float(lam), float(zeta), tokens).with_training(
@@ -61,39 +57,32 @@ def search_settings(config: dict, model: str, task: str) -> list[Setting]:
     return list(dict.fromkeys(settings))
 
 
-def searches_no_penalty(config: dict) -> bool:
-    """Whether the search's λ grid holds 0: Base is then one of I-STAR's candidates (``istar select
-    --lambda-zero``), and the search may choose no regularisation."""
-    return 0.0 in config["search"]["lambdas"]
-
-
 def _baselines(config: dict) -> list[Setting]:
     """The final stage's methods other than the searched one, each penalty at its configured λ (``final.methods``,
     the key its registry entry names: ``default_lam_key``)."""
     penalised = [get_method(key) for key in config["final"]["methods"] if key not in (BASELINE_METHOD, SEARCHED_METHOD)]
     return [Setting(BASELINE_METHOD)] + [
-        Setting(method.key, lam=float(_config_value(config, method.default_lam_key)), tokens=config_tokens(config))
+        Setting(method.key, lam=float(_config_value(config, method.default_lam_key)),
+                tokens=config["penalty"]["tokens"])
         for method in penalised]
 
 
 def _config_value(config: dict, key: str):
     """The value of a dotted config key (``final.cosreg_lambda``) in a validated config."""
-    for part in key.split("."):
-        config = config[part]
-    return config
+    return functools.reduce(operator.getitem, key.split("."), config)
 
 
 def selected_setting(selection: dict, config: dict) -> Setting:
     """The I-STAR setting a ``best.json`` (``istar select``) names — Base where the search chose λ = 0;
     training values only if searched."""
-    searched = trains_training_grid(config)
-    training = Setting("base", batch_size=int(selection["batch_size"]) if searched else None,
-                       epochs=int(selection["epochs"]) if searched else None,
-                       learning_rate=float(selection["learning_rate"]) if searched else None)
+    training = Setting("base")
+    if trains_training_grid(config):
+        training = Setting("base", batch_size=int(selection["batch_size"]), epochs=int(selection["epochs"]),
+                           learning_rate=float(selection["learning_rate"]))
     if selection["method"] == BASELINE_METHOD:
         return training
     return Setting("istar", lam=float(selection["lam"]), zeta=float(selection["zeta"]),
-                   tokens=config_tokens(config)).with_training(training)
+                   tokens=config["penalty"]["tokens"]).with_training(training)
 
 
 def tuned_setting(selection: dict) -> Setting:
@@ -108,7 +97,7 @@ def fixed_setting(config: dict, model: str, task: str) -> Setting | None:
     fixed = config["final"]["istar"].get(model, {}).get(task)
     if fixed is None:
         return None
-    return Setting("istar", lam=float(fixed["lam"]), zeta=float(fixed["zeta"]), tokens=config_tokens(config))
+    return Setting("istar", lam=float(fixed["lam"]), zeta=float(fixed["zeta"]), tokens=config["penalty"]["tokens"])
 
 
 def fixed_choice_args(config: dict, model: str, task: str) -> dict:
@@ -156,7 +145,7 @@ def tuned_tokens(config: dict) -> list[str]:
     (``studies.padding`` with ``lam: tuned``; empty otherwise)."""
     if config["studies"]["padding"]["lam"] != "tuned":
         return []
-    return [key for key in TOKEN_SELECTION_NAMES if key != config_tokens(config)]
+    return [key for key in TOKEN_SELECTION_NAMES if key != config["penalty"]["tokens"]]
 
 
 def tuning_settings(config: dict) -> list[Setting]:
@@ -185,21 +174,28 @@ def replaces_collapsed(config: dict) -> bool:
     return get_collapse_rule(config["inference"]["collapsed_runs"]).replaces
 
 
-def study_scope(config: dict, study: str) -> tuple[list[str], list[str]]:
-    """(models, tasks) of a study; empty lists in the config mean all."""
+def in_study(config: dict, study: str, model: str, task: str) -> bool:
+    """Whether ``study`` is on and covers ``model`` × ``task`` (its empty ``models`` | ``tasks`` lists mean all)."""
     spec = config["studies"][study]
-    return spec["models"] or list(config["models"]), spec["tasks"] or list(config["tasks"])
+    return spec["enabled"] and model in (spec["models"] or config["models"]) and task in (spec["tasks"] or config["tasks"])
 
 
 def study_settings(config: dict, study: str, selection: Setting | None, num_layers: int | None = None,
                    tuned: Setting | None = None) -> list[Setting] | None:
     """The settings of a figure study for one model × task.
 
-    Returns None when the study needs the search's choice (``lam: selected``) and
+    Returns None when the study needs the search's choice (``lam`` or ``zeta``: selected) and
     ``selection`` is None, or the padding study's own tuning (``lam: tuned``) and ``tuned`` (its
     choice) is None; ``num_layers`` (L) is needed for ``single_layer`` with ``layers: all``.
     """
-    spec, tokens = config["studies"][study], config_tokens(config)
+    spec, tokens = config["studies"][study], config["penalty"]["tokens"]
+    if "selected" in (spec.get("lam"), spec.get("zeta")) and selection is None:
+        return None
+
+    def chosen(key: str) -> float:
+        """The study's λ or ζ: the search's choice where it says selected, else its number."""
+        return getattr(selection, key) if spec[key] == "selected" else float(spec[key])
+
     if study in ("lambda_sweep", "twonn", "layerwise"):
         # λ = 0 is the baseline: it trains as Base (one run, no Σ_S pass), not as I-STAR with a zero weight
         settings = [istar_or_base(float(lam), float(spec["zeta"]), tokens) for lam in spec["lambdas"]]
@@ -209,27 +205,17 @@ def study_settings(config: dict, study: str, selection: Setting | None, num_laye
     if study == "cosreg_means":
         return [Setting("cosreg", lam=float(lam), tokens=tokens) for lam in spec["lambdas"]] + [Setting("base")]
     if study == "zeta_sweep":
-        if spec["lam"] == "selected" and selection is None:
-            return None
-        lam = selection.lam if spec["lam"] == "selected" else float(spec["lam"])
-        return [Setting("istar", lam=lam, zeta=float(zeta), tokens=tokens) for zeta in spec["zetas"]]
+        return [Setting("istar", lam=chosen("lam"), zeta=float(zeta), tokens=tokens) for zeta in spec["zetas"]]
     if study == "padding":
-        if spec["lam"] == "tuned":
-            if selection is None or tuned is None:
-                return None
-            return [Setting("base"), selection, tuned]
-        if "selected" in (spec["lam"], spec["zeta"]) and selection is None:
-            return None
-        lam = selection.lam if spec["lam"] == "selected" else float(spec["lam"])
-        zeta = selection.zeta if spec["zeta"] == "selected" else float(spec["zeta"])
-        return [Setting("base")] + [Setting("istar", lam=lam, zeta=zeta, tokens=key) for key in TOKEN_SELECTION_NAMES]
+        if spec["lam"] == "tuned":  # (with zeta: tuned, as validated)
+            return None if selection is None or tuned is None else [Setting("base"), selection, tuned]
+        return [Setting("base")] + [Setting("istar", lam=chosen("lam"), zeta=chosen("zeta"), tokens=key)
+                                    for key in TOKEN_SELECTION_NAMES]
     if study == "single_layer":
-        needs_selection = "selected" in (spec["lam"], spec["zeta"])
-        if (needs_selection and selection is None) or (spec["layers"] == "all" and num_layers is None):
+        if spec["layers"] == "all" and num_layers is None:
             return None
-        lam = selection.lam if spec["lam"] == "selected" else float(spec["lam"])
-        zeta = selection.zeta if spec["zeta"] == "selected" else float(spec["zeta"])
         layers = list(range(1, num_layers + 1)) if spec["layers"] == "all" else list(spec["layers"])
+        lam, zeta = chosen("lam"), chosen("zeta")
         return [Setting("istar", lam=lam, zeta=zeta, layer=k, tokens=tokens) for k in layers] + [
             Setting("istar", lam=lam, zeta=zeta, tokens=tokens)]
     raise ValueError(f"unknown study {study!r}")
@@ -238,8 +224,7 @@ def study_settings(config: dict, study: str, selection: Setting | None, num_laye
 def study_runs(config: dict, study: str, model: str, task: str, selection: Setting | None,
                num_layers: int | None = None, tuned: Setting | None = None) -> list[tuple[Setting, int]] | None:
     """(setting, seed) pairs of a study for one model × task (None: needs the search's or the tuning's choice)."""
-    models, tasks = study_scope(config, study)
-    if model not in models or task not in tasks or not config["studies"][study]["enabled"]:
+    if not in_study(config, study, model, task):
         return []
     settings = study_settings(config, study, selection, num_layers, tuned)
     if settings is None:

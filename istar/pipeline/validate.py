@@ -24,6 +24,7 @@ import yaml
 
 from istar.config.gpu_slots import micro_batches_per_step
 from istar.config.schema import STUDIES, ConfigError, check_schema, load_yaml
+from istar.io.artifacts import name_problem
 from istar.registry.compile_modes import compile_conflict
 from istar.report.family import MULTIPLICITY_PLANS, rank_test_warning
 
@@ -45,12 +46,16 @@ def validate_config(config: dict, check_paths: bool = True) -> dict:
     """
     config = check_schema(config)
     models, tasks = config["models"], config["tasks"]
-    _check_path_names(config)
+    # every name the config puts into a path can be a file name on the common file systems (length, characters),
+    # so that no job dies writing it (`File name too long`)
+    for key, what, name, fix in _path_names(config):
+        if (problem := name_problem(name)) is not None:
+            raise ConfigError(f"config key '{key}': {what} becomes the name {_shown(name)!r}, which {problem}; {fix}")
     for study in STUDIES:
         for model in config["studies"][study]["models"]:
-            _configured_model(f"studies.{study}.models", model, models)
+            _configured(f"studies.{study}.models", model, config, "models")
         for task in config["studies"][study]["tasks"]:
-            _configured_task(f"studies.{study}.tasks", task, tasks)
+            _configured(f"studies.{study}.tasks", task, config, "tasks")
     training = config["training"]
     if problem := compile_conflict(training["compile"], micro_batches_per_step(training), config["penalty"]["tokens"]):
         raise ConfigError(f"config key 'training.compile': {problem}")
@@ -63,9 +68,9 @@ def validate_config(config: dict, check_paths: bool = True) -> dict:
         raise ConfigError(f"config key 'training.doc_stride': {training['doc_stride']} must be smaller than half of "
                           f"training.qa_max_length = {training['qa_max_length']}, so each window still holds the question")
     for model, tasks_fixed in config["final"]["istar"].items():
-        _configured_model(f"final.istar.{model}", model, models)
+        _configured(f"final.istar.{model}", model, config, "models")
         for task, fixed in tasks_fixed.items():
-            _configured_task(f"final.istar.{model}.{task}", task, tasks)
+            _configured(f"final.istar.{model}.{task}", task, config, "tasks")
             if fixed["lam"] == 0:
                 raise ConfigError(f"config key 'final.istar.{model}.{task}.lam': λ = 0 is the baseline; fix a non-zero λ")
     search = config["search"]
@@ -73,7 +78,7 @@ def validate_config(config: dict, check_paths: bool = True) -> dict:
         raise ConfigError("config key 'search.tune_baselines': the baselines have nothing to be tuned on; give "
                           "search.batch_sizes, search.epochs and search.learning_rates (the training grid) or turn it off")
     for task in config["final"]["seeds_by_task"]:
-        _configured_task(f"final.seeds_by_task.{task}", task, tasks)
+        _configured(f"final.seeds_by_task.{task}", task, config, "tasks")
     padding = config["studies"]["padding"]
     if (padding["lam"] == "tuned") != (padding["zeta"] == "tuned"):
         raise ConfigError("config keys 'studies.padding.lam' and 'studies.padding.zeta': tuned goes with tuned (the "
@@ -86,8 +91,8 @@ def validate_config(config: dict, check_paths: bool = True) -> dict:
         raise ConfigError("config key 'inference.multiplicity': gatekeeping tests the declared primary first, but "
                           "inference.primary is null; declare the primary endpoint or use family")
     if primary is not None:
-        _configured_model("inference.primary.model", primary["model"], models)
-        _configured_task("inference.primary.task", primary["task"], tasks)
+        _configured("inference.primary.model", primary["model"], config, "models")
+        _configured("inference.primary.task", primary["task"], config, "tasks")
         if primary["contrast"] == "lambda_sweep" and not config["studies"]["lambda_sweep"]["enabled"]:
             raise ConfigError("config key 'inference.primary.contrast': lambda_sweep is the λ sweep's trend, but "
                               "studies.lambda_sweep is off; enable it or declare another contrast")
@@ -106,14 +111,11 @@ def validate_config(config: dict, check_paths: bool = True) -> dict:
     return config
 
 
-def _configured_model(key: str, model: str, models: dict) -> None:
-    if model not in models:
-        raise ConfigError(f"config key '{key}': {model!r} is not a configured model; use one of {list(models)}")
-
-
-def _configured_task(key: str, task: str, tasks: list) -> None:
-    if task not in tasks:
-        raise ConfigError(f"config key '{key}': {task!r} is not in 'tasks' ({tasks}); add it there, or remove it here")
+def _configured(key: str, name: str, config: dict, section: str) -> None:
+    """Refuse a model or task name (``section``: models | tasks) that the config does not declare."""
+    if name not in config[section]:
+        raise ConfigError(f"config key '{key}': {name!r} is not in '{section}' ({list(config[section])}); add it "
+                          "there, or remove it here")
 
 
 def _path_names(config: dict):
@@ -147,16 +149,6 @@ def _path_names(config: dict):
 def _shown(name: str) -> str:
     """A name short enough to quote in a message."""
     return name if len(name) <= 40 else f"{name[:40]}…"
-
-
-def _check_path_names(config: dict) -> None:
-    """Every name the config puts into a path can be a file name on the common file systems (length,
-    characters), so that no job dies writing it (``File name too long``)."""
-    from istar.io.artifacts import name_problem
-
-    for key, what, name, fix in _path_names(config):
-        if (problem := name_problem(name)) is not None:
-            raise ConfigError(f"config key '{key}': {what} becomes the name {_shown(name)!r}, which {problem}; {fix}")
 
 
 def model_depth(folder) -> int:
@@ -234,7 +226,21 @@ def _check_data(data: dict, tasks: list[str]) -> None:
         raise ConfigError(f"config key 'data.mirror': {mirror} does not exist (resolved from {Path.cwd()}) but "
                           "data.source is mirror; point it at a folder in the GLUE release layout or use source: hub")
     if data["source"] == "hub" or mirror is None or not mirror.is_dir():
-        _check_hub_data(data, tasks)
+        # offline (HF_HUB_OFFLINE), every task's hub dataset must be in the local cache at its revision:
+        # otherwise each prepare_data job would fail, after the whole DAG was planned
+        from istar.data.hub import hub_source
+        from istar.io.revisions import DEFAULT_REVISION, OFFLINE_FIX, cached_commit, offline
+
+        for task in tasks if offline() else ():
+            hub_id = hub_source(task, data["hub_datasets"].get(task)).hub_id
+            revision = data["hub_revisions"].get(task) or DEFAULT_REVISION
+            if cached_commit(hub_id, revision, "dataset") is None:
+                raise ConfigError(f"config key 'data.source': {task} comes from the hub (source {data['source']}"
+                                  + (f", no mirror folder {data['mirror']}" if data["source"] == "auto" else "")
+                                  + f"), but dataset {hub_id!r} at revision {revision!r} is not in the local Hugging "
+                                  f"Face cache and HF_HUB_OFFLINE is set; {OFFLINE_FIX['dataset']}, or set "
+                                  "data.source: mirror with data.mirror: a folder in the GLUE release layout "
+                                  "(config/demo-data holds the demo's)")
         return
     if data["allow_standin"]:
         return
@@ -247,25 +253,6 @@ def _check_data(data: dict, tasks: list[str]) -> None:
             raise ConfigError(f"config key 'tasks': the mirror {mirror} lacks {missing[0]} for {task}; put the file there, "
                               "use data.source: hub, or set data.allow_standin: true to split the available file into a "
                               "flagged stand-in train/validation pair")
-
-
-def _check_hub_data(data: dict, tasks: list[str]) -> None:
-    """Offline (``HF_HUB_OFFLINE``), every task's hub dataset must be in the local cache at its revision:
-    otherwise each prepare_data job would fail, after the whole DAG was planned."""
-    from istar.data.hub import hub_source
-    from istar.io.revisions import DEFAULT_REVISION, OFFLINE_FIX, cached_commit, offline
-
-    if not offline():
-        return
-    for task in tasks:
-        hub_id = hub_source(task, data["hub_datasets"].get(task)).hub_id
-        revision = data["hub_revisions"].get(task) or DEFAULT_REVISION
-        if cached_commit(hub_id, revision, "dataset") is None:
-            raise ConfigError(f"config key 'data.source': {task} comes from the hub (source {data['source']}"
-                              + (f", no mirror folder {data['mirror']}" if data["source"] == "auto" else "")
-                              + f"), but dataset {hub_id!r} at revision {revision!r} is not in the local Hugging Face "
-                              f"cache and HF_HUB_OFFLINE is set; {OFFLINE_FIX['dataset']}, or set data.source: mirror "
-                              "with data.mirror: a folder in the GLUE release layout (config/demo-data holds the demo's)")
 
 
 def _check_survey(config: dict) -> None:

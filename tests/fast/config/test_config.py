@@ -29,7 +29,7 @@ BAD = [
     ("training.gpus", -2, "config key 'training.gpus': -2 is less than the minimum of 0"),
     ("studies.zeta_sweep.zetas", [0.0, -0.2], "config key 'studies.zeta_sweep.zetas[1]'"),
     ("studies.layerwise.tasks", ["cola"], "config key 'studies.layerwise.tasks': 'cola' is not in 'tasks'"),
-    ("studies.twonn.models", ["bert"], "config key 'studies.twonn.models': 'bert' is not a configured model"),
+    ("studies.twonn.models", ["bert"], "config key 'studies.twonn.models': 'bert' is not in 'models'"),
     ("studies.single_layer.lam", "best", "config key 'studies.single_layer.lam'"),
     ("final.cosreg_lambda", 0, "config key 'final.cosreg_lambda': λ = 0 turns CosReg off"),
     ("final.cosreg_lambda", 0.0, "config key 'final.cosreg_lambda': λ = 0 turns CosReg off"),
