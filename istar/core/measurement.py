@@ -139,9 +139,7 @@ def isotropy_of_statistics(per_layer: Sequence[CovarianceAccumulator], unit_sums
         raise ValueError(f"zeta must lie in [0, 1] (0 = no shrinkage, 1 = Σ_S alone); got {zeta}")
     if not 0.0 <= twonn_discard < 1.0:
         raise ValueError(f"twonn_discard must lie in [0, 1); got {twonn_discard}")
-    count = per_layer[0].count
-    if count < 2:
-        raise ValueError(f"{count} token(s) were measured; the covariance needs at least 2")
+    count = per_layer[0].count  # (fewer than 2: each covariance below raises)
     sigma_s = _sigma_layers(sigma_s, len(per_layer), per_layer[0].dim)
     selection = resolve_layers(layers, len(per_layer))
 
@@ -255,7 +253,6 @@ class IsotropyMetric:
 def _gather_rows(rows: torch.Tensor, processes) -> torch.Tensor:
     """Every process's (n_p, d) rows, concatenated in rank order (n_p may differ: padded for the gather)."""
     sizes = processes.gather(torch.tensor([rows.shape[0]], device=processes.device)).cpu().tolist()
-    padded = torch.zeros(max(sizes), rows.shape[1], dtype=rows.dtype)
-    padded[:rows.shape[0]] = rows
+    padded = torch.nn.functional.pad(rows, (0, 0, 0, max(sizes) - rows.shape[0]))  # zero rows after this process's
     gathered = processes.gather(padded.to(processes.device)[None]).cpu()
     return torch.cat([part[:size] for part, size in zip(gathered, sizes)])
