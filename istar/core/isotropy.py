@@ -109,6 +109,12 @@ def _check_zeta(zeta: float, sigma_s, d: int, device) -> torch.Tensor | None:
     return sigma_s.to(device=device, dtype=torch.float64)
 
 
+def _shrunk(cov_x: torch.Tensor, zeta: float, sigma_s: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """Σ_ζ = (1 − ζ)·Σ_X + ζ·Σ_S (Σ_X itself without Σ_S), its trace and its squared Frobenius norm."""
+    cov = cov_x if sigma_s is None else (1.0 - zeta) * cov_x + zeta * sigma_s
+    return cov, torch.trace(cov), (cov * cov).sum()
+
+
 def _score_from_moments(trace: torch.Tensor, frobenius_sq: torch.Tensor, d: int) -> torch.Tensor:
     """IsoScore from tr Σ and ‖Σ‖_F² (docs/method.md §2), after checking they make sense."""
     if not (torch.isfinite(trace) and torch.isfinite(frobenius_sq)):
@@ -191,10 +197,8 @@ def isoscore(X) -> float:
 def isoscore_star_from_covariance(cov_x, zeta: float = 0.0, sigma_s=None) -> torch.Tensor:
     """IsoScore* of a sample covariance (Algorithm 1 from step 4 on), differentiable.
 
-    Uses ``((tr Σ_ζ)² / ‖Σ_ζ‖_F² − 1) / (d − 1)`` with
-    ``tr Σ_ζ = (1 − ζ) tr Σ_X + ζ tr Σ_S`` and
-    ``‖Σ_ζ‖_F² = (1 − ζ)²‖Σ_X‖_F² + 2ζ(1 − ζ)⟨Σ_X, Σ_S⟩ + ζ²‖Σ_S‖_F²`` (docs/method.md §2),
-    all reductions in float64. Gradients flow into ``cov_x`` by ordinary autograd; this is
+    Uses ``((tr Σ_ζ)² / ‖Σ_ζ‖_F² − 1) / (d − 1)`` with Σ_ζ = (1 − ζ)·Σ_X + ζ·Σ_S formed in
+    float64 (docs/method.md §2), as :func:`isoscore_star` does from its points. Gradients flow into ``cov_x`` by ordinary autograd; this is
     the entry point when the covariance comes from all-reduced sufficient statistics.
 
     Parameters
@@ -222,15 +226,7 @@ def isoscore_star_from_covariance(cov_x, zeta: float = 0.0, sigma_s=None) -> tor
     d = cov_x.shape[0]
     sigma_s = _check_zeta(zeta, sigma_s, d, cov_x.device)
     with torch.autocast(device_type=cov_x.device.type, enabled=False):
-        cov = cov_x.to(torch.float64)
-        trace, frob_sq = torch.trace(cov), (cov * cov).sum()
-        if sigma_s is not None:
-            trace = (1.0 - zeta) * trace + zeta * torch.trace(sigma_s)
-            frob_sq = (
-                (1.0 - zeta) ** 2 * frob_sq
-                + 2.0 * zeta * (1.0 - zeta) * (cov * sigma_s).sum()
-                + zeta**2 * (sigma_s * sigma_s).sum()
-            )
+        _, trace, frob_sq = _shrunk(cov_x.to(torch.float64), float(zeta), sigma_s)
         return _score_from_moments(trace, frob_sq, d)
 
 
@@ -260,8 +256,7 @@ class _IsoScoreStarOfPoints(torch.autograd.Function):
                 rescale = peak * (math.sqrt(n) / 128.0)  # X_c = rescale · Xs, |Xs| ≤ 128/√n
                 Xc = Xc.mul_((1.0 / rescale).to(work)).to(low)
                 cov_x = torch.mm(Xc.T, Xc).to(torch.float64).mul_(rescale * rescale / (n - 1))
-            cov = cov_x if sigma_s is None else (1.0 - zeta) * cov_x + zeta * sigma_s
-            trace, frob_sq = torch.trace(cov), (cov * cov).sum()
+            cov, trace, frob_sq = _shrunk(cov_x, zeta, sigma_s)
             score = _score_from_moments(trace, frob_sq, d)
         alpha = 2.0 * trace / frob_sq / (d - 1)
         beta = -2.0 * trace * trace / (frob_sq * frob_sq) / (d - 1)
