@@ -143,18 +143,18 @@ def isotropy_of_statistics(per_layer: Sequence[CovarianceAccumulator], unit_sums
     sigma_s = _sigma_layers(sigma_s, len(per_layer), per_layer[0].dim)
     selection = resolve_layers(layers, len(per_layer))
 
-    def star(cov: torch.Tensor, sigma: torch.Tensor | None) -> float | None:  # (ζ = 0 reads no Σ_S)
-        return None if zeta > 0 and sigma is None else float(isoscore_star_from_covariance(cov, zeta, sigma))
+    def scores(rows: CovarianceAccumulator, sigma: torch.Tensor | None) -> tuple[float | None, float]:
+        """IsoScore* against ``sigma`` (None without one, unless ζ = 0, which reads none) and IsoScore of ``rows``."""
+        cov = rows.covariance()
+        star = None if zeta > 0 and sigma is None else float(isoscore_star_from_covariance(cov, zeta, sigma))
+        return star, float(isoscore_star_from_covariance(cov, 0.0))
 
     per_layer_sigma = sigma_s if isinstance(sigma_s, list) else None
     union = merge_layers(per_layer, selection)
     overall_sigma = merge_layers(per_layer_sigma, selection).covariance() if per_layer_sigma is not None else sigma_s
-    union_cov = union.covariance()
-    overall = OverallIsotropy(selection, star(union_cov, overall_sigma),
-                              float(isoscore_star_from_covariance(union_cov, 0.0)), union.count)
+    overall = OverallIsotropy(selection, *scores(union, overall_sigma), union.count)
     warnings, scored = [], []
     for layer, accumulator in enumerate(per_layer):
-        cov = accumulator.covariance()
         twonn = None
         if cls is not None:
             try:
@@ -162,7 +162,7 @@ def isotropy_of_statistics(per_layer: Sequence[CovarianceAccumulator], unit_sums
             except ValueError as error:
                 warnings.append(f"layer {layer}: TwoNN of the [CLS] vectors is undefined ({error})")
         sigma = per_layer_sigma[layer].covariance() if per_layer_sigma is not None else None
-        scored.append(LayerIsotropy(layer, star(cov, sigma), float(isoscore_star_from_covariance(cov, 0.0)), twonn,
+        scored.append(LayerIsotropy(layer, *scores(accumulator, sigma), twonn,
                                     cosine_from_unit_sum(unit_sums[layer], count), count))
     return IsotropyReport(zeta, count, overall, scored, warnings)
 
