@@ -244,7 +244,12 @@ class _IsoScoreStarOfPoints(torch.autograd.Function):
     def forward(ctx, X, zeta, sigma_s):
         n, d = X.shape
         work = torch.float64 if X.dtype == torch.float64 else torch.float32
-        low = _product_dtype(X)
+        # The product X_cᵀX_c runs in float16 or bfloat16 where autocast in that dtype is on for X's device (fp32
+        # accumulation: cuBLAS's and oneDNN's half-precision products accumulate in float32; accuracy against
+        # float64: bench/RESULTS.md); low = None: in ``work``, the input's float32 or float64.
+        low = torch.get_autocast_dtype(X.device.type) if torch.is_autocast_enabled(X.device.type) else None
+        if X.dtype == torch.float64 or low not in (torch.float16, torch.bfloat16):
+            low = None
         with torch.autocast(device_type=X.device.type, enabled=False):
             Xc = X.to(work, copy=True)
             Xc -= X.mean(dim=0, dtype=work)
@@ -282,16 +287,6 @@ class _IsoScoreStarOfPoints(torch.autograd.Function):
             grad = torch.mm(Xc, cov).mul_((coef * beta).to(Xc.dtype))
             grad.add_(Xc, alpha=float(coef * alpha))
         return grad.to(ctx.input_dtype), None, None
-
-
-def _product_dtype(X: torch.Tensor) -> torch.dtype | None:
-    """The dtype of IsoScore*'s product X_cᵀX_c: float16 or bfloat16 when autocast in that dtype is on for
-    ``X``'s device (fp32 accumulation: cuBLAS's and oneDNN's half-precision products accumulate in float32),
-    None (the input's float32 or float64) otherwise. Accuracy against float64: bench/RESULTS.md."""
-    if X.dtype == torch.float64 or not torch.is_autocast_enabled(X.device.type):
-        return None
-    dtype = torch.get_autocast_dtype(X.device.type)
-    return dtype if dtype in (torch.float16, torch.bfloat16) else None
 
 
 def isoscore_star(X, zeta: float = 0.0, sigma_s=None) -> torch.Tensor:
