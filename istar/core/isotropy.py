@@ -92,7 +92,8 @@ def check_sigma_s(sigma_s) -> torch.Tensor:
 
 
 def _check_zeta(zeta: float, sigma_s, d: int, device) -> torch.Tensor | None:
-    """Validate the shrinkage weight and return Σ_S as float64 on ``device`` (None if ζ = 0)."""
+    """Validate the shrinkage weight and Σ_S's shape and return Σ_S as float64 on ``device`` (None if ζ = 0); a
+    non-finite Σ_S is refused where the score's moments are (:func:`_score_from_moments`)."""
     zeta = float(zeta)
     if not 0.0 <= zeta <= 1.0:  # (NaN too: every comparison with it is false)
         raise ValueError(f"zeta must lie in [0, 1] (0 = no shrinkage, 1 = Σ_S alone); got {zeta}")
@@ -104,8 +105,6 @@ def _check_zeta(zeta: float, sigma_s, d: int, device) -> torch.Tensor | None:
     if sigma_s.shape[0] != d:
         raise ValueError(f"sigma_s has shape {tuple(sigma_s.shape)} but the points have d = {d}: compute Σ_S on the "
                          "same model (istar.shrinkage_covariance)")
-    if not torch.isfinite(sigma_s).all():
-        raise ValueError("sigma_s contains NaN or inf")
     return sigma_s.to(device=device, dtype=torch.float64)
 
 
@@ -118,7 +117,7 @@ def _shrunk(cov_x: torch.Tensor, zeta: float, sigma_s: torch.Tensor | None) -> t
 def _score_from_moments(trace: torch.Tensor, frobenius_sq: torch.Tensor, d: int) -> torch.Tensor:
     """IsoScore from tr Σ and ‖Σ‖_F² (docs/method.md §2), after checking they make sense."""
     if not (torch.isfinite(trace) and torch.isfinite(frobenius_sq)):
-        raise ValueError("the covariance is not finite: the input contains NaN or inf (or overflows)")
+        raise ValueError("the covariance is not finite: the points or Σ_S contain NaN or inf (or overflow)")
     if frobenius_sq <= 0:
         raise ValueError("the covariance has zero total variance (all points identical): isotropy is undefined")
     return (trace * trace / frobenius_sq - 1.0) / (d - 1)
