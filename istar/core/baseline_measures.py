@@ -14,7 +14,7 @@ import math
 import torch
 
 __all__ = ["average_cosine_similarity", "cosine_from_unit_sum", "partition_isotropy", "partition_isotropy_one_sign",
-           "FP32_EXP_LIMIT"]
+           "FP32_EXP_LIMIT", "finite_rows"]
 
 
 def cosine_from_unit_sum(unit_sum: torch.Tensor, count: int) -> float:
@@ -24,7 +24,7 @@ def cosine_from_unit_sum(unit_sum: torch.Tensor, count: int) -> float:
     return float((unit_sum @ unit_sum - count) / (count * (count - 1)))
 
 
-def _rows(X, at_least: int) -> torch.Tensor:
+def finite_rows(X, at_least: int) -> torch.Tensor:
     """``X`` as a finite float64 (n, d) tensor with n ≥ ``at_least`` rows, or a ValueError naming what is wrong."""
     X = torch.as_tensor(X).to(torch.float64)
     if X.ndim != 2 or X.shape[0] < at_least:
@@ -57,7 +57,7 @@ def average_cosine_similarity(X) -> float:
     >>> round(istar.average_cosine_similarity(torch.randn(4000, 64) + 10.0), 2)   # one common offset
     0.99
     """
-    X = _rows(X, 2)
+    X = finite_rows(X, 2)
     norms = torch.linalg.vector_norm(X, dim=1, keepdim=True)
     if (norms == 0).any():
         raise ValueError("X contains zero vectors, whose cosine similarity is undefined")
@@ -92,7 +92,7 @@ def partition_isotropy(X) -> float:
     >>> 0.0 < istar.partition_isotropy(torch.randn(1000, 8)) <= 1.0
     True
     """
-    X = _rows(X, 1)
+    X = finite_rows(X, 1)
     _, eigenvectors = torch.linalg.eigh(X.T @ X)
     projections = X @ eigenvectors  # (n, d): cᵀx for every point and eigenvector
     log_z = torch.cat([torch.logsumexp(projections, dim=0), torch.logsumexp(-projections, dim=0)])
@@ -124,7 +124,7 @@ def partition_isotropy_one_sign(X, eigenvectors) -> tuple[float, float]:
     -------
     (I₁ in (0, 1], max_exponent).
     """
-    X = _rows(X, 1)
+    X = finite_rows(X, 1)
     C = torch.as_tensor(eigenvectors).to(device=X.device, dtype=torch.float64)
     if C.ndim != 2 or C.shape[0] != X.shape[1]:
         raise ValueError(f"eigenvectors must have shape (d, k) with d = {X.shape[1]}; got {tuple(C.shape)}")

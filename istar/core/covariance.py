@@ -100,9 +100,6 @@ class CovarianceAccumulator:
             raise ValueError(f"the covariance needs at least 2 rows; {self.count} were added")
         return self.m2 / (self.count - 1)
 
-    def state_dict(self) -> dict:
-        return {"count": self.count, "mean": self.mean.clone(), "m2": self.m2.clone()}
-
     @classmethod
     def from_state_dict(cls, state: dict) -> "CovarianceAccumulator":
         acc = cls(state["mean"].numel(), device=state["mean"].device)

@@ -92,7 +92,8 @@ def check_sigma_s(sigma_s) -> torch.Tensor:
 
 
 def _check_zeta(zeta: float, sigma_s, d: int, device) -> torch.Tensor | None:
-    """Validate the shrinkage weight and return Σ_S as float64 on ``device`` (None if ζ = 0)."""
+    """Validate the shrinkage weight and Σ_S's shape and return Σ_S as float64 on ``device`` (None if ζ = 0); a
+    non-finite Σ_S is refused where the score's moments are (:func:`_score_from_moments`)."""
     zeta = float(zeta)
     if not 0.0 <= zeta <= 1.0:  # (NaN too: every comparison with it is false)
         raise ValueError(f"zeta must lie in [0, 1] (0 = no shrinkage, 1 = Σ_S alone); got {zeta}")
@@ -104,15 +105,19 @@ def _check_zeta(zeta: float, sigma_s, d: int, device) -> torch.Tensor | None:
     if sigma_s.shape[0] != d:
         raise ValueError(f"sigma_s has shape {tuple(sigma_s.shape)} but the points have d = {d}: compute Σ_S on the "
                          "same model (istar.shrinkage_covariance)")
-    if not torch.isfinite(sigma_s).all():
-        raise ValueError("sigma_s contains NaN or inf")
     return sigma_s.to(device=device, dtype=torch.float64)
+
+
+def _shrunk(cov_x: torch.Tensor, zeta: float, sigma_s: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """Σ_ζ = (1 − ζ)·Σ_X + ζ·Σ_S (Σ_X itself without Σ_S), its trace and its squared Frobenius norm."""
+    cov = cov_x if sigma_s is None else (1.0 - zeta) * cov_x + zeta * sigma_s
+    return cov, torch.trace(cov), (cov * cov).sum()
 
 
 def _score_from_moments(trace: torch.Tensor, frobenius_sq: torch.Tensor, d: int) -> torch.Tensor:
     """IsoScore from tr Σ and ‖Σ‖_F² (docs/method.md §2), after checking they make sense."""
     if not (torch.isfinite(trace) and torch.isfinite(frobenius_sq)):
-        raise ValueError("the covariance is not finite: the input contains NaN or inf (or overflows)")
+        raise ValueError("the covariance is not finite: the points or Σ_S contain NaN or inf (or overflow)")
     if frobenius_sq <= 0:
         raise ValueError("the covariance has zero total variance (all points identical): isotropy is undefined")
     return (trace * trace / frobenius_sq - 1.0) / (d - 1)
@@ -191,10 +196,8 @@ def isoscore(X) -> float:
 def isoscore_star_from_covariance(cov_x, zeta: float = 0.0, sigma_s=None) -> torch.Tensor:
     """IsoScore* of a sample covariance (Algorithm 1 from step 4 on), differentiable.
 
-    Uses ``((tr Σ_ζ)² / ‖Σ_ζ‖_F² − 1) / (d − 1)`` with
-    ``tr Σ_ζ = (1 − ζ) tr Σ_X + ζ tr Σ_S`` and
-    ``‖Σ_ζ‖_F² = (1 − ζ)²‖Σ_X‖_F² + 2ζ(1 − ζ)⟨Σ_X, Σ_S⟩ + ζ²‖Σ_S‖_F²`` (docs/method.md §2),
-    all reductions in float64. Gradients flow into ``cov_x`` by ordinary autograd; this is
+    Uses ``((tr Σ_ζ)² / ‖Σ_ζ‖_F² − 1) / (d − 1)`` with Σ_ζ = (1 − ζ)·Σ_X + ζ·Σ_S formed in
+    float64 (docs/method.md §2), as :func:`isoscore_star` does from its points. Gradients flow into ``cov_x`` by ordinary autograd; this is
     the entry point when the covariance comes from all-reduced sufficient statistics.
 
     Parameters
@@ -222,15 +225,7 @@ def isoscore_star_from_covariance(cov_x, zeta: float = 0.0, sigma_s=None) -> tor
     d = cov_x.shape[0]
     sigma_s = _check_zeta(zeta, sigma_s, d, cov_x.device)
     with torch.autocast(device_type=cov_x.device.type, enabled=False):
-        cov = cov_x.to(torch.float64)
-        trace, frob_sq = torch.trace(cov), (cov * cov).sum()
-        if sigma_s is not None:
-            trace = (1.0 - zeta) * trace + zeta * torch.trace(sigma_s)
-            frob_sq = (
-                (1.0 - zeta) ** 2 * frob_sq
-                + 2.0 * zeta * (1.0 - zeta) * (cov * sigma_s).sum()
-                + zeta**2 * (sigma_s * sigma_s).sum()
-            )
+        _, trace, frob_sq = _shrunk(cov_x.to(torch.float64), float(zeta), sigma_s)
         return _score_from_moments(trace, frob_sq, d)
 
 
@@ -248,7 +243,12 @@ class _IsoScoreStarOfPoints(torch.autograd.Function):
     def forward(ctx, X, zeta, sigma_s):
         n, d = X.shape
         work = torch.float64 if X.dtype == torch.float64 else torch.float32
-        low = _product_dtype(X)
+        # The product X_cᵀX_c runs in float16 or bfloat16 where autocast in that dtype is on for X's device (fp32
+        # accumulation: cuBLAS's and oneDNN's half-precision products accumulate in float32; accuracy against
+        # float64: bench/RESULTS.md); low = None: in ``work``, the input's float32 or float64.
+        low = torch.get_autocast_dtype(X.device.type) if torch.is_autocast_enabled(X.device.type) else None
+        if X.dtype == torch.float64 or low not in (torch.float16, torch.bfloat16):
+            low = None
         with torch.autocast(device_type=X.device.type, enabled=False):
             Xc = X.to(work, copy=True)
             Xc -= X.mean(dim=0, dtype=work)
@@ -260,8 +260,7 @@ class _IsoScoreStarOfPoints(torch.autograd.Function):
                 rescale = peak * (math.sqrt(n) / 128.0)  # X_c = rescale · Xs, |Xs| ≤ 128/√n
                 Xc = Xc.mul_((1.0 / rescale).to(work)).to(low)
                 cov_x = torch.mm(Xc.T, Xc).to(torch.float64).mul_(rescale * rescale / (n - 1))
-            cov = cov_x if sigma_s is None else (1.0 - zeta) * cov_x + zeta * sigma_s
-            trace, frob_sq = torch.trace(cov), (cov * cov).sum()
+            cov, trace, frob_sq = _shrunk(cov_x, zeta, sigma_s)
             score = _score_from_moments(trace, frob_sq, d)
         alpha = 2.0 * trace / frob_sq / (d - 1)
         beta = -2.0 * trace * trace / (frob_sq * frob_sq) / (d - 1)
@@ -287,16 +286,6 @@ class _IsoScoreStarOfPoints(torch.autograd.Function):
             grad = torch.mm(Xc, cov).mul_((coef * beta).to(Xc.dtype))
             grad.add_(Xc, alpha=float(coef * alpha))
         return grad.to(ctx.input_dtype), None, None
-
-
-def _product_dtype(X: torch.Tensor) -> torch.dtype | None:
-    """The dtype of IsoScore*'s product X_cᵀX_c: float16 or bfloat16 when autocast in that dtype is on for
-    ``X``'s device (fp32 accumulation: cuBLAS's and oneDNN's half-precision products accumulate in float32),
-    None (the input's float32 or float64) otherwise. Accuracy against float64: bench/RESULTS.md."""
-    if X.dtype == torch.float64 or not torch.is_autocast_enabled(X.device.type):
-        return None
-    dtype = torch.get_autocast_dtype(X.device.type)
-    return dtype if dtype in (torch.float16, torch.bfloat16) else None
 
 
 def isoscore_star(X, zeta: float = 0.0, sigma_s=None) -> torch.Tensor:

@@ -139,24 +139,22 @@ def isotropy_of_statistics(per_layer: Sequence[CovarianceAccumulator], unit_sums
         raise ValueError(f"zeta must lie in [0, 1] (0 = no shrinkage, 1 = Σ_S alone); got {zeta}")
     if not 0.0 <= twonn_discard < 1.0:
         raise ValueError(f"twonn_discard must lie in [0, 1); got {twonn_discard}")
-    count = per_layer[0].count
-    if count < 2:
-        raise ValueError(f"{count} token(s) were measured; the covariance needs at least 2")
+    count = per_layer[0].count  # (fewer than 2: each covariance below raises)
     sigma_s = _sigma_layers(sigma_s, len(per_layer), per_layer[0].dim)
     selection = resolve_layers(layers, len(per_layer))
 
-    def star(cov: torch.Tensor, sigma: torch.Tensor | None) -> float | None:  # (ζ = 0 reads no Σ_S)
-        return None if zeta > 0 and sigma is None else float(isoscore_star_from_covariance(cov, zeta, sigma))
+    def scores(rows: CovarianceAccumulator, sigma: torch.Tensor | None) -> tuple[float | None, float]:
+        """IsoScore* against ``sigma`` (None without one, unless ζ = 0, which reads none) and IsoScore of ``rows``."""
+        cov = rows.covariance()
+        star = None if zeta > 0 and sigma is None else float(isoscore_star_from_covariance(cov, zeta, sigma))
+        return star, float(isoscore_star_from_covariance(cov, 0.0))
 
     per_layer_sigma = sigma_s if isinstance(sigma_s, list) else None
     union = merge_layers(per_layer, selection)
     overall_sigma = merge_layers(per_layer_sigma, selection).covariance() if per_layer_sigma is not None else sigma_s
-    union_cov = union.covariance()
-    overall = OverallIsotropy(selection, star(union_cov, overall_sigma),
-                              float(isoscore_star_from_covariance(union_cov, 0.0)), union.count)
+    overall = OverallIsotropy(selection, *scores(union, overall_sigma), union.count)
     warnings, scored = [], []
     for layer, accumulator in enumerate(per_layer):
-        cov = accumulator.covariance()
         twonn = None
         if cls is not None:
             try:
@@ -164,7 +162,7 @@ def isotropy_of_statistics(per_layer: Sequence[CovarianceAccumulator], unit_sums
             except ValueError as error:
                 warnings.append(f"layer {layer}: TwoNN of the [CLS] vectors is undefined ({error})")
         sigma = per_layer_sigma[layer].covariance() if per_layer_sigma is not None else None
-        scored.append(LayerIsotropy(layer, star(cov, sigma), float(isoscore_star_from_covariance(cov, 0.0)), twonn,
+        scored.append(LayerIsotropy(layer, *scores(accumulator, sigma), twonn,
                                     cosine_from_unit_sum(unit_sums[layer], count), count))
     return IsotropyReport(zeta, count, overall, scored, warnings)
 
@@ -255,7 +253,6 @@ class IsotropyMetric:
 def _gather_rows(rows: torch.Tensor, processes) -> torch.Tensor:
     """Every process's (n_p, d) rows, concatenated in rank order (n_p may differ: padded for the gather)."""
     sizes = processes.gather(torch.tensor([rows.shape[0]], device=processes.device)).cpu().tolist()
-    padded = torch.zeros(max(sizes), rows.shape[1], dtype=rows.dtype)
-    padded[:rows.shape[0]] = rows
+    padded = torch.nn.functional.pad(rows, (0, 0, 0, max(sizes) - rows.shape[0]))  # zero rows after this process's
     gathered = processes.gather(padded.to(processes.device)[None]).cpu()
     return torch.cat([part[:size] for part, size in zip(gathered, sizes)])

@@ -262,9 +262,8 @@ def squad_metrics(predictions: Mapping[str, str], references: Mapping[str, Seque
     if unknown:
         raise ValueError(f"{len(unknown)} prediction(s) for question ids not in references, e.g. {unknown[:3]!r}")
     answered = [(predictions[key], truths) for key, truths in references.items() if key in predictions]
-    exact_match = sum(exact_match_score(prediction, truths) for prediction, truths in answered)
-    f1 = sum(f1_score(prediction, truths) for prediction, truths in answered)
-    return {"exact_match": 100.0 * exact_match / len(references), "f1": 100.0 * f1 / len(references)}
+    return {name: 100.0 * sum(score(prediction, truths) for prediction, truths in answered) / len(references)
+            for name, score in (("exact_match", exact_match_score), ("f1", f1_score))}
 
 
 # --------------------------------------------------------------------------------------

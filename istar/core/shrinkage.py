@@ -187,7 +187,7 @@ def load_layer_statistics(path) -> tuple[list[CovarianceAccumulator], dict]:
     return per_layer, provenance
 
 
-def load_shrinkage(path, expected_layers: list[int] | None = None, expected_dim: int | None = None) -> tuple[torch.Tensor, dict]:
+def load_shrinkage(path, expected_layers: list[int] | None = None) -> tuple[torch.Tensor, dict]:
     """Σ_S of a layer selection from a file written by :func:`save_shrinkage`.
 
     Parameters
@@ -196,16 +196,12 @@ def load_shrinkage(path, expected_layers: list[int] | None = None, expected_dim:
     expected_layers : hidden-state indices; Σ_S of their union is rebuilt from the per-layer
         statistics (so the file of the global penalty also serves one-layer penalties).
         None: the file's own selection.
-    expected_dim : the model's hidden size, checked against the file.
 
     Returns
     -------
     (sigma (d, d) float64, provenance dict with ``layers`` and ``rows`` of the selection)
     """
     per_layer, provenance = load_layer_statistics(path)
-    dim = per_layer[0].dim
-    if expected_dim is not None and dim != expected_dim:
-        raise ValueError(f"{path} holds statistics of dimension {dim} but the model's hidden size is {expected_dim}")
     layers = list(expected_layers) if expected_layers is not None else list(provenance["layers"])
     if not all(0 <= i < len(per_layer) for i in layers):
         raise ValueError(f"{path} has statistics for hidden states 0..{len(per_layer) - 1}, not for layers {layers}")

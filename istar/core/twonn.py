@@ -12,6 +12,8 @@ import math
 import numpy as np
 import torch
 
+from istar.core.baseline_measures import finite_rows
+
 __all__ = ["twonn_dimension", "KDTREE_MAX_DIM"]
 
 
@@ -133,12 +135,7 @@ def twonn_dimension(X, discard_fraction: float = 0.1, chunk_size: int = 1024, se
         raise ValueError(f"discard_fraction must lie in [0, 1); got {discard_fraction}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive; got {chunk_size}")
-    X = torch.as_tensor(X)
-    if X.ndim != 2:
-        raise ValueError(f"X must be a 2-D point cloud of shape (n, d); got shape {tuple(X.shape)}")
-    X = X.to(torch.float64)
-    if not torch.isfinite(X).all():
-        raise ValueError("X contains NaN or inf")
+    X = finite_rows(X, 1)
     # the distinct rows in lexicographic order (torch.unique(X, dim=0)'s rows); NumPy sorts the rows as records,
     # faster than a column-by-column lexsort at model widths (2,000 × 768: about 31 ms against 303 ms, measured)
     X = torch.from_numpy(np.unique(X.cpu().numpy(), axis=0))

@@ -150,7 +150,7 @@ class IStarConfig:
         if not isinstance(sigma, torch.Tensor):
             states = int(model.config.num_hidden_layers) + 1
             try:
-                sigma, _ = load_shrinkage(self.sigma_s, resolve_layers(self.layers, states), expected_dim=hidden_size)
+                sigma, _ = load_shrinkage(self.sigma_s, resolve_layers(self.layers, states))
             except DamagedArtifactError as error:  # the workflow's fix (snakemake) means nothing to a library user
                 raise DamagedArtifactError(error.path, error.problem, fix="write it again with `istar shrinkage`, or "
                                            "give IStarConfig(sigma_s=istar.shrinkage_covariance(model, loader))"

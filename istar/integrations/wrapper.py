@@ -208,8 +208,7 @@ class IStarModel(IStarHolder, torch.nn.Module):
                              "that takes labels and output_hidden_states=True and returns a ModelOutput")
         penalty = self.istar.penalty(hidden_states, kwargs.get("attention_mask"), self.sigma_s)
         self._istar_logs.add(penalty_logs(self.istar, outputs.loss, penalty))
-        share = 1.0 if kwargs.get("num_items_in_batch") is None else penalty_share(
-            kwargs.get("labels"), kwargs["num_items_in_batch"], shifted=self._shifts_labels())
+        share = penalty_share(kwargs.get("labels"), kwargs.get("num_items_in_batch"), shifted=self._shifts_labels())
         outputs["loss"] = outputs.loss + share * penalty.term
         return outputs
 
@@ -292,13 +291,10 @@ class IStarCallback(TrainerCallback):
                                 "IStarCallback(loss) for an IStarLoss")
             self.target = model
         _move_to_the_head(self)
-        self._refresh(args, int(state.epoch or 0))
+        self.on_epoch_begin(args, state, control)
 
     def on_epoch_begin(self, args, state, control, **kwargs):
-        self._refresh(args, int(state.epoch or 0))
-
-    def _refresh(self, args, epoch: int) -> None:
-        score = self.target.refresh_sigma(epoch, progress=not args.disable_tqdm)
+        score = self.target.refresh_sigma(int(state.epoch or 0), progress=not args.disable_tqdm)
         if score is not None:
             self._pending["sigma_s_isoscore"] = score
 

@@ -66,18 +66,14 @@ _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?",
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 
 
-class _Short(Exception):
-    """The file ended inside its header."""
-
-
 class _Reader:
     def __init__(self, handle, order: str):
         self.handle, self.order = handle, order
 
     def read(self, size: int) -> bytes:
-        """The next ``size`` bytes; :class:`_Short` where the file ends first."""
+        """The next ``size`` bytes; EOFError where the file ends first (inside the header)."""
         if size < 0 or len(data := self.handle.read(size)) < size:
-            raise _Short
+            raise EOFError
         return data
 
     def take(self, fmt: str):
@@ -131,7 +127,7 @@ def gguf_problem(path) -> str | None:
                 block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
                 end = max(end, offset + math.prod(dims) // block * block_bytes)
             start = -(-handle.tell() // alignment) * alignment
-    except _Short:
+    except EOFError:
         return f"{path} is incomplete: it ends ({size:,} bytes) inside its header: {_REFETCH}"
     except (ValueError, KeyError) as error:
         return f"{path} is damaged (its header is not readable GGUF: {error}): {_REFETCH}"

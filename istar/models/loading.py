@@ -26,13 +26,11 @@ import importlib.util
 import inspect
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from istar.io import artifacts
-from istar.io.revisions import (DEFAULT_REVISION, OFFLINE_FIX, RevisionUnavailableError, cached_commit, offline,
-                                resolve_revision)
+from istar.io.revisions import DEFAULT_REVISION, OFFLINE_FIX, cached_commit, offline, resolve_revision
 from istar.models.files import folder_weights_problem, gguf_problem
 from istar.registry.tasks import Task
 
@@ -344,12 +342,9 @@ def add_cli_arguments(parser) -> None:
 
 
 def run_cli(args) -> int:
-    """``istar pin-model``: resolve a model source once and write its pin file."""
-    try:
-        pin = pin_model(args.source)
-    except (ValueError, RevisionUnavailableError) as error:
-        print(f"istar pin-model: error: {error}", file=sys.stderr)
-        return 1
+    """``istar pin-model``: resolve a model source once and write its pin file (a source that cannot be pinned:
+    one line from :func:`istar.cli.main`, exit 2, nothing written)."""
+    pin = pin_model(args.source)
     artifacts.write_text(args.out, json.dumps(pin, indent=2) + "\n")
     print(f"{args.source} -> {pin['pinned']}")
     return 0

@@ -82,42 +82,30 @@ def parameter_count(model: torch.nn.Module) -> int:
     return sum({parameter.data_ptr(): parameter.numel() for parameter in model.parameters()}.values())
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but torch sees no CUDA GPU here: use --device cpu or auto")
-    return device
-
-
 def load_for_survey(spec) -> LoadedModel:
     """Load the model and tokenizer a :class:`~istar.steps.survey.SurveySpec` names, in eval mode on its device."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-    device = _device(spec.device)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if spec.device == "auto" else spec.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {spec.device!r} asked for, but torch sees no CUDA GPU here: use --device cpu or auto")
     # On a CPU a reduced dtype runs as bfloat16 where the processor has it natively, else float32.
     dtype_name = run_dtype(spec.dtype, device.type)
     dtype = getattr(torch, dtype_name)
     gguf = gguf_location(spec.model)
-    if gguf is not None:
-        if spec.revision:
-            raise ValueError(f"model source {spec.model!r} is a GGUF file: it has no revisions (drop --revision)")
-        folder, name = gguf
-        location, kwargs = str(folder), {"gguf_file": name, "local_files_only": True}
-        provenance = {"model": spec.model, "revision": None, "model_path": str(folder / name),
-                      "commit": None, "file_sha256": artifacts.file_digest(folder / name), "format": "gguf (dequantised)"}
-    else:
-        location = resolve_model_source(spec.model)
-        local = Path(location).is_dir()
-        if local and spec.revision:
-            raise ValueError(f"model source {spec.model!r} is a local folder: it has no revisions (drop --revision)")
-        # Load by commit: a branch (Pythia's step143000) may move, and the commit is what was measured.
-        commit = None if local else resolve_revision(location, spec.revision)
-        kwargs = {"local_files_only": local, **({"revision": commit} if commit else {})}
-        provenance = {"model": spec.model, "revision": spec.revision, "model_path": location, "commit": commit,
-                      "format": "transformers"}
-    kwargs["trust_remote_code"] = spec.trust_remote_code
+    file = gguf[0] / gguf[1] if gguf is not None else None  # a GGUF file loads from its folder, by name
+    location = str(file.parent) if file is not None else resolve_model_source(spec.model)
+    local = file is not None or Path(location).is_dir()
+    if local and spec.revision:
+        raise ValueError(f"model source {spec.model!r} is a {'GGUF file' if file else 'local folder'}: it has no "
+                         "revisions (drop --revision)")
+    # Load by commit: a branch (Pythia's step143000) may move, and the commit is what was measured.
+    commit = None if local else resolve_revision(location, spec.revision)
+    kwargs = {"local_files_only": local, "trust_remote_code": spec.trust_remote_code,
+              **({"revision": commit} if commit else {}), **({"gguf_file": file.name} if file else {})}
+    provenance = {"model": spec.model, "revision": spec.revision, "model_path": str(file or location), "commit": commit,
+                  **({"file_sha256": artifacts.file_digest(file), "format": "gguf (dequantised)"} if file
+                     else {"format": "transformers"})}
     try:
         config = AutoConfig.from_pretrained(location, **kwargs)
     except ValueError as error:
@@ -128,7 +116,7 @@ def load_for_survey(spec) -> LoadedModel:
                          "having read that code") from None
     # A causal LM (which has an output matrix) by its architecture's name; GGUF configs carry no
     # ``architectures`` (a PretrainedConfig's default is None), and every architecture GGUF stores is a causal LM.
-    causal = gguf is not None or any(name.endswith(CAUSAL_SUFFIXES) for name in config.architectures or ())
+    causal = file is not None or any(name.endswith(CAUSAL_SUFFIXES) for name in config.architectures or ())
     loader = AutoModelForCausalLM if causal else AutoModel
     model = loader.from_pretrained(location, dtype=dtype, **kwargs).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)

@@ -18,21 +18,15 @@ from dataclasses import dataclass
 
 import torch
 
+from istar.config.schema import default_of
 from istar.core.covariance import CovarianceAccumulator
 from istar.core.regularizers import LayerSelection, resolve_layers
 from istar.core.shrinkage import add_hidden_states, current_processes, merge_across_processes, merge_layers
 from istar.core.tokens import get_token_selection
 from istar.models.hidden_states import hidden_state_pass
 
-__all__ = ["default_rows", "progress_disabled", "forked_rng", "accumulate_shrinkage", "SigmaStatistics",
+__all__ = ["progress_disabled", "forked_rng", "accumulate_shrinkage", "SigmaStatistics",
            "sigma_statistics", "shrinkage_covariance", "text_batches", "SigmaSchedule"]
-
-
-def default_rows() -> int:
-    """The row budget of Σ_S when none is given: the config schema's ``shrinkage.rows`` (250,000, the paper's)."""
-    from istar.config.schema import default_of
-
-    return int(default_of("shrinkage.rows"))
 
 
 def progress_disabled(show: bool = True, accelerator=None) -> bool:
@@ -76,7 +70,7 @@ def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSelection =
     layers : the selection whose rows (tokens × selected layers) are counted against
         ``shrinkage_rows`` (see :data:`istar.core.regularizers.LayerSelection`).
     shrinkage_rows : stop once the selected layers hold this many rows, all processes together;
-        fewer if the data runs out. None: :func:`default_rows`.
+        fewer if the data runs out. None: the config schema's ``shrinkage.rows`` (250,000, the paper's).
     accelerator : an ``accelerate.Accelerator`` for autocast and the merge across processes;
         None runs on the model's device and merges through ``torch.distributed`` when a
         process group with several ranks is initialised (:func:`istar.core.shrinkage.current_processes`).
@@ -93,10 +87,10 @@ def accumulate_shrinkage(model, loader: Iterable[dict], layers: LayerSelection =
     """
     from tqdm.auto import tqdm
 
-    shrinkage_rows = default_rows() if shrinkage_rows is None else int(shrinkage_rows)
+    shrinkage_rows = int(default_of("shrinkage.rows") if shrinkage_rows is None else shrinkage_rows)
     if shrinkage_rows < 2:
         raise ValueError(f"shrinkage_rows = {shrinkage_rows}: Σ_S needs at least 2 rows "
-                         f"(the default is {default_rows():,})")
+                         f"(the default is {default_of('shrinkage.rows'):,})")
     processes = current_processes(accelerator)
     target = math.ceil(shrinkage_rows / processes.size)
     device = next(model.parameters()).device
@@ -156,13 +150,10 @@ def text_batches(texts: Sequence, tokenizer, batch_size: int = 32, max_length: i
     if texts and not isinstance(texts[0], (str, tuple, list)):
         raise TypeError(f"texts must be strings or (text, text) pairs; got {type(texts[0]).__name__} "
                         "(pass tokenised batches as a DataLoader instead, without tokenizer=)")
-    batches = []
-    for start in range(0, len(texts), batch_size):
-        chunk = texts[start:start + batch_size]
-        columns = (chunk,) if isinstance(chunk[0], str) else ([item[0] for item in chunk], [item[1] for item in chunk])
-        batches.append(dict(tokenizer(*columns, padding=True, truncation=True, max_length=max_length,
-                                      return_tensors="pt")))
-    return batches
+    chunks = [texts[start:start + batch_size] for start in range(0, len(texts), batch_size)]
+    # a chunk of pairs is tokenised as two columns, its first and its second texts
+    return [dict(tokenizer(*((chunk,) if isinstance(chunk[0], str) else map(list, zip(*chunk))), padding=True,
+                           truncation=True, max_length=max_length, return_tensors="pt")) for chunk in chunks]
 
 
 def shrinkage_covariance(model, data, tokenizer=None, *, layers: LayerSelection = "all", tokens: str = "real",

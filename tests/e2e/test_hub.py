@@ -120,7 +120,7 @@ def test_offline_missing_model_is_one_clear_line(hub, online, monkeypatch, tmp_p
     out = tmp_path / "pin.json"
     result = subprocess.run([sys.executable, "-m", "istar", "pin-model", "--source", f"{HUB_MODEL}@v2", "--out", str(out)],
                             cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "HF_HUB_OFFLINE" in result.stderr and not out.exists()
 
 
