@@ -78,12 +78,8 @@ def _read_mirror_split(task: Task, path: Path, split: str, subset: bool) -> tupl
     otherwise pass as the whole split.
     """
     logger.info("reading %s", path)
-    if task.kind == "qa":
-        frame = read_squad_json(path)
-        places = [f"question id {key}" for key in frame["id"]]
-    else:
-        frame, lines = read_sst5(path) if task.key == "sst5" else read_glue_tsv(path, GLUE_TSV[task.key], task)
-        places = [f"line {line}" for line in lines]
+    frame, places = (read_squad_json(path) if task.kind == "qa" else read_sst5(path) if task.key == "sst5"
+                     else read_glue_tsv(path, task))
     official = task.rows[SPLITS.index(split)]
     if not subset and len(frame) != official:
         raise IncompleteSplitError(
