@@ -11,19 +11,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from istar.config.schema import default_of
+from istar.config.schema import default_of, out_of_range, schema_entry
 from istar.data.hub import HubUnavailableError, hub_source, load_hub
 from istar.data.mirror import MIRROR_ENV, load_mirror, resolve_mirror
 from istar.data.storage import write_prepared
 from istar.registry.tasks import SPLITS, get_task
 
-__all__ = ["SOURCES", "load_task", "prepare_task", "prepare_from_spec", "run_cli"]
+__all__ = ["load_task", "prepare_task", "prepare_from_spec", "run_cli"]
 
 logger = logging.getLogger(__name__)
-
-SOURCES = ("auto", "hub", "mirror")
-"""Accepted values of ``source``."""
-
 
 def load_task(task: str, source: str = "auto", mirror: str | Path | None = None, allow_standin: bool = False,
               standin_fraction: float = default_of("data.standin_fraction"), seed: int = 0, revision: str | None = None,
@@ -81,14 +77,11 @@ def load_task(task: str, source: str = "auto", mirror: str | Path | None = None,
     FileNotFoundError
         ``source="mirror"`` and the mirror folder does not exist.
     ValueError
-        Unknown task or source, bad arguments, or malformed data (naming file and line).
+        Unknown task, an argument outside its ``data.*`` range in the config schema, or malformed data
+        (naming file and line).
     """
     entry = get_task(task)
-    if source not in SOURCES:
-        raise ValueError(f"unknown data source {source!r}; use one of: {', '.join(SOURCES)}")
-    if not 0 < standin_fraction < 1:
-        raise ValueError(f"standin_fraction must be in (0, 1), got {standin_fraction!r}")
-    _check_count("seed", seed, minimum=0)
+    _check_settings(source=source, standin_fraction=standin_fraction, seed=seed)
     root, origin = resolve_mirror(mirror)
     if source == "mirror" and root is None:
         raise ValueError(f"data source 'mirror' needs a mirror folder ({origin}): pass --mirror DIR (the config's "
@@ -117,9 +110,12 @@ def load_task(task: str, source: str = "auto", mirror: str | Path | None = None,
                     "files": {}, "standin": False, "standin_note": None, **provenance, "source_requested": source}
 
 
-def _check_count(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+def _check_settings(**values) -> None:
+    """A ValueError for the first value out of the range of its setting ``data.NAME`` in the schema (the range
+    the config and the step's spec are held to)."""
+    for name, value in values.items():
+        if problem := out_of_range(value, schema_entry(f"data.{name}")):
+            raise ValueError(f"{name} must {problem}; got {value!r}")
 
 
 def _subsample(frame: pd.DataFrame, max_samples: int | None, seed: int, stream: int) -> pd.DataFrame:
@@ -159,9 +155,7 @@ def prepare_task(task: str, out_dir: str | Path, source: str = "auto", mirror: s
         for SQuAD, article count), ``created`` (UTC, ISO 8601), ``istar_version``.
     """
     entry = get_task(task)
-    for name, value in (("max_train_samples", max_train_samples), ("max_eval_samples", max_eval_samples)):
-        if value is not None:
-            _check_count(name, value, minimum=1)
+    _check_settings(max_train_samples=max_train_samples, max_eval_samples=max_eval_samples)
     splits, provenance = load_task(task, source=source, mirror=mirror, allow_standin=allow_standin,
                                    standin_fraction=standin_fraction, seed=seed, revision=revision, subset=subset,
                                    hub_dataset=hub_dataset)
