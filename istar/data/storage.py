@@ -108,22 +108,18 @@ def _read_table(data_dir: str | Path, split: str):
     path = Path(data_dir) / f"{split}.parquet"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: {_prepare_hint(Path(data_dir))}")
-    if (path.parent / "meta.json").is_file():
-        artifacts.verify_file(path, read_meta(data_dir).get("split_sha256", {}).get(path.name))
+    artifacts.verify_artifact(path)  # against the hash in the meta.json beside it
     # ParquetFile, not pq.read_table: the latter goes through pyarrow.dataset, which imports pandas.
     return pq.ParquetFile(path).read()
 
 
 def read_meta(data_dir: str | Path) -> dict:
-    """The ``meta.json`` written by :func:`istar.data.prepare_task` (see its Returns for the keys)."""
+    """The ``meta.json`` written by :func:`istar.data.prepare_task` (see its Returns for the keys); one that is
+    not valid JSON raises :class:`istar.io.artifacts.DamagedArtifactError`."""
     path = Path(data_dir) / "meta.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: {_prepare_hint(Path(data_dir))}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid json ({exc}); "
-                         f"{_prepare_hint(Path(data_dir)).replace(' first', ' again')}") from None
+    return artifacts.read_json(path)
 
 
 def data_fingerprint(meta: dict) -> str:
