@@ -206,14 +206,12 @@ def storage_errors(path, kept: str | None = None):
 
 
 def check_writable(*folders) -> None:
-    """Create each folder (with its parents) and a file in it, then remove the file: a folder that
+    """Create each folder (with its parents) and a temporary file in it (gone once closed): a folder that
     cannot be written raises :class:`NotWritableError` before any work starts."""
     for folder in map(Path, folders):
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd, probe = tempfile.mkstemp(prefix=".istar-write-check-", dir=folder)
-            os.close(fd)
-            os.unlink(probe)
+            tempfile.TemporaryFile(dir=folder).close()
         except OSError as error:
             if error.errno in _OUT_OF_SPACE:
                 raise OutOfSpaceError(folder, "nothing was written") from None
