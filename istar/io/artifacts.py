@@ -106,7 +106,6 @@ class NotEnoughSpaceError(StorageError):
     """Found before any work: the disk of ``folder`` has less free space than a step will write there."""
 
     def __init__(self, folder, needed: int, free: int, what: str, done: str):
-        self.needed, self.free = needed, free
         super().__init__(f"not enough free space for {folder}: {what}, about {format_bytes(needed)} more than is "
                          f"there now, but the disk has {format_bytes(free)} free: free at least "
                          f"{format_bytes(needed - free)} more (`df -h {_existing(Path(folder))}`) or choose an output "
