@@ -16,7 +16,6 @@ not comparable with published scores (docs/method.md §6).
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ from istar.registry import lookup
 from istar.registry.tasks import SPLITS, Task
 
 __all__ = ["MIRROR_ENV", "MissingSplitError", "IncompleteSplitError", "mirror_file", "missing_mirror_files",
-           "resolve_mirror", "load_mirror", "standin_split"]
+           "load_mirror", "standin_split"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,15 +54,6 @@ def missing_mirror_files(task: str, mirror: str | Path) -> list[Path]:
     """The release files of ``task`` (train and validation) that are not in the mirror folder."""
     paths = [Path(mirror) / mirror_file(task, split) for split in SPLITS]
     return [path for path in paths if not path.is_file()]
-
-
-def resolve_mirror(mirror: str | Path | None) -> tuple[Path | None, str]:
-    """The mirror folder (None when none is named) and where that choice came from (for messages)."""
-    if mirror is not None:
-        return Path(mirror), "the mirror argument"
-    if os.environ.get(MIRROR_ENV):
-        return Path(os.environ[MIRROR_ENV]), f"${MIRROR_ENV}"
-    return None, f"no --mirror and no ${MIRROR_ENV}"
 
 
 class IncompleteSplitError(ValueError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pandas as pd
 
 from istar.config.schema import default_of, out_of_range, schema_entry
 from istar.data.hub import HubUnavailableError, hub_source, load_hub
-from istar.data.mirror import MIRROR_ENV, load_mirror, resolve_mirror
+from istar.data.mirror import MIRROR_ENV, load_mirror
 from istar.data.storage import write_prepared
 from istar.registry.tasks import SPLITS, get_task
 
@@ -82,18 +83,21 @@ def load_task(task: str, source: str = "auto", mirror: str | Path | None = None,
     """
     entry = get_task(task)
     _check_settings(source=source, standin_fraction=standin_fraction, seed=seed)
-    root, origin = resolve_mirror(mirror)
+    origin = "the mirror argument"  # where the folder was named, for the messages
+    if mirror is None and os.environ.get(MIRROR_ENV):
+        mirror, origin = os.environ[MIRROR_ENV], f"${MIRROR_ENV}"
+    root = None if mirror is None else Path(mirror)
     if source == "mirror" and root is None:
-        raise ValueError(f"data source 'mirror' needs a mirror folder ({origin}): pass --mirror DIR (the config's "
-                         f"data.mirror) or set ${MIRROR_ENV} to a folder in the GLUE release layout")
+        raise ValueError(f"data source 'mirror' needs a mirror folder (none is named): pass --mirror DIR (the "
+                         f"config's data.mirror) or set ${MIRROR_ENV} to a folder in the GLUE release layout")
     if source == "mirror" and not root.is_dir():
         raise FileNotFoundError(f"mirror folder {root.absolute()} does not exist (from {origin}). Pass --mirror "
                                 f"(or set ${MIRROR_ENV}) to a folder in the GLUE release layout, or use --source hub "
                                 "on a machine with internet.")
     if source == "hub" or (source == "auto" and (root is None or not root.is_dir())):
         if source == "auto":
-            logger.warning("data source auto: no mirror folder (%s: %s), so %s comes from the hub",
-                           origin, root, entry.key)
+            logger.warning("data source auto: no mirror folder (%s), so %s comes from the hub",
+                           f"{origin}: {root}" if root else f"no --mirror and no ${MIRROR_ENV}", entry.key)
         splits, provenance = load_hub(entry, revision, hub_dataset)
     else:
         if revision is not None:
