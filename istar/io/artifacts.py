@@ -412,13 +412,11 @@ def verify_artifact(path, target=None) -> None:
     path = Path(path)
     if path.is_dir():
         verify_digests(path, target)
-    elif path.suffix == ".parquet" and (path.parent / "meta.json").is_file():
+    elif path.suffix == ".parquet" and path.is_file() and (path.parent / "meta.json").is_file():
         verify_file(path, read_json(path.parent / "meta.json").get("split_sha256", {}).get(path.name), target)
     elif path.suffix in (".safetensors", ".pt") and path.is_file():
         load_tensors(path, target)
     elif path.suffix == ".json" and path.is_file():
         content = read_json(path, target)
-        splits = content.get("split_sha256", {}) if isinstance(content, dict) else {}
-        for name, digest in splits.items():
-            if (path.parent / name).is_file():
-                verify_file(path.parent / name, digest, target)
+        for name in content.get("split_sha256", {}) if isinstance(content, dict) else ():
+            verify_artifact(path.parent / name, target)  # each split against this meta.json
