@@ -123,8 +123,9 @@ class _Spans:
             order = np.argsort(keys := self.full_keys(these))
             owners = hosts[self.lengths[hosts] >= length]
             counts = self.lengths[owners] - length + 1
-            owners = np.repeat(owners, counts)  # every span of this length of every host that long
-            span_keys = self.keys(self.starts[owners] + _ranks(counts), length)
+            owners = np.repeat(owners, counts)  # every span of this length of every host that long, at offset
+            offsets = np.arange(len(owners)) - np.repeat(np.cumsum(counts) - counts, counts)  # 0 … count − 1
+            span_keys = self.keys(self.starts[owners] + offsets, length)
             where = np.minimum(np.searchsorted(keys[order], span_keys), len(these) - 1)
             hit = keys[order][where] == span_keys
             pairs.append((these[order][where[hit]], owners[hit]))
@@ -134,11 +135,6 @@ class _Spans:
 def _powers(base: int, n: int) -> np.ndarray:
     """base^0, base^1, …, base^n modulo 2^64 (uint64 products wrap)."""
     return np.cumprod(np.concatenate([np.ones(1, np.uint64), np.full(n, base, dtype=np.uint64)]))
-
-
-def _ranks(counts: np.ndarray) -> np.ndarray:
-    """0, 1, …, c − 1 for each c in ``counts``, concatenated."""
-    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def _normalised(texts) -> list[str]:
