@@ -161,22 +161,17 @@ def _free_space(path: Path) -> str:
         return "unknown"
 
 
-def _chain(error: BaseException):
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
-
-
 def _is_out_of_space(error: BaseException, path) -> bool:
     """Whether ``error``, raised while writing ``path``, means the disk (or quota) is full."""
     if not isinstance(error, (OSError, RuntimeError)) and "Safetensor" not in type(error).__name__:
         return False  # not an I/O failure (KeyboardInterrupt, a bug in the writer, …)
-    for cause in _chain(error):
-        if (isinstance(cause, OSError) and cause.errno in _OUT_OF_SPACE) or any(
-                text in str(cause) for text in _OUT_OF_SPACE_TEXT):
+    seen = set()  # the error and its causes, each once
+    while error is not None and id(error) not in seen:
+        if (isinstance(error, OSError) and error.errno in _OUT_OF_SPACE) or any(
+                text in str(error) for text in _OUT_OF_SPACE_TEXT):
             return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
     try:
         return _free_bytes(Path(path)) < NEARLY_FULL
     except OSError:
