@@ -41,7 +41,7 @@ _HOMES = {
     "HUB_SOURCES": "hub", "HubUnavailableError": "hub",
     "MIRROR_ENV": "mirror", "MissingSplitError": "mirror", "IncompleteSplitError": "mirror",
     "missing_mirror_files": "mirror",
-    "SOURCES": "prepare", "load_task": "prepare", "prepare_task": "prepare",
+    "load_task": "prepare", "prepare_task": "prepare",
     "run_cli": "prepare",
     "read_meta": "storage", "read_split": "storage", "read_columns": "storage",
 }

@@ -114,32 +114,27 @@ class _Spans:
         """Keys of the whole texts of indices ``texts``."""
         return self.keys(self.starts[texts], self.lengths[texts])
 
-    def spans(self, length: int, texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, owning text) of every span of ``length`` tokens of the given texts (those that long)."""
-        texts = texts[self.lengths[texts] >= length]
-        counts = self.lengths[texts] - length + 1
-        owners = np.repeat(texts, counts)
-        return self.keys(self.starts[owners] + _ranks(counts), length), owners
-
-    def inside(self, queries: np.ndarray, hosts: np.ndarray, proper: bool = False) -> np.ndarray:
-        """Whether each text of ``queries`` is a whole-token span of a text of ``hosts`` (of a longer one
-        when ``proper``): a bool per query."""
-        found = np.zeros(len(queries), dtype=bool)
+    def containing(self, queries: np.ndarray, hosts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every (query, host) pair of text indices, as two arrays, where the query text is a whole-token span
+        of the host text (a pair may repeat). A text repeated in ``queries`` is paired under one of its indices."""
+        pairs = [(np.empty(0, np.int64), np.empty(0, np.int64))]
         for length in np.unique(self.lengths[queries]):
-            these = self.lengths[queries] == length
-            candidates = hosts[self.lengths[hosts] > length] if proper else hosts
-            found[these] = np.isin(self.full_keys(queries[these]), self.spans(int(length), candidates)[0])
-        return found
+            these = queries[self.lengths[queries] == length]
+            order = np.argsort(keys := self.full_keys(these))
+            owners = hosts[self.lengths[hosts] >= length]
+            counts = self.lengths[owners] - length + 1
+            owners = np.repeat(owners, counts)  # every span of this length of every host that long, at offset
+            offsets = np.arange(len(owners)) - np.repeat(np.cumsum(counts) - counts, counts)  # 0 … count − 1
+            span_keys = self.keys(self.starts[owners] + offsets, length)
+            where = np.minimum(np.searchsorted(keys[order], span_keys), len(these) - 1)
+            hit = keys[order][where] == span_keys
+            pairs.append((these[order][where[hit]], owners[hit]))
+        return tuple(np.concatenate(part) for part in zip(*pairs))
 
 
 def _powers(base: int, n: int) -> np.ndarray:
     """base^0, base^1, …, base^n modulo 2^64 (uint64 products wrap)."""
     return np.cumprod(np.concatenate([np.ones(1, np.uint64), np.full(n, base, dtype=np.uint64)]))
-
-
-def _ranks(counts: np.ndarray) -> np.ndarray:
-    """0, 1, …, c − 1 for each c in ``counts``, concatenated."""
-    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def _normalised(texts) -> list[str]:
@@ -181,23 +176,15 @@ def _source_sentences(frame) -> Membership:
     codes, unique_texts = _first_appearance_codes(_normalised(frame["text_a"]))
     spans = _Spans(unique_texts)
     everything = np.arange(len(unique_texts))
-    keys, lengths = spans.full_keys(everything), spans.lengths
-    # A text is maximal when it is no proper span of another text (containment is transitive, so
-    # a text inside a longer one is inside a maximal one).
-    maximal = np.flatnonzero(~spans.inside(everything, everything, proper=True))
-    # Every (text, maximal text containing it): the spans of the maximal texts that are texts. A group is
-    # its maximal text's position in ``maximal``: first-appearance order, as the codes.
-    pairs_text, pairs_group = [], []
-    for length in np.unique(lengths):
-        these = np.flatnonzero(lengths == length)
-        order = np.argsort(keys[these])
-        sorted_keys = keys[these][order]
-        span_keys, owners = spans.spans(int(length), maximal)
-        where = np.minimum(np.searchsorted(sorted_keys, span_keys), len(sorted_keys) - 1)
-        hit = sorted_keys[where] == span_keys
-        pairs_text.append(these[order][where[hit]])
-        pairs_group.append(np.searchsorted(maximal, owners[hit]))
-    pairs = pd.DataFrame({"text": np.concatenate(pairs_text), "group": np.concatenate(pairs_group)}).drop_duplicates()
+    text, host = spans.containing(everything, everything)
+    # A text is maximal when it is inside no other text (the texts are distinct, so an other text that holds it
+    # is longer; containment is transitive, so a text inside a longer one is inside a maximal one). Each text's
+    # groups are the maximal texts that hold it, a group numbered by its position in ``maximal``: first-appearance
+    # order, as the codes.
+    maximal = np.setdiff1d(everything, text[text != host])
+    in_maximal = np.isin(host, maximal)
+    pairs = pd.DataFrame({"text": text[in_maximal], "group": np.searchsorted(maximal, host[in_maximal])})
+    pairs = pairs.drop_duplicates()
     # to rows: each row takes the groups of its text
     rows = pd.DataFrame({"text": codes, "row": np.arange(len(codes))}).merge(pairs, on="text")
     return Membership(rows=rows["row"].to_numpy(), groups=rows["group"].to_numpy(), count=len(maximal))
@@ -262,8 +249,9 @@ def heldout_overlap(train, heldout, task: Task) -> dict:
     else:
         training = _normalised(train["text_a"])
         checked = [text for text in _normalised(heldout["text_a"]) if len(text.split()) >= MIN_OVERLAP_WORDS]
-        queries = np.arange(len(training), len(training) + len(checked))
-        found = int(_Spans(training + checked).inside(queries, hosts=np.arange(len(training))).sum())
+        spans, queries = _Spans(training + checked), np.arange(len(training), len(training) + len(checked))
+        inside = spans.containing(queries, hosts=np.arange(len(training)))[0]
+        found = int(np.isin(spans.full_keys(queries), spans.full_keys(inside)).sum())  # every copy of a text found
         measure = f"held-out rows of {MIN_OVERLAP_WORDS} or more words found inside a training row"
     return {"measure": measure, "checked": len(checked), "found": int(found),
             "share": found / len(checked) if checked else None}
@@ -300,11 +288,9 @@ def holdout_split(data_dir, out_dir, fraction: float, seed: int) -> dict:
     chosen = np.isin(np.arange(members.count), rng.choice(members.count, size=count, replace=False))
     held_groups = np.bincount(members.rows, weights=chosen[members.groups], minlength=len(train))
     held, kept = held_groups == np.bincount(members.rows, minlength=len(train)), held_groups == 0
+    # Neither part is empty: every group has a row that belongs to it alone (for source_sentence, its maximal
+    # row), and at least one group is held out and one kept.
     parts = {"train": train[kept].reset_index(drop=True), "validation": train[held].reset_index(drop=True)}
-    if not len(parts["train"]) or not len(parts["validation"]):
-        empty = "search-training" if not len(parts["train"]) else "held-out"
-        raise ValueError(f"the {empty} part of {data_dir}/train.parquet is empty after holding out {count} of "
-                         f"{members.count} {grouping.unit}s: raise data.max_train_samples or change search.heldout_seed")
     meta = {
         **parent,  # its own rows, labels, hashes, time and version replace the parent's (write_prepared)
         "heldout": {"of": str(data_dir), "of_train_sha256": parent.get("split_sha256", {}).get("train.parquet"),

@@ -23,6 +23,7 @@ import pandas as pd
 
 from istar.data.normalise import normalise_split
 from istar.io.revisions import RevisionUnavailableError, resolve_revision
+from istar.registry import lookup
 from istar.registry.tasks import SPLITS, Task
 
 __all__ = ["HubDataset", "HUB_SOURCES", "HubUnavailableError", "hub_source", "load_hub"]
@@ -67,12 +68,8 @@ HUB_SOURCES: dict[str, tuple[HubDataset, ...]] = {
 
 def hub_source(task: str, hub_id: str | None = None) -> HubDataset:
     """The hub dataset ``hub_id`` of ``task`` (None: the task's default)."""
-    sources = HUB_SOURCES[task]
-    chosen = next((source for source in sources if hub_id in (None, source.hub_id)), None)
-    if chosen is not None:
-        return chosen
-    raise ValueError(f"{task} cannot be read from the hub dataset {hub_id!r}; choose one of "
-                     f"{', '.join(s.hub_id for s in sources)} (data.hub_datasets)")
+    sources = {source.hub_id: source for source in HUB_SOURCES[task]}
+    return lookup(sources, hub_id or next(iter(sources)), f"{task} hub dataset", "data.hub_datasets")
 
 
 class HubUnavailableError(RuntimeError):

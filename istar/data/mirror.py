@@ -16,7 +16,6 @@ not comparable with published scores (docs/method.md §6).
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ from istar.registry import lookup
 from istar.registry.tasks import SPLITS, Task
 
 __all__ = ["MIRROR_ENV", "MissingSplitError", "IncompleteSplitError", "mirror_file", "missing_mirror_files",
-           "resolve_mirror", "load_mirror", "standin_split"]
+           "load_mirror", "standin_split"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,15 +56,6 @@ def missing_mirror_files(task: str, mirror: str | Path) -> list[Path]:
     return [path for path in paths if not path.is_file()]
 
 
-def resolve_mirror(mirror: str | Path | None) -> tuple[Path | None, str]:
-    """The mirror folder (None when none is named) and where that choice came from (for messages)."""
-    if mirror is not None:
-        return Path(mirror), "the mirror argument"
-    if os.environ.get(MIRROR_ENV):
-        return Path(os.environ[MIRROR_ENV]), f"${MIRROR_ENV}"
-    return None, f"no --mirror and no ${MIRROR_ENV}"
-
-
 class IncompleteSplitError(ValueError):
     """A mirror file whose row count differs from the official split's, and no subset was declared."""
 
@@ -78,12 +68,8 @@ def _read_mirror_split(task: Task, path: Path, split: str, subset: bool) -> tupl
     otherwise pass as the whole split.
     """
     logger.info("reading %s", path)
-    if task.kind == "qa":
-        frame = read_squad_json(path)
-        places = [f"question id {key}" for key in frame["id"]]
-    else:
-        frame, lines = read_sst5(path) if task.key == "sst5" else read_glue_tsv(path, GLUE_TSV[task.key], task)
-        places = [f"line {line}" for line in lines]
+    frame, places = (read_squad_json(path) if task.kind == "qa" else read_sst5(path) if task.key == "sst5"
+                     else read_glue_tsv(path, task))
     official = task.rows[SPLITS.index(split)]
     if not subset and len(frame) != official:
         raise IncompleteSplitError(

@@ -8,16 +8,15 @@ Whatever the source (:mod:`istar.data.mirror` or :mod:`istar.data.hub`), a split
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from istar.data.qa import answer_problem
 from istar.registry.tasks import Task
 
-__all__ = ["STSB_MAX_SCORE", "split_schema", "table_to_frame", "normalise_split"]
+__all__ = ["STSB_MAX_SCORE", "split_schema", "table_to_frame", "answer_problem", "normalise_split"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +53,25 @@ def _refuse_first(bad: np.ndarray, locate: Callable[[int], str], problem: Callab
         raise ValueError(f"{locate(first)}: {problem(first)}")
 
 
+def answer_problem(context: str, texts: Sequence[str], starts: Sequence[int]) -> str | None:
+    """Why a question's answers cannot be used, or None when every answer sits at its offset.
+
+    The one check of SQuAD answers: :func:`normalise_split` applies it to every split it loads, so a
+    prepared split's answers all pass it (:func:`istar.data.qa.prepare_train_features` relies on that).
+    ``texts`` and ``starts`` are the ``answer_texts`` and ``answer_starts`` of one row: parallel, at
+    least one answer, each a non-empty text found at its character offset ``start`` of ``context``.
+    """
+    if len(texts) == 0 or len(texts) != len(starts):
+        return f"expected one or more answers with one start each, found {len(texts)} texts and {len(starts)} starts"
+    for text, start in zip(texts, starts):
+        if isinstance(start, bool) or not isinstance(start, (int, np.integer)):
+            return f"answer {text!r} has a start {start!r} that is not a character offset"
+        found = context[start : start + len(text)]
+        if not text or start < 0 or found != text:
+            return f"answer {text!r} is not at answer_start {start} of its context (found {found!r})"
+    return None
+
+
 def normalise_split(frame: pd.DataFrame, task: Task, locate: Callable[[int], str]) -> tuple[pd.DataFrame, list[str]]:
     """Check a parsed split, drop empty-text rows where the task allows it, and cast it to the task's schema.
 
@@ -71,7 +89,7 @@ def normalise_split(frame: pd.DataFrame, task: Task, locate: Callable[[int], str
 
     Raises ValueError naming the row for a label out of range, an empty text, or (SQuAD) a
     duplicate id, a question without answers or an answer not at its offset (as
-    :func:`istar.data.qa.answer_problem` requires).
+    :func:`answer_problem` requires).
     """
     if task.kind == "qa":
         ids = frame["id"]

@@ -5,25 +5,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from istar.config.schema import default_of
+from istar.config.schema import default_of, out_of_range, schema_entry
 from istar.data.hub import HubUnavailableError, hub_source, load_hub
-from istar.data.mirror import MIRROR_ENV, load_mirror, resolve_mirror
+from istar.data.mirror import MIRROR_ENV, load_mirror
 from istar.data.storage import write_prepared
 from istar.registry.tasks import SPLITS, get_task
 
-__all__ = ["SOURCES", "load_task", "prepare_task", "prepare_from_spec", "run_cli"]
+__all__ = ["load_task", "prepare_task", "prepare_from_spec", "run_cli"]
 
 logger = logging.getLogger(__name__)
-
-SOURCES = ("auto", "hub", "mirror")
-"""Accepted values of ``source``."""
-
 
 def load_task(task: str, source: str = "auto", mirror: str | Path | None = None, allow_standin: bool = False,
               standin_fraction: float = default_of("data.standin_fraction"), seed: int = 0, revision: str | None = None,
@@ -81,26 +78,26 @@ def load_task(task: str, source: str = "auto", mirror: str | Path | None = None,
     FileNotFoundError
         ``source="mirror"`` and the mirror folder does not exist.
     ValueError
-        Unknown task or source, bad arguments, or malformed data (naming file and line).
+        Unknown task, an argument outside its ``data.*`` range in the config schema, or malformed data
+        (naming file and line).
     """
     entry = get_task(task)
-    if source not in SOURCES:
-        raise ValueError(f"unknown data source {source!r}; use one of: {', '.join(SOURCES)}")
-    if not 0 < standin_fraction < 1:
-        raise ValueError(f"standin_fraction must be in (0, 1), got {standin_fraction!r}")
-    _check_count("seed", seed, minimum=0)
-    root, origin = resolve_mirror(mirror)
+    _check_settings(source=source, standin_fraction=standin_fraction, seed=seed)
+    origin = "the mirror argument"  # where the folder was named, for the messages
+    if mirror is None and os.environ.get(MIRROR_ENV):
+        mirror, origin = os.environ[MIRROR_ENV], f"${MIRROR_ENV}"
+    root = None if mirror is None else Path(mirror)
     if source == "mirror" and root is None:
-        raise ValueError(f"data source 'mirror' needs a mirror folder ({origin}): pass --mirror DIR (the config's "
-                         f"data.mirror) or set ${MIRROR_ENV} to a folder in the GLUE release layout")
+        raise ValueError(f"data source 'mirror' needs a mirror folder (none is named): pass --mirror DIR (the "
+                         f"config's data.mirror) or set ${MIRROR_ENV} to a folder in the GLUE release layout")
     if source == "mirror" and not root.is_dir():
         raise FileNotFoundError(f"mirror folder {root.absolute()} does not exist (from {origin}). Pass --mirror "
                                 f"(or set ${MIRROR_ENV}) to a folder in the GLUE release layout, or use --source hub "
                                 "on a machine with internet.")
     if source == "hub" or (source == "auto" and (root is None or not root.is_dir())):
         if source == "auto":
-            logger.warning("data source auto: no mirror folder (%s: %s), so %s comes from the hub",
-                           origin, root, entry.key)
+            logger.warning("data source auto: no mirror folder (%s), so %s comes from the hub",
+                           f"{origin}: {root}" if root else f"no --mirror and no ${MIRROR_ENV}", entry.key)
         splits, provenance = load_hub(entry, revision, hub_dataset)
     else:
         if revision is not None:
@@ -117,9 +114,12 @@ def load_task(task: str, source: str = "auto", mirror: str | Path | None = None,
                     "files": {}, "standin": False, "standin_note": None, **provenance, "source_requested": source}
 
 
-def _check_count(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+def _check_settings(**values) -> None:
+    """A ValueError for the first value out of the range of its setting ``data.NAME`` in the schema (the range
+    the config and the step's spec are held to)."""
+    for name, value in values.items():
+        if problem := out_of_range(value, schema_entry(f"data.{name}")):
+            raise ValueError(f"{name} must {problem}; got {value!r}")
 
 
 def _subsample(frame: pd.DataFrame, max_samples: int | None, seed: int, stream: int) -> pd.DataFrame:
@@ -159,9 +159,7 @@ def prepare_task(task: str, out_dir: str | Path, source: str = "auto", mirror: s
         for SQuAD, article count), ``created`` (UTC, ISO 8601), ``istar_version``.
     """
     entry = get_task(task)
-    for name, value in (("max_train_samples", max_train_samples), ("max_eval_samples", max_eval_samples)):
-        if value is not None:
-            _check_count(name, value, minimum=1)
+    _check_settings(max_train_samples=max_train_samples, max_eval_samples=max_eval_samples)
     splits, provenance = load_task(task, source=source, mirror=mirror, allow_standin=allow_standin,
                                    standin_fraction=standin_fraction, seed=seed, revision=revision, subset=subset,
                                    hub_dataset=hub_dataset)

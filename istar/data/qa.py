@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["MODEL_INPUTS", "answer_problem", "prepare_train_features", "prepare_eval_features",
+__all__ = ["MODEL_INPUTS", "prepare_train_features", "prepare_eval_features",
            "postprocess_predictions"]
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -53,25 +53,6 @@ def _check_lengths(**columns: Sequence) -> None:
                          + ", ".join(f"{len(values)} {name}" for name, values in columns.items()))
 
 
-def answer_problem(context: str, texts: Sequence[str], starts: Sequence[int]) -> str | None:
-    """Why a question's answers cannot be used, or None when every answer sits at its offset.
-
-    The one check of SQuAD answers (:mod:`istar.data` applies it when a split is loaded,
-    :func:`prepare_train_features` before it builds targets). ``texts`` and ``starts`` are the
-    ``answer_texts`` and ``answer_starts`` of one row: parallel, at least one answer, each a
-    non-empty text found at its character offset ``start`` of ``context``.
-    """
-    if len(texts) == 0 or len(texts) != len(starts):
-        return f"expected one or more answers with one start each, found {len(texts)} texts and {len(starts)} starts"
-    for text, start in zip(texts, starts):
-        if isinstance(start, bool) or not isinstance(start, (int, np.integer)):
-            return f"answer {text!r} has a start {start!r} that is not a character offset"
-        found = context[start : start + len(text)]
-        if not text or start < 0 or found != text:
-            return f"answer {text!r} is not at answer_start {start} of its context (found {found!r})"
-    return None
-
-
 def prepare_train_features(questions: Sequence[str], contexts: Sequence[str], answer_starts: Sequence[Sequence[int]],
                            answer_texts: Sequence[Sequence[str]], tokenizer, max_length: int = 384,
                            stride: int = 128) -> dict[str, list]:
@@ -99,18 +80,17 @@ def prepare_train_features(questions: Sequence[str], contexts: Sequence[str], an
         ``start_positions``, ``end_positions``: int token indices (inclusive) of the first
         answer when it lies entirely in the window's context, else both 0 (the [CLS] index).
 
+    The answers are taken as :func:`istar.data.normalise.answer_problem` accepts them (a prepared
+    split's all are).
+
     Raises
     ------
     ValueError
-        For a slow tokenizer, inputs of different lengths, or an answer text that does not
-        occur at its answer start (the message names the example's index and question).
+        For a slow tokenizer or inputs of different lengths.
     """
     _check_lengths(questions=questions, contexts=contexts, answer_starts=answer_starts, answer_texts=answer_texts)
     # positional access below: pandas columns would otherwise be indexed by label
     answer_starts, answer_texts = list(answer_starts), list(answer_texts)
-    for index, (question, context, starts, texts) in enumerate(zip(questions, contexts, answer_starts, answer_texts)):
-        if problem := answer_problem(context, texts, starts):
-            raise ValueError(f"example {index} (question {question!r}): {problem}")
     encoding = _tokenize(questions, contexts, tokenizer, max_length, stride)
 
     start_positions, end_positions = [], []
@@ -178,7 +158,7 @@ def postprocess_predictions(example_ids: Sequence[str], contexts: Sequence[str],
     Parameters
     ----------
     example_ids : sequence of str, length n_examples
-        The examples' ids, as passed to :func:`prepare_eval_features`.
+        The examples' distinct ids (a prepared split's are), as passed to :func:`prepare_eval_features`.
     contexts : sequence of str, length n_examples
         Their contexts.
     features : dict
@@ -199,12 +179,10 @@ def postprocess_predictions(example_ids: Sequence[str], contexts: Sequence[str],
     Raises
     ------
     ValueError
-        For inconsistent shapes or lengths, duplicate example ids, a window of an unknown
-        example, or a non-positive ``n_best`` or ``max_answer_length``.
+        For inconsistent shapes or lengths, a window of an unknown example, or a non-positive
+        ``n_best`` or ``max_answer_length``.
     """
     _check_lengths(example_ids=example_ids, contexts=contexts)
-    if len(set(example_ids)) != len(example_ids):
-        raise ValueError("example_ids contains duplicates")
     if n_best < 1 or max_answer_length < 1:
         raise ValueError(f"n_best and max_answer_length must be ≥ 1; got {n_best} and {max_answer_length}")
     start_logits = np.asarray(start_logits, dtype=np.float64)

@@ -1,8 +1,8 @@
 """Parsers of the public release files a mirror holds: GLUE TSV, SST-5 trees, SQuAD v1.1 json.
 
 Each parser returns the rows in the normalised columns of :mod:`istar.registry.tasks` (not yet checked or
-cast: :mod:`istar.data.normalise` does that) and, where the file has lines, each row's line
-number, so that every error names file and line. TSV files are read with quoting disabled
+cast: :mod:`istar.data.normalise` does that) and each row's place in the file (``line N``, or SQuAD's
+``question id ID``), so that every error names file and place. TSV files are read with quoting disabled
 (GLUE sentences contain quote characters).
 """
 
@@ -60,13 +60,14 @@ GLUE_TSV: dict[str, TsvLayout] = {
 }
 
 
-def read_glue_tsv(path: Path, layout: TsvLayout, task: Task) -> tuple[pd.DataFrame, list[int]]:
-    """Parse a GLUE release TSV file.
+def read_glue_tsv(path: Path, task: Task) -> tuple[pd.DataFrame, list[str]]:
+    """Parse a GLUE release TSV file of ``task`` (its :data:`GLUE_TSV` layout).
 
     Returns the split (columns ``idx``, ``text_a``, ``text_b``, ``label``) and, per row, its
-    line number in the file. Raises ValueError naming the file and line for a wrong header,
+    place in the file (``line N``). Raises ValueError naming the file and line for a wrong header,
     a wrong number of fields or an unreadable label, and the column too for a byte that is not UTF-8.
     """
+    layout = GLUE_TSV[task.key]
     label_index = {name: k for k, name in enumerate(layout.label_names or ())}
     parse_label = label_index.__getitem__ if layout.label_names else float if task.kind == "regression" else int
     with io.StringIO(read_utf8(path, skip_bom=True), newline="") as handle:
@@ -91,7 +92,7 @@ def read_glue_tsv(path: Path, layout: TsvLayout, task: Task) -> tuple[pd.DataFra
             raise ValueError(f"{path}, line {line}: label {row[layout.label]!r} is not {expected}") from None
     rows = [row for _, row in numbered]
     texts_b = [None if layout.text_b is None else row[layout.text_b] for row in rows]
-    return _sentence_frame([row[layout.text_a] for row in rows], texts_b, labels), [line for line, _ in numbered]
+    return _sentence_frame([row[layout.text_a] for row in rows], texts_b, labels), [f"line {n}" for n, _ in numbered]
 
 
 def _sentence_frame(texts_a: list, texts_b: list, labels: list) -> pd.DataFrame:
@@ -130,9 +131,9 @@ def parse_tree(line: str) -> tuple[int, str]:
     return int(tokens[1]), " ".join(leaves)
 
 
-def read_sst5(path: Path) -> tuple[pd.DataFrame, list[int]]:
-    """Parse an SST-5 tree file (one tree a line); rows and their line numbers."""
-    texts, labels, lines = [], [], []
+def read_sst5(path: Path) -> tuple[pd.DataFrame, list[str]]:
+    """Parse an SST-5 tree file (one tree a line); rows and their places (``line N``)."""
+    texts, labels, places = [], [], []
     with io.StringIO(read_utf8(path), newline=None) as handle:  # universal newlines, as open() reads
         for number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -143,12 +144,12 @@ def read_sst5(path: Path) -> tuple[pd.DataFrame, list[int]]:
                 raise ValueError(f"{path}, line {number}: malformed tree: {exc}") from None
             texts.append(text)
             labels.append(label)
-            lines.append(number)
-    return _sentence_frame(texts, [None] * len(texts), labels), lines
+            places.append(f"line {number}")
+    return _sentence_frame(texts, [None] * len(texts), labels), places
 
 
-def read_squad_json(path: Path) -> pd.DataFrame:
-    """Parse a SQuAD v1.1 json file into one row per question."""
+def read_squad_json(path: Path) -> tuple[pd.DataFrame, list[str]]:
+    """Parse a SQuAD v1.1 json file into one row per question; rows and their places (``question id ID``)."""
     try:
         document = json.loads(read_utf8(path))
     except json.JSONDecodeError as exc:
@@ -167,4 +168,5 @@ def read_squad_json(path: Path) -> pd.DataFrame:
                                  [answer["answer_start"] for answer in answers]))
     except (KeyError, TypeError, IndexError) as exc:
         raise ValueError(f"{path}: not in the SQuAD v1.1 layout at {where} (missing or wrong field: {exc!r})") from None
-    return pd.DataFrame(rows, columns=list(split_schema(TASKS["squad"]).names))
+    places = [f"question id {row[0]}" for row in rows]
+    return pd.DataFrame(rows, columns=list(split_schema(TASKS["squad"]).names)), places

@@ -68,9 +68,15 @@ def label_summary(frame: pd.DataFrame, task: Task) -> dict:
     return {"articles": int(frame["title"].nunique())}
 
 
-def _prepare_hint(data_dir: Path) -> str:
-    task = data_dir.name if data_dir.name in TASKS else "TASK"
-    return f"run `istar prepare-data --task {task} --out {data_dir}` first"
+def _prepared_file(data_dir: str | Path, name: str) -> Path:
+    """The file ``name`` of a prepared folder; a FileNotFoundError naming the command that writes it where it
+    does not exist."""
+    path = Path(data_dir) / name
+    if not path.is_file():
+        task = path.parent.name if path.parent.name in TASKS else "TASK"
+        raise FileNotFoundError(f"{path} does not exist: run `istar prepare-data --task {task} --out {path.parent}` "
+                                "first")
+    return path
 
 
 def read_split(data_dir: str | Path, split: str) -> pd.DataFrame:
@@ -105,25 +111,16 @@ def _read_table(data_dir: str | Path, split: str):
 
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; use one of: {', '.join(SPLITS)}")
-    path = Path(data_dir) / f"{split}.parquet"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: {_prepare_hint(Path(data_dir))}")
-    if (path.parent / "meta.json").is_file():
-        artifacts.verify_file(path, read_meta(data_dir).get("split_sha256", {}).get(path.name))
+    path = _prepared_file(data_dir, f"{split}.parquet")
+    artifacts.verify_artifact(path)  # against the hash in the meta.json beside it
     # ParquetFile, not pq.read_table: the latter goes through pyarrow.dataset, which imports pandas.
     return pq.ParquetFile(path).read()
 
 
 def read_meta(data_dir: str | Path) -> dict:
-    """The ``meta.json`` written by :func:`istar.data.prepare_task` (see its Returns for the keys)."""
-    path = Path(data_dir) / "meta.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: {_prepare_hint(Path(data_dir))}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid json ({exc}); "
-                         f"{_prepare_hint(Path(data_dir)).replace(' first', ' again')}") from None
+    """The ``meta.json`` written by :func:`istar.data.prepare_task` (see its Returns for the keys); one that is
+    not valid JSON raises :class:`istar.io.artifacts.DamagedArtifactError`."""
+    return artifacts.read_json(_prepared_file(data_dir, "meta.json"))
 
 
 def data_fingerprint(meta: dict) -> str:

@@ -106,7 +106,6 @@ class NotEnoughSpaceError(StorageError):
     """Found before any work: the disk of ``folder`` has less free space than a step will write there."""
 
     def __init__(self, folder, needed: int, free: int, what: str, done: str):
-        self.needed, self.free = needed, free
         super().__init__(f"not enough free space for {folder}: {what}, about {format_bytes(needed)} more than is "
                          f"there now, but the disk has {format_bytes(free)} free: free at least "
                          f"{format_bytes(needed - free)} more (`df -h {_existing(Path(folder))}`) or choose an output "
@@ -162,22 +161,17 @@ def _free_space(path: Path) -> str:
         return "unknown"
 
 
-def _chain(error: BaseException):
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
-
-
 def _is_out_of_space(error: BaseException, path) -> bool:
     """Whether ``error``, raised while writing ``path``, means the disk (or quota) is full."""
     if not isinstance(error, (OSError, RuntimeError)) and "Safetensor" not in type(error).__name__:
         return False  # not an I/O failure (KeyboardInterrupt, a bug in the writer, …)
-    for cause in _chain(error):
-        if (isinstance(cause, OSError) and cause.errno in _OUT_OF_SPACE) or any(
-                text in str(cause) for text in _OUT_OF_SPACE_TEXT):
+    seen = set()  # the error and its causes, each once
+    while error is not None and id(error) not in seen:
+        if (isinstance(error, OSError) and error.errno in _OUT_OF_SPACE) or any(
+                text in str(error) for text in _OUT_OF_SPACE_TEXT):
             return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
     try:
         return _free_bytes(Path(path)) < NEARLY_FULL
     except OSError:
@@ -206,14 +200,12 @@ def storage_errors(path, kept: str | None = None):
 
 
 def check_writable(*folders) -> None:
-    """Create each folder (with its parents) and a file in it, then remove the file: a folder that
+    """Create each folder (with its parents) and a temporary file in it (gone once closed): a folder that
     cannot be written raises :class:`NotWritableError` before any work starts."""
     for folder in map(Path, folders):
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd, probe = tempfile.mkstemp(prefix=".istar-write-check-", dir=folder)
-            os.close(fd)
-            os.unlink(probe)
+            tempfile.TemporaryFile(dir=folder).close()
         except OSError as error:
             if error.errno in _OUT_OF_SPACE:
                 raise OutOfSpaceError(folder, "nothing was written") from None
@@ -415,13 +407,11 @@ def verify_artifact(path, target=None) -> None:
     path = Path(path)
     if path.is_dir():
         verify_digests(path, target)
-    elif path.suffix == ".parquet" and (path.parent / "meta.json").is_file():
+    elif path.suffix == ".parquet" and path.is_file() and (path.parent / "meta.json").is_file():
         verify_file(path, read_json(path.parent / "meta.json").get("split_sha256", {}).get(path.name), target)
     elif path.suffix in (".safetensors", ".pt") and path.is_file():
         load_tensors(path, target)
     elif path.suffix == ".json" and path.is_file():
         content = read_json(path, target)
-        splits = content.get("split_sha256", {}) if isinstance(content, dict) else {}
-        for name, digest in splits.items():
-            if (path.parent / name).is_file():
-                verify_file(path.parent / name, digest, target)
+        for name in content.get("split_sha256", {}) if isinstance(content, dict) else ():
+            verify_artifact(path.parent / name, target)  # each split against this meta.json

@@ -34,8 +34,8 @@ from pathlib import Path
 
 __all__ = ["code_provenance", "git_provenance", "package_versions", "package_sha256", "portable_path", "KEY_PACKAGES"]
 
-# The packages whose versions can change a result.
-KEY_PACKAGES = ("istar", "torch", "transformers", "accelerate", "numpy", "scipy", "tokenizers", "safetensors")
+# The installed packages whose versions can change a result (besides istar itself).
+KEY_PACKAGES = ("torch", "transformers", "accelerate", "numpy", "scipy", "tokenizers", "safetensors")
 
 
 def _git(root: Path, *args: str, binary: bool = False):
@@ -67,16 +67,16 @@ def git_provenance(where: Path | str | None = None) -> dict:
 
 
 def package_versions() -> dict:
-    versions = {}
+    """The imported istar's ``__version__`` (the code that ran, installed or not), the installed version of
+    each of :data:`KEY_PACKAGES` (None where one is not installed) and Python's."""
+    from istar import __version__
+
+    versions = {"istar": __version__}
     for name in KEY_PACKAGES:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    if versions["istar"] is None:  # the package run from a checkout without being installed
-        from istar import __version__
-
-        versions["istar"] = __version__
     versions["python"] = platform.python_version()
     return versions
 

@@ -55,17 +55,6 @@ def _cache_folder(repo_id: str, repo_type: str) -> Path:
     return Path(constants.HF_HUB_CACHE) / f"{repo_type}s--{repo_id.replace('/', '--')}"
 
 
-def _remember_ref(repo_id: str, repo_type: str, revision: str, commit: str) -> None:
-    """Record ``revision -> commit`` in the cache as huggingface_hub does when it downloads by branch.
-
-    Loads go by commit, which leaves no ref behind; this record lets a later offline run
-    resolve the same revision to the same commit.
-    """
-    ref = _cache_folder(repo_id, repo_type) / "refs" / revision
-    ref.parent.mkdir(parents=True, exist_ok=True)
-    ref.write_text(commit)
-
-
 def resolve_revision(repo_id: str, revision: str | None = None, repo_type: str = "model") -> str:
     """The 40-hex commit of ``revision`` (a branch, tag or commit; None = ``main``) of a hub repo.
 
@@ -93,7 +82,11 @@ def resolve_revision(repo_id: str, revision: str | None = None, repo_type: str =
         except Exception as error:  # connection refused, DNS, timeouts: all mean "not reachable"
             reason = f"the hub is not reachable ({type(error).__name__})"
         else:
-            _remember_ref(repo_id, repo_type, revision, commit)
+            # recorded in the cache as huggingface_hub does when it downloads by branch: loads go by commit,
+            # which leaves no ref behind, and this record lets a later offline run resolve the same revision
+            ref = _cache_folder(repo_id, repo_type) / "refs" / revision
+            ref.parent.mkdir(parents=True, exist_ok=True)
+            ref.write_text(commit)
             return commit
     commit = cached_commit(repo_id, revision, repo_type)
     if commit is None:

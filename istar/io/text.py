@@ -10,19 +10,20 @@ from __future__ import annotations
 import codecs
 from pathlib import Path
 
-__all__ = ["NotUtf8Error", "decode_utf8", "read_utf8"]
+__all__ = ["NotUtf8Error", "read_utf8"]
 
 
 class NotUtf8Error(ValueError):
     """A file that is not valid UTF-8; the message names the file, line and column of the first bad byte."""
 
 
-def decode_utf8(data: bytes, path, skip_bom: bool = False) -> str:
-    """``data`` (the bytes of ``path``) decoded as UTF-8; ``skip_bom``: drop a leading byte-order mark.
+def read_utf8(path, skip_bom: bool = False) -> str:
+    """The text of the file ``path``, decoded as UTF-8; ``skip_bom``: drop a leading byte-order mark.
 
     Raises :class:`NotUtf8Error` naming ``path``, the line and the column (characters, from 1)
     of the first byte that is not UTF-8.
     """
+    data = Path(path).read_bytes()
     start = len(codecs.BOM_UTF8) if skip_bom and data.startswith(codecs.BOM_UTF8) else 0
     try:
         return data[start:].decode("utf-8")
@@ -35,8 +36,3 @@ def decode_utf8(data: bytes, path, skip_bom: bool = False) -> str:
             f"{path}, line {line}, column {column}: byte 0x{data[position]:02x} is not valid UTF-8 ({error.reason}): "
             "the file is damaged or in another encoding (Latin-1, Windows-1252?); convert it to UTF-8 (e.g. "
             "`iconv -f latin1 -t utf-8`) or copy it again") from None
-
-
-def read_utf8(path, skip_bom: bool = False) -> str:
-    """The text of the file ``path`` (see :func:`decode_utf8`)."""
-    return decode_utf8(Path(path).read_bytes(), path, skip_bom)

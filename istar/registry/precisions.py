@@ -83,9 +83,7 @@ def cpu_has_native_bf16() -> bool:
     import torch
 
     probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    if any(probe is not None and probe() for probe in probes):
-        return True
-    return bool(cpu_flags() & BF16_CPU_FLAGS)
+    return any(probe is not None and probe() for probe in probes) or bool(cpu_flags() & BF16_CPU_FLAGS)
 
 
 def run_precision(requested: str, device_type: str, native_bf16: bool | None = None) -> Precision:

@@ -235,5 +235,5 @@ def test_sst5_from_the_authors_hub_dataset_bins_its_sentiment_scores(hub, online
     with pytest.raises(ValueError, match="applies to the hub only"):
         prepare_task("sst5", tmp_path / "x", source="mirror", mirror=hub.small_mirror, subset=True,
                      hub_dataset="stanfordnlp/sst")
-    with pytest.raises(ValueError, match="choose one of SetFit/sst5, stanfordnlp/sst"):
+    with pytest.raises(ValueError, match="known sst5 hub datasets: SetFit/sst5, stanfordnlp/sst"):
         prepare_task("sst5", tmp_path / "y", source="hub", hub_dataset="sst")

@@ -79,11 +79,13 @@ def test_sst5_and_squad_files_that_are_not_utf8_name_file_line_and_column(tmp_pa
 
 
 def test_a_multibyte_character_before_the_bad_byte_counts_as_one_column(tmp_path):
-    from istar.io.text import NotUtf8Error, decode_utf8
+    from istar.io.text import NotUtf8Error, read_utf8
 
-    with pytest.raises(NotUtf8Error, match=r"^f, line 2, column 4: byte 0xe9"):
-        decode_utf8("a\nζζζ".encode() + b"\xe9x", "f")
-    assert decode_utf8(b"\xef\xbb\xbfok", "f", skip_bom=True) == "ok"
+    (bad := tmp_path / "f").write_bytes("a\nζζζ".encode() + b"\xe9x")
+    with pytest.raises(NotUtf8Error, match=rf"^{bad}, line 2, column 4: byte 0xe9"):
+        read_utf8(bad)
+    (bom := tmp_path / "bom").write_bytes(b"\xef\xbb\xbfok")
+    assert read_utf8(bom, skip_bom=True) == "ok"
 
 
 def measure(inputs, tmp_path, data, sigma):

@@ -308,7 +308,7 @@ def test_subsampling_is_seeded_capped_and_keeps_order(tmp_path):
     full = prepare_task("rte", tmp_path / "d", source="mirror", mirror=TEST_DATA, subset=True,
                         max_eval_samples=10_000)
     assert full["rows"] == {"train": 500, "validation": 100}
-    with pytest.raises(ValueError, match="max_train_samples must be an integer >= 1"):
+    with pytest.raises(ValueError, match="max_train_samples must be at least 1"):
         prepare_task("rte", tmp_path / "e", source="mirror", mirror=TEST_DATA, subset=True, max_train_samples=0)
 
 
@@ -371,11 +371,11 @@ def test_bad_arguments_raise_clear_errors(tiny_mirror, tmp_path, monkeypatch):
         load_task("qqp", source="mirror")  # no default folder outside the repository
     with pytest.raises(ValueError, match="unknown task 'mnli'; known tasks: sst2"):
         load_task("mnli", mirror=tiny_mirror, subset=True)
-    with pytest.raises(ValueError, match="use one of: auto, hub, mirror"):
+    with pytest.raises(ValueError, match="source must be one of auto, mirror, hub"):
         load_task("qqp", source="disk", mirror=tiny_mirror, subset=True)
     with pytest.raises(FileNotFoundError, match=rf"mirror folder {tmp_path / 'nowhere'} does not"):
         load_task("qqp", source="mirror", mirror=tmp_path / "nowhere")
-    with pytest.raises(ValueError, match=r"standin_fraction must be in \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"standin_fraction must lie in \(0, 1\)"):
         load_task("qqp", mirror=tiny_mirror, subset=True, standin_fraction=1.0)
 
 
