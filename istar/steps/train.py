@@ -144,7 +144,7 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
 
     from istar.steps.common import open_model_context
 
-    tracking = Tracking(spec.trackers, out, spec.tracking_experiment, spec.mlflow_tracking_uri)
+    tracking = Tracking(spec)
     tracking.preflight()  # a tracking server that does not answer stops the run before anything is loaded
     given_sigma = read_given_sigma(spec)  # before the model and data are loaded
     context = open_model_context(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps,
@@ -161,8 +161,7 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
     run = _build(spec, context, out, resume_dir, tracking, forward)
     state = _resume(run)
     check_free_space(spec, accelerator.unwrap_model(run.model), out, resume_dir)
-    tracking.start(accelerator, spec, resume_step=run.progress.step if state is not None else None,
-                   saved=saved_tracking(state))
+    tracking.start(accelerator, run.progress.step if state is not None else None, saved_tracking(state))
     isoscore = start_sigma(run, given_sigma)
     if isoscore is not None:
         tracking.log({"sigma_s_isoscore": isoscore}, step=0)
