@@ -86,7 +86,7 @@ CUBLAS_WORKSPACE = ":4096:8"
 def deterministic_algorithms(enabled: bool):
     """Run the block with PyTorch's deterministic algorithms (``training.deterministic``) when ``enabled``;
     the earlier setting and ``CUBLAS_WORKSPACE_CONFIG`` come back afterwards (a step called in-process
-    leaves its caller as it was). run_config.json records what ran (:func:`istar.steps.train_outputs.determinism`)."""
+    leaves its caller as it was). run_config.json records what ran (its ``determinism``)."""
     if not enabled:
         yield
         return
