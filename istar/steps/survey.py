@@ -260,14 +260,6 @@ def read_texts(source: str, split: str = "validation") -> list[str]:
     return texts
 
 
-def _batches(texts: list[str], spec: SurveySpec):
-    """Documents in a seeded order, ``batch_size`` at a time."""
-    order = list(range(len(texts)))
-    random.Random(spec.seed).shuffle(order)
-    for start in range(0, len(order), spec.batch_size):
-        yield [texts[i] for i in order[start:start + spec.batch_size]]
-
-
 def _budget_mask(mask: torch.Tensor, remaining: int) -> torch.Tensor:
     """``mask`` (B, T) with the non-padding tokens after the first ``remaining`` (reading order) dropped."""
     return mask & (torch.cumsum(mask.flatten().long(), 0) <= remaining).reshape(mask.shape)
@@ -294,8 +286,11 @@ def collect(loaded, texts: list[str], spec: SurveySpec) -> tuple[list[LayerStats
     sigma: list[CovarianceAccumulator] = []
     need = {"sigma": spec.sigma_tokens, "measured": spec.tokens}
     started, forward_seconds, documents = time.perf_counter(), 0.0, 0
-    encoded = (tokenizer(docs, padding=True, truncation=True, max_length=spec.max_length, return_tensors="pt")
-               for docs in _batches(texts, spec))
+    shuffled = list(texts)
+    random.Random(spec.seed).shuffle(shuffled)  # the documents in an order fixed by the seed, batch_size at a time
+    encoded = (tokenizer(shuffled[start:start + spec.batch_size], padding=True, truncation=True,
+                         max_length=spec.max_length, return_tensors="pt")
+               for start in range(0, len(shuffled), spec.batch_size))
     try:
         for batch in hidden_state_pass(model, encoded, device=device, extra_states=pre_norm):
             documents += batch.mask.shape[0]
