@@ -25,18 +25,24 @@ __all__ = ["activation_statistics"]
 
 
 @torch.no_grad()
-def collect(model, loader, accelerator) -> dict[str, torch.Tensor]:
-    """Run ``model`` over ``loader`` and gather the tensors listed in the module docstring.
+def activation_statistics(context, split: str, batch_size: int):
+    """The tensors of the module docstring for an opened model context (:func:`istar.steps.common.open_model_context`)
+    on a prepared split, and what the analysis names them by: metadata {model, task, split, standin: bool,
+    num_hidden_states: L + 1, tokens: N}. Returns (tensors, metadata).
 
     The forward passes run on the accelerator's device in its precision (``accelerator.autocast``);
     statistics are accumulated in float32/float64.
     """
+    accelerator = context.accelerator
+    features = context.features(split, with_labels=False, for_qa_eval=True)
     metric = IsotropyMetric()  # its per-layer statistics, unit sums and [CLS] vectors (not its report)
-    batches = tqdm(loader, desc="activations", leave=False, disable=not accelerator.is_local_main_process)
-    for batch in hidden_state_pass(model, batches, device=accelerator.device, autocast=accelerator.autocast):
+    batches = tqdm(context.loader(features, batch_size), desc="activations", leave=False,
+                   disable=not accelerator.is_local_main_process)
+    for batch in hidden_state_pass(accelerator.prepare(context.model), batches, device=accelerator.device,
+                                   autocast=accelerator.autocast):
         metric.update(batch.states, batch.mask)
     if not metric.per_layer:
-        raise ValueError("the evaluation split is empty")
+        raise ValueError(f"the {split} split is empty")
     tensors = {}
     for layer, accumulator in enumerate(metric.per_layer):
         tensors[f"cls.layer{layer}"] = torch.cat(metric.cls[layer]).contiguous()
@@ -46,17 +52,6 @@ def collect(model, loader, accelerator) -> dict[str, torch.Tensor]:
     last = metric.per_layer[-1]
     tensors["last_layer_token_mean"] = last.mean.clone()
     tensors["last_layer_token_std"] = torch.diagonal(last.covariance()).sqrt()
-    return tensors
-
-
-def activation_statistics(context, split: str, batch_size: int):
-    """The tensors of the module docstring for an opened model context (:func:`istar.steps.common.open_model_context`)
-    on a prepared split, and what the analysis names them by: metadata {model, task, split, standin: bool,
-    num_hidden_states: L + 1, tokens: N}. Returns (tensors, metadata)."""
-    model = context.accelerator.prepare(context.model)
-    features = context.features(split, with_labels=False, for_qa_eval=True)
-    num_tokens = features.num_tokens()
-    tensors = collect(model, context.loader(features, batch_size), context.accelerator)
     metadata = {"model": str(context.spec.model), "task": context.task.key, "split": split, "standin": context.standin,
-                "num_hidden_states": context.model.config.num_hidden_layers + 1, "tokens": num_tokens}
+                "num_hidden_states": context.model.config.num_hidden_layers + 1, "tokens": features.num_tokens()}
     return tensors, metadata

@@ -57,33 +57,8 @@ class ShrinkageReference:
         return cls(per_layer, provenance, str(path))
 
 
-def _layer_accumulators(tensors: dict[str, torch.Tensor], count: int, num_hidden_states: int,
-                       source="the activations") -> list[CovarianceAccumulator]:
-    """Rebuild each hidden state's token statistics from the activation statistics' tensors.
-
-    Parameters
-    ----------
-    tensors : the activation statistics, with ``token_mean.layer{l}`` (d,) and
-        ``token_cov.layer{l}`` (d, d) for l = 0 .. ``num_hidden_states`` − 1.
-    count : N, the number of tokens behind every layer's statistics (N ≥ 2).
-    num_hidden_states : L + 1.
-    source : how to name the tensors' origin in error messages.
-
-    Returns
-    -------
-    list of L + 1 CovarianceAccumulator with ``count = N``, ``mean`` and
-    ``m2 = cov · (N − 1)``, so that merging them gives the exact statistics of the union.
-    """
-    if count < 2:
-        raise ValueError(f"{source} summarise {count} token(s); a covariance needs at least 2")
-    return [CovarianceAccumulator.from_state_dict({"count": count, "mean": tensors[f"token_mean.layer{layer}"],
-                                                   "m2": tensors[f"token_cov.layer{layer}"].double() * (count - 1)})
-            for layer in range(num_hidden_states)]
-
-
 def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict, sigma: ShrinkageReference,
-                       zeta: float, twonn_discard: float = 0.1, layers: LayerSelection = "all",
-                       source: str = "the activations") -> dict:
+                       zeta: float, twonn_discard: float = 0.1, layers: LayerSelection = "all") -> dict:
     """The analysis of a run's activation statistics.
 
     Parameters
@@ -97,21 +72,23 @@ def analyze_statistics(tensors: dict[str, torch.Tensor], metadata: dict, sigma: 
     layers : the hidden states whose union forms the ``global`` point cloud ("all" =
         layers 1..L, "all+embeddings", an index or a list; see
         :data:`istar.core.regularizers.LayerSelection`).
-    source : how to name the statistics in error messages.
 
     Returns
     -------
     dict in the format of the module docstring.
     """
-    zeta = float(zeta)
     hidden_states, count = metadata["num_hidden_states"], metadata["tokens"]
-    eval_layers = _layer_accumulators(tensors, count, hidden_states, source=source)
+    # each hidden state's token statistics rebuilt from the tensors (m2 = Σ_X·(N − 1)), so that merging them gives
+    # the exact statistics of their union; isotropy_of_statistics refuses N < 2
+    eval_layers = [CovarianceAccumulator.from_state_dict({
+        "count": count, "mean": tensors[f"token_mean.layer{layer}"],
+        "m2": tensors[f"token_cov.layer{layer}"].double() * (count - 1)}) for layer in range(hidden_states)]
     report = isotropy_of_statistics(eval_layers, [tensors[f"token_unit_sum.layer{layer}"] for layer in range(hidden_states)],
                                     [tensors[f"cls.layer{layer}"] for layer in range(hidden_states)], zeta=zeta,
                                     sigma_s=sigma.per_layer, layers=layers, twonn_discard=twonn_discard).to_dict()
     return {
         "model": metadata["model"], "task": metadata["task"], "split": metadata["split"],
-        "standin": metadata["standin"], "zeta": zeta, "sigma_s": sigma.name,
+        "standin": metadata["standin"], "zeta": report["zeta"], "sigma_s": sigma.name,
         "tokens": count, "global": report["global"], "layers": report["layers"],
         "last_layer": {"mean": tensors["last_layer_token_mean"].double().tolist(),
                        "std": tensors["last_layer_token_std"].double().tolist()},

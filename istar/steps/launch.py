@@ -15,7 +15,7 @@ launcher reads from the step's arguments to tell accelerate:
 
 On a site that takes GPUs as a SLURM generic resource only (``gres``, the rule's ``gpu`` set to 0
 so that no ``--gpus`` is asked for), ``--gpus 0`` runs on the GPUs SLURM granted the job step
-(:func:`granted_gpus`).
+(``SLURM_STEP_GPUS``).
 
 Several one-GPU jobs can share a GPU (``training.jobs_per_gpu`` = K under ``--resources gpu=N``): the
 workflow then counts its ``gpu`` resource in slots of 1/K GPU and says so in ``ISTAR_JOBS_PER_GPU``
@@ -60,7 +60,7 @@ from pathlib import Path
 
 from istar.config.gpu_slots import JOBS_PER_GPU_ENV, granted_gpus_of
 
-__all__ = ["launch_command", "step_precision", "claim_gpus", "try_claim", "Claim", "visible_devices", "granted_gpus",
+__all__ = ["launch_command", "step_precision", "claim_gpus", "try_claim", "Claim", "visible_devices",
            "child_environment", "run_child", "FORWARDED_SIGNALS", "SAVE_GRACE_SECONDS"]
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -167,10 +167,14 @@ def try_claim(lock_dir: Path, count: int, devices: list[str], jobs_per_gpu: int 
     slots taken (then the first listed), so jobs spread over the GPUs: with fewer jobs than slots
     no GPU idles while another holds several.
     """
-    with _locked(lock_dir / "istar-gpu-claim.lock"):
+    claim_lock = _open_lock(lock_dir / "istar-gpu-claim.lock")
+    try:
+        fcntl.flock(claim_lock, fcntl.LOCK_EX)  # waits for another job's attempt to end
         if count == 1 and jobs_per_gpu > 1:
             return _take_slot(lock_dir, devices, jobs_per_gpu)
         return _take_whole(lock_dir, count, devices)
+    finally:
+        os.close(claim_lock)
 
 
 def _gpu_lock(lock_dir: Path, gpu: str, slot: int | None = None) -> Path:
@@ -231,26 +235,6 @@ def _open_lock(path: Path) -> int:
     return os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    handle = _open_lock(path)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(handle)
-
-
-def granted_gpus(asked: int, environ: dict) -> int:
-    """The GPUs the step runs on: ``asked`` (Snakemake's resources.gpu), or, where that is 0 and SLURM
-    granted the job step GPUs as a generic resource (``gres`` on sites that reject ``--gpus``, with
-    the rule's ``gpu`` set to 0 so the executor plugin does not ask with --gpus), their number."""
-    step_gpus = environ.get("SLURM_STEP_GPUS", "")
-    if asked == 0 and step_gpus:
-        return len(step_gpus.split(","))
-    return asked
-
-
 def child_environment(gpus: int, environ: dict) -> dict:
     """The environment of the step on ``gpus`` GPUs; a preset ``CUDA_VISIBLE_DEVICES`` must name enough of them."""
     env = dict(environ)
@@ -276,7 +260,11 @@ def run_cli(args) -> int:
     if not step:
         raise ValueError("nothing to launch: give the step after --, e.g. istar launch --gpus 2 -- train …")
     jobs_per_gpu = int(os.environ.get(JOBS_PER_GPU_ENV, "1"))
-    granted = granted_gpus(args.gpus, os.environ)
+    # --gpus (Snakemake's resources.gpu), or, where that is 0 and SLURM granted the job step GPUs as a generic
+    # resource (gres on sites that reject --gpus, the rule's gpu set to 0 so the executor plugin does not ask
+    # with --gpus), their number
+    step_gpus = os.environ.get("SLURM_STEP_GPUS", "")
+    granted = len(step_gpus.split(",")) if args.gpus == 0 and step_gpus else args.gpus
     count, shared = granted_gpus_of(granted, jobs_per_gpu)
     command = launch_command(count, step)
     env = child_environment(count, os.environ)

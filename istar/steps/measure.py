@@ -84,7 +84,7 @@ def measure_runs(spec: MeasureSpec) -> dict:
         tensors, metadata = activation_statistics(context, spec.split, spec.batch_size)
         sigma = pretrained or _fine_tuned_sigma(context, spec, run)
         analysis = analyze_statistics(tensors, metadata, sigma, spec.zeta, twonn_discard=spec.twonn_discard,
-                                      layers=spec.layers, source=f"the activations of run {run}")
+                                      layers=spec.layers)
         trained_on = finished[run][1].get("tokens", "real")  # runs written before the setting: real tokens
         runs[run] = {"evaluation": evaluation, "analysis": analysis, "trained_on": trained_on}
         print(f"{run}: global IsoScore* (ζ = {spec.zeta}) {analysis['global']['isoscore_star']:.4f}"
@@ -128,7 +128,6 @@ def check_inputs(spec: MeasureSpec, finished: dict[str, tuple[dict, dict]], pret
     meta = read_meta(spec.data_dir)
     task, fingerprint = meta["task"], data_fingerprint(meta)
     if pretrained is not None:
-        check_sigma_fits(spec.sigma_s, pretrained.per_layer, pretrained.provenance, task=task, data=spec.data_dir)
         check_sigma_settings(spec.sigma_s, pretrained.provenance, {"rows": spec.shrinkage_rows, "layers": spec.layers,
                                                                    "tokens": DEFAULT_TOKENS}, STALE_SIGMA_FIX)
     for run, (metrics, config) in finished.items():
@@ -153,8 +152,8 @@ def check_inputs(spec: MeasureSpec, finished: dict[str, tuple[dict, dict]], pret
             raise ValueError(f"run {run} was fine-tuned from {config['model_source']}, but {spec.sigma_s} is the "
                              f"Σ_S of {provenance.get('model')}: give the Σ_S of {config['model_source']} on {task}")
         model = Path(run) / "model"
-        check_sigma_fits(spec.sigma_s, pretrained.per_layer, pretrained.provenance, shape=model_shape(str(model)),
-                         model=model)
+        check_sigma_fits(spec.sigma_s, pretrained.per_layer, provenance, task=task, data=spec.data_dir,
+                         shape=model_shape(str(model)), model=model)
 
 
 def run_cli(args) -> int:

@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from istar.data.encoding import Features
     from istar.steps.common import ModelContext
     from istar.steps.resume import Progress
-    from istar.steps.sigma_tracking import SigmaTracker
     from istar.steps.tracking import Tracking
 
 __all__ = ["TrainingRun"]
@@ -30,7 +29,7 @@ __all__ = ["TrainingRun"]
 class TrainingRun:
     """Everything one run holds while it trains, built once by :func:`istar.steps.train.prepare` (its
     settings are in ``spec``): the model context, the model, optimizer, scheduler and loaders prepared by
-    accelerate, the progress saved with every state and the run's Σ_S."""
+    accelerate, the progress saved with every state (Σ_S's included) and the Σ_S the penalty reads."""
 
     spec: TrainSpec
     context: ModelContext  # accelerator, task, tokenizer, data meta, model source
@@ -49,7 +48,7 @@ class TrainingRun:
     fingerprint: dict
     total_steps: int
     forward: Callable  # the step's forward and losses, compiled as training.compile asks (istar.steps.train_step)
-    sigma: SigmaTracker
+    penalty_sigma: torch.Tensor | None = None  # the Σ_S the penalty reads, on the device (istar.steps.sigma_tracking)
 
     @property
     def accelerator(self) -> Accelerator:

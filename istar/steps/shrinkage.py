@@ -38,24 +38,23 @@ STALE_SIGMA_FIX = ("compute it again with those settings (`istar shrinkage`; in 
 
 
 def training_statistics(context: ModelContext, layers: LayerSelection, shrinkage_rows: int, batch_size: int, seed: int,
-                        tokens: str = "real", *, model=None, features: Features | None = None,
+                        tokens: str = "real", *, features: Features | None = None,
                         description: str | None = None) -> SigmaStatistics:
     """The Σ_S pass over a task's training split (:func:`istar.models.shrinkage.sigma_statistics`),
     read in an order fixed by ``seed`` until ``layers`` hold ``shrinkage_rows`` rows: Σ_S of
     ``context``'s model (the pretrained one for ``istar shrinkage``, a fine-tuned one for the
-    measurement's ``analysis.sigma_s_model``), or of ``model`` over ``features`` (the model a run
-    trains, after each epoch: :mod:`istar.steps.sigma_tracking`)."""
+    measurement's ``analysis.sigma_s_model``, the model a run trains after each epoch:
+    :mod:`istar.steps.sigma_tracking`, which gives the training ``features`` it already encoded)."""
     from accelerate.data_loader import prepare_data_loader
 
     accelerator = context.accelerator
-    model = context.model.to(accelerator.device) if model is None else model
     features = context.features("train", with_labels=False) if features is None else features
     loader = context.loader(features, batch_size, sampler=EpochShuffleSampler(len(features), seed))
     # even_batches=False: accelerate would otherwise repeat rows to even out the shards, and Σ_S
     # would count them twice.
     loader = prepare_data_loader(loader, accelerator.device, accelerator.num_processes, accelerator.process_index,
                                  put_on_device=True, even_batches=False)
-    return sigma_statistics(model, loader, layers, shrinkage_rows, accelerator,
+    return sigma_statistics(context.model.to(accelerator.device), loader, layers, shrinkage_rows, accelerator,
                             description=description or f"Σ_S {context.task.key}", tokens=tokens)
 
 

@@ -12,8 +12,6 @@ All processes use the same Σ_S.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,112 +27,99 @@ from istar.core.shrinkage import (
     save_shrinkage,
 )
 from istar.core.tokens import get_token_selection
+from istar.data.storage import read_meta
+from istar.models.loading import model_shape
 from istar.registry.methods import get_method
 from istar.models.shrinkage import SigmaSchedule
 from istar.steps.shrinkage import STALE_SIGMA_FIX, training_statistics
 
 if TYPE_CHECKING:
     from istar.core.covariance import CovarianceAccumulator
-    from istar.data.encoding import Features
     from istar.models.shrinkage import SigmaStatistics
-    from istar.steps.common import ModelContext
-    from istar.steps.resume import Progress
+    from istar.steps.run_state import TrainingRun
 
     GivenSigma = tuple[list[CovarianceAccumulator], dict]  # a given Σ_S file's per-layer statistics and provenance
 
-__all__ = ["read_given_sigma", "check_given_sigma", "SigmaTracker"]
+__all__ = ["read_given_sigma", "start_sigma", "sigma_after_epoch"]
 
 
 def read_given_sigma(spec: TrainSpec) -> GivenSigma | None:
     """The Σ_S file the run was given, as (per-layer statistics, provenance), read and checked (hash,
-    NaN / inf, token rows) before the model and data are loaded; None for a method that needs none."""
+    NaN / inf, token rows; the settings it was made with; of the data's task and the model's shape, read from
+    their ``meta.json`` and config) before the model and data are loaded; None for a method that needs none."""
     if not get_method(spec.method).needs_sigma_s(spec.zeta):
         return None
     given = load_layer_statistics(spec.sigma_s)
     # (not its layers: a one-layer run reads the Σ_S of the config's penalty layers, whose per-layer statistics hold its own)
     check_sigma_settings(spec.sigma_s, given[1], {"rows": spec.shrinkage_rows, "tokens": spec.tokens, "model": spec.model},
                          STALE_SIGMA_FIX)
+    check_sigma_fits(spec.sigma_s, *given, task=read_meta(spec.data_dir)["task"], data=spec.data_dir,
+                     shape=model_shape(spec.model), model=spec.model)
     return given
 
 
-def check_given_sigma(spec: TrainSpec, given: GivenSigma, context: ModelContext) -> None:
-    """The given Σ_S is of this task and this model's shape (before any forward pass)."""
-    config = context.model.config
-    check_sigma_fits(spec.sigma_s, *given, task=context.task.key, data=spec.data_dir,
-                     shape=(config.hidden_size, config.num_hidden_layers + 1), model=context.model_name)
+def _advance(run: TrainingRun, epoch: int, compute) -> torch.Tensor | None:
+    """The schedule's Σ_S for the start of ``epoch`` (0-based), from and into the state in ``run.progress``
+    (and, for the penalty, ``run.penalty_sigma`` on the device); returns the new Σ_S, None when none was set.
+    Which Σ_S an epoch trains with is :class:`istar.models.shrinkage.SigmaSchedule`'s rule, as in the library."""
+    spec, progress = run.spec, run.progress
+    schedule = SigmaSchedule(get_method(spec.method).needs_sigma_s(spec.zeta), spec.recompute_shrinkage,
+                             progress.sigma_s, progress.sigma_epoch)
+    sigma = schedule.advance(epoch, compute)
+    progress.sigma_s, progress.sigma_epoch = schedule.sigma_s, schedule.sigma_epoch
+    run.penalty_sigma = None if progress.sigma_s is None else progress.sigma_s.to(run.accelerator.device)
+    return sigma
 
 
-@dataclass
-class SigmaTracker:
-    """Σ_S of one run: what it records in ``progress`` (``sigma_s``, ``sigma_epoch``,
-    ``sigma_isoscore`` of :class:`istar.steps.resume.Progress`, saved with every state) and the Σ_S
-    the penalty uses next (``penalty_sigma``, on the device; None for a run without one). Which Σ_S
-    an epoch trains with is :class:`istar.models.shrinkage.SigmaSchedule`'s rule, as in the library."""
+def start_sigma(run: TrainingRun, given: GivenSigma | None) -> float | None:
+    """Before the first step of this process: the given Σ_S (``read_given_sigma``) for the first epoch
+    unless a resumed state holds one, and IsoScore(Σ_S) before training unless a state has it.
 
-    spec: TrainSpec
-    context: ModelContext
-    out: Path
-    model: torch.nn.Module  # unwrapped: Σ_S is measured outside the training wrapper
-    features: Features  # the training features Σ_S rows are drawn from
-    progress: Progress
-    penalty_sigma: torch.Tensor | None = None
+    Returns that IsoScore when it was measured now (None on resuming)."""
+    spec, progress = run.spec, run.progress
+    layers = resolve_layers(spec.penalty_layers, run.context.model.config.num_hidden_layers + 1)
+    # Σ_S of the penalty's layers from the given file's statistics, read and checked once (read_given_sigma:
+    # of this model's shape)
+    first = _advance(run, 0, lambda: merge_layers(given[0], layers).covariance())
+    if first is not None and run.accelerator.is_main_process:
+        save_shrinkage(run.out / "sigma_epoch0.pt", given[0], layers, given[1])
+    if progress.sigma_isoscore:
+        return None
+    # I-STAR's Σ_S before training is the file it was given; the other runs measure their own.
+    sigma = progress.sigma_s if progress.sigma_s is not None else _measure(run, 0).selection.covariance().cpu()
+    progress.sigma_isoscore.append(float(isoscore_star_from_covariance(sigma)))  # IsoScore: ζ = 0 (docs/method.md §2)
+    return progress.sigma_isoscore[-1]
 
-    def _advance(self, epoch: int, compute) -> torch.Tensor | None:
-        """The schedule's Σ_S for the start of ``epoch`` (0-based), from and into the state in ``progress``
-        (and, for the penalty, on the device); returns the new Σ_S, None when none was set."""
-        spec, progress = self.spec, self.progress
-        schedule = SigmaSchedule(get_method(spec.method).needs_sigma_s(spec.zeta), spec.recompute_shrinkage,
-                                 progress.sigma_s, progress.sigma_epoch)
-        sigma = schedule.advance(epoch, compute)
-        progress.sigma_s, progress.sigma_epoch = schedule.sigma_s, schedule.sigma_epoch
-        self.penalty_sigma = None if progress.sigma_s is None else progress.sigma_s.to(self.context.accelerator.device)
-        return sigma
 
-    def start(self, given: GivenSigma | None) -> float | None:
-        """Before the first step of this process: the given Σ_S (``read_given_sigma``) for the first epoch
-        unless a resumed state holds one, and IsoScore(Σ_S) before training unless a state has it.
+def sigma_after_epoch(run: TrainingRun, epochs_done: int) -> None:
+    """Σ_S of the model after ``epochs_done`` epochs: its IsoScore is recorded, and when the schedule
+    sets a new Σ_S for the next epoch (I-STAR with ``recompute_shrinkage``) it is this one (saved as
+    ``sigma_epoch{e}.pt``)."""
+    spec, accelerator = run.spec, run.accelerator
+    statistics = _measure(run, epochs_done)
+    sigma = statistics.selection.covariance().cpu()
+    run.progress.sigma_isoscore.append(float(isoscore_star_from_covariance(sigma)))
+    if epochs_done >= spec.epochs or _advance(run, epochs_done, lambda: sigma) is None:
+        return
+    if accelerator.is_main_process:
+        save_shrinkage(run.out / f"sigma_epoch{epochs_done}.pt", statistics.per_layer, statistics.layers, {
+            "model": f"{run.context.model_name} fine-tuned for {epochs_done} epoch(s)", "layer_spec": spec.layers,
+            "epoch": epochs_done, "requested_rows": spec.shrinkage_rows, "tokens": spec.tokens,
+            "num_processes": accelerator.num_processes})
+    accelerator.print(f"Σ_S recomputed for epoch {epochs_done + 1}: {statistics.selection.count:,} rows")
 
-        Returns that IsoScore when it was measured now (None on resuming)."""
-        spec, progress = self.spec, self.progress
-        layers = resolve_layers(spec.penalty_layers, self.model.config.num_hidden_layers + 1)
-        # Σ_S of the penalty's layers from the given file's statistics, read and checked once (read_given_sigma,
-        # check_given_sigma: of this model's shape)
-        first = self._advance(0, lambda: merge_layers(given[0], layers).covariance())
-        if first is not None and self.context.accelerator.is_main_process:
-            save_shrinkage(self.out / "sigma_epoch0.pt", given[0], layers, given[1])
-        if progress.sigma_isoscore:
-            return None
-        # I-STAR's Σ_S before training is the file it was given; the other runs measure their own.
-        sigma = progress.sigma_s if progress.sigma_s is not None else self._measure(0).selection.covariance().cpu()
-        progress.sigma_isoscore.append(float(isoscore_star_from_covariance(sigma)))  # IsoScore: ζ = 0 (docs/method.md §2)
-        return progress.sigma_isoscore[-1]
 
-    def after_epoch(self, epochs_done: int) -> None:
-        """Σ_S of the model after ``epochs_done`` epochs: its IsoScore is recorded, and when the schedule
-        sets a new Σ_S for the next epoch (I-STAR with ``recompute_shrinkage``) it is this one (saved as
-        ``sigma_epoch{e}.pt``)."""
-        spec, accelerator = self.spec, self.context.accelerator
-        statistics = self._measure(epochs_done)
-        sigma = statistics.selection.covariance().cpu()
-        self.progress.sigma_isoscore.append(float(isoscore_star_from_covariance(sigma)))
-        if epochs_done >= spec.epochs or self._advance(epochs_done, lambda: sigma) is None:
-            return
-        if accelerator.is_main_process:
-            save_shrinkage(self.out / f"sigma_epoch{epochs_done}.pt", statistics.per_layer, statistics.layers, {
-                "model": f"{self.context.model_name} fine-tuned for {epochs_done} epoch(s)", "layer_spec": spec.layers,
-                "epoch": epochs_done, "requested_rows": spec.shrinkage_rows, "tokens": spec.tokens,
-                "num_processes": accelerator.num_processes})
-        accelerator.print(f"Σ_S recomputed for epoch {epochs_done + 1}: {statistics.selection.count:,} rows")
+def _measure(run: TrainingRun, epoch: int) -> SigmaStatistics:
+    """Σ_S of the current model over ``spec.layers`` (:func:`istar.steps.shrinkage.training_statistics`), measured
+    outside the training wrapper on ``run.context.model``: the module accelerate wraps (``accelerator.unwrap_model``
+    gives it back), which a resumed state is loaded into.
 
-    def _measure(self, epoch: int) -> SigmaStatistics:
-        """Σ_S of the current model over ``spec.layers`` (:func:`istar.steps.shrinkage.training_statistics`).
-
-        The rows (``shrinkage_rows`` of the training split) come in an order fixed by the run's
-        seed and ``epoch``; the result is identical on all processes.
-        """
-        spec = self.spec
-        batch_size = spec.batch_size if get_token_selection(spec.tokens).sigma_uses_training_batches \
-            else spec.eval_batch_size
-        return training_statistics(self.context, spec.layers, spec.shrinkage_rows, batch_size,
-                                   spec.seed + 7919 * (epoch + 1), spec.tokens, model=self.model,
-                                   features=self.features, description=f"Σ_S after {epoch} epoch(s)")
+    The rows (``shrinkage_rows`` of the training split) come in an order fixed by the run's
+    seed and ``epoch``; the result is identical on all processes.
+    """
+    spec = run.spec
+    batch_size = spec.batch_size if get_token_selection(spec.tokens).sigma_uses_training_batches \
+        else spec.eval_batch_size
+    return training_statistics(run.context, spec.layers, spec.shrinkage_rows, batch_size,
+                               spec.seed + 7919 * (epoch + 1), spec.tokens, features=run.train_features,
+                               description=f"Σ_S after {epoch} epoch(s)")

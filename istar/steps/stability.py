@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from istar.config.schema import default_of
+from istar.core.covariance import CovarianceAccumulator
 from istar.core.fig2 import STABILITY_COLUMNS, fig2_variances
 from istar.core.isotropy import isoscore_star_from_covariance
 from istar.io.artifacts import write_text
@@ -29,24 +30,17 @@ FIG2_BATCH_SIZES = tuple(2**k for k in range(6, 18))
 FIG2_ZETAS = (0.0, 0.2, 0.4, 0.6, 0.8)
 
 def _nested_covariances(sizes: list[int], scale: torch.Tensor, generator: torch.Generator, chunk: int = 16_384):
-    """Yield (n, Σ_n) for each n in ``sizes`` (ascending): Σ_n the unbiased covariance of the first n rows.
+    """Yield (n, Σ_n) for each n in ``sizes`` (ascending): Σ_n the unbiased (d, d) covariance of the first n rows.
 
-    Rows of N(0, diag(scale²)) are drawn as Z·scale (float32, ``chunk`` rows at a time); the
-    Gram matrix Σ xxᵀ and the sum Σ x are accumulated in float64, and
-    Σ_n = (Σ xxᵀ − n·x̄x̄ᵀ)/(n − 1). (The distribution has mean zero, so nothing cancels.)
+    Rows of N(0, diag(scale²)) are drawn as Z·scale (float32, ``chunk`` rows at a time) into one streaming
+    :class:`istar.core.covariance.CovarianceAccumulator` (float64 sums), read at each size.
     """
     d = scale.numel()
-    gram = torch.zeros(d, d, dtype=torch.float64)
-    total = torch.zeros(d, dtype=torch.float64)
-    drawn = 0
+    accumulator = CovarianceAccumulator(d)
     for size in sizes:
-        for start in range(drawn, size, chunk):
-            rows = torch.randn(min(chunk, size - start), d, generator=generator).mul_(scale)
-            gram += torch.mm(rows.T, rows).double()
-            total += rows.sum(dim=0).double()
-        drawn = size
-        mean = total / size
-        yield size, (gram - size * torch.outer(mean, mean)) / (size - 1)
+        while accumulator.count < size:
+            accumulator.add(torch.randn(min(chunk, size - accumulator.count), d, generator=generator).mul_(scale))
+        yield size, accumulator.covariance()
 
 
 def fig2_data(batch_sizes=FIG2_BATCH_SIZES, zetas=FIG2_ZETAS, n_shrinkage: int = 75_000, seed: int = 0,

@@ -34,6 +34,7 @@ is one JSON file. Loading is in :mod:`istar.models.pretrained`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import time
@@ -117,7 +118,7 @@ def _partition_measures(W: torch.Tensor, suffix: str) -> dict:
             f"solver_signs_fp32_overflow{suffix}": max_exponent > FP32_EXP_LIMIT}
 
 
-def static_measures(W: torch.Tensor, chunk: int = 8192) -> dict:
+def static_measures(W: torch.Tensor) -> dict:
     """Isotropy of an embedding matrix W (V, d), rows = vocabulary entries (every row, padding included).
 
     Returns ``isoscore`` (of the rows' covariance, the same raw or centred); raw, and with
@@ -127,15 +128,13 @@ def static_measures(W: torch.Tensor, chunk: int = 8192) -> dict:
     ``solver_signs_fp32_overflow`` (whether a plain float32 exp of it is inf, as in the
     authors' code), ``average_cosine``; ``mean_norm``, ``zero_rows`` (all-zero rows, left out
     of the cosine measures), plus the variance shares of :func:`layer_measures`. Float64
-    throughout; the covariance is streamed in chunks.
+    throughout.
     """
     W = W.detach().to(torch.float64)
     # Rows of zeros (a padding embedding initialised to zero, unused tokens) have no direction:
     # the cosine measures leave them out and say how many there were.
     nonzero = torch.linalg.vector_norm(W, dim=1) > 0
-    accumulator = CovarianceAccumulator(W.shape[1], device=W.device)
-    for start in range(0, W.shape[0], chunk):
-        accumulator.add(W[start:start + chunk])
+    accumulator = CovarianceAccumulator(W.shape[1], device=W.device).add(W)
     cov = accumulator.covariance()
     eigenvalues = _spectrum(cov)
     centred = W - accumulator.mean
@@ -172,11 +171,6 @@ def projection(W: torch.Tensor, rows: torch.Tensor) -> dict:
     return result
 
 
-def _projection_sample(vocabulary: int, size: int, seed: int) -> torch.Tensor:
-    """A seeded sample of ``size`` row indices (all rows if the vocabulary is smaller), ascending."""
-    return torch.randperm(vocabulary, generator=torch.Generator().manual_seed(seed))[:size].sort().values
-
-
 class LayerStats:
     """Streaming statistics of one hidden state: covariance, Σ x/‖x‖ and Σ ‖x‖ (O(d²) memory),
     and the first ``keep`` token vectors as they came (float32, on the CPU) for TwoNN."""
@@ -187,30 +181,18 @@ class LayerStats:
         self.norm_sum = 0.0
         self.keep = keep
         self.sample: list[torch.Tensor] = []
-        self.kept = 0
 
     @torch.no_grad()
     def add(self, rows: torch.Tensor) -> None:
         """Fold in token vectors (k, d) (padding already removed)."""
+        kept = min(self.covariance.count, self.keep)  # the sample is the first tokens added
+        if kept < self.keep:
+            self.sample.append(rows[:self.keep - kept].detach().to("cpu", torch.float32))
         self.covariance.add(rows)
-        if self.kept < self.keep:
-            taken = rows[:self.keep - self.kept].detach().to("cpu", torch.float32)
-            self.sample.append(taken)
-            self.kept += len(taken)
         rows = rows.to(torch.float64)
         norms = torch.linalg.vector_norm(rows, dim=1)
         self.unit_sum += (rows / norms.clamp_min(1e-300)[:, None]).sum(dim=0)
         self.norm_sum += float(norms.sum())
-
-
-def _twonn(stats: LayerStats, discard: float) -> float | None:
-    """TwoNN of the kept token vectors; None when it is undefined (fewer than 3 distinct vectors…)."""
-    if not stats.sample:
-        return None
-    try:
-        return twonn_dimension(torch.cat(stats.sample), discard_fraction=discard)
-    except ValueError:
-        return None
 
 
 def layer_measures(stats: LayerStats, sigma_s: torch.Tensor | None, zeta: float, twonn_discard: float) -> dict:
@@ -225,6 +207,10 @@ def layer_measures(stats: LayerStats, sigma_s: torch.Tensor | None, zeta: float,
     n = stats.covariance.count
     cov = stats.covariance.covariance()
     eigenvalues = _spectrum(cov)
+    twonn = None
+    if stats.sample:
+        with contextlib.suppress(ValueError):  # undefined: fewer than 3 distinct vectors…
+            twonn = twonn_dimension(torch.cat(stats.sample), discard_fraction=twonn_discard)
     return {
         "tokens": n,
         "isoscore": isoscore_from_eigenvalues(eigenvalues),
@@ -232,8 +218,8 @@ def layer_measures(stats: LayerStats, sigma_s: torch.Tensor | None, zeta: float,
         "average_cosine": cosine_from_unit_sum(stats.unit_sum, n),
         "mean_norm": stats.norm_sum / n,
         "effective_rank": effective_rank(eigenvalues),
-        "twonn": _twonn(stats, twonn_discard),
-        "twonn_tokens": stats.kept,
+        "twonn": twonn,
+        "twonn_tokens": min(n, stats.keep),
         **_variance_shares(cov, eigenvalues),
     }
 
@@ -274,14 +260,6 @@ def read_texts(source: str, split: str = "validation") -> list[str]:
     return texts
 
 
-def _batches(texts: list[str], spec: SurveySpec):
-    """Documents in a seeded order, ``batch_size`` at a time."""
-    order = list(range(len(texts)))
-    random.Random(spec.seed).shuffle(order)
-    for start in range(0, len(order), spec.batch_size):
-        yield [texts[i] for i in order[start:start + spec.batch_size]]
-
-
 def _budget_mask(mask: torch.Tensor, remaining: int) -> torch.Tensor:
     """``mask`` (B, T) with the non-padding tokens after the first ``remaining`` (reading order) dropped."""
     return mask & (torch.cumsum(mask.flatten().long(), 0) <= remaining).reshape(mask.shape)
@@ -308,8 +286,11 @@ def collect(loaded, texts: list[str], spec: SurveySpec) -> tuple[list[LayerStats
     sigma: list[CovarianceAccumulator] = []
     need = {"sigma": spec.sigma_tokens, "measured": spec.tokens}
     started, forward_seconds, documents = time.perf_counter(), 0.0, 0
-    encoded = (tokenizer(docs, padding=True, truncation=True, max_length=spec.max_length, return_tensors="pt")
-               for docs in _batches(texts, spec))
+    shuffled = list(texts)
+    random.Random(spec.seed).shuffle(shuffled)  # the documents in an order fixed by the seed, batch_size at a time
+    encoded = (tokenizer(shuffled[start:start + spec.batch_size], padding=True, truncation=True,
+                         max_length=spec.max_length, return_tensors="pt")
+               for start in range(0, len(shuffled), spec.batch_size))
     try:
         for batch in hidden_state_pass(model, encoded, device=device, extra_states=pre_norm):
             documents += batch.mask.shape[0]
@@ -352,7 +333,9 @@ def survey_model(spec: SurveySpec) -> dict:
     static, projections = {}, {}
     for which, W in loaded.static_matrices.items():
         static[which] = static_measures(W)
-        rows = _projection_sample(W.shape[0], spec.projection_rows, spec.seed)
+        # a seeded sample of projection_rows row indices (all rows of a smaller vocabulary), ascending
+        rows = torch.randperm(W.shape[0], generator=torch.Generator().manual_seed(spec.seed))[:spec.projection_rows]
+        rows = rows.sort().values
         projections[which] = {"rows": int(W.shape[0]), "sampled_rows": len(rows), "seed": spec.seed,
                               **projection(W.detach().to(torch.float64), rows.to(W.device))}
     measured, sigma, cost = collect(loaded, texts, spec)
@@ -376,8 +359,7 @@ def survey_model(spec: SurveySpec) -> dict:
         "static": static,
         "projections": projections,
         "layers": layers,
-        "final_norm_gain": gain_spread(loaded.final_norm.weight) if loaded.final_norm is not None
-        and getattr(loaded.final_norm, "weight", None) is not None else None,
+        "final_norm_gain": None if (gain := getattr(loaded.final_norm, "weight", None)) is None else gain_spread(gain),
     }
 
 

@@ -171,57 +171,48 @@ TRACKERS: dict[str, TrackerKind] = {kind.key: kind for kind in (
 )}
 
 
-def _parameter(value):
-    """A setting as a tracker parameter: numbers, strings and booleans as they are, the rest as text."""
-    return value if isinstance(value, (bool, int, float, str)) else json.dumps(value)
-
-
 class Tracking:
     """The trackers of one run (main process; on the other processes every method does nothing).
 
     Use::
 
-        tracking = Tracking(names, out, experiment, uri)      # before the Accelerator: .log_with, .project_dir
-        tracking.preflight()                                    # every process: servers answer
-        tracking.start(accelerator, spec, resume_step, saved)
+        tracking = Tracking(spec)                    # before the Accelerator: .log_with, .project_dir
+        tracking.preflight()                         # every process: servers answer
+        tracking.start(accelerator, resume_step, saved)
         tracking.log(values, step) … tracking.commit() before each saved state … tracking.finish()
     """
 
-    def __init__(self, names, out, experiment: str, mlflow_tracking_uri: str | None = None):
+    def __init__(self, spec):
+        """``spec``: the run's TrainSpec (its trackers, run folder, experiment and MLflow server; its settings
+        are the trackers' parameters)."""
+        self.spec = spec
         # (names are those of TRACKERS: TrainSpec.validate checks them against the schema's list)
-        self.kinds = [TRACKERS[name] for name in names]
-        self.out = Path(out)
-        self.experiment = experiment
-        self.uri = mlflow_tracking_uri
+        self.kinds = [TRACKERS[name] for name in spec.trackers]
+        self.out = Path(spec.output_dir)
+        self.log_with = [kind.key for kind in self.kinds]  # accelerate's names of the trackers
+        # accelerate's logging directory: TensorBoard writes to OUT/tracking/tensorboard/{experiment}
+        self.project_dir = str(tracking_dir(self.out) / "tensorboard")
         self.trackers: dict = {}     # name → accelerate tracker (main process)
         self.logged: dict = {}       # name → {key: last step the tracker already holds}
         self.pending: dict = {}      # name → [(values, step)] not yet accepted by a failing tracker
         self.warned: set = set()     # trackers that failed (one warning each)
 
-    @property
-    def log_with(self) -> list[str]:
-        return [kind.key for kind in self.kinds]
-
-    @property
-    def project_dir(self) -> str:
-        """accelerate's logging directory: TensorBoard writes to ``OUT/tracking/tensorboard/{experiment}``."""
-        return str(tracking_dir(self.out) / "tensorboard")
-
     def preflight(self) -> None:
         """Check each tracker's server before anything is trained (raises :class:`TrackerUnavailableError`)."""
         for kind in self.kinds:
-            kind.check(RunContext(self.out, None, {}, self.uri))
+            kind.check(RunContext(self.out, None, {}, self.spec.mlflow_tracking_uri))
 
-    def start(self, accelerator, spec, resume_step: int | None, saved: dict) -> None:
+    def start(self, accelerator, resume_step: int | None, saved: dict) -> None:
         """Start the trackers (accelerate's ``init_trackers``), continuing the resumed runs (``saved``:
         what the state being resumed kept, :meth:`state`).
 
-        The run's parameters, every setting of its ``spec`` and where its code came from, are stored
+        The run's parameters, every setting of its spec and where its code came from, are stored
         only on a fresh start (the resumed runs have them).
         """
         if not self.kinds:
             return
-        contexts = {kind: RunContext(self.out, resume_step, saved.get(kind.key, {}), self.uri) for kind in self.kinds}
+        contexts = {kind: RunContext(self.out, resume_step, saved.get(kind.key, {}), self.spec.mlflow_tracking_uri)
+                    for kind in self.kinds}
         if accelerator.is_main_process:
             for kind, context in contexts.items():
                 kind.rollback(context)
@@ -230,9 +221,11 @@ class Tracking:
             from istar.io.provenance import code_provenance
 
             provenance = {f"provenance.{key}": value for key, value in code_provenance().items()}
-            config = {key: _parameter(value) for key, value in {**dataclasses.asdict(spec), **provenance}.items()}
+            # as tracker parameters: numbers, strings and booleans as they are, the rest as text
+            config = {key: value if isinstance(value, (bool, int, float, str)) else json.dumps(value)
+                      for key, value in {**dataclasses.asdict(self.spec), **provenance}.items()}
         # the project name is MLflow's experiment and TensorBoard's folder under project_dir
-        accelerator.init_trackers(self.experiment, config=config,
+        accelerator.init_trackers(self.spec.tracking_experiment, config=config,
                                   init_kwargs={kind.key: kind.init_kwargs(context) for kind, context in contexts.items()})
         if accelerator.is_main_process:
             self.trackers = {kind.key: accelerator.get_tracker(kind.key) for kind in self.kinds}

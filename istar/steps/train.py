@@ -24,8 +24,8 @@ scheduler, RNGs, progress, current Σ_S, training log) is saved atomically at ev
 every ``checkpoint_every`` optimizer steps and on SIGTERM or SIGINT, under ``OUT/resume/``; the
 same command resumes from the newest one when the run's fingerprint
 (:func:`istar.steps.resume.run_fingerprint`) is unchanged. One process writes a run folder at a
-time (:mod:`istar.io.runlock`); its writability is checked before the model and data are loaded,
-the given Σ_S (finite, of this task, of this model's shape) before any forward pass, and the free
+time (:mod:`istar.io.runlock`); its writability and the given Σ_S (finite, of this task, of this
+model's shape) are checked before the model and data are loaded, and the free
 space the run needs (:func:`istar.steps.resume.check_free_space`) before the first step.
 """
 
@@ -69,7 +69,7 @@ from istar.steps.resume import (
 )
 from istar.steps.run_folder import clear_earlier_outputs
 from istar.steps.run_state import TrainingRun
-from istar.steps.sigma_tracking import SigmaTracker, check_given_sigma, read_given_sigma
+from istar.steps.sigma_tracking import read_given_sigma, sigma_after_epoch, start_sigma
 from istar.steps.tracking import Tracking
 from istar.steps.train_outputs import add_to_sums, finish_run, log_step
 from istar.steps.train_step import build_optimizer, optimization_step, step_forward
@@ -86,7 +86,7 @@ CUBLAS_WORKSPACE = ":4096:8"
 def deterministic_algorithms(enabled: bool):
     """Run the block with PyTorch's deterministic algorithms (``training.deterministic``) when ``enabled``;
     the earlier setting and ``CUBLAS_WORKSPACE_CONFIG`` come back afterwards (a step called in-process
-    leaves its caller as it was). run_config.json records what ran (:func:`istar.steps.train_outputs.determinism`)."""
+    leaves its caller as it was). run_config.json records what ran (its ``determinism``)."""
     if not enabled:
         yield
         return
@@ -144,15 +144,13 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
 
     from istar.steps.common import open_model_context
 
-    tracking = Tracking(spec.trackers, out, spec.tracking_experiment, spec.mlflow_tracking_uri)
+    tracking = Tracking(spec)
     tracking.preflight()  # a tracking server that does not answer stops the run before anything is loaded
     given_sigma = read_given_sigma(spec)  # before the model and data are loaded
     context = open_model_context(spec, model_seed=spec.seed, gradient_accumulation_steps=spec.gradient_accumulation_steps,
                                  log_with=tracking.log_with, project_dir=tracking.project_dir)
     claim_gpu_share(context.model, spec.batch_size, spec.max_length, context.precision, context.accelerator.device)
     forward = step_forward(spec.compile, context.accelerator.device)  # refused here where it cannot run
-    if given_sigma is not None:
-        check_given_sigma(spec, given_sigma, context)
     accelerator = context.accelerator
     if accelerator.is_main_process:
         if restart:
@@ -163,9 +161,8 @@ def prepare(spec: TrainSpec, out: Path, resume_dir: Path, restart: bool) -> Trai
     run = _build(spec, context, out, resume_dir, tracking, forward)
     state = _resume(run)
     check_free_space(spec, accelerator.unwrap_model(run.model), out, resume_dir)
-    tracking.start(accelerator, spec, resume_step=run.progress.step if state is not None else None,
-                   saved=saved_tracking(state))
-    isoscore = run.sigma.start(given_sigma)
+    tracking.start(accelerator, run.progress.step if state is not None else None, saved_tracking(state))
+    isoscore = start_sigma(run, given_sigma)
     if isoscore is not None:
         tracking.log({"sigma_s_isoscore": isoscore}, step=0)
     precision, requested = context.precision.label, PRECISIONS[spec.mixed_precision].label
@@ -190,8 +187,8 @@ def batch_pad_multiple(spec: TrainSpec, precision) -> int | None:
 
 def _build(spec: TrainSpec, context: ModelContext, out: Path, resume_dir: Path, tracking: Tracking,
            forward: Callable) -> TrainingRun:
-    """The loaders, the optimizer and the scheduler, prepared by accelerate, a fresh progress and the
-    run's Σ_S tracker (started once a saved state is resumed)."""
+    """The loaders, the optimizer and the scheduler, prepared by accelerate, and a fresh progress (its Σ_S
+    is started once a saved state is resumed: :func:`istar.steps.sigma_tracking.start_sigma`)."""
     from transformers import get_scheduler
 
     accelerator = context.accelerator
@@ -213,13 +210,10 @@ def _build(spec: TrainSpec, context: ModelContext, out: Path, resume_dir: Path, 
     accelerator.register_for_checkpointing(progress)
     fingerprint = run_fingerprint(spec, context.meta, context.model_path, accelerator.num_processes,
                                   context.precision.label)
-    # Σ_S is measured on the unwrapped model (the same module a resumed state is loaded into)
-    sigma = SigmaTracker(spec, context, out, accelerator.unwrap_model(model), train_features, progress)
     return TrainingRun(spec=spec, context=context, out=out, resume_dir=resume_dir, tracking=tracking, model=model,
                        optimizer=optimizer, scheduler=scheduler, train_loader=train_loader, eval_loader=eval_loader,
                        train_features=train_features, eval_features=eval_features, eval_columns=eval_columns,
-                       progress=progress, fingerprint=fingerprint, total_steps=total_steps, forward=forward,
-                       sigma=sigma)
+                       progress=progress, fingerprint=fingerprint, total_steps=total_steps, forward=forward)
 
 
 def _resume(run: TrainingRun) -> Path | None:
@@ -266,7 +260,7 @@ def _train_epoch(run: TrainingRun, stop: StopRequest, epoch: int) -> None:
                initial=progress.batches_in_epoch, total=len(run.train_loader))
     for batch in bar:
         loss, outputs, penalty = optimization_step(spec, accelerator, run.model, run.optimizer, run.scheduler, batch,
-                                                   run.sigma.penalty_sigma, accelerator.num_processes > 1, run.forward)
+                                                   run.penalty_sigma, accelerator.num_processes > 1, run.forward)
         progress.batches_in_epoch += 1
         add_to_sums(sums, loss, outputs.loss, penalty)
         if not math.isfinite(sums["loss"]):
@@ -293,7 +287,7 @@ def _end_epoch(run: TrainingRun, stop: StopRequest, epoch: int) -> None:
     progress.history.append({"epoch": epoch + 1, "step": progress.step, **result})
     print_evaluation(accelerator, f"epoch {epoch + 1}", result, run.context.task)
     progress.epoch, progress.batches_in_epoch = epoch + 1, 0
-    run.sigma.after_epoch(epoch + 1)
+    sigma_after_epoch(run, epoch + 1)
     run.tracking.log({"epoch": epoch + 1, "sigma_s_isoscore": progress.sigma_isoscore[-1],
                       **{f"eval/{key}": value for key, value in result.items()}}, step=progress.step)
     run.save_state()

@@ -61,7 +61,7 @@ def log_step(run: TrainingRun, sums: dict, epoch: int) -> dict:
     row, averaged over processes; appended to the live train_log.csv and sent to the trackers by the
     main process. Returns the row."""
     accelerator, step = run.accelerator, run.progress.step
-    keys = [k for k in ("loss", "task_loss", "penalty", "isoscore_star", "cosine_similarity", "penalty_rows") if k in sums]
+    keys = [key for key in LOG_COLUMNS if key in sums]  # the losses and the penalty's logs
     local = torch.tensor([sums[k] / sums["micro_batches"] for k in keys], device=accelerator.device)
     averaged = accelerator.reduce(local, reduction="mean").tolist() if accelerator.num_processes > 1 else local.tolist()
     row = {**dict.fromkeys(LOG_COLUMNS, ""), **dict(zip(keys, averaged)), "step": step, "epoch": epoch,
@@ -110,13 +110,6 @@ def finish_run(run: TrainingRun, seconds: float) -> dict:
     return report
 
 
-def determinism() -> dict:
-    """Whether PyTorch's deterministic algorithms are on in this process (``training.deterministic``,
-    :func:`istar.steps.train.deterministic_algorithms`) and the cuBLAS workspace they run with."""
-    return {"algorithms": torch.are_deterministic_algorithms_enabled(),
-            "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
-
-
 def _write_outputs(run: TrainingRun, report: dict, seconds: float) -> dict:
     """The final model, log, run_config.json and metrics.json (last), each atomically; returns the
     report as written (with its content hash and the model's)."""
@@ -139,8 +132,12 @@ def _write_outputs(run: TrainingRun, report: dict, seconds: float) -> dict:
     artifacts.write_json(out / "run_config.json", {
         **dataclasses.asdict(spec), "model_path": portable_path(context.model_path), "task": task.key,
         "precision": {"requested": spec.mixed_precision, "effective": context.precision.label},
-        "threads": torch.get_num_threads(), "determinism": determinism(),
-        "num_processes": accelerator.num_processes, "device": accelerator.device.type,
+        # what ran: whether PyTorch's deterministic algorithms were on (training.deterministic,
+        # istar.steps.train.deterministic_algorithms) and the cuBLAS workspace they ran with
+        "determinism": {"algorithms": torch.are_deterministic_algorithms_enabled(),
+                        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")},
+        "threads": torch.get_num_threads(), "num_processes": accelerator.num_processes,
+        "device": accelerator.device.type,
         "total_optimizer_steps": run.total_steps, "train_seconds": round(seconds, 2),
         "model_source": context.model_name, "data_meta": context.meta, "fingerprint": report["fingerprint"],
         "fingerprint_inputs": run.fingerprint, "istar_version": __version__, "torch_version": torch.__version__,
