@@ -33,7 +33,7 @@ from istar.registry.tasks import get_task
 from istar.report.family import FAMILY_MEASURES, MULTIPLICITY_PLANS, TREND_COVARIATES, TREND_STUDY, MultiplicityPlan
 from istar.report.inference import POWER, random_intercept_slope
 from istar.report.paired import LEVEL, PAIRED_COLUMNS, adjust_family, informative, paired_differences
-from istar.report.paper import Estimate, difference, paper_gain, paper_model
+from istar.report.paper import PAPER_MODELS, Estimate, difference, paper_gain
 
 __all__ = ["TREND_COLUMNS", "PAPER_COLUMNS", "STUDY_PAIRED_COLUMNS", "StudyTests", "variant_label",
            "trend_tests", "study_tests", "paper_comparisons"]
@@ -202,7 +202,8 @@ def paper_comparisons(paired: pd.DataFrame, mapping: dict[str, str], level: floa
     out = {}
     chosen = paired[(paired["study"] == "final") & (paired["measure"] == "score")] if len(paired) else paired
     for index, row in chosen.iterrows():
-        theirs_model = paper_model(row["model"], mapping)
+        # its entry in the mapping, else the model itself where it is one of the paper's, else none (not compared)
+        theirs_model = mapping.get(row["model"], row["model"] if row["model"] in PAPER_MODELS else None)
         theirs = paper_gain(theirs_model, row["task"], row["method"], alpha) if theirs_model else None
         if theirs is None or not informative(row):
             continue
