@@ -91,9 +91,7 @@ class StudyTests:
 def _paired_parts(runs: pd.DataFrame, level: float) -> list[pd.DataFrame]:
     parts = []
     for study, measures in FAMILY_MEASURES.items():
-        rows = runs[runs["study"] == study]
-        if rows.empty:
-            continue
+        rows = runs[runs["study"] == study]  # none: no measure has a value, so no part
         if study == "padding":  # its two I-STAR arms differ by token selection: each is compared as an arm
             rows = rows.assign(method=[variant_label(m, t) for m, t in zip(rows["method"], rows["tokens"])])
         reference = METHODS[BASELINE_METHOD].label if study == "padding" else BASELINE_METHOD

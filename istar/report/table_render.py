@@ -62,9 +62,9 @@ class Table:
         self.standin = self.standin or [False] * len(self.columns)
         self.best = self.best or [[False] * len(self.columns) for _ in self.cells]
 
-    def headers(self, dagger: str) -> list[str]:
-        """All column headers, stand-in columns suffixed with ``dagger``."""
-        return self.index_names + [c + (dagger if s else "") for c, s in zip(self.columns, self.standin)]
+    def headers(self) -> list[str]:
+        """All column headers, stand-in columns suffixed with a dagger (``†``; LaTeX spells it)."""
+        return self.index_names + [c + ("†" if s else "") for c, s in zip(self.columns, self.standin)]
 
 
 def spread(values, digits: int = 1) -> str:
@@ -85,7 +85,7 @@ def render_csv(table: Table) -> str:
     """The grid as CSV (UTF-8 text): headers with ``†``, best cells with a trailing ``*``."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(table.headers("†"))
+    writer.writerow(table.headers())
     for labels, cells, best in zip(table.index, table.cells, table.best):
         writer.writerow(labels + [cell + ("*" if b else "") for cell, b in zip(cells, best)])
     return buffer.getvalue()
@@ -113,8 +113,7 @@ def _shown_rows(table: Table, escape, bold: str) -> list[list[str]]:
 def render_markdown(table: Table) -> str:
     """The table as GitHub Markdown: caption in bold, ``**best**`` cells, footnotes below."""
     lines = [f"**{_markdown_escape(table.caption)}**", ""]
-    headers = table.headers("†")
-    lines.append("| " + " | ".join(_markdown_escape(h) for h in headers) + " |")
+    lines.append("| " + " | ".join(_markdown_escape(h) for h in table.headers()) + " |")
     lines.append("|" + "|".join([" --- "] * len(table.index_names) + [" :---: "] * len(table.columns)) + "|")
     lines += ["| " + " | ".join(row) + " |" for row in _shown_rows(table, _markdown_escape, "**{}**")]
     lines += ["", *(_markdown_escape(note) + "  " for note in table.footnotes)] if table.footnotes else []
@@ -170,7 +169,7 @@ def render_latex(table: Table) -> str:
         f"\\label{{tab:{table.name}}}",
         f"\\begin{{tabular}}{{{column_format}}}",
         r"\toprule",
-        " & ".join(latex_escape(h) for h in table.headers("†")) + r" \\",  # † is spelled $^\dagger$
+        " & ".join(latex_escape(h) for h in table.headers()) + r" \\",  # † is spelled $^\dagger$
         r"\midrule",
     ]
     for i, row in enumerate(_shown_rows(table, latex_escape, r"\textbf{{{}}}")):
