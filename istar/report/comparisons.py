@@ -91,7 +91,9 @@ class StudyTests:
 def _paired_parts(runs: pd.DataFrame, level: float) -> list[pd.DataFrame]:
     parts = []
     for study, measures in FAMILY_MEASURES.items():
-        rows = runs[runs["study"] == study]  # none: no measure has a value, so no part
+        rows = runs[runs["study"] == study]
+        if rows.empty:  # e.g. no padding study: its runs, and their token selections, are absent
+            continue
         if study == "padding":  # its two I-STAR arms differ by token selection: each is compared as an arm
             rows = rows.assign(method=[variant_label(m, t) for m, t in zip(rows["method"], rows["tokens"])])
         reference = METHODS[BASELINE_METHOD].label if study == "padding" else BASELINE_METHOD
