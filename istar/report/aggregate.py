@@ -284,14 +284,14 @@ def aggregate(study_runs, selection_files, out_dir, measure_files=(), inference:
     entries.sort(key=lambda entry: _sort_key(entry[0]))
     layer_rows, dim_rows, epoch_rows = [], [], []
     for row, analysis, run in entries:
+        keys = {name: row[name] for name in (*RUN_KEYS, "seed")}  # what names a run in the other CSVs
         if row["study"] == "final":
             scores = [NAN] + [_number(entry.get(run["metric"])) for entry in run["history"]]
-            epoch_rows.extend({**{name: row[name] for name in (*RUN_KEYS, "seed")}, "epoch": epoch,
-                               "sigma_s_isoscore": float(value), "score": scores[epoch] if epoch < len(scores) else NAN}
+            epoch_rows.extend({**keys, "epoch": epoch, "sigma_s_isoscore": float(value),
+                               "score": scores[epoch] if epoch < len(scores) else NAN}
                               for epoch, value in enumerate(run["sigma_s_isoscore"]))
         if analysis is None:
             continue
-        keys = {name: row[name] for name in (*RUN_KEYS, "seed")}
         layer_rows.extend({**keys, "hidden_state": layer["layer"], **{key: _number(layer[key]) for key in LAYER_MEASURES},
                            "standin": row["standin"], "analysis_zeta": row["analysis_zeta"]}
                           for layer in analysis["layers"])

@@ -38,9 +38,7 @@ the rule, how many of them carry a collapse flag, how many collapsed and how man
 def collapsed_flags(runs: pd.DataFrame) -> pd.Series:
     """Per row of ``runs.csv``, True where the run collapsed (False where it did not or was not checked:
     a runs.csv written before the column existed checked none)."""
-    if "collapsed" not in runs.columns:
-        return pd.Series(False, index=runs.index)
-    return as_bool(runs["collapsed"])
+    return as_bool(runs.get("collapsed", pd.Series(False, index=runs.index)))
 
 
 def apply_collapse_rule(runs: pd.DataFrame, rule: str) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -31,9 +31,9 @@ from istar.core.tokens import TOKEN_SELECTIONS
 from istar.registry.methods import BASELINE_METHOD, METHODS
 from istar.registry.tasks import get_task
 from istar.report.family import FAMILY_MEASURES, MULTIPLICITY_PLANS, TREND_COVARIATES, TREND_STUDY, MultiplicityPlan
-from istar.report.inference import POWER, adjusted_p_values, random_intercept_slope
+from istar.report.inference import POWER, random_intercept_slope
 from istar.report.paired import LEVEL, PAIRED_COLUMNS, adjust_family, informative, paired_differences
-from istar.report.paper import Estimate, difference, paper_gain, paper_model
+from istar.report.paper import PAPER_MODELS, Estimate, difference, paper_gain
 
 __all__ = ["TREND_COLUMNS", "PAPER_COLUMNS", "STUDY_PAIRED_COLUMNS", "StudyTests", "variant_label",
            "trend_tests", "study_tests", "paper_comparisons"]
@@ -92,7 +92,7 @@ def _paired_parts(runs: pd.DataFrame, level: float) -> list[pd.DataFrame]:
     parts = []
     for study, measures in FAMILY_MEASURES.items():
         rows = runs[runs["study"] == study]
-        if rows.empty:
+        if rows.empty:  # e.g. no padding study: its runs, and their token selections, are absent
             continue
         if study == "padding":  # its two I-STAR arms differ by token selection: each is compared as an arm
             rows = rows.assign(method=[variant_label(m, t) for m, t in zip(rows["method"], rows["tokens"])])
@@ -158,12 +158,10 @@ def study_tests(runs: pd.DataFrame, inference: dict | None = None, level: float 
         gate = _primary_position(paired, trends, declared["primary"])
         if gate is None:  # the primary has no test here: it stays in the family, untested, and the gate shut
             gate, extra = len(paired) + len(trends), np.append(extra, np.nan)
-    paired = adjust_family(paired, level, extra_p_values=extra, gate=gate)
-    p_values = np.concatenate([paired["p_value"].to_numpy(dtype=float), extra])
-    adjusted, levels = adjusted_p_values(p_values, gate, 1 - level)
-    trends["p_holm"], trends["mde_alpha"] = adjusted[len(paired):][:len(trends)], levels[len(paired):][:len(trends)]
+    paired, trend_holm, trend_levels = adjust_family(paired, level, extra_p_values=extra, gate=gate)
+    trends["p_holm"], trends["mde_alpha"] = trend_holm[:len(trends)], trend_levels[:len(trends)]
     trends["significant"] = trends["p_holm"] < 1 - level
-    trends["family_size"] = int(np.count_nonzero(~np.isnan(p_values)))
+    trends["family_size"] = int(paired["p_value"].notna().sum() + np.count_nonzero(~np.isnan(extra)))
     trends["mde"] = (stats.norm.isf(trends["mde_alpha"] / 2) + float(stats.norm.ppf(POWER))) * trends["se"]
     paper = paper_comparisons(paired, declared["paper_models"], level)
     return StudyTests(paired=paired.join(paper).reindex(columns=list(STUDY_PAIRED_COLUMNS)), trends=trends, plan=plan,
@@ -204,7 +202,8 @@ def paper_comparisons(paired: pd.DataFrame, mapping: dict[str, str], level: floa
     out = {}
     chosen = paired[(paired["study"] == "final") & (paired["measure"] == "score")] if len(paired) else paired
     for index, row in chosen.iterrows():
-        theirs_model = paper_model(row["model"], mapping)
+        # its entry in the mapping, else the model itself where it is one of the paper's, else none (not compared)
+        theirs_model = mapping.get(row["model"], row["model"] if row["model"] in PAPER_MODELS else None)
         theirs = paper_gain(theirs_model, row["task"], row["method"], alpha) if theirs_model else None
         if theirs is None or not informative(row):
             continue

@@ -27,7 +27,7 @@ from pathlib import Path
 from istar.io import artifacts
 from istar.registry.methods import BASELINE_METHOD
 
-__all__ = ["table1_metrics", "lambda_sweep_curves", "sigma_curves", "write_experiment"]
+__all__ = ["table1_metrics", "write_experiment"]
 
 FINAL, LAMBDA_SWEEP = "final", "lambda_sweep"
 
@@ -56,18 +56,12 @@ def table1_metrics(runs, paired) -> dict:
     return metrics
 
 
-def lambda_sweep_curves(runs) -> dict:
-    """``{model}-{task}`` → DataFrame (lam, score, isoscore_star): the λ sweep's means over seeds."""
-    sweep = runs[runs["study"] == LAMBDA_SWEEP]
-    return {f"{model}-{task}": group.groupby("lam", sort=True)[["score", "isoscore_star"]].mean().reset_index()
-            for (model, task), group in sweep.groupby(["model", "task"], sort=True)}
-
-
-def sigma_curves(epochs) -> dict:
-    """``{model}-{task}-{method}`` → DataFrame (epoch, sigma_s_isoscore): the final runs' means over seeds."""
-    final = epochs[epochs["study"] == FINAL]
-    return {f"{model}-{task}-{method}": group.groupby("epoch", sort=True)[["sigma_s_isoscore"]].mean().reset_index()
-            for (model, task, method), group in final.groupby(["model", "task", "method"], sort=True)}
+def _curves(frame, study: str, keys: list[str], x: str, values: list[str]) -> dict:
+    """``{key}-…`` (``keys`` joined by ``-``) → DataFrame (``x``, ``values``): ``study``'s means over seeds per ``x``:
+    the λ sweep's score and IsoScore* per λ, the final runs' IsoScore of Σ_S per epoch."""
+    rows = frame[frame["study"] == study]
+    return {"-".join(map(str, key)): group.groupby(x, sort=True)[values].mean().reset_index()
+            for key, group in rows.groupby(keys, sort=True)}
 
 
 def write_experiment(aggregate_dir: str | Path, out_dir: str | Path) -> dict:
@@ -77,7 +71,9 @@ def write_experiment(aggregate_dir: str | Path, out_dir: str | Path) -> dict:
     aggregate_dir, out_dir = Path(aggregate_dir), Path(out_dir)
     runs, paired, epochs = (pd.read_csv(aggregate_dir / f"{name}.csv") for name in ("runs", "paired", "epochs"))
     metrics = table1_metrics(runs, paired)
-    for folder, curves in (("lambda_sweep", lambda_sweep_curves(runs)), ("sigma_epochs", sigma_curves(epochs))):
+    for folder, curves in (
+            ("lambda_sweep", _curves(runs, LAMBDA_SWEEP, ["model", "task"], "lam", ["score", "isoscore_star"])),
+            ("sigma_epochs", _curves(epochs, FINAL, ["model", "task", "method"], "epoch", ["sigma_s_isoscore"]))):
         (out_dir / folder).mkdir(parents=True, exist_ok=True)
         for stale in (out_dir / folder).glob("*.csv"):  # curves of a model, task or method no longer run
             if stale.stem not in curves:

@@ -62,10 +62,6 @@ class FigureEntry:
     module: str = "istar.report.plots"
     also: tuple[str, ...] = ()
 
-    def enabled(self, config: dict) -> bool:
-        """Whether a validated config asks for this figure."""
-        return switch_enabled(self.switch, config)
-
 
 FIGURES: dict[str, FigureEntry] = {
     entry.name: entry
@@ -134,7 +130,7 @@ def get_figure(name: str) -> FigureEntry:
 
 def enabled_figures(config: dict) -> list[str]:
     """Names of the figures a validated config asks for (each one's ``enabled`` switch), in registry order."""
-    return [entry.name for entry in FIGURES.values() if entry.enabled(config)]
+    return [entry.name for entry in FIGURES.values() if switch_enabled(entry.switch, config)]
 
 
 def figure_csvs(name: str, aggregate_dir="results/aggregate") -> list[Path]:

@@ -63,13 +63,11 @@ def paired_t_pvalue(mean: float, sd: float, n: int) -> float:
 
     Returns
     -------
-    float in [0, 1]; NaN for n < 2. With sd = 0 the test is degenerate: 1 where the mean is 0,
-    else 0 (every pair moved by the same non-zero amount).
+    float in [0, 1]; NaN without information: n < 2, or sd = 0 (every pair moved by the same amount, so
+    there is no variation to test).
     """
-    if n < 2 or math.isnan(sd) or math.isnan(mean):
+    if n < 2 or not sd > 0:  # a NaN sd fails the comparison too
         return math.nan
-    if sd == 0:
-        return 1.0 if mean == 0 else 0.0
     t = mean / (sd / math.sqrt(n))
     return float(2 * stats.t.sf(abs(t), df=n - 1))
 
@@ -198,8 +196,6 @@ def minimum_detectable_effect(n: int, sd: float, alpha: float = ALPHA, power: fl
         raise ValueError(f"alpha and power must be in (0, 1), got {alpha!r} and {power!r}")
     if n < 2 or math.isnan(sd):
         return math.nan
-    if sd == 0:
-        return 0.0
     if _two_sided_power(1e-9, n, alpha) >= power:
         return 0.0
     upper = 1.0

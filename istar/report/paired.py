@@ -162,15 +162,15 @@ def paired_differences(runs: pd.DataFrame, study: str = "final", reference: str 
                          "reference": reference, "metric": group["metric"].iloc[0], "n": len(paired),
                          "mean_difference": mean, "sd_difference": sd, "ci_low": low, "ci_high": high, "level": level,
                          "excludes_zero": pd.NA if math.isnan(low) else bool(low > 0 or high < 0),
-                         "p_value": paired_t_pvalue(mean, sd, len(paired)) if sd > 0 else math.nan,
+                         "p_value": paired_t_pvalue(mean, sd, len(paired)),
                          "p_wilcoxon": signed_rank_pvalue(differences),
                          "n_positive": int((differences > 0).sum()), "n_negative": int((differences < 0).sum()),
                          "seeds": " ".join(map(str, paired)), "unpaired": unpaired})
-    return adjust_family(pd.DataFrame(rows, columns=list(PAIRED_COLUMNS)), level)
+    return adjust_family(pd.DataFrame(rows, columns=list(PAIRED_COLUMNS)), level)[0]
 
 
 def adjust_family(frame: pd.DataFrame, level: float = LEVEL, extra_p_values=(), gate: int | None = None
-                  ) -> pd.DataFrame:
+                  ) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
     """The rows of :func:`paired_differences` (any number of calls, concatenated) as one family of tests.
 
     Parameters
@@ -178,14 +178,14 @@ def adjust_family(frame: pd.DataFrame, level: float = LEVEL, extra_p_values=(), 
     frame : rows with :data:`PAIRED_COLUMNS` (the family's columns are overwritten).
     level : 1 − α of the family.
     extra_p_values : p-values of other tests in the same family (e.g. the λ sweep's trend tests),
-        counted in m and in the adjustment; their adjusted values are returned by
-        :func:`istar.report.comparisons.study_tests`, not here.
+        counted in m and in the adjustment; their adjusted values and levels are returned beside the rows.
     gate : the declared primary's index in [frame's rows, extra tests] where the multiplicity plan
         gates (:func:`istar.report.inference.adjusted_p_values`); None: one Holm family.
 
     Returns
     -------
-    A copy with ``p_holm`` (adjusted over the family's m tests, every row with a p-value and the extra
+    (rows, extra_adjusted, extra_levels): the extra tests' adjusted p-values and verdict levels, shape
+    (len(extra_p_values),), and a copy of the rows with ``p_holm`` (adjusted over the family's m tests, every row with a p-value and the extra
     ones, by the plan: Holm over all, or the gatekeeping order), ``p_wilcoxon_holm`` (the same adjustment
     with each row's signed-rank p in place of its t-test's: the rank test at the level the verdict uses),
     ``significant`` (``p_holm`` < α; NA without a test), ``family_size`` m, ``mde_alpha`` the level the
@@ -204,8 +204,9 @@ def adjust_family(frame: pd.DataFrame, level: float = LEVEL, extra_p_values=(), 
     frame["family_size"] = int(np.count_nonzero(~np.isnan(p_values)))
     frame["mde"] = [minimum_detectable_effect(int(n), float(sd), alpha=a) if informative(row) else math.nan
                     for n, sd, a, row in zip(frame["n"], frame["sd_difference"], frame["mde_alpha"], frame.itertuples())]
-    return frame.astype({"n": "Int64", "excludes_zero": "boolean", "significant": "boolean",
-                         "n_positive": "Int64", "n_negative": "Int64", "family_size": "Int64"})
+    frame = frame.astype({"n": "Int64", "excludes_zero": "boolean", "significant": "boolean",
+                          "n_positive": "Int64", "n_negative": "Int64", "family_size": "Int64"})
+    return frame, adjusted[len(frame):], levels[len(frame):]
 
 
 def informative(row) -> bool:

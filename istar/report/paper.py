@@ -27,7 +27,7 @@ from scipy import stats
 
 from istar.registry.methods import BASELINE_METHOD
 
-__all__ = ["PAPER_TABLE1", "PAPER_MODELS", "Estimate", "paper_table1", "paper_model", "paper_gain", "difference"]
+__all__ = ["PAPER_TABLE1", "PAPER_MODELS", "Estimate", "paper_table1", "paper_gain", "difference"]
 
 PAPER_TABLE1 = Path(__file__).resolve().parent / "data" / "paper_table1.csv"
 PAPER_MODELS = ("albert", "bert", "distilbert")
@@ -70,12 +70,6 @@ def paper_table1():
     return pd.read_csv(PAPER_TABLE1, comment="#")
 
 
-def paper_model(model: str, mapping: dict[str, str]) -> str | None:
-    """The paper's model set beside ``model``: its entry in ``mapping`` (``inference.paper_models``),
-    itself when it is one of the paper's models, else None (not compared)."""
-    return mapping.get(model, model if model in PAPER_MODELS else None)
-
-
 def paper_gain(model: str, task: str, method: str, alpha: float = 0.05) -> Estimate | None:
     """The paper's gain of ``method`` over Base for one of its models on ``task`` (Welch; module
     docstring), in points; None when Table 1 has no such cell."""
@@ -88,15 +82,15 @@ def paper_gain(model: str, task: str, method: str, alpha: float = 0.05) -> Estim
     if mine.empty or base.empty:
         return None
     (m1, s1, n1), (m0, s0, n0) = (tuple(float(v) for v in frame[["mean", "sd", "n"]].iloc[0]) for frame in (mine, base))
-    v1, v0 = s1 ** 2 / n1, s0 ** 2 / n0
-    se = math.sqrt(v1 + v0)
-    df = (v1 + v0) ** 2 / (v1 ** 2 / (n1 - 1) + v0 ** 2 / (n0 - 1))
-    return Estimate.of(m1 - m0, se, df, alpha)
+    return _welch(m1 - m0, s1 ** 2 / n1, n1 - 1, s0 ** 2 / n0, n0 - 1, alpha)
 
 
 def difference(ours: Estimate, theirs: Estimate, alpha: float = 0.05) -> Estimate:
     """ours − theirs with the Welch–Satterthwaite interval of two independent estimates."""
-    v1, v0 = ours.se ** 2, theirs.se ** 2
-    se = math.sqrt(v1 + v0)
-    df = (v1 + v0) ** 2 / (v1 ** 2 / ours.df + v0 ** 2 / theirs.df)
-    return Estimate.of(ours.mean - theirs.mean, se, df, alpha)
+    return _welch(ours.mean - theirs.mean, ours.se ** 2, ours.df, theirs.se ** 2, theirs.df, alpha)
+
+
+def _welch(mean: float, v1: float, df1: float, v0: float, df0: float, alpha: float) -> Estimate:
+    """``mean``, the difference of two independent estimates of variances v1, v0 on df1, df0 degrees of freedom,
+    with its Welch–Satterthwaite interval: se = √(v1 + v0), ν = (v1 + v0)² / (v1²/df1 + v0²/df0)."""
+    return Estimate.of(mean, math.sqrt(v1 + v0), (v1 + v0) ** 2 / (v1 ** 2 / df1 + v0 ** 2 / df0), alpha)

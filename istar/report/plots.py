@@ -31,18 +31,16 @@ __all__ = ["fig2", "dose_response", "fig3", "fig4", "fig5", "fig6", "fig7", "fig
 # -------------------- Fig. 2: IsoScore* of mini-batches vs batch size (simulation) ----
 
 
-def fig2(df: pd.DataFrame, true_value: float | None = None, dim: int = 768) -> Figure:
+def fig2(df: pd.DataFrame, dim: int = 768) -> Figure:
     """Draw Fig. 2: IsoScore* vs batch size, one line per ζ, the true value dashed.
 
     Parameters
     ----------
     df : DataFrame
         Output of :func:`istar.steps.stability.fig2_data` (``fig2_stability.csv``).
-    true_value : float, optional
-        IsoScore* of the distribution, drawn as a dashed line; by default
-        :func:`istar.core.fig2.fig2_true_value` of ``dim``.
     dim : int
-        Dimension of the points; a dotted vertical line marks |X| = d.
+        Dimension of the points; a dotted vertical line marks |X| = d, and the distribution's IsoScore*
+        (:func:`istar.core.fig2.fig2_true_value` of ``dim``) is drawn as a dashed line.
 
     Returns
     -------
@@ -50,8 +48,7 @@ def fig2(df: pd.DataFrame, true_value: float | None = None, dim: int = 768) -> F
         One axes; one error-bar series per ζ plus the two reference lines.
     """
     require_columns(df, STABILITY_COLUMNS, "the Fig. 2 data", "make it with `istar stability`")
-    if true_value is None:
-        true_value = fig2_true_value(dim)
+    true_value = fig2_true_value(dim)
     fig = Figure(figsize=(6.4, 4.4), layout="constrained")
     ax = fig.add_subplot()
     colours = parts.sequence_colours(sorted(df["zeta"].unique()))

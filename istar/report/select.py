@@ -45,6 +45,7 @@ from pathlib import Path
 from istar.config.layout import parse_run_dir, seed_of
 from istar.io import artifacts
 from istar.io.results import read_finished_run
+from istar.registry import lookup
 from istar.registry.methods import BASELINE_METHOD, SEARCHED_METHOD
 
 __all__ = ["read_run", "select_best", "fixed_choice", "SETTING_KEYS", "PROTOCOLS",
@@ -91,10 +92,8 @@ PROTOCOLS: dict[str, Protocol] = {protocol.key: protocol for protocol in (
 
 def protocol_note(protocol: str, *, settings, fraction: float | None = None, seed: int | None = None) -> str:
     """The tables' sentence about ``protocol`` (a key of :data:`PROTOCOLS`)."""
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"unknown selection protocol {protocol!r} in selection.csv; known: {', '.join(PROTOCOLS)}: "
-                         "rerun `istar select` and `istar aggregate`")
-    chosen = PROTOCOLS[protocol]
+    chosen = lookup(PROTOCOLS, protocol, "selection protocol",
+                    "in selection.csv: rerun `istar select` and `istar aggregate`")
     if chosen.tuned_baselines_note and str(settings) != "0":
         rows = ("the validation split the table reports (so the baselines' scores are biased upward)" if fraction is None
                 else f"a held-out {float(fraction):.0%} of the training split (seed {int(seed)})")

@@ -31,7 +31,7 @@ from istar.registry.tasks import get_task, ordered_tasks
 from istar.report.aggregate_csv import as_bool, read_aggregate
 from istar.report.claims import NOT_TESTED
 from istar.report.tables import listing
-from istar.report.figures import FIGURES, STABILITY_CSV, STUDY_FIGURES
+from istar.report.figures import FIGURES, STABILITY_CSV, STUDY_FIGURES, switch_enabled
 from istar.report.select import selection_note
 from istar.report.table_render import Table, render_markdown
 
@@ -71,7 +71,7 @@ def landing(config: dict, runs: pd.DataFrame, selection: pd.DataFrame | None = N
     # the runs the claims read, under the declared rule: the claims table's last footnote (build appends it), shown
     # once, as its own line
     collapsed = verdict.footnotes.pop()
-    return Landing(verdict, f"{FOREST}.png" if FIGURES[FOREST].enabled(config) else None, collapsed,
+    return Landing(verdict, f"{FOREST}.png" if switch_enabled(FIGURES[FOREST].switch, config) else None, collapsed,
                    _what_ran(config, runs, selection))
 
 

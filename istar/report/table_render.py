@@ -62,9 +62,9 @@ class Table:
         self.standin = self.standin or [False] * len(self.columns)
         self.best = self.best or [[False] * len(self.columns) for _ in self.cells]
 
-    def headers(self, dagger: str) -> list[str]:
-        """All column headers, stand-in columns suffixed with ``dagger``."""
-        return self.index_names + [c + (dagger if s else "") for c, s in zip(self.columns, self.standin)]
+    def headers(self) -> list[str]:
+        """All column headers, stand-in columns suffixed with a dagger (``†``; LaTeX spells it)."""
+        return self.index_names + [c + ("†" if s else "") for c, s in zip(self.columns, self.standin)]
 
 
 def spread(values, digits: int = 1) -> str:
@@ -85,7 +85,7 @@ def render_csv(table: Table) -> str:
     """The grid as CSV (UTF-8 text): headers with ``†``, best cells with a trailing ``*``."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(table.headers("†"))
+    writer.writerow(table.headers())
     for labels, cells, best in zip(table.index, table.cells, table.best):
         writer.writerow(labels + [cell + ("*" if b else "") for cell, b in zip(cells, best)])
     return buffer.getvalue()
@@ -98,25 +98,24 @@ def _markdown_escape(text: str) -> str:
     return "".join("\\" + ch if ch in _MARKDOWN_SPECIAL else ch for ch in text)
 
 
-def _grouped_index(table: Table) -> list[list[str]]:
-    """Row labels with a repeated first label blanked (for Markdown and LaTeX)."""
-    if len(table.index_names) < 2:
-        return table.index
-    return [
-        ([""] if i and labels[0] == table.index[i - 1][0] else [labels[0]]) + labels[1:]
-        for i, labels in enumerate(table.index)
-    ]
+def _shown_rows(table: Table, escape, bold: str) -> list[list[str]]:
+    """Each row's labels and cells as Markdown and LaTeX print them: escaped by ``escape``, best cells in the
+    format ``bold`` (``"**{}**"``), and where there are several label columns a first label that repeats the
+    row above's blanked (a model named on its first row only)."""
+    rows = []
+    for i, (labels, cells, best) in enumerate(zip(table.index, table.cells, table.best)):
+        repeated = len(table.index_names) > 1 and i and labels[0] == table.index[i - 1][0]
+        rows.append([escape(label) for label in ([""] if repeated else labels[:1]) + labels[1:]]
+                    + [bold.format(escape(cell)) if b else escape(cell) for cell, b in zip(cells, best)])
+    return rows
 
 
 def render_markdown(table: Table) -> str:
     """The table as GitHub Markdown: caption in bold, ``**best**`` cells, footnotes below."""
     lines = [f"**{_markdown_escape(table.caption)}**", ""]
-    headers = table.headers("†")
-    lines.append("| " + " | ".join(_markdown_escape(h) for h in headers) + " |")
+    lines.append("| " + " | ".join(_markdown_escape(h) for h in table.headers()) + " |")
     lines.append("|" + "|".join([" --- "] * len(table.index_names) + [" :---: "] * len(table.columns)) + "|")
-    for labels, cells, best in zip(_grouped_index(table), table.cells, table.best):
-        shown = [f"**{_markdown_escape(c)}**" if b else _markdown_escape(c) for c, b in zip(cells, best)]
-        lines.append("| " + " | ".join([_markdown_escape(x) for x in labels] + shown) + " |")
+    lines += ["| " + " | ".join(row) + " |" for row in _shown_rows(table, _markdown_escape, "**{}**")]
     lines += ["", *(_markdown_escape(note) + "  " for note in table.footnotes)] if table.footnotes else []
     return "\n".join(lines) + "\n"
 
@@ -170,14 +169,13 @@ def render_latex(table: Table) -> str:
         f"\\label{{tab:{table.name}}}",
         f"\\begin{{tabular}}{{{column_format}}}",
         r"\toprule",
-        " & ".join(latex_escape(h) for h in table.headers("†")) + r" \\",  # † is spelled $^\dagger$
+        " & ".join(latex_escape(h) for h in table.headers()) + r" \\",  # † is spelled $^\dagger$
         r"\midrule",
     ]
-    for i, (labels, cells, best) in enumerate(zip(_grouped_index(table), table.cells, table.best)):
-        if i and n_index > 1 and labels[0]:
+    for i, row in enumerate(_shown_rows(table, latex_escape, r"\textbf{{{}}}")):
+        if i and n_index > 1 and row[0]:  # a model's first row
             lines.append(r"\midrule")
-        shown = [f"\\textbf{{{latex_escape(c)}}}" if b else latex_escape(c) for c, b in zip(cells, best)]
-        lines.append(" & ".join([latex_escape(x) for x in labels] + shown) + r" \\")
+        lines.append(" & ".join(row) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     if table.footnotes:
         lines += [r"\par\smallskip", *(f"{{\\footnotesize {latex_escape(note)}\\par}}" for note in table.footnotes)]

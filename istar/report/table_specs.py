@@ -25,10 +25,10 @@ class TableEntry:
     CSV it reads, ``runs`` or ``selection``), ``builder`` (``module:function`` returning a
     :class:`istar.report.table_render.Table` from that CSV's DataFrame), ``states_protocol``
     (the builder also takes the selection CSV, to state the selection protocol in a footnote),
-    ``reads_stability`` (it also takes Fig. 2's simulation, when that study is on), ``reads_config``
-    (it also takes the resolved config, ``results/config.yaml``: what the study declared) and
-    ``pairs_runs`` (it compares arms paired by seed: the declared rule for collapsed runs is applied to
-    its runs first, :func:`istar.report.collapse.apply_collapse_rule`, and a footnote says what it did)."""
+    ``reads_stability`` (it also takes Fig. 2's simulation, when that study is on) and ``reads_config``
+    (it also takes the resolved config, ``results/config.yaml``: what the study declared; every such table
+    compares arms paired by seed, so the declared rule for collapsed runs is applied to its runs first,
+    :func:`istar.report.collapse.apply_collapse_rule`, and a footnote says what it did)."""
 
     name: str
     switch: str | None
@@ -37,23 +37,16 @@ class TableEntry:
     states_protocol: bool = False
     reads_stability: bool = False
     reads_config: bool = False
-    pairs_runs: bool = False
-
-    def enabled(self, config: dict) -> bool:
-        """Whether a validated config asks for this table."""
-        return switch_enabled(self.switch, config)
 
 
 TABLES: dict[str, TableEntry] = {
     entry.name: entry
     for entry in (
-        TableEntry("table1", None, "runs", "istar.report.tables:table1", states_protocol=True, reads_config=True,
-                   pairs_runs=True),
+        TableEntry("table1", None, "runs", "istar.report.tables:table1", states_protocol=True, reads_config=True),
         TableEntry("table2", None, "selection", "istar.report.tables:table2"),
-        TableEntry("padding", "studies.padding", "runs", "istar.report.padding_study:padding_table", reads_config=True,
-                   pairs_runs=True),
+        TableEntry("padding", "studies.padding", "runs", "istar.report.padding_study:padding_table", reads_config=True),
         TableEntry("claims", None, "runs", "istar.report.claims:claims_table", states_protocol=True,
-                  reads_stability=True, reads_config=True, pairs_runs=True),
+                   reads_stability=True, reads_config=True),
         TableEntry("seeds", None, "runs", "istar.report.tables:seed_table"),
     )
 }
@@ -68,21 +61,21 @@ def get_table(name: str) -> TableEntry:
 
 def enabled_tables(config: dict) -> list[str]:
     """Names of the tables a validated config asks for, in registry order."""
-    return [entry.name for entry in TABLES.values() if entry.enabled(config)]
+    return [entry.name for entry in TABLES.values() if switch_enabled(entry.switch, config)]
 
 
 def build(name: str, frame, selection=None, stability=None, config=None):
     """Build table ``name`` from the DataFrame of its CSV (and, for a table that states the selection
     protocol, the selection CSV's DataFrame or None; for one that reads Fig. 2's simulation, its
     DataFrame or None; for one that reads the config, the resolved config dict or None). A table that
-    pairs runs gets the runs that the config's ``inference.collapsed_runs`` keeps (keep without a
-    config), and a footnote naming the rule and its counts per arm."""
+    reads the config pairs runs: it gets the runs that the config's ``inference.collapsed_runs`` keeps (keep
+    without a config), and a footnote naming the rule and its counts per arm."""
     entry = get_table(name)
     module, function = entry.builder.split(":")
     builder = getattr(importlib.import_module(module), function)
     extra = (([selection] if entry.states_protocol else []) + ([stability] if entry.reads_stability else [])
              + ([config] if entry.reads_config else []))
-    if not entry.pairs_runs:
+    if not entry.reads_config:
         return builder(frame, *extra)
     from istar.report.collapse import apply_collapse_rule, collapse_footnote
 

@@ -81,7 +81,7 @@ def test_fig2_data_reaches_the_true_value_and_draws(tmp_path):
     assert len(df) == 9 and df["std"].notna().all()
     means = df.pivot(index="batch_size", columns="zeta", values="mean")
     assert (means[0.8] > means[0.4]).all() and (means[0.4] > means[0.0]).all()  # shrinkage repairs the estimate
-    fig = plots.fig2(df, true_value)
+    fig = plots.fig2(df)
     (ax,) = fig.axes
     assert len(ax.containers) == 3  # one error-bar series per ζ
     assert len(ax.lines) >= 3 + 2  # the series' lines plus the true-value and |X| = d lines
