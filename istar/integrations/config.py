@@ -10,8 +10,10 @@ and where Σ_S comes from: computed from the current model (before training and,
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -20,12 +22,16 @@ from istar.core.isotropy import check_sigma_s, isoscore_star_from_covariance
 from istar.core.regularizers import LayerSelection, Penalty, resolve_layers
 from istar.core.shrinkage import current_processes, load_shrinkage
 from istar.core.tokens import get_token_selection
-from istar.io.artifacts import DamagedArtifactError
+from istar.io.artifacts import DamagedArtifactError, write_json
 from istar.models import shrinkage
 from istar.models.shrinkage import shrinkage_covariance
 from istar.registry.methods import Method, get_method
 
-__all__ = ["IStarConfig", "check_mask", "SigmaSchedule", "IStarHolder", "penalty_logs", "LogMeans"]
+__all__ = ["IStarConfig", "check_mask", "SigmaSchedule", "IStarHolder", "penalty_logs", "LogMeans", "ISTAR_SETTINGS"]
+
+ISTAR_SETTINGS = "istar_config.json"
+"""The file each integration's saved model folder holds beside the weights (:meth:`IStarHolder.save_settings`):
+the I-STAR settings and where Σ_S came from."""
 
 
 @dataclass(frozen=True)
@@ -180,23 +186,40 @@ class SigmaSchedule(shrinkage.SigmaSchedule):
         The current Σ_S, (d, d) float64 on the model's device.
     sigma_epoch : int
         The epoch whose start Σ_S was set at (−1 before the first).
+    source : str or None
+        Where the current Σ_S came from: ``"a tensor given"``, the given file's path, the model over the data
+        it was computed from (``computed_from`` of :meth:`update`), or a checkpoint's file.
     """
 
     def __init__(self, config: IStarConfig):
         super().__init__(config.needs_sigma_s, config.recompute_shrinkage)
         self.config = config
+        self.source: str | None = None
 
-    def update(self, epoch: int, model, loader, accelerator=None, progress: bool = True) -> float | None:
-        """Set Σ_S for ``epoch`` if :meth:`due`: the given one at the first epoch, else computed over ``loader``.
+    def update(self, epoch: int, model, loader, accelerator=None, progress: bool = True,
+               computed_from: str = "the model") -> float | None:
+        """Set Σ_S for ``epoch`` if :meth:`due`: the given one at the first epoch, else computed over ``loader``
+        (``computed_from`` names it for :attr:`source`, e.g. ``"the model over sigma_data"``).
 
         ``model`` is the unwrapped Hugging Face model. Returns IsoScore of the new Σ_S (what the
         integrations log as ``sigma_s_isoscore``), or None when nothing changed or none is needed.
         """
         config = self.config
-        sigma = self.advance(epoch, given=lambda: config.given_sigma_s(model), compute=lambda: shrinkage_covariance(
-            model, loader, layers=config.layers, tokens=config.tokens, shrinkage_rows=config.shrinkage_rows,
-            accelerator=accelerator, progress=progress, description=f"Σ_S at epoch {epoch + 1}"))
-        return None if sigma is None else float(isoscore_star_from_covariance(sigma))  # IsoScore: ζ = 0
+
+        def given():
+            self.source = "a tensor given" if isinstance(config.sigma_s, torch.Tensor) else str(config.sigma_s)
+            return config.given_sigma_s(model)
+
+        def computed():
+            self.source = computed_from
+            return shrinkage_covariance(model, loader, layers=config.layers, tokens=config.tokens,
+                                        shrinkage_rows=config.shrinkage_rows, accelerator=accelerator,
+                                        progress=progress, description=f"Σ_S at epoch {epoch + 1}")
+
+        sigma = self.advance(epoch, given=given, compute=computed)
+        if sigma is None:
+            return None
+        return float(isoscore_star_from_covariance(sigma))  # IsoScore: ζ = 0
 
 
 class IStarHolder:
@@ -219,6 +242,14 @@ class IStarHolder:
     def sigma_epoch(self) -> int:
         """The epoch whose start Σ_S was set at (−1 before the first)."""
         return self._schedule.sigma_epoch
+
+    def save_settings(self, folder) -> None:
+        """Write :data:`ISTAR_SETTINGS` into ``folder``: the :class:`IStarConfig` (``sigma_s`` aside) and the Σ_S
+        in use (where it came from, the epoch it was set at and its shape; ``null`` when there is none)."""
+        settings = {f.name: getattr(self.istar, f.name) for f in dataclasses.fields(self.istar) if f.name != "sigma_s"}
+        sigma = None if self.sigma_s is None else {"from": self._schedule.source, "epoch": self.sigma_epoch,
+                                                   "shape": list(self.sigma_s.shape)}
+        write_json(Path(folder) / ISTAR_SETTINGS, {"istar": settings, "sigma_s": sigma})
 
 
 def penalty_logs(config: IStarConfig, task_loss: torch.Tensor, penalty: Penalty | None) -> dict[str, torch.Tensor]:

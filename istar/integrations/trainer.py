@@ -21,7 +21,9 @@ What it adds to the Trainer, and nothing else:
   column removal), in a forked random state (:func:`istar.models.shrinkage.forked_rng`), so the
   training order and torch's random state are untouched: λ = 0 trains exactly as ζ = 0. Each
   checkpoint holds Σ_S and its epoch (``istar_sigma_s.pt``); a run resumed from it uses that Σ_S,
-  so resuming ends on the uninterrupted run's parameters. The first batch's ``attention_mask`` is
+  so resuming ends on the uninterrupted run's parameters. Each checkpoint and ``save_model`` folder also
+  holds ``istar_config.json`` (:meth:`istar.integrations.config.IStarHolder.save_settings`): the settings
+  and where the Σ_S in use came from. The first batch's ``attention_mask`` is
   checked before the first Σ_S pass.
 - **the penalty** of the configured method (I-STAR: λ·(1 − IsoScore*(X̃, ζ, Σ_S)), Eq. 2) added to each training micro-batch's loss. The
   model is asked for its hidden states only in training: evaluation, ``predict`` and
@@ -134,6 +136,7 @@ class IStarTrainerMixin(IStarHolder):
         if saved is not None and saved.is_file():
             state = torch.load(saved, map_location=self.args.device, weights_only=True)
             self._schedule.sigma_s, self._schedule.sigma_epoch = state["sigma_s"], int(state["sigma_epoch"])
+            self._schedule.source = str(saved)
             return
         with forked_rng(self.args.device):
             check_mask(next(iter(self.get_eval_dataloader(self.train_dataset))), self.istar)
@@ -155,10 +158,16 @@ class IStarTrainerMixin(IStarHolder):
                           f"{self.args.per_device_eval_batch_size}", stacklevel=2)
         score = self._schedule.update(epoch, self.accelerator.unwrap_model(self.model),
                                       self.get_eval_dataloader(self.train_dataset), self.accelerator,
-                                      progress=not self.args.disable_tqdm)
+                                      progress=not self.args.disable_tqdm, computed_from="the model over train_dataset")
         if score is not None:
             self._schedule.sigma_s = self._schedule.sigma_s.to(self.args.device)
             self.log({"sigma_s_isoscore": score})
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The Trainer's ``save_model`` (each checkpoint's too), with ``istar_config.json`` beside the weights."""
+        super().save_model(output_dir, _internal_call)
+        if self.args.should_save:
+            self.save_settings(output_dir or self.args.output_dir)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if not model.training:  # evaluation and prediction: exactly the Trainer's outputs

@@ -19,24 +19,18 @@ Trainer saves, resumes and loads it as the model it wraps.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import sys
-from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import CallbackHandler
 
-from istar.integrations.config import IStarConfig, IStarHolder, check_mask, penalty_logs
-from istar.io.artifacts import write_json
+from istar.integrations.config import ISTAR_SETTINGS, IStarConfig, IStarHolder, check_mask, penalty_logs
 from istar.models.shrinkage import forked_rng
 
 __all__ = ["IStarModel", "IStarCallback", "penalty_share", "ISTAR_SETTINGS"]
-
-ISTAR_SETTINGS = "istar_config.json"
-"""The file :meth:`IStarModel.save_pretrained` writes beside the weights: the I-STAR settings and where Σ_S came from."""
 
 
 def penalty_share(labels: torch.Tensor | None, num_items_in_batch, shifted: bool = False) -> torch.Tensor | float:
@@ -136,7 +130,6 @@ class IStarModel(IStarHolder, torch.nn.Module):
     def __init__(self, model, istar: IStarConfig, sigma_data=None):  # torch's Module.__init__ would empty the state
         self._hold(istar, "IStarModel(model, IStarConfig(lam=..., zeta=...))")
         self.sigma_data = sigma_data
-        self._sigma_source: str | None = None
 
     def __reduce_ex__(self, protocol):
         # copy.deepcopy and pickle rebuild the run-time subclass from the wrapped model's class, an importable one
@@ -173,11 +166,8 @@ class IStarModel(IStarHolder, torch.nn.Module):
         if computed and first:
             with forked_rng(next(self.parameters()).device):
                 check_mask(next(iter(self.sigma_data)), self.istar, "the Σ_S batches")
-        score = self._schedule.update(epoch, self, self.sigma_data, accelerator, progress=progress)
-        if score is not None:
-            self._sigma_source = ("the model over sigma_data" if computed else "a tensor given"
-                                  if isinstance(self.istar.sigma_s, torch.Tensor) else str(self.istar.sigma_s))
-        return score
+        return self._schedule.update(epoch, self, self.sigma_data, accelerator, progress=progress,
+                                     computed_from="the model over sigma_data")
 
     def forward(self, *args, labels=None, **kwargs):
         """The wrapped model's forward; in training, with the penalty added to ``outputs.loss``.
@@ -228,19 +218,12 @@ class IStarModel(IStarHolder, torch.nn.Module):
         return self._istar_logs.pop(accelerator)
 
     def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs) -> None:
-        """The wrapped model's ``save_pretrained`` (a peft model's: its adapter folder), and :data:`ISTAR_SETTINGS`.
-
-        :data:`ISTAR_SETTINGS` holds the :class:`IStarConfig` (``sigma_s`` aside) and the Σ_S in use:
-        where it came from (the model over ``sigma_data``, a tensor given, or the file's path), the epoch
-        it was set at and its shape; ``null`` when there is none.
-        """
+        """The wrapped model's ``save_pretrained`` (a peft model's: its adapter folder), and
+        :data:`istar.integrations.config.ISTAR_SETTINGS` (:meth:`save_settings`: the settings and where Σ_S came
+        from: the model over ``sigma_data``, a tensor given, or the file's path)."""
         super().save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
         if is_main_process:
-            settings = {field.name: getattr(self.istar, field.name) for field in dataclasses.fields(self.istar)
-                        if field.name != "sigma_s"}
-            sigma = None if self.sigma_s is None else {"from": self._sigma_source, "epoch": self.sigma_epoch,
-                                                       "shape": list(self.sigma_s.shape)}
-            write_json(Path(save_directory) / ISTAR_SETTINGS, {"istar": settings, "sigma_s": sigma})
+            self.save_settings(save_directory)
 
 
 def _rebuilt(base: type) -> IStarModel:

@@ -111,11 +111,18 @@ def test_a_run_resumed_from_a_checkpoint_ends_on_the_same_parameters(tmp_path):
     whole = trainer_for(tmp_path / "whole", config, save_strategy="steps", save_steps=2)
     whole.train()
     checkpoint = tmp_path / "whole" / "checkpoint-2"
-    assert (checkpoint / "istar_sigma_s.pt").is_file()
+    saved_epoch = torch.load(checkpoint / "istar_sigma_s.pt", weights_only=True)["sigma_epoch"]
+    # the checkpoint names its settings and its Σ_S's origin beside the weights, as IStarModel's folders do
+    settings = json.loads((checkpoint / "istar_config.json").read_text())
+    assert settings["istar"]["lam"] == -1.0 and settings["istar"]["zeta"] == 0.2
+    assert settings["sigma_s"] == {"from": "the model over train_dataset", "epoch": saved_epoch, "shape": [384, 384]}
     resumed = trainer_for(tmp_path / "resumed", config)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert resumed.sigma_epoch == 1
     assert _differing(_parameters(whole), _parameters(resumed)) == []
+    resumed.save_model(str(tmp_path / "final"))
+    origin = str(checkpoint / "istar_sigma_s.pt") if saved_epoch == 1 else "the model over train_dataset"
+    assert json.loads((tmp_path / "final" / "istar_config.json").read_text())["sigma_s"]["from"] == origin
 
 
 # a Σ_S pass for the file, then 4 steps across an epoch
